@@ -1,0 +1,58 @@
+//! The crate's error type: structured variants that say what was wrong and where.
+
+use std::path::PathBuf;
+
+use crate::types::GgmlType;
+
+/// Everything that can go wrong reading, interpreting or writing a GGUF file.
+#[derive(Debug, thiserror::Error)]
+pub enum GgufError {
+    #[error("cannot read {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("not a GGUF file: magic is {found:#010x}, expected 0x46554747 (\"GGUF\")")]
+    BadMagic { found: u32 },
+    #[error("unsupported GGUF version {0}: m40-llm reads versions 2 and 3 (re-convert older files with llama.cpp's convert scripts)")]
+    UnsupportedVersion(u32),
+    #[error("malformed GGUF at byte {offset}: {what}")]
+    Malformed { offset: u64, what: String },
+    #[error("file ends at byte {file_size} while reading {what} at byte {offset}")]
+    Truncated { offset: u64, file_size: u64, what: String },
+    #[error("tensor `{name}` has unknown GGML type id {id}")]
+    UnknownType { name: String, id: u32 },
+    #[error("tensor `{name}`: {what}")]
+    BadTensor { name: String, what: String },
+    #[error("duplicate {kind} `{name}`")]
+    Duplicate { kind: &'static str, name: String },
+    #[error("gguf-rs-lib: {0}")]
+    Library(String),
+    #[error("metadata key `{key}` is missing")]
+    MissingKey { key: String },
+    #[error("metadata key `{key}`: expected {expected}, found {found}")]
+    WrongType { key: String, expected: &'static str, found: String },
+    #[error("tensor `{0}` is missing")]
+    MissingTensor(String),
+    #[error("tensor `{name}` has shape {found:?}, expected {expected:?}")]
+    WrongShape { name: String, expected: Vec<u64>, found: Vec<u64> },
+    #[error("unsupported architecture `{0}`: m40-llm runs the llama family (llama, mistral, smollm, tinyllama) and qwen2")]
+    UnsupportedArchitecture(String),
+    #[error("invalid hyperparameters: {0}")]
+    BadHyperparameters(String),
+    #[error("{ty} is not supported for {op}")]
+    UnsupportedType { ty: GgmlType, op: &'static str },
+    #[error("row of {len} values is not a multiple of the {ty} block size {block}")]
+    BadRowLength { ty: GgmlType, len: usize, block: usize },
+    #[error("writing GGUF: {0}")]
+    Write(String),
+}
+
+pub type Result<T, E = GgufError> = std::result::Result<T, E>;
+
+impl From<gguf_rs_lib::error::GGUFError> for GgufError {
+    fn from(e: gguf_rs_lib::error::GGUFError) -> Self {
+        GgufError::Library(e.to_string())
+    }
+}

@@ -1,0 +1,251 @@
+//! Hyperparameters of the llama family and the tensors each layer needs.
+
+use crate::error::{GgufError, Result};
+use crate::file::GgufFile;
+use crate::metadata::Metadata;
+
+/// Architectures m40-llm runs (`general.architecture`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    /// Llama 1/2/3, Mistral, SmolLM, TinyLlama: all say `llama`.
+    Llama,
+    /// Qwen2: Q/K/V biases, NeoX RoPE.
+    Qwen2,
+}
+
+impl Arch {
+    pub fn parse(name: &str) -> Result<Self> {
+        match name {
+            "llama" => Ok(Arch::Llama),
+            "qwen2" => Ok(Arch::Qwen2),
+            other => Err(GgufError::UnsupportedArchitecture(other.to_string())),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Llama => "llama",
+            Arch::Qwen2 => "qwen2",
+        }
+    }
+}
+
+/// How RoPE pairs dimensions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Adjacent pairs (x0, x1), (x2, x3)... (llama).
+    Normal,
+    /// Halves (x0, x_{d/2}), ... (GPT-NeoX; qwen2).
+    Neox,
+}
+
+/// RoPE context scaling (`rope.scaling.type`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RopeScaling {
+    None,
+    /// Positions divided by `factor`.
+    Linear { factor: f32 },
+    /// YaRN, with the context the model was trained on.
+    Yarn { factor: f32, original_context: usize },
+}
+
+/// Everything the forward pass needs to know about a model's shape.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HyperParams {
+    pub arch: Arch,
+    pub n_layer: usize,
+    pub n_embd: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    pub n_ff: usize,
+    pub n_vocab: usize,
+    pub n_ctx_train: usize,
+    pub rope_freq_base: f32,
+    pub rope_dim: usize,
+    pub rope_style: RopeStyle,
+    pub rope_scaling: RopeScaling,
+    pub rms_eps: f32,
+    /// No `output.weight`: the token embedding is the output projection.
+    pub tied_output: bool,
+    /// `attn_{q,k,v}.bias` present (qwen2 always).
+    pub qkv_bias: bool,
+}
+
+/// The names of one layer's tensors.
+#[derive(Clone, Debug)]
+pub struct LayerNames {
+    pub attn_norm: String,
+    pub wq: String,
+    pub wk: String,
+    pub wv: String,
+    pub wo: String,
+    pub bq: String,
+    pub bk: String,
+    pub bv: String,
+    pub ffn_norm: String,
+    pub ffn_gate: String,
+    pub ffn_up: String,
+    pub ffn_down: String,
+}
+
+impl LayerNames {
+    pub fn new(layer: usize) -> Self {
+        let n = |s: &str| format!("blk.{layer}.{s}");
+        Self {
+            attn_norm: n("attn_norm.weight"),
+            wq: n("attn_q.weight"),
+            wk: n("attn_k.weight"),
+            wv: n("attn_v.weight"),
+            wo: n("attn_output.weight"),
+            bq: n("attn_q.bias"),
+            bk: n("attn_k.bias"),
+            bv: n("attn_v.bias"),
+            ffn_norm: n("ffn_norm.weight"),
+            ffn_gate: n("ffn_gate.weight"),
+            ffn_up: n("ffn_up.weight"),
+            ffn_down: n("ffn_down.weight"),
+        }
+    }
+}
+
+pub const TOKEN_EMBD: &str = "token_embd.weight";
+pub const OUTPUT_NORM: &str = "output_norm.weight";
+pub const OUTPUT: &str = "output.weight";
+
+fn bad(msg: String) -> GgufError {
+    GgufError::BadHyperparameters(msg)
+}
+
+impl HyperParams {
+    /// Read the hyperparameters from metadata; `n_vocab` falls back to the
+    /// tokenizer's token count when `{arch}.vocab_size` is absent.
+    pub fn from_metadata(md: &Metadata) -> Result<Self> {
+        let arch = Arch::parse(md.str("general.architecture")?)?;
+        let a = arch.name();
+        let key = |k: &str| format!("{a}.{k}");
+        let n_layer = md.usize(&key("block_count"))?;
+        let n_embd = md.usize(&key("embedding_length"))?;
+        let n_head = md.usize(&key("attention.head_count"))?;
+        let n_head_kv = md.opt_usize(&key("attention.head_count_kv"))?.unwrap_or(n_head);
+        let n_ff = md.usize(&key("feed_forward_length"))?;
+        let n_ctx_train = md.usize(&key("context_length"))?;
+        if n_layer == 0 || n_embd == 0 || n_head == 0 || n_head_kv == 0 || n_ff == 0 {
+            return Err(bad(format!(
+                "zero size: layers {n_layer}, embedding {n_embd}, heads {n_head}/{n_head_kv}, ffn {n_ff}"
+            )));
+        }
+        if n_head % n_head_kv != 0 {
+            return Err(bad(format!("{n_head} query heads are not a multiple of {n_head_kv} KV heads")));
+        }
+        let head_dim = match md.opt_usize(&key("attention.key_length"))? {
+            Some(d) => d,
+            None if n_embd % n_head == 0 => n_embd / n_head,
+            None => return Err(bad(format!("embedding {n_embd} is not a multiple of {n_head} heads"))),
+        };
+        if let Some(v) = md.opt_usize(&key("attention.value_length"))? {
+            if v != head_dim {
+                return Err(bad(format!("value head size {v} differs from key head size {head_dim}")));
+            }
+        }
+        let n_vocab = match md.opt_usize(&key("vocab_size"))? {
+            Some(v) => v,
+            None => md
+                .opt_array("tokenizer.ggml.tokens")?
+                .map(|a| a.len())
+                .ok_or_else(|| bad(format!("neither {a}.vocab_size nor tokenizer.ggml.tokens is present")))?,
+        };
+        let rope_dim = md.opt_usize(&key("rope.dimension_count"))?.unwrap_or(head_dim);
+        if rope_dim > head_dim || rope_dim % 2 != 0 {
+            return Err(bad(format!("RoPE dimension {rope_dim} must be even and at most the head size {head_dim}")));
+        }
+        let rope_freq_base = md.opt_f64(&key("rope.freq_base"))?.unwrap_or(10000.0) as f32;
+        let factor = md.opt_f64(&key("rope.scaling.factor"))?;
+        let rope_scaling = match md.opt_str(&key("rope.scaling.type"))? {
+            None | Some("none") => match md.opt_f64(&key("rope.scale_linear"))? {
+                Some(f) if f != 1.0 => RopeScaling::Linear { factor: f as f32 },
+                _ => RopeScaling::None,
+            },
+            Some("linear") => RopeScaling::Linear { factor: factor.unwrap_or(1.0) as f32 },
+            Some("yarn") => RopeScaling::Yarn {
+                factor: factor.unwrap_or(1.0) as f32,
+                original_context: md.opt_usize(&key("rope.scaling.original_context_length"))?.unwrap_or(n_ctx_train),
+            },
+            Some(other) => return Err(bad(format!("unknown RoPE scaling type `{other}`"))),
+        };
+        let rms_eps = md.opt_f64(&key("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-5) as f32;
+        let rope_style = match arch {
+            Arch::Llama => RopeStyle::Normal,
+            Arch::Qwen2 => RopeStyle::Neox,
+        };
+        Ok(Self {
+            arch,
+            n_layer,
+            n_embd,
+            n_head,
+            n_head_kv,
+            head_dim,
+            n_ff,
+            n_vocab,
+            n_ctx_train,
+            rope_freq_base,
+            rope_dim,
+            rope_style,
+            rope_scaling,
+            rms_eps,
+            tied_output: true,
+            qkv_bias: arch == Arch::Qwen2,
+        })
+    }
+
+    /// Read the hyperparameters and check every tensor the forward pass needs:
+    /// present, with the right shape. Fills in `tied_output` and `qkv_bias`
+    /// from what the file holds.
+    pub fn from_file(file: &GgufFile) -> Result<Self> {
+        let mut hp = Self::from_metadata(file.metadata())?;
+        hp.tied_output = file.tensor_info(OUTPUT).is_none();
+        hp.qkv_bias = hp.arch == Arch::Qwen2 || file.tensor_info(&LayerNames::new(0).bq).is_some();
+        for (name, shape) in hp.expected_tensors() {
+            let info = file.tensor_info(&name).ok_or_else(|| GgufError::MissingTensor(name.clone()))?;
+            if info.shape != shape {
+                return Err(GgufError::WrongShape { name, expected: shape, found: info.shape.clone() });
+            }
+        }
+        Ok(hp)
+    }
+
+    /// Every tensor the model needs, with its GGUF shape (row length first), in
+    /// the order llama.cpp writes them.
+    pub fn expected_tensors(&self) -> Vec<(String, Vec<u64>)> {
+        let (d, q, kv, ff, v) = (
+            self.n_embd as u64,
+            (self.n_head * self.head_dim) as u64,
+            (self.n_head_kv * self.head_dim) as u64,
+            self.n_ff as u64,
+            self.n_vocab as u64,
+        );
+        let mut out = vec![(TOKEN_EMBD.to_string(), vec![d, v])];
+        for l in 0..self.n_layer {
+            let n = LayerNames::new(l);
+            out.push((n.attn_norm, vec![d]));
+            out.push((n.wq, vec![d, q]));
+            out.push((n.wk, vec![d, kv]));
+            out.push((n.wv, vec![d, kv]));
+            if self.qkv_bias {
+                out.push((n.bq, vec![q]));
+                out.push((n.bk, vec![kv]));
+                out.push((n.bv, vec![kv]));
+            }
+            out.push((n.wo, vec![q, d]));
+            out.push((n.ffn_norm, vec![d]));
+            out.push((n.ffn_gate, vec![d, ff]));
+            out.push((n.ffn_up, vec![d, ff]));
+            out.push((n.ffn_down, vec![ff, d]));
+        }
+        out.push((OUTPUT_NORM.to_string(), vec![d]));
+        if !self.tied_output {
+            out.push((OUTPUT.to_string(), vec![d, v]));
+        }
+        out
+    }
+}

@@ -1,0 +1,29 @@
+//! m40-gguf: GGUF files for m40-llm.
+//!
+//! - [`GgufFile`] opens GGUF v2/v3 with a memory map; metadata and tensor
+//!   descriptors are decoded through gguf-rs-lib after a bounds-checked walk
+//!   ([`prescan`](crate::prescan)) rejects malformed headers; tensor data is
+//!   served as zero-copy [`TensorView`]s.
+//! - [`Metadata`] gives typed access with errors that name the key.
+//! - [`HyperParams`] reads the llama family's shape and checks its tensors.
+//! - [`quant`] holds the GGML block formats and CPU (de)quantization.
+//! - [`GgufWriter`] and [`synth`] write files, streaming tensor by tensor.
+//!
+//! This crate knows nothing about CUDA.
+
+pub mod error;
+mod file;
+pub mod hparams;
+pub mod metadata;
+mod prescan;
+pub mod quant;
+pub mod synth;
+pub mod types;
+pub mod writer;
+
+pub use error::{GgufError, Result};
+pub use file::{GgufFile, TensorInfo, TensorView};
+pub use hparams::{Arch, HyperParams, RopeScaling, RopeStyle};
+pub use metadata::{Array, Metadata, Value};
+pub use types::GgmlType;
+pub use writer::{GgufWriter, TensorSpec};

@@ -1,0 +1,133 @@
+//! GGML block formats and CPU (de)quantization.
+//!
+//! `dequantize` and `quantize` work on whole rows (any number of blocks); the
+//! per-block functions in [`dequant`] are the building blocks the CPU matmul
+//! uses to dequantize in registers.
+
+pub mod blocks;
+pub mod dequant;
+pub mod quantize;
+
+use std::borrow::Cow;
+
+use bytemuck::Pod;
+
+use crate::error::{GgufError, Result};
+use crate::types::GgmlType;
+
+/// View `bytes` as blocks of `B`, copying only when the bytes are misaligned.
+pub fn as_blocks<B: Pod>(bytes: &[u8]) -> Cow<'_, [B]> {
+    match bytemuck::try_cast_slice(bytes) {
+        Ok(s) => Cow::Borrowed(s),
+        Err(_) => Cow::Owned(bytes.chunks_exact(std::mem::size_of::<B>()).map(bytemuck::pod_read_unaligned).collect()),
+    }
+}
+
+fn check_sizes(ty: GgmlType, n_bytes: usize, n: usize) -> Result<()> {
+    let expected = ty.row_bytes(n as u64).ok_or(GgufError::BadRowLength { ty, len: n, block: ty.block_len() })?;
+    if expected != n_bytes as u64 {
+        return Err(GgufError::BadTensor {
+            name: format!("<{ty} data>"),
+            what: format!("{n_bytes} bytes do not hold {n} values ({expected} bytes expected)"),
+        });
+    }
+    Ok(())
+}
+
+fn each_block<B: Pod>(src: &[u8], out: &mut [f32], block_len: usize, f: impl Fn(&B, &mut [f32])) {
+    let blocks = as_blocks::<B>(src);
+    for (b, y) in blocks.iter().zip(out.chunks_exact_mut(block_len)) {
+        f(b, y);
+    }
+}
+
+/// Dequantize `src` (whole blocks of `ty`) into `out`, whose length is the
+/// element count. Sizes that do not match are an error.
+pub fn dequantize(ty: GgmlType, src: &[u8], out: &mut [f32]) -> Result<()> {
+    check_sizes(ty, src.len(), out.len())?;
+    use blocks::*;
+    use dequant as d;
+    match ty {
+        GgmlType::F32 => {
+            for (y, c) in out.iter_mut().zip(src.chunks_exact(4)) {
+                *y = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+        }
+        GgmlType::F16 => {
+            for (y, c) in out.iter_mut().zip(src.chunks_exact(2)) {
+                *y = d::f16_to_f32(u16::from_le_bytes([c[0], c[1]]));
+            }
+        }
+        GgmlType::BF16 => {
+            for (y, c) in out.iter_mut().zip(src.chunks_exact(2)) {
+                *y = d::bf16_to_f32(u16::from_le_bytes([c[0], c[1]]));
+            }
+        }
+        GgmlType::Q4_0 => each_block::<BlockQ4_0>(src, out, QK32, d::block_q4_0),
+        GgmlType::Q4_1 => each_block::<BlockQ4_1>(src, out, QK32, d::block_q4_1),
+        GgmlType::Q5_0 => each_block::<BlockQ5_0>(src, out, QK32, d::block_q5_0),
+        GgmlType::Q5_1 => each_block::<BlockQ5_1>(src, out, QK32, d::block_q5_1),
+        GgmlType::Q8_0 => each_block::<BlockQ8_0>(src, out, QK32, d::block_q8_0),
+        GgmlType::Q2_K => each_block::<BlockQ2K>(src, out, QK_K, d::block_q2_k),
+        GgmlType::Q3_K => each_block::<BlockQ3K>(src, out, QK_K, d::block_q3_k),
+        GgmlType::Q4_K => each_block::<BlockQ4K>(src, out, QK_K, d::block_q4_k),
+        GgmlType::Q5_K => each_block::<BlockQ5K>(src, out, QK_K, d::block_q5_k),
+        GgmlType::Q6_K => each_block::<BlockQ6K>(src, out, QK_K, d::block_q6_k),
+        GgmlType::IQ4_NL => each_block::<BlockIQ4NL>(src, out, QK32, d::block_iq4_nl),
+        GgmlType::IQ4_XS => each_block::<BlockIQ4XS>(src, out, QK_K, d::block_iq4_xs),
+        other => return Err(GgufError::UnsupportedType { ty: other, op: "dequantization" }),
+    }
+    Ok(())
+}
+
+fn push_blocks<B: Pod>(x: &[f32], block_len: usize, out: &mut [u8], f: impl Fn(&[f32]) -> B) {
+    for (xs, o) in x.chunks_exact(block_len).zip(out.chunks_exact_mut(std::mem::size_of::<B>())) {
+        o.copy_from_slice(bytemuck::bytes_of(&f(xs)));
+    }
+}
+
+/// Quantize `x` into `out` (exactly `ty.row_bytes(x.len())` bytes) with ggml's
+/// reference algorithms. Types outside [`GgmlType::QUANTIZABLE`] are an error.
+pub fn quantize(ty: GgmlType, x: &[f32], out: &mut [u8]) -> Result<()> {
+    check_sizes(ty, out.len(), x.len())?;
+    use quantize as q;
+    match ty {
+        GgmlType::F32 => {
+            for (o, v) in out.chunks_exact_mut(4).zip(x) {
+                o.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        GgmlType::F16 => {
+            for (o, v) in out.chunks_exact_mut(2).zip(x) {
+                o.copy_from_slice(&q::f32_to_f16(*v).to_bits().to_le_bytes());
+            }
+        }
+        GgmlType::BF16 => {
+            for (o, v) in out.chunks_exact_mut(2).zip(x) {
+                o.copy_from_slice(&q::f32_to_bf16(*v).to_bits().to_le_bytes());
+            }
+        }
+        GgmlType::Q8_0 => push_blocks(x, blocks::QK32, out, q::block_q8_0),
+        GgmlType::Q4_0 => push_blocks(x, blocks::QK32, out, q::block_q4_0),
+        GgmlType::Q4_1 => push_blocks(x, blocks::QK32, out, q::block_q4_1),
+        GgmlType::Q5_0 => push_blocks(x, blocks::QK32, out, q::block_q5_0),
+        GgmlType::Q5_1 => push_blocks(x, blocks::QK32, out, q::block_q5_1),
+        other => return Err(GgufError::UnsupportedType { ty: other, op: "quantization" }),
+    }
+    Ok(())
+}
+
+/// Quantize into a new buffer.
+pub fn quantize_to_vec(ty: GgmlType, x: &[f32]) -> Result<Vec<u8>> {
+    let n = ty.row_bytes(x.len() as u64).ok_or(GgufError::BadRowLength { ty, len: x.len(), block: ty.block_len() })?;
+    let mut out = vec![0u8; n as usize];
+    quantize(ty, x, &mut out)?;
+    Ok(out)
+}
+
+/// Dequantize into a new buffer.
+pub fn dequantize_to_vec(ty: GgmlType, src: &[u8], n: usize) -> Result<Vec<f32>> {
+    let mut out = vec![0f32; n];
+    dequantize(ty, src, &mut out)?;
+    Ok(out)
+}

@@ -1,0 +1,299 @@
+//! Random-weight llama models of real shapes, written tensor by tensor.
+//!
+//! The GPU machine cannot receive real model files, so tests and benchmarks
+//! there generate models of the same shapes. Weights are uniform random with
+//! variances chosen so activations stay O(1) through every layer: projections
+//! into the residual stream are scaled by 1/sqrt(2 * n_layer), so the residual
+//! grows like the sum of 2 * n_layer terms of variance 1 / (2 * n_layer).
+
+use std::io::{Read, Write};
+
+use rayon::prelude::*;
+
+use crate::error::{GgufError, Result};
+use crate::hparams::{HyperParams, LayerNames, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
+use crate::metadata::{Array, Metadata, Value};
+use crate::quant;
+use crate::types::GgmlType;
+use crate::writer::{GgufWriter, TensorSpec};
+
+/// A model shape `m40-llm synth --shape` knows.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Shape {
+    pub name: &'static str,
+    pub n_layer: usize,
+    pub n_embd: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub n_ff: usize,
+    pub n_vocab: usize,
+    pub n_ctx_train: usize,
+    pub rope_freq_base: f32,
+    pub tied_output: bool,
+}
+
+/// The shapes the synthesizer knows: `tiny` matches the quant zoo.
+pub const SHAPES: &[Shape] = &[
+    Shape { name: "tiny", n_layer: 2, n_embd: 256, n_head: 4, n_head_kv: 2, n_ff: 512, n_vocab: 512, n_ctx_train: 2048, rope_freq_base: 10000.0, tied_output: false },
+    Shape { name: "smollm2-135m", n_layer: 30, n_embd: 576, n_head: 9, n_head_kv: 3, n_ff: 1536, n_vocab: 49152, n_ctx_train: 8192, rope_freq_base: 100000.0, tied_output: true },
+    Shape { name: "llama-1b", n_layer: 16, n_embd: 2048, n_head: 32, n_head_kv: 8, n_ff: 8192, n_vocab: 128256, n_ctx_train: 131072, rope_freq_base: 500000.0, tied_output: true },
+    Shape { name: "llama-8b", n_layer: 32, n_embd: 4096, n_head: 32, n_head_kv: 8, n_ff: 14336, n_vocab: 128256, n_ctx_train: 131072, rope_freq_base: 500000.0, tied_output: false },
+];
+
+impl Shape {
+    pub fn find(name: &str) -> Option<&'static Shape> {
+        SHAPES.iter().find(|s| s.name.eq_ignore_ascii_case(name))
+    }
+
+    fn hparams(&self) -> HyperParams {
+        HyperParams {
+            arch: crate::hparams::Arch::Llama,
+            n_layer: self.n_layer,
+            n_embd: self.n_embd,
+            n_head: self.n_head,
+            n_head_kv: self.n_head_kv,
+            head_dim: self.n_embd / self.n_head,
+            n_ff: self.n_ff,
+            n_vocab: self.n_vocab,
+            n_ctx_train: self.n_ctx_train,
+            rope_freq_base: self.rope_freq_base,
+            rope_dim: self.n_embd / self.n_head,
+            rope_style: crate::hparams::RopeStyle::Normal,
+            rope_scaling: crate::hparams::RopeScaling::None,
+            rms_eps: 1e-5,
+            tied_output: self.tied_output,
+            qkv_bias: false,
+        }
+    }
+}
+
+/// llama.cpp's `general.file_type` for a model stored (mostly) in `ty`.
+fn file_type(ty: GgmlType) -> u32 {
+    match ty {
+        GgmlType::F32 => 0,
+        GgmlType::F16 => 1,
+        GgmlType::Q4_0 => 2,
+        GgmlType::Q4_1 => 3,
+        GgmlType::Q8_0 => 7,
+        GgmlType::Q5_0 => 8,
+        GgmlType::Q5_1 => 9,
+        GgmlType::BF16 => 32,
+        _ => 0,
+    }
+}
+
+/// A byte-level SentencePiece vocabulary: `<unk>`, `<s>`, `</s>`, the 256
+/// byte tokens `<0x00>`..`<0xFF>` (so any text tokenizes through byte
+/// fallback), padded with unused tokens to `n_vocab`.
+fn tokenizer_metadata(md: &mut Metadata, n_vocab: usize) {
+    let mut tokens = vec!["<unk>".to_string(), "<s>".to_string(), "</s>".to_string()];
+    let mut types = vec![2i32, 3, 3];
+    for b in 0..=255u8 {
+        tokens.push(format!("<0x{b:02X}>"));
+        types.push(6);
+    }
+    while tokens.len() < n_vocab {
+        tokens.push(format!("<unused{}>", tokens.len()));
+        types.push(5);
+    }
+    tokens.truncate(n_vocab);
+    types.truncate(n_vocab);
+    let scores = (0..tokens.len()).map(|i| -(i as f32)).collect();
+    md.insert("tokenizer.ggml.model", Value::String("llama".into()));
+    md.insert("tokenizer.ggml.tokens", Value::Array(Array::String(tokens)));
+    md.insert("tokenizer.ggml.scores", Value::Array(Array::F32(scores)));
+    md.insert("tokenizer.ggml.token_type", Value::Array(Array::I32(types)));
+    md.insert("tokenizer.ggml.unknown_token_id", Value::U32(0));
+    md.insert("tokenizer.ggml.bos_token_id", Value::U32(1));
+    md.insert("tokenizer.ggml.eos_token_id", Value::U32(2));
+    md.insert("tokenizer.ggml.add_bos_token", Value::Bool(true));
+    md.insert("tokenizer.ggml.add_eos_token", Value::Bool(false));
+}
+
+/// The metadata of a synthetic model.
+pub fn metadata(shape: &Shape, ty: GgmlType) -> Metadata {
+    let mut md = Metadata::new();
+    let s = |v: &str| Value::String(v.to_string());
+    let u = |v: usize| Value::U32(v as u32);
+    md.insert("general.architecture", s("llama"));
+    md.insert("general.name", s(&format!("m40-llm synthetic {} {}", shape.name, ty)));
+    md.insert("general.file_type", Value::U32(file_type(ty)));
+    md.insert("general.quantization_version", Value::U32(2));
+    md.insert("llama.block_count", u(shape.n_layer));
+    md.insert("llama.embedding_length", u(shape.n_embd));
+    md.insert("llama.attention.head_count", u(shape.n_head));
+    md.insert("llama.attention.head_count_kv", u(shape.n_head_kv));
+    md.insert("llama.feed_forward_length", u(shape.n_ff));
+    md.insert("llama.context_length", u(shape.n_ctx_train));
+    md.insert("llama.rope.freq_base", Value::F32(shape.rope_freq_base));
+    md.insert("llama.rope.dimension_count", u(shape.n_embd / shape.n_head));
+    md.insert("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5));
+    md.insert("llama.vocab_size", u(shape.n_vocab));
+    tokenizer_metadata(&mut md, shape.n_vocab);
+    md
+}
+
+/// How a tensor's values are drawn.
+#[derive(Clone, Copy, Debug)]
+enum Init {
+    /// 1 + uniform noise of ±0.1 (RMSNorm weights).
+    Norm,
+    /// Uniform with this standard deviation.
+    Uniform(f32),
+}
+
+fn init_for(name: &str, hp: &HyperParams) -> Init {
+    let d = hp.n_embd as f32;
+    let residual = (2.0 * hp.n_layer as f32).sqrt();
+    if name.ends_with("norm.weight") {
+        Init::Norm
+    } else if name == TOKEN_EMBD {
+        Init::Uniform(d.powf(-0.25))
+    } else if name == OUTPUT {
+        Init::Uniform(1.0 / d.sqrt())
+    } else if name.ends_with("attn_output.weight") {
+        Init::Uniform(1.0 / ((hp.n_head * hp.head_dim) as f32).sqrt() / residual)
+    } else if name.ends_with("ffn_down.weight") {
+        Init::Uniform(1.0 / (hp.n_ff as f32).sqrt() / residual)
+    } else {
+        Init::Uniform(1.0 / d.sqrt())
+    }
+}
+
+/// SplitMix64: a fast, well-mixed generator; one seeded per row keeps
+/// generation parallel and the output independent of thread count.
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [-1, 1).
+    fn unit(&mut self) -> f32 {
+        ((self.next() >> 40) as f32) * (2.0 / (1u64 << 24) as f32) - 1.0
+    }
+}
+
+fn fill_row(init: Init, seed: u64, x: &mut [f32]) {
+    let mut rng = SplitMix(seed);
+    rng.next();
+    match init {
+        Init::Norm => x.iter_mut().for_each(|v| *v = 1.0 + 0.1 * rng.unit()),
+        Init::Uniform(sigma) => {
+            let a = sigma * 3f32.sqrt();
+            x.iter_mut().for_each(|v| *v = a * rng.unit());
+        }
+    }
+}
+
+/// Streams a tensor's bytes, generating and quantizing rows in parallel
+/// chunks of a few MB.
+struct RowStream {
+    ty: GgmlType,
+    row_len: usize,
+    row_bytes: usize,
+    n_rows: usize,
+    next_row: usize,
+    seed: u64,
+    init: Init,
+    buf: Vec<u8>,
+    pos: usize,
+}
+
+impl RowStream {
+    fn refill(&mut self) -> Result<()> {
+        let rows = ((4 << 20) / self.row_bytes.max(1)).clamp(1, self.n_rows - self.next_row);
+        self.buf.resize(rows * self.row_bytes, 0);
+        let (first, ty, row_len, seed, init) = (self.next_row, self.ty, self.row_len, self.seed, self.init);
+        self.buf.par_chunks_mut(self.row_bytes).enumerate().try_for_each_init(
+            || vec![0f32; row_len],
+            |x, (i, out)| {
+                fill_row(init, seed ^ ((first + i) as u64).wrapping_mul(0xD6E8_FEB8_6659_FD93), x);
+                quant::quantize(ty, x, out)
+            },
+        )?;
+        self.next_row += rows;
+        self.pos = 0;
+        Ok(())
+    }
+}
+
+impl Read for RowStream {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        if self.pos == self.buf.len() {
+            if self.next_row == self.n_rows {
+                return Ok(0);
+            }
+            self.refill().map_err(std::io::Error::other)?;
+        }
+        let n = out.len().min(self.buf.len() - self.pos);
+        out[..n].copy_from_slice(&self.buf[self.pos..self.pos + n]);
+        self.pos += n;
+        Ok(n)
+    }
+}
+
+/// Options for [`write_model`].
+#[derive(Clone, Debug)]
+pub struct SynthOptions<'a> {
+    pub shape: &'a Shape,
+    /// Type of every matrix (norm weights stay F32).
+    pub ty: GgmlType,
+    pub seed: u64,
+}
+
+/// Write a random-weight model to `out`, one tensor at a time; `progress` is
+/// called after each tensor with (tensors done, tensors total).
+pub fn write_model<W: Write>(out: W, opts: &SynthOptions<'_>, mut progress: impl FnMut(usize, usize)) -> Result<W> {
+    if !GgmlType::QUANTIZABLE.contains(&opts.ty) {
+        return Err(GgufError::UnsupportedType { ty: opts.ty, op: "synthetic models" });
+    }
+    let hp = opts.shape.hparams();
+    let md = metadata(opts.shape, opts.ty);
+    let specs: Vec<TensorSpec> = hp
+        .expected_tensors()
+        .into_iter()
+        .map(|(name, shape)| {
+            let ty = if shape.len() == 1 { GgmlType::F32 } else { opts.ty };
+            TensorSpec { name, ty, shape }
+        })
+        .collect();
+    let mut w = GgufWriter::new(out, &md, &specs)?;
+    for (i, spec) in specs.iter().enumerate() {
+        let row_len = spec.shape[0] as usize;
+        let n_rows = (spec.n_elements() / spec.shape[0]) as usize;
+        let stream = RowStream {
+            ty: spec.ty,
+            row_len,
+            row_bytes: spec.ty.row_bytes(row_len as u64).unwrap_or(0) as usize,
+            n_rows,
+            next_row: 0,
+            seed: SplitMix(opts.seed ^ (i as u64).wrapping_mul(0xA076_1D64_78BD_642F)).next(),
+            init: init_for(&spec.name, &hp),
+            buf: Vec::new(),
+            pos: 0,
+        };
+        w.write_tensor(stream)?;
+        progress(i + 1, specs.len());
+    }
+    w.finish()
+}
+
+/// Names of the tensors a synthetic model of `shape` holds, for callers that
+/// want to check them.
+pub fn tensor_names(shape: &Shape) -> Vec<String> {
+    shape.hparams().expected_tensors().into_iter().map(|(n, _)| n).collect()
+}
+
+#[doc(hidden)]
+pub fn layer_names(layer: usize) -> LayerNames {
+    LayerNames::new(layer)
+}
+
+#[doc(hidden)]
+pub const OUTPUT_NORM_NAME: &str = OUTPUT_NORM;

@@ -1,0 +1,61 @@
+//! Every quant-zoo file opens, its hyperparameters check out, and every tensor
+//! dequantizes to what gguf-py's reference dequantization gives.
+
+mod common;
+
+use m40_gguf::{GgmlType, GgufFile, HyperParams};
+use serde_json::Value;
+
+fn ulps(a: f32, b: f32) -> u32 {
+    if a == b {
+        return 0;
+    }
+    if a.is_nan() || b.is_nan() || a.signum() != b.signum() {
+        return u32::MAX;
+    }
+    a.to_bits().abs_diff(b.to_bits())
+}
+
+#[test]
+fn every_zoo_tensor_matches_reference_dequantization() {
+    let Some(td) = common::testdata() else { return };
+    let zoo = td.join("quant-zoo");
+    let expected: Value = serde_json::from_slice(&std::fs::read(zoo.join("expected.json")).unwrap()).unwrap();
+    let files = expected.as_object().unwrap();
+    assert_eq!(files.len(), 15, "the zoo holds 15 formats");
+    let mut types_seen = std::collections::BTreeSet::new();
+    let mut checked = 0;
+    for (file_name, tensors) in files {
+        let f = GgufFile::open(zoo.join(file_name)).unwrap_or_else(|e| panic!("{file_name}: {e}"));
+        let hp = HyperParams::from_file(&f).unwrap_or_else(|e| panic!("{file_name}: {e}"));
+        assert_eq!((hp.n_layer, hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_ff, hp.n_vocab), (2, 256, 4, 2, 64, 512, 512));
+        assert!(!hp.tied_output);
+        let tensors = tensors.as_object().unwrap();
+        assert_eq!(tensors.len(), f.tensors().len(), "{file_name}: tensor count");
+        for (name, exp) in tensors {
+            let view = f.tensor(name).unwrap_or_else(|| panic!("{file_name}: no tensor {name}"));
+            let ty = GgmlType::from_name(exp["type"].as_str().unwrap()).unwrap();
+            assert_eq!(view.info.ty, ty, "{file_name}/{name}: type");
+            types_seen.insert(ty);
+            let shape: Vec<u64> = exp["shape"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+            assert_eq!(view.info.shape, shape, "{file_name}/{name}: shape");
+            let values = view.to_f32().unwrap();
+            assert_eq!(values.len() as u64, exp["n"].as_u64().unwrap());
+            for (i, (h, &got)) in exp["head"].as_array().unwrap().iter().zip(&values).enumerate() {
+                let want = h.as_f64().unwrap() as f32;
+                assert!(ulps(got, want) <= 1, "{file_name}/{name}[{i}]: got {got:e}, want {want:e}");
+            }
+            let sum: f64 = values.iter().map(|&v| v as f64).sum();
+            let sum_sq: f64 = values.iter().map(|&v| (v as f64) * (v as f64)).sum();
+            for (what, got, want) in [("sum", sum, exp["sum"].as_f64().unwrap()), ("sum_sq", sum_sq, exp["sum_sq"].as_f64().unwrap())] {
+                let rel = (got - want).abs() / want.abs().max(1e-30);
+                assert!(rel <= 1e-9, "{file_name}/{name}: {what} {got} vs {want} (rel {rel:e})");
+            }
+            checked += 1;
+        }
+    }
+    for ty in GgmlType::SUPPORTED {
+        assert!(types_seen.contains(ty), "zoo did not exercise {ty}");
+    }
+    eprintln!("checked {checked} tensors");
+}
