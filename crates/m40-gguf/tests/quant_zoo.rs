@@ -59,3 +59,28 @@ fn every_zoo_tensor_matches_reference_dequantization() {
     }
     eprintln!("checked {checked} tensors");
 }
+
+#[test]
+fn our_quantizers_reproduce_llama_quantize_byte_for_byte() {
+    // The zoo files were made by `llama-quantize --pure` from zoo-F32.gguf,
+    // which for these formats runs ggml's reference quantizers.
+    let Some(td) = common::testdata() else { return };
+    let zoo = td.join("quant-zoo");
+    let src = GgufFile::open(zoo.join("zoo-F32.gguf")).unwrap();
+    for ty in [GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1] {
+        let dst = GgufFile::open(zoo.join(format!("zoo-{ty}.gguf"))).unwrap();
+        let mut compared = 0;
+        for info in src.tensors() {
+            let theirs = dst.tensor(&info.name).unwrap();
+            if theirs.info.ty != ty {
+                continue; // norm weights stay F32
+            }
+            let x = src.view(info).to_f32().unwrap();
+            let ours = m40_gguf::quant::quantize_to_vec(ty, &x).unwrap();
+            let diff = ours.iter().zip(theirs.data).filter(|(a, b)| a != b).count();
+            assert_eq!(diff, 0, "{ty} {}: {diff} of {} bytes differ", info.name, ours.len());
+            compared += 1;
+        }
+        assert!(compared >= 10, "{ty}: only {compared} tensors compared");
+    }
+}
