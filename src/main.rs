@@ -1,1 +1,47 @@
-fn main() {}
+//! `m40-llm`: the command-line front end.
+
+mod cmd;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "m40-llm",
+    version,
+    about = "LLM inference for the NVIDIA Tesla M40 (and every later NVIDIA GPU)"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Describe a model: architecture, hyperparameters, tokenizer, tensor types.
+    Show(cmd::show::Args),
+    /// Write a random-weight llama model of a real shape (for tests and benchmarks).
+    Synth(cmd::synth::Args),
+    /// Fetch a catalog model into the store.
+    Pull(cmd::store::PullArgs),
+    /// List the models in the store.
+    List,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Show(a) => cmd::show::run(a),
+        Command::Synth(a) => cmd::synth::run(a),
+        Command::Pull(a) => cmd::store::pull(a),
+        Command::List => cmd::store::list(),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -20,7 +20,11 @@ pub enum GgufError {
     #[error("malformed GGUF at byte {offset}: {what}")]
     Malformed { offset: u64, what: String },
     #[error("file ends at byte {file_size} while reading {what} at byte {offset}")]
-    Truncated { offset: u64, file_size: u64, what: String },
+    Truncated {
+        offset: u64,
+        file_size: u64,
+        what: String,
+    },
     #[error("tensor `{name}` has unknown GGML type id {id}")]
     UnknownType { name: String, id: u32 },
     #[error("tensor `{name}`: {what}")]
@@ -32,11 +36,19 @@ pub enum GgufError {
     #[error("metadata key `{key}` is missing")]
     MissingKey { key: String },
     #[error("metadata key `{key}`: expected {expected}, found {found}")]
-    WrongType { key: String, expected: &'static str, found: String },
+    WrongType {
+        key: String,
+        expected: &'static str,
+        found: String,
+    },
     #[error("tensor `{0}` is missing")]
     MissingTensor(String),
     #[error("tensor `{name}` has shape {found:?}, expected {expected:?}")]
-    WrongShape { name: String, expected: Vec<u64>, found: Vec<u64> },
+    WrongShape {
+        name: String,
+        expected: Vec<u64>,
+        found: Vec<u64>,
+    },
     #[error("unsupported architecture `{0}`: m40-llm runs the llama family (llama, mistral, smollm, tinyllama) and qwen2")]
     UnsupportedArchitecture(String),
     #[error("invalid hyperparameters: {0}")]
@@ -44,7 +56,11 @@ pub enum GgufError {
     #[error("{ty} is not supported for {op}")]
     UnsupportedType { ty: GgmlType, op: &'static str },
     #[error("row of {len} values is not a multiple of the {ty} block size {block}")]
-    BadRowLength { ty: GgmlType, len: usize, block: usize },
+    BadRowLength {
+        ty: GgmlType,
+        len: usize,
+        block: usize,
+    },
     #[error("writing GGUF: {0}")]
     Write(String),
 }

@@ -142,7 +142,10 @@ impl Seek for AsV3<'_> {
             SeekFrom::Current(d) => self.pos as i128 + d as i128,
         };
         if new < 0 {
-            return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "seek before start"));
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "seek before start",
+            ));
         }
         self.pos = new as u64;
         Ok(self.pos)
@@ -153,7 +156,10 @@ impl GgufFile {
     /// Memory-map and parse `path`.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let io = |source| GgufError::Io { path: path.to_path_buf(), source };
+        let io = |source| GgufError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
         let file = File::open(path).map_err(io)?;
         // SAFETY: the map is read-only and private to this process; like every
         // GGUF reader we assume the file is not truncated while it is mapped.
@@ -169,10 +175,23 @@ impl GgufFile {
     fn parse(path: PathBuf, bytes: Bytes) -> Result<Self> {
         let data = bytes.as_slice();
         let scan = prescan(data)?;
-        let config = GGUFReaderConfig { validate_integrity: true, ..Default::default() };
-        let reader = GGUFFileReader::with_config(AsV3 { bytes: data, pos: 0 }, config)?;
-        if reader.tensor_count() as u64 != scan.tensor_count || reader.metadata().len() as u64 != scan.kv_count {
-            return Err(GgufError::Library("decoded counts differ from the header".into()));
+        let config = GGUFReaderConfig {
+            validate_integrity: true,
+            ..Default::default()
+        };
+        let reader = GGUFFileReader::with_config(
+            AsV3 {
+                bytes: data,
+                pos: 0,
+            },
+            config,
+        )?;
+        if reader.tensor_count() as u64 != scan.tensor_count
+            || reader.metadata().len() as u64 != scan.kv_count
+        {
+            return Err(GgufError::Library(
+                "decoded counts differ from the header".into(),
+            ));
         }
         let metadata = Metadata::from_lib(reader.metadata())?;
         let alignment = reader.tensor_alignment();
@@ -184,24 +203,58 @@ impl GgufFile {
         for t in reader.tensor_infos() {
             let name = t.name().to_string();
             let id = t.tensor_type() as u32;
-            let ty = GgmlType::from_id(id).ok_or_else(|| GgufError::UnknownType { name: name.clone(), id })?;
+            let ty = GgmlType::from_id(id).ok_or_else(|| GgufError::UnknownType {
+                name: name.clone(),
+                id,
+            })?;
             let shape: Vec<u64> = t.shape().dims().to_vec();
-            let bad = |what: String| GgufError::BadTensor { name: name.clone(), what };
-            let n: u64 = shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d)).ok_or_else(|| bad("element count overflows".into()))?;
-            let n_bytes = ty.row_bytes(n).ok_or_else(|| bad("size overflows".into()))?;
+            let bad = |what: String| GgufError::BadTensor {
+                name: name.clone(),
+                what,
+            };
+            let n: u64 = shape
+                .iter()
+                .try_fold(1u64, |a, &d| a.checked_mul(d))
+                .ok_or_else(|| bad("element count overflows".into()))?;
+            let n_bytes = ty
+                .row_bytes(n)
+                .ok_or_else(|| bad("size overflows".into()))?;
             let offset = data_offset
                 .checked_add(t.data_offset())
                 .ok_or_else(|| bad("offset overflows".into()))?;
-            let end = offset.checked_add(n_bytes).ok_or_else(|| bad("offset overflows".into()))?;
+            let end = offset
+                .checked_add(n_bytes)
+                .ok_or_else(|| bad("offset overflows".into()))?;
             if end > data.len() as u64 {
-                return Err(bad(format!("data [{offset}, {end}) runs past the end of the file ({} bytes)", data.len())));
+                return Err(bad(format!(
+                    "data [{offset}, {end}) runs past the end of the file ({} bytes)",
+                    data.len()
+                )));
             }
             if index.insert(name.clone(), tensors.len()).is_some() {
-                return Err(GgufError::Duplicate { kind: "tensor", name });
+                return Err(GgufError::Duplicate {
+                    kind: "tensor",
+                    name,
+                });
             }
-            tensors.push(TensorInfo { name, ty, shape, offset, n_bytes });
+            tensors.push(TensorInfo {
+                name,
+                ty,
+                shape,
+                offset,
+                n_bytes,
+            });
         }
-        Ok(Self { path, bytes, version: scan.version, metadata, tensors, index, alignment, data_offset })
+        Ok(Self {
+            path,
+            bytes,
+            version: scan.version,
+            metadata,
+            tensors,
+            index,
+            alignment,
+            data_offset,
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -234,7 +287,10 @@ impl GgufFile {
     /// The view for a descriptor of this file.
     pub fn view<'a>(&'a self, info: &'a TensorInfo) -> TensorView<'a> {
         let start = info.offset as usize;
-        TensorView { info, data: &self.bytes.as_slice()[start..start + info.n_bytes as usize] }
+        TensorView {
+            info,
+            data: &self.bytes.as_slice()[start..start + info.n_bytes as usize],
+        }
     }
 
     /// Tensor data alignment (`general.alignment`, default 32).

@@ -44,9 +44,14 @@ pub enum RopeStyle {
 pub enum RopeScaling {
     None,
     /// Positions divided by `factor`.
-    Linear { factor: f32 },
+    Linear {
+        factor: f32,
+    },
     /// YaRN, with the context the model was trained on.
-    Yarn { factor: f32, original_context: usize },
+    Yarn {
+        factor: f32,
+        original_context: usize,
+    },
 }
 
 /// Everything the forward pass needs to know about a model's shape.
@@ -127,7 +132,9 @@ impl HyperParams {
         let n_layer = md.usize(&key("block_count"))?;
         let n_embd = md.usize(&key("embedding_length"))?;
         let n_head = md.usize(&key("attention.head_count"))?;
-        let n_head_kv = md.opt_usize(&key("attention.head_count_kv"))?.unwrap_or(n_head);
+        let n_head_kv = md
+            .opt_usize(&key("attention.head_count_kv"))?
+            .unwrap_or(n_head);
         let n_ff = md.usize(&key("feed_forward_length"))?;
         let n_ctx_train = md.usize(&key("context_length"))?;
         if n_layer == 0 || n_embd == 0 || n_head == 0 || n_head_kv == 0 || n_ff == 0 {
@@ -136,16 +143,24 @@ impl HyperParams {
             )));
         }
         if n_head % n_head_kv != 0 {
-            return Err(bad(format!("{n_head} query heads are not a multiple of {n_head_kv} KV heads")));
+            return Err(bad(format!(
+                "{n_head} query heads are not a multiple of {n_head_kv} KV heads"
+            )));
         }
         let head_dim = match md.opt_usize(&key("attention.key_length"))? {
             Some(d) => d,
             None if n_embd % n_head == 0 => n_embd / n_head,
-            None => return Err(bad(format!("embedding {n_embd} is not a multiple of {n_head} heads"))),
+            None => {
+                return Err(bad(format!(
+                    "embedding {n_embd} is not a multiple of {n_head} heads"
+                )))
+            }
         };
         if let Some(v) = md.opt_usize(&key("attention.value_length"))? {
             if v != head_dim {
-                return Err(bad(format!("value head size {v} differs from key head size {head_dim}")));
+                return Err(bad(format!(
+                    "value head size {v} differs from key head size {head_dim}"
+                )));
             }
         }
         let n_vocab = match md.opt_usize(&key("vocab_size"))? {
@@ -153,11 +168,19 @@ impl HyperParams {
             None => md
                 .opt_array("tokenizer.ggml.tokens")?
                 .map(|a| a.len())
-                .ok_or_else(|| bad(format!("neither {a}.vocab_size nor tokenizer.ggml.tokens is present")))?,
+                .ok_or_else(|| {
+                    bad(format!(
+                        "neither {a}.vocab_size nor tokenizer.ggml.tokens is present"
+                    ))
+                })?,
         };
-        let rope_dim = md.opt_usize(&key("rope.dimension_count"))?.unwrap_or(head_dim);
+        let rope_dim = md
+            .opt_usize(&key("rope.dimension_count"))?
+            .unwrap_or(head_dim);
         if rope_dim > head_dim || rope_dim % 2 != 0 {
-            return Err(bad(format!("RoPE dimension {rope_dim} must be even and at most the head size {head_dim}")));
+            return Err(bad(format!(
+                "RoPE dimension {rope_dim} must be even and at most the head size {head_dim}"
+            )));
         }
         let rope_freq_base = md.opt_f64(&key("rope.freq_base"))?.unwrap_or(10000.0) as f32;
         let factor = md.opt_f64(&key("rope.scaling.factor"))?;
@@ -166,14 +189,20 @@ impl HyperParams {
                 Some(f) if f != 1.0 => RopeScaling::Linear { factor: f as f32 },
                 _ => RopeScaling::None,
             },
-            Some("linear") => RopeScaling::Linear { factor: factor.unwrap_or(1.0) as f32 },
+            Some("linear") => RopeScaling::Linear {
+                factor: factor.unwrap_or(1.0) as f32,
+            },
             Some("yarn") => RopeScaling::Yarn {
                 factor: factor.unwrap_or(1.0) as f32,
-                original_context: md.opt_usize(&key("rope.scaling.original_context_length"))?.unwrap_or(n_ctx_train),
+                original_context: md
+                    .opt_usize(&key("rope.scaling.original_context_length"))?
+                    .unwrap_or(n_ctx_train),
             },
             Some(other) => return Err(bad(format!("unknown RoPE scaling type `{other}`"))),
         };
-        let rms_eps = md.opt_f64(&key("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-5) as f32;
+        let rms_eps = md
+            .opt_f64(&key("attention.layer_norm_rms_epsilon"))?
+            .unwrap_or(1e-5) as f32;
         let rope_style = match arch {
             Arch::Llama => RopeStyle::Normal,
             Arch::Qwen2 => RopeStyle::Neox,
@@ -206,9 +235,15 @@ impl HyperParams {
         hp.tied_output = file.tensor_info(OUTPUT).is_none();
         hp.qkv_bias = hp.arch == Arch::Qwen2 || file.tensor_info(&LayerNames::new(0).bq).is_some();
         for (name, shape) in hp.expected_tensors() {
-            let info = file.tensor_info(&name).ok_or_else(|| GgufError::MissingTensor(name.clone()))?;
+            let info = file
+                .tensor_info(&name)
+                .ok_or_else(|| GgufError::MissingTensor(name.clone()))?;
             if info.shape != shape {
-                return Err(GgufError::WrongShape { name, expected: shape, found: info.shape.clone() });
+                return Err(GgufError::WrongShape {
+                    name,
+                    expected: shape,
+                    found: info.shape.clone(),
+                });
             }
         }
         Ok(hp)

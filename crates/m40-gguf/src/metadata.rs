@@ -225,7 +225,11 @@ impl Array {
                 for x in v {
                     match x {
                         MetadataValue::Array(inner) => out.push(Array::from_lib(inner)?),
-                        _ => return Err(GgufError::Library("non-array in an array of arrays".into())),
+                        _ => {
+                            return Err(GgufError::Library(
+                                "non-array in an array of arrays".into(),
+                            ))
+                        }
                     }
                 }
                 Array::Array(out)
@@ -234,7 +238,11 @@ impl Array {
     }
 
     fn to_lib(&self) -> MetadataArray {
-        fn wrap<T: Clone>(ty: GGUFValueType, v: &[T], f: impl Fn(T) -> MetadataValue) -> MetadataArray {
+        fn wrap<T: Clone>(
+            ty: GGUFValueType,
+            v: &[T],
+            f: impl Fn(T) -> MetadataValue,
+        ) -> MetadataArray {
             MetadataArray {
                 element_type: ty,
                 length: v.len() as u64,
@@ -257,7 +265,10 @@ impl Array {
             Array::Array(v) => MetadataArray {
                 element_type: GGUFValueType::Array,
                 length: v.len() as u64,
-                values: v.iter().map(|a| MetadataValue::Array(Box::new(a.to_lib()))).collect(),
+                values: v
+                    .iter()
+                    .map(|a| MetadataValue::Array(Box::new(a.to_lib())))
+                    .collect(),
             },
         }
     }
@@ -277,7 +288,9 @@ impl fmt::Display for Value {
             Value::F32(v) => write!(f, "{v}"),
             Value::F64(v) => write!(f, "{v}"),
             Value::Bool(v) => write!(f, "{v}"),
-            Value::String(s) if s.len() > 60 => write!(f, "{:?}...", &s[..s.floor_char_boundary(60)]),
+            Value::String(s) if s.len() > 60 => {
+                write!(f, "{:?}...", &s[..s.floor_char_boundary(60)])
+            }
             Value::String(s) => write!(f, "{s:?}"),
             Value::Array(a) => write!(f, "[{} x {}]", a.len(), a.element_type_name()),
         }
@@ -291,7 +304,11 @@ pub struct Metadata {
 }
 
 fn wrong(key: &str, expected: &'static str, v: &Value) -> GgufError {
-    GgufError::WrongType { key: key.to_string(), expected, found: v.type_name() }
+    GgufError::WrongType {
+        key: key.to_string(),
+        expected,
+        found: v.type_name(),
+    }
 }
 
 impl Metadata {
@@ -341,12 +358,16 @@ impl Metadata {
     }
 
     fn require(&self, key: &str) -> Result<&Value> {
-        self.get(key).ok_or_else(|| GgufError::MissingKey { key: key.to_string() })
+        self.get(key).ok_or_else(|| GgufError::MissingKey {
+            key: key.to_string(),
+        })
     }
 
     /// A string value; a missing key or another type is an error naming the key.
     pub fn str(&self, key: &str) -> Result<&str> {
-        self.opt_str(key)?.ok_or_else(|| GgufError::MissingKey { key: key.to_string() })
+        self.opt_str(key)?.ok_or_else(|| GgufError::MissingKey {
+            key: key.to_string(),
+        })
     }
 
     /// A string value if present; another type is an error.
@@ -388,11 +409,13 @@ impl Metadata {
     pub fn opt_usize(&self, key: &str) -> Result<Option<usize>> {
         match self.opt_u64(key)? {
             None => Ok(None),
-            Some(v) => usize::try_from(v).map(Some).map_err(|_| GgufError::WrongType {
-                key: key.to_string(),
-                expected: "an integer that fits usize",
-                found: v.to_string(),
-            }),
+            Some(v) => usize::try_from(v)
+                .map(Some)
+                .map_err(|_| GgufError::WrongType {
+                    key: key.to_string(),
+                    expected: "an integer that fits usize",
+                    found: v.to_string(),
+                }),
         }
     }
 
@@ -461,11 +484,14 @@ impl Metadata {
     pub fn opt_int_array(&self, key: &str) -> Result<Option<Vec<i64>>> {
         match self.opt_array(key)? {
             None => Ok(None),
-            Some(a) => a.to_i64_vec().map(Some).ok_or_else(|| GgufError::WrongType {
-                key: key.to_string(),
-                expected: "array of integers",
-                found: format!("array of {} {}", a.len(), a.element_type_name()),
-            }),
+            Some(a) => a
+                .to_i64_vec()
+                .map(Some)
+                .ok_or_else(|| GgufError::WrongType {
+                    key: key.to_string(),
+                    expected: "array of integers",
+                    found: format!("array of {} {}", a.len(), a.element_type_name()),
+                }),
         }
     }
 }
@@ -511,7 +537,10 @@ mod tests {
             Value::F64(0.25),
             Value::Bool(true),
             Value::String("s".into()),
-            Value::Array(Array::Array(vec![Array::I32(vec![1, 2]), Array::String(vec!["a".into()])])),
+            Value::Array(Array::Array(vec![
+                Array::I32(vec![1, 2]),
+                Array::String(vec!["a".into()]),
+            ])),
         ];
         for (i, v) in vals.iter().enumerate() {
             m.insert(format!("k{i}"), v.clone());

@@ -61,7 +61,10 @@ impl<'a> Cursor<'a> {
     }
 
     fn malformed(&self, at: usize, what: String) -> GgufError {
-        GgufError::Malformed { offset: at as u64, what }
+        GgufError::Malformed {
+            offset: at as u64,
+            what,
+        }
     }
 
     /// A GGUF string: u64 length then UTF-8 bytes.
@@ -71,11 +74,16 @@ impl<'a> Cursor<'a> {
         if len > self.remaining() {
             return Err(self.malformed(
                 at,
-                format!("{} has length {len}, past the end of the file ({} bytes left)", what(), self.remaining()),
+                format!(
+                    "{} has length {len}, past the end of the file ({} bytes left)",
+                    what(),
+                    self.remaining()
+                ),
             ));
         }
         let b = self.take(len, what)?;
-        std::str::from_utf8(b).map_err(|_| self.malformed(at, format!("{} is not valid UTF-8", what())))
+        std::str::from_utf8(b)
+            .map_err(|_| self.malformed(at, format!("{} is not valid UTF-8", what())))
     }
 }
 
@@ -105,13 +113,19 @@ fn skip_value(c: &mut Cursor<'_>, key: &str, value_type: u32, depth: u32) -> Res
         9 => {
             let at = c.pos;
             if depth >= MAX_ARRAY_NESTING {
-                return Err(c.malformed(at, format!("arrays in `{key}` nest deeper than {MAX_ARRAY_NESTING}")));
+                return Err(c.malformed(
+                    at,
+                    format!("arrays in `{key}` nest deeper than {MAX_ARRAY_NESTING}"),
+                ));
             }
             let elem = c.u32(&what)?;
             let len = c.u64(&what)?;
             // Every element takes at least one byte (strings and arrays eight).
             let min_elem = fixed_size(elem).unwrap_or(8);
-            if len.checked_mul(min_elem).is_none_or(|need| need > c.remaining()) {
+            if len
+                .checked_mul(min_elem)
+                .is_none_or(|need| need > c.remaining())
+            {
                 return Err(c.malformed(
                     at,
                     format!(
@@ -131,7 +145,9 @@ fn skip_value(c: &mut Cursor<'_>, key: &str, value_type: u32, depth: u32) -> Res
                 return Ok(());
             }
             if elem != 8 && elem != 9 {
-                return Err(c.malformed(at, format!("array `{key}` has unknown element type {elem}")));
+                return Err(
+                    c.malformed(at, format!("array `{key}` has unknown element type {elem}"))
+                );
             }
             for _ in 0..len {
                 skip_value(c, key, elem, depth + 1)?;
@@ -160,17 +176,32 @@ pub(crate) fn prescan(bytes: &[u8]) -> Result<Prescan> {
     // tensor descriptor at least 8 + 4 + 8 + 4 + 8.
     let left = c.remaining();
     if kv_count.checked_mul(13).is_none_or(|n| n > left) {
-        return Err(c.malformed(16, format!("metadata count {kv_count} cannot fit in a {} byte file", bytes.len())));
+        return Err(c.malformed(
+            16,
+            format!(
+                "metadata count {kv_count} cannot fit in a {} byte file",
+                bytes.len()
+            ),
+        ));
     }
     if tensor_count.checked_mul(32).is_none_or(|n| n > left) {
-        return Err(c.malformed(8, format!("tensor count {tensor_count} cannot fit in a {} byte file", bytes.len())));
+        return Err(c.malformed(
+            8,
+            format!(
+                "tensor count {tensor_count} cannot fit in a {} byte file",
+                bytes.len()
+            ),
+        ));
     }
 
     let mut keys = HashSet::new();
     for i in 0..kv_count {
         let key = c.string(&|| format!("key of metadata entry {i}"))?;
         if !keys.insert(key) {
-            return Err(GgufError::Duplicate { kind: "metadata key", name: key.to_string() });
+            return Err(GgufError::Duplicate {
+                kind: "metadata key",
+                name: key.to_string(),
+            });
         }
         let ty = c.u32(&|| format!("type of `{key}`"))?;
         skip_value(&mut c, key, ty, 0)?;
@@ -181,31 +212,49 @@ pub(crate) fn prescan(bytes: &[u8]) -> Result<Prescan> {
         let at = c.pos;
         let name = c.string(&|| format!("name of tensor {i}"))?;
         if !names.insert(name) {
-            return Err(GgufError::Duplicate { kind: "tensor", name: name.to_string() });
+            return Err(GgufError::Duplicate {
+                kind: "tensor",
+                name: name.to_string(),
+            });
         }
         let what = || format!("descriptor of tensor `{name}`");
         let n_dims = c.u32(&what)?;
         if n_dims == 0 || n_dims > MAX_DIMS {
-            return Err(c.malformed(at, format!("tensor `{name}` has {n_dims} dimensions (1 to {MAX_DIMS} allowed)")));
+            return Err(c.malformed(
+                at,
+                format!("tensor `{name}` has {n_dims} dimensions (1 to {MAX_DIMS} allowed)"),
+            ));
         }
         let mut elements: u64 = 1;
         let mut dims = [0u64; MAX_DIMS as usize];
         for d in dims.iter_mut().take(n_dims as usize) {
             *d = c.u64(&what)?;
             if *d == 0 {
-                return Err(GgufError::BadTensor { name: name.into(), what: "has a zero dimension".into() });
+                return Err(GgufError::BadTensor {
+                    name: name.into(),
+                    what: "has a zero dimension".into(),
+                });
             }
-            elements = elements.checked_mul(*d).ok_or_else(|| GgufError::BadTensor {
-                name: name.into(),
-                what: "element count overflows 64 bits".into(),
-            })?;
+            elements = elements
+                .checked_mul(*d)
+                .ok_or_else(|| GgufError::BadTensor {
+                    name: name.into(),
+                    what: "element count overflows 64 bits".into(),
+                })?;
         }
         let type_id = c.u32(&what)?;
-        let ty = GgmlType::from_id(type_id).ok_or_else(|| GgufError::UnknownType { name: name.into(), id: type_id })?;
+        let ty = GgmlType::from_id(type_id).ok_or_else(|| GgufError::UnknownType {
+            name: name.into(),
+            id: type_id,
+        })?;
         if dims[0] % ty.block_len() as u64 != 0 {
             return Err(GgufError::BadTensor {
                 name: name.into(),
-                what: format!("row length {} is not a multiple of the {ty} block size {}", dims[0], ty.block_len()),
+                what: format!(
+                    "row length {} is not a multiple of the {ty} block size {}",
+                    dims[0],
+                    ty.block_len()
+                ),
             });
         }
         let size = ty.row_bytes(elements).ok_or_else(|| GgufError::BadTensor {
@@ -213,12 +262,20 @@ pub(crate) fn prescan(bytes: &[u8]) -> Result<Prescan> {
             what: "byte size overflows 64 bits".into(),
         })?;
         let offset = c.u64(&what)?;
-        if offset.checked_add(size).is_none_or(|end| end > bytes.len() as u64) {
+        if offset
+            .checked_add(size)
+            .is_none_or(|end| end > bytes.len() as u64)
+        {
             return Err(GgufError::BadTensor {
                 name: name.into(),
                 what: format!("data ({size} bytes at data offset {offset}) runs past the end of the {} byte file", bytes.len()),
             });
         }
     }
-    Ok(Prescan { version, tensor_count, kv_count, descriptors_end: c.pos as u64 })
+    Ok(Prescan {
+        version,
+        tensor_count,
+        kv_count,
+        descriptors_end: c.pos as u64,
+    })
 }

@@ -34,10 +34,54 @@ pub struct Shape {
 
 /// The shapes the synthesizer knows: `tiny` matches the quant zoo.
 pub const SHAPES: &[Shape] = &[
-    Shape { name: "tiny", n_layer: 2, n_embd: 256, n_head: 4, n_head_kv: 2, n_ff: 512, n_vocab: 512, n_ctx_train: 2048, rope_freq_base: 10000.0, tied_output: false },
-    Shape { name: "smollm2-135m", n_layer: 30, n_embd: 576, n_head: 9, n_head_kv: 3, n_ff: 1536, n_vocab: 49152, n_ctx_train: 8192, rope_freq_base: 100000.0, tied_output: true },
-    Shape { name: "llama-1b", n_layer: 16, n_embd: 2048, n_head: 32, n_head_kv: 8, n_ff: 8192, n_vocab: 128256, n_ctx_train: 131072, rope_freq_base: 500000.0, tied_output: true },
-    Shape { name: "llama-8b", n_layer: 32, n_embd: 4096, n_head: 32, n_head_kv: 8, n_ff: 14336, n_vocab: 128256, n_ctx_train: 131072, rope_freq_base: 500000.0, tied_output: false },
+    Shape {
+        name: "tiny",
+        n_layer: 2,
+        n_embd: 256,
+        n_head: 4,
+        n_head_kv: 2,
+        n_ff: 512,
+        n_vocab: 512,
+        n_ctx_train: 2048,
+        rope_freq_base: 10000.0,
+        tied_output: false,
+    },
+    Shape {
+        name: "smollm2-135m",
+        n_layer: 30,
+        n_embd: 576,
+        n_head: 9,
+        n_head_kv: 3,
+        n_ff: 1536,
+        n_vocab: 49152,
+        n_ctx_train: 8192,
+        rope_freq_base: 100000.0,
+        tied_output: true,
+    },
+    Shape {
+        name: "llama-1b",
+        n_layer: 16,
+        n_embd: 2048,
+        n_head: 32,
+        n_head_kv: 8,
+        n_ff: 8192,
+        n_vocab: 128256,
+        n_ctx_train: 131072,
+        rope_freq_base: 500000.0,
+        tied_output: true,
+    },
+    Shape {
+        name: "llama-8b",
+        n_layer: 32,
+        n_embd: 4096,
+        n_head: 32,
+        n_head_kv: 8,
+        n_ff: 14336,
+        n_vocab: 128256,
+        n_ctx_train: 131072,
+        rope_freq_base: 500000.0,
+        tied_output: false,
+    },
 ];
 
 impl Shape {
@@ -116,7 +160,10 @@ pub fn metadata(shape: &Shape, ty: GgmlType) -> Metadata {
     let s = |v: &str| Value::String(v.to_string());
     let u = |v: usize| Value::U32(v as u32);
     md.insert("general.architecture", s("llama"));
-    md.insert("general.name", s(&format!("m40-llm synthetic {} {}", shape.name, ty)));
+    md.insert(
+        "general.name",
+        s(&format!("m40-llm synthetic {} {}", shape.name, ty)),
+    );
     md.insert("general.file_type", Value::U32(file_type(ty)));
     md.insert("general.quantization_version", Value::U32(2));
     md.insert("llama.block_count", u(shape.n_layer));
@@ -209,14 +256,22 @@ impl RowStream {
     fn refill(&mut self) -> Result<()> {
         let rows = ((4 << 20) / self.row_bytes.max(1)).clamp(1, self.n_rows - self.next_row);
         self.buf.resize(rows * self.row_bytes, 0);
-        let (first, ty, row_len, seed, init) = (self.next_row, self.ty, self.row_len, self.seed, self.init);
-        self.buf.par_chunks_mut(self.row_bytes).enumerate().try_for_each_init(
-            || vec![0f32; row_len],
-            |x, (i, out)| {
-                fill_row(init, seed ^ ((first + i) as u64).wrapping_mul(0xD6E8_FEB8_6659_FD93), x);
-                quant::quantize(ty, x, out)
-            },
-        )?;
+        let (first, ty, row_len, seed, init) =
+            (self.next_row, self.ty, self.row_len, self.seed, self.init);
+        self.buf
+            .par_chunks_mut(self.row_bytes)
+            .enumerate()
+            .try_for_each_init(
+                || vec![0f32; row_len],
+                |x, (i, out)| {
+                    fill_row(
+                        init,
+                        seed ^ ((first + i) as u64).wrapping_mul(0xD6E8_FEB8_6659_FD93),
+                        x,
+                    );
+                    quant::quantize(ty, x, out)
+                },
+            )?;
         self.next_row += rows;
         self.pos = 0;
         Ok(())
@@ -249,9 +304,16 @@ pub struct SynthOptions<'a> {
 
 /// Write a random-weight model to `out`, one tensor at a time; `progress` is
 /// called after each tensor with (tensors done, tensors total).
-pub fn write_model<W: Write>(out: W, opts: &SynthOptions<'_>, mut progress: impl FnMut(usize, usize)) -> Result<W> {
+pub fn write_model<W: Write>(
+    out: W,
+    opts: &SynthOptions<'_>,
+    mut progress: impl FnMut(usize, usize),
+) -> Result<W> {
     if !GgmlType::QUANTIZABLE.contains(&opts.ty) {
-        return Err(GgufError::UnsupportedType { ty: opts.ty, op: "synthetic models" });
+        return Err(GgufError::UnsupportedType {
+            ty: opts.ty,
+            op: "synthetic models",
+        });
     }
     let hp = opts.shape.hparams();
     let md = metadata(opts.shape, opts.ty);
@@ -259,7 +321,11 @@ pub fn write_model<W: Write>(out: W, opts: &SynthOptions<'_>, mut progress: impl
         .expected_tensors()
         .into_iter()
         .map(|(name, shape)| {
-            let ty = if shape.len() == 1 { GgmlType::F32 } else { opts.ty };
+            let ty = if shape.len() == 1 {
+                GgmlType::F32
+            } else {
+                opts.ty
+            };
             TensorSpec { name, ty, shape }
         })
         .collect();
@@ -287,7 +353,12 @@ pub fn write_model<W: Write>(out: W, opts: &SynthOptions<'_>, mut progress: impl
 /// Names of the tensors a synthetic model of `shape` holds, for callers that
 /// want to check them.
 pub fn tensor_names(shape: &Shape) -> Vec<String> {
-    shape.hparams().expected_tensors().into_iter().map(|(n, _)| n).collect()
+    shape
+        .hparams()
+        .expected_tensors()
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect()
 }
 
 #[doc(hidden)]

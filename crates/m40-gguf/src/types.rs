@@ -111,7 +111,10 @@ impl GgmlType {
 
     /// Parse a type name as llama.cpp spells it (case-insensitive).
     pub fn from_name(name: &str) -> Option<Self> {
-        Self::ALL.iter().copied().find(|t| t.name().eq_ignore_ascii_case(name))
+        Self::ALL
+            .iter()
+            .copied()
+            .find(|t| t.name().eq_ignore_ascii_case(name))
     }
 
     /// Bytes needed for `n` elements (a row), or `None` when `n` is not a whole

@@ -25,7 +25,11 @@ pub struct TensorSpec {
 
 impl TensorSpec {
     pub fn new(name: impl Into<String>, ty: GgmlType, shape: &[u64]) -> Self {
-        Self { name: name.into(), ty, shape: shape.to_vec() }
+        Self {
+            name: name.into(),
+            ty,
+            shape: shape.to_vec(),
+        }
     }
 
     pub fn n_elements(&self) -> u64 {
@@ -34,9 +38,14 @@ impl TensorSpec {
 
     /// Size of the data in bytes, or an error when the row length is not whole blocks.
     pub fn n_bytes(&self) -> Result<u64> {
-        self.ty.row_bytes(self.n_elements()).filter(|_| self.shape[0] % self.ty.block_len() as u64 == 0).ok_or(
-            GgufError::BadRowLength { ty: self.ty, len: self.shape[0] as usize, block: self.ty.block_len() },
-        )
+        self.ty
+            .row_bytes(self.n_elements())
+            .filter(|_| self.shape[0] % self.ty.block_len() as u64 == 0)
+            .ok_or(GgufError::BadRowLength {
+                ty: self.ty,
+                len: self.shape[0] as usize,
+                block: self.ty.block_len(),
+            })
     }
 }
 
@@ -63,13 +72,26 @@ impl<W: Write> GgufWriter<W> {
             infos.push(LibTensorInfo::new(t.name.clone(), shape, ty, offset));
             offset = (offset + size).div_ceil(ALIGNMENT) * ALIGNMENT;
         }
-        let config = StreamWriterConfig { tensor_alignment: ALIGNMENT as usize, validate_data: true, buffer_size: 1 << 20 };
+        let config = StreamWriterConfig {
+            tensor_alignment: ALIGNMENT as usize,
+            validate_data: true,
+            buffer_size: 1 << 20,
+        };
         let mut inner = GGUFStreamWriter::with_config(out, config);
-        inner.write_header(&GGUFHeader::new(tensors.len() as u64, metadata.len() as u64)).map_err(lib_err)?;
+        inner
+            .write_header(&GGUFHeader::new(
+                tensors.len() as u64,
+                metadata.len() as u64,
+            ))
+            .map_err(lib_err)?;
         inner.write_metadata(&metadata.to_lib()).map_err(lib_err)?;
         inner.write_tensor_infos(&infos).map_err(lib_err)?;
         inner.align_for_tensor_data().map_err(lib_err)?;
-        Ok(Self { inner, infos, next: 0 })
+        Ok(Self {
+            inner,
+            infos,
+            next: 0,
+        })
     }
 
     /// Write the next tensor's data, read from `data` (exactly its size).
@@ -78,7 +100,9 @@ impl<W: Write> GgufWriter<W> {
             .infos
             .get(self.next)
             .ok_or_else(|| GgufError::Write("more tensors written than declared".into()))?;
-        self.inner.write_tensor_data_chunked(info, data).map_err(lib_err)?;
+        self.inner
+            .write_tensor_data_chunked(info, data)
+            .map_err(lib_err)?;
         self.next += 1;
         Ok(())
     }
@@ -86,7 +110,11 @@ impl<W: Write> GgufWriter<W> {
     /// Flush and return the sink; every declared tensor must have been written.
     pub fn finish(mut self) -> Result<W> {
         if self.next != self.infos.len() {
-            return Err(GgufError::Write(format!("{} of {} tensors written", self.next, self.infos.len())));
+            return Err(GgufError::Write(format!(
+                "{} of {} tensors written",
+                self.next,
+                self.infos.len()
+            )));
         }
         self.inner.finalize().map_err(lib_err)?;
         Ok(self.inner.into_inner())

@@ -35,7 +35,10 @@ impl Image {
                 ("test.list".into(), 9, arr),
                 ("test.flag".into(), 7, vec![1]),
             ],
-            tensors: vec![("a.weight".into(), vec![32, 2], 8, 0), ("b.weight".into(), vec![4], 0, 96)],
+            tensors: vec![
+                ("a.weight".into(), vec![32, 2], 8, 0),
+                ("b.weight".into(), vec![4], 0, 96),
+            ],
             data_len: 112,
         }
     }
@@ -43,7 +46,12 @@ impl Image {
     fn bytes(&self) -> Vec<u8> {
         let mut b = 0x4655_4747u32.to_le_bytes().to_vec();
         b.extend_from_slice(&self.version.to_le_bytes());
-        b.extend_from_slice(&self.tensor_count.unwrap_or(self.tensors.len() as u64).to_le_bytes());
+        b.extend_from_slice(
+            &self
+                .tensor_count
+                .unwrap_or(self.tensors.len() as u64)
+                .to_le_bytes(),
+        );
         b.extend_from_slice(&self.kv_count.unwrap_or(self.kvs.len() as u64).to_le_bytes());
         for (k, ty, v) in &self.kvs {
             b.extend(string(k));
@@ -103,7 +111,11 @@ fn truncation_at_every_offset_is_an_error() {
     let bytes = Image::valid().bytes();
     for len in 0..bytes.len() {
         let r = GgufFile::from_bytes(bytes[..len].to_vec());
-        assert!(r.is_err(), "truncated to {len} of {} bytes was accepted", bytes.len());
+        assert!(
+            r.is_err(),
+            "truncated to {len} of {} bytes was accepted",
+            bytes.len()
+        );
     }
     assert!(GgufFile::from_bytes(bytes).is_ok());
 }
@@ -112,8 +124,14 @@ fn truncation_at_every_offset_is_an_error() {
 fn wrong_magic() {
     let mut b = Image::valid().bytes();
     b[0] = b'X';
-    assert!(matches!(GgufFile::from_bytes(b), Err(GgufError::BadMagic { .. })));
-    assert!(matches!(GgufFile::from_bytes(b"GGML\x03\0\0\0".to_vec()), Err(GgufError::BadMagic { .. })));
+    assert!(matches!(
+        GgufFile::from_bytes(b),
+        Err(GgufError::BadMagic { .. })
+    ));
+    assert!(matches!(
+        GgufFile::from_bytes(b"GGML\x03\0\0\0".to_vec()),
+        Err(GgufError::BadMagic { .. })
+    ));
 }
 
 #[test]
@@ -135,7 +153,10 @@ fn string_and_array_lengths_past_the_end() {
     v.extend_from_slice(b"llama");
     img.kvs[0].2 = v;
     let e = err(&img);
-    assert!(e.contains("general.architecture") && e.contains("past the end"), "{e}");
+    assert!(
+        e.contains("general.architecture") && e.contains("past the end"),
+        "{e}"
+    );
 
     let mut img = Image::valid();
     let mut arr = 4u32.to_le_bytes().to_vec();
@@ -187,10 +208,19 @@ fn tensor_data_past_the_end_or_misaligned() {
 fn duplicates() {
     let mut img = Image::valid();
     img.tensors[1].0 = "a.weight".into();
-    assert!(matches!(open(&img), Err(GgufError::Duplicate { kind: "tensor", .. })));
+    assert!(matches!(
+        open(&img),
+        Err(GgufError::Duplicate { kind: "tensor", .. })
+    ));
     let mut img = Image::valid();
     img.kvs[1].0 = "general.architecture".into();
-    assert!(matches!(open(&img), Err(GgufError::Duplicate { kind: "metadata key", .. })));
+    assert!(matches!(
+        open(&img),
+        Err(GgufError::Duplicate {
+            kind: "metadata key",
+            ..
+        })
+    ));
 }
 
 #[test]

@@ -5,7 +5,10 @@ use m40_gguf::GgmlType;
 use proptest::prelude::*;
 
 fn blocks(n_blocks: std::ops::Range<usize>) -> impl Strategy<Value = Vec<f32>> {
-    (n_blocks, 1e-3f32..1e3).prop_flat_map(|(n, scale)| prop::collection::vec(-1f32..1.0, n * 32).prop_map(move |v| v.into_iter().map(|x| x * scale).collect()))
+    (n_blocks, 1e-3f32..1e3).prop_flat_map(|(n, scale)| {
+        prop::collection::vec(-1f32..1.0, n * 32)
+            .prop_map(move |v| v.into_iter().map(|x| x * scale).collect())
+    })
 }
 
 /// Worst-case error of one 32-element block for each format, from its rounding

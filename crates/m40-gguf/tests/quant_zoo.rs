@@ -20,7 +20,8 @@ fn ulps(a: f32, b: f32) -> u32 {
 fn every_zoo_tensor_matches_reference_dequantization() {
     let Some(td) = common::testdata() else { return };
     let zoo = td.join("quant-zoo");
-    let expected: Value = serde_json::from_slice(&std::fs::read(zoo.join("expected.json")).unwrap()).unwrap();
+    let expected: Value =
+        serde_json::from_slice(&std::fs::read(zoo.join("expected.json")).unwrap()).unwrap();
     let files = expected.as_object().unwrap();
     assert_eq!(files.len(), 15, "the zoo holds 15 formats");
     let mut types_seen = std::collections::BTreeSet::new();
@@ -28,28 +29,65 @@ fn every_zoo_tensor_matches_reference_dequantization() {
     for (file_name, tensors) in files {
         let f = GgufFile::open(zoo.join(file_name)).unwrap_or_else(|e| panic!("{file_name}: {e}"));
         let hp = HyperParams::from_file(&f).unwrap_or_else(|e| panic!("{file_name}: {e}"));
-        assert_eq!((hp.n_layer, hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_ff, hp.n_vocab), (2, 256, 4, 2, 64, 512, 512));
+        assert_eq!(
+            (
+                hp.n_layer,
+                hp.n_embd,
+                hp.n_head,
+                hp.n_head_kv,
+                hp.head_dim,
+                hp.n_ff,
+                hp.n_vocab
+            ),
+            (2, 256, 4, 2, 64, 512, 512)
+        );
         assert!(!hp.tied_output);
         let tensors = tensors.as_object().unwrap();
-        assert_eq!(tensors.len(), f.tensors().len(), "{file_name}: tensor count");
+        assert_eq!(
+            tensors.len(),
+            f.tensors().len(),
+            "{file_name}: tensor count"
+        );
         for (name, exp) in tensors {
-            let view = f.tensor(name).unwrap_or_else(|| panic!("{file_name}: no tensor {name}"));
+            let view = f
+                .tensor(name)
+                .unwrap_or_else(|| panic!("{file_name}: no tensor {name}"));
             let ty = GgmlType::from_name(exp["type"].as_str().unwrap()).unwrap();
             assert_eq!(view.info.ty, ty, "{file_name}/{name}: type");
             types_seen.insert(ty);
-            let shape: Vec<u64> = exp["shape"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+            let shape: Vec<u64> = exp["shape"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap())
+                .collect();
             assert_eq!(view.info.shape, shape, "{file_name}/{name}: shape");
             let values = view.to_f32().unwrap();
             assert_eq!(values.len() as u64, exp["n"].as_u64().unwrap());
-            for (i, (h, &got)) in exp["head"].as_array().unwrap().iter().zip(&values).enumerate() {
+            for (i, (h, &got)) in exp["head"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .zip(&values)
+                .enumerate()
+            {
                 let want = h.as_f64().unwrap() as f32;
-                assert!(ulps(got, want) <= 1, "{file_name}/{name}[{i}]: got {got:e}, want {want:e}");
+                assert!(
+                    ulps(got, want) <= 1,
+                    "{file_name}/{name}[{i}]: got {got:e}, want {want:e}"
+                );
             }
             let sum: f64 = values.iter().map(|&v| v as f64).sum();
             let sum_sq: f64 = values.iter().map(|&v| (v as f64) * (v as f64)).sum();
-            for (what, got, want) in [("sum", sum, exp["sum"].as_f64().unwrap()), ("sum_sq", sum_sq, exp["sum_sq"].as_f64().unwrap())] {
+            for (what, got, want) in [
+                ("sum", sum, exp["sum"].as_f64().unwrap()),
+                ("sum_sq", sum_sq, exp["sum_sq"].as_f64().unwrap()),
+            ] {
                 let rel = (got - want).abs() / want.abs().max(1e-30);
-                assert!(rel <= 1e-9, "{file_name}/{name}: {what} {got} vs {want} (rel {rel:e})");
+                assert!(
+                    rel <= 1e-9,
+                    "{file_name}/{name}: {what} {got} vs {want} (rel {rel:e})"
+                );
             }
             checked += 1;
         }
@@ -67,7 +105,15 @@ fn our_quantizers_reproduce_llama_quantize_byte_for_byte() {
     let Some(td) = common::testdata() else { return };
     let zoo = td.join("quant-zoo");
     let src = GgufFile::open(zoo.join("zoo-F32.gguf")).unwrap();
-    for ty in [GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1] {
+    for ty in [
+        GgmlType::F16,
+        GgmlType::BF16,
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+    ] {
         let dst = GgufFile::open(zoo.join(format!("zoo-{ty}.gguf"))).unwrap();
         let mut compared = 0;
         for info in src.tensors() {
@@ -78,7 +124,13 @@ fn our_quantizers_reproduce_llama_quantize_byte_for_byte() {
             let x = src.view(info).to_f32().unwrap();
             let ours = m40_gguf::quant::quantize_to_vec(ty, &x).unwrap();
             let diff = ours.iter().zip(theirs.data).filter(|(a, b)| a != b).count();
-            assert_eq!(diff, 0, "{ty} {}: {diff} of {} bytes differ", info.name, ours.len());
+            assert_eq!(
+                diff,
+                0,
+                "{ty} {}: {diff} of {} bytes differ",
+                info.name,
+                ours.len()
+            );
             compared += 1;
         }
         assert!(compared >= 10, "{ty}: only {compared} tensors compared");

@@ -183,7 +183,8 @@ pub fn block_iq4_nl(b: &BlockIQ4NL, y: &mut [f32]) {
 pub fn block_iq4_xs(b: &BlockIQ4XS, y: &mut [f32]) {
     let d = b.d.to_f32();
     for ib in 0..QK_K / 32 {
-        let ls = ((b.scales_l[ib / 2] >> (4 * (ib % 2))) & 0xF) as i32 | ((((b.scales_h >> (2 * ib)) & 3) as i32) << 4);
+        let ls = ((b.scales_l[ib / 2] >> (4 * (ib % 2))) & 0xF) as i32
+            | ((((b.scales_h >> (2 * ib)) & 3) as i32) << 4);
         let dl = d * (ls - 32) as f32;
         let qs = &b.qs[16 * ib..16 * ib + 16];
         let y = &mut y[32 * ib..32 * ib + 32];

@@ -11,6 +11,7 @@ pub mod quantize;
 use std::borrow::Cow;
 
 use bytemuck::Pod;
+use half::slice::HalfFloatSliceExt;
 
 use crate::error::{GgufError, Result};
 use crate::types::GgmlType;
@@ -19,12 +20,21 @@ use crate::types::GgmlType;
 pub fn as_blocks<B: Pod>(bytes: &[u8]) -> Cow<'_, [B]> {
     match bytemuck::try_cast_slice(bytes) {
         Ok(s) => Cow::Borrowed(s),
-        Err(_) => Cow::Owned(bytes.chunks_exact(std::mem::size_of::<B>()).map(bytemuck::pod_read_unaligned).collect()),
+        Err(_) => Cow::Owned(
+            bytes
+                .chunks_exact(std::mem::size_of::<B>())
+                .map(bytemuck::pod_read_unaligned)
+                .collect(),
+        ),
     }
 }
 
 fn check_sizes(ty: GgmlType, n_bytes: usize, n: usize) -> Result<()> {
-    let expected = ty.row_bytes(n as u64).ok_or(GgufError::BadRowLength { ty, len: n, block: ty.block_len() })?;
+    let expected = ty.row_bytes(n as u64).ok_or(GgufError::BadRowLength {
+        ty,
+        len: n,
+        block: ty.block_len(),
+    })?;
     if expected != n_bytes as u64 {
         return Err(GgufError::BadTensor {
             name: format!("<{ty} data>"),
@@ -53,16 +63,9 @@ pub fn dequantize(ty: GgmlType, src: &[u8], out: &mut [f32]) -> Result<()> {
                 *y = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
             }
         }
-        GgmlType::F16 => {
-            for (y, c) in out.iter_mut().zip(src.chunks_exact(2)) {
-                *y = d::f16_to_f32(u16::from_le_bytes([c[0], c[1]]));
-            }
-        }
-        GgmlType::BF16 => {
-            for (y, c) in out.iter_mut().zip(src.chunks_exact(2)) {
-                *y = d::bf16_to_f32(u16::from_le_bytes([c[0], c[1]]));
-            }
-        }
+        // half's slice conversions use F16C/SIMD where the CPU has them.
+        GgmlType::F16 => as_blocks::<half::f16>(src).convert_to_f32_slice(out),
+        GgmlType::BF16 => as_blocks::<half::bf16>(src).convert_to_f32_slice(out),
         GgmlType::Q4_0 => each_block::<BlockQ4_0>(src, out, QK32, d::block_q4_0),
         GgmlType::Q4_1 => each_block::<BlockQ4_1>(src, out, QK32, d::block_q4_1),
         GgmlType::Q5_0 => each_block::<BlockQ5_0>(src, out, QK32, d::block_q5_0),
@@ -75,13 +78,21 @@ pub fn dequantize(ty: GgmlType, src: &[u8], out: &mut [f32]) -> Result<()> {
         GgmlType::Q6_K => each_block::<BlockQ6K>(src, out, QK_K, d::block_q6_k),
         GgmlType::IQ4_NL => each_block::<BlockIQ4NL>(src, out, QK32, d::block_iq4_nl),
         GgmlType::IQ4_XS => each_block::<BlockIQ4XS>(src, out, QK_K, d::block_iq4_xs),
-        other => return Err(GgufError::UnsupportedType { ty: other, op: "dequantization" }),
+        other => {
+            return Err(GgufError::UnsupportedType {
+                ty: other,
+                op: "dequantization",
+            })
+        }
     }
     Ok(())
 }
 
 fn push_blocks<B: Pod>(x: &[f32], block_len: usize, out: &mut [u8], f: impl Fn(&[f32]) -> B) {
-    for (xs, o) in x.chunks_exact(block_len).zip(out.chunks_exact_mut(std::mem::size_of::<B>())) {
+    for (xs, o) in x
+        .chunks_exact(block_len)
+        .zip(out.chunks_exact_mut(std::mem::size_of::<B>()))
+    {
         o.copy_from_slice(bytemuck::bytes_of(&f(xs)));
     }
 }
@@ -112,14 +123,25 @@ pub fn quantize(ty: GgmlType, x: &[f32], out: &mut [u8]) -> Result<()> {
         GgmlType::Q4_1 => push_blocks(x, blocks::QK32, out, q::block_q4_1),
         GgmlType::Q5_0 => push_blocks(x, blocks::QK32, out, q::block_q5_0),
         GgmlType::Q5_1 => push_blocks(x, blocks::QK32, out, q::block_q5_1),
-        other => return Err(GgufError::UnsupportedType { ty: other, op: "quantization" }),
+        other => {
+            return Err(GgufError::UnsupportedType {
+                ty: other,
+                op: "quantization",
+            })
+        }
     }
     Ok(())
 }
 
 /// Quantize into a new buffer.
 pub fn quantize_to_vec(ty: GgmlType, x: &[f32]) -> Result<Vec<u8>> {
-    let n = ty.row_bytes(x.len() as u64).ok_or(GgufError::BadRowLength { ty, len: x.len(), block: ty.block_len() })?;
+    let n = ty
+        .row_bytes(x.len() as u64)
+        .ok_or(GgufError::BadRowLength {
+            ty,
+            len: x.len(),
+            block: ty.block_len(),
+        })?;
     let mut out = vec![0u8; n as usize];
     quantize(ty, x, &mut out)?;
     Ok(out)

@@ -24,7 +24,10 @@ pub fn block_q8_0(x: &[f32]) -> BlockQ8_0 {
     for (q, v) in qs.iter_mut().zip(x) {
         *q = (v * id).round() as i8;
     }
-    BlockQ8_0 { d: f16::from_f32(d), qs }
+    BlockQ8_0 {
+        d: f16::from_f32(d),
+        qs,
+    }
 }
 
 /// The element of largest magnitude, keeping its sign (first one on ties).
@@ -51,7 +54,10 @@ pub fn block_q4_0(x: &[f32]) -> BlockQ4_0 {
         let q1 = ((x1 + 8.5) as i8 as u8).min(15);
         qs[j] = q0 | (q1 << 4);
     }
-    BlockQ4_0 { d: f16::from_f32(d), qs }
+    BlockQ4_0 {
+        d: f16::from_f32(d),
+        qs,
+    }
 }
 
 pub fn block_q4_1(x: &[f32]) -> BlockQ4_1 {
@@ -67,7 +73,11 @@ pub fn block_q4_1(x: &[f32]) -> BlockQ4_1 {
         let q1 = ((x1 + 0.5) as u8).min(15);
         qs[j] = q0 | (q1 << 4);
     }
-    BlockQ4_1 { d: f16::from_f32(d), m: f16::from_f32(min), qs }
+    BlockQ4_1 {
+        d: f16::from_f32(d),
+        m: f16::from_f32(min),
+        qs,
+    }
 }
 
 pub fn block_q5_0(x: &[f32]) -> BlockQ5_0 {
@@ -85,7 +95,11 @@ pub fn block_q5_0(x: &[f32]) -> BlockQ5_0 {
         qh |= (((q0 & 0x10) >> 4) as u32) << j;
         qh |= (((q1 & 0x10) >> 4) as u32) << (j + QK32 / 2);
     }
-    BlockQ5_0 { d: f16::from_f32(d), qh: qh.to_le_bytes(), qs }
+    BlockQ5_0 {
+        d: f16::from_f32(d),
+        qh: qh.to_le_bytes(),
+        qs,
+    }
 }
 
 pub fn block_q5_1(x: &[f32]) -> BlockQ5_1 {
@@ -104,5 +118,10 @@ pub fn block_q5_1(x: &[f32]) -> BlockQ5_1 {
         qh |= (((q0 & 0x10) >> 4) as u32) << j;
         qh |= (((q1 & 0x10) >> 4) as u32) << (j + QK32 / 2);
     }
-    BlockQ5_1 { d: f16::from_f32(d), m: f16::from_f32(min), qh: qh.to_le_bytes(), qs }
+    BlockQ5_1 {
+        d: f16::from_f32(d),
+        m: f16::from_f32(min),
+        qh: qh.to_le_bytes(),
+        qs,
+    }
 }

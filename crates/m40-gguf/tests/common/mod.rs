@@ -13,7 +13,10 @@ pub fn testdata() -> Option<PathBuf> {
     if p.is_dir() {
         Some(p)
     } else {
-        eprintln!("SKIP: {} not found (set M40_TESTDATA to the shared testdata folder)", p.display());
+        eprintln!(
+            "SKIP: {} not found (set M40_TESTDATA to the shared testdata folder)",
+            p.display()
+        );
         None
     }
 }

@@ -1,0 +1,164 @@
+//! Synthetic models: they open, pass the hyperparameter/tensor check,
+//! dequantize, are deterministic, and keep activations O(1) through every layer.
+
+use m40_gguf::hparams::{LayerNames, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
+use m40_gguf::synth::{write_model, Shape, SynthOptions};
+use m40_gguf::{GgmlType, GgufFile, HyperParams};
+
+fn synth(shape: &str, ty: GgmlType, seed: u64) -> Vec<u8> {
+    let shape = Shape::find(shape).unwrap();
+    write_model(Vec::new(), &SynthOptions { shape, ty, seed }, |_, _| {}).unwrap()
+}
+
+fn matvec(f: &GgufFile, name: &str, x: &[f32]) -> Vec<f32> {
+    let t = f.tensor(name).unwrap();
+    assert_eq!(t.info.row_len(), x.len(), "{name}");
+    let mut row = vec![0f32; x.len()];
+    (0..t.info.n_rows())
+        .map(|r| {
+            m40_gguf::quant::dequantize(t.info.ty, t.row(r), &mut row).unwrap();
+            row.iter().zip(x).map(|(a, b)| a * b).sum()
+        })
+        .collect()
+}
+
+fn rmsnorm(f: &GgufFile, name: &str, x: &[f32], eps: f32) -> Vec<f32> {
+    let w = f.tensor(name).unwrap().to_f32().unwrap();
+    let ms = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+    let s = 1.0 / (ms + eps).sqrt();
+    x.iter().zip(&w).map(|(v, w)| v * s * w).collect()
+}
+
+fn rms(x: &[f32]) -> f32 {
+    (x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32).sqrt()
+}
+
+/// A one-token forward pass (at position 0 attention returns V, so RoPE and
+/// softmax drop out) that records the residual stream's RMS after each layer.
+fn forward_one_token(f: &GgufFile, token: usize) -> (Vec<f32>, Vec<f32>) {
+    let hp = HyperParams::from_file(f).unwrap();
+    let embd = f.tensor(TOKEN_EMBD).unwrap();
+    let mut x = vec![0f32; hp.n_embd];
+    m40_gguf::quant::dequantize(embd.info.ty, embd.row(token), &mut x).unwrap();
+    let mut rms_per_layer = vec![rms(&x)];
+    let group = hp.n_head / hp.n_head_kv;
+    for l in 0..hp.n_layer {
+        let n = LayerNames::new(l);
+        let h = rmsnorm(f, &n.attn_norm, &x, hp.rms_eps);
+        let v = matvec(f, &n.wv, &h);
+        let attn: Vec<f32> = (0..hp.n_head * hp.head_dim)
+            .map(|i| v[(i / hp.head_dim / group) * hp.head_dim + i % hp.head_dim])
+            .collect();
+        for (xi, o) in x.iter_mut().zip(matvec(f, &n.wo, &attn)) {
+            *xi += o;
+        }
+        let h = rmsnorm(f, &n.ffn_norm, &x, hp.rms_eps);
+        let g = matvec(f, &n.ffn_gate, &h);
+        let u = matvec(f, &n.ffn_up, &h);
+        let a: Vec<f32> = g
+            .iter()
+            .zip(&u)
+            .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
+            .collect();
+        for (xi, o) in x.iter_mut().zip(matvec(f, &n.ffn_down, &a)) {
+            *xi += o;
+        }
+        rms_per_layer.push(rms(&x));
+    }
+    let h = rmsnorm(f, OUTPUT_NORM, &x, hp.rms_eps);
+    let out = if hp.tied_output { TOKEN_EMBD } else { OUTPUT };
+    (rms_per_layer, matvec(f, out, &h))
+}
+
+#[test]
+fn tiny_models_of_every_writable_type_open_and_dequantize() {
+    for &ty in GgmlType::QUANTIZABLE {
+        let f = GgufFile::from_bytes(synth("tiny", ty, 1)).unwrap();
+        let hp = HyperParams::from_file(&f).unwrap();
+        assert_eq!(
+            (hp.n_layer, hp.n_embd, hp.n_vocab, hp.tied_output),
+            (2, 256, 512, false)
+        );
+        for info in f.tensors() {
+            let want = if info.shape.len() == 1 {
+                GgmlType::F32
+            } else {
+                ty
+            };
+            assert_eq!(info.ty, want, "{}", info.name);
+            let v = f.view(info).to_f32().unwrap();
+            assert!(v.iter().all(|x| x.is_finite()), "{ty} {}", info.name);
+            assert!(rms(&v) > 0.0, "{ty} {} is all zeros", info.name);
+        }
+        // Embedding rows have the standard deviation they were drawn with.
+        let e = f.tensor(TOKEN_EMBD).unwrap().to_f32().unwrap();
+        let want = 256f32.powf(-0.25);
+        assert!(
+            (rms(&e) / want - 1.0).abs() < 0.05,
+            "{ty}: embedding rms {} vs {want}",
+            rms(&e)
+        );
+        assert!(
+            f.metadata()
+                .opt_str_array("tokenizer.ggml.tokens")
+                .unwrap()
+                .unwrap()
+                .len()
+                == 512
+        );
+    }
+}
+
+#[test]
+fn same_seed_same_file_other_seed_other_weights() {
+    let a = synth("tiny", GgmlType::Q4_0, 7);
+    assert_eq!(a, synth("tiny", GgmlType::Q4_0, 7));
+    assert_ne!(a, synth("tiny", GgmlType::Q4_0, 8));
+}
+
+#[test]
+fn activations_stay_order_one_through_every_layer() {
+    for (shape, ty) in [
+        ("tiny", GgmlType::F16),
+        ("smollm2-135m", GgmlType::Q4_0),
+        ("smollm2-135m", GgmlType::Q8_0),
+    ] {
+        let f = GgufFile::from_bytes(synth(shape, ty, 3)).unwrap();
+        for token in [0, 3, 300] {
+            let (per_layer, logits) = forward_one_token(&f, token);
+            eprintln!(
+                "{shape} {ty} token {token}: residual rms {:?}, logits rms {}",
+                per_layer
+                    .iter()
+                    .map(|r| (r * 100.0).round() / 100.0)
+                    .collect::<Vec<_>>(),
+                rms(&logits)
+            );
+            for (l, r) in per_layer.iter().enumerate() {
+                assert!(
+                    r.is_finite() && *r > 1e-2 && *r < 10.0,
+                    "{shape} {ty} token {token}: residual rms {r} after layer {l}"
+                );
+            }
+            assert!(logits.iter().all(|v| v.is_finite()));
+            let s = rms(&logits);
+            assert!(s > 0.1 && s < 30.0, "{shape} {ty}: logits rms {s}");
+        }
+    }
+}
+
+#[test]
+fn unwritable_types_are_refused() {
+    let shape = Shape::find("tiny").unwrap();
+    let e = write_model(
+        Vec::new(),
+        &SynthOptions {
+            shape,
+            ty: GgmlType::Q4_K,
+            seed: 0,
+        },
+        |_, _| {},
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("Q4_K"), "{e}");
+}
