@@ -33,7 +33,7 @@ pub fn list() -> Result<()> {
             store.root().display()
         );
     }
-    println!("{:<24} {:>10}  {}", "NAME", "SIZE", "PATH");
+    println!("{:<24} {:>10}  PATH", "NAME", "SIZE");
     for m in models {
         println!(
             "{:<24} {:>7.1} MB  {}",

@@ -121,7 +121,7 @@ impl GgmlType {
     /// number of blocks or the size overflows.
     pub fn row_bytes(self, n: u64) -> Option<u64> {
         let block = self.block_len() as u64;
-        if n % block != 0 {
+        if !n.is_multiple_of(block) {
             return None;
         }
         (n / block).checked_mul(self.block_bytes() as u64)

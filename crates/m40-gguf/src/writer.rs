@@ -40,7 +40,7 @@ impl TensorSpec {
     pub fn n_bytes(&self) -> Result<u64> {
         self.ty
             .row_bytes(self.n_elements())
-            .filter(|_| self.shape[0] % self.ty.block_len() as u64 == 0)
+            .filter(|_| self.shape[0].is_multiple_of(self.ty.block_len() as u64))
             .ok_or(GgufError::BadRowLength {
                 ty: self.ty,
                 len: self.shape[0] as usize,

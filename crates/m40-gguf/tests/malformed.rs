@@ -67,7 +67,7 @@ impl Image {
             b.extend_from_slice(&ty.to_le_bytes());
             b.extend_from_slice(&off.to_le_bytes());
         }
-        while b.len() % 32 != 0 {
+        while !b.len().is_multiple_of(32) {
             b.push(0);
         }
         b.extend((0..self.data_len).map(|i| (i % 7) as u8));

@@ -136,3 +136,26 @@ fn our_quantizers_reproduce_llama_quantize_byte_for_byte() {
         assert!(compared >= 10, "{ty}: only {compared} tensors compared");
     }
 }
+
+#[test]
+fn every_vocab_file_opens_with_its_tokenizer_metadata() {
+    let Some(td) = common::testdata() else { return };
+    let mut n = 0;
+    for entry in std::fs::read_dir(td.join("vocab")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "gguf") {
+            continue;
+        }
+        let f = GgufFile::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let md = f.metadata();
+        let tokens = md.opt_str_array("tokenizer.ggml.tokens").unwrap().unwrap();
+        assert!(tokens.len() > 1000, "{}", path.display());
+        let model = md.str("tokenizer.ggml.model").unwrap();
+        assert!(model == "llama" || model == "gpt2", "{model}");
+        if let Some(types) = md.opt_int_array("tokenizer.ggml.token_type").unwrap() {
+            assert_eq!(types.len(), tokens.len());
+        }
+        n += 1;
+    }
+    assert_eq!(n, 8);
+}

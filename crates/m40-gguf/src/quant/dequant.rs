@@ -53,8 +53,8 @@ pub fn block_q5_1(b: &BlockQ5_1, y: &mut [f32]) {
 #[inline]
 pub fn block_q8_0(b: &BlockQ8_0, y: &mut [f32]) {
     let d = b.d.to_f32();
-    for j in 0..QK32 {
-        y[j] = b.qs[j] as f32 * d;
+    for (y, &q) in y.iter_mut().zip(&b.qs) {
+        *y = q as f32 * d;
     }
 }
 

@@ -1,0 +1,208 @@
+//! The `m40-llm` binary end to end: `show` on every zoo file, `synth` output,
+//! and clear errors on bad input.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_m40-llm"))
+}
+
+fn testdata() -> Option<PathBuf> {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/testdata");
+    if p.is_dir() {
+        Some(p)
+    } else {
+        eprintln!("SKIP: {} not found", p.display());
+        None
+    }
+}
+
+fn ok(out: Output) -> String {
+    assert!(
+        out.status.success(),
+        "failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn show_json(path: &std::path::Path) -> Value {
+    serde_json::from_str(&ok(bin()
+        .arg("show")
+        .arg(path)
+        .arg("--json")
+        .output()
+        .unwrap()))
+    .unwrap()
+}
+
+#[test]
+fn show_reports_every_zoo_file() {
+    let Some(td) = testdata() else { return };
+    let expected: Value =
+        serde_json::from_slice(&std::fs::read(td.join("quant-zoo/expected.json")).unwrap())
+            .unwrap();
+    for (file, tensors) in expected.as_object().unwrap() {
+        let j = show_json(&td.join("quant-zoo").join(file));
+        assert_eq!(j["architecture"], "llama", "{file}");
+        for (k, v) in [
+            ("n_layer", 2),
+            ("n_embd", 256),
+            ("n_head", 4),
+            ("n_head_kv", 2),
+            ("n_ff", 512),
+            ("n_vocab", 512),
+            ("n_ctx_train", 2048),
+        ] {
+            assert_eq!(j[k], v, "{file}: {k}");
+        }
+        assert_eq!(j["check"], "ok", "{file}");
+        let tensors = tensors.as_object().unwrap();
+        assert_eq!(j["n_tensors"], tensors.len(), "{file}");
+        let n_params: u64 = tensors.values().map(|t| t["n"].as_u64().unwrap()).sum();
+        assert_eq!(j["n_params"], n_params, "{file}");
+        let mut types = serde_json::Map::new();
+        for t in tensors.values() {
+            let e = types
+                .entry(t["type"].as_str().unwrap())
+                .or_insert(Value::from(0));
+            *e = Value::from(e.as_u64().unwrap() + 1);
+        }
+        assert_eq!(j["tensor_types"], Value::Object(types), "{file}");
+    }
+    // The human-readable form names the same things.
+    let text = ok(bin()
+        .arg("show")
+        .arg(td.join("quant-zoo/zoo-Q6_K.gguf"))
+        .output()
+        .unwrap());
+    for needle in [
+        "architecture  llama",
+        "layers        2",
+        "Q6_K x",
+        "all present",
+    ] {
+        assert!(text.contains(needle), "missing `{needle}` in:\n{text}");
+    }
+}
+
+#[test]
+fn show_works_on_tokenizer_only_files() {
+    let Some(td) = testdata() else { return };
+    let j = show_json(&td.join("vocab/ggml-vocab-llama-bpe.gguf"));
+    assert_eq!(j["n_tensors"], 0);
+    assert!(
+        j["tokenizer"].as_str().unwrap().contains("llama-bpe"),
+        "{j}"
+    );
+    assert!(
+        j["check"].as_str().unwrap().contains("token_embd.weight"),
+        "{j}"
+    );
+}
+
+#[test]
+fn synth_output_opens_shows_and_dequantizes() {
+    let dir = tempfile::tempdir().unwrap();
+    for ty in ["F16", "Q8_0", "Q4_0", "Q4_1", "BF16"] {
+        let path = dir.path().join(format!("tiny-{ty}.gguf"));
+        ok(bin()
+            .args(["synth", "--shape", "tiny", "--type", ty])
+            .arg(&path)
+            .output()
+            .unwrap());
+        let j = show_json(&path);
+        assert_eq!(j["check"], "ok");
+        assert_eq!(j["n_layer"], 2);
+        assert_eq!(j["tensor_types"][ty], 16, "{j}");
+        assert_eq!(j["tensor_types"]["F32"], 5, "{j}");
+        let f = m40_gguf::GgufFile::open(&path).unwrap();
+        for t in f.tensors() {
+            assert!(f.view(t).to_f32().unwrap().iter().all(|v| v.is_finite()));
+        }
+    }
+    let path = dir.path().join("smol.gguf");
+    ok(bin()
+        .args([
+            "synth",
+            "--shape",
+            "smollm2-135m",
+            "--type",
+            "q4_1",
+            "--seed",
+            "5",
+        ])
+        .arg(&path)
+        .output()
+        .unwrap());
+    let j = show_json(&path);
+    assert_eq!(
+        (
+            j["n_layer"].as_u64(),
+            j["n_embd"].as_u64(),
+            j["n_vocab"].as_u64()
+        ),
+        (Some(30), Some(576), Some(49152))
+    );
+    assert_eq!(j["tied_output"], true);
+}
+
+#[test]
+fn bad_input_is_a_clear_error_not_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            vec![
+                "synth".into(),
+                "--shape".into(),
+                "huge".into(),
+                "x.gguf".into(),
+            ],
+            "unknown shape `huge`",
+        ),
+        (
+            vec![
+                "synth".into(),
+                "--shape".into(),
+                "tiny".into(),
+                "--type".into(),
+                "Q4_K".into(),
+                "x.gguf".into(),
+            ],
+            "cannot write type `Q4_K`",
+        ),
+        (
+            vec!["show".into(), "/nonexistent/model.gguf".into()],
+            "no model named `/nonexistent/model.gguf`",
+        ),
+    ];
+    for (args, msg) in cases {
+        let out = bin()
+            .args(&args)
+            .current_dir(dir.path())
+            .env("M40_MODELS", dir.path())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(msg),
+            "{args:?}: {err}"
+        );
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    let junk = dir.path().join("junk.gguf");
+    std::fs::write(
+        &junk,
+        b"GGUF\x03\0\0\0\xff\xff\xff\xff\xff\xff\xff\x7f\0\0\0\0\0\0\0\0 padding past the header",
+    )
+    .unwrap();
+    let out = bin().arg("show").arg(&junk).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("tensor count") && !err.contains("panicked"),
+        "{err}"
+    );
+}
