@@ -1,0 +1,190 @@
+//! m40-tokenizer: GGUF tokenizers on Hugging Face `tokenizers`, a streaming
+//! detokenizer, and chat templates on minijinja.
+//!
+//! ```no_run
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let file = m40_gguf::GgufFile::open("model.gguf")?;
+//! let tok = m40_tokenizer::Tokenizer::from_gguf(&file)?;
+//! let ids = tok.encode("Hello, world!", m40_tokenizer::Encode::default())?;
+//! assert_eq!(tok.decode(&ids)?, "Hello, world!");
+//! # Ok(()) }
+//! ```
+
+pub mod error;
+mod hf;
+mod stream;
+pub mod template;
+pub mod vocab;
+
+use std::collections::BTreeSet;
+
+pub use error::{Result, TokenizerError};
+pub use hf::PreSplit;
+pub use stream::StreamDecoder;
+pub use template::{ChatTemplate, Message};
+pub use vocab::{TokenType, Vocab, VocabKind};
+
+/// Options for [`Tokenizer::encode`].
+#[derive(Clone, Copy, Debug)]
+pub struct Encode {
+    /// Match control tokens such as `<|im_start|>` written in the text
+    /// (otherwise they are tokenized as plain text).
+    pub parse_special: bool,
+    /// Add BOS/EOS as the model's metadata asks (`add_bos_token`, `add_eos_token`).
+    pub add_special: bool,
+}
+
+impl Default for Encode {
+    fn default() -> Self {
+        Self {
+            parse_special: true,
+            add_special: false,
+        }
+    }
+}
+
+/// A model's tokenizer.
+pub struct Tokenizer {
+    vocab: Vocab,
+    /// Parses control tokens in the input.
+    parsing: tokenizers::Tokenizer,
+    /// Treats control tokens in the input as text.
+    literal: tokenizers::Tokenizer,
+    split: Option<PreSplit>,
+    eog: BTreeSet<u32>,
+}
+
+/// Token strings that end generation even when the metadata does not say so
+/// (llama.cpp's list).
+const EOG_TEXTS: &[&str] = &[
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<EOT>",
+    "<|eom_id|>",
+    "<｜end▁of▁sentence｜>",
+    "_<EOT>",
+];
+
+impl Tokenizer {
+    pub fn from_gguf(file: &m40_gguf::GgufFile) -> Result<Self> {
+        Self::from_vocab(Vocab::from_metadata(file.metadata())?)
+    }
+
+    pub fn from_vocab(vocab: Vocab) -> Result<Self> {
+        let (parsing, split) = hf::build(&vocab)?;
+        let mut literal = parsing.clone();
+        literal.set_encode_special_tokens(true);
+        let mut eog: BTreeSet<u32> = [vocab.eos, vocab.eot, vocab.eom]
+            .into_iter()
+            .flatten()
+            .collect();
+        for (i, (t, ty)) in vocab.tokens.iter().zip(&vocab.types).enumerate() {
+            if matches!(ty, TokenType::Control | TokenType::UserDefined)
+                && EOG_TEXTS.contains(&t.as_str())
+            {
+                eog.insert(i as u32);
+            }
+        }
+        Ok(Self {
+            vocab,
+            parsing,
+            literal,
+            split,
+            eog,
+        })
+    }
+
+    pub fn vocab(&self) -> &Vocab {
+        &self.vocab
+    }
+
+    pub fn n_vocab(&self) -> usize {
+        self.vocab.tokens.len()
+    }
+
+    /// The pre-tokenizer split in use (byte-level BPE only).
+    pub fn pre_split(&self) -> Option<PreSplit> {
+        self.split
+    }
+
+    /// Text to token ids.
+    pub fn encode(&self, text: &str, opts: Encode) -> Result<Vec<u32>> {
+        let tk = if opts.parse_special {
+            &self.parsing
+        } else {
+            &self.literal
+        };
+        let enc = tk.encode_fast(text, false).map_err(error::hf)?;
+        let mut ids = Vec::with_capacity(enc.len() + 2);
+        if opts.add_special && self.vocab.add_bos {
+            ids.extend(self.vocab.bos);
+        }
+        ids.extend_from_slice(enc.get_ids());
+        if opts.add_special && self.vocab.add_eos {
+            ids.extend(self.vocab.eos);
+        }
+        Ok(ids)
+    }
+
+    fn check(&self, ids: &[u32]) -> Result<()> {
+        match ids.iter().find(|&&i| i as usize >= self.n_vocab()) {
+            Some(&id) => Err(TokenizerError::BadId {
+                id,
+                n_vocab: self.n_vocab(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Token ids to text; control tokens render as nothing.
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.check(ids)?;
+        self.parsing.decode(ids, true).map_err(error::hf)
+    }
+
+    /// Token ids to text with control tokens written out.
+    pub fn decode_with_special(&self, ids: &[u32]) -> Result<String> {
+        self.check(ids)?;
+        self.parsing.decode(ids, false).map_err(error::hf)
+    }
+
+    /// The vocabulary string of a token (`▁Hello`, `ĠHello`, `<0x0A>`).
+    pub fn piece(&self, id: u32) -> Option<&str> {
+        self.vocab.tokens.get(id as usize).map(String::as_str)
+    }
+
+    pub fn token_type(&self, id: u32) -> Option<TokenType> {
+        self.vocab.types.get(id as usize).copied()
+    }
+
+    /// The id of a token string, if it is in the vocabulary.
+    pub fn token_id(&self, piece: &str) -> Option<u32> {
+        self.parsing.token_to_id(piece)
+    }
+
+    /// Whether `id` ends generation (EOS, EOT, EOM, `<|im_end|>`-style tokens).
+    pub fn is_eog(&self, id: u32) -> bool {
+        self.eog.contains(&id)
+    }
+
+    /// All end-of-generation ids.
+    pub fn eog_ids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.eog.iter().copied()
+    }
+
+    pub fn bos(&self) -> Option<u32> {
+        self.vocab.bos
+    }
+
+    pub fn eos(&self) -> Option<u32> {
+        self.vocab.eos
+    }
+
+    /// A detokenizer fed one id at a time.
+    pub fn stream(&self) -> StreamDecoder<'_> {
+        StreamDecoder::new(self)
+    }
+}

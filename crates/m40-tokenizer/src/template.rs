@@ -1,0 +1,2 @@
+pub struct ChatTemplate;
+pub struct Message;

@@ -1,0 +1,149 @@
+//! The vocabulary as GGUF stores it (`tokenizer.ggml.*`).
+
+use m40_gguf::Metadata;
+
+use crate::error::{Result, TokenizerError};
+
+/// `tokenizer.ggml.token_type` values (llama.cpp's `llama_token_type`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TokenType {
+    Undefined,
+    Normal,
+    Unknown,
+    Control,
+    UserDefined,
+    Unused,
+    Byte,
+}
+
+impl TokenType {
+    fn from_i64(v: i64) -> Self {
+        match v {
+            1 => TokenType::Normal,
+            2 => TokenType::Unknown,
+            3 => TokenType::Control,
+            4 => TokenType::UserDefined,
+            5 => TokenType::Unused,
+            6 => TokenType::Byte,
+            _ => TokenType::Undefined,
+        }
+    }
+}
+
+/// Which tokenizer algorithm the vocabulary needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VocabKind {
+    /// `llama`: SentencePiece BPE with byte fallback; merges come from scores.
+    Spm,
+    /// `gpt2`: byte-level BPE with explicit merges and a pre-tokenizer split.
+    Bpe,
+}
+
+/// Everything `tokenizer.ggml.*` says.
+#[derive(Clone, Debug)]
+pub struct Vocab {
+    pub kind: VocabKind,
+    /// `tokenizer.ggml.pre` (BPE only), e.g. `llama-bpe`, `qwen2`, `smollm`.
+    pub pre: Option<String>,
+    pub tokens: Vec<String>,
+    pub scores: Vec<f32>,
+    pub types: Vec<TokenType>,
+    pub merges: Vec<String>,
+    pub bos: Option<u32>,
+    pub eos: Option<u32>,
+    pub eot: Option<u32>,
+    pub eom: Option<u32>,
+    pub unk: Option<u32>,
+    pub pad: Option<u32>,
+    pub add_bos: bool,
+    pub add_eos: bool,
+    pub add_space_prefix: bool,
+    /// `tokenizer.chat_template`, if the model carries one.
+    pub chat_template: Option<String>,
+}
+
+impl Vocab {
+    pub fn from_metadata(md: &Metadata) -> Result<Self> {
+        let model = md
+            .opt_str("tokenizer.ggml.model")?
+            .ok_or(TokenizerError::NoTokenizer)?;
+        let kind = match model {
+            "llama" => VocabKind::Spm,
+            "gpt2" => VocabKind::Bpe,
+            other => return Err(TokenizerError::UnsupportedModel(other.to_string())),
+        };
+        let tokens = md
+            .opt_str_array("tokenizer.ggml.tokens")?
+            .ok_or_else(|| TokenizerError::BadVocab("tokenizer.ggml.tokens is missing".into()))?
+            .to_vec();
+        let n = tokens.len();
+        if n == 0 || n > u32::MAX as usize {
+            return Err(TokenizerError::BadVocab(format!("{n} tokens")));
+        }
+        let scores = match md.opt_f32_array("tokenizer.ggml.scores")? {
+            Some(s) if s.len() == n => s.to_vec(),
+            Some(s) => {
+                return Err(TokenizerError::BadVocab(format!(
+                    "{} scores for {n} tokens",
+                    s.len()
+                )))
+            }
+            None => vec![0.0; n],
+        };
+        let types = match md.opt_int_array("tokenizer.ggml.token_type")? {
+            Some(t) if t.len() == n => t.into_iter().map(TokenType::from_i64).collect(),
+            Some(t) => {
+                return Err(TokenizerError::BadVocab(format!(
+                    "{} token types for {n} tokens",
+                    t.len()
+                )))
+            }
+            None => vec![TokenType::Normal; n],
+        };
+        let merges = md
+            .opt_str_array("tokenizer.ggml.merges")?
+            .map(<[String]>::to_vec)
+            .unwrap_or_default();
+        if kind == VocabKind::Bpe && merges.is_empty() {
+            return Err(TokenizerError::BadVocab(
+                "a gpt2 tokenizer needs tokenizer.ggml.merges".into(),
+            ));
+        }
+        let id = |key: &str| -> Result<Option<u32>> {
+            match md.opt_i64(key)? {
+                Some(v) if v >= 0 && (v as usize) < n => Ok(Some(v as u32)),
+                // llama.cpp ignores out-of-range special ids (with a warning); so do we.
+                Some(v) => {
+                    tracing::warn!("{key} = {v} is outside the vocabulary of {n}; ignored");
+                    Ok(None)
+                }
+                None => Ok(None),
+            }
+        };
+        let default_bos = kind == VocabKind::Spm;
+        Ok(Vocab {
+            kind,
+            pre: md.opt_str("tokenizer.ggml.pre")?.map(str::to_string),
+            scores,
+            types,
+            merges,
+            bos: id("tokenizer.ggml.bos_token_id")?,
+            eos: id("tokenizer.ggml.eos_token_id")?,
+            eot: id("tokenizer.ggml.eot_token_id")?,
+            eom: id("tokenizer.ggml.eom_token_id")?,
+            unk: id("tokenizer.ggml.unknown_token_id")?,
+            pad: id("tokenizer.ggml.padding_token_id")?,
+            add_bos: md
+                .opt_bool("tokenizer.ggml.add_bos_token")?
+                .unwrap_or(default_bos),
+            add_eos: md
+                .opt_bool("tokenizer.ggml.add_eos_token")?
+                .unwrap_or(false),
+            add_space_prefix: md
+                .opt_bool("tokenizer.ggml.add_space_prefix")?
+                .unwrap_or(kind == VocabKind::Spm),
+            chat_template: md.opt_str("tokenizer.chat_template")?.map(str::to_string),
+            tokens,
+        })
+    }
+}

