@@ -3,12 +3,7 @@
 
 use std::collections::HashMap;
 
-use tokenizers::decoders::byte_fallback::ByteFallback;
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
-use tokenizers::decoders::fuse::Fuse;
-use tokenizers::decoders::sequence::Sequence as DecoderSequence;
-use tokenizers::decoders::strip::Strip;
-use tokenizers::decoders::DecoderWrapper;
 use tokenizers::models::bpe::BPE;
 use tokenizers::normalizers::NormalizerWrapper;
 use tokenizers::normalizers::{Prepend, Replace, Sequence as NormalizerSequence, NFC};
@@ -188,15 +183,7 @@ pub fn build(vocab: &Vocab) -> Result<(Tokenizer, Option<PreSplit>)> {
             }
             norms.push(Replace::new(" ", "▁").map_err(hf)?.into());
             t.with_normalizer(Some(NormalizerSequence::new(norms)));
-            let mut decoders: Vec<DecoderWrapper> = vec![
-                Replace::new("▁", " ").map_err(hf)?.into(),
-                ByteFallback::new().into(),
-                Fuse::new().into(),
-            ];
-            if vocab.add_space_prefix {
-                decoders.push(Strip::new(' ', 1, 0).into());
-            }
-            t.with_decoder(Some(DecoderSequence::new(decoders)));
+            // Decoding is ours (Tokenizer::spm_decode), as llama.cpp does it.
             (t, None)
         }
         VocabKind::Bpe => {

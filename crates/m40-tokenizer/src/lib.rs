@@ -142,13 +142,42 @@ impl Tokenizer {
     /// Token ids to text; control tokens render as nothing.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         self.check(ids)?;
-        self.parsing.decode(ids, true).map_err(error::hf)
+        match self.vocab.kind {
+            VocabKind::Spm => Ok(self.spm_decode(ids, true)),
+            VocabKind::Bpe => self.parsing.decode(ids, true).map_err(error::hf),
+        }
     }
 
     /// Token ids to text with control tokens written out.
     pub fn decode_with_special(&self, ids: &[u32]) -> Result<String> {
         self.check(ids)?;
-        self.parsing.decode(ids, false).map_err(error::hf)
+        match self.vocab.kind {
+            VocabKind::Spm => Ok(self.spm_decode(ids, false)),
+            VocabKind::Bpe => self.parsing.decode(ids, false).map_err(error::hf),
+        }
+    }
+
+    /// SentencePiece decoding as llama.cpp does it: pieces with `▁` as spaces,
+    /// byte tokens as raw bytes, the whole as (lossy) UTF-8, then the one space
+    /// the encoder prepended removed. HF's ByteFallback decoder would instead
+    /// turn a whole run of byte tokens into U+FFFD when any byte of it is
+    /// invalid, so a later token could rewrite text already streamed.
+    fn spm_decode(&self, ids: &[u32], skip_special: bool) -> String {
+        let mut bytes = Vec::with_capacity(ids.len() * 4);
+        for &id in ids {
+            let piece = &self.vocab.tokens[id as usize];
+            match self.vocab.types[id as usize] {
+                TokenType::Control | TokenType::Unknown if skip_special => {}
+                TokenType::Byte => match vocab::byte_token_value(piece) {
+                    Some(b) => bytes.push(b),
+                    None => bytes.extend_from_slice(piece.as_bytes()),
+                },
+                _ => bytes.extend_from_slice(piece.replace('▁', " ").as_bytes()),
+            }
+        }
+        let text = String::from_utf8_lossy(&bytes);
+        let text = if self.vocab.add_space_prefix { text.strip_prefix(' ').unwrap_or(&text) } else { &text };
+        text.to_string()
     }
 
     /// The vocabulary string of a token (`▁Hello`, `ĠHello`, `<0x0A>`).
