@@ -23,6 +23,10 @@ enum Command {
     Show(cmd::show::Args),
     /// Write a random-weight llama model of a real shape (for tests and benchmarks).
     Synth(cmd::synth::Args),
+    /// Print the token ids of a text as a JSON array.
+    Tokenize(cmd::text::TokenizeArgs),
+    /// Render a conversation with a chat template.
+    Template(cmd::text::TemplateArgs),
     /// Fetch a catalog model into the store.
     Pull(cmd::store::PullArgs),
     /// List the models in the store.
@@ -34,6 +38,8 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Show(a) => cmd::show::run(a),
         Command::Synth(a) => cmd::synth::run(a),
+        Command::Tokenize(a) => cmd::text::tokenize(a),
+        Command::Template(a) => cmd::text::template(a),
         Command::Pull(a) => cmd::store::pull(a),
         Command::List => cmd::store::list(),
     };

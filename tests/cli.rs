@@ -206,3 +206,184 @@ fn bad_input_is_a_clear_error_not_a_panic() {
         "{err}"
     );
 }
+
+#[test]
+fn tokenize_stdin_jsonl_reproduces_a_vocab_file() {
+    use std::io::Write;
+    let Some(td) = testdata() else { return };
+    let inp = std::fs::read_to_string(td.join("vocab/ggml-vocab-llama-bpe.gguf.inp")).unwrap();
+    let sep = "\n__ggml_vocab_test__\n";
+    let mut strings: Vec<&str> = inp.split(sep).collect();
+    if inp.ends_with(sep) {
+        strings.pop();
+    }
+    let out = std::fs::read_to_string(td.join("vocab/ggml-vocab-llama-bpe.gguf.out")).unwrap();
+    let mut child = bin()
+        .args(["tokenize", "--stdin-jsonl", "--no-parse-special"])
+        .arg(td.join("vocab/ggml-vocab-llama-bpe.gguf"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    for s in &strings {
+        writeln!(stdin, "{}", serde_json::to_string(s).unwrap()).unwrap();
+    }
+    drop(stdin);
+    let got = ok(child.wait_with_output().unwrap());
+    let got: Vec<&str> = got.lines().collect();
+    assert_eq!(got.len(), strings.len());
+    for ((line, want), s) in got.iter().zip(out.split('\n')).zip(&strings) {
+        let ids: Vec<u64> = serde_json::from_str(line).unwrap();
+        let want: Vec<u64> = want
+            .split_whitespace()
+            .map(|x| x.parse().unwrap())
+            .collect();
+        assert_eq!(ids, want, "{s:?}");
+    }
+    // Bad JSON on a line is an error naming the line.
+    let mut child = bin()
+        .args(["tokenize", "--stdin-jsonl"])
+        .arg(td.join("vocab/ggml-vocab-gpt-2.gguf"))
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"\"ok\"\nnot json\n")
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("line 2"));
+}
+
+#[test]
+fn tokenize_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny.gguf");
+    ok(bin()
+        .args(["synth", "--shape", "tiny", "--type", "Q8_0"])
+        .arg(&model)
+        .output()
+        .unwrap());
+    // Byte-level SentencePiece: "hi" is ▁ (3 bytes) + h + i, after BOS with --add-bos.
+    let ids: Vec<u32> = serde_json::from_str(&ok(bin()
+        .arg("tokenize")
+        .arg(&model)
+        .arg("hi")
+        .arg("--add-bos")
+        .output()
+        .unwrap()))
+    .unwrap();
+    assert_eq!(
+        ids,
+        vec![
+            1,
+            0xE2 + 3,
+            0x96 + 3,
+            0x81 + 3,
+            b'h' as u32 + 3,
+            b'i' as u32 + 3
+        ]
+    );
+    let pieces: Value = serde_json::from_str(&ok(bin()
+        .arg("tokenize")
+        .arg(&model)
+        .arg("</s>")
+        .arg("--pieces")
+        .output()
+        .unwrap()))
+    .unwrap();
+    assert_eq!(
+        pieces[pieces.as_array().unwrap().len() - 1],
+        serde_json::json!([2, "</s>"])
+    );
+    let literal: Vec<u32> = serde_json::from_str(&ok(bin()
+        .arg("tokenize")
+        .arg(&model)
+        .arg("</s>")
+        .arg("--no-parse-special")
+        .output()
+        .unwrap()))
+    .unwrap();
+    assert!(literal.len() > 3 && !literal.contains(&2));
+}
+
+#[test]
+fn template_command() {
+    let Some(td) = testdata() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let msgs = dir.path().join("m.json");
+    std::fs::write(
+        &msgs,
+        r#"[{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Hi"}]"#,
+    )
+    .unwrap();
+    let t = td.join("templates/meta-llama-Llama-3.2-3B-Instruct.jinja");
+    let out = ok(bin()
+        .arg("template")
+        .arg("--template")
+        .arg(&t)
+        .arg("--messages")
+        .arg(&msgs)
+        .args(["--bos", "<|begin_of_text|>"])
+        .output()
+        .unwrap());
+    assert!(
+        out.starts_with("<|begin_of_text|><|start_header_id|>system<|end_header_id|>"),
+        "{out}"
+    );
+    assert!(
+        out.ends_with("<|start_header_id|>assistant<|end_header_id|>\n\n"),
+        "{out}"
+    );
+    let out = ok(bin()
+        .arg("template")
+        .arg("--template")
+        .arg(&t)
+        .arg("--messages")
+        .arg(&msgs)
+        .arg("--no-generation-prompt")
+        .output()
+        .unwrap());
+    assert!(out.ends_with("Hi<|eot_id|>"), "{out}");
+    // The template's own refusal goes to stderr with a non-zero exit.
+    let o = bin()
+        .arg("template")
+        .arg("--template")
+        .arg(td.join("templates/google-gemma-2-2b-it.jinja"))
+        .arg("--messages")
+        .arg(&msgs)
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("System role not supported"));
+    // A model without a template gets ChatML.
+    let model = dir.path().join("tiny.gguf");
+    ok(bin()
+        .args(["synth", "--shape", "tiny"])
+        .arg(&model)
+        .output()
+        .unwrap());
+    let out = ok(bin()
+        .arg("template")
+        .arg(&model)
+        .arg("--messages")
+        .arg(&msgs)
+        .output()
+        .unwrap());
+    assert_eq!(out, "<|im_start|>system\nBe terse.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+    // Malformed messages.
+    std::fs::write(&msgs, "{").unwrap();
+    let o = bin()
+        .arg("template")
+        .arg(&model)
+        .arg("--messages")
+        .arg(&msgs)
+        .output()
+        .unwrap();
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("not valid JSON"));
+}

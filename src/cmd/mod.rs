@@ -1,6 +1,7 @@
 pub mod show;
 pub mod store;
 pub mod synth;
+pub mod text;
 
 use std::path::PathBuf;
 

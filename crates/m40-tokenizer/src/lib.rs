@@ -176,7 +176,11 @@ impl Tokenizer {
             }
         }
         let text = String::from_utf8_lossy(&bytes);
-        let text = if self.vocab.add_space_prefix { text.strip_prefix(' ').unwrap_or(&text) } else { &text };
+        let text = if self.vocab.add_space_prefix {
+            text.strip_prefix(' ').unwrap_or(&text)
+        } else {
+            &text
+        };
         text.to_string()
     }
 

@@ -408,8 +408,17 @@ impl crate::Tokenizer {
 
     /// Rendering options with this model's BOS and EOS strings.
     pub fn render_options(&self, add_generation_prompt: bool) -> RenderOptions {
-        let text = |id: Option<u32>| id.and_then(|i| self.piece(i)).unwrap_or_default().to_string();
-        RenderOptions { add_generation_prompt, bos_token: text(self.bos()), eos_token: text(self.eos()), now: None }
+        let text = |id: Option<u32>| {
+            id.and_then(|i| self.piece(i))
+                .unwrap_or_default()
+                .to_string()
+        };
+        RenderOptions {
+            add_generation_prompt,
+            bos_token: text(self.bos()),
+            eos_token: text(self.eos()),
+            now: None,
+        }
     }
 }
 
@@ -423,24 +432,54 @@ mod tests {
 
     #[test]
     fn chatml_default() {
-        let m = [Message::new("system", "Be brief."), Message::new("user", "Hi")];
-        let out = ChatTemplate::chatml().render(&m, &RenderOptions::default()).unwrap();
+        let m = [
+            Message::new("system", "Be brief."),
+            Message::new("user", "Hi"),
+        ];
+        let out = ChatTemplate::chatml()
+            .render(&m, &RenderOptions::default())
+            .unwrap();
         assert_eq!(out, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
-        let out = ChatTemplate::chatml().render(&m, &RenderOptions { add_generation_prompt: false, ..Default::default() }).unwrap();
+        let out = ChatTemplate::chatml()
+            .render(
+                &m,
+                &RenderOptions {
+                    add_generation_prompt: false,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
         assert!(out.ends_with("Hi<|im_end|>\n"));
     }
 
     #[test]
     fn raise_exception_carries_its_message() {
-        let e = render("{{ raise_exception('roles must alternate') }}", &serde_json::json!([])).unwrap_err();
-        assert!(matches!(&e, TokenizerError::TemplateRaised(m) if m == "roles must alternate"), "{e}");
+        let e = render(
+            "{{ raise_exception('roles must alternate') }}",
+            &serde_json::json!([]),
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&e, TokenizerError::TemplateRaised(m) if m == "roles must alternate"),
+            "{e}"
+        );
     }
 
     #[test]
     fn syntax_and_render_errors_are_distinguished() {
-        assert!(matches!(ChatTemplate::new("{% for %}"), Err(TokenizerError::TemplateSyntax(_))));
-        assert!(matches!(ChatTemplate::new("{% generation %}x{% endgeneration %}"), Err(TokenizerError::TemplateSyntax(_))));
-        let e = render("{{ messages[0].content.nope() }}", &serde_json::json!([{"role": "user", "content": "x"}])).unwrap_err();
+        assert!(matches!(
+            ChatTemplate::new("{% for %}"),
+            Err(TokenizerError::TemplateSyntax(_))
+        ));
+        assert!(matches!(
+            ChatTemplate::new("{% generation %}x{% endgeneration %}"),
+            Err(TokenizerError::TemplateSyntax(_))
+        ));
+        let e = render(
+            "{{ messages[0].content.nope() }}",
+            &serde_json::json!([{"role": "user", "content": "x"}]),
+        )
+        .unwrap_err();
         assert!(matches!(e, TokenizerError::TemplateRender(_)), "{e}");
     }
 
@@ -448,7 +487,10 @@ mod tests {
     fn tojson_is_pythons_json_dumps() {
         let m = serde_json::json!([{"role": "user", "content": "é <b> & \"q\"", "n": [1, 2.5, true, null]}]);
         let out = render("{{ messages[0] | tojson }}", &m).unwrap();
-        assert_eq!(out, r#"{"role": "user", "content": "é <b> & \"q\"", "n": [1, 2.5, true, null]}"#);
+        assert_eq!(
+            out,
+            r#"{"role": "user", "content": "é <b> & \"q\"", "n": [1, 2.5, true, null]}"#
+        );
         let out = render("{{ messages[0].n | tojson(indent=2) }}", &m).unwrap();
         assert_eq!(out, "[\n  1,\n  2.5,\n  true,\n  null\n]");
         let out = render("{{ messages[0].content | tojson(ensure_ascii=true) }}", &m).unwrap();
@@ -463,7 +505,20 @@ mod tests {
         let out = render("{{ messages[0].content.strip().split(',') | join('|') }} {{ '{}-{x}'.format(1, x=2) }}", &m).unwrap();
         assert_eq!(out, "a|b 1-2");
         let t = ChatTemplate::new("{{ strftime_now('%d %b %Y') }}").unwrap();
-        let now = chrono::NaiveDate::from_ymd_opt(2026, 1, 2).unwrap().and_hms_opt(3, 4, 5).unwrap();
-        assert_eq!(t.render(&m, &RenderOptions { now: Some(now), ..Default::default() }).unwrap(), "02 Jan 2026");
+        let now = chrono::NaiveDate::from_ymd_opt(2026, 1, 2)
+            .unwrap()
+            .and_hms_opt(3, 4, 5)
+            .unwrap();
+        assert_eq!(
+            t.render(
+                &m,
+                &RenderOptions {
+                    now: Some(now),
+                    ..Default::default()
+                }
+            )
+            .unwrap(),
+            "02 Jan 2026"
+        );
     }
 }
