@@ -34,6 +34,15 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // Library warnings (an unknown pre-tokenizer, an odd special token id) go
+    // to stderr; RUST_LOG adjusts the level.
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .without_time()
+        .init();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Show(a) => cmd::show::run(a),

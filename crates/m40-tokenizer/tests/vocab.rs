@@ -102,3 +102,75 @@ fn falcon() {
 fn starcoder() {
     check("starcoder");
 }
+
+#[test]
+fn unknown_pre_falls_back_to_gpt2_split() {
+    let Some(td) = common::testdata() else { return };
+    let f = GgufFile::open(td.join("vocab/ggml-vocab-gpt-2.gguf")).unwrap();
+    let mut vocab = m40_tokenizer::Vocab::from_metadata(f.metadata()).unwrap();
+    vocab.pre = Some("brand-new-model-2027".into());
+    let tok = Tokenizer::from_vocab(vocab).unwrap();
+    assert_eq!(tok.pre_split(), Some(m40_tokenizer::PreSplit::Gpt2));
+    let literal = Encode {
+        parse_special: false,
+        add_special: false,
+    };
+    for (text, want) in cases(&td, "gpt-2") {
+        assert_eq!(tok.encode(&text, literal).unwrap(), want, "{text:?}");
+    }
+    // Every pre the issue names maps to a split.
+    for pre in [
+        "default",
+        "llama-bpe",
+        "smollm",
+        "qwen2",
+        "gpt-2",
+        "deepseek-llm",
+        "deepseek-coder",
+        "falcon",
+        "starcoder",
+        "mpt",
+        "refact",
+        "command-r",
+    ] {
+        assert!(m40_tokenizer::PreSplit::from_pre(pre).is_some(), "{pre}");
+    }
+}
+
+#[test]
+fn unsupported_or_broken_vocabularies_are_errors() {
+    let mut md = m40_gguf::Metadata::new();
+    assert!(matches!(
+        m40_tokenizer::Vocab::from_metadata(&md),
+        Err(m40_tokenizer::TokenizerError::NoTokenizer)
+    ));
+    md.insert("tokenizer.ggml.model", m40_gguf::Value::String("t5".into()));
+    let e = m40_tokenizer::Vocab::from_metadata(&md)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("t5"), "{e}");
+    md.insert(
+        "tokenizer.ggml.model",
+        m40_gguf::Value::String("gpt2".into()),
+    );
+    md.insert(
+        "tokenizer.ggml.tokens",
+        m40_gguf::Value::Array(m40_gguf::Array::String(vec!["a".into(), "b".into()])),
+    );
+    let e = m40_tokenizer::Vocab::from_metadata(&md)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("merges"), "{e}");
+    md.insert(
+        "tokenizer.ggml.merges",
+        m40_gguf::Value::Array(m40_gguf::Array::String(vec!["a b".into()])),
+    );
+    md.insert(
+        "tokenizer.ggml.scores",
+        m40_gguf::Value::Array(m40_gguf::Array::F32(vec![0.0])),
+    );
+    let e = m40_tokenizer::Vocab::from_metadata(&md)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("1 scores for 2 tokens"), "{e}");
+}
