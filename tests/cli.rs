@@ -1,7 +1,8 @@
 //! The `m40-llm` binary end to end: `show` on every zoo file, `synth` output,
 //! and clear errors on bad input.
 
-use std::path::PathBuf;
+mod support;
+
 use std::process::{Command, Output};
 
 use serde_json::Value;
@@ -10,15 +11,7 @@ fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_m40-llm"))
 }
 
-fn testdata() -> Option<PathBuf> {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/testdata");
-    if p.is_dir() {
-        Some(p)
-    } else {
-        eprintln!("SKIP: {} not found", p.display());
-        None
-    }
-}
+use support::testdata;
 
 fn ok(out: Output) -> String {
     assert!(

@@ -1,6 +1,7 @@
 //! The streaming detokenizer: fed ids one at a time, it emits only whole
 //! UTF-8 and loses or doubles nothing (token by token == all at once).
 
+#[path = "../../m40-gguf/tests/common/mod.rs"]
 mod common;
 
 use m40_gguf::GgufFile;

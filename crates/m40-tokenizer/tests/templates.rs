@@ -1,6 +1,7 @@
 //! Every template in ../shared/testdata/templates renders byte for byte as
 //! transformers does, and fails where it fails.
 
+#[path = "../../m40-gguf/tests/common/mod.rs"]
 mod common;
 
 use chrono::NaiveDate;

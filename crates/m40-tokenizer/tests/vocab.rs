@@ -2,6 +2,7 @@
 //! for every test string (add_special_tokens=False, special tokens not parsed),
 //! and decoding gives the text back.
 
+#[path = "../../m40-gguf/tests/common/mod.rs"]
 mod common;
 
 use m40_gguf::GgufFile;
