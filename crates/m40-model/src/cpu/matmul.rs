@@ -1,0 +1,76 @@
+//! Matrix products directly on GGUF blocks: rows of the weight are dequantized
+//! a few at a time into a small per-task buffer (L1/L2 sized, never the whole
+//! matrix), then dotted with every input vector; rayon splits the rows.
+
+use m40_gguf::quant::dequantize;
+use m40_gguf::TensorView;
+use rayon::prelude::*;
+
+use super::simd::{dot, dot4};
+use crate::error::Result;
+
+/// Bytes of dequantized rows one task keeps hot.
+const ROW_BUDGET: usize = 64 << 10;
+
+/// `out[t * n_out + r] = W[r, :] . x[t * n_in ..][..n_in]` for every token `t`
+/// and output row `r` (`W` is `n_out` rows of `n_in`).
+/// x: (n_tok, n_in); out: (n_tok, n_out).
+pub fn matmul(w: &TensorView<'_>, x: &[f32], n_tok: usize, out: &mut [f32]) -> Result<()> {
+    let n_in = w.info.row_len();
+    let n_out = w.info.n_rows();
+    assert_eq!(x.len(), n_tok * n_in, "matmul input shape");
+    assert_eq!(out.len(), n_tok * n_out, "matmul output shape");
+    let rows_per_task = (ROW_BUDGET / (n_in * 4)).clamp(1, 64);
+    // Transposed result: each task owns a contiguous run of rows.
+    let mut out_t = if n_tok == 1 {
+        Vec::new()
+    } else {
+        vec![0f32; n_tok * n_out]
+    };
+    let dst: &mut [f32] = if n_tok == 1 { out } else { &mut out_t };
+    dst.par_chunks_mut(rows_per_task * n_tok)
+        .enumerate()
+        .try_for_each_init(
+            || vec![0f32; rows_per_task * n_in],
+            |scratch, (task, dst)| -> Result<()> {
+                let r0 = task * rows_per_task;
+                let rows = dst.len() / n_tok;
+                for r in 0..rows {
+                    dequantize(
+                        w.info.ty,
+                        w.row(r0 + r),
+                        &mut scratch[r * n_in..(r + 1) * n_in],
+                    )?;
+                }
+                let mut t = 0;
+                while t + 4 <= n_tok {
+                    let xs = [
+                        &x[t * n_in..(t + 1) * n_in],
+                        &x[(t + 1) * n_in..(t + 2) * n_in],
+                        &x[(t + 2) * n_in..(t + 3) * n_in],
+                        &x[(t + 3) * n_in..(t + 4) * n_in],
+                    ];
+                    for r in 0..rows {
+                        let d = dot4(&scratch[r * n_in..(r + 1) * n_in], xs);
+                        dst[r * n_tok + t..r * n_tok + t + 4].copy_from_slice(&d);
+                    }
+                    t += 4;
+                }
+                for t in t..n_tok {
+                    let xt = &x[t * n_in..(t + 1) * n_in];
+                    for r in 0..rows {
+                        dst[r * n_tok + t] = dot(&scratch[r * n_in..(r + 1) * n_in], xt);
+                    }
+                }
+                Ok(())
+            },
+        )?;
+    if n_tok > 1 {
+        for r in 0..n_out {
+            for t in 0..n_tok {
+                out[t * n_out + r] = out_t[r * n_tok + t];
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,130 @@
+//! The element-wise and normalization operations of the forward pass. These
+//! are also the CPU references for the GPU kernels of the same names.
+
+use m40_gguf::hparams::RopeStyle;
+
+/// `x = x / sqrt(mean(x^2) + eps) * w`, row by row. x: (n, d); w: (d).
+pub fn rmsnorm(x: &mut [f32], w: &[f32], eps: f32) {
+    let d = w.len();
+    for row in x.chunks_exact_mut(d) {
+        let ms = row.iter().map(|v| v * v).sum::<f32>() / d as f32;
+        let s = 1.0 / (ms + eps).sqrt();
+        for (v, w) in row.iter_mut().zip(w) {
+            *v = *v * s * w;
+        }
+    }
+}
+
+/// RoPE parameters for one model.
+#[derive(Clone, Debug)]
+pub struct Rope {
+    pub style: RopeStyle,
+    /// Rotated dimensions per head (the rest pass through).
+    pub dim: usize,
+    /// theta_i = pos * inv_freq[i], for i < dim / 2.
+    pub inv_freq: Vec<f32>,
+    /// Positions are divided by this (linear scaling).
+    pub pos_scale: f32,
+}
+
+impl Rope {
+    pub fn new(
+        style: RopeStyle,
+        dim: usize,
+        base: f32,
+        linear_factor: f32,
+        freq_factors: Option<&[f32]>,
+    ) -> Self {
+        let inv_freq = (0..dim / 2)
+            .map(|i| {
+                let f = base.powf(-(2.0 * i as f32) / dim as f32);
+                match freq_factors {
+                    Some(ff) => f / ff[i],
+                    None => f,
+                }
+            })
+            .collect();
+        Self {
+            style,
+            dim,
+            inv_freq,
+            pos_scale: 1.0 / linear_factor,
+        }
+    }
+
+    /// Rotate every head of one token's vector `x` (n_head * head_dim) at `pos`.
+    pub fn apply(&self, x: &mut [f32], head_dim: usize, pos: usize) {
+        let p = pos as f32 * self.pos_scale;
+        let half = self.dim / 2;
+        for head in x.chunks_exact_mut(head_dim) {
+            for i in 0..half {
+                let (sin, cos) = (p * self.inv_freq[i]).sin_cos();
+                let (a, b) = match self.style {
+                    RopeStyle::Normal => (2 * i, 2 * i + 1),
+                    RopeStyle::Neox => (i, i + half),
+                };
+                let (x0, x1) = (head[a], head[b]);
+                head[a] = x0 * cos - x1 * sin;
+                head[b] = x0 * sin + x1 * cos;
+            }
+        }
+    }
+}
+
+/// `g = silu(g) * u`, SwiGLU's gate.
+pub fn swiglu(g: &mut [f32], u: &[f32]) {
+    for (g, u) in g.iter_mut().zip(u) {
+        *g = *g / (1.0 + (-*g).exp()) * u;
+    }
+}
+
+/// In-place softmax.
+pub fn softmax(x: &mut [f32]) {
+    let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    let mut sum = 0.0;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    for v in x.iter_mut() {
+        *v /= sum;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rope_rotates_pairs_and_keeps_norms() {
+        let rope = Rope::new(RopeStyle::Normal, 4, 10000.0, 1.0, None);
+        let mut x = vec![1.0, 0.0, 1.0, 0.0];
+        rope.apply(&mut x, 4, 1);
+        assert!((x[0] - 1f32.cos()).abs() < 1e-6 && (x[1] - 1f32.sin()).abs() < 1e-6);
+        let f = 10000f32.powf(-0.5);
+        assert!((x[2] - f.cos()).abs() < 1e-6 && (x[3] - f.sin()).abs() < 1e-6);
+        let neox = Rope::new(RopeStyle::Neox, 4, 10000.0, 1.0, None);
+        let mut y = vec![1.0, 1.0, 0.0, 0.0];
+        neox.apply(&mut y, 4, 1);
+        assert!((y[0] - 1f32.cos()).abs() < 1e-6 && (y[2] - 1f32.sin()).abs() < 1e-6);
+        let mut z = vec![0.3, -0.7, 0.2, 0.9];
+        let n0: f32 = z.iter().map(|v| v * v).sum();
+        rope.apply(&mut z, 4, 1234);
+        assert!((z.iter().map(|v| v * v).sum::<f32>() - n0).abs() < 1e-5);
+    }
+
+    #[test]
+    fn norms_and_activations() {
+        let mut x = vec![3.0, 4.0];
+        rmsnorm(&mut x, &[1.0, 2.0], 0.0);
+        let s = (12.5f32).sqrt();
+        assert!((x[0] - 3.0 / s).abs() < 1e-6 && (x[1] - 8.0 / s).abs() < 1e-6);
+        let mut p = vec![1.0, 2.0, 3.0];
+        softmax(&mut p);
+        assert!((p.iter().sum::<f32>() - 1.0).abs() < 1e-6 && p[2] > p[1]);
+        let mut g = vec![0.0, 1.0];
+        swiglu(&mut g, &[5.0, 2.0]);
+        assert_eq!(g[0], 0.0);
+        assert!((g[1] - 2.0 / (1.0 + (-1f32).exp())).abs() < 1e-6);
+    }
+}
