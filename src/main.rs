@@ -27,6 +27,8 @@ enum Command {
     Tokenize(cmd::text::TokenizeArgs),
     /// Render a conversation with a chat template.
     Template(cmd::text::TemplateArgs),
+    /// Perplexity of a model on a text (llama.cpp's protocol).
+    Perplexity(cmd::perplexity::Args),
     /// Fetch a catalog model into the store.
     Pull(cmd::store::PullArgs),
     /// List the models in the store.
@@ -49,6 +51,7 @@ fn main() -> ExitCode {
         Command::Synth(a) => cmd::synth::run(a),
         Command::Tokenize(a) => cmd::text::tokenize(a),
         Command::Template(a) => cmd::text::template(a),
+        Command::Perplexity(a) => cmd::perplexity::run(a),
         Command::Pull(a) => cmd::store::pull(a),
         Command::List => cmd::store::list(),
     };

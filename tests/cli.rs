@@ -380,3 +380,52 @@ fn template_command() {
         .unwrap();
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("not valid JSON"));
 }
+
+#[test]
+fn perplexity_command() {
+    let Some(td) = testdata() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny.gguf");
+    ok(bin()
+        .args(["synth", "--shape", "tiny", "--type", "Q8_0"])
+        .arg(&model)
+        .output()
+        .unwrap());
+    let text = td.join("smollm2/eval-gpl3.txt");
+    let j: Value = serde_json::from_str(&ok(bin()
+        .arg("perplexity")
+        .arg(&model)
+        .arg(&text)
+        .args(["--ctx", "64", "--json"])
+        .output()
+        .unwrap()))
+    .unwrap();
+    let n_chunks = j["n_chunks"].as_u64().unwrap();
+    assert!(n_chunks > 10);
+    assert_eq!(j["scored_tokens"].as_u64().unwrap(), n_chunks * 63);
+    assert_eq!(j["argmax"].as_array().unwrap().len() as u64, n_chunks);
+    assert_eq!(j["argmax"][0].as_array().unwrap().len(), 63);
+    let (ppl, nll) = (j["ppl"].as_f64().unwrap(), j["mean_nll"].as_f64().unwrap());
+    assert!((ppl - nll.exp()).abs() < 1e-6 * ppl && ppl > 1.0 && ppl.is_finite());
+    // A random model is close to uniform over its 512 tokens, not better than it by much.
+    assert!(ppl > 50.0, "{ppl}");
+    let o = bin()
+        .arg("perplexity")
+        .arg(&model)
+        .arg(&text)
+        .args(["--ctx", "1"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("--ctx"));
+    let short = dir.path().join("short.txt");
+    std::fs::write(&short, "too short").unwrap();
+    let o = bin()
+        .arg("perplexity")
+        .arg(&model)
+        .arg(&short)
+        .output()
+        .unwrap();
+    assert!(
+        !o.status.success() && String::from_utf8_lossy(&o.stderr).contains("fewer than one chunk")
+    );
+}

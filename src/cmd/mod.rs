@@ -1,3 +1,4 @@
+pub mod perplexity;
 pub mod show;
 pub mod store;
 pub mod synth;
