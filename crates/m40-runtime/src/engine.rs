@@ -1,0 +1,489 @@
+//! The engine: a model, its tokenizer and chat template, a backend, and
+//! generation requests that stream tokens.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use m40_model::cpu::CpuBackend;
+use m40_model::{Backend, KvState, Logits, Model};
+use m40_tokenizer::template::ChatTemplate;
+use m40_tokenizer::{Encode, Message, Tokenizer};
+use serde::Serialize;
+
+use crate::sampling::{logprobs, Sampler, SamplingParams};
+use crate::store::Store;
+
+/// Errors from loading a model or running a request.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    #[error(transparent)]
+    Model(#[from] m40_model::ModelError),
+    #[error(transparent)]
+    Tokenizer(#[from] m40_tokenizer::TokenizerError),
+    #[error("the prompt ({prompt} tokens) plus max_tokens ({max_tokens}) exceeds the context of {n_ctx} tokens; shorten the prompt, lower max_tokens, or allow truncation")]
+    ContextOverflow {
+        prompt: usize,
+        max_tokens: usize,
+        n_ctx: usize,
+    },
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    #[error("no GPU backend is available yet: use the CPU backend")]
+    NoGpu,
+}
+
+pub type Result<T, E = EngineError> = std::result::Result<T, E>;
+
+/// Which backend runs the model.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BackendChoice {
+    /// The GPU when one is present (once the GPU backend lands), else the CPU.
+    #[default]
+    Auto,
+    Cpu,
+    Gpu,
+}
+
+/// How to load a model.
+#[derive(Clone, Debug, Default)]
+pub struct EngineOptions {
+    /// Context length in tokens (default: the trained context, at most 4096).
+    pub n_ctx: Option<usize>,
+    pub backend: BackendChoice,
+    /// A chat template to use instead of the model's.
+    pub chat_template: Option<String>,
+}
+
+/// What to generate from.
+#[derive(Clone, Debug)]
+pub enum Prompt {
+    /// Raw text, tokenized as is (BOS added if the model asks for it).
+    Text(String),
+    /// A conversation, rendered with the chat template.
+    Chat(Vec<Message>),
+}
+
+/// One generation request.
+#[derive(Clone, Debug)]
+pub struct Request {
+    pub prompt: Prompt,
+    pub sampling: SamplingParams,
+    /// At most this many new tokens (default: what the context leaves).
+    pub max_tokens: Option<usize>,
+    /// Stop before any of these strings; they are never emitted.
+    pub stop: Vec<String>,
+    /// Return the chosen token's log-probability and this many alternatives.
+    pub logprobs: Option<usize>,
+    /// Drop the prompt's start instead of failing when it does not fit.
+    pub truncate_prompt: bool,
+}
+
+impl Request {
+    pub fn new(prompt: Prompt) -> Self {
+        Self {
+            prompt,
+            sampling: SamplingParams::default(),
+            max_tokens: None,
+            stop: Vec::new(),
+            logprobs: None,
+            truncate_prompt: false,
+        }
+    }
+}
+
+/// Why generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FinishReason {
+    /// An end-of-generation token or a stop string.
+    Stop,
+    /// max_tokens or the context ran out.
+    Length,
+    Cancelled,
+}
+
+/// One generated token as it streams.
+#[derive(Clone, Debug, Serialize)]
+pub struct TokenEvent {
+    pub id: u32,
+    /// Text that became final with this token (may be empty, or several
+    /// tokens' worth when a stop-string prefix or a split character was held).
+    pub text: String,
+    pub logprob: Option<f32>,
+    /// (id, piece, logprob), most likely first.
+    pub top_logprobs: Vec<(u32, String, f32)>,
+}
+
+/// Timings of one request.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Timings {
+    pub prompt_tokens: usize,
+    pub prompt_ms: f64,
+    pub generated_tokens: usize,
+    pub generation_ms: f64,
+    pub time_to_first_token_ms: f64,
+}
+
+impl Timings {
+    pub fn prompt_tokens_per_s(&self) -> f64 {
+        self.prompt_tokens as f64 / (self.prompt_ms / 1e3).max(1e-9)
+    }
+    pub fn generation_tokens_per_s(&self) -> f64 {
+        self.generated_tokens as f64 / (self.generation_ms / 1e3).max(1e-9)
+    }
+}
+
+/// The outcome of a request.
+#[derive(Clone, Debug, Serialize)]
+pub struct Completion {
+    pub text: String,
+    pub token_ids: Vec<u32>,
+    pub finish_reason: FinishReason,
+    pub timings: Timings,
+}
+
+/// Cancels a running request from another thread.
+#[derive(Clone, Debug, Default)]
+pub struct CancelToken(Arc<AtomicBool>);
+
+impl CancelToken {
+    pub fn new() -> Self {
+        Self::default()
+    }
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+    /// Clear a cancellation so the token can be reused.
+    pub fn reset(&self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
+}
+
+/// A loaded model ready to generate.
+pub struct Engine {
+    backend: CpuBackend,
+    tokenizer: Tokenizer,
+    template: ChatTemplate,
+    n_ctx: usize,
+}
+
+/// Tokens per prefill batch (bounds the activation memory of one forward).
+const PREFILL_BATCH: usize = 512;
+
+impl Engine {
+    /// Load by path or store name (catalog models are fetched on first use).
+    pub fn load(model: &str, opts: EngineOptions) -> Result<Self> {
+        let path = Store::from_env()?.resolve(model, &mut |m| eprintln!("{m}"))?;
+        Self::from_path(&path, opts)
+    }
+
+    pub fn from_path(path: &Path, opts: EngineOptions) -> Result<Self> {
+        if opts.backend == BackendChoice::Gpu {
+            return Err(EngineError::NoGpu);
+        }
+        let model = Arc::new(Model::open(path)?);
+        let tokenizer = Tokenizer::from_gguf(model.file())?;
+        let template = match &opts.chat_template {
+            Some(src) => ChatTemplate::new(src)?,
+            None => tokenizer.chat_template()?,
+        };
+        let n_ctx = opts
+            .n_ctx
+            .unwrap_or_else(|| model.hparams().n_ctx_train.min(4096))
+            .max(1);
+        Ok(Self {
+            backend: CpuBackend::new(model)?,
+            tokenizer,
+            template,
+            n_ctx,
+        })
+    }
+
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    pub fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+
+    pub fn hparams(&self) -> &m40_gguf::HyperParams {
+        self.backend.hparams()
+    }
+
+    /// The prompt's token ids.
+    pub fn prompt_tokens(&self, prompt: &Prompt) -> Result<Vec<u32>> {
+        let tok = &self.tokenizer;
+        let (text, bos) = match prompt {
+            Prompt::Text(t) => (t.clone(), true),
+            Prompt::Chat(m) => {
+                let text = self.template.render(m, &tok.render_options(true))?;
+                // Templates that write the BOS string themselves get no second one.
+                let has_bos = tok
+                    .bos()
+                    .and_then(|b| tok.piece(b))
+                    .is_some_and(|b| !b.is_empty() && text.starts_with(b));
+                (text, !has_bos)
+            }
+        };
+        Ok(tok.encode(
+            &text,
+            Encode {
+                parse_special: true,
+                add_special: bos,
+            },
+        )?)
+    }
+
+    /// Run a request, calling `on_token` for every generated token.
+    pub fn generate(
+        &self,
+        req: &Request,
+        cancel: &CancelToken,
+        mut on_token: impl FnMut(&TokenEvent),
+    ) -> Result<Completion> {
+        let mut prompt = self.prompt_tokens(&req.prompt)?;
+        if prompt.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        let max_tokens = req
+            .max_tokens
+            .unwrap_or(self.n_ctx.saturating_sub(prompt.len()));
+        if prompt.len() + max_tokens > self.n_ctx || prompt.len() >= self.n_ctx {
+            if !req.truncate_prompt {
+                return Err(EngineError::ContextOverflow {
+                    prompt: prompt.len(),
+                    max_tokens,
+                    n_ctx: self.n_ctx,
+                });
+            }
+            let keep = self.n_ctx.saturating_sub(max_tokens.max(1)).max(1);
+            prompt.drain(..prompt.len() - keep.min(prompt.len()));
+        }
+        let start = Instant::now();
+        let mut timings = Timings {
+            prompt_tokens: prompt.len(),
+            ..Default::default()
+        };
+        let mut cache = self.backend.new_cache(self.n_ctx)?;
+        let mut sampler = Sampler::new(req.sampling.clone());
+        for &t in &prompt {
+            sampler.accept(t);
+        }
+        let mut logits = Vec::new();
+        for (i, chunk) in prompt.chunks(PREFILL_BATCH).enumerate() {
+            if cancel.is_cancelled() {
+                return Ok(Completion {
+                    text: String::new(),
+                    token_ids: Vec::new(),
+                    finish_reason: FinishReason::Cancelled,
+                    timings,
+                });
+            }
+            let last = (i + 1) * PREFILL_BATCH >= prompt.len();
+            logits = self.backend.forward(
+                &mut cache,
+                chunk,
+                if last { Logits::Last } else { Logits::None },
+            )?;
+        }
+        timings.prompt_ms = start.elapsed().as_secs_f64() * 1e3;
+        let gen_start = Instant::now();
+        let mut stream = self.tokenizer.stream();
+        let mut stops = StopFilter::new(&req.stop);
+        let mut ids = Vec::new();
+        let finish = loop {
+            if ids.len() >= max_tokens {
+                break FinishReason::Length;
+            }
+            if cancel.is_cancelled() {
+                break FinishReason::Cancelled;
+            }
+            let lp = req.logprobs.map(|n| logprobs(&logits, 0, n));
+            let raw = lp.is_some().then(|| logits.clone());
+            let id = sampler.sample(&mut logits);
+            if ids.is_empty() {
+                timings.time_to_first_token_ms = start.elapsed().as_secs_f64() * 1e3;
+            }
+            if self.tokenizer.is_eog(id) {
+                break FinishReason::Stop;
+            }
+            ids.push(id);
+            let (text, stopped) = stops.push(&stream.push(id)?);
+            let (logprob, top_logprobs) = match (req.logprobs, raw) {
+                (Some(n), Some(raw)) => {
+                    let (lp, top) = logprobs(&raw, id, n);
+                    let top = top
+                        .into_iter()
+                        .map(|(i, l)| {
+                            (
+                                i,
+                                self.tokenizer.piece(i).unwrap_or_default().to_string(),
+                                l,
+                            )
+                        })
+                        .collect();
+                    (Some(lp), top)
+                }
+                _ => (None, Vec::new()),
+            };
+            on_token(&TokenEvent {
+                id,
+                text,
+                logprob,
+                top_logprobs,
+            });
+            if stopped {
+                break FinishReason::Stop;
+            }
+            if cache.len() >= self.n_ctx {
+                break FinishReason::Length;
+            }
+            logits = self.backend.forward(&mut cache, &[id], Logits::Last)?;
+        };
+        // What the stream and the stop filter still hold, unless a stop string ended it.
+        if !stops.stopped {
+            let tail = stops.finish(&stream.finish()?);
+            if !tail.is_empty() {
+                on_token(&TokenEvent {
+                    id: *ids.last().unwrap_or(&0),
+                    text: tail,
+                    logprob: None,
+                    top_logprobs: Vec::new(),
+                });
+            }
+        }
+        timings.generated_tokens = ids.len();
+        timings.generation_ms = gen_start.elapsed().as_secs_f64() * 1e3;
+        Ok(Completion {
+            text: stops.emitted,
+            token_ids: ids,
+            finish_reason: finish,
+            timings,
+        })
+    }
+}
+
+/// Holds back text that could be the start of a stop string; cuts at the
+/// first stop string, which is never emitted.
+struct StopFilter<'a> {
+    stops: &'a [String],
+    /// All text emitted so far.
+    emitted: String,
+    /// Decoded but not yet emitted.
+    held: String,
+    stopped: bool,
+}
+
+impl<'a> StopFilter<'a> {
+    fn new(stops: &'a [String]) -> Self {
+        Self {
+            stops,
+            emitted: String::new(),
+            held: String::new(),
+            stopped: false,
+        }
+    }
+
+    /// Add decoded text; returns what may be emitted now and whether a stop
+    /// string was found.
+    fn push(&mut self, text: &str) -> (String, bool) {
+        self.held.push_str(text);
+        let first = self
+            .stops
+            .iter()
+            .filter(|s| !s.is_empty())
+            .filter_map(|s| self.held.find(s.as_str()))
+            .min();
+        if let Some(at) = first {
+            let out = self.held[..at].to_string();
+            self.emitted.push_str(&out);
+            self.held.clear();
+            self.stopped = true;
+            return (out, true);
+        }
+        // Keep the longest tail that is a prefix of some stop string.
+        let keep = self
+            .held
+            .char_indices()
+            .map(|(i, _)| i)
+            .find(|&i| {
+                self.stops
+                    .iter()
+                    .any(|s| !s.is_empty() && s.starts_with(&self.held[i..]))
+            })
+            .unwrap_or(self.held.len());
+        let out = self.held[..keep].to_string();
+        self.held.drain(..keep);
+        self.emitted.push_str(&out);
+        (out, false)
+    }
+
+    /// The end of generation: everything held is text after all.
+    fn finish(&mut self, text: &str) -> String {
+        let (mut out, stopped) = self.push(text);
+        if !stopped {
+            out.push_str(&self.held);
+            self.emitted.push_str(&self.held);
+            self.held.clear();
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(stops: &[&str], pieces: &[&str]) -> (String, String, bool) {
+        let stops: Vec<String> = stops.iter().map(|s| s.to_string()).collect();
+        let mut f = StopFilter::new(&stops);
+        let mut streamed = String::new();
+        for p in pieces {
+            let (out, stopped) = f.push(p);
+            streamed.push_str(&out);
+            if stopped {
+                return (streamed, f.emitted, true);
+            }
+        }
+        streamed.push_str(&f.finish(""));
+        (streamed, f.emitted, false)
+    }
+
+    #[test]
+    fn stop_strings_split_across_tokens_are_never_emitted() {
+        assert_eq!(
+            run(&["</answer>"], &["The ", "answer</an", "swer> more"]),
+            ("The answer".into(), "The answer".into(), true)
+        );
+        assert_eq!(
+            run(&["\n\n"], &["a\n", "\nb"]),
+            ("a".into(), "a".into(), true)
+        );
+        // A held prefix that does not complete comes out later.
+        assert_eq!(
+            run(&["STOP"], &["x ST", "ART y"]),
+            ("x START y".into(), "x START y".into(), false)
+        );
+        assert_eq!(
+            run(&["STOP"], &["x ST"]),
+            ("x ST".into(), "x ST".into(), false)
+        );
+        // The earliest of several stops wins; multibyte text stays whole.
+        assert_eq!(
+            run(&["é!", "b"], &["aé", "!b"]),
+            ("a".into(), "a".into(), true)
+        );
+        assert_eq!(
+            run(&[], &["plain"]),
+            ("plain".into(), "plain".into(), false)
+        );
+    }
+}

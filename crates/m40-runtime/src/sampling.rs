@@ -1,0 +1,272 @@
+//! Turning logits into the next token: llama.cpp's order of operations —
+//! penalties over a window of recent tokens, then top-k, top-p and min-p on the
+//! (penalized) distribution, then temperature, then a seeded draw. A
+//! temperature of 0 is greedy (argmax after penalties).
+
+use std::collections::{HashMap, VecDeque};
+
+/// Sampling settings; the defaults are llama.cpp's.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplingParams {
+    /// 0 (or less) is greedy.
+    pub temperature: f32,
+    /// Keep the k most likely tokens; 0 keeps all.
+    pub top_k: usize,
+    /// Keep the smallest set whose probability reaches p; 1 keeps all.
+    pub top_p: f32,
+    /// Drop tokens less likely than min_p times the most likely one; 0 keeps all.
+    pub min_p: f32,
+    /// Divide positive (multiply negative) logits of recent tokens; 1 is off.
+    pub repeat_penalty: f32,
+    /// Subtract from the logit of every recent token once.
+    pub presence_penalty: f32,
+    /// Subtract from the logit of a recent token per occurrence.
+    pub frequency_penalty: f32,
+    /// How many recent tokens the penalties look at.
+    pub penalty_last_n: usize,
+    /// The same seed gives the same output; `None` picks one from the clock.
+    pub seed: Option<u64>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            repeat_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            penalty_last_n: 64,
+            seed: None,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Argmax, no penalties.
+    pub fn greedy() -> Self {
+        Self {
+            temperature: 0.0,
+            top_k: 1,
+            top_p: 1.0,
+            min_p: 0.0,
+            ..Self::default()
+        }
+    }
+}
+
+/// SplitMix64, enough for sampling and reproducible across platforms.
+#[derive(Clone, Debug)]
+struct Rng(u64);
+
+impl Rng {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, 1).
+    fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// A sampler for one sequence (it remembers recent tokens for the penalties).
+#[derive(Clone, Debug)]
+pub struct Sampler {
+    params: SamplingParams,
+    rng: Rng,
+    recent: VecDeque<u32>,
+}
+
+/// A candidate token with its (transformed) logit.
+#[derive(Clone, Copy, Debug)]
+struct Cand {
+    id: u32,
+    logit: f32,
+}
+
+fn softmax_probs(c: &[Cand]) -> Vec<f64> {
+    let max = c.iter().fold(f32::NEG_INFINITY, |m, x| m.max(x.logit));
+    let e: Vec<f64> = c.iter().map(|x| ((x.logit - max) as f64).exp()).collect();
+    let s: f64 = e.iter().sum();
+    e.into_iter().map(|v| v / s).collect()
+}
+
+impl Sampler {
+    pub fn new(params: SamplingParams) -> Self {
+        let seed = params.seed.unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64)
+        });
+        Self {
+            params,
+            rng: Rng(seed),
+            recent: VecDeque::new(),
+        }
+    }
+
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// Remember a token (prompt or generated) for the penalties.
+    pub fn accept(&mut self, id: u32) {
+        if self.params.penalty_last_n == 0 {
+            return;
+        }
+        if self.recent.len() == self.params.penalty_last_n {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(id);
+    }
+
+    /// Apply the repetition, presence and frequency penalties in place.
+    pub fn apply_penalties(&self, logits: &mut [f32]) {
+        let p = &self.params;
+        if p.repeat_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0 {
+            return;
+        }
+        let mut counts: HashMap<u32, u32> = HashMap::new();
+        for &t in &self.recent {
+            *counts.entry(t).or_default() += 1;
+        }
+        for (&t, &c) in &counts {
+            let Some(l) = logits.get_mut(t as usize) else {
+                continue;
+            };
+            if *l > 0.0 {
+                *l /= p.repeat_penalty;
+            } else {
+                *l *= p.repeat_penalty;
+            }
+            *l -= c as f32 * p.frequency_penalty + p.presence_penalty;
+        }
+    }
+
+    /// The tokens that survive top-k, top-p and min-p (most likely first),
+    /// from already-penalized logits.
+    fn candidates(&self, logits: &[f32]) -> Vec<Cand> {
+        let p = &self.params;
+        let mut c: Vec<Cand> = logits
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| Cand {
+                id: i as u32,
+                logit: l,
+            })
+            .collect();
+        c.sort_by(|a, b| b.logit.total_cmp(&a.logit).then(a.id.cmp(&b.id)));
+        if p.top_k > 0 && p.top_k < c.len() {
+            c.truncate(p.top_k);
+        }
+        if p.top_p < 1.0 {
+            let probs = softmax_probs(&c);
+            let mut cum = 0.0;
+            let mut keep = c.len();
+            for (i, pr) in probs.iter().enumerate() {
+                cum += pr;
+                if cum >= p.top_p as f64 {
+                    keep = i + 1;
+                    break;
+                }
+            }
+            c.truncate(keep.max(1));
+        }
+        if p.min_p > 0.0 {
+            let probs = softmax_probs(&c);
+            let bar = probs[0] * p.min_p as f64;
+            let keep = probs.iter().take_while(|&&pr| pr >= bar).count();
+            c.truncate(keep.max(1));
+        }
+        c
+    }
+
+    /// Pick the next token from `logits` (modified in place by the penalties)
+    /// and remember it.
+    pub fn sample(&mut self, logits: &mut [f32]) -> u32 {
+        self.apply_penalties(logits);
+        let id = if self.params.temperature <= 0.0 {
+            logits
+                .iter()
+                .enumerate()
+                .fold((0usize, f32::NEG_INFINITY), |b, (i, &v)| {
+                    if v > b.1 {
+                        (i, v)
+                    } else {
+                        b
+                    }
+                })
+                .0 as u32
+        } else {
+            let mut c = self.candidates(logits);
+            for x in &mut c {
+                x.logit /= self.params.temperature;
+            }
+            let probs = softmax_probs(&c);
+            let r = self.rng.next_f64();
+            let mut cum = 0.0;
+            let mut pick = c[c.len() - 1].id;
+            for (x, pr) in c.iter().zip(&probs) {
+                cum += pr;
+                if r < cum {
+                    pick = x.id;
+                    break;
+                }
+            }
+            pick
+        };
+        self.accept(id);
+        id
+    }
+
+    /// The ids `sample` may return for these (already penalized) logits.
+    pub fn allowed(&self, logits: &[f32]) -> Vec<u32> {
+        if self.params.temperature <= 0.0 {
+            let best = logits
+                .iter()
+                .enumerate()
+                .fold((0usize, f32::NEG_INFINITY), |b, (i, &v)| {
+                    if v > b.1 {
+                        (i, v)
+                    } else {
+                        b
+                    }
+                })
+                .0;
+            return vec![best as u32];
+        }
+        self.candidates(logits).into_iter().map(|c| c.id).collect()
+    }
+}
+
+/// Log-probabilities of the model's distribution: the chosen token's and the
+/// `top_n` most likely.
+pub fn logprobs(logits: &[f32], chosen: u32, top_n: usize) -> (f32, Vec<(u32, f32)>) {
+    let max = logits.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    let lse = (logits
+        .iter()
+        .map(|&v| ((v - max) as f64).exp())
+        .sum::<f64>())
+    .ln() as f32
+        + max;
+    let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
+    let n = top_n.min(idx.len());
+    if n > 0 {
+        idx.select_nth_unstable_by(n - 1, |&a, &b| {
+            logits[b as usize].total_cmp(&logits[a as usize])
+        });
+    }
+    let mut top: Vec<(u32, f32)> = idx[..n]
+        .iter()
+        .map(|&i| (i, logits[i as usize] - lse))
+        .collect();
+    top.sort_by(|a, b| b.1.total_cmp(&a.1));
+    (logits[chosen as usize] - lse, top)
+}
