@@ -19,6 +19,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Generate from a prompt, or chat when no prompt is given.
+    Run(cmd::run::Args),
     /// Describe a model: architecture, hyperparameters, tokenizer, tensor types.
     Show(cmd::show::Args),
     /// Write a random-weight llama model of a real shape (for tests and benchmarks).
@@ -47,6 +49,7 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Run(a) => cmd::run::run(a),
         Command::Show(a) => cmd::show::run(a),
         Command::Synth(a) => cmd::synth::run(a),
         Command::Tokenize(a) => cmd::text::tokenize(a),

@@ -1,4 +1,5 @@
 pub mod perplexity;
+pub mod run;
 pub mod show;
 pub mod store;
 pub mod synth;

@@ -1,0 +1,133 @@
+//! `m40-llm run MODEL [PROMPT]`: one-shot generation, or chat without a prompt.
+
+use std::io::Write;
+
+use anyhow::Result;
+use m40_llm::chat::{self, ChatOptions};
+use m40_runtime::{
+    BackendChoice, CancelToken, Engine, EngineOptions, Message, Prompt, Request, SamplingParams,
+};
+use serde_json::json;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// A GGUF path or a store name.
+    pub model: String,
+    /// The prompt; without one, an interactive chat starts.
+    pub prompt: Option<String>,
+    /// Temperature (0 = greedy).
+    #[arg(long, default_value_t = 0.8)]
+    pub temp: f32,
+    #[arg(long, default_value_t = 40)]
+    pub top_k: usize,
+    #[arg(long, default_value_t = 0.95)]
+    pub top_p: f32,
+    #[arg(long, default_value_t = 0.05)]
+    pub min_p: f32,
+    #[arg(long, default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    /// Recent tokens the penalties look at.
+    #[arg(long, default_value_t = 64)]
+    pub repeat_last_n: usize,
+    #[arg(long, default_value_t = 0.0)]
+    pub presence_penalty: f32,
+    #[arg(long, default_value_t = 0.0)]
+    pub frequency_penalty: f32,
+    /// Random seed (the same seed gives the same output).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Maximum tokens to generate.
+    #[arg(short = 'n', long = "num-predict")]
+    pub n_predict: Option<usize>,
+    /// Stop before this string (repeatable).
+    #[arg(long)]
+    pub stop: Vec<String>,
+    /// Send the prompt as is, without the chat template.
+    #[arg(long)]
+    pub raw: bool,
+    /// After generating, print {"text", "token_ids", "finish_reason", "timings"} on the last line.
+    #[arg(long)]
+    pub json: bool,
+    /// Context length in tokens.
+    #[arg(long)]
+    pub ctx: Option<usize>,
+    /// A system message (chat mode and templated prompts).
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Force the CPU backend.
+    #[arg(long)]
+    pub cpu: bool,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let path = super::resolve_model(Some(&a.model))?;
+    let opts = EngineOptions {
+        n_ctx: a.ctx,
+        backend: if a.cpu {
+            BackendChoice::Cpu
+        } else {
+            BackendChoice::Auto
+        },
+        chat_template: None,
+    };
+    let engine = Engine::from_path(&path, opts)?;
+    let sampling = SamplingParams {
+        temperature: a.temp,
+        top_k: a.top_k,
+        top_p: a.top_p,
+        min_p: a.min_p,
+        repeat_penalty: a.repeat_penalty,
+        presence_penalty: a.presence_penalty,
+        frequency_penalty: a.frequency_penalty,
+        penalty_last_n: a.repeat_last_n,
+        seed: a.seed,
+    };
+    let Some(prompt) = a.prompt else {
+        let opts = ChatOptions {
+            sampling,
+            max_tokens: a.n_predict,
+            system: a.system,
+            stop: a.stop,
+        };
+        return chat::run(&engine, &opts);
+    };
+    let prompt = if a.raw {
+        Prompt::Text(prompt)
+    } else {
+        let mut m = Vec::new();
+        if let Some(s) = a.system {
+            m.push(Message::new("system", s));
+        }
+        m.push(Message::new("user", prompt));
+        Prompt::Chat(m)
+    };
+    let mut req = Request::new(prompt);
+    req.sampling = sampling;
+    req.max_tokens = a.n_predict;
+    req.stop = a.stop;
+    let cancel = CancelToken::new();
+    chat::cancel_on_ctrl_c(&cancel);
+    let stdout = std::io::stdout();
+    let c = engine.generate(&req, &cancel, |ev| {
+        let mut out = stdout.lock();
+        let _ = out.write_all(ev.text.as_bytes());
+        let _ = out.flush();
+    })?;
+    println!();
+    eprintln!(
+        "[{} prompt tokens at {:.1} t/s, {} generated at {:.1} t/s, first token after {:.0} ms, {:?}]",
+        c.timings.prompt_tokens,
+        c.timings.prompt_tokens_per_s(),
+        c.timings.generated_tokens,
+        c.timings.generation_tokens_per_s(),
+        c.timings.time_to_first_token_ms,
+        c.finish_reason
+    );
+    if a.json {
+        println!(
+            "{}",
+            json!({"text": c.text, "token_ids": c.token_ids, "finish_reason": c.finish_reason, "timings": c.timings})
+        );
+    }
+    Ok(())
+}
