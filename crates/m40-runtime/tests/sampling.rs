@@ -105,7 +105,7 @@ fn penalties_by_hand() {
     // token 2: -1 * 2 - 1 * 0.25 - 0.5 = -2.75
     assert_eq!(l, vec![4.0, 1.0, -2.75, 4.0]);
     // Greedy after penalties: 0 and 3 tie at 4.0; the first wins.
-    assert_eq!(s.sample(&mut vec![4.0, 4.0, -1.0, 4.0]), 0);
+    assert_eq!(s.sample(&mut [4.0, 4.0, -1.0, 4.0]), 0);
 }
 
 #[test]
