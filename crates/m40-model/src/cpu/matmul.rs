@@ -6,6 +6,7 @@ use m40_gguf::quant::dequantize;
 use m40_gguf::TensorView;
 use rayon::prelude::*;
 
+use super::fused;
 use super::simd::{dot, dot4};
 use crate::error::Result;
 
@@ -20,6 +21,28 @@ pub fn matmul(w: &TensorView<'_>, x: &[f32], n_tok: usize, out: &mut [f32]) -> R
     let n_out = w.info.n_rows();
     assert_eq!(x.len(), n_tok * n_in, "matmul input shape");
     assert_eq!(out.len(), n_tok * n_out, "matmul output shape");
+    if n_tok < 4 && fused::supported(w.info.ty) {
+        // Decode: few tokens per weight read; unpack blocks in registers.
+        let sums: Vec<Vec<f32>> = x.chunks_exact(n_in).map(fused::block_sums).collect();
+        let mut out_t = vec![0f32; n_tok * n_out];
+        out_t
+            .par_chunks_mut(64 * n_tok)
+            .enumerate()
+            .for_each(|(task, dst)| {
+                for (r, o) in dst.chunks_exact_mut(n_tok).enumerate() {
+                    let row = w.row(task * 64 + r);
+                    for (t, o) in o.iter_mut().enumerate() {
+                        *o = fused::dot_row(w.info.ty, row, &x[t * n_in..(t + 1) * n_in], &sums[t]);
+                    }
+                }
+            });
+        for r in 0..n_out {
+            for t in 0..n_tok {
+                out[t * n_out + r] = out_t[r * n_tok + t];
+            }
+        }
+        return Ok(());
+    }
     let rows_per_task = (ROW_BUDGET / (n_in * 4)).clamp(1, 64);
     // Transposed result: each task owns a contiguous run of rows.
     let mut out_t = if n_tok == 1 {

@@ -1,6 +1,7 @@
 //! The CPU reference backend: FP32 arithmetic on weights kept in their GGUF
 //! blocks, an FP16 KV cache, all prompt tokens through each matmul together.
 
+pub mod fused;
 pub mod matmul;
 pub mod ops;
 pub mod simd;
