@@ -429,3 +429,100 @@ fn perplexity_command() {
         !o.status.success() && String::from_utf8_lossy(&o.stderr).contains("fewer than one chunk")
     );
 }
+
+#[test]
+fn run_one_shot_and_interactive() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny.gguf");
+    ok(bin()
+        .args(["synth", "--shape", "tiny", "--type", "Q4_0"])
+        .arg(&model)
+        .output()
+        .unwrap());
+    // One shot, raw, greedy, JSON on the last line.
+    let out = ok(bin()
+        .arg("run")
+        .arg(&model)
+        .arg("hello")
+        .args(["--raw", "--temp", "0", "-n", "12", "--json"])
+        .output()
+        .unwrap());
+    let last: Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    assert_eq!(last["token_ids"].as_array().unwrap().len(), 12);
+    assert_eq!(last["finish_reason"], "length");
+    assert!(last["timings"]["generation_ms"].as_f64().unwrap() > 0.0);
+    let text = last["text"].as_str().unwrap();
+    assert!(out.starts_with(text), "streamed text comes first");
+    // Same seed, same text; sampling flags are accepted.
+    let args = [
+        "--raw",
+        "--temp",
+        "1.2",
+        "--top-k",
+        "50",
+        "--top-p",
+        "0.9",
+        "--min-p",
+        "0.01",
+        "--repeat-penalty",
+        "1.1",
+        "--seed",
+        "9",
+        "-n",
+        "10",
+        "--json",
+    ];
+    let ids = |out: String| -> Value {
+        serde_json::from_str::<Value>(out.lines().last().unwrap()).unwrap()["token_ids"].clone()
+    };
+    let a = ids(ok(bin()
+        .arg("run")
+        .arg(&model)
+        .arg("hi")
+        .args(args)
+        .output()
+        .unwrap()));
+    let b = ids(ok(bin()
+        .arg("run")
+        .arg(&model)
+        .arg("hi")
+        .args(args)
+        .output()
+        .unwrap()));
+    assert_eq!(a, b);
+    assert_eq!(a.as_array().unwrap().len(), 10);
+    // A prompt longer than the context is a clear error.
+    let o = bin()
+        .arg("run")
+        .arg(&model)
+        .arg("x".repeat(100))
+        .args(["--raw", "--ctx", "32", "-n", "4"])
+        .output()
+        .unwrap();
+    assert!(
+        !o.status.success()
+            && String::from_utf8_lossy(&o.stderr).contains("exceeds the context of 32")
+    );
+    // No prompt: a chat on stdin; /reset and /exit work, each answer reports tokens/s.
+    let mut child = bin()
+        .arg("run")
+        .arg(&model)
+        .args(["--temp", "0", "-n", "5"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"Hi\n/reset\nAgain\n/exit\nnever read\n")
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert_eq!(err.matches("generated at").count(), 2, "{err}");
+    assert!(err.contains("(conversation cleared)"), "{err}");
+}

@@ -147,6 +147,13 @@ pub struct Completion {
 }
 
 /// Cancels a running request from another thread.
+///
+/// ```
+/// let cancel = m40_runtime::CancelToken::new();
+/// let other = cancel.clone();
+/// std::thread::spawn(move || other.cancel()).join().unwrap();
+/// assert!(cancel.is_cancelled());
+/// ```
 #[derive(Clone, Debug, Default)]
 pub struct CancelToken(Arc<AtomicBool>);
 
@@ -242,7 +249,10 @@ impl Engine {
         )?)
     }
 
-    /// Run a request, calling `on_token` for every generated token.
+    /// Run a request, calling `on_token` for every generated token. Ends at
+    /// an end-of-generation token or stop string ([`FinishReason::Stop`]),
+    /// at `max_tokens` or a full context ([`FinishReason::Length`]), or when
+    /// `cancel` fires ([`FinishReason::Cancelled`]).
     pub fn generate(
         &self,
         req: &Request,

@@ -1,5 +1,21 @@
 //! m40-runtime: the library users embed.
 //!
+//! ```no_run
+//! use m40_runtime::{CancelToken, Engine, EngineOptions, Message, Prompt, Request, SamplingParams};
+//!
+//! # fn main() -> Result<(), m40_runtime::EngineError> {
+//! // A path to a GGUF file, or a store name (fetched on first use).
+//! let engine = Engine::load("smollm2:135m", EngineOptions::default())?;
+//! let mut req = Request::new(Prompt::Chat(vec![Message::new("user", "Name a color.")]));
+//! req.sampling = SamplingParams { temperature: 0.7, seed: Some(1), ..Default::default() };
+//! req.max_tokens = Some(32);
+//! req.stop = vec!["\n\n".into()];
+//! let done = engine.generate(&req, &CancelToken::new(), |token| print!("{}", token.text))?;
+//! println!("\n{:?} after {} tokens, {:.1} tokens/s", done.finish_reason, done.token_ids.len(), done.timings.generation_tokens_per_s());
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! - [`engine::Engine`]: load a model (path or store name), generate with
 //!   streaming tokens, stop strings, logprobs, cancellation and timings.
 //! - [`sampling`]: greedy, temperature, top-k/top-p/min-p, penalties, seeds.

@@ -77,6 +77,14 @@ impl Rng {
 }
 
 /// A sampler for one sequence (it remembers recent tokens for the penalties).
+///
+/// ```
+/// use m40_runtime::sampling::{Sampler, SamplingParams};
+/// let mut s = Sampler::new(SamplingParams { seed: Some(7), ..Default::default() });
+/// let mut logits = vec![0.0, 5.0, 1.0];
+/// let id = s.sample(&mut logits);
+/// assert!(id < 3);
+/// ```
 #[derive(Clone, Debug)]
 pub struct Sampler {
     params: SamplingParams,
