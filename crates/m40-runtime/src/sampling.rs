@@ -201,17 +201,7 @@ impl Sampler {
     pub fn sample(&mut self, logits: &mut [f32]) -> u32 {
         self.apply_penalties(logits);
         let id = if self.params.temperature <= 0.0 {
-            logits
-                .iter()
-                .enumerate()
-                .fold((0usize, f32::NEG_INFINITY), |b, (i, &v)| {
-                    if v > b.1 {
-                        (i, v)
-                    } else {
-                        b
-                    }
-                })
-                .0 as u32
+            argmax(logits)
         } else {
             let mut c = self.candidates(logits);
             for x in &mut c {
@@ -237,21 +227,25 @@ impl Sampler {
     /// The ids `sample` may return for these (already penalized) logits.
     pub fn allowed(&self, logits: &[f32]) -> Vec<u32> {
         if self.params.temperature <= 0.0 {
-            let best = logits
-                .iter()
-                .enumerate()
-                .fold((0usize, f32::NEG_INFINITY), |b, (i, &v)| {
-                    if v > b.1 {
-                        (i, v)
-                    } else {
-                        b
-                    }
-                })
-                .0;
-            return vec![best as u32];
+            return vec![argmax(logits)];
         }
         self.candidates(logits).into_iter().map(|c| c.id).collect()
     }
+}
+
+/// The index of the largest logit (the first one on ties).
+pub fn argmax(logits: &[f32]) -> u32 {
+    logits
+        .iter()
+        .enumerate()
+        .fold((0usize, f32::NEG_INFINITY), |b, (i, &v)| {
+            if v > b.1 {
+                (i, v)
+            } else {
+                b
+            }
+        })
+        .0 as u32
 }
 
 /// Log-probabilities of the model's distribution: the chosen token's and the
