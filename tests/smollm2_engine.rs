@@ -8,6 +8,15 @@
 //! individual logits of ~13-17 (e.g. 12.95 vs 13.15 for the 4th candidate
 //! after "The capital of France is"); rounding our own activations to Q8_0
 //! moves our logits by the same ~0.25. Perplexity agrees to 0.33%.
+//!
+//! llama.cpp does not reproduce the reference's argmax or greedy outputs
+//! either: llama-cpp-python 0.3.36 (the version that made them) built on this
+//! 2-core machine agrees with the reference's argmax at 96.1% (flash attention
+//! off), 95.5% (on) and 95.7% (F32 KV cache), and its two attention paths agree
+//! with each other at 95.6%; we agree at 96.2%. With flash attention off it
+//! leaves the reference's greedy output on the system prompt at step 21 (gap
+//! 0.237), exactly where we do. So the bars below sit at what llama.cpp
+//! itself achieves, not at issue 4's 97% / 0.1.
 
 mod support;
 
@@ -77,7 +86,7 @@ fn perplexity_and_top1_agreement_with_llama_cpp() {
     let share = agree as f64 / total as f64;
     eprintln!("top-1 agreement {agree}/{total} = {:.2}%", share * 100.0);
     assert_eq!(total, 7154);
-    // Issue 4's goal is 97%; measured 96.2% (6882/7154). Guard against regressions.
+    // Issue 4's goal is 97%; measured 96.2% (6882/7154), llama.cpp itself 95.5-96.1%.
     assert!(share >= 0.96, "top-1 agreement {share}");
 }
 
@@ -112,10 +121,9 @@ fn greedy_continuations_match_llama_cpp_until_a_near_tie() {
             );
         }
         for (step, &w) in want.iter().enumerate() {
-            // Issue 4 asks for equality up to the first gap below 0.1. Measured
-            // today: two of six prompts part earlier, at llama.cpp gaps of 0.19
-            // and 0.24, where our logits differ from llama.cpp's by ~0.2 (see
-            // the module doc). This guards what holds now, not the goal.
+            // Issue 4 asks for equality up to the first gap below 0.1. Two of six
+            // prompts part earlier, at reference gaps of 0.19 and 0.24 (llama.cpp
+            // itself parts at the second; see the module doc).
             if gaps[step] < 0.25 {
                 break; // nearly tied for llama.cpp: either token is right
             }
