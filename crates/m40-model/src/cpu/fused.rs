@@ -14,6 +14,7 @@ pub fn supported(ty: GgmlType) -> bool {
         matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0)
             && std::arch::is_x86_feature_detected!("avx2")
             && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -31,7 +32,7 @@ pub fn block_sums(x: &[f32]) -> Vec<f32> {
 /// Callers check [`supported`] first.
 pub fn dot_row(ty: GgmlType, row: &[u8], x: &[f32], xsum: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: `supported(ty)` (checked by the caller) verified AVX2 and FMA.
+    // SAFETY: `supported(ty)` (checked by the caller) verified AVX2, FMA and F16C.
     unsafe {
         match ty {
             GgmlType::Q4_0 => return q4_0(&as_blocks::<BlockQ4_0>(row), x, xsum),
@@ -50,7 +51,7 @@ mod avx2 {
 
     /// 16 packed nibbles -> the low and high 16 values as four f32x8.
     #[inline]
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub fn nibbles(qs: &[u8; 16]) -> [__m256; 4] {
         // SAFETY: qs is 16 readable bytes.
         let v = unsafe { _mm_loadu_si128(qs.as_ptr() as *const __m128i) };
@@ -66,8 +67,15 @@ mod avx2 {
         ]
     }
 
+    /// An f16 scale to f32 with the F16C instruction.
     #[inline]
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub fn h2f(h: half::f16) -> f32 {
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h.to_bits() as i32)))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub fn hsum(v: __m256) -> f32 {
         let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
         let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -76,7 +84,7 @@ mod avx2 {
 
     /// Sum over the block of q * x, q the four f32x8 of `nibbles`.
     #[inline]
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub fn qx(q: [__m256; 4], x: &[f32]) -> __m256 {
         // SAFETY: x has 32 readable floats (one block).
         unsafe {
@@ -90,16 +98,16 @@ mod avx2 {
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 /// # Safety
-/// The CPU must support AVX2 and FMA; `x` holds 32 values per block.
+/// The CPU must support AVX2, FMA and F16C; `x` holds 32 values per block.
 unsafe fn q4_0(b: &[BlockQ4_0], x: &[f32], xsum: &[f32]) -> f32 {
     use std::arch::x86_64::*;
     // x = d * (q - 8): sum = d * (sum q*x - 8 * sum x).
     let mut acc = _mm256_setzero_ps();
     let mut off = 0f32;
     for (i, blk) in b.iter().enumerate() {
-        let d = blk.d.to_f32();
+        let d = avx2::h2f(blk.d);
         let v = avx2::qx(avx2::nibbles(&blk.qs), &x[i * QK32..]);
         acc = _mm256_fmadd_ps(v, _mm256_set1_ps(d), acc);
         off += d * xsum[i];
@@ -108,9 +116,9 @@ unsafe fn q4_0(b: &[BlockQ4_0], x: &[f32], xsum: &[f32]) -> f32 {
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 /// # Safety
-/// The CPU must support AVX2 and FMA; `x` holds 32 values per block.
+/// The CPU must support AVX2, FMA and F16C; `x` holds 32 values per block.
 unsafe fn q4_1(b: &[BlockQ4_1], x: &[f32], xsum: &[f32]) -> f32 {
     use std::arch::x86_64::*;
     // x = d * q + m: sum = d * sum q*x + m * sum x.
@@ -118,16 +126,16 @@ unsafe fn q4_1(b: &[BlockQ4_1], x: &[f32], xsum: &[f32]) -> f32 {
     let mut off = 0f32;
     for (i, blk) in b.iter().enumerate() {
         let v = avx2::qx(avx2::nibbles(&blk.qs), &x[i * QK32..]);
-        acc = _mm256_fmadd_ps(v, _mm256_set1_ps(blk.d.to_f32()), acc);
-        off += blk.m.to_f32() * xsum[i];
+        acc = _mm256_fmadd_ps(v, _mm256_set1_ps(avx2::h2f(blk.d)), acc);
+        off += avx2::h2f(blk.m) * xsum[i];
     }
     avx2::hsum(acc) + off
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 /// # Safety
-/// The CPU must support AVX2 and FMA; `x` holds 32 values per block.
+/// The CPU must support AVX2, FMA and F16C; `x` holds 32 values per block.
 unsafe fn q8_0(b: &[BlockQ8_0], x: &[f32]) -> f32 {
     use std::arch::x86_64::*;
     let mut acc = _mm256_setzero_ps();
@@ -144,7 +152,7 @@ unsafe fn q8_0(b: &[BlockQ8_0], x: &[f32]) -> f32 {
             let a = _mm256_fmadd_ps(f(hi), _mm256_loadu_ps(p.add(16)), a);
             _mm256_fmadd_ps(f(_mm_srli_si128(hi, 8)), _mm256_loadu_ps(p.add(24)), a)
         };
-        acc = _mm256_fmadd_ps(v, _mm256_set1_ps(blk.d.to_f32()), acc);
+        acc = _mm256_fmadd_ps(v, _mm256_set1_ps(avx2::h2f(blk.d)), acc);
     }
     avx2::hsum(acc)
 }
