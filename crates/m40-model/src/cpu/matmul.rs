@@ -10,6 +10,9 @@ use super::fused;
 use super::simd::{dot, dot4};
 use crate::error::Result;
 
+/// Output rows per rayon task on the fused decode path.
+const DECODE_ROWS: usize = 64;
+
 /// Bytes of dequantized rows one task keeps hot.
 const ROW_BUDGET: usize = 64 << 10;
 
@@ -26,11 +29,11 @@ pub fn matmul(w: &TensorView<'_>, x: &[f32], n_tok: usize, out: &mut [f32]) -> R
         let sums: Vec<Vec<f32>> = x.chunks_exact(n_in).map(fused::block_sums).collect();
         let mut out_t = vec![0f32; n_tok * n_out];
         out_t
-            .par_chunks_mut(64 * n_tok)
+            .par_chunks_mut(DECODE_ROWS * n_tok)
             .enumerate()
             .for_each(|(task, dst)| {
                 for (r, o) in dst.chunks_exact_mut(n_tok).enumerate() {
-                    let row = w.row(task * 64 + r);
+                    let row = w.row(task * DECODE_ROWS + r);
                     for (t, o) in o.iter_mut().enumerate() {
                         *o = fused::dot_row(w.info.ty, row, &x[t * n_in..(t + 1) * n_in], &sums[t]);
                     }
