@@ -74,14 +74,7 @@ fn end_to_end(c: &mut Criterion) {
             let mut t = 1u32;
             for _ in 0..64 {
                 let l = cpu.forward(&mut cache, &[t], Logits::Last).unwrap();
-                t = l
-                    .iter()
-                    .enumerate()
-                    .fold(
-                        (0, f32::NEG_INFINITY),
-                        |b, (i, &v)| if v > b.1 { (i, v) } else { b },
-                    )
-                    .0 as u32;
+                t = m40_runtime::sampling::argmax(&l);
             }
         })
     });

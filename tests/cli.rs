@@ -13,6 +13,20 @@ fn bin() -> Command {
 
 use support::testdata;
 
+/// Run `cmd` with `input` on stdin; collect its output.
+fn with_stdin(mut cmd: Command, input: &[u8]) -> Output {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    child.wait_with_output().unwrap()
+}
+
 fn ok(out: Output) -> String {
     assert!(
         out.status.success(),
@@ -202,7 +216,6 @@ fn bad_input_is_a_clear_error_not_a_panic() {
 
 #[test]
 fn tokenize_stdin_jsonl_reproduces_a_vocab_file() {
-    use std::io::Write;
     let Some(td) = testdata() else { return };
     let inp = std::fs::read_to_string(td.join("vocab/ggml-vocab-llama-bpe.gguf.inp")).unwrap();
     let sep = "\n__ggml_vocab_test__\n";
@@ -211,19 +224,14 @@ fn tokenize_stdin_jsonl_reproduces_a_vocab_file() {
         strings.pop();
     }
     let out = std::fs::read_to_string(td.join("vocab/ggml-vocab-llama-bpe.gguf.out")).unwrap();
-    let mut child = bin()
-        .args(["tokenize", "--stdin-jsonl", "--no-parse-special"])
-        .arg(td.join("vocab/ggml-vocab-llama-bpe.gguf"))
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    for s in &strings {
-        writeln!(stdin, "{}", serde_json::to_string(s).unwrap()).unwrap();
-    }
-    drop(stdin);
-    let got = ok(child.wait_with_output().unwrap());
+    let input: String = strings
+        .iter()
+        .map(|s| serde_json::to_string(s).unwrap() + "\n")
+        .collect();
+    let mut cmd = bin();
+    cmd.args(["tokenize", "--stdin-jsonl", "--no-parse-special"])
+        .arg(td.join("vocab/ggml-vocab-llama-bpe.gguf"));
+    let got = ok(with_stdin(cmd, input.as_bytes()));
     let got: Vec<&str> = got.lines().collect();
     assert_eq!(got.len(), strings.len());
     for ((line, want), s) in got.iter().zip(out.split('\n')).zip(&strings) {
@@ -235,21 +243,10 @@ fn tokenize_stdin_jsonl_reproduces_a_vocab_file() {
         assert_eq!(ids, want, "{s:?}");
     }
     // Bad JSON on a line is an error naming the line.
-    let mut child = bin()
-        .args(["tokenize", "--stdin-jsonl"])
-        .arg(td.join("vocab/ggml-vocab-gpt-2.gguf"))
-        .stdin(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"\"ok\"\nnot json\n")
-        .unwrap();
-    let o = child.wait_with_output().unwrap();
+    let mut cmd = bin();
+    cmd.args(["tokenize", "--stdin-jsonl"])
+        .arg(td.join("vocab/ggml-vocab-gpt-2.gguf"));
+    let o = with_stdin(cmd, b"\"ok\"\nnot json\n");
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("line 2"));
 }
 
@@ -432,7 +429,6 @@ fn perplexity_command() {
 
 #[test]
 fn run_one_shot_and_interactive() {
-    use std::io::Write;
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("tiny.gguf");
     ok(bin()
@@ -505,22 +501,9 @@ fn run_one_shot_and_interactive() {
             && String::from_utf8_lossy(&o.stderr).contains("exceeds the context of 32")
     );
     // No prompt: a chat on stdin; /reset and /exit work, each answer reports tokens/s.
-    let mut child = bin()
-        .arg("run")
-        .arg(&model)
-        .args(["--temp", "0", "-n", "5"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"Hi\n/reset\nAgain\n/exit\nnever read\n")
-        .unwrap();
-    let o = child.wait_with_output().unwrap();
+    let mut cmd = bin();
+    cmd.arg("run").arg(&model).args(["--temp", "0", "-n", "5"]);
+    let o = with_stdin(cmd, b"Hi\n/reset\nAgain\n/exit\nnever read\n");
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");
     assert_eq!(err.matches("generated at").count(), 2, "{err}");

@@ -127,14 +127,7 @@ fn greedy_continuations_match_llama_cpp_until_a_near_tie() {
             if gaps[step] < 0.25 {
                 break; // nearly tied for llama.cpp: either token is right
             }
-            let next = logits
-                .iter()
-                .enumerate()
-                .fold(
-                    (0, f32::NEG_INFINITY),
-                    |b, (i, &v)| if v > b.1 { (i, v) } else { b },
-                )
-                .0 as u32;
+            let next = m40_runtime::sampling::argmax(&logits);
             assert_eq!(
                 next, w,
                 "{}: step {step} (llama.cpp's top-2 gap {})",
