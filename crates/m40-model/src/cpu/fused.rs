@@ -4,15 +4,19 @@
 //! tokens share a weight read; everything else takes the dequantize-rows path.
 
 use m40_gguf::quant::as_blocks;
-use m40_gguf::quant::blocks::{BlockQ4_0, BlockQ4_1, BlockQ8_0, QK32};
+use m40_gguf::quant::blocks::{
+    scale_min_k4, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ6K, BlockQ8_0, QK32, QK_K,
+};
 use m40_gguf::GgmlType;
 
 /// Whether `ty` has a fused kernel on this CPU.
 pub fn supported(ty: GgmlType) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0)
-            && std::arch::is_x86_feature_detected!("avx2")
+        matches!(
+            ty,
+            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q4_K | GgmlType::Q6_K
+        ) && std::arch::is_x86_feature_detected!("avx2")
             && std::arch::is_x86_feature_detected!("fma")
             && std::arch::is_x86_feature_detected!("f16c")
     }
@@ -38,6 +42,8 @@ pub fn dot_row(ty: GgmlType, row: &[u8], x: &[f32], xsum: &[f32]) -> f32 {
             GgmlType::Q4_0 => return q4_0(&as_blocks::<BlockQ4_0>(row), x, xsum),
             GgmlType::Q4_1 => return q4_1(&as_blocks::<BlockQ4_1>(row), x, xsum),
             GgmlType::Q8_0 => return q8_0(&as_blocks::<BlockQ8_0>(row), x),
+            GgmlType::Q4_K => return q4_k(&as_blocks::<BlockQ4K>(row), x, xsum),
+            GgmlType::Q6_K => return q6_k(&as_blocks::<BlockQ6K>(row), x),
             _ => {}
         }
     }
@@ -80,6 +86,33 @@ mod avx2 {
         let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
         let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
         _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)))
+    }
+
+    /// `sum(q[i] * x[i])` over `n` (a multiple of 8) bytes as unsigned (or
+    /// signed) integers, as a vector of 8 partial sums.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub fn bytes_x(q: &[u8], x: &[f32], n: usize, signed: bool) -> __m256 {
+        let mut acc = _mm256_setzero_ps();
+        let mut i = 0;
+        while i < n {
+            // SAFETY: i + 8 <= n <= q.len(), x.len().
+            unsafe {
+                let b = _mm_loadl_epi64(q.as_ptr().add(i) as *const __m128i);
+                let w = if signed {
+                    _mm256_cvtepi8_epi32(b)
+                } else {
+                    _mm256_cvtepu8_epi32(b)
+                };
+                acc = _mm256_fmadd_ps(
+                    _mm256_cvtepi32_ps(w),
+                    _mm256_loadu_ps(x.as_ptr().add(i)),
+                    acc,
+                );
+            }
+            i += 8;
+        }
+        acc
     }
 
     /// Sum over the block of q * x, q the four f32x8 of `nibbles`.
@@ -157,10 +190,126 @@ unsafe fn q8_0(b: &[BlockQ8_0], x: &[f32]) -> f32 {
     avx2::hsum(acc)
 }
 
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C; `x` holds 256 values per block.
+unsafe fn q4_k(b: &[BlockQ4K], x: &[f32], xsum: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    // Per 32-value sub-block s: d * sc_s * sum(q x) - dmin * m_s * sum(x).
+    let mut acc = _mm256_setzero_ps();
+    let mut off = 0f32;
+    let mut q = [0u8; QK_K];
+    for (i, blk) in b.iter().enumerate() {
+        for j in 0..QK_K / 64 {
+            for l in 0..32 {
+                q[64 * j + l] = blk.qs[32 * j + l] & 0xF;
+                q[64 * j + 32 + l] = blk.qs[32 * j + l] >> 4;
+            }
+        }
+        let (d, dmin) = (avx2::h2f(blk.d), avx2::h2f(blk.dmin));
+        let xb = &x[i * QK_K..(i + 1) * QK_K];
+        for s in 0..QK_K / 32 {
+            let (sc, m) = scale_min_k4(s, &blk.scales);
+            let v = avx2::bytes_x(&q[32 * s..], &xb[32 * s..], 32, false);
+            acc = _mm256_fmadd_ps(v, _mm256_set1_ps(d * sc as f32), acc);
+            off += dmin * m as f32 * xsum[i * 8 + s];
+        }
+    }
+    avx2::hsum(acc) - off
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C; `x` holds 256 values per block.
+unsafe fn q6_k(b: &[BlockQ6K], x: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    // Value i of a block has scale index i / 16 (see dequant::block_q6_k).
+    let mut acc = _mm256_setzero_ps();
+    let mut q = [0u8; QK_K];
+    for (i, blk) in b.iter().enumerate() {
+        for n in 0..QK_K / 128 {
+            let (ql, qh) = (&blk.ql[64 * n..64 * n + 64], &blk.qh[32 * n..32 * n + 32]);
+            let y = &mut q[128 * n..128 * n + 128];
+            for l in 0..32 {
+                y[l] = (((ql[l] & 0xF) | ((qh[l] & 3) << 4)) as i8 - 32) as u8;
+                y[l + 32] = (((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) as i8 - 32) as u8;
+                y[l + 64] = (((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i8 - 32) as u8;
+                y[l + 96] = (((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i8 - 32) as u8;
+            }
+        }
+        let d = avx2::h2f(blk.d);
+        let xb = &x[i * QK_K..(i + 1) * QK_K];
+        for s in 0..QK_K / 16 {
+            let v = avx2::bytes_x(&q[16 * s..], &xb[16 * s..], 16, true);
+            acc = _mm256_fmadd_ps(v, _mm256_set1_ps(d * blk.scales[s] as f32), acc);
+        }
+    }
+    avx2::hsum(acc)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use m40_gguf::quant::{dequantize_to_vec, quantize_to_vec};
+
+    /// Random K-quant rows with finite scales: random bytes, then each block's
+    /// f16 scale fields overwritten with small values.
+    fn random_k_row(ty: GgmlType, n: usize, seed: u64) -> Vec<u8> {
+        let mut s = seed | 1;
+        let mut bytes: Vec<u8> = (0..ty.row_bytes(n as u64).unwrap())
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                s as u8
+            })
+            .collect();
+        let scale = half::f16::from_f32(0.01).to_le_bytes();
+        for blk in bytes.chunks_exact_mut(ty.block_bytes()) {
+            match ty {
+                GgmlType::Q4_K => {
+                    blk[0..2].copy_from_slice(&scale);
+                    blk[2..4].copy_from_slice(&scale);
+                }
+                GgmlType::Q6_K => {
+                    let at = blk.len() - 2;
+                    blk[at..].copy_from_slice(&scale);
+                }
+                _ => unreachable!(),
+            }
+        }
+        bytes
+    }
+
+    #[test]
+    fn fused_k_quant_dots_match_dequantize_then_dot() {
+        for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
+            if !supported(ty) {
+                eprintln!("SKIP {ty}: no AVX2/FMA/F16C on this CPU");
+                continue;
+            }
+            for (n, seed) in [(256, 1), (512, 2), (2048, 3)] {
+                let q = random_k_row(ty, n, seed);
+                let x: Vec<f32> = (0..n)
+                    .map(|i| ((i * 104_729) % 997) as f32 / 498.5 - 1.0)
+                    .collect();
+                let wd = dequantize_to_vec(ty, &q, n).unwrap();
+                let want: f64 = wd.iter().zip(&x).map(|(a, b)| *a as f64 * *b as f64).sum();
+                let scale: f64 = wd
+                    .iter()
+                    .zip(&x)
+                    .map(|(a, b)| (*a as f64 * *b as f64).abs())
+                    .sum();
+                let got = dot_row(ty, &q, &x, &block_sums(&x)) as f64;
+                assert!(
+                    (got - want).abs() <= 1e-5 * scale.max(1.0),
+                    "{ty} n={n}: {got} vs {want}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn fused_dots_match_dequantize_then_dot() {
