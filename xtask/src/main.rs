@@ -1,7 +1,11 @@
 //! `cargo xtask <task>`: project automation in Rust (matklad's cargo-xtask).
 //!
 //! - `ci`: what CI runs (`.ci/run`): fmt check, clippy with warnings denied,
-//!   the test suite. If `cargo xtask ci` passes locally, CI passes.
+//!   the committed PTX checked against its sources, the test suite. If
+//!   `cargo xtask ci` passes locally, CI passes.
+//! - `ptx [--check]`: kernels/*.cu -> kernels/ptx/*.ptx and the sm_52 reports.
+
+mod ptx;
 
 use std::process::{Command, ExitCode};
 
@@ -25,15 +29,34 @@ fn ci() -> bool {
             "-D",
             "warnings",
         ])
+        && ptx_check()
         && cargo(&["test", "--workspace"])
+}
+
+fn ptx_check() -> bool {
+    eprintln!("== cargo xtask ptx --check");
+    match ptx::run(true) {
+        Ok(()) => true,
+        Err(e) => {
+            eprintln!("error: {e}");
+            false
+        }
+    }
 }
 
 fn main() -> ExitCode {
     let task = std::env::args().nth(1);
     let ok = match task.as_deref() {
         Some("ci") => ci(),
+        Some("ptx") => match ptx::run(std::env::args().any(|a| a == "--check")) {
+            Ok(()) => true,
+            Err(e) => {
+                eprintln!("error: {e}");
+                false
+            }
+        },
         _ => {
-            eprintln!("usage: cargo xtask <task>\n\ntasks:\n  ci    fmt check, clippy -D warnings, tests (what .ci/run does)");
+            eprintln!("usage: cargo xtask <task>\n\ntasks:\n  ci            fmt check, clippy -D warnings, PTX check, tests (what .ci/run does)\n  ptx [--check] compile kernels/*.cu for compute_52 (NVRTC from PyPI) and write the sm_52 reports");
             return ExitCode::from(2);
         }
     };

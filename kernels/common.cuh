@@ -1,0 +1,24 @@
+// Shared device helpers for m40-llm's kernels (sm_52: no FP16 arithmetic, no
+// tensor cores; everything accumulates in FP32).
+#pragma once
+
+// Sum of `v` over the 32 lanes of a warp (every lane gets the total).
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Sum of `v` over a block of `blockDim.x` threads (a multiple of 32, at most
+// 1024); `scratch` holds 32 floats of shared memory. Every thread gets the total.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = warp_sum(v);
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    const int n_warps = blockDim.x >> 5;
+    v = lane < n_warps ? scratch[lane] : 0.0f;
+    v = warp_sum(v);
+    __syncthreads();
+    return v;
+}

@@ -1,0 +1,251 @@
+//! `cargo xtask ptx [--check]`: compile every `kernels/*.cu` with NVRTC for
+//! `compute_52` into `kernels/ptx/NAME.ptx`, and write `ptxas -arch=sm_52 -v`'s
+//! resource report (registers, spills, shared memory) to
+//! `kernels/ptx/NAME.sm_52.txt`. `--check` regenerates into memory and fails
+//! if anything differs from what is committed.
+//!
+//! The toolchain comes from PyPI, installed into `target/cuda-tools` on first
+//! use: NVRTC 11.8 (`nvidia-cuda-nvrtc-cu11`, PTX ISA 7.8, which drivers from
+//! R520 accept), the CUDA headers (`nvidia-cuda-runtime-cu11`) and ptxas
+//! (`nvidia-cuda-nvcc-cu12`). No GPU is needed.
+
+use std::ffi::{c_char, c_int, CStr, CString};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const PACKAGES: &[&str] = &[
+    "nvidia-cuda-nvrtc-cu11==11.8.89",
+    "nvidia-cuda-runtime-cu11==11.8.89",
+    "nvidia-cuda-nvcc-cu12==12.9.86",
+];
+const ARCH: &str = "compute_52";
+
+type Result<T> = std::result::Result<T, String>;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The PyPI toolchain, installed on first use.
+fn tools() -> Result<PathBuf> {
+    let dir = root().join("target/cuda-tools");
+    if !dir.join("nvidia/cuda_nvrtc/lib").is_dir()
+        || !dir.join("nvidia/cuda_nvcc/bin/ptxas").is_file()
+    {
+        eprintln!(
+            "installing NVRTC, CUDA headers and ptxas from PyPI into {}",
+            dir.display()
+        );
+        let python = std::env::var("M40_PYTHON").unwrap_or_else(|_| "python3".into());
+        let ok = Command::new(&python)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--no-deps",
+                "--target",
+            ])
+            .arg(&dir)
+            .args(PACKAGES)
+            .status()
+            .map_err(|e| format!("running {python} -m pip: {e}"))?
+            .success();
+        if !ok {
+            return Err(format!("pip install {} failed", PACKAGES.join(" ")));
+        }
+    }
+    Ok(dir)
+}
+
+type Prog = *mut std::ffi::c_void;
+
+/// NVRTC, loaded from the PyPI wheel.
+struct Nvrtc {
+    _lib: libloading::Library,
+    create: unsafe extern "C" fn(
+        *mut Prog,
+        *const c_char,
+        *const c_char,
+        c_int,
+        *const *const c_char,
+        *const *const c_char,
+    ) -> c_int,
+    compile: unsafe extern "C" fn(Prog, c_int, *const *const c_char) -> c_int,
+    log_size: unsafe extern "C" fn(Prog, *mut usize) -> c_int,
+    log: unsafe extern "C" fn(Prog, *mut c_char) -> c_int,
+    ptx_size: unsafe extern "C" fn(Prog, *mut usize) -> c_int,
+    ptx: unsafe extern "C" fn(Prog, *mut c_char) -> c_int,
+    destroy: unsafe extern "C" fn(*mut Prog) -> c_int,
+}
+
+impl Nvrtc {
+    fn load(tools: &Path) -> Result<Self> {
+        let lib_dir = tools.join("nvidia/cuda_nvrtc/lib");
+        let path = std::fs::read_dir(&lib_dir)
+            .map_err(|e| format!("{}: {e}", lib_dir.display()))?
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("libnvrtc.so"))
+            })
+            .ok_or_else(|| format!("no libnvrtc.so in {}", lib_dir.display()))?;
+        // SAFETY: loading NVRTC runs its initializers, which have no preconditions.
+        let lib = unsafe { libloading::Library::new(&path) }
+            .map_err(|e| format!("loading {}: {e}", path.display()))?;
+        macro_rules! sym {
+            ($name:literal) => {
+                // SAFETY: the symbol has the C signature NVRTC's nvrtc.h declares for it.
+                *unsafe { lib.get($name) }
+                    .map_err(|e| format!("{}: {e}", String::from_utf8_lossy($name)))?
+            };
+        }
+        Ok(Self {
+            create: sym!(b"nvrtcCreateProgram"),
+            compile: sym!(b"nvrtcCompileProgram"),
+            log_size: sym!(b"nvrtcGetProgramLogSize"),
+            log: sym!(b"nvrtcGetProgramLog"),
+            ptx_size: sym!(b"nvrtcGetPTXSize"),
+            ptx: sym!(b"nvrtcGetPTX"),
+            destroy: sym!(b"nvrtcDestroyProgram"),
+            _lib: lib,
+        })
+    }
+
+    fn compile_to_ptx(&self, src: &str, name: &str, options: &[String]) -> Result<String> {
+        let src = CString::new(src).map_err(|e| e.to_string())?;
+        let cname = CString::new(name).map_err(|e| e.to_string())?;
+        let opts: Vec<CString> = options
+            .iter()
+            .map(|o| CString::new(o.as_str()).expect("options have no NUL"))
+            .collect();
+        let opt_ptrs: Vec<*const c_char> = opts.iter().map(|o| o.as_ptr()).collect();
+        let mut prog: Prog = std::ptr::null_mut();
+        // SAFETY: all pointers are valid C strings for the duration of the calls;
+        // buffers are sized by the matching *Size calls; the program is destroyed once.
+        unsafe {
+            if (self.create)(
+                &mut prog,
+                src.as_ptr(),
+                cname.as_ptr(),
+                0,
+                std::ptr::null(),
+                std::ptr::null(),
+            ) != 0
+            {
+                return Err(format!("nvrtcCreateProgram failed for {name}"));
+            }
+            let rc = (self.compile)(prog, opt_ptrs.len() as c_int, opt_ptrs.as_ptr());
+            let mut n = 0usize;
+            (self.log_size)(prog, &mut n);
+            let mut log = vec![0u8; n.max(1)];
+            (self.log)(prog, log.as_mut_ptr() as *mut c_char);
+            let log = CStr::from_bytes_until_nul(&log)
+                .map(|c| c.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            if rc != 0 {
+                (self.destroy)(&mut prog);
+                return Err(format!("NVRTC could not compile {name}:\n{log}"));
+            }
+            (self.ptx_size)(prog, &mut n);
+            let mut ptx = vec![0u8; n];
+            (self.ptx)(prog, ptx.as_mut_ptr() as *mut c_char);
+            (self.destroy)(&mut prog);
+            Ok(CStr::from_bytes_until_nul(&ptx)
+                .map_err(|e| e.to_string())?
+                .to_string_lossy()
+                .into_owned())
+        }
+    }
+}
+
+fn ptxas_report(tools: &Path, ptx: &Path) -> Result<String> {
+    let ptxas = tools.join("nvidia/cuda_nvcc/bin/ptxas");
+    let out = Command::new(&ptxas)
+        .args(["-arch=sm_52", "-v", "-o", "/dev/null"])
+        .arg(ptx)
+        .output()
+        .map_err(|e| format!("running {}: {e}", ptxas.display()))?;
+    let text = String::from_utf8_lossy(&out.stderr).replace(
+        &ptx.display().to_string(),
+        &ptx.file_name().unwrap().to_string_lossy(),
+    );
+    if !out.status.success() {
+        return Err(format!("ptxas rejected {}:\n{text}", ptx.display()));
+    }
+    // Drop the compile time: the report must be reproducible.
+    Ok(text
+        .lines()
+        .filter(|l| !l.contains("Compile time"))
+        .map(|l| format!("{l}\n"))
+        .collect())
+}
+
+pub fn run(check: bool) -> Result<()> {
+    let root = root();
+    let kernels = root.join("kernels");
+    let out_dir = kernels.join("ptx");
+    let tools = tools()?;
+    let nvrtc = Nvrtc::load(&tools)?;
+    let include = tools.join("nvidia/cuda_runtime/include");
+    let options = vec![
+        format!("--gpu-architecture={ARCH}"),
+        "--std=c++14".to_string(),
+        format!("--include-path={}", kernels.display()),
+        format!("--include-path={}", include.display()),
+        "--use_fast_math".to_string(),
+        "--fmad=true".to_string(),
+    ];
+    let mut sources: Vec<PathBuf> = std::fs::read_dir(&kernels)
+        .map_err(|e| format!("{}: {e}", kernels.display()))?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "cu"))
+        .collect();
+    sources.sort();
+    std::fs::create_dir_all(&out_dir).map_err(|e| e.to_string())?;
+    let tmp = root.join("target/ptx-check");
+    std::fs::create_dir_all(&tmp).map_err(|e| e.to_string())?;
+    let mut stale = Vec::new();
+    for src in &sources {
+        let stem = src.file_stem().unwrap().to_string_lossy().into_owned();
+        let code = std::fs::read_to_string(src).map_err(|e| format!("{}: {e}", src.display()))?;
+        let ptx = nvrtc.compile_to_ptx(&code, &format!("{stem}.cu"), &options)?;
+        let scratch = tmp.join(format!("{stem}.ptx"));
+        std::fs::write(&scratch, &ptx).map_err(|e| e.to_string())?;
+        let report = ptxas_report(&tools, &scratch)?;
+        for (file, text) in [
+            (format!("{stem}.ptx"), ptx),
+            (format!("{stem}.sm_52.txt"), report),
+        ] {
+            let dest = out_dir.join(&file);
+            let same = std::fs::read_to_string(&dest).is_ok_and(|old| old == text);
+            if check {
+                if !same {
+                    stale.push(file);
+                }
+            } else if !same {
+                std::fs::write(&dest, text).map_err(|e| format!("{}: {e}", dest.display()))?;
+                eprintln!("wrote kernels/ptx/{file}");
+            }
+        }
+    }
+    if !stale.is_empty() {
+        return Err(format!(
+            "kernels/ptx is stale (run `cargo xtask ptx` and commit): {}",
+            stale.join(", ")
+        ));
+    }
+    eprintln!(
+        "{} kernel source(s) {}",
+        sources.len(),
+        if check {
+            "match their committed PTX"
+        } else {
+            "compiled"
+        }
+    );
+    Ok(())
+}
