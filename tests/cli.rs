@@ -27,6 +27,15 @@ fn with_stdin(mut cmd: Command, input: &[u8]) -> Output {
     child.wait_with_output().unwrap()
 }
 
+/// Write the `tiny` synthetic model in `ty` to `path`.
+fn synth_tiny(path: &std::path::Path, ty: &str) {
+    ok(bin()
+        .args(["synth", "--shape", "tiny", "--type", ty])
+        .arg(path)
+        .output()
+        .unwrap());
+}
+
 fn ok(out: Output) -> String {
     assert!(
         out.status.success(),
@@ -254,11 +263,7 @@ fn tokenize_stdin_jsonl_reproduces_a_vocab_file() {
 fn tokenize_flags() {
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("tiny.gguf");
-    ok(bin()
-        .args(["synth", "--shape", "tiny", "--type", "Q8_0"])
-        .arg(&model)
-        .output()
-        .unwrap());
+    synth_tiny(&model, "Q8_0");
     // Byte-level SentencePiece: "hi" is ▁ (3 bytes) + h + i, after BOS with --add-bos.
     let ids: Vec<u32> = serde_json::from_str(&ok(bin()
         .arg("tokenize")
@@ -353,11 +358,7 @@ fn template_command() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("System role not supported"));
     // A model without a template gets ChatML.
     let model = dir.path().join("tiny.gguf");
-    ok(bin()
-        .args(["synth", "--shape", "tiny"])
-        .arg(&model)
-        .output()
-        .unwrap());
+    synth_tiny(&model, "F16");
     let out = ok(bin()
         .arg("template")
         .arg(&model)
@@ -383,11 +384,7 @@ fn perplexity_command() {
     let Some(td) = testdata() else { return };
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("tiny.gguf");
-    ok(bin()
-        .args(["synth", "--shape", "tiny", "--type", "Q8_0"])
-        .arg(&model)
-        .output()
-        .unwrap());
+    synth_tiny(&model, "Q8_0");
     let text = td.join("smollm2/eval-gpl3.txt");
     let j: Value = serde_json::from_str(&ok(bin()
         .arg("perplexity")
@@ -431,11 +428,7 @@ fn perplexity_command() {
 fn run_one_shot_and_interactive() {
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("tiny.gguf");
-    ok(bin()
-        .args(["synth", "--shape", "tiny", "--type", "Q4_0"])
-        .arg(&model)
-        .output()
-        .unwrap());
+    synth_tiny(&model, "Q4_0");
     // One shot, raw, greedy, JSON on the last line.
     let out = ok(bin()
         .arg("run")
