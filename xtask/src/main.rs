@@ -4,7 +4,10 @@
 //!   the committed PTX checked against its sources, the test suite. If
 //!   `cargo xtask ci` passes locally, CI passes.
 //! - `ptx [--check]`: kernels/*.cu -> kernels/ptx/*.ptx and the sm_52 reports.
+//! - `gpu-pack`: the GPU test and bench binaries with a run script, for the
+//!   device machine (see CONTRIBUTING.md).
 
+mod gpu_pack;
 mod ptx;
 
 use std::process::{Command, ExitCode};
@@ -55,8 +58,15 @@ fn main() -> ExitCode {
                 false
             }
         },
+        Some("gpu-pack") => match gpu_pack::run() {
+            Ok(()) => true,
+            Err(e) => {
+                eprintln!("error: {e}");
+                false
+            }
+        },
         _ => {
-            eprintln!("usage: cargo xtask <task>\n\ntasks:\n  ci            fmt check, clippy -D warnings, PTX check, tests (what .ci/run does)\n  ptx [--check] compile kernels/*.cu for compute_52 (NVRTC from PyPI) and write the sm_52 reports");
+            eprintln!("usage: cargo xtask <task>\n\ntasks:\n  ci            fmt check, clippy -D warnings, PTX check, tests (what .ci/run does)\n  ptx [--check] compile kernels/*.cu for compute_52 (NVRTC from PyPI) and write the sm_52 reports\n  gpu-pack      build the GPU tests and benches into target/gpu-pack with run.sh");
             return ExitCode::from(2);
         }
     };

@@ -1,0 +1,218 @@
+//! Opening a GPU: driver checks, the device's properties, the memory budget.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use cudarc::driver::sys::{self, CUdevice_attribute as Attr};
+use cudarc::driver::{result, CudaContext};
+
+use crate::error::{Ctx, DeviceError, Result, MIN_DRIVER_VERSION};
+use crate::stream::Stream;
+
+/// What a GPU is and has, read once when it is opened.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceInfo {
+    pub ordinal: usize,
+    pub name: String,
+    /// (major, minor): (5, 2) for the Tesla M40.
+    pub compute_capability: (i32, i32),
+    pub total_memory: usize,
+    pub sm_count: u32,
+    /// `cuDriverGetVersion`: 1000 * major + 10 * minor of the CUDA API the driver provides.
+    pub driver_version: i32,
+    /// Shared memory a block may use without opting in (48 KB on every GPU since sm_20).
+    pub max_shared_per_block: usize,
+    pub l2_bytes: usize,
+}
+
+/// How much of the GPU's memory this process may take.
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceOptions {
+    /// Share of the memory free when the device is opened that allocations may
+    /// use in total; what the driver, the kernels' code and other processes need
+    /// lives in the rest.
+    pub memory_share: f64,
+}
+
+impl Default for DeviceOptions {
+    fn default() -> Self {
+        Self { memory_share: 0.92 }
+    }
+}
+
+/// Bytes allocated through this crate, against a fixed limit.
+#[derive(Debug)]
+pub(crate) struct Budget {
+    pub(crate) limit: usize,
+    pub(crate) used: AtomicUsize,
+}
+
+/// An open GPU. Cheap to share (`Arc<Device>`); buffers, streams and modules
+/// keep it alive.
+pub struct Device {
+    pub(crate) ctx: Arc<CudaContext>,
+    info: DeviceInfo,
+    pub(crate) budget: Arc<Budget>,
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device").field("info", &self.info).finish()
+    }
+}
+
+/// Load the driver library and initialize it, or say why that cannot be done.
+fn init_driver() -> Result<i32> {
+    // SAFETY: only probes whether the shared library can be opened.
+    if !unsafe { sys::is_culib_present() } {
+        return Err(DeviceError::NoDriver);
+    }
+    result::init().map_err(|e| match e.0 {
+        sys::cudaError_enum::CUDA_ERROR_NO_DEVICE => DeviceError::NoDevice(String::new()),
+        // The toolkit's stub libcuda, not a driver.
+        sys::cudaError_enum::CUDA_ERROR_STUB_LIBRARY => DeviceError::NoDriver,
+        _ => DeviceError::Driver {
+            op: "cuInit",
+            source: e,
+        },
+    })?;
+    let mut version = 0;
+    // SAFETY: the library is loaded and initialized; `version` outlives the call.
+    unsafe { sys::cuDriverGetVersion(&mut version) }
+        .result()
+        .ctx("cuDriverGetVersion")?;
+    Ok(version)
+}
+
+impl Device {
+    /// Number of GPUs the driver sees. Errors (rather than 0) when there is no
+    /// driver, so callers can tell the user why.
+    pub fn count() -> Result<usize> {
+        init_driver()?;
+        let n = result::device::get_count().ctx("cuDeviceGetCount")?;
+        Ok(n.max(0) as usize)
+    }
+
+    /// Open GPU `ordinal` with the default options.
+    pub fn open(ordinal: usize) -> Result<Arc<Device>> {
+        Self::open_with(ordinal, DeviceOptions::default())
+    }
+
+    /// Open GPU `ordinal`: checks the driver version (our PTX needs R520+) and
+    /// the compute capability (5.2+), creates the context and fixes the memory
+    /// budget at `options.memory_share` of the memory free now.
+    pub fn open_with(ordinal: usize, options: DeviceOptions) -> Result<Arc<Device>> {
+        let driver_version = init_driver()?;
+        if driver_version < MIN_DRIVER_VERSION {
+            return Err(DeviceError::DriverTooOld {
+                found: driver_version,
+            });
+        }
+        let count = result::device::get_count().ctx("cuDeviceGetCount")?.max(0) as usize;
+        if count == 0 {
+            return Err(DeviceError::NoDevice(String::new()));
+        }
+        if ordinal >= count {
+            return Err(DeviceError::BadOrdinal { ordinal, count });
+        }
+        let ctx = CudaContext::new(ordinal).ctx("creating the CUDA context")?;
+        let attr = |a: Attr| ctx.attribute(a).ctx("cuDeviceGetAttribute");
+        let name = ctx.name().ctx("cuDeviceGetName")?;
+        let (major, minor) = ctx.compute_capability().ctx("compute capability")?;
+        if (major, minor) < (5, 2) {
+            return Err(DeviceError::ComputeCapability {
+                ordinal,
+                name,
+                major,
+                minor,
+            });
+        }
+        let info = DeviceInfo {
+            ordinal,
+            name,
+            compute_capability: (major, minor),
+            total_memory: ctx.total_mem().ctx("cuDeviceTotalMem")?,
+            sm_count: attr(Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32,
+            driver_version,
+            max_shared_per_block: attr(Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK)?
+                as usize,
+            l2_bytes: attr(Attr::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)? as usize,
+        };
+        let (free, _) = ctx.mem_get_info().ctx("cuMemGetInfo")?;
+        let share = options.memory_share.clamp(0.0, 1.0);
+        let budget = Arc::new(Budget {
+            limit: (free as f64 * share) as usize,
+            used: AtomicUsize::new(0),
+        });
+        Ok(Arc::new(Device { ctx, info, budget }))
+    }
+
+    pub fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    /// (free, total) bytes on the GPU now, as the driver reports them.
+    pub fn memory(&self) -> Result<(usize, usize)> {
+        self.ctx.mem_get_info().ctx("cuMemGetInfo")
+    }
+
+    /// Bytes this process may still allocate through this device.
+    pub fn budget_left(&self) -> usize {
+        self.budget
+            .limit
+            .saturating_sub(self.budget.used.load(Ordering::Relaxed))
+    }
+
+    /// Bytes allocated through this device and not yet freed.
+    pub fn budget_used(&self) -> usize {
+        self.budget.used.load(Ordering::Relaxed)
+    }
+
+    pub fn budget_limit(&self) -> usize {
+        self.budget.limit
+    }
+
+    /// The stream most work runs on (the context's default stream).
+    pub fn stream(self: &Arc<Self>) -> Stream {
+        Stream::new(self.clone(), self.ctx.default_stream())
+    }
+
+    /// A new stream, independent of the default one.
+    pub fn new_stream(self: &Arc<Self>) -> Result<Stream> {
+        let s = self.ctx.new_stream().ctx("cuStreamCreate")?;
+        Ok(Stream::new(self.clone(), s))
+    }
+
+    /// Wait until all work on every stream of this device is done.
+    pub fn synchronize(&self) -> Result<()> {
+        self.ctx.synchronize().ctx("cuCtxSynchronize")
+    }
+
+    /// Take `bytes` from the budget; false if they do not fit.
+    pub(crate) fn reserve(&self, bytes: usize) -> bool {
+        let b = &self.budget;
+        let mut used = b.used.load(Ordering::Relaxed);
+        loop {
+            if used.checked_add(bytes).is_none_or(|u| u > b.limit) {
+                return false;
+            }
+            match b
+                .used
+                .compare_exchange(used, used + bytes, Ordering::AcqRel, Ordering::Relaxed)
+            {
+                Ok(_) => return true,
+                Err(now) => used = now,
+            }
+        }
+    }
+
+    pub(crate) fn oom(&self, what: &str, bytes: usize) -> DeviceError {
+        DeviceError::OutOfMemory {
+            what: what.to_string(),
+            requested: bytes,
+            used: self.budget_used(),
+            limit: self.budget.limit,
+            free: self.memory().map(|m| m.0).unwrap_or(0),
+        }
+    }
+}

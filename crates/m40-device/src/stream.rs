@@ -1,0 +1,313 @@
+//! Streams: allocation, asynchronous copies, events, kernel launches.
+
+use std::sync::Arc;
+
+use bytemuck::Pod;
+use cudarc::driver::{result, sys, CudaEvent, CudaStream, DevicePtrMut, LaunchArgs, PushKernelArg};
+
+use crate::device::Device;
+use crate::error::{Ctx, DeviceError, Result};
+use crate::memory::{DeviceBuffer, DeviceView, MappedBuffer, PinnedBuffer, TAIL_SLACK};
+use crate::module::Kernel;
+
+/// An ordered queue of GPU work. Work on one stream runs in order; use
+/// [`Event`]s to order work across streams.
+#[derive(Clone)]
+pub struct Stream {
+    device: Arc<Device>,
+    pub(crate) inner: Arc<CudaStream>,
+}
+
+/// A point in a stream's work, for ordering and timing.
+pub struct Event(CudaEvent);
+
+impl Event {
+    /// Milliseconds between `self` and `end` (both recorded with timing).
+    pub fn elapsed_ms(&self, end: &Event) -> Result<f32> {
+        self.0.elapsed_ms(&end.0).ctx("cuEventElapsedTime")
+    }
+
+    /// Block the host until the work before this event is done.
+    pub fn synchronize(&self) -> Result<()> {
+        self.0.synchronize().ctx("cuEventSynchronize")
+    }
+}
+
+fn check_len(what: &'static str, len: usize, capacity: usize) -> Result<()> {
+    if len != capacity {
+        return Err(DeviceError::Size {
+            what,
+            len,
+            capacity,
+        });
+    }
+    Ok(())
+}
+
+impl Stream {
+    pub(crate) fn new(device: Arc<Device>, inner: Arc<CudaStream>) -> Self {
+        Self { device, inner }
+    }
+
+    pub fn device(&self) -> &Arc<Device> {
+        &self.device
+    }
+
+    /// Block the host until everything queued on this stream is done, and
+    /// report any error a kernel raised.
+    pub fn synchronize(&self) -> Result<()> {
+        self.inner.synchronize().ctx("cuStreamSynchronize")
+    }
+
+    /// Record an event (with timing) at this point of the stream.
+    pub fn record(&self) -> Result<Event> {
+        self.inner
+            .record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map(Event)
+            .ctx("cuEventRecord")
+    }
+
+    /// Make later work on this stream wait for `event`.
+    pub fn wait(&self, event: &Event) -> Result<()> {
+        self.inner.wait(&event.0).ctx("cuStreamWaitEvent")
+    }
+
+    /// A buffer of `len` elements whose contents are undefined (write before
+    /// reading). `what` names it in an out-of-memory error.
+    pub fn alloc<T: Pod>(&self, len: usize, what: &str) -> Result<DeviceBuffer<T>> {
+        let bytes = len
+            .checked_mul(std::mem::size_of::<T>())
+            .ok_or_else(|| self.device.oom(what, usize::MAX))?;
+        let reserved = bytes + TAIL_SLACK;
+        if !self.device.reserve(reserved) {
+            return Err(self.device.oom(what, bytes));
+        }
+        // SAFETY: u8 has no invalid bit patterns; callers get the buffer as
+        // "contents undefined", and the kernels or copies that follow write it.
+        let raw = unsafe { self.inner.alloc::<u8>(reserved) };
+        match raw {
+            Ok(raw) => Ok(DeviceBuffer::from_raw(raw, len, &self.device, reserved)),
+            Err(e) => {
+                self.device
+                    .budget
+                    .used
+                    .fetch_sub(reserved, std::sync::atomic::Ordering::AcqRel);
+                Err(match e.0 {
+                    sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY => self.device.oom(what, bytes),
+                    _ => DeviceError::Driver {
+                        op: "cuMemAlloc",
+                        source: e,
+                    },
+                })
+            }
+        }
+    }
+
+    /// A buffer of `len` elements, every byte zero.
+    pub fn alloc_zeroed<T: Pod>(&self, len: usize, what: &str) -> Result<DeviceBuffer<T>> {
+        let mut b = self.alloc(len, what)?;
+        self.fill_bytes(&mut b, 0)?;
+        Ok(b)
+    }
+
+    /// Set every byte of `buf` to `byte` (0xFF makes every f32 a NaN: the
+    /// poison tests write before a launch).
+    pub fn fill_bytes<T: Pod>(&self, buf: &mut DeviceBuffer<T>, byte: u8) -> Result<()> {
+        let n = buf.raw.len();
+        let (ptr, _sync) = buf.raw.device_ptr_mut(&self.inner);
+        // SAFETY: `ptr` addresses `n` bytes owned by `buf`, borrowed mutably
+        // for the call; the memset is ordered on this stream.
+        unsafe { result::memset_d8_async(ptr, byte, n, self.inner.cu_stream()) }
+            .ctx("cuMemsetD8Async")
+    }
+
+    /// Allocate and copy `src` to the device.
+    pub fn upload<T: Pod>(&self, src: &[T], what: &str) -> Result<DeviceBuffer<T>> {
+        let mut b = self.alloc(src.len(), what)?;
+        self.copy_to_device(src, &mut b)?;
+        Ok(b)
+    }
+
+    /// Host -> device. Asynchronous for pinned sources, see [`Self::copy_from_pinned`].
+    pub fn copy_to_device<T: Pod>(&self, src: &[T], dst: &mut DeviceBuffer<T>) -> Result<()> {
+        check_len("host -> device copy", src.len(), dst.len())?;
+        if src.is_empty() {
+            return Ok(());
+        }
+        let bytes: &[u8] = bytemuck::cast_slice(src);
+        let mut view = dst.raw.slice_mut(0..bytes.len());
+        self.inner
+            .memcpy_htod(bytes, &mut view)
+            .ctx("cuMemcpyHtoDAsync")
+    }
+
+    /// Device -> host; returns when the bytes are on the host.
+    pub fn copy_to_host<T: Pod>(&self, src: &DeviceView<'_, T>, dst: &mut [T]) -> Result<()> {
+        check_len("device -> host copy", dst.len(), src.len())?;
+        if dst.is_empty() {
+            return Ok(());
+        }
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(dst);
+        self.inner
+            .memcpy_dtoh(&src.raw, bytes)
+            .ctx("cuMemcpyDtoHAsync")?;
+        self.synchronize()
+    }
+
+    /// Copy a whole buffer to a new Vec.
+    pub fn download<T: Pod>(&self, src: &DeviceBuffer<T>) -> Result<Vec<T>> {
+        let mut v = vec![T::zeroed(); src.len()];
+        self.copy_to_host(&src.view(), &mut v)?;
+        Ok(v)
+    }
+
+    /// Device -> device, ordered on this stream.
+    pub fn copy_device<T: Pod>(
+        &self,
+        src: &DeviceView<'_, T>,
+        dst: &mut DeviceBuffer<T>,
+    ) -> Result<()> {
+        check_len("device -> device copy", src.len(), dst.len())?;
+        if src.is_empty() {
+            return Ok(());
+        }
+        let n = src.len() * std::mem::size_of::<T>();
+        let mut view = dst.raw.slice_mut(0..n);
+        self.inner
+            .memcpy_dtod(&src.raw, &mut view)
+            .ctx("cuMemcpyDtoDAsync")
+    }
+
+    /// Pinned host memory that copies run from and to asynchronously.
+    pub fn alloc_pinned<T: Pod>(&self, len: usize, what: &str) -> Result<PinnedBuffer<T>> {
+        PinnedBuffer::alloc(&self.device, len, 0, what)
+    }
+
+    /// Pinned host memory that kernels address directly.
+    pub fn alloc_mapped<T: Pod>(&self, len: usize, what: &str) -> Result<MappedBuffer<T>> {
+        MappedBuffer::alloc(&self.device, len, what)
+    }
+
+    /// Pinned host -> device, asynchronous: returns before the copy is done;
+    /// the pinned buffer waits for it before the host touches it again.
+    pub fn copy_from_pinned<T: Pod>(
+        &self,
+        src: &PinnedBuffer<T>,
+        dst: &mut DeviceBuffer<T>,
+    ) -> Result<()> {
+        check_len("pinned -> device copy", src.len(), dst.len())?;
+        let n = src.len() * std::mem::size_of::<T>();
+        if n == 0 {
+            return Ok(());
+        }
+        let mut view = dst.raw.slice_mut(0..n);
+        // The pinned slice is larger than `n` only for zero-length buffers (handled above).
+        self.inner
+            .memcpy_htod(&src.raw, &mut view)
+            .ctx("cuMemcpyHtoDAsync")?;
+        self.mark(src)
+    }
+
+    /// Remember the point after a copy involving `p`, for its host views to wait on.
+    fn mark<T>(&self, p: &PinnedBuffer<T>) -> Result<()> {
+        let e = self.inner.record_event(None).ctx("cuEventRecord")?;
+        *p.pending.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
+        Ok(())
+    }
+
+    /// Device -> pinned host, asynchronous (see [`Self::copy_from_pinned`]).
+    pub fn copy_to_pinned<T: Pod>(
+        &self,
+        src: &DeviceView<'_, T>,
+        dst: &mut PinnedBuffer<T>,
+    ) -> Result<()> {
+        check_len("device -> pinned copy", dst.len(), src.len())?;
+        if dst.is_empty() {
+            return Ok(());
+        }
+        self.inner
+            .memcpy_dtoh(&src.raw, &mut dst.raw)
+            .ctx("cuMemcpyDtoHAsync")?;
+        self.mark(dst)
+    }
+
+    /// Start a launch of `kernel` on this stream; push its arguments in the
+    /// order of the kernel's parameters, then [`Launch::run`].
+    pub fn launch<'a>(&'a self, kernel: &'a Kernel) -> Launch<'a> {
+        Launch {
+            args: self.inner.launch_builder(&kernel.func),
+            kernel,
+        }
+    }
+}
+
+/// Grid and block shape of a launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchConfig {
+    pub grid: (u32, u32, u32),
+    pub block: (u32, u32, u32),
+    /// Dynamic shared memory per block, bytes.
+    pub shared_bytes: u32,
+}
+
+/// A kernel launch being assembled: arguments are pushed in order. Buffers
+/// are borrowed until the launch is queued, and cudarc's stream tracking keeps
+/// them alive (stream-ordered frees) until the kernel is done.
+pub struct Launch<'a> {
+    args: LaunchArgs<'a>,
+    kernel: &'a Kernel,
+}
+
+impl<'a> Launch<'a> {
+    /// A buffer the kernel reads (`const T*`).
+    pub fn buf<T>(mut self, b: &'a DeviceBuffer<T>) -> Self {
+        self.args.arg(&b.raw);
+        self
+    }
+
+    /// A buffer the kernel writes (`T*`).
+    pub fn buf_mut<T>(mut self, b: &'a mut DeviceBuffer<T>) -> Self {
+        self.args.arg(&mut b.raw);
+        self
+    }
+
+    /// A range of a buffer the kernel reads.
+    pub fn view<T>(mut self, v: &'a DeviceView<'a, T>) -> Self {
+        self.args.arg(&v.raw);
+        self
+    }
+
+    /// A mapped host buffer, passed as a device pointer the kernel reads or writes.
+    pub fn mapped<T>(mut self, m: &'a MappedBuffer<T>) -> Self {
+        self.args.arg(&m.device_ptr);
+        self
+    }
+
+    /// A scalar (`int`, `float`, `unsigned long long`, ...).
+    pub fn scalar<T: cudarc::driver::DeviceRepr>(mut self, v: &'a T) -> Self {
+        self.args.arg(v);
+        self
+    }
+
+    /// Queue the launch. The launch error, if any, is returned now; errors the
+    /// kernel raises while running surface at the next synchronization.
+    ///
+    /// # Safety
+    /// The pushed arguments must match the kernel's parameters in number, order
+    /// and type, and `cfg` must keep the kernel inside the buffers it was given
+    /// (each launcher in m40-kernels checks this for its kernel).
+    pub unsafe fn run(mut self, cfg: LaunchConfig) -> Result<()> {
+        let c = cudarc::driver::LaunchConfig {
+            grid_dim: cfg.grid,
+            block_dim: cfg.block,
+            shared_mem_bytes: cfg.shared_bytes,
+        };
+        // SAFETY: forwarded to the caller (see # Safety).
+        unsafe { self.args.launch(c) }
+            .map(|_| ())
+            .map_err(|source| DeviceError::Launch {
+                kernel: self.kernel.name,
+                source,
+            })
+    }
+}

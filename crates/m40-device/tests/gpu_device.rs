@@ -1,0 +1,150 @@
+//! The device layer on a real GPU: properties, the memory budget, copies of
+//! every kind, events and streams. Skips (printing why) without a GPU; fails
+//! instead when M40_REQUIRE_GPU=1.
+
+use m40_device::testing::{gpu_required, test_device};
+use m40_device::{Device, DeviceError, DeviceOptions};
+
+fn fresh(n: usize, salt: u32) -> Vec<u32> {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(7);
+    (0..n as u32)
+        .map(|i| (i ^ salt ^ t).wrapping_mul(2_654_435_761))
+        .collect()
+}
+
+#[test]
+fn without_a_gpu_open_is_an_error_with_a_hint() {
+    match Device::open(0) {
+        Ok(d) => eprintln!("GPU present: {:?}", d.info()),
+        Err(e) => {
+            assert!(!gpu_required(), "M40_REQUIRE_GPU=1 but: {e}");
+            let msg = e.to_string();
+            assert!(
+                matches!(e, DeviceError::NoDriver | DeviceError::NoDevice(_)),
+                "{msg}"
+            );
+            assert!(msg.contains("driver") || msg.contains("GPU"), "{msg}");
+        }
+    }
+}
+
+#[test]
+fn device_properties() {
+    let Some(d) = test_device("device_properties") else {
+        return;
+    };
+    let i = d.info();
+    eprintln!("{i:?}");
+    assert!(i.compute_capability >= (5, 2));
+    assert!(i.sm_count > 0 && i.total_memory > 0 && i.max_shared_per_block >= 48 * 1024);
+    assert!(i.driver_version >= m40_device::MIN_DRIVER_VERSION);
+    let (free, total) = d.memory().unwrap();
+    assert!(free <= total && total == i.total_memory);
+    assert!(d.budget_limit() <= free);
+    assert!(matches!(
+        Device::open(1 << 20),
+        Err(DeviceError::BadOrdinal { .. })
+    ));
+}
+
+#[test]
+fn budget_refuses_and_names_the_allocation() {
+    let Some(d) = test_device("budget_refuses_and_names_the_allocation") else {
+        return;
+    };
+    // A budget of ~0.1% of free memory: a few MB.
+    let small = Device::open_with(
+        d.info().ordinal,
+        DeviceOptions {
+            memory_share: 0.001,
+        },
+    )
+    .unwrap();
+    let s = small.stream();
+    let limit = small.budget_limit();
+    let a = s.alloc::<u8>(limit / 2, "half the budget").unwrap();
+    assert!(small.budget_used() >= limit / 2);
+    match s.alloc::<f32>(limit / 4, "the KV cache") {
+        Err(DeviceError::OutOfMemory {
+            what, requested, ..
+        }) => {
+            assert_eq!(what, "the KV cache");
+            assert_eq!(requested, limit / 4 * 4);
+        }
+        other => panic!("expected OutOfMemory, got {other:?}"),
+    }
+    let msg = s
+        .alloc::<f32>(limit, "weights of blk.0")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("weights of blk.0") && msg.contains("free"),
+        "{msg}"
+    );
+    drop(a);
+    assert_eq!(small.budget_used(), 0);
+    // What was freed can be allocated again.
+    s.alloc::<f32>(limit / 8, "again").unwrap();
+}
+
+#[test]
+fn copies_round_trip() {
+    let Some(d) = test_device("copies_round_trip") else {
+        return;
+    };
+    let s = d.stream();
+    for n in [1usize, 1000, 1 << 20] {
+        let v = fresh(n, n as u32);
+        // Pageable host <-> device.
+        let a = s.upload(&v, "a").unwrap();
+        assert_eq!(s.download(&a).unwrap(), v);
+        // Device -> device.
+        let mut b = s.alloc::<u32>(n, "b").unwrap();
+        s.fill_bytes(&mut b, 0xFF).unwrap();
+        s.copy_device(&a.view(), &mut b).unwrap();
+        assert_eq!(s.download(&b).unwrap(), v);
+        // Pinned, asynchronous both ways, then a slice of the middle.
+        let mut p = s.alloc_pinned::<u32>(n, "staging").unwrap();
+        p.as_mut_slice().unwrap().copy_from_slice(&v);
+        let mut c = s.alloc::<u32>(n, "c").unwrap();
+        s.copy_from_pinned(&p, &mut c).unwrap();
+        let mut back = s.alloc_pinned::<u32>(n, "back").unwrap();
+        s.copy_to_pinned(&c.view(), &mut back).unwrap();
+        assert_eq!(back.as_slice().unwrap(), &v[..]);
+        let mid = c.slice(n / 3..n / 2 + 1).unwrap();
+        let mut part = vec![0u32; mid.len()];
+        s.copy_to_host(&mid, &mut part).unwrap();
+        assert_eq!(part, v[n / 3..n / 2 + 1]);
+    }
+    // Length mismatches are errors, not truncation.
+    let a = s.upload(&[1u32, 2, 3], "a").unwrap();
+    let mut short = vec![0u32; 2];
+    assert!(matches!(
+        s.copy_to_host(&a.view(), &mut short),
+        Err(DeviceError::Size { .. })
+    ));
+    assert!(a.slice(2..4).is_err());
+}
+
+#[test]
+fn events_order_streams_and_time() {
+    let Some(d) = test_device("events_order_streams_and_time") else {
+        return;
+    };
+    let s1 = d.stream();
+    let s2 = d.new_stream().unwrap();
+    let v = fresh(4 << 20, 3);
+    let start = s1.record().unwrap();
+    let a = s1.upload(&v, "a").unwrap();
+    let done = s1.record().unwrap();
+    s2.wait(&done).unwrap();
+    let mut b = s2.alloc::<u32>(v.len(), "b").unwrap();
+    s2.copy_device(&a.view(), &mut b).unwrap();
+    assert_eq!(s2.download(&b).unwrap(), v);
+    done.synchronize().unwrap();
+    let ms = start.elapsed_ms(&done).unwrap();
+    assert!(ms >= 0.0 && ms.is_finite(), "{ms}");
+}

@@ -1,0 +1,148 @@
+//! GEMV bandwidth per weight format on the GPU, against the read bandwidth
+//! measured in the same run (kernels/bench.cu `read_probe`).
+//!
+//! `cargo bench -p m40-kernels --bench gpu_gemv` (or the binary in the GPU
+//! pack). Shapes (rows x cols): 4096x4096, 14336x4096, 4096x14336 — an 8B
+//! model's attention, gate/up and down projections. Weights are random bytes
+//! filled on the device (never zeros), rotated among enough copies that the
+//! set is at least 4x the L2 cache; each figure is the median of 50 timed
+//! launches (device events) after 5 warm-up launches. Bytes counted: weights
+//! + x + y. `M40_BENCH_JSON=path` also writes the table as JSON.
+//!
+//! Without a GPU it prints why and exits 0 (1 with M40_REQUIRE_GPU=1).
+
+use m40_device::testing::test_device;
+use m40_device::{DeviceBuffer, Stream};
+use m40_kernels::{gemv_shared_bytes, KernelFormat, Kernels, QMatrix};
+
+const WARMUP: usize = 5;
+const RUNS: usize = 50;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Median milliseconds of `f`, timed with events on `s`, `f(i)` for i = 0, 1, ...
+fn time_ms(s: &Stream, mut f: impl FnMut(usize)) -> f64 {
+    for i in 0..WARMUP {
+        f(i);
+    }
+    s.synchronize().expect("warm-up");
+    let mut times = Vec::with_capacity(RUNS);
+    for i in 0..RUNS {
+        let a = s.record().expect("event");
+        f(WARMUP + i);
+        let b = s.record().expect("event");
+        b.synchronize().expect("sync");
+        times.push(a.elapsed_ms(&b).expect("elapsed") as f64);
+    }
+    median(times)
+}
+
+fn main() {
+    // `cargo bench` passes --bench; nothing else is accepted.
+    let Some(dev) = test_device("gpu_gemv bench") else {
+        return;
+    };
+    let info = dev.info().clone();
+    let s = dev.stream();
+    let k = Kernels::new(dev.clone());
+    k.load_all().expect("load kernels");
+    println!(
+        "device: {} (sm {}.{}, {} SMs, {:.1} GiB, L2 {} MB, driver API {})",
+        info.name,
+        info.compute_capability.0,
+        info.compute_capability.1,
+        info.sm_count,
+        info.total_memory as f64 / (1u64 << 30) as f64,
+        info.l2_bytes >> 20,
+        info.driver_version
+    );
+
+    // The ceiling: read-only bandwidth over 2 GiB (far beyond L2).
+    let probe_bytes = 2usize << 30;
+    let mut big = s.alloc::<u8>(probe_bytes, "probe buffer").expect("alloc");
+    k.fill_random(&s, &mut big, 1).expect("fill");
+    let mut sink = s
+        .alloc::<u32>(k.probe_blocks(), "probe sink")
+        .expect("alloc");
+    let bv = big.view();
+    let probe_ms = time_ms(&s, |_| k.read_probe(&s, &bv, &mut sink).expect("probe"));
+    let ceiling = probe_bytes as f64 / (probe_ms * 1e-3) / 1e9;
+    println!("read bandwidth (read_probe, 2 GiB, median of {RUNS}): {ceiling:.0} GB/s\n");
+
+    let shapes = [(4096usize, 4096usize), (14336, 4096), (4096, 14336)];
+    println!("| format | rows x cols | weights MB | us | GB/s | % of read | regs sm_52 | smem B |");
+    println!("|---|---|---|---|---|---|---|---|");
+    let report = include_str!("../../../kernels/ptx/gemv.sm_52.txt");
+    let mut json = Vec::new();
+    for f in KernelFormat::ALL {
+        let regs = sm52_registers(report, f.gemv);
+        for &(rows, cols) in &shapes {
+            let row_bytes = f.ty.row_bytes(cols as u64).expect("shape") as usize;
+            let wbytes = rows * row_bytes;
+            // Stride between copies: 256-byte aligned; copies fill >= 4x L2.
+            let stride = wbytes.div_ceil(256) * 256;
+            let copies = (4 * info.l2_bytes)
+                .div_ceil(stride)
+                .clamp(2, probe_bytes / stride);
+            // Finite, varied activations (the weights are random bytes).
+            let v: Vec<f32> = (0..cols)
+                .map(|i| ((i * 7919) % 2003) as f32 / 1001.0 - 1.0)
+                .collect();
+            let x: DeviceBuffer<f32> = s.upload(&v, "x").expect("upload");
+            let xv = x.view();
+            let mut y = s.alloc::<f32>(rows, "y").expect("alloc");
+            let views: Vec<_> = (0..copies)
+                .map(|c| big.slice(c * stride..c * stride + wbytes).expect("view"))
+                .collect();
+            let ms = time_ms(&s, |i| {
+                let m = QMatrix {
+                    ty: f.ty,
+                    data: &views[i % copies],
+                    rows,
+                    cols,
+                };
+                k.gemv(&s, &m, &xv, &mut y).expect("gemv")
+            });
+            s.synchronize().expect("gemv run");
+            let bytes = (wbytes + cols * 4 + rows * 4) as f64;
+            let gbs = bytes / (ms * 1e-3) / 1e9;
+            println!(
+                "| {} | {rows}x{cols} | {:.1} | {:.1} | {gbs:.0} | {:.1}% | {regs} | {} |",
+                f.ty,
+                wbytes as f64 / 1e6,
+                ms * 1e3,
+                100.0 * gbs / ceiling,
+                gemv_shared_bytes(&f)
+            );
+            json.push(format!(
+                "{{\"format\":\"{}\",\"rows\":{rows},\"cols\":{cols},\"us\":{:.2},\"gbs\":{gbs:.1},\"share\":{:.4}}}",
+                f.ty,
+                ms * 1e3,
+                gbs / ceiling
+            ));
+        }
+    }
+    if let Ok(path) = std::env::var("M40_BENCH_JSON") {
+        let text = format!(
+            "{{\"device\":\"{}\",\"read_gbs\":{ceiling:.1},\"gemv\":[{}]}}\n",
+            info.name,
+            json.join(",")
+        );
+        std::fs::write(&path, text).expect("write json");
+    }
+}
+
+/// Registers ptxas reported for `kernel` on sm_52 (kernels/ptx/gemv.sm_52.txt).
+fn sm52_registers(report: &str, kernel: &str) -> String {
+    report
+        .split(&format!("Function properties for {kernel}\n"))
+        .nth(1)
+        .and_then(|r| r.lines().nth(1))
+        .and_then(|l| l.split("Used ").nth(1))
+        .and_then(|l| l.split(' ').next())
+        .unwrap_or("?")
+        .to_string()
+}

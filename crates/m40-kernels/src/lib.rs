@@ -1,0 +1,91 @@
+//! The CUDA kernels of m40-llm and one launcher per kernel.
+//!
+//! The PTX in `kernels/ptx/` (compiled from `kernels/*.cu` for compute_52 by
+//! `cargo xtask ptx`, committed) is embedded here with `include_str!`; each
+//! module is loaded into a device the first time one of its kernels is
+//! launched there ([`Kernels`] holds one per device). Every launcher owns its
+//! kernel's grid math (block sizes are named constants mirroring the `.cu`
+//! file) and checks what the kernel assumes: buffer lengths, alignment, the
+//! 48 KB of shared memory a block may have on sm_52. Kernels know nothing of
+//! models: shapes come in as numbers.
+
+mod error;
+mod format;
+mod ops;
+
+use std::sync::{Arc, OnceLock};
+
+use m40_device::{Device, Kernel, Module};
+
+pub use error::{KernelError, Result};
+pub use format::{gemv_shared_bytes, KernelFormat};
+pub use ops::{QMatrix, RopeParams, RopeStyle};
+
+/// Shared memory a block may use on sm_52 (and without opt-in on any GPU).
+pub const MAX_SHARED_PER_BLOCK: usize = 48 * 1024;
+
+/// The PTX modules: (name, text), one per `kernels/*.cu`.
+pub const MODULES: [(&str, &str); 6] = [
+    ("bench", include_str!("../../../kernels/ptx/bench.ptx")),
+    (
+        "elementwise",
+        include_str!("../../../kernels/ptx/elementwise.ptx"),
+    ),
+    ("embed", include_str!("../../../kernels/ptx/embed.ptx")),
+    ("gemv", include_str!("../../../kernels/ptx/gemv.ptx")),
+    ("rmsnorm", include_str!("../../../kernels/ptx/rmsnorm.ptx")),
+    ("rope", include_str!("../../../kernels/ptx/rope.ptx")),
+];
+
+/// The kernels of one device; modules load on first use.
+pub struct Kernels {
+    device: Arc<Device>,
+    modules: [OnceLock<Module>; MODULES.len()],
+}
+
+impl Kernels {
+    pub fn new(device: Arc<Device>) -> Self {
+        Self {
+            device,
+            modules: Default::default(),
+        }
+    }
+
+    pub fn device(&self) -> &Arc<Device> {
+        &self.device
+    }
+
+    /// Kernel `name` of module `module` (loading the module if needed).
+    pub fn kernel(&self, module: &'static str, name: &'static str) -> Result<Kernel> {
+        let i = MODULES
+            .iter()
+            .position(|(m, _)| *m == module)
+            .expect("launchers name modules that exist");
+        let m = match self.modules[i].get() {
+            Some(m) => m,
+            None => {
+                let loaded = self.device.load_module(MODULES[i].0, MODULES[i].1)?;
+                // Another thread may have won the race; either module is fine.
+                let _ = self.modules[i].set(loaded);
+                self.modules[i].get().expect("just set")
+            }
+        };
+        Ok(m.kernel(name)?)
+    }
+
+    /// Load every module now (the driver JIT-compiles the PTX for this GPU on
+    /// first load; doing it up front keeps that out of the first request).
+    pub fn load_all(&self) -> Result<()> {
+        for (module, _) in MODULES {
+            let i = MODULES
+                .iter()
+                .position(|(m, _)| *m == module)
+                .expect("exists");
+            if self.modules[i].get().is_none() {
+                let loaded = self.device.load_module(module, MODULES[i].1)?;
+                let _ = self.modules[i].set(loaded);
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,505 @@
+//! One launcher per kernel: grid math and precondition checks.
+
+use m40_device::{DeviceBuffer, DeviceView, LaunchConfig, Stream};
+use m40_gguf::GgmlType;
+
+use crate::error::{KernelError, Result};
+use crate::format::{gemv_shared_bytes, KernelFormat, GEMV_WARPS};
+use crate::{Kernels, MAX_SHARED_PER_BLOCK};
+
+/// Threads per block of kernels/rmsnorm.cu.
+const RMSNORM_THREADS: u32 = 256;
+/// Threads per block of kernels/embed.cu (`EMBED_THREADS`).
+const EMBED_THREADS: u32 = 128;
+/// Threads per block of kernels/elementwise.cu (`ELEMENTWISE_THREADS`).
+const ELEMENTWISE_THREADS: u32 = 256;
+/// Threads per block of kernels/rope.cu (`ROPE_THREADS`).
+const ROPE_THREADS: u32 = 128;
+/// Grid-stride kernels launch at most this many blocks per SM.
+const BLOCKS_PER_SM: u32 = 16;
+
+/// Which dimensions RoPE pairs: (2i, 2i+1) or (i, i + n_rot/2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    Normal,
+    Neox,
+}
+
+/// The shape and parameters of a RoPE launch.
+#[derive(Clone, Copy, Debug)]
+pub struct RopeParams {
+    pub style: RopeStyle,
+    pub n_head: usize,
+    pub head_dim: usize,
+    /// Rotated dimensions per head (even, at most head_dim).
+    pub n_rot: usize,
+    /// Positions are multiplied by this (1 / the linear scaling factor).
+    pub pos_scale: f32,
+}
+
+/// A weight matrix on the device in its GGUF format: `rows` rows of `cols`
+/// weights, rows back to back.
+#[derive(Clone, Copy)]
+pub struct QMatrix<'a> {
+    pub ty: GgmlType,
+    pub data: &'a DeviceView<'a, u8>,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+fn shape(kernel: &'static str, what: String) -> KernelError {
+    KernelError::Shape { kernel, what }
+}
+
+/// `buf` must hold at least `need` elements.
+fn check_len(kernel: &'static str, name: &str, len: usize, need: usize) -> Result<()> {
+    if len < need {
+        return Err(shape(
+            kernel,
+            format!("{name} has {len} elements, {need} needed"),
+        ));
+    }
+    Ok(())
+}
+
+fn to_i32(kernel: &'static str, name: &str, v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| shape(kernel, format!("{name} = {v} exceeds i32")))
+}
+
+fn cfg(grid: (u32, u32, u32), block: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid,
+        block: (block, 1, 1),
+        shared_bytes: 0,
+    }
+}
+
+impl Kernels {
+    fn flat_grid(&self, n: usize) -> u32 {
+        let cap = self.device().info().sm_count.max(1) * BLOCKS_PER_SM;
+        (n.div_ceil(ELEMENTWISE_THREADS as usize) as u64).clamp(1, cap as u64) as u32
+    }
+
+    /// y = x / sqrt(mean(x^2) + eps) * w, row by row. x, y: (rows, n); w: (n).
+    pub fn rmsnorm(
+        &self,
+        stream: &Stream,
+        x: &DeviceView<'_, f32>,
+        w: &DeviceView<'_, f32>,
+        y: &mut DeviceBuffer<f32>,
+        rows: usize,
+        eps: f32,
+    ) -> Result<()> {
+        const K: &str = "rmsnorm_f32";
+        let n = w.len();
+        if rows == 0 || n == 0 {
+            return Ok(());
+        }
+        check_len(K, "x", x.len(), rows * n)?;
+        check_len(K, "y", y.len(), rows * n)?;
+        let kernel = self.kernel("rmsnorm", K)?;
+        let n = to_i32(K, "n", n)?;
+        let grid = (
+            u32::try_from(rows).map_err(|_| shape(K, format!("{rows} rows")))?,
+            1,
+            1,
+        );
+        // SAFETY: rmsnorm_f32(const float* x, const float* w, float* y, int n, float eps);
+        // one block per row reads x[row*n..][..n], w[..n] and writes y[row*n..][..n],
+        // all within the lengths checked above.
+        unsafe {
+            stream
+                .launch(&kernel)
+                .view(x)
+                .view(w)
+                .buf_mut(y)
+                .scalar(&n)
+                .scalar(&eps)
+                .run(cfg(grid, RMSNORM_THREADS))?
+        };
+        Ok(())
+    }
+
+    /// out[t] = dequant(table)[ids[t]]: rows of an embedding table (n_vocab
+    /// rows). ids: (n_ids); out: (n_ids, cols) FP32. Ids outside [0, n_vocab)
+    /// give NaN rows.
+    pub fn embed(
+        &self,
+        stream: &Stream,
+        table: &QMatrix<'_>,
+        ids: &DeviceView<'_, i32>,
+        out: &mut DeviceBuffer<f32>,
+    ) -> Result<()> {
+        const K: &str = "embed";
+        let (ty, w, n_vocab, ncols) = (table.ty, table.data, table.rows, table.cols);
+        let f = KernelFormat::of(ty, K)?;
+        let row_bytes = f.row_bytes(ncols, K)?;
+        let n_ids = ids.len();
+        if n_ids == 0 {
+            return Ok(());
+        }
+        check_len(K, "weights", w.len(), n_vocab * row_bytes)?;
+        check_len(K, "out", out.len(), n_ids * ncols)?;
+        let items = f.subs_per_row(ncols) * 8; // one thread per 4-weight part
+        let grid_y = items.div_ceil(EMBED_THREADS as usize);
+        if grid_y > 65535 {
+            return Err(shape(
+                K,
+                format!("{ncols} columns need {grid_y} blocks in y (max 65535)"),
+            ));
+        }
+        let grid = (to_i32(K, "ids", n_ids)? as u32, grid_y as u32, 1);
+        let kernel = self.kernel("embed", f.embed)?;
+        let (ncols, row_bytes, n_vocab) = (
+            to_i32(K, "ncols", ncols)?,
+            row_bytes as i64,
+            to_i32(K, "n_vocab", n_vocab)?,
+        );
+        // SAFETY: embed_<fmt>_f32(const u8* W, const int* ids, float* out, int ncols,
+        // long long row_bytes, int n_vocab); it reads W rows only for ids in
+        // [0, n_vocab) (checked on the device) within n_vocab * row_bytes bytes,
+        // and writes n_ids * ncols floats of out, lengths checked above.
+        unsafe {
+            stream
+                .launch(&kernel)
+                .view(w)
+                .view(ids)
+                .buf_mut(out)
+                .scalar(&ncols)
+                .scalar(&row_bytes)
+                .scalar(&n_vocab)
+                .run(cfg(grid, EMBED_THREADS))?
+        };
+        Ok(())
+    }
+
+    /// y = W x for one vector: W (rows, cols); x (cols) FP32, starting
+    /// 16-byte aligned; y (rows) FP32.
+    pub fn gemv(
+        &self,
+        stream: &Stream,
+        w: &QMatrix<'_>,
+        x: &DeviceView<'_, f32>,
+        y: &mut DeviceBuffer<f32>,
+    ) -> Result<()> {
+        const K: &str = "gemv";
+        let (ty, nrows, ncols) = (w.ty, w.rows, w.cols);
+        let w = w.data;
+        let f = KernelFormat::of(ty, K)?;
+        let row_bytes = f.row_bytes(ncols, K)?;
+        if nrows == 0 {
+            return Ok(());
+        }
+        check_len(K, "weights", w.len(), nrows * row_bytes)?;
+        check_len(K, "x", x.len(), ncols)?;
+        check_len(K, "y", y.len(), nrows)?;
+        if !x.is_aligned(16) {
+            return Err(shape(K, "x must start at a multiple of 16 bytes".into()));
+        }
+        if !w.is_aligned(2) {
+            return Err(shape(K, "weights must start at an even byte offset".into()));
+        }
+        let smem = gemv_shared_bytes(&f);
+        let limit = MAX_SHARED_PER_BLOCK.min(self.device().info().max_shared_per_block);
+        if smem > limit {
+            return Err(KernelError::SharedMemory {
+                kernel: K,
+                bytes: smem,
+                limit,
+            });
+        }
+        let blocks = nrows.div_ceil(GEMV_WARPS as usize);
+        let grid = (to_i32(K, "row blocks", blocks)? as u32, 1, 1);
+        let kernel = self.kernel("gemv", f.gemv)?;
+        let (nrows, ncols, row_bytes) = (
+            to_i32(K, "nrows", nrows)?,
+            to_i32(K, "ncols", ncols)?,
+            row_bytes as i64,
+        );
+        // SAFETY: gemv_<fmt>_f32(const u8* W, const float* x, float* y, int nrows,
+        // int ncols, long long row_bytes): warp r reads row r of W (up to 15 bytes
+        // past its end, inside the buffer's TAIL_SLACK or the next row) and
+        // x[..ncols] with 16-byte loads (alignment checked), and writes y[r], for
+        // r < nrows; lengths checked above.
+        unsafe {
+            stream
+                .launch(&kernel)
+                .view(w)
+                .view(x)
+                .buf_mut(y)
+                .scalar(&nrows)
+                .scalar(&ncols)
+                .scalar(&row_bytes)
+                .run(cfg(grid, 32 * GEMV_WARPS))?
+        };
+        Ok(())
+    }
+
+    /// RoPE in place. x: (n_tok, n_head, head_dim); pos: (n_tok); inv_freq:
+    /// (n_rot / 2), base^(-2i/n_rot) with any per-dimension factors applied.
+    pub fn rope(
+        &self,
+        stream: &Stream,
+        x: &mut DeviceBuffer<f32>,
+        pos: &DeviceView<'_, i32>,
+        inv_freq: &DeviceView<'_, f32>,
+        p: &RopeParams,
+    ) -> Result<()> {
+        const K: &str = "rope";
+        let RopeParams {
+            style,
+            n_head,
+            head_dim,
+            n_rot,
+            pos_scale,
+        } = *p;
+        let n_tok = pos.len();
+        if n_tok == 0 {
+            return Ok(());
+        }
+        if !n_rot.is_multiple_of(2) || n_rot > head_dim {
+            return Err(shape(
+                K,
+                format!("n_rot {n_rot} must be even and at most head_dim {head_dim}"),
+            ));
+        }
+        check_len(K, "x", x.len(), n_tok * n_head * head_dim)?;
+        check_len(K, "inv_freq", inv_freq.len(), n_rot / 2)?;
+        let name = match style {
+            RopeStyle::Normal => "rope_norm_f32",
+            RopeStyle::Neox => "rope_neox_f32",
+        };
+        let kernel = self.kernel("rope", name)?;
+        let grid = (to_i32(K, "n_tok", n_tok)? as u32, 1, 1);
+        let (n_head, head_dim, n_rot) = (
+            to_i32(K, "n_head", n_head)?,
+            to_i32(K, "head_dim", head_dim)?,
+            to_i32(K, "n_rot", n_rot)?,
+        );
+        // SAFETY: rope_*_f32(float* x, const int* pos, const float* inv_freq, int n_head,
+        // int head_dim, int n_rot, float pos_scale): block t touches x[t*n_head*head_dim..]
+        // [..n_head*head_dim], pos[t], inv_freq[..n_rot/2]; lengths checked above.
+        unsafe {
+            stream
+                .launch(&kernel)
+                .buf_mut(x)
+                .view(pos)
+                .view(inv_freq)
+                .scalar(&n_head)
+                .scalar(&head_dim)
+                .scalar(&n_rot)
+                .scalar(&pos_scale)
+                .run(cfg(grid, ROPE_THREADS))?
+        };
+        Ok(())
+    }
+
+    /// g = silu(g) * u over the first `n` elements.
+    pub fn swiglu(
+        &self,
+        stream: &Stream,
+        g: &mut DeviceBuffer<f32>,
+        u: &DeviceView<'_, f32>,
+        n: usize,
+    ) -> Result<()> {
+        const K: &str = "swiglu_f32";
+        check_len(K, "g", g.len(), n)?;
+        check_len(K, "u", u.len(), n)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let kernel = self.kernel("elementwise", K)?;
+        let grid = (self.flat_grid(n), 1, 1);
+        let n = n as i64;
+        // SAFETY: swiglu_f32(float* g, const float* u, long long n): grid-stride over
+        // i < n, lengths checked above.
+        unsafe {
+            stream
+                .launch(&kernel)
+                .buf_mut(g)
+                .view(u)
+                .scalar(&n)
+                .run(cfg(grid, ELEMENTWISE_THREADS))?
+        };
+        Ok(())
+    }
+
+    /// y += x over the first `n` elements (the residual connection).
+    pub fn add(
+        &self,
+        stream: &Stream,
+        y: &mut DeviceBuffer<f32>,
+        x: &DeviceView<'_, f32>,
+        n: usize,
+    ) -> Result<()> {
+        const K: &str = "add_f32";
+        check_len(K, "y", y.len(), n)?;
+        check_len(K, "x", x.len(), n)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let kernel = self.kernel("elementwise", K)?;
+        let grid = (self.flat_grid(n), 1, 1);
+        let n = n as i64;
+        // SAFETY: add_f32(float* y, const float* x, long long n): grid-stride over
+        // i < n, lengths checked above.
+        unsafe {
+            stream
+                .launch(&kernel)
+                .buf_mut(y)
+                .view(x)
+                .scalar(&n)
+                .run(cfg(grid, ELEMENTWISE_THREADS))?
+        };
+        Ok(())
+    }
+
+    /// y = fp16(x) (round to nearest even) over the first `n` elements; y
+    /// holds FP16 bit patterns.
+    pub fn f32_to_f16(
+        &self,
+        stream: &Stream,
+        x: &DeviceView<'_, f32>,
+        y: &mut DeviceBuffer<u16>,
+        n: usize,
+    ) -> Result<()> {
+        const K: &str = "f32_to_f16";
+        check_len(K, "x", x.len(), n)?;
+        check_len(K, "y", y.len(), n)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let kernel = self.kernel("elementwise", K)?;
+        let grid = (self.flat_grid(n), 1, 1);
+        let n = n as i64;
+        // SAFETY: f32_to_f16(const float* x, u16* y, long long n): grid-stride over
+        // i < n, lengths checked above.
+        unsafe {
+            stream
+                .launch(&kernel)
+                .view(x)
+                .buf_mut(y)
+                .scalar(&n)
+                .run(cfg(grid, ELEMENTWISE_THREADS))?
+        };
+        Ok(())
+    }
+}
+
+/// Benchmark helpers (kernels/bench.cu).
+impl Kernels {
+    /// Read every byte of `buf` (whole 16-byte vectors) once; one word per
+    /// block goes to `out`, which needs `probe_blocks()` elements. The read
+    /// bandwidth this reaches is the ceiling GEMV is measured against.
+    pub fn read_probe(
+        &self,
+        stream: &Stream,
+        buf: &DeviceView<'_, u8>,
+        out: &mut DeviceBuffer<u32>,
+    ) -> Result<()> {
+        const K: &str = "read_probe";
+        if !buf.is_aligned(16) {
+            return Err(shape(
+                K,
+                "buffer must start at a multiple of 16 bytes".into(),
+            ));
+        }
+        let blocks = self.probe_blocks();
+        check_len(K, "out", out.len(), blocks)?;
+        let kernel = self.kernel("bench", K)?;
+        let n_vec = (buf.len() / 16) as i64;
+        // SAFETY: read_probe(const uint4* p, long long n_vec, u32* out): reads
+        // n_vec whole vectors inside buf, writes out[..grid]; checked above.
+        unsafe {
+            stream
+                .launch(&kernel)
+                .view(buf)
+                .scalar(&n_vec)
+                .buf_mut(out)
+                .run(cfg((blocks as u32, 1, 1), 256))?
+        };
+        Ok(())
+    }
+
+    /// Blocks of a `read_probe` launch: 8 per SM.
+    pub fn probe_blocks(&self) -> usize {
+        self.device().info().sm_count.max(1) as usize * 8
+    }
+
+    /// Fill `buf` with pseudo-random words (whole words; a trailing partial
+    /// word is left alone) from `seed`.
+    pub fn fill_random(
+        &self,
+        stream: &Stream,
+        buf: &mut DeviceBuffer<u8>,
+        seed: u32,
+    ) -> Result<()> {
+        const K: &str = "fill_random";
+        let n = (buf.len() / 4) as i64;
+        if n == 0 {
+            return Ok(());
+        }
+        let kernel = self.kernel("bench", K)?;
+        let grid = (self.flat_grid(n as usize), 1, 1);
+        // SAFETY: fill_random(u32* p, long long n, u32 seed): grid-stride over the
+        // n whole words of buf (allocations are 256-byte aligned).
+        unsafe {
+            stream
+                .launch(&kernel)
+                .buf_mut(buf)
+                .scalar(&n)
+                .scalar(&seed)
+                .run(cfg(grid, ELEMENTWISE_THREADS))?
+        };
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The launchers' shared-memory figures match what ptxas reported for the
+    /// committed PTX, and all fit in 48 KB.
+    #[test]
+    fn gemv_shared_memory_matches_ptxas_report() {
+        let report = include_str!("../../../kernels/ptx/gemv.sm_52.txt");
+        for f in KernelFormat::ALL {
+            let name = f.gemv;
+            let at = report
+                .find(&format!("Function properties for {name}\n"))
+                .unwrap_or_else(|| panic!("{name} missing from the report"));
+            let line = report[at..].lines().nth(2).expect("resource line");
+            let smem: usize = line
+                .split(", ")
+                .find_map(|p| p.strip_suffix(" bytes smem"))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or_else(|| panic!("no smem figure in {line:?}"));
+            assert_eq!(smem, gemv_shared_bytes(&f), "{name}");
+            assert!(smem <= MAX_SHARED_PER_BLOCK, "{name}");
+        }
+    }
+
+    /// Every kernel a launcher names is in the committed PTX.
+    #[test]
+    fn kernel_names_exist_in_ptx() {
+        let all: Vec<&str> = crate::MODULES.iter().map(|(_, p)| *p).collect();
+        let has = |n: &str| all.iter().any(|p| p.contains(&format!(".entry {n}(")));
+        for f in KernelFormat::ALL {
+            assert!(has(f.gemv), "{}", f.gemv);
+            assert!(has(f.embed), "{}", f.embed);
+        }
+        for n in [
+            "read_probe",
+            "fill_random",
+            "rmsnorm_f32",
+            "rope_norm_f32",
+            "rope_neox_f32",
+            "swiglu_f32",
+            "add_f32",
+            "f32_to_f16",
+        ] {
+            assert!(has(n), "{n}");
+        }
+    }
+}

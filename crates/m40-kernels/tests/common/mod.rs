@@ -1,0 +1,138 @@
+//! Helpers of the GPU kernel tests: fresh random inputs (the seed is printed;
+//! `M40_SEED` repeats a run), random weights of every format, and a checker
+//! that reports the first mismatches and the largest difference.
+#![allow(dead_code)]
+
+use m40_gguf::GgmlType;
+
+/// SplitMix64: small, fast, good enough for test data.
+pub struct Rng(u64);
+
+impl Rng {
+    /// Seeded from `M40_SEED` or the clock; prints the seed so a failure can be repeated.
+    pub fn fresh(test: &str) -> Self {
+        let seed = std::env::var("M40_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos() as u64)
+                    .unwrap_or(1)
+            });
+        eprintln!("{test}: M40_SEED={seed}");
+        Self(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [lo, hi).
+    pub fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
+        let u = (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32;
+        lo + (hi - lo) * u
+    }
+
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+
+    pub fn vec(&mut self, n: usize, lo: f32, hi: f32) -> Vec<f32> {
+        (0..n).map(|_| self.uniform(lo, hi)).collect()
+    }
+
+    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next_u64() as u8).collect()
+    }
+
+    /// A random FP16 scale: magnitude in [1e-3, 3e-2), either sign.
+    fn scale_bits(&mut self) -> [u8; 2] {
+        let m = self.uniform(1e-3, 3e-2);
+        let v = if self.next_u64() & 1 == 0 { m } else { -m };
+        half::f16::from_f32(v).to_bits().to_le_bytes()
+    }
+}
+
+/// Byte offsets of the FP16 scale fields in a block of `ty`.
+fn scale_offsets(ty: GgmlType) -> &'static [usize] {
+    match ty {
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4_NL | GgmlType::IQ4_XS => {
+            &[0]
+        }
+        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
+        GgmlType::Q2_K => &[80, 82],
+        GgmlType::Q3_K => &[108],
+        GgmlType::Q6_K => &[208],
+        _ => &[],
+    }
+}
+
+/// `rows` x `ncols` random weights in `ty`: random bytes for the quantized
+/// formats (every bit pattern of the quants occurs) with finite random scales;
+/// random values for the float formats.
+pub fn random_weights(rng: &mut Rng, ty: GgmlType, rows: usize, ncols: usize) -> Vec<u8> {
+    let n = rows * ncols;
+    match ty {
+        GgmlType::F32 => bytemuck::cast_slice(&rng.vec(n, -1.0, 1.0)).to_vec(),
+        GgmlType::F16 => rng
+            .vec(n, -1.0, 1.0)
+            .iter()
+            .flat_map(|v| half::f16::from_f32(*v).to_bits().to_le_bytes())
+            .collect(),
+        GgmlType::BF16 => rng
+            .vec(n, -1.0, 1.0)
+            .iter()
+            .flat_map(|v| half::bf16::from_f32(*v).to_bits().to_le_bytes())
+            .collect(),
+        _ => {
+            let bb = ty.block_bytes();
+            let mut b = rng.bytes(n / ty.block_len() * bb);
+            for block in b.chunks_exact_mut(bb) {
+                for &o in scale_offsets(ty) {
+                    block[o..o + 2].copy_from_slice(&rng.scale_bits());
+                }
+            }
+            b
+        }
+    }
+}
+
+/// The CPU dequantization (the reference) of `rows` x `ncols` weights.
+pub fn dequant(ty: GgmlType, w: &[u8], rows: usize, ncols: usize) -> Vec<f32> {
+    let mut out = vec![0.0; rows * ncols];
+    m40_gguf::quant::dequantize(ty, w, &mut out).expect("reference dequantization");
+    out
+}
+
+/// Compare every element: |gpu - cpu| <= tol[i]. Prints the first mismatches
+/// and the largest difference; panics if any element fails (NaN fails).
+pub fn check(what: &str, gpu: &[f32], cpu: &[f32], tol: impl Fn(usize) -> f64) {
+    assert_eq!(gpu.len(), cpu.len(), "{what}: lengths");
+    let mut bad = 0;
+    let mut worst = (0.0f64, 0usize);
+    for (i, (&g, &c)) in gpu.iter().zip(cpu).enumerate() {
+        let d = (g as f64 - c as f64).abs();
+        let ok = d <= tol(i); // false for NaN
+        if !ok {
+            if bad < 8 {
+                eprintln!("{what}: [{i}] gpu {g} cpu {c} diff {d:e} tol {:e}", tol(i));
+            }
+            bad += 1;
+        }
+        if d.is_nan() || d > worst.0 {
+            worst = (if d.is_nan() { f64::INFINITY } else { d }, i);
+        }
+    }
+    assert!(
+        bad == 0,
+        "{what}: {bad} of {} elements differ (largest difference {:e} at {})",
+        gpu.len(),
+        worst.0,
+        worst.1
+    );
+}

@@ -1,0 +1,367 @@
+//! Every kernel against its CPU reference on fresh random inputs, outputs
+//! poisoned (all bytes 0xFF: NaN) before the launch, every element checked,
+//! sizes that are not multiples of the block sizes. Skips (printing why)
+//! without a GPU; fails instead when M40_REQUIRE_GPU=1.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{check, dequant, random_weights, Rng};
+use m40_device::testing::test_device;
+use m40_device::{Device, Stream};
+use m40_gguf::GgmlType;
+use m40_kernels::{KernelError, KernelFormat, Kernels, QMatrix, RopeParams, RopeStyle};
+use m40_model::cpu::ops;
+
+fn setup(test: &str) -> Option<(Arc<Device>, Stream, Kernels, Rng)> {
+    let dev = test_device(test)?;
+    let stream = dev.stream();
+    let k = Kernels::new(dev.clone());
+    Some((dev, stream, k, Rng::fresh(test)))
+}
+
+/// (rows, cols) for a format: tiny, a partial chunk, 4 warps + 3, and the
+/// decode shape 4096 x 4096 with rows not a multiple of the warps per block.
+fn gemv_shapes(f: &KernelFormat) -> Vec<(usize, usize)> {
+    if f.float {
+        vec![(1, 1), (3, 33), (7, 1001), (131, 4097), (4099, 4096)]
+    } else if f.qk == 256 {
+        vec![(1, 256), (5, 768), (19, 9 * 256), (131, 4096), (4099, 4096)]
+    } else {
+        vec![(1, 32), (5, 96), (19, 65 * 32), (131, 4096), (4099, 4096)]
+    }
+}
+
+#[test]
+fn gemv_every_format_matches_cpu() {
+    let Some((_dev, s, k, mut rng)) = setup("gemv_every_format_matches_cpu") else {
+        return;
+    };
+    for f in KernelFormat::ALL {
+        for (rows, cols) in gemv_shapes(&f) {
+            let w = random_weights(&mut rng, f.ty, rows, cols);
+            let x = rng.vec(cols, -1.0, 1.0);
+            let wd = dequant(f.ty, &w, rows, cols);
+            let (want, mag): (Vec<f32>, Vec<f64>) = wd
+                .chunks_exact(cols)
+                .map(|r| {
+                    let dot: f64 = r.iter().zip(&x).map(|(a, b)| *a as f64 * *b as f64).sum();
+                    let mag: f64 = r
+                        .iter()
+                        .zip(&x)
+                        .map(|(a, b)| (*a as f64 * *b as f64).abs())
+                        .sum();
+                    (dot as f32, mag)
+                })
+                .unzip();
+            let wg = s.upload(&w, "weights").unwrap();
+            let xg = s.upload(&x, "x").unwrap();
+            let mut y = s.alloc::<f32>(rows, "y").unwrap();
+            s.fill_bytes(&mut y, 0xFF).unwrap();
+            let wv = wg.view();
+            let m = QMatrix {
+                ty: f.ty,
+                data: &wv,
+                rows,
+                cols,
+            };
+            k.gemv(&s, &m, &xg.view(), &mut y).unwrap();
+            let got = s.download(&y).unwrap();
+            check(&format!("gemv {} {rows}x{cols}", f.ty), &got, &want, |i| {
+                1e-5 * mag[i] + 1e-30
+            });
+        }
+    }
+}
+
+#[test]
+fn embed_every_format_matches_cpu() {
+    let Some((_dev, s, k, mut rng)) = setup("embed_every_format_matches_cpu") else {
+        return;
+    };
+    for f in KernelFormat::ALL {
+        let colss: &[usize] = if f.float {
+            &[1, 33, 4097]
+        } else if f.qk == 256 {
+            &[256, 9 * 256]
+        } else {
+            &[32, 65 * 32]
+        };
+        for &cols in colss {
+            let n_vocab = 37;
+            let w = random_weights(&mut rng, f.ty, n_vocab, cols);
+            let table = dequant(f.ty, &w, n_vocab, cols);
+            // Repeats, both ends of the table, and one id out of range (a NaN row).
+            let mut ids: Vec<i32> = (0..11).map(|_| rng.below(n_vocab) as i32).collect();
+            ids.extend([0, n_vocab as i32 - 1, ids[0], n_vocab as i32]);
+            let wg = s.upload(&w, "table").unwrap();
+            let ig = s.upload(&ids, "ids").unwrap();
+            let mut out = s.alloc::<f32>(ids.len() * cols, "rows").unwrap();
+            s.fill_bytes(&mut out, 0xFF).unwrap();
+            let wv = wg.view();
+            let qt = QMatrix {
+                ty: f.ty,
+                data: &wv,
+                rows: n_vocab,
+                cols,
+            };
+            k.embed(&s, &qt, &ig.view(), &mut out).unwrap();
+            let got = s.download(&out).unwrap();
+            let last = ids.len() - 1;
+            assert!(
+                got[last * cols..].iter().all(|v| v.is_nan()),
+                "embed {}: out-of-range id must give NaN",
+                f.ty
+            );
+            let mut want = Vec::with_capacity(last * cols);
+            for &id in &ids[..last] {
+                want.extend_from_slice(&table[id as usize * cols..][..cols]);
+            }
+            let row_max: Vec<f64> = ids[..last]
+                .iter()
+                .map(|&id| {
+                    table[id as usize * cols..][..cols]
+                        .iter()
+                        .fold(0.0f64, |m, v| m.max(v.abs() as f64))
+                })
+                .collect();
+            check(
+                &format!("embed {} cols {cols}", f.ty),
+                &got[..last * cols],
+                &want,
+                |i| 1e-6 * (want[i].abs() as f64 + row_max[i / cols]),
+            );
+        }
+    }
+}
+
+#[test]
+fn rmsnorm_matches_cpu() {
+    let Some((_dev, s, k, mut rng)) = setup("rmsnorm_matches_cpu") else {
+        return;
+    };
+    for (rows, n) in [(1, 1), (3, 31), (17, 576), (5, 4097), (2, 14336)] {
+        let x = rng.vec(rows * n, -2.0, 2.0);
+        let w = rng.vec(n, -1.5, 1.5);
+        let eps = 1e-5;
+        let mut want = x.clone();
+        ops::rmsnorm(&mut want, &w, eps);
+        let xg = s.upload(&x, "x").unwrap();
+        let wg = s.upload(&w, "w").unwrap();
+        let mut y = s.alloc::<f32>(rows * n, "y").unwrap();
+        s.fill_bytes(&mut y, 0xFF).unwrap();
+        k.rmsnorm(&s, &xg.view(), &wg.view(), &mut y, rows, eps)
+            .unwrap();
+        let got = s.download(&y).unwrap();
+        check(&format!("rmsnorm {rows}x{n}"), &got, &want, |i| {
+            2e-5 * want[i].abs() as f64 + 1e-7
+        });
+    }
+}
+
+#[test]
+fn rope_both_styles_match_cpu() {
+    let Some((_dev, s, k, mut rng)) = setup("rope_both_styles_match_cpu") else {
+        return;
+    };
+    use m40_gguf::RopeStyle as Cpu;
+    for (style, cpu_style) in [
+        (RopeStyle::Normal, Cpu::Normal),
+        (RopeStyle::Neox, Cpu::Neox),
+    ] {
+        // Full and partial rotation, linear scaling, positions up to 32k.
+        for (n_tok, n_head, head_dim, n_rot, factor) in [
+            (1, 1, 2, 2, 1.0),
+            (7, 3, 64, 64, 1.0),
+            (5, 9, 128, 64, 4.0),
+            (33, 2, 80, 80, 1.0),
+        ] {
+            let rope = ops::Rope::new(cpu_style, n_rot, 10000.0, factor, None);
+            let x = rng.vec(n_tok * n_head * head_dim, -2.0, 2.0);
+            let pos: Vec<i32> = (0..n_tok).map(|_| rng.below(32768) as i32).collect();
+            let mut want = x.clone();
+            for (t, chunk) in want.chunks_exact_mut(n_head * head_dim).enumerate() {
+                rope.apply(chunk, head_dim, pos[t] as usize);
+            }
+            let mut xg = s.upload(&x, "x").unwrap();
+            let pg = s.upload(&pos, "pos").unwrap();
+            let fg = s.upload(&rope.inv_freq, "inv_freq").unwrap();
+            let p = RopeParams {
+                style,
+                n_head,
+                head_dim,
+                n_rot,
+                pos_scale: rope.pos_scale,
+            };
+            k.rope(&s, &mut xg, &pg.view(), &fg.view(), &p).unwrap();
+            let got = s.download(&xg).unwrap();
+            check(
+                &format!("rope {style:?} {n_tok}x{n_head}x{head_dim} rot {n_rot}"),
+                &got,
+                &want,
+                |_| 2e-6 * 2.0 + 1e-7,
+            );
+        }
+    }
+}
+
+#[test]
+fn swiglu_add_and_f16_match_cpu() {
+    let Some((_dev, s, k, mut rng)) = setup("swiglu_add_and_f16_match_cpu") else {
+        return;
+    };
+    for n in [1, 255, 256 * 1000 + 3] {
+        let g = rng.vec(n, -20.0, 20.0);
+        let u = rng.vec(n, -3.0, 3.0);
+        let mut want = g.clone();
+        ops::swiglu(&mut want, &u);
+        let mut gg = s.upload(&g, "g").unwrap();
+        let ug = s.upload(&u, "u").unwrap();
+        k.swiglu(&s, &mut gg, &ug.view(), n).unwrap();
+        check(
+            &format!("swiglu {n}"),
+            &s.download(&gg).unwrap(),
+            &want,
+            |i| 1e-5 * want[i].abs() as f64 + 1e-12,
+        );
+
+        let want: Vec<f32> = g.iter().zip(&u).map(|(a, b)| a + b).collect();
+        let mut yg = s.upload(&g, "y").unwrap();
+        k.add(&s, &mut yg, &ug.view(), n).unwrap();
+        check(
+            &format!("add {n}"),
+            &s.download(&yg).unwrap(),
+            &want,
+            |_| 0.0,
+        );
+
+        // Values across FP16's range: normals, subnormals, overflow to inf.
+        let x: Vec<f32> = (0..n)
+            .map(|i| match i % 4 {
+                0 => rng.uniform(-70000.0, 70000.0),
+                1 => rng.uniform(-1e-5, 1e-5),
+                2 => rng.uniform(-1e-7, 1e-7),
+                _ => rng.uniform(-2.0, 2.0),
+            })
+            .collect();
+        let want: Vec<u16> = x
+            .iter()
+            .map(|v| half::f16::from_f32(*v).to_bits())
+            .collect();
+        let xg = s.upload(&x, "x").unwrap();
+        let mut hg = s.alloc::<u16>(n, "f16").unwrap();
+        s.fill_bytes(&mut hg, 0xFF).unwrap();
+        k.f32_to_f16(&s, &xg.view(), &mut hg, n).unwrap();
+        let got = s.download(&hg).unwrap();
+        let bad: Vec<usize> = (0..n).filter(|&i| got[i] != want[i]).take(5).collect();
+        assert!(
+            bad.is_empty(),
+            "f32_to_f16 {n}: differs at {bad:?}: {:?}",
+            bad.iter()
+                .map(|&i| (x[i], got[i], want[i]))
+                .collect::<Vec<_>>()
+        );
+    }
+}
+
+#[test]
+fn launchers_refuse_bad_shapes() {
+    let Some((_dev, s, k, _rng)) = setup("launchers_refuse_bad_shapes") else {
+        return;
+    };
+    let w = s.upload(&[0u8; 18 * 4], "w").unwrap();
+    let wv = w.view();
+    let x = s.upload(&[0f32; 64], "x").unwrap();
+    let mut y = s.alloc::<f32>(8, "y").unwrap();
+    let m = |ty, rows, cols| QMatrix {
+        ty,
+        data: &wv,
+        rows,
+        cols,
+    };
+    let shape_err = |r: m40_kernels::Result<()>| matches!(r, Err(KernelError::Shape { .. }));
+    // 4 rows of 32 Q4_0 fit in 72 bytes; 5 rows do not.
+    k.gemv(&s, &m(GgmlType::Q4_0, 4, 32), &x.view(), &mut y)
+        .unwrap();
+    assert!(shape_err(k.gemv(
+        &s,
+        &m(GgmlType::Q4_0, 5, 32),
+        &x.view(),
+        &mut y
+    )));
+    // Not a whole number of K-quant blocks.
+    assert!(shape_err(k.gemv(
+        &s,
+        &m(GgmlType::Q4_K, 1, 100),
+        &x.view(),
+        &mut y
+    )));
+    // Misaligned x.
+    let xv = x.slice(1..64).unwrap();
+    assert!(shape_err(k.gemv(&s, &m(GgmlType::F32, 1, 8), &xv, &mut y)));
+    // y too short.
+    assert!(shape_err(k.gemv(
+        &s,
+        &m(GgmlType::F32, 9, 2),
+        &x.view(),
+        &mut y
+    )));
+    // No kernel for this format.
+    let r = k.gemv(&s, &m(GgmlType::Q8_K, 1, 256), &x.view(), &mut y);
+    assert!(matches!(r, Err(KernelError::Unsupported { .. })));
+    s.synchronize().unwrap();
+}
+
+/// A kernel reads mapped (zero-copy) host memory directly and writes another
+/// mapped buffer the host then reads: the path the decode ring buffers take.
+#[test]
+fn kernels_read_and_write_mapped_host_memory() {
+    let Some((_dev, s, k, mut rng)) = setup("kernels_read_and_write_mapped_host_memory") else {
+        return;
+    };
+    let n = 100_003usize;
+    let x = rng.vec(n, -1.0, 1.0);
+    let y0 = rng.vec(n, -1.0, 1.0);
+    let mut mx = s.alloc_mapped::<f32>(n, "mapped x").unwrap();
+    mx.as_mut_slice().unwrap().copy_from_slice(&x);
+    let mut y = s.upload(&y0, "y").unwrap();
+    let add = k.kernel("elementwise", "add_f32").unwrap();
+    let n64 = n as i64;
+    let cfg = m40_device::LaunchConfig {
+        grid: (n.div_ceil(256) as u32, 1, 1),
+        block: (256, 1, 1),
+        shared_bytes: 0,
+    };
+    // SAFETY: add_f32(float* y, const float* x, long long n): y has n floats on
+    // the device, x is a mapped host buffer of n floats.
+    unsafe {
+        s.launch(&add)
+            .buf_mut(&mut y)
+            .mapped(&mx)
+            .scalar(&n64)
+            .run(cfg)
+            .unwrap()
+    };
+    let want: Vec<f32> = x.iter().zip(&y0).map(|(a, b)| a + b).collect();
+    check("add from mapped x", &s.download(&y).unwrap(), &want, |_| {
+        0.0
+    });
+
+    // Now the output is mapped: the kernel writes host memory.
+    let mut my = s.alloc_mapped::<f32>(n, "mapped y").unwrap();
+    my.as_mut_slice().unwrap().copy_from_slice(&y0);
+    let xg = s.upload(&x, "x").unwrap();
+    let xv = xg.view();
+    // SAFETY: as above, with y a mapped host buffer of n floats.
+    unsafe {
+        s.launch(&add)
+            .mapped(&my)
+            .view(&xv)
+            .scalar(&n64)
+            .run(cfg)
+            .unwrap()
+    };
+    s.synchronize().unwrap();
+    check("add into mapped y", my.as_slice().unwrap(), &want, |_| 0.0);
+}

@@ -1,0 +1,145 @@
+//! `cargo xtask gpu-pack`: build the GPU test and bench binaries (release,
+//! x86-64, stripped) into `target/gpu-pack/` with `run.sh`, which runs them
+//! all with `M40_REQUIRE_GPU=1` and ends with the line `N passed, N failed`.
+//!
+//! GPU binaries are the integration tests and benches whose target name
+//! starts with `gpu` (e.g. crates/m40-kernels/tests/gpu_kernels.rs). The pack
+//! must stay under 64 MiB: the device tool carries at most that.
+//!
+//! On the device machine: `target/gpu-pack/run.sh` (with `--no-bench` to skip
+//! the benches). See CONTRIBUTING.md.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+type Result<T> = std::result::Result<T, String>;
+
+const LIMIT: u64 = 64 << 20;
+
+const RUN_SH: &str = r#"#!/usr/bin/env bash
+# Runs every GPU test binary of this pack (and the benches unless --no-bench)
+# with M40_REQUIRE_GPU=1; the last line is "N passed, N failed". Logs go to
+# $OUT/gpu-pack/ when OUT is set.
+cd "$(dirname "$0")"
+export M40_REQUIRE_GPU=1
+log=${OUT:-/tmp}/gpu-pack
+mkdir -p "$log"
+passed=0
+failed=0
+for t in tests/*; do
+    name=$(basename "$t")
+    echo "== $name"
+    "$t" --test-threads=1 >"$log/$name.log" 2>&1
+    rc=$?
+    grep -E '^test |test result|panicked|skipped|differ|gpu |cpu ' "$log/$name.log" | head -200
+    p=$(grep -o 'test result: [a-zA-Z]*\. [0-9]* passed; [0-9]* failed' "$log/$name.log" | awk '{s+=$4} END {print s+0}')
+    f=$(grep -o 'test result: [a-zA-Z]*\. [0-9]* passed; [0-9]* failed' "$log/$name.log" | awk '{s+=$6} END {print s+0}')
+    if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
+    passed=$((passed + p))
+    failed=$((failed + f))
+done
+if [ "${1:-}" != "--no-bench" ]; then
+    for b in benches/*; do
+        name=$(basename "$b")
+        echo "== bench $name"
+        if "$b" --bench 2>&1 | tee "$log/$name.log"; then
+            passed=$((passed + 1))
+        else
+            echo "bench $name failed"
+            failed=$((failed + 1))
+        fi
+    done
+fi
+echo "$passed passed, $failed failed"
+"#;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Build with cargo (`args`), returning the executables of GPU targets.
+fn build(args: &[&str], target_dir: &Path) -> Result<Vec<(String, PathBuf)>> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    eprintln!("== cargo {}", args.join(" "));
+    let out = Command::new(cargo)
+        .args(args)
+        .args([
+            "--workspace",
+            "--no-run",
+            "--message-format=json-render-diagnostics",
+        ])
+        .arg("--target-dir")
+        .arg(target_dir)
+        .env("CARGO_PROFILE_RELEASE_DEBUG", "0")
+        .env("CARGO_PROFILE_RELEASE_STRIP", "symbols")
+        .env("CARGO_PROFILE_BENCH_DEBUG", "0")
+        .env("CARGO_PROFILE_BENCH_STRIP", "symbols")
+        .current_dir(root())
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("running cargo: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("cargo {} failed", args.join(" ")));
+    }
+    let mut found = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if msg["reason"] != "compiler-artifact" {
+            continue;
+        }
+        let name = msg["target"]["name"].as_str().unwrap_or_default();
+        let kind = &msg["target"]["kind"][0];
+        let exe = msg["executable"].as_str();
+        if let (true, Some(exe)) = (
+            name.starts_with("gpu") && (kind == "test" || kind == "bench"),
+            exe,
+        ) {
+            found.push((name.to_string(), PathBuf::from(exe)));
+        }
+    }
+    Ok(found)
+}
+
+pub fn run() -> Result<()> {
+    let root = root();
+    let target_dir = root.join("target/gpu-build");
+    let pack = root.join("target/gpu-pack");
+    let _ = std::fs::remove_dir_all(&pack);
+    for sub in ["tests", "benches"] {
+        std::fs::create_dir_all(pack.join(sub)).map_err(|e| e.to_string())?;
+    }
+    let tests = build(&["test", "--release", "--tests"], &target_dir)?;
+    let benches = build(&["bench", "--benches"], &target_dir)?;
+    let mut total = 0;
+    for (dir, list) in [("tests", &tests), ("benches", &benches)] {
+        for (name, exe) in list.iter() {
+            let dest = pack.join(dir).join(name);
+            std::fs::copy(exe, &dest).map_err(|e| format!("{}: {e}", exe.display()))?;
+            total += std::fs::metadata(&dest).map(|m| m.len()).unwrap_or(0);
+            eprintln!("  {dir}/{name}");
+        }
+    }
+    let script = pack.join("run.sh");
+    std::fs::write(&script, RUN_SH).map_err(|e| e.to_string())?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))
+            .map_err(|e| e.to_string())?;
+    }
+    eprintln!(
+        "{}: {} tests, {} benches, {:.1} MiB",
+        pack.display(),
+        tests.len(),
+        benches.len(),
+        total as f64 / (1 << 20) as f64
+    );
+    if total > LIMIT {
+        return Err(format!(
+            "the pack is {total} bytes; the device tool carries at most {LIMIT}"
+        ));
+    }
+    Ok(())
+}
