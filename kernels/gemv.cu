@@ -61,7 +61,7 @@ template <class F>
 __device__ __forceinline__ float gemv_row(const u8* __restrict__ W, long long row_bytes, const float* __restrict__ x,
                                           int ncols, long long row, uint4* stage) {
     typedef GemvChunk<F> C;
-    const int lane = threadIdx.x & 31;
+    const int lane = threadIdx.x & 31, p = lane & 7;
     const u8* row_ptr = W + row * row_bytes;
     const int nb = (ncols + F::QK - 1) / F::QK;
     const int n_chunks = (nb + C::BLOCKS - 1) / C::BLOCKS;
@@ -84,7 +84,7 @@ __device__ __forceinline__ float gemv_row(const u8* __restrict__ W, long long ro
 #pragma unroll
         for (int k = 0; k < C::VPL; ++k) {
             const int i = lane + 32 * k;
-            if (i < nvec) regs[k] = __ldg(base + i);
+            if (i < nvec) regs[k] = __ldcs(base + i);  // streamed: keep L1 for x
         }
     };
 
@@ -104,13 +104,16 @@ __device__ __forceinline__ float gemv_row(const u8* __restrict__ W, long long ro
         if (c + 1 < n_chunks) load(c + 1);
         const u8* chunk = (const u8*)stage + skew;
         const int first = c * C::BLOCKS;
-        // Item = (sub-block, part): 8 consecutive lanes share a sub-block, so a
-        // warp's x loads are 4 whole sub-blocks, 512 contiguous bytes.
+        // Items are (sub-block, part): 8 consecutive lanes share a sub-block,
+        // so a warp's x loads are 4 whole sub-blocks, 512 contiguous bytes,
+        // and each lane keeps one part p throughout.
+        if (first + C::BLOCKS <= nb) {
 #pragma unroll 4
-        for (int it = lane; it < C::BLOCKS * F::SUBS * 8; it += 32) {
-            const int sb = it >> 3, p = it & 7;
-            const int b = sb / F::SUBS, s = sb % F::SUBS;
-            if (first + b < nb) acc += part_dot<F>(chunk + b * F::BYTES, s, p, first + b, x, ncols);
+            for (int sb = lane >> 3; sb < C::BLOCKS * F::SUBS; sb += 4)
+                acc += part_dot<F>(chunk + (sb / F::SUBS) * F::BYTES, sb % F::SUBS, p, first + sb / F::SUBS, x, ncols);
+        } else {
+            for (int sb = lane >> 3; sb < (nb - first) * F::SUBS; sb += 4)
+                acc += part_dot<F>(chunk + (sb / F::SUBS) * F::BYTES, sb % F::SUBS, p, first + sb / F::SUBS, x, ncols);
         }
     }
     return warp_sum(acc);

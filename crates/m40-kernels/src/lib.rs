@@ -13,7 +13,8 @@ mod error;
 mod format;
 mod ops;
 
-use std::sync::{Arc, OnceLock};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use m40_device::{Device, Kernel, Module};
 
@@ -37,10 +38,12 @@ pub const MODULES: [(&str, &str); 6] = [
     ("rope", include_str!("../../../kernels/ptx/rope.ptx")),
 ];
 
-/// The kernels of one device; modules load on first use.
+/// The kernels of one device; modules load on first use, and each kernel's
+/// handle is looked up once (a launch costs no driver lookup).
 pub struct Kernels {
     device: Arc<Device>,
     modules: [OnceLock<Module>; MODULES.len()],
+    handles: Mutex<HashMap<&'static str, Kernel>>,
 }
 
 impl Kernels {
@@ -48,6 +51,7 @@ impl Kernels {
         Self {
             device,
             modules: Default::default(),
+            handles: Mutex::new(HashMap::new()),
         }
     }
 
@@ -57,6 +61,16 @@ impl Kernels {
 
     /// Kernel `name` of module `module` (loading the module if needed).
     pub fn kernel(&self, module: &'static str, name: &'static str) -> Result<Kernel> {
+        let mut handles = self.handles.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(k) = handles.get(name) {
+            return Ok(k.clone());
+        }
+        let k = self.lookup(module, name)?;
+        handles.insert(name, k.clone());
+        Ok(k)
+    }
+
+    fn lookup(&self, module: &'static str, name: &'static str) -> Result<Kernel> {
         let i = MODULES
             .iter()
             .position(|(m, _)| *m == module)
