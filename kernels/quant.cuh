@@ -1,9 +1,15 @@
-// GGML weight formats as device building blocks: each format is a struct with
-// its block geometry and `part(blk, s, p, v)`, which dequantizes weights
-// 32s + 4p .. 32s + 4p + 3 (part p < 8 of 32-weight sub-block s) of the
-// block at `blk` into registers. GEMV and the embedding gather are written
-// once over these. Parts are 4 weights so that 8 lanes share a sub-block and
-// a warp's x loads cover 4 whole sub-blocks: 512 contiguous bytes.
+// GGML weight formats as device building blocks. Each format is a struct with
+// its block geometry and two functions over 32-weight sub-block s of the
+// block at `blk`:
+// - `part(blk, s, p, v)` dequantizes weights 4p .. 4p+3 (p < 8) into
+//   registers (the embedding gather, and the reference path);
+// - `dot8(blk, s, q, xs)` returns the dot product of 8 of its weights (the
+//   q-th eighth, q < 4, in whatever order the layout makes cheapest) with x,
+//   where xs is x at the sub-block's first column, 16-byte aligned. Scales
+//   multiply the sum, not each weight, and 4-bit values become floats with
+//   one byte_perm and one add (no conversion instruction): decode on the M40
+//   is close to issue-bound, so instructions per weight decide speed.
+// Formats where that saves nothing build dot8 from part.
 //
 // Layouts are ggml's (crates/m40-gguf/src/quant/blocks.rs holds the same as
 // Rust structs; the CPU dequantization there is the reference). Every block
@@ -49,6 +55,40 @@ __device__ __forceinline__ float iq4_level(int q) {
     return u2f_sub((b & 0xff) ^ 0x80, 128);
 }
 
+// 8388608 + byte i of w, as a float (byte_perm puts the byte under the
+// exponent of 2^23).
+__device__ __forceinline__ float magic_byte(u32 w, int i) {
+    return __int_as_float(__byte_perm(w, 0x4b000000u, 0x7440 + i));
+}
+
+// sum_i (byte_i(w) - c) * x_i over the 4 bytes of w.
+__device__ __forceinline__ float dot4_bytes(u32 w, float4 x, float c) {
+    const float k = 8388608.0f + c;
+    return (magic_byte(w, 0) - k) * x.x + (magic_byte(w, 1) - k) * x.y + (magic_byte(w, 2) - k) * x.z +
+           (magic_byte(w, 3) - k) * x.w;
+}
+
+__device__ __forceinline__ float4 ld_x4(const float* p) { return *(const float4*)p; }
+
+__device__ __forceinline__ float hsum4(float4 x) { return (x.x + x.y) + (x.z + x.w); }
+
+// dot8 from two parts: weights 8q .. 8q+7 against xs[8q ..].
+template <class F>
+__device__ __forceinline__ float dot8_via_parts(const u8* b, int s, int q, const float* xs) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float v[4];
+        F::part(b, s, 2 * q + h, v);
+        const float4 x = ld_x4(xs + 8 * q + 4 * h);
+        acc += v[0] * x.x + v[1] * x.y + v[2] * x.z + v[3] * x.w;
+    }
+    return acc;
+}
+
+#define DOT8_VIA_PARTS(F) \
+    __device__ static float dot8(const u8* b, int s, int q, const float* xs) { return dot8_via_parts<F>(b, s, q, xs); }
+
 // Byte i of w.
 __device__ __forceinline__ u32 byte_of(u32 w, int i) { return (w >> (8 * i)) & 0xff; }
 
@@ -59,6 +99,7 @@ struct FmtF32 {
 #pragma unroll
         for (int i = 0; i < 4; ++i) v[i] = f[i];
     }
+    DOT8_VIA_PARTS(FmtF32)
 };
 
 struct FmtF16 {
@@ -66,6 +107,13 @@ struct FmtF16 {
     __device__ static void part(const u8* b, int, int p, float v[4]) {
         const u32 a = ld32(b + 8 * p), c = ld32(b + 8 * p + 4);
         v[0] = h2f((u16)a), v[1] = h2f((u16)(a >> 16)), v[2] = h2f((u16)c), v[3] = h2f((u16)(c >> 16));
+    }
+    __device__ static float dot8(const u8* b, int, int q, const float* xs) {
+        const u8* h = b + 16 * q;
+        const u32 a0 = ld32(h), a1 = ld32(h + 4), a2 = ld32(h + 8), a3 = ld32(h + 12);
+        const float4 x = ld_x4(xs + 8 * q), y = ld_x4(xs + 8 * q + 4);
+        return h2f((u16)a0) * x.x + h2f((u16)(a0 >> 16)) * x.y + h2f((u16)a1) * x.z + h2f((u16)(a1 >> 16)) * x.w +
+               h2f((u16)a2) * y.x + h2f((u16)(a2 >> 16)) * y.y + h2f((u16)a3) * y.z + h2f((u16)(a3 >> 16)) * y.w;
     }
 };
 
@@ -76,6 +124,7 @@ struct FmtBF16 {
         v[0] = __uint_as_float(a << 16), v[1] = __uint_as_float(a & 0xffff0000u);
         v[2] = __uint_as_float(c << 16), v[3] = __uint_as_float(c & 0xffff0000u);
     }
+    DOT8_VIA_PARTS(FmtBF16)
 };
 
 // d: f16 | qs[32]: i8
@@ -86,6 +135,12 @@ struct FmtQ8_0 {
         const u32 q = ld32(b + 2 + 4 * p);
 #pragma unroll
         for (int i = 0; i < 4; ++i) v[i] = u2f_sub(byte_of(q, i) ^ 0x80, 128) * d;
+    }
+    // Weights 8q .. 8q+7; signed bytes biased by 128 for the magic conversion.
+    __device__ static float dot8(const u8* b, int, int q, const float* xs) {
+        const u32 w0 = ld32(b + 2 + 8 * q) ^ 0x80808080u, w1 = ld32(b + 6 + 8 * q) ^ 0x80808080u;
+        const float sum = dot4_bytes(w0, ld_x4(xs + 8 * q), 128.0f) + dot4_bytes(w1, ld_x4(xs + 8 * q + 4), 128.0f);
+        return h2f(ld16(b)) * sum;
     }
 };
 
@@ -99,6 +154,13 @@ struct FmtQ4_0 {
 #pragma unroll
         for (int i = 0; i < 4; ++i) v[i] = u2f_sub((q >> (8 * i)) & 15, 8) * d;
     }
+    // Weights 4q .. 4q+3 (low nibbles of qs[4q ..]) and 16+4q .. (high nibbles).
+    __device__ static float dot8(const u8* b, int, int q, const float* xs) {
+        const u32 w = ld32(b + 2 + 4 * q);
+        const float sum = dot4_bytes(w & 0x0f0f0f0fu, ld_x4(xs + 4 * q), 8.0f) +
+                          dot4_bytes((w >> 4) & 0x0f0f0f0fu, ld_x4(xs + 16 + 4 * q), 8.0f);
+        return h2f(ld16(b)) * sum;
+    }
 };
 
 // d, m: f16 | qs[16]
@@ -109,6 +171,13 @@ struct FmtQ4_1 {
         const u32 q = ld32(b + 4 + 4 * (p & 3)) >> (4 * (p >> 2));
 #pragma unroll
         for (int i = 0; i < 4; ++i) v[i] = u2f_sub((q >> (8 * i)) & 15, 0) * d + m;
+    }
+    // As Q4_0, plus m * sum(x).
+    __device__ static float dot8(const u8* b, int, int q, const float* xs) {
+        const u32 w = ld32(b + 4 + 4 * q);
+        const float4 x = ld_x4(xs + 4 * q), y = ld_x4(xs + 16 + 4 * q);
+        const float sum = dot4_bytes(w & 0x0f0f0f0fu, x, 0.0f) + dot4_bytes((w >> 4) & 0x0f0f0f0fu, y, 0.0f);
+        return h2f(ld16(b)) * sum + h2f(ld16(b + 2)) * (hsum4(x) + hsum4(y));
     }
 };
 
@@ -122,6 +191,7 @@ struct FmtQ5_0 {
 #pragma unroll
         for (int i = 0; i < 4; ++i) v[i] = u2f_sub(((q >> (8 * i)) & 15) | (((qh >> i) & 1) << 4), 16) * d;
     }
+    DOT8_VIA_PARTS(FmtQ5_0)
 };
 
 // d, m: f16 | qh: u32 | qs[16]
@@ -134,6 +204,7 @@ struct FmtQ5_1 {
 #pragma unroll
         for (int i = 0; i < 4; ++i) v[i] = u2f_sub(((q >> (8 * i)) & 15) | (((qh >> i) & 1) << 4), 0) * d + m;
     }
+    DOT8_VIA_PARTS(FmtQ5_1)
 };
 
 // d: f16 | qs[16]: 4-bit indices into the IQ4 levels, nibbles as Q4_0
@@ -145,6 +216,7 @@ struct FmtIQ4_NL {
 #pragma unroll
         for (int i = 0; i < 4; ++i) v[i] = d * iq4_level((q >> (8 * i)) & 15);
     }
+    DOT8_VIA_PARTS(FmtIQ4_NL)
 };
 
 // Super-blocks of 256 weights: sub-block s holds weights 32s .. 32s+31. Where
@@ -163,6 +235,7 @@ struct FmtQ2_K {
 #pragma unroll
         for (int i = 0; i < 4; ++i) v[i] = dl * u2f_sub((q >> (8 * i)) & 3, 0) - ml;
     }
+    DOT8_VIA_PARTS(FmtQ2_K)
 };
 
 // hmask[32] | qs[64] | scales[12]: 16 packed signed 6-bit | d: f16
@@ -181,6 +254,7 @@ struct FmtQ3_K {
 #pragma unroll
         for (int i = 0; i < 4; ++i) v[i] = dl * u2f_sub(((q >> (8 * i)) & 3) | (((hm >> (8 * i)) & 1) << 2), 4);
     }
+    DOT8_VIA_PARTS(FmtQ3_K)
 };
 
 // (scale, min) of sub-block j from the 12 packed bytes at q (Q4_K, Q5_K).
@@ -206,6 +280,17 @@ struct FmtQ4_K {
 #pragma unroll
         for (int i = 0; i < 4; ++i) v[i] = dl * u2f_sub((q >> (8 * i)) & 15, 0) - ml;
     }
+    // Weights 8q .. 8q+7 of the sub-block: nibble s%2 of qs[32(s/2) + 8q ..].
+    __device__ static float dot8(const u8* b, int s, int q, const float* xs) {
+        float sc, m;
+        scale_min_k4(b + 4, s, sc, m);
+        const u8* qp = b + 16 + 32 * (s >> 1) + 8 * q;
+        const int sh = 4 * (s & 1);
+        const u32 w0 = (ld32(qp) >> sh) & 0x0f0f0f0fu, w1 = (ld32(qp + 4) >> sh) & 0x0f0f0f0fu;
+        const float4 x = ld_x4(xs + 8 * q), y = ld_x4(xs + 8 * q + 4);
+        const float sum = dot4_bytes(w0, x, 0.0f) + dot4_bytes(w1, y, 0.0f);
+        return h2f(ld16(b)) * sc * sum - h2f(ld16(b + 2)) * m * (hsum4(x) + hsum4(y));
+    }
 };
 
 // d, dmin: f16 | scales[12] | qh[32]: bit s of qh[o] is the 5th bit | qs[128] as Q4_K
@@ -220,6 +305,7 @@ struct FmtQ5_K {
 #pragma unroll
         for (int i = 0; i < 4; ++i) v[i] = dl * u2f_sub(((q >> (8 * i)) & 15) | (((qh >> (8 * i)) & 1) << 4), 0) - ml;
     }
+    DOT8_VIA_PARTS(FmtQ5_K)
 };
 
 // ql[128]: low 4 bits | qh[64]: high 2 bits | scales[16]: i8 | d: f16
@@ -234,6 +320,17 @@ struct FmtQ6_K {
         const u32 qh = ld32(b + 128 + 32 * n + 4 * p) >> (2 * k);
 #pragma unroll
         for (int i = 0; i < 4; ++i) v[i] = dl * u2f_sub(((ql >> (8 * i)) & 15) | (((qh >> (8 * i)) & 3) << 4), 32);
+    }
+    // Weights 8q .. 8q+7 of the sub-block (scale 8n + 2k + q/2).
+    __device__ static float dot8(const u8* b, int s, int q, const float* xs) {
+        const int n = s >> 2, k = s & 3;
+        const float dl = h2f(ld16(b + 208)) * (float)(signed char)b[192 + 8 * n + 2 * k + (q >> 1)];
+        const u8* ql = b + 64 * n + 32 * (k & 1) + 8 * q;
+        const u8* qh = b + 128 + 32 * n + 8 * q;
+        const int lsh = 4 * (k >> 1), hsh = 2 * k;
+        const u32 w0 = ((ld32(ql) >> lsh) & 0x0f0f0f0fu) | (((ld32(qh) >> hsh) & 0x03030303u) << 4);
+        const u32 w1 = ((ld32(ql + 4) >> lsh) & 0x0f0f0f0fu) | (((ld32(qh + 4) >> hsh) & 0x03030303u) << 4);
+        return dl * (dot4_bytes(w0, ld_x4(xs + 8 * q), 32.0f) + dot4_bytes(w1, ld_x4(xs + 8 * q + 4), 32.0f));
     }
 };
 
@@ -251,6 +348,7 @@ struct FmtIQ4_XS {
 #pragma unroll
         for (int i = 0; i < 4; ++i) v[i] = dl * iq4_level((q >> (8 * i)) & 15);
     }
+    DOT8_VIA_PARTS(FmtIQ4_XS)
 };
 
 // X(name, struct) for every format, in the order of KernelFormat::ALL; the

@@ -96,7 +96,7 @@ const GEMV_CHUNK_BYTES: usize = 4064;
 /// `GemvChunk<F>::VECS` 16-byte vectors (kernels/gemv.cu).
 pub fn gemv_shared_bytes(f: &KernelFormat) -> usize {
     let fit = GEMV_CHUNK_BYTES / f.bytes;
-    let blocks = if f.subs == 8 { fit } else { fit & !3 };
+    let blocks = if f.subs == 8 { fit } else { fit & !7 };
     let vecs = (blocks * f.bytes + 30) / 16;
     GEMV_WARPS as usize * vecs * 16
 }

@@ -15,6 +15,8 @@ const EMBED_THREADS: u32 = 128;
 const ELEMENTWISE_THREADS: u32 = 256;
 /// Threads per block of kernels/rope.cu (`ROPE_THREADS`).
 const ROPE_THREADS: u32 = 128;
+/// GEMV launches about this many blocks (of GEMV_WARPS warps) per SM.
+const GEMV_BLOCKS_PER_SM: usize = 8;
 /// Grid-stride kernels launch at most this many blocks per SM.
 const BLOCKS_PER_SM: u32 = 16;
 
@@ -75,6 +77,15 @@ fn cfg(grid: (u32, u32, u32), block: u32) -> LaunchConfig {
 }
 
 impl Kernels {
+    /// GEMV blocks for `nrows` rows: about GEMV_BLOCKS_PER_SM per SM, shrunk
+    /// so that every warp gets the same number of rows (kernels/gemv.cu).
+    fn gemv_blocks(&self, nrows: usize) -> usize {
+        let warps = GEMV_WARPS as usize;
+        let most = self.device().info().sm_count.max(1) as usize * GEMV_BLOCKS_PER_SM * warps;
+        let rows_per_warp = nrows.div_ceil(most).max(1);
+        nrows.div_ceil(rows_per_warp).div_ceil(warps)
+    }
+
     fn flat_grid(&self, n: usize) -> u32 {
         let cap = self.device().info().sm_count.max(1) * BLOCKS_PER_SM;
         (n.div_ceil(ELEMENTWISE_THREADS as usize) as u64).clamp(1, cap as u64) as u32
@@ -208,7 +219,7 @@ impl Kernels {
                 limit,
             });
         }
-        let blocks = nrows.div_ceil(GEMV_WARPS as usize);
+        let blocks = self.gemv_blocks(nrows);
         let grid = (to_i32(K, "row blocks", blocks)? as u32, 1, 1);
         let kernel = self.kernel("gemv", f.gemv)?;
         let (nrows, ncols, row_bytes) = (

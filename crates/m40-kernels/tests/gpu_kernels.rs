@@ -21,15 +21,37 @@ fn setup(test: &str) -> Option<(Arc<Device>, Stream, Kernels, Rng)> {
     Some((dev, stream, k, Rng::fresh(test)))
 }
 
-/// (rows, cols) for a format: tiny, a partial chunk, 4 warps + 3, and the
-/// decode shape 4096 x 4096 with rows not a multiple of the warps per block.
+/// (rows, cols) for a format: tiny, a partial chunk, 4 warps + 3, the decode
+/// shape 4096 x 4096 with rows not a multiple of the warps per block, and
+/// 9001 short rows (several rows per warp, an uneven last round).
 fn gemv_shapes(f: &KernelFormat) -> Vec<(usize, usize)> {
     if f.float {
-        vec![(1, 1), (3, 33), (7, 1001), (131, 4097), (4099, 4096)]
+        vec![
+            (1, 1),
+            (3, 33),
+            (7, 1001),
+            (131, 4097),
+            (4099, 4096),
+            (9001, 65),
+        ]
     } else if f.qk == 256 {
-        vec![(1, 256), (5, 768), (19, 9 * 256), (131, 4096), (4099, 4096)]
+        vec![
+            (1, 256),
+            (5, 768),
+            (19, 9 * 256),
+            (131, 4096),
+            (4099, 4096),
+            (9001, 512),
+        ]
     } else {
-        vec![(1, 32), (5, 96), (19, 65 * 32), (131, 4096), (4099, 4096)]
+        vec![
+            (1, 32),
+            (5, 96),
+            (19, 65 * 32),
+            (131, 4096),
+            (4099, 4096),
+            (9001, 64),
+        ]
     }
 }
 
