@@ -268,28 +268,35 @@ __device__ __forceinline__ void scale_min_k4(const u8* q, int j, float& sc, floa
     }
 }
 
+// The scale and offset of sub-block s of a Q4_K / Q5_K block: weight = dl * q - ml.
+__device__ __forceinline__ void k4_scale(const u8* b, int s, float& dl, float& ml) {
+    float sc, m;
+    scale_min_k4(b + 4, s, sc, m);
+    dl = h2f(ld16(b)) * sc;
+    ml = h2f(ld16(b + 2)) * m;
+}
+
 // d, dmin: f16 | scales[12] | qs[128]: sub-block s in the low (s even) or
 // high (s odd) nibbles of qs[32*(s/2) ..]
 struct FmtQ4_K {
     static constexpr int QK = 256, BYTES = 144, SUBS = 8, FLOAT = 0;
     __device__ static void part(const u8* b, int s, int p, float v[4]) {
-        float sc, m;
-        scale_min_k4(b + 4, s, sc, m);
-        const float dl = h2f(ld16(b)) * sc, ml = h2f(ld16(b + 2)) * m;
+        float dl, ml;
+        k4_scale(b, s, dl, ml);
         const u32 q = ld32(b + 16 + 32 * (s >> 1) + 4 * p) >> (4 * (s & 1));
 #pragma unroll
         for (int i = 0; i < 4; ++i) v[i] = dl * u2f_sub((q >> (8 * i)) & 15, 0) - ml;
     }
     // Weights 8q .. 8q+7 of the sub-block: nibble s%2 of qs[32(s/2) + 8q ..].
     __device__ static float dot8(const u8* b, int s, int q, const float* xs) {
-        float sc, m;
-        scale_min_k4(b + 4, s, sc, m);
+        float dl, ml;
+        k4_scale(b, s, dl, ml);
         const u8* qp = b + 16 + 32 * (s >> 1) + 8 * q;
         const int sh = 4 * (s & 1);
         const u32 w0 = (ld32(qp) >> sh) & 0x0f0f0f0fu, w1 = (ld32(qp + 4) >> sh) & 0x0f0f0f0fu;
         const float4 x = ld_x4(xs + 8 * q), y = ld_x4(xs + 8 * q + 4);
         const float sum = dot4_bytes(w0, x, 0.0f) + dot4_bytes(w1, y, 0.0f);
-        return h2f(ld16(b)) * sc * sum - h2f(ld16(b + 2)) * m * (hsum4(x) + hsum4(y));
+        return dl * sum - ml * (hsum4(x) + hsum4(y));
     }
 };
 
@@ -297,9 +304,8 @@ struct FmtQ4_K {
 struct FmtQ5_K {
     static constexpr int QK = 256, BYTES = 176, SUBS = 8, FLOAT = 0;
     __device__ static void part(const u8* b, int s, int p, float v[4]) {
-        float sc, m;
-        scale_min_k4(b + 4, s, sc, m);
-        const float dl = h2f(ld16(b)) * sc, ml = h2f(ld16(b + 2)) * m;
+        float dl, ml;
+        k4_scale(b, s, dl, ml);
         const u32 q = ld32(b + 48 + 32 * (s >> 1) + 4 * p) >> (4 * (s & 1));
         const u32 qh = ld32(b + 16 + 4 * p) >> s;
 #pragma unroll

@@ -313,26 +313,7 @@ impl Kernels {
         u: &DeviceView<'_, f32>,
         n: usize,
     ) -> Result<()> {
-        const K: &str = "swiglu_f32";
-        check_len(K, "g", g.len(), n)?;
-        check_len(K, "u", u.len(), n)?;
-        if n == 0 {
-            return Ok(());
-        }
-        let kernel = self.kernel("elementwise", K)?;
-        let grid = (self.flat_grid(n), 1, 1);
-        let n = n as i64;
-        // SAFETY: swiglu_f32(float* g, const float* u, long long n): grid-stride over
-        // i < n, lengths checked above.
-        unsafe {
-            stream
-                .launch(&kernel)
-                .buf_mut(g)
-                .view(u)
-                .scalar(&n)
-                .run(cfg(grid, ELEMENTWISE_THREADS))?
-        };
-        Ok(())
+        self.in_place("swiglu_f32", stream, g, u, n)
     }
 
     /// y += x over the first `n` elements (the residual connection).
@@ -343,17 +324,29 @@ impl Kernels {
         x: &DeviceView<'_, f32>,
         n: usize,
     ) -> Result<()> {
-        const K: &str = "add_f32";
-        check_len(K, "y", y.len(), n)?;
-        check_len(K, "x", x.len(), n)?;
+        self.in_place("add_f32", stream, y, x, n)
+    }
+
+    /// The element-wise kernels of the form `k(float* y, const float* x, long long n)`
+    /// that update y from x in place (kernels/elementwise.cu).
+    fn in_place(
+        &self,
+        name: &'static str,
+        stream: &Stream,
+        y: &mut DeviceBuffer<f32>,
+        x: &DeviceView<'_, f32>,
+        n: usize,
+    ) -> Result<()> {
+        check_len(name, "output", y.len(), n)?;
+        check_len(name, "input", x.len(), n)?;
         if n == 0 {
             return Ok(());
         }
-        let kernel = self.kernel("elementwise", K)?;
+        let kernel = self.kernel("elementwise", name)?;
         let grid = (self.flat_grid(n), 1, 1);
         let n = n as i64;
-        // SAFETY: add_f32(float* y, const float* x, long long n): grid-stride over
-        // i < n, lengths checked above.
+        // SAFETY: swiglu_f32 and add_f32 are (float* y, const float* x, long long n),
+        // grid-stride over i < n; lengths checked above.
         unsafe {
             stream
                 .launch(&kernel)
