@@ -3,9 +3,11 @@
 // block at `blk`:
 // - `part(blk, s, p, v)` dequantizes weights 4p .. 4p+3 (p < 8) into
 //   registers (the embedding gather, and the reference path);
-// - `dot8(blk, s, q, xs)` returns the dot product of 8 of its weights (the
-//   q-th eighth, q < 4, in whatever order the layout makes cheapest) with x,
-//   where xs is x at the sub-block's first column, 16-byte aligned. Scales
+// - `x8(xs, q, x, y)` loads the 8 values of x that eighth q (< 4) of a
+//   sub-block needs (in whatever order the layout makes cheapest; xs is x at
+//   the sub-block's first column, 16-byte aligned), and `dot8(blk, s, q, x,
+//   y)` returns the dot product of those 8 weights with them, so one load of
+//   x serves several rows. Scales
 //   multiply the sum, not each weight, and 4-bit values become floats with
 //   one byte_perm and one add (no conversion instruction): decode on the M40
 //   is close to issue-bound, so instructions per weight decide speed.
@@ -72,22 +74,52 @@ __device__ __forceinline__ float4 ld_x4(const float* p) { return *(const float4*
 
 __device__ __forceinline__ float hsum4(float4 x) { return (x.x + x.y) + (x.z + x.w); }
 
-// dot8 from two parts: weights 8q .. 8q+7 against xs[8q ..].
-template <class F>
-__device__ __forceinline__ float dot8_via_parts(const u8* b, int s, int q, const float* xs) {
-    float acc = 0.0f;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        float v[4];
-        F::part(b, s, 2 * q + h, v);
-        const float4 x = ld_x4(xs + 8 * q + 4 * h);
-        acc += v[0] * x.x + v[1] * x.y + v[2] * x.z + v[3] * x.w;
+// Eighth q is weights 8q .. 8q+7 of the sub-block (most formats).
+#define X8_CONSECUTIVE                                                                      \
+    __device__ static void x8(const float* xs, int q, float4& x, float4& y) {               \
+        x = ld_x4(xs + 8 * q), y = ld_x4(xs + 8 * q + 4);                                   \
     }
-    return acc;
+
+// Eighth q is weights 4q .. 4q+3 and 16+4q .. 16+4q+3: the low and high
+// nibbles of qs[4q .. 4q+3] (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL).
+#define X8_NIBBLE_SPLIT                                                                     \
+    __device__ static void x8(const float* xs, int q, float4& x, float4& y) {               \
+        x = ld_x4(xs + 4 * q), y = ld_x4(xs + 16 + 4 * q);                                  \
+    }
+
+__device__ __forceinline__ float dot4(const float v[4], float4 x) {
+    return v[0] * x.x + v[1] * x.y + v[2] * x.z + v[3] * x.w;
 }
 
-#define DOT8_VIA_PARTS(F) \
-    __device__ static float dot8(const u8* b, int s, int q, const float* xs) { return dot8_via_parts<F>(b, s, q, xs); }
+// dot8 from two parts, for X8_CONSECUTIVE formats.
+template <class F>
+__device__ __forceinline__ float dot8_via_parts(const u8* b, int s, int q, float4 x, float4 y) {
+    float v[4], w[4];
+    F::part(b, s, 2 * q, v);
+    F::part(b, s, 2 * q + 1, w);
+    return dot4(v, x) + dot4(w, y);
+}
+
+// dot8 from two parts, for X8_NIBBLE_SPLIT formats (parts q and q + 4).
+template <class F>
+__device__ __forceinline__ float dot8_via_split_parts(const u8* b, int s, int q, float4 x, float4 y) {
+    float v[4], w[4];
+    F::part(b, s, q, v);
+    F::part(b, s, q + 4, w);
+    return dot4(v, x) + dot4(w, y);
+}
+
+#define DOT8_VIA_PARTS(F)                                                                   \
+    X8_CONSECUTIVE                                                                          \
+    __device__ static float dot8(const u8* b, int s, int q, float4 x, float4 y) {           \
+        return dot8_via_parts<F>(b, s, q, x, y);                                            \
+    }
+
+#define DOT8_VIA_SPLIT_PARTS(F)                                                             \
+    X8_NIBBLE_SPLIT                                                                         \
+    __device__ static float dot8(const u8* b, int s, int q, float4 x, float4 y) {           \
+        return dot8_via_split_parts<F>(b, s, q, x, y);                                      \
+    }
 
 // Byte i of w.
 __device__ __forceinline__ u32 byte_of(u32 w, int i) { return (w >> (8 * i)) & 0xff; }
@@ -108,10 +140,10 @@ struct FmtF16 {
         const u32 a = ld32(b + 8 * p), c = ld32(b + 8 * p + 4);
         v[0] = h2f((u16)a), v[1] = h2f((u16)(a >> 16)), v[2] = h2f((u16)c), v[3] = h2f((u16)(c >> 16));
     }
-    __device__ static float dot8(const u8* b, int, int q, const float* xs) {
+    X8_CONSECUTIVE
+    __device__ static float dot8(const u8* b, int, int q, float4 x, float4 y) {
         const u8* h = b + 16 * q;
         const u32 a0 = ld32(h), a1 = ld32(h + 4), a2 = ld32(h + 8), a3 = ld32(h + 12);
-        const float4 x = ld_x4(xs + 8 * q), y = ld_x4(xs + 8 * q + 4);
         return h2f((u16)a0) * x.x + h2f((u16)(a0 >> 16)) * x.y + h2f((u16)a1) * x.z + h2f((u16)(a1 >> 16)) * x.w +
                h2f((u16)a2) * y.x + h2f((u16)(a2 >> 16)) * y.y + h2f((u16)a3) * y.z + h2f((u16)(a3 >> 16)) * y.w;
     }
@@ -137,9 +169,10 @@ struct FmtQ8_0 {
         for (int i = 0; i < 4; ++i) v[i] = u2f_sub(byte_of(q, i) ^ 0x80, 128) * d;
     }
     // Weights 8q .. 8q+7; signed bytes biased by 128 for the magic conversion.
-    __device__ static float dot8(const u8* b, int, int q, const float* xs) {
+    X8_CONSECUTIVE
+    __device__ static float dot8(const u8* b, int, int q, float4 x, float4 y) {
         const u32 w0 = ld32(b + 2 + 8 * q) ^ 0x80808080u, w1 = ld32(b + 6 + 8 * q) ^ 0x80808080u;
-        const float sum = dot4_bytes(w0, ld_x4(xs + 8 * q), 128.0f) + dot4_bytes(w1, ld_x4(xs + 8 * q + 4), 128.0f);
+        const float sum = dot4_bytes(w0, x, 128.0f) + dot4_bytes(w1, y, 128.0f);
         return h2f(ld16(b)) * sum;
     }
 };
@@ -155,10 +188,10 @@ struct FmtQ4_0 {
         for (int i = 0; i < 4; ++i) v[i] = u2f_sub((q >> (8 * i)) & 15, 8) * d;
     }
     // Weights 4q .. 4q+3 (low nibbles of qs[4q ..]) and 16+4q .. (high nibbles).
-    __device__ static float dot8(const u8* b, int, int q, const float* xs) {
+    X8_NIBBLE_SPLIT
+    __device__ static float dot8(const u8* b, int, int q, float4 x, float4 y) {
         const u32 w = ld32(b + 2 + 4 * q);
-        const float sum = dot4_bytes(w & 0x0f0f0f0fu, ld_x4(xs + 4 * q), 8.0f) +
-                          dot4_bytes((w >> 4) & 0x0f0f0f0fu, ld_x4(xs + 16 + 4 * q), 8.0f);
+        const float sum = dot4_bytes(w & 0x0f0f0f0fu, x, 8.0f) + dot4_bytes((w >> 4) & 0x0f0f0f0fu, y, 8.0f);
         return h2f(ld16(b)) * sum;
     }
 };
@@ -173,9 +206,9 @@ struct FmtQ4_1 {
         for (int i = 0; i < 4; ++i) v[i] = u2f_sub((q >> (8 * i)) & 15, 0) * d + m;
     }
     // As Q4_0, plus m * sum(x).
-    __device__ static float dot8(const u8* b, int, int q, const float* xs) {
+    X8_NIBBLE_SPLIT
+    __device__ static float dot8(const u8* b, int, int q, float4 x, float4 y) {
         const u32 w = ld32(b + 4 + 4 * q);
-        const float4 x = ld_x4(xs + 4 * q), y = ld_x4(xs + 16 + 4 * q);
         const float sum = dot4_bytes(w & 0x0f0f0f0fu, x, 0.0f) + dot4_bytes((w >> 4) & 0x0f0f0f0fu, y, 0.0f);
         return h2f(ld16(b)) * sum + h2f(ld16(b + 2)) * (hsum4(x) + hsum4(y));
     }
@@ -191,7 +224,7 @@ struct FmtQ5_0 {
 #pragma unroll
         for (int i = 0; i < 4; ++i) v[i] = u2f_sub(((q >> (8 * i)) & 15) | (((qh >> i) & 1) << 4), 16) * d;
     }
-    DOT8_VIA_PARTS(FmtQ5_0)
+    DOT8_VIA_SPLIT_PARTS(FmtQ5_0)
 };
 
 // d, m: f16 | qh: u32 | qs[16]
@@ -204,7 +237,7 @@ struct FmtQ5_1 {
 #pragma unroll
         for (int i = 0; i < 4; ++i) v[i] = u2f_sub(((q >> (8 * i)) & 15) | (((qh >> i) & 1) << 4), 0) * d + m;
     }
-    DOT8_VIA_PARTS(FmtQ5_1)
+    DOT8_VIA_SPLIT_PARTS(FmtQ5_1)
 };
 
 // d: f16 | qs[16]: 4-bit indices into the IQ4 levels, nibbles as Q4_0
@@ -216,7 +249,7 @@ struct FmtIQ4_NL {
 #pragma unroll
         for (int i = 0; i < 4; ++i) v[i] = d * iq4_level((q >> (8 * i)) & 15);
     }
-    DOT8_VIA_PARTS(FmtIQ4_NL)
+    DOT8_VIA_SPLIT_PARTS(FmtIQ4_NL)
 };
 
 // Super-blocks of 256 weights: sub-block s holds weights 32s .. 32s+31. Where
@@ -288,13 +321,13 @@ struct FmtQ4_K {
         for (int i = 0; i < 4; ++i) v[i] = dl * u2f_sub((q >> (8 * i)) & 15, 0) - ml;
     }
     // Weights 8q .. 8q+7 of the sub-block: nibble s%2 of qs[32(s/2) + 8q ..].
-    __device__ static float dot8(const u8* b, int s, int q, const float* xs) {
+    X8_CONSECUTIVE
+    __device__ static float dot8(const u8* b, int s, int q, float4 x, float4 y) {
         float dl, ml;
         k4_scale(b, s, dl, ml);
         const u8* qp = b + 16 + 32 * (s >> 1) + 8 * q;
         const int sh = 4 * (s & 1);
         const u32 w0 = (ld32(qp) >> sh) & 0x0f0f0f0fu, w1 = (ld32(qp + 4) >> sh) & 0x0f0f0f0fu;
-        const float4 x = ld_x4(xs + 8 * q), y = ld_x4(xs + 8 * q + 4);
         const float sum = dot4_bytes(w0, x, 0.0f) + dot4_bytes(w1, y, 0.0f);
         return dl * sum - ml * (hsum4(x) + hsum4(y));
     }
@@ -328,7 +361,8 @@ struct FmtQ6_K {
         for (int i = 0; i < 4; ++i) v[i] = dl * u2f_sub(((ql >> (8 * i)) & 15) | (((qh >> (8 * i)) & 3) << 4), 32);
     }
     // Weights 8q .. 8q+7 of the sub-block (scale 8n + 2k + q/2).
-    __device__ static float dot8(const u8* b, int s, int q, const float* xs) {
+    X8_CONSECUTIVE
+    __device__ static float dot8(const u8* b, int s, int q, float4 x, float4 y) {
         const int n = s >> 2, k = s & 3;
         const float dl = h2f(ld16(b + 208)) * (float)(signed char)b[192 + 8 * n + 2 * k + (q >> 1)];
         const u8* ql = b + 64 * n + 32 * (k & 1) + 8 * q;
@@ -336,7 +370,7 @@ struct FmtQ6_K {
         const int lsh = 4 * (k >> 1), hsh = 2 * k;
         const u32 w0 = ((ld32(ql) >> lsh) & 0x0f0f0f0fu) | (((ld32(qh) >> hsh) & 0x03030303u) << 4);
         const u32 w1 = ((ld32(ql + 4) >> lsh) & 0x0f0f0f0fu) | (((ld32(qh + 4) >> hsh) & 0x03030303u) << 4);
-        return dl * (dot4_bytes(w0, ld_x4(xs + 8 * q), 32.0f) + dot4_bytes(w1, ld_x4(xs + 8 * q + 4), 32.0f));
+        return dl * (dot4_bytes(w0, x, 32.0f) + dot4_bytes(w1, y, 32.0f));
     }
 };
 

@@ -89,14 +89,20 @@ impl KernelFormat {
     }
 }
 
-/// `GEMV_CHUNK_BYTES` in kernels/gemv.cu.
-const GEMV_CHUNK_BYTES: usize = 4064;
+/// `GEMV_CHUNK_BYTES` in kernels/gemv.cu: staged bytes per row and chunk.
+const GEMV_CHUNK_BYTES: usize = 1008;
+/// Rows a GEMV warp works on at once: `GEMV_ROWS` in kernels/gemv.cu.
+pub const GEMV_ROWS: usize = 4;
 
-/// Static shared memory of `gemv_<fmt>_f32` per block: GEMV_WARPS slices of
-/// `GemvChunk<F>::VECS` 16-byte vectors (kernels/gemv.cu).
+/// Static shared memory of `gemv_<fmt>_f32` per block: GEMV_WARPS x
+/// GEMV_ROWS slices of `GemvChunk<F>::VECS` 16-byte vectors (kernels/gemv.cu).
 pub fn gemv_shared_bytes(f: &KernelFormat) -> usize {
     let fit = GEMV_CHUNK_BYTES / f.bytes;
-    let blocks = if f.subs == 8 { fit } else { fit & !7 };
+    let blocks = if f.subs == 8 {
+        fit.max(1)
+    } else {
+        (fit & !7).max(8)
+    };
     let vecs = (blocks * f.bytes + 30) / 16;
-    GEMV_WARPS as usize * vecs * 16
+    GEMV_WARPS as usize * GEMV_ROWS * vecs * 16
 }

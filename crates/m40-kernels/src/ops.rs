@@ -4,7 +4,7 @@ use m40_device::{DeviceBuffer, DeviceView, LaunchConfig, Stream};
 use m40_gguf::GgmlType;
 
 use crate::error::{KernelError, Result};
-use crate::format::{gemv_shared_bytes, KernelFormat, GEMV_WARPS};
+use crate::format::{gemv_shared_bytes, KernelFormat, GEMV_ROWS, GEMV_WARPS};
 use crate::{Kernels, MAX_SHARED_PER_BLOCK};
 
 /// Threads per block of kernels/rmsnorm.cu.
@@ -78,12 +78,14 @@ fn cfg(grid: (u32, u32, u32), block: u32) -> LaunchConfig {
 
 impl Kernels {
     /// GEMV blocks for `nrows` rows: about GEMV_BLOCKS_PER_SM per SM, shrunk
-    /// so that every warp gets the same number of rows (kernels/gemv.cu).
+    /// so that every warp gets the same number of GEMV_ROWS-row groups
+    /// (kernels/gemv.cu).
     fn gemv_blocks(&self, nrows: usize) -> usize {
         let warps = GEMV_WARPS as usize;
+        let groups = nrows.div_ceil(GEMV_ROWS);
         let most = self.device().info().sm_count.max(1) as usize * GEMV_BLOCKS_PER_SM * warps;
-        let rows_per_warp = nrows.div_ceil(most).max(1);
-        nrows.div_ceil(rows_per_warp).div_ceil(warps)
+        let per_warp = groups.div_ceil(most).max(1);
+        groups.div_ceil(per_warp).div_ceil(warps)
     }
 
     fn flat_grid(&self, n: usize) -> u32 {
