@@ -48,6 +48,8 @@ pub enum DeviceError {
         kernel: &'static str,
         source: DriverError,
     },
+    #[error("graph capture: {0}")]
+    Capture(&'static str),
     #[error("launching kernel {kernel}: {source}")]
     Launch {
         kernel: &'static str,

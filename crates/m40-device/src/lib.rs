@@ -27,4 +27,4 @@ pub use device::{Device, DeviceInfo, DeviceOptions};
 pub use error::{DeviceError, Result, MIN_DRIVER_VERSION};
 pub use memory::{DeviceBuffer, DeviceView, MappedBuffer, PinnedBuffer, TAIL_SLACK};
 pub use module::{Kernel, KernelAttributes, Module};
-pub use stream::{Event, Launch, LaunchConfig, Stream};
+pub use stream::{Event, Graph, Launch, LaunchConfig, Stream};

@@ -3,7 +3,9 @@
 use std::sync::Arc;
 
 use bytemuck::Pod;
-use cudarc::driver::{result, sys, CudaEvent, CudaStream, DevicePtrMut, LaunchArgs, PushKernelArg};
+use cudarc::driver::{
+    result, sys, CudaEvent, CudaGraph, CudaStream, DevicePtrMut, LaunchArgs, PushKernelArg,
+};
 
 use crate::device::Device;
 use crate::error::{Ctx, DeviceError, Result};
@@ -20,6 +22,22 @@ pub struct Stream {
 
 /// A point in a stream's work, for ordering and timing.
 pub struct Event(CudaEvent);
+
+/// Work recorded from a stream by [`Stream::capture`], replayed with one
+/// launch (the kernels' arguments, buffers included, are fixed at capture).
+pub struct Graph(CudaGraph);
+
+impl Graph {
+    /// Queue one replay on the stream it was captured from.
+    ///
+    /// # Safety
+    /// Every buffer the captured work used must still be allocated: the graph
+    /// holds their device addresses, not the buffers (Rust's borrows end with
+    /// the capture).
+    pub unsafe fn launch(&self) -> Result<()> {
+        self.0.launch().ctx("cuGraphLaunch")
+    }
+}
 
 impl Event {
     /// Milliseconds between `self` and `end` (both recorded with timing).
@@ -70,6 +88,62 @@ impl Stream {
     /// Make later work on this stream wait for `event`.
     pub fn wait(&self, event: &Event) -> Result<()> {
         self.inner.wait(&event.0).ctx("cuStreamWaitEvent")
+    }
+
+    /// Record the work `f` queues on this stream into a [`Graph`] instead of
+    /// running it. The default stream cannot be captured: use a stream from
+    /// [`Device::new_stream`]. Waits for all earlier work on the device first.
+    /// Buffers the work uses must outlive the graph's replays, nothing may
+    /// allocate or synchronize inside `f`, and no other thread may use the
+    /// device during the capture.
+    pub fn capture<E: From<DeviceError>>(
+        &self,
+        f: impl FnOnce(&Stream) -> Result<(), E>,
+    ) -> Result<Graph, E> {
+        if self.inner.cu_stream().is_null() {
+            return Err(DeviceError::Capture(
+                "the default stream cannot be captured; use Device::new_stream",
+            )
+            .into());
+        }
+        // cudarc's cross-stream tracking makes launches wait on events recorded
+        // before the capture, which capture forbids (CUDA_ERROR_STREAM_CAPTURE_
+        // ISOLATION). So: finish all earlier work first, then capture with the
+        // tracking off; replays are ordered after earlier work on this stream.
+        self.device.synchronize()?;
+        let ctx = &self.device.ctx;
+        let tracking = ctx.is_event_tracking();
+        if tracking {
+            // SAFETY: no work is pending on any stream (synchronized above), so
+            // the waits tracking would add have nothing to wait for; it is
+            // switched back on below whatever happens.
+            unsafe { ctx.disable_event_tracking() };
+        }
+        let begun = self
+            .inner
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .ctx("cuStreamBeginCapture");
+        let (body, graph) = match begun {
+            Ok(()) => {
+                let body = f(self);
+                // End the capture whatever `f` did, so the stream is usable again.
+                let graph = self
+                    .inner
+                    .end_capture(sys::CUgraphInstantiate_flags(0))
+                    .ctx("cuStreamEndCapture");
+                (body, graph)
+            }
+            Err(e) => (Ok(()), Err(e)),
+        };
+        if tracking {
+            // SAFETY: restores the state found above.
+            unsafe { ctx.enable_event_tracking() };
+        }
+        body?;
+        match graph? {
+            Some(g) => Ok(Graph(g)),
+            None => Err(DeviceError::Capture("nothing was captured").into()),
+        }
     }
 
     /// A buffer of `len` elements whose contents are undefined (write before

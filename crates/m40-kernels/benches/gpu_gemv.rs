@@ -5,9 +5,11 @@
 //! pack). Shapes (rows x cols): 4096x4096, 14336x4096, 4096x14336 — an 8B
 //! model's attention, gate/up and down projections. Weights are random bytes
 //! filled on the device (never zeros), rotated among enough copies that the
-//! set is at least 4x the L2 cache; each figure is the median over 30
-//! batches of 20 launches (device events around each batch, so the GPU never
-//! waits for the host) after 5 warm-up launches. Bytes counted: weights
+//! set is at least 4x the L2 cache. `us`: 20 launches captured in a CUDA graph
+//! and replayed, the median over 30 replays timed with device events, per
+//! launch (no launch gaps: the kernel itself). `us (stream)`: the same 20
+//! launches queued on the stream one by one, median over 30 batches (what a
+//! caller that launches kernels one at a time sees). Bytes counted: weights
 //! + x + y. `M40_BENCH_JSON=path` also writes the table as JSON.
 //!
 //! Without a GPU it prints why and exits 0 (1 with M40_REQUIRE_GPU=1).
@@ -25,6 +27,24 @@ const BATCH: usize = 20;
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
+}
+
+/// Milliseconds per launch of a batch: `batch()` queues BATCH launches (a graph
+/// replay); the median over RUNS batches, each timed with events on `s`.
+fn time_batches(s: &Stream, mut batch: impl FnMut()) -> f64 {
+    for _ in 0..2 {
+        batch();
+    }
+    s.synchronize().expect("warm-up");
+    let mut times = Vec::with_capacity(RUNS);
+    for _ in 0..RUNS {
+        let a = s.record().expect("event");
+        batch();
+        let b = s.record().expect("event");
+        b.synchronize().expect("sync");
+        times.push(a.elapsed_ms(&b).expect("elapsed") as f64 / BATCH as f64);
+    }
+    median(times)
 }
 
 /// Milliseconds per call of `f` (`f(i)` for i = 0, 1, ...): the median over
@@ -55,7 +75,8 @@ fn main() {
         return;
     };
     let info = dev.info().clone();
-    let s = dev.stream();
+    // A stream of its own: graphs cannot be captured from the default stream.
+    let s = dev.new_stream().expect("stream");
     let k = Kernels::new(dev.clone());
     k.load_all().expect("load kernels");
     println!(
@@ -82,8 +103,8 @@ fn main() {
     println!("read bandwidth (read_probe, 2 GiB, median of {RUNS} batches): {ceiling:.0} GB/s\n");
 
     let shapes = [(4096usize, 4096usize), (14336, 4096), (4096, 14336)];
-    println!("| format | rows x cols | weights MB | us | GB/s | % of read | regs sm_52 | smem B |");
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("| format | rows x cols | weights MB | us | GB/s | % of read | us (stream) | regs sm_52 | smem B |");
+    println!("|---|---|---|---|---|---|---|---|---|");
     let report = include_str!("../../../kernels/ptx/gemv.sm_52.txt");
     let mut json = Vec::new();
     for f in KernelFormat::ALL {
@@ -106,7 +127,7 @@ fn main() {
             let views: Vec<_> = (0..copies)
                 .map(|c| big.slice(c * stride..c * stride + wbytes).expect("view"))
                 .collect();
-            let ms = time_ms(&s, |i| {
+            let ms_stream = time_ms(&s, |i| {
                 let m = QMatrix {
                     ty: f.ty,
                     data: &views[i % copies],
@@ -115,15 +136,34 @@ fn main() {
                 };
                 k.gemv(&s, &m, &xv, &mut y).expect("gemv")
             });
+            // The same BATCH launches captured once and replayed: no launch gaps.
+            let graph = s
+                .capture(|s| {
+                    for i in 0..BATCH {
+                        let m = QMatrix {
+                            ty: f.ty,
+                            data: &views[i % copies],
+                            rows,
+                            cols,
+                        };
+                        k.gemv(s, &m, &xv, &mut y)?;
+                    }
+                    Ok::<(), m40_kernels::KernelError>(())
+                })
+                .expect("capture");
+            // SAFETY: the weights, x and y the graph uses outlive it (dropped below).
+            let ms = time_batches(&s, || unsafe { graph.launch().expect("graph launch") });
+            drop(graph);
             s.synchronize().expect("gemv run");
             let bytes = (wbytes + cols * 4 + rows * 4) as f64;
             let gbs = bytes / (ms * 1e-3) / 1e9;
             println!(
-                "| {} | {rows}x{cols} | {:.1} | {:.1} | {gbs:.0} | {:.1}% | {regs} | {} |",
+                "| {} | {rows}x{cols} | {:.1} | {:.1} | {gbs:.0} | {:.1}% | {:.1} | {regs} | {} |",
                 f.ty,
                 wbytes as f64 / 1e6,
                 ms * 1e3,
                 100.0 * gbs / ceiling,
+                ms_stream * 1e3,
                 gemv_shared_bytes(&f)
             );
             json.push(format!(

@@ -387,3 +387,46 @@ fn kernels_read_and_write_mapped_host_memory() {
     s.synchronize().unwrap();
     check("add into mapped y", my.as_slice().unwrap(), &want, |_| 0.0);
 }
+
+/// Kernels captured into a graph on a second stream replay with the buffers
+/// they were captured with; the default stream refuses capture.
+#[test]
+fn graph_capture_replays_kernels() {
+    let Some((dev, s0, k, mut rng)) = setup("graph_capture_replays_kernels") else {
+        return;
+    };
+    let n = 10_007usize;
+    let x = rng.vec(n, -1.0, 1.0);
+    let u = rng.vec(n, -2.0, 2.0);
+    let s = dev.new_stream().unwrap();
+    let xg = s.upload(&x, "x").unwrap();
+    let ug = s.upload(&u, "u").unwrap();
+    let mut y = s.upload(&x, "y").unwrap();
+    // One replay: y += x, then y = silu(y) * u.
+    let graph = s
+        .capture(|s| {
+            k.add(s, &mut y, &xg.view(), n)?;
+            k.swiglu(s, &mut y, &ug.view(), n)
+        })
+        .unwrap();
+    for _ in 0..3 {
+        // SAFETY: x, u and y, which the graph uses, live to the end of the test.
+        unsafe { graph.launch().unwrap() };
+    }
+    let mut want = x.clone();
+    for _ in 0..3 {
+        for (w, xv) in want.iter_mut().zip(&x) {
+            *w += xv;
+        }
+        ops::swiglu(&mut want, &u);
+    }
+    let got = s.download(&y).unwrap();
+    check("graph replays", &got, &want, |i| {
+        1e-5 * want[i].abs() as f64 + 1e-6
+    });
+    let refused = s0.capture(|s| k.add(s, &mut y, &xg.view(), n));
+    assert!(matches!(
+        refused,
+        Err(KernelError::Device(m40_device::DeviceError::Capture(_)))
+    ));
+}
