@@ -41,6 +41,17 @@ struct GemvChunk {
     static constexpr int VPL = (VECS + 31) / 32;         // 16-byte vectors per lane and row
 };
 
+// Which item loop a format uses (same work, different code; which one the
+// compiler schedules better was measured per format on an H100: BENCHMARKS.md
+// v13): strided pointers, or indices recomputed per item.
+template <class F> struct GemvStrided { static constexpr bool value = true; };
+template <> struct GemvStrided<FmtF16> { static constexpr bool value = false; };
+template <> struct GemvStrided<FmtBF16> { static constexpr bool value = false; };
+template <> struct GemvStrided<FmtQ4_0> { static constexpr bool value = false; };
+template <> struct GemvStrided<FmtQ4_1> { static constexpr bool value = false; };
+template <> struct GemvStrided<FmtQ5_1> { static constexpr bool value = false; };
+template <> struct GemvStrided<FmtIQ4_NL> { static constexpr bool value = false; };
+
 // Sum over eighth q of sub-block s of block gb, for a float format's partial
 // last pseudo-block: masked by column, through `part`.
 template <class F>
@@ -123,25 +134,54 @@ __device__ __forceinline__ void gemv_rows(const u8* __restrict__ W, long long ro
         if (nc == n_chunks) ng += n_warps, nc = 0;
         if (ng < n_groups) load(ng, nc);
         const int first = c * C::BLOCKS;
-        const int items = min(C::BLOCKS, nb - first) * F::SUBS;
+        const int nblk = min(C::BLOCKS, nb - first);
         // Items are (sub-block, eighth): 4 consecutive lanes share a
         // sub-block, each lane keeps one eighth q, and one load of x serves
         // all GEMV_ROWS rows.
+        if (GemvStrided<F>::value) {
+            // With 8 sub-blocks per block a lane keeps its sub-block index s
+            // and steps one block at a time; with 1 it steps 8 blocks. Either
+            // way its weights and x advance by a fixed stride.
+            const int s = F::SUBS == 8 ? lane >> 2 : 0;
+            const int b0 = F::SUBS == 8 ? 0 : lane >> 2;
+            constexpr int BSTEP = F::SUBS == 8 ? 1 : 8;
+            const u8* wp[GEMV_ROWS];
+#pragma unroll
+            for (int j = 0; j < GEMV_ROWS; ++j) wp[j] = (const u8*)(stage + j * C::VECS) + skew[j] + b0 * F::BYTES;
+            const float* xp = x + (long long)(first + b0) * F::QK + s * 32;
 #pragma unroll 2
-        for (int sb = lane >> 2; sb < items; sb += 8) {
-            const int b = sb / F::SUBS, s = sb % F::SUBS;
-            const int off = b * F::BYTES;
-            const int c0 = (first + b) * F::QK + s * 32;
-            if (F::FLOAT && c0 + 32 > ncols) {
+            for (int b = b0; b < nblk; b += BSTEP) {
+                if (F::FLOAT && (first + b) * F::QK + s * 32 + 32 > ncols) {
 #pragma unroll
-                for (int j = 0; j < GEMV_ROWS; ++j)
-                    acc[j] += masked_dot8<F>((const u8*)(stage + j * C::VECS) + skew[j] + off, s, q, first + b, x, ncols);
-            } else {
-                float4 xa, xb;
-                F::x8(x + c0, q, xa, xb);
+                    for (int j = 0; j < GEMV_ROWS; ++j) acc[j] += masked_dot8<F>(wp[j], s, q, first + b, x, ncols);
+                } else {
+                    float4 xa, xb;
+                    F::x8(xp, q, xa, xb);
 #pragma unroll
-                for (int j = 0; j < GEMV_ROWS; ++j)
-                    acc[j] += F::dot8((const u8*)(stage + j * C::VECS) + skew[j] + off, s, q, xa, xb);
+                    for (int j = 0; j < GEMV_ROWS; ++j) acc[j] += F::dot8(wp[j], s, q, xa, xb);
+                }
+#pragma unroll
+                for (int j = 0; j < GEMV_ROWS; ++j) wp[j] += BSTEP * F::BYTES;
+                xp += BSTEP * F::QK;
+            }
+        } else {
+#pragma unroll 2
+            for (int sb = lane >> 2; sb < nblk * F::SUBS; sb += 8) {
+                const int b = sb / F::SUBS, s = sb % F::SUBS;
+                const int off = b * F::BYTES;
+                const int c0 = (first + b) * F::QK + s * 32;
+                if (F::FLOAT && c0 + 32 > ncols) {
+#pragma unroll
+                    for (int j = 0; j < GEMV_ROWS; ++j)
+                        acc[j] += masked_dot8<F>((const u8*)(stage + j * C::VECS) + skew[j] + off, s, q, first + b, x,
+                                                 ncols);
+                } else {
+                    float4 xa, xb;
+                    F::x8(x + c0, q, xa, xb);
+#pragma unroll
+                    for (int j = 0; j < GEMV_ROWS; ++j)
+                        acc[j] += F::dot8((const u8*)(stage + j * C::VECS) + skew[j] + off, s, q, xa, xb);
+                }
             }
         }
         if (c == n_chunks - 1) {
