@@ -37,14 +37,6 @@ fn setup() -> Option<(Value, CpuBackend, Tokenizer)> {
     Some((reference, CpuBackend::new(model).unwrap(), tok))
 }
 
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
 #[test]
 fn perplexity_and_top1_agreement_with_llama_cpp() {
     let Some((reference, cpu, tok)) = setup() else {
@@ -78,7 +70,7 @@ fn perplexity_and_top1_agreement_with_llama_cpp() {
     assert!(rel < 0.01, "ppl {} vs {ppl_ref}", r.ppl);
     let (mut agree, mut total) = (0, 0);
     for (ours, theirs) in r.argmax.iter().zip(want["argmax"].as_array().unwrap()) {
-        for (a, b) in ours.iter().zip(ids(theirs)) {
+        for (a, b) in ours.iter().zip(support::json_ids(theirs)) {
             agree += (*a == b) as usize;
             total += 1;
         }
@@ -97,8 +89,8 @@ fn greedy_continuations_match_llama_cpp_until_a_near_tie() {
     };
     let n_vocab = cpu.hparams().n_vocab;
     for case in reference["greedy"].as_array().unwrap() {
-        let prompt = ids(&case["prompt_ids"]);
-        let want = ids(&case["greedy_ids"]);
+        let prompt = support::json_ids(&case["prompt_ids"]);
+        let want = support::json_ids(&case["greedy_ids"]);
         let gaps: Vec<f64> = case["greedy_top2_gap"]
             .as_array()
             .unwrap()

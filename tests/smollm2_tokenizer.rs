@@ -19,12 +19,7 @@ fn smollm2_reference_tokenization() {
     assert!(!entries.is_empty());
     for e in entries {
         let text = e["text"].as_str().unwrap();
-        let want: Vec<u32> = e["ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect();
+        let want = support::json_ids(&e["ids"]);
         let got = tok
             .encode(
                 text,
@@ -53,12 +48,7 @@ fn smollm2_reference_tokenization() {
         )
         .unwrap();
     assert_eq!(ids.len() as u64, reference["text_tokens"].as_u64().unwrap());
-    let head: Vec<u32> = reference["text_token_ids_head"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap() as u32)
-        .collect();
+    let head = support::json_ids(&reference["text_token_ids_head"]);
     assert_eq!(&ids[..head.len()], &head[..]);
     // End of generation: EOS and ChatML's <|im_end|>.
     let im_end = tok.token_id("<|im_end|>").unwrap();

@@ -22,3 +22,12 @@ pub fn smollm2() -> PathBuf {
         .ensure_default(&mut |m| eprintln!("{m}"))
         .expect("fetching the default model")
 }
+
+/// A JSON array of token ids (reference.json) as u32s.
+pub fn json_ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .expect("an array of ids")
+        .iter()
+        .map(|x| x.as_u64().expect("an id") as u32)
+        .collect()
+}

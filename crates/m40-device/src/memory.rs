@@ -149,13 +149,9 @@ impl<T: Pod> PinnedBuffer<T> {
                 .alloc_pinned_with_flags::<u8>(bytes.max(1), flags)
         }
         .map_err(|e| match e.0 {
-            sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY => DeviceError::OutOfMemory {
-                what: format!("{what} (pinned host memory)"),
-                requested: bytes,
-                used: device.budget_used(),
-                limit: device.budget_limit(),
-                free: device.memory().map(|m| m.0).unwrap_or(0),
-            },
+            sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY => {
+                device.oom(&format!("{what} (pinned host memory)"), bytes)
+            }
             _ => DeviceError::Driver {
                 op: "cuMemHostAlloc",
                 source: e,

@@ -18,7 +18,7 @@ use m40_device::testing::test_device;
 use m40_device::{DeviceBuffer, Stream};
 use m40_kernels::{gemv_shared_bytes, KernelFormat, Kernels, QMatrix};
 
-const WARMUP: usize = 5;
+const WARMUP_BATCHES: usize = 2;
 const RUNS: usize = 30;
 /// Launches queued between two events: the GPU never waits for the host, so
 /// small kernels are timed, not the launch path.
@@ -32,7 +32,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// Milliseconds per launch of a batch: `batch()` queues BATCH launches (a graph
 /// replay); the median over RUNS batches, each timed with events on `s`.
 fn time_batches(s: &Stream, mut batch: impl FnMut()) -> f64 {
-    for _ in 0..2 {
+    for _ in 0..WARMUP_BATCHES {
         batch();
     }
     s.synchronize().expect("warm-up");
@@ -47,26 +47,16 @@ fn time_batches(s: &Stream, mut batch: impl FnMut()) -> f64 {
     median(times)
 }
 
-/// Milliseconds per call of `f` (`f(i)` for i = 0, 1, ...): the median over
-/// RUNS batches of BATCH calls, each batch timed with events on `s`.
+/// Milliseconds per call of `f` (`f(i)` for i = 0, 1, ...) queued one by one:
+/// batches of BATCH calls timed as by `time_batches`.
 fn time_ms(s: &Stream, mut f: impl FnMut(usize)) -> f64 {
-    for i in 0..WARMUP {
-        f(i);
-    }
-    s.synchronize().expect("warm-up");
-    let mut times = Vec::with_capacity(RUNS);
-    let mut i = WARMUP;
-    for _ in 0..RUNS {
-        let a = s.record().expect("event");
+    let mut i = 0;
+    time_batches(s, || {
         for _ in 0..BATCH {
             f(i);
             i += 1;
         }
-        let b = s.record().expect("event");
-        b.synchronize().expect("sync");
-        times.push(a.elapsed_ms(&b).expect("elapsed") as f64 / BATCH as f64);
-    }
-    median(times)
+    })
 }
 
 fn main() {

@@ -75,30 +75,25 @@ impl Kernels {
             .iter()
             .position(|(m, _)| *m == module)
             .expect("launchers name modules that exist");
-        let m = match self.modules[i].get() {
-            Some(m) => m,
-            None => {
-                let loaded = self.device.load_module(MODULES[i].0, MODULES[i].1)?;
-                // Another thread may have won the race; either module is fine.
-                let _ = self.modules[i].set(loaded);
-                self.modules[i].get().expect("just set")
-            }
-        };
-        Ok(m.kernel(name)?)
+        Ok(self.module(i)?.kernel(name)?)
+    }
+
+    /// Module `i` of MODULES, loaded on first use.
+    fn module(&self, i: usize) -> Result<&Module> {
+        if let Some(m) = self.modules[i].get() {
+            return Ok(m);
+        }
+        let loaded = self.device.load_module(MODULES[i].0, MODULES[i].1)?;
+        // Another thread may have won the race; either module is fine.
+        let _ = self.modules[i].set(loaded);
+        Ok(self.modules[i].get().expect("just set"))
     }
 
     /// Load every module now (the driver JIT-compiles the PTX for this GPU on
     /// first load; doing it up front keeps that out of the first request).
     pub fn load_all(&self) -> Result<()> {
-        for (module, _) in MODULES {
-            let i = MODULES
-                .iter()
-                .position(|(m, _)| *m == module)
-                .expect("exists");
-            if self.modules[i].get().is_none() {
-                let loaded = self.device.load_module(module, MODULES[i].1)?;
-                let _ = self.modules[i].set(loaded);
-            }
+        for i in 0..MODULES.len() {
+            self.module(i)?;
         }
         Ok(())
     }

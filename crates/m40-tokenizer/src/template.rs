@@ -79,56 +79,70 @@ impl PyJson {
         }
         Ok(())
     }
-}
 
-impl serde_json::ser::Formatter for PyJson {
-    fn begin_array<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+    /// `[` or `{`: one level deeper, nothing in it yet.
+    fn open<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        bracket: &[u8],
+    ) -> std::io::Result<()> {
         self.depth += 1;
         self.has_value = false;
-        w.write_all(b"[")
+        w.write_all(bracket)
     }
-    fn end_array<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+
+    /// `]` or `}`, on its own line when indenting a non-empty container.
+    fn close<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        bracket: &[u8],
+    ) -> std::io::Result<()> {
         self.depth -= 1;
         if self.has_value {
             self.newline(w)?;
         }
-        w.write_all(b"]")
+        w.write_all(bracket)
+    }
+
+    /// Before an array element or an object key.
+    fn item<W: ?Sized + std::io::Write>(&mut self, w: &mut W, first: bool) -> std::io::Result<()> {
+        if !first {
+            w.write_all(if self.indent.is_some() { b"," } else { b", " })?;
+        }
+        self.newline(w)
+    }
+}
+
+impl serde_json::ser::Formatter for PyJson {
+    fn begin_array<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.open(w, b"[")
+    }
+    fn end_array<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.close(w, b"]")
     }
     fn begin_array_value<W: ?Sized + std::io::Write>(
         &mut self,
         w: &mut W,
         first: bool,
     ) -> std::io::Result<()> {
-        if !first {
-            w.write_all(if self.indent.is_some() { b"," } else { b", " })?;
-        }
-        self.newline(w)
+        self.item(w, first)
     }
     fn end_array_value<W: ?Sized + std::io::Write>(&mut self, _w: &mut W) -> std::io::Result<()> {
         self.has_value = true;
         Ok(())
     }
     fn begin_object<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
-        self.depth += 1;
-        self.has_value = false;
-        w.write_all(b"{")
+        self.open(w, b"{")
     }
     fn end_object<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
-        self.depth -= 1;
-        if self.has_value {
-            self.newline(w)?;
-        }
-        w.write_all(b"}")
+        self.close(w, b"}")
     }
     fn begin_object_key<W: ?Sized + std::io::Write>(
         &mut self,
         w: &mut W,
         first: bool,
     ) -> std::io::Result<()> {
-        if !first {
-            w.write_all(if self.indent.is_some() { b"," } else { b", " })?;
-        }
-        self.newline(w)
+        self.item(w, first)
     }
     fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
         w.write_all(b": ")
