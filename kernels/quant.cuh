@@ -121,6 +121,11 @@ __device__ __forceinline__ float dot8_via_split_parts(const u8* b, int s, int q,
         return dot8_via_split_parts<F>(b, s, q, x, y);                                      \
     }
 
+// Part p of 16 bytes of packed nibbles at qs (weight j in the low nibble of
+// qs[j], j+16 in the high one): the 4 nibbles of weights 4p .. 4p+3, in the
+// low 4 bits of each byte of the result (upper bits still to be masked).
+__device__ __forceinline__ u32 nibble_part(const u8* qs, int p) { return ld32(qs + 4 * (p & 3)) >> (4 * (p >> 2)); }
+
 // Byte i of w.
 __device__ __forceinline__ u32 byte_of(u32 w, int i) { return (w >> (8 * i)) & 0xff; }
 
@@ -183,7 +188,7 @@ struct FmtQ4_0 {
     static constexpr int QK = 32, BYTES = 18, SUBS = 1, FLOAT = 0;
     __device__ static void part(const u8* b, int, int p, float v[4]) {
         const float d = h2f(ld16(b));
-        const u32 q = ld32(b + 2 + 4 * (p & 3)) >> (4 * (p >> 2));
+        const u32 q = nibble_part(b + 2, p);
 #pragma unroll
         for (int i = 0; i < 4; ++i) v[i] = u2f_sub((q >> (8 * i)) & 15, 8) * d;
     }
@@ -201,7 +206,7 @@ struct FmtQ4_1 {
     static constexpr int QK = 32, BYTES = 20, SUBS = 1, FLOAT = 0;
     __device__ static void part(const u8* b, int, int p, float v[4]) {
         const float d = h2f(ld16(b)), m = h2f(ld16(b + 2));
-        const u32 q = ld32(b + 4 + 4 * (p & 3)) >> (4 * (p >> 2));
+        const u32 q = nibble_part(b + 4, p);
 #pragma unroll
         for (int i = 0; i < 4; ++i) v[i] = u2f_sub((q >> (8 * i)) & 15, 0) * d + m;
     }
@@ -220,7 +225,7 @@ struct FmtQ5_0 {
     __device__ static void part(const u8* b, int, int p, float v[4]) {
         const float d = h2f(ld16(b));
         const u32 qh = ld32(b + 2) >> (4 * p);
-        const u32 q = ld32(b + 6 + 4 * (p & 3)) >> (4 * (p >> 2));
+        const u32 q = nibble_part(b + 6, p);
 #pragma unroll
         for (int i = 0; i < 4; ++i) v[i] = u2f_sub(((q >> (8 * i)) & 15) | (((qh >> i) & 1) << 4), 16) * d;
     }
@@ -233,7 +238,7 @@ struct FmtQ5_1 {
     __device__ static void part(const u8* b, int, int p, float v[4]) {
         const float d = h2f(ld16(b)), m = h2f(ld16(b + 2));
         const u32 qh = ld32(b + 4) >> (4 * p);
-        const u32 q = ld32(b + 8 + 4 * (p & 3)) >> (4 * (p >> 2));
+        const u32 q = nibble_part(b + 8, p);
 #pragma unroll
         for (int i = 0; i < 4; ++i) v[i] = u2f_sub(((q >> (8 * i)) & 15) | (((qh >> i) & 1) << 4), 0) * d + m;
     }
@@ -245,7 +250,7 @@ struct FmtIQ4_NL {
     static constexpr int QK = 32, BYTES = 18, SUBS = 1, FLOAT = 0;
     __device__ static void part(const u8* b, int, int p, float v[4]) {
         const float d = h2f(ld16(b));
-        const u32 q = ld32(b + 2 + 4 * (p & 3)) >> (4 * (p >> 2));
+        const u32 q = nibble_part(b + 2, p);
 #pragma unroll
         for (int i = 0; i < 4; ++i) v[i] = d * iq4_level((q >> (8 * i)) & 15);
     }
@@ -384,7 +389,7 @@ struct FmtIQ4_XS {
         const u32 sl = ld32(b + 4);
         const int ls = (int)(((sl >> (4 * s)) & 15) | (((sh >> (2 * s)) & 3) << 4));
         const float dl = h2f(ld16(b)) * (float)(ls - 32);
-        const u32 q = ld32(b + 8 + 16 * s + 4 * (p & 3)) >> (4 * (p >> 2));
+        const u32 q = nibble_part(b + 8 + 16 * s, p);
 #pragma unroll
         for (int i = 0; i < 4; ++i) v[i] = dl * iq4_level((q >> (8 * i)) & 15);
     }
