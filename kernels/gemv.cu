@@ -52,6 +52,36 @@ template <> struct GemvStrided<FmtQ4_1> { static constexpr bool value = false; }
 template <> struct GemvStrided<FmtQ5_1> { static constexpr bool value = false; };
 template <> struct GemvStrided<FmtIQ4_NL> { static constexpr bool value = false; };
 
+// acc[j] += eighth q of sub-block s of row j's block at wp[j], j < GEMV_ROWS.
+template <class F>
+struct GemvRows {
+    __device__ static void dot(const u8* const* wp, int s, int q, float4 xa, float4 xb, float* acc) {
+#pragma unroll
+        for (int j = 0; j < GEMV_ROWS; ++j) acc[j] += F::dot8(wp[j], s, q, xa, xb);
+    }
+};
+
+// Q4_K / Q5_K: the 4 lanes of a sub-block share its scale in every row, and
+// unpacking it costs about as much as the 8 weights' arithmetic; so lane q
+// unpacks row q's and the lanes exchange them with shuffles.
+template <class F>
+struct GemvRowsSharedScale {
+    __device__ static void dot(const u8* const* wp, int s, int q, float4 xa, float4 xb, float* acc) {
+        static_assert(GEMV_ROWS == 4, "one row's scale per lane of a sub-block");
+        const u8* mine = q == 0 ? wp[0] : q == 1 ? wp[1] : q == 2 ? wp[2] : wp[3];
+        float dl, ml;
+        F::scale(mine, s, dl, ml);
+        const int base = (threadIdx.x & 31) & ~3;
+#pragma unroll
+        for (int j = 0; j < GEMV_ROWS; ++j) {
+            const float dj = __shfl_sync(0xffffffffu, dl, base | j), mj = __shfl_sync(0xffffffffu, ml, base | j);
+            acc[j] += F::dot8_scaled(wp[j], s, q, xa, xb, dj, mj);
+        }
+    }
+};
+template <> struct GemvRows<FmtQ4_K> : GemvRowsSharedScale<FmtQ4_K> {};
+template <> struct GemvRows<FmtQ5_K> : GemvRowsSharedScale<FmtQ5_K> {};
+
 // Sum over eighth q of sub-block s of block gb, for a float format's partial
 // last pseudo-block: masked by column, through `part`.
 template <class F>
@@ -69,28 +99,37 @@ __device__ __forceinline__ float masked_dot8(const u8* blk, int s, int q, int gb
     return acc;
 }
 
-// One warp computes row groups gw, gw + n_warps, ...: GEMV_ROWS rows each
-// (rows past nrows are read as the last row and not written). It walks the
-// chunks of its groups in order and issues the next chunk's loads before it
-// decodes the current one. `stage` is the warp's GEMV_ROWS * VECS vectors
-// of shared memory.
+// The block's warps work on sets of GEMV_WARPS / ksplit row groups (of
+// GEMV_ROWS rows; rows past nrows are read as the last row and not written):
+// warp w takes group w / ksplit of the set and chunks c = w % ksplit,
+// c + ksplit, ... of its rows (chunks of `cb` blocks). With ksplit > 1 the
+// ksplit partial sums of a group meet in shared memory, added in a fixed
+// order (results do not depend on timing). Blocks take sets blockIdx.x,
+// blockIdx.x + gridDim.x, ...; every warp of a block finishes every set
+// of the block once, in order, so the barriers match. A warp walks its
+// (set, chunk) sequence and issues the next chunk's loads before it decodes
+// the current one. `stage` is the warp's GEMV_ROWS * VECS vectors of shared
+// memory; requires ksplit | GEMV_WARPS and ksplit <= the chunks per row.
 template <class F>
 __device__ __forceinline__ void gemv_rows(const u8* __restrict__ W, long long row_bytes, const float* __restrict__ x,
-                                          float* __restrict__ y, int nrows, int ncols, int gw, int n_warps,
-                                          uint4* stage) {
+                                          float* __restrict__ y, int nrows, int ncols, int cb, int ksplit,
+                                          uint4* stage, float (*red)[GEMV_ROWS]) {
     typedef GemvChunk<F> C;
-    const int lane = threadIdx.x & 31, q = lane & 3;
+    const int lane = threadIdx.x & 31, q = lane & 3, warp = threadIdx.x >> 5;
+    const int sub = warp % ksplit, per_set = GEMV_WARPS / ksplit, slot = warp / ksplit;
     const int nb = (ncols + F::QK - 1) / F::QK;
-    const int n_chunks = (nb + C::BLOCKS - 1) / C::BLOCKS;
+    const int n_chunks = (nb + cb - 1) / cb;
+    const int chunk_bytes = cb * F::BYTES, rb = (int)row_bytes;  // the launcher keeps row_bytes < 2^31
     const int n_groups = (nrows + GEMV_ROWS - 1) / GEMV_ROWS;
+    const int n_sets = (n_groups + per_set - 1) / per_set;
 
     uint4 regs[GEMV_ROWS][C::VPL];
-    // Chunk c of row r: bytes [c * C::BYTES, min(row_bytes, (c + 1) * C::BYTES))
+    // Chunk c of row r: bytes [c * chunk_bytes, min(row_bytes, (c + 1) * chunk_bytes))
     // of the row, as the 16-byte vectors that cover them.
     auto span = [&](int r, int c, const uint4*& base, int& nvec, int& skew) {
         const u8* row_ptr = W + (long long)min(r, nrows - 1) * row_bytes;
-        const u8* a0 = row_ptr + (long long)c * C::BYTES;
-        const u8* a1 = row_ptr + min((long long)(c + 1) * C::BYTES, row_bytes);
+        const u8* a0 = row_ptr + c * chunk_bytes;
+        const u8* a1 = row_ptr + min(c * chunk_bytes + chunk_bytes, rb);
         base = (const uint4*)((unsigned long long)a0 & ~15ull);
         skew = (int)(a0 - (const u8*)base);
         nvec = (int)((a1 - (const u8*)base + 15) >> 4);
@@ -109,13 +148,14 @@ __device__ __forceinline__ void gemv_rows(const u8* __restrict__ W, long long ro
         }
     };
 
-    int g = gw, c = 0;
-    if (g >= n_groups) return;
+    int set = blockIdx.x, c = sub;
+    if (set >= n_sets) return;  // the whole block
     float acc[GEMV_ROWS];
 #pragma unroll
     for (int j = 0; j < GEMV_ROWS; ++j) acc[j] = 0.0f;
-    load(g, c);
+    load(set * per_set + slot, c);
     for (;;) {
+        const int g = set * per_set + slot;
         int skew[GEMV_ROWS];
         __syncwarp();  // the previous chunk's readers are done with `stage`
 #pragma unroll
@@ -130,11 +170,11 @@ __device__ __forceinline__ void gemv_rows(const u8* __restrict__ W, long long ro
             }
         }
         __syncwarp();
-        int ng = g, nc = c + 1;
-        if (nc == n_chunks) ng += n_warps, nc = 0;
-        if (ng < n_groups) load(ng, nc);
-        const int first = c * C::BLOCKS;
-        const int nblk = min(C::BLOCKS, nb - first);
+        int nset = set, nc = c + ksplit;
+        if (nc >= n_chunks) nset += gridDim.x, nc = sub;
+        if (nset < n_sets) load(nset * per_set + slot, nc);
+        const int first = c * cb;
+        const int nblk = min(cb, nb - first);
         // Items are (sub-block, eighth): 4 consecutive lanes share a
         // sub-block, each lane keeps one eighth q, and one load of x serves
         // all GEMV_ROWS rows.
@@ -157,8 +197,7 @@ __device__ __forceinline__ void gemv_rows(const u8* __restrict__ W, long long ro
                 } else {
                     float4 xa, xb;
                     F::x8(xp, q, xa, xb);
-#pragma unroll
-                    for (int j = 0; j < GEMV_ROWS; ++j) acc[j] += F::dot8(wp[j], s, q, xa, xb);
+                    GemvRows<F>::dot(wp, s, q, xa, xb, acc);
                 }
 #pragma unroll
                 for (int j = 0; j < GEMV_ROWS; ++j) wp[j] += BSTEP * F::BYTES;
@@ -184,32 +223,57 @@ __device__ __forceinline__ void gemv_rows(const u8* __restrict__ W, long long ro
                 }
             }
         }
-        if (c == n_chunks - 1) {
+        if (nset != set) {  // this warp's last chunk of the set
+            if (ksplit == 1) {
 #pragma unroll
-            for (int j = 0; j < GEMV_ROWS; ++j) {
-                const float sum = warp_sum(acc[j]);
-                const int r = g * GEMV_ROWS + j;
-                if (lane == 0 && r < nrows) y[r] = sum;
-                acc[j] = 0.0f;
+                for (int j = 0; j < GEMV_ROWS; ++j) {
+                    const float sum = warp_sum(acc[j]);
+                    const int r = g * GEMV_ROWS + j;
+                    if (lane == 0 && r < nrows) y[r] = sum;
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < GEMV_ROWS; ++j) {
+                    const float sum = warp_sum(acc[j]);
+                    if (lane == 0) red[warp][j] = sum;
+                }
+                __syncthreads();
+                if (sub == 0 && lane < GEMV_ROWS) {
+                    float sum = red[warp][lane];
+                    for (int t = 1; t < ksplit; ++t) sum += red[warp + t][lane];
+                    const int r = g * GEMV_ROWS + lane;
+                    if (r < nrows) y[r] = sum;
+                }
+                __syncthreads();  // `red` is free for the next set
             }
+#pragma unroll
+            for (int j = 0; j < GEMV_ROWS; ++j) acc[j] = 0.0f;
         }
-        if (ng >= n_groups) return;
-        g = ng, c = nc;
+        if (nset >= n_sets) return;
+        set = nset, c = nc;
     }
 }
 
 template <class F>
 __device__ __forceinline__ void gemv(const u8* __restrict__ W, const float* __restrict__ x, float* __restrict__ y,
-                                     int nrows, int ncols, long long row_bytes) {
+                                     int nrows, int ncols, long long row_bytes, int cb, int ksplit) {
     __shared__ uint4 stage[GEMV_WARPS][GEMV_ROWS * GemvChunk<F>::VECS];
-    const int warp = threadIdx.x >> 5;
-    gemv_rows<F>(W, row_bytes, x, y, nrows, ncols, blockIdx.x * GEMV_WARPS + warp, gridDim.x * GEMV_WARPS,
-                 stage[warp]);
+    __shared__ float red[GEMV_WARPS][GEMV_ROWS];
+    gemv_rows<F>(W, row_bytes, x, y, nrows, ncols, cb, ksplit, stage[threadIdx.x >> 5], red);
 }
 
+// Blocks per SM the compiler must fit (register cap): 5 (96 registers on
+// sm_52, 20 warps) where that does not spill, 4 where it does.
+template <class F> struct GemvOccupancy { static constexpr int value = 5; };
+template <> struct GemvOccupancy<FmtF32> { static constexpr int value = 4; };
+template <> struct GemvOccupancy<FmtQ3_K> { static constexpr int value = 4; };
+
+// cb: blocks per chunk (1 .. GemvChunk<F>::BLOCKS); ksplit: 1, 2 or 4 warps
+// per row group, at most the chunks per row.
 #define GEMV_KERNEL(name, F)                                                                                     \
-    extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)                                                 \
-        gemv_##name##_f32(const u8* W, const float* x, float* y, int nrows, int ncols, long long row_bytes) { \
-        gemv<F>(W, x, y, nrows, ncols, row_bytes);                                                               \
+    extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS, GemvOccupancy<F>::value)                                               \
+        gemv_##name##_f32(const u8* W, const float* x, float* y, int nrows, int ncols, long long row_bytes, int cb, \
+                          int ksplit) {                                                                          \
+        gemv<F>(W, x, y, nrows, ncols, row_bytes, cb, ksplit);                                                   \
     }
 M40_FORMATS(GEMV_KERNEL)

@@ -70,6 +70,31 @@ __device__ __forceinline__ float dot4_bytes(u32 w, float4 x, float c) {
            (magic_byte(w, 3) - k) * x.w;
 }
 
+// Biased-free decode for values of up to 6 bits (v < 2^k, k <= 7): a byte
+// holding 0x80 | v << (7 - k) under the exponent byte 0x3f is the float
+// 1 + v / 2^k, exact. A sum over weights of (1 + v/2^k) * x_i is then
+// S = X + (sum v x) / 2^k with X = sum x_i, so sum (v - c) x = 2^k S - (2^k + c) X:
+// one byte_perm and one FMA per weight, no per-weight bias subtraction (X is
+// computed once per eighth and shared by every row). The leading 1 costs
+// precision only in proportion to sum |x|, and the test tolerance covers it.
+//
+// Float from byte i of t (t's bytes already hold 0x80 | v << (7 - k)).
+__device__ __forceinline__ float unit_byte(u32 t, int i) {
+    return __int_as_float(__byte_perm(t, 0x3f000000u, 0x7044 | (i << 8)));
+}
+
+// acc + sum_i unit_byte(t, i) * x_i.
+__device__ __forceinline__ float fma4_units(u32 t, float4 x, float acc) {
+    acc = fmaf(unit_byte(t, 0), x.x, acc);
+    acc = fmaf(unit_byte(t, 1), x.y, acc);
+    acc = fmaf(unit_byte(t, 2), x.z, acc);
+    return fmaf(unit_byte(t, 3), x.w, acc);
+}
+
+// Low / high nibbles of each byte of w, placed as 0x80 | v << 3 (k = 4).
+__device__ __forceinline__ u32 units_lo4(u32 w) { return ((w << 3) & 0x78787878u) | 0x80808080u; }
+__device__ __forceinline__ u32 units_hi4(u32 w) { return ((w >> 1) & 0x78787878u) | 0x80808080u; }
+
 __device__ __forceinline__ float4 ld_x4(const float* p) { return *(const float4*)p; }
 
 __device__ __forceinline__ float hsum4(float4 x) { return (x.x + x.y) + (x.z + x.w); }
@@ -196,8 +221,8 @@ struct FmtQ4_0 {
     X8_NIBBLE_SPLIT
     __device__ static float dot8(const u8* b, int, int q, float4 x, float4 y) {
         const u32 w = ld32(b + 2 + 4 * q);
-        const float sum = dot4_bytes(w & 0x0f0f0f0fu, x, 8.0f) + dot4_bytes((w >> 4) & 0x0f0f0f0fu, y, 8.0f);
-        return h2f(ld16(b)) * sum;
+        const float S = fma4_units(units_hi4(w), y, fma4_units(units_lo4(w), x, 0.0f));
+        return h2f(ld16(b)) * fmaf(16.0f, S, -24.0f * (hsum4(x) + hsum4(y)));
     }
 };
 
@@ -214,8 +239,9 @@ struct FmtQ4_1 {
     X8_NIBBLE_SPLIT
     __device__ static float dot8(const u8* b, int, int q, float4 x, float4 y) {
         const u32 w = ld32(b + 4 + 4 * q);
-        const float sum = dot4_bytes(w & 0x0f0f0f0fu, x, 0.0f) + dot4_bytes((w >> 4) & 0x0f0f0f0fu, y, 0.0f);
-        return h2f(ld16(b)) * sum + h2f(ld16(b + 2)) * (hsum4(x) + hsum4(y));
+        const float S = fma4_units(units_hi4(w), y, fma4_units(units_lo4(w), x, 0.0f));
+        const float d = h2f(ld16(b)), X = hsum4(x) + hsum4(y);
+        return fmaf(16.0f * d, S, (h2f(ld16(b + 2)) - 16.0f * d) * X);
     }
 };
 
@@ -295,15 +321,15 @@ struct FmtQ3_K {
     DOT8_VIA_PARTS(FmtQ3_K)
 };
 
-// (scale, min) of sub-block j from the 12 packed bytes at q (Q4_K, Q5_K).
+// (scale, min) of sub-block j from the 12 packed bytes at q (Q4_K, Q5_K),
+// without branches (lanes of one warp ask for different j).
 __device__ __forceinline__ void scale_min_k4(const u8* q, int j, float& sc, float& m) {
-    if (j < 4) {
-        sc = (float)(q[j] & 63);
-        m = (float)(q[j + 4] & 63);
-    } else {
-        sc = (float)((q[j + 4] & 15) | ((q[j - 4] >> 6) << 4));
-        m = (float)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
-    }
+    const int i = j & 3;
+    const u32 a = q[i], b = q[i + 4], c = q[i + 8];
+    const u32 s = j < 4 ? a & 63 : (c & 15) | ((a >> 6) << 4);
+    const u32 n = j < 4 ? b & 63 : (c >> 4) | ((b >> 6) << 4);
+    sc = u2f_sub(s, 0);
+    m = u2f_sub(n, 0);
 }
 
 // The scale and offset of sub-block s of a Q4_K / Q5_K block: weight = dl * q - ml.
@@ -313,6 +339,18 @@ __device__ __forceinline__ void k4_scale(const u8* b, int s, float& dl, float& m
     dl = h2f(ld16(b)) * sc;
     ml = h2f(ld16(b + 2)) * m;
 }
+
+// Formats whose per-sub-block scale is costly to unpack (Q4_K, Q5_K) also
+// offer `scale(blk, s, dl, ml)` and `dot8_scaled(blk, s, q, x, y, dl, ml)`,
+// so that the 4 lanes sharing a sub-block can unpack one row's scale each and
+// exchange them (gemv.cu `GemvRows`).
+#define K4_SCALED_DOT8                                                                      \
+    __device__ static void scale(const u8* b, int s, float& dl, float& ml) { k4_scale(b, s, dl, ml); } \
+    __device__ static float dot8(const u8* b, int s, int q, float4 x, float4 y) {           \
+        float dl, ml;                                                                       \
+        k4_scale(b, s, dl, ml);                                                             \
+        return dot8_scaled(b, s, q, x, y, dl, ml);                                          \
+    }
 
 // d, dmin: f16 | scales[12] | qs[128]: sub-block s in the low (s even) or
 // high (s odd) nibbles of qs[32*(s/2) ..]
@@ -327,15 +365,18 @@ struct FmtQ4_K {
     }
     // Weights 8q .. 8q+7 of the sub-block: nibble s%2 of qs[32(s/2) + 8q ..].
     X8_CONSECUTIVE
-    __device__ static float dot8(const u8* b, int s, int q, float4 x, float4 y) {
-        float dl, ml;
-        k4_scale(b, s, dl, ml);
+    __device__ static float dot8_scaled(const u8* b, int s, int q, float4 x, float4 y, float dl, float ml) {
         const u8* qp = b + 16 + 32 * (s >> 1) + 8 * q;
-        const int sh = 4 * (s & 1);
-        const u32 w0 = (ld32(qp) >> sh) & 0x0f0f0f0fu, w1 = (ld32(qp + 4) >> sh) & 0x0f0f0f0fu;
-        const float sum = dot4_bytes(w0, x, 0.0f) + dot4_bytes(w1, y, 0.0f);
-        return dl * sum - ml * (hsum4(x) + hsum4(y));
+        // Nibble s%2 of each byte to bits 3..6: a rotate right by 1 (high)
+        // or left by 3 (low), then one mask-and-or.
+        const int rot = s & 1 ? 1 : 29;
+        const u32 w0 = ld32(qp), w1 = ld32(qp + 4);
+        const u32 t0 = (__funnelshift_r(w0, w0, rot) & 0x78787878u) | 0x80808080u;
+        const u32 t1 = (__funnelshift_r(w1, w1, rot) & 0x78787878u) | 0x80808080u;
+        const float S = fma4_units(t1, y, fma4_units(t0, x, 0.0f));
+        return fmaf(16.0f * dl, S, -(16.0f * dl + ml) * (hsum4(x) + hsum4(y)));
     }
+    K4_SCALED_DOT8
 };
 
 // d, dmin: f16 | scales[12] | qh[32]: bit s of qh[o] is the 5th bit | qs[128] as Q4_K
@@ -349,7 +390,20 @@ struct FmtQ5_K {
 #pragma unroll
         for (int i = 0; i < 4; ++i) v[i] = dl * u2f_sub(((q >> (8 * i)) & 15) | (((qh >> (8 * i)) & 1) << 4), 0) - ml;
     }
-    DOT8_VIA_PARTS(FmtQ5_K)
+    // Weights 8q .. 8q+7: nibble s%2 of qs[32(s/2) + 8q ..], bit s of
+    // qh[8q ..], as 0x80 | v << 2 (k = 5).
+    X8_CONSECUTIVE
+    __device__ static float dot8_scaled(const u8* b, int s, int q, float4 x, float4 y, float dl, float ml) {
+        const u8* qp = b + 48 + 32 * (s >> 1) + 8 * q;
+        const u8* hp = b + 16 + 8 * q;
+        const int sh = 4 * (s & 1);
+        const u32 t0 = (((ld32(qp) >> sh) & 0x0f0f0f0fu) << 2) | (((ld32(hp) >> s) & 0x01010101u) << 6) | 0x80808080u;
+        const u32 t1 =
+            (((ld32(qp + 4) >> sh) & 0x0f0f0f0fu) << 2) | (((ld32(hp + 4) >> s) & 0x01010101u) << 6) | 0x80808080u;
+        const float S = fma4_units(t1, y, fma4_units(t0, x, 0.0f));
+        return fmaf(32.0f * dl, S, -(32.0f * dl + ml) * (hsum4(x) + hsum4(y)));
+    }
+    K4_SCALED_DOT8
 };
 
 // ql[128]: low 4 bits | qh[64]: high 2 bits | scales[16]: i8 | d: f16
@@ -373,9 +427,12 @@ struct FmtQ6_K {
         const u8* ql = b + 64 * n + 32 * (k & 1) + 8 * q;
         const u8* qh = b + 128 + 32 * n + 8 * q;
         const int lsh = 4 * (k >> 1), hsh = 2 * k;
-        const u32 w0 = ((ld32(ql) >> lsh) & 0x0f0f0f0fu) | (((ld32(qh) >> hsh) & 0x03030303u) << 4);
-        const u32 w1 = ((ld32(ql + 4) >> lsh) & 0x0f0f0f0fu) | (((ld32(qh + 4) >> hsh) & 0x03030303u) << 4);
-        return dl * (dot4_bytes(w0, x, 32.0f) + dot4_bytes(w1, y, 32.0f));
+        // The 6-bit values as 0x80 | v << 1 (k = 6).
+        const u32 t0 = (((ld32(ql) >> lsh) & 0x0f0f0f0fu) << 1) | (((ld32(qh) >> hsh) & 0x03030303u) << 5) | 0x80808080u;
+        const u32 t1 =
+            (((ld32(ql + 4) >> lsh) & 0x0f0f0f0fu) << 1) | (((ld32(qh + 4) >> hsh) & 0x03030303u) << 5) | 0x80808080u;
+        const float S = fma4_units(t1, y, fma4_units(t0, x, 0.0f));
+        return dl * fmaf(64.0f, S, -96.0f * (hsum4(x) + hsum4(y)));
     }
 };
 

@@ -69,6 +69,17 @@ impl Kernel {
         self.name
     }
 
+    /// How many blocks of `block_threads` threads (no dynamic shared memory)
+    /// one SM holds at once, by the driver's occupancy calculator.
+    pub fn max_active_blocks_per_sm(&self, block_threads: u32) -> Result<u32> {
+        self.func
+            .occupancy_max_active_blocks_per_multiprocessor(block_threads, 0, None)
+            .map_err(|source| DeviceError::Driver {
+                op: "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+                source,
+            })
+    }
+
     /// Registers, shared and local memory as the JIT compiled it for this GPU.
     pub fn attributes(&self) -> Result<KernelAttributes> {
         use sys::CUfunction_attribute_enum as A;

@@ -10,7 +10,8 @@
 //! launch (no launch gaps: the kernel itself). `us (stream)`: the same 20
 //! launches queued on the stream one by one, median over 30 batches (what a
 //! caller that launches kernels one at a time sees). Bytes counted: weights
-//! + x + y. `M40_BENCH_JSON=path` also writes the table as JSON.
+//! + x + y. `split`: warps per row group the launcher chose; `us k=N`: the
+//! graph time with N forced. `M40_BENCH_JSON=path` also writes the table as JSON.
 //!
 //! Without a GPU it prints why and exits 0 (1 with M40_REQUIRE_GPU=1).
 
@@ -93,8 +94,8 @@ fn main() {
     println!("read bandwidth (read_probe, 2 GiB, median of {RUNS} batches): {ceiling:.0} GB/s\n");
 
     let shapes = [(4096usize, 4096usize), (14336, 4096), (4096, 14336)];
-    println!("| format | rows x cols | weights MB | us | GB/s | % of read | us (stream) | regs sm_52 | smem B |");
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("| format | rows x cols | weights MB | us | GB/s | % of read | us (stream) | split | us k=1 | us k=2 | us k=4 | regs sm_52 | smem B |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let report = include_str!("../../../kernels/ptx/gemv.sm_52.txt");
     let mut json = Vec::new();
     for f in KernelFormat::ALL {
@@ -126,34 +127,52 @@ fn main() {
                 };
                 k.gemv(&s, &m, &xv, &mut y).expect("gemv")
             });
-            // The same BATCH launches captured once and replayed: no launch gaps.
-            let graph = s
-                .capture(|s| {
-                    for i in 0..BATCH {
-                        let m = QMatrix {
-                            ty: f.ty,
-                            data: &views[i % copies],
-                            rows,
-                            cols,
-                        };
-                        k.gemv(s, &m, &xv, &mut y)?;
-                    }
-                    Ok::<(), m40_kernels::KernelError>(())
+            // The same BATCH launches captured once and replayed: no launch
+            // gaps. The launcher's plan, then each forced split (1, 2, 4 warps
+            // per row group; "-" where a row has too few chunks for it).
+            let mut graph_ms = |ksplit: Option<u32>| {
+                let mut plan = None;
+                let graph = s
+                    .capture(|s| {
+                        for i in 0..BATCH {
+                            let m = QMatrix {
+                                ty: f.ty,
+                                data: &views[i % copies],
+                                rows,
+                                cols,
+                            };
+                            plan = Some(k.gemv_split(s, &m, &xv, &mut y, ksplit)?);
+                        }
+                        Ok::<(), m40_kernels::KernelError>(())
+                    })
+                    .expect("capture");
+                // SAFETY: the weights, x and y the graph uses outlive it (dropped below).
+                let ms = time_batches(&s, || unsafe { graph.launch().expect("graph launch") });
+                drop(graph);
+                s.synchronize().expect("gemv run");
+                (ms, plan.expect("planned"))
+            };
+            let (ms, plan) = graph_ms(None);
+            let splits: Vec<String> = [1, 2, 4]
+                .iter()
+                .map(|&k| match graph_ms(Some(k)) {
+                    (ms, p) if p.ksplit == k => format!("{:.1}", ms * 1e3),
+                    _ => "-".to_string(),
                 })
-                .expect("capture");
-            // SAFETY: the weights, x and y the graph uses outlive it (dropped below).
-            let ms = time_batches(&s, || unsafe { graph.launch().expect("graph launch") });
-            drop(graph);
-            s.synchronize().expect("gemv run");
+                .collect();
             let bytes = (wbytes + cols * 4 + rows * 4) as f64;
             let gbs = bytes / (ms * 1e-3) / 1e9;
             println!(
-                "| {} | {rows}x{cols} | {:.1} | {:.1} | {gbs:.0} | {:.1}% | {:.1} | {regs} | {} |",
+                "| {} | {rows}x{cols} | {:.1} | {:.1} | {gbs:.0} | {:.1}% | {:.1} | {} | {} | {} | {} | {regs} | {} |",
                 f.ty,
                 wbytes as f64 / 1e6,
                 ms * 1e3,
                 100.0 * gbs / ceiling,
                 ms_stream * 1e3,
+                plan.ksplit,
+                splits[0],
+                splits[1],
+                splits[2],
                 gemv_shared_bytes(&f)
             );
             json.push(format!(

@@ -94,15 +94,23 @@ const GEMV_CHUNK_BYTES: usize = 1008;
 /// Rows a GEMV warp works on at once: `GEMV_ROWS` in kernels/gemv.cu.
 pub const GEMV_ROWS: usize = 4;
 
-/// Static shared memory of `gemv_<fmt>_f32` per block: GEMV_WARPS x
-/// GEMV_ROWS slices of `GemvChunk<F>::VECS` 16-byte vectors (kernels/gemv.cu).
-pub fn gemv_shared_bytes(f: &KernelFormat) -> usize {
+/// Blocks of `f` per GEMV chunk at most: `GemvChunk<F>::BLOCKS` in
+/// kernels/gemv.cu (as many as fit GEMV_CHUNK_BYTES; a multiple of 8 for
+/// formats of one 32-weight sub-block per block).
+pub fn gemv_chunk_blocks(f: &KernelFormat) -> usize {
     let fit = GEMV_CHUNK_BYTES / f.bytes;
-    let blocks = if f.subs == 8 {
+    if f.subs == 8 {
         fit.max(1)
     } else {
         (fit & !7).max(8)
-    };
-    let vecs = (blocks * f.bytes + 30) / 16;
-    GEMV_WARPS as usize * GEMV_ROWS * vecs * 16
+    }
+}
+
+/// Static shared memory of `gemv_<fmt>_f32` per block: GEMV_WARPS x
+/// GEMV_ROWS slices of `GemvChunk<F>::VECS` 16-byte vectors, and the
+/// GEMV_WARPS x GEMV_ROWS floats where split rows meet (kernels/gemv.cu).
+pub fn gemv_shared_bytes(f: &KernelFormat) -> usize {
+    let vecs = (gemv_chunk_blocks(f) * f.bytes + 30) / 16;
+    let warps = GEMV_WARPS as usize;
+    warps * GEMV_ROWS * vecs * 16 + warps * GEMV_ROWS * 4
 }

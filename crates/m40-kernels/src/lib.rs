@@ -19,8 +19,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use m40_device::{Device, Kernel, Module};
 
 pub use error::{KernelError, Result};
-pub use format::{gemv_shared_bytes, KernelFormat};
-pub use ops::{QMatrix, RopeParams, RopeStyle};
+pub use format::{gemv_chunk_blocks, gemv_shared_bytes, KernelFormat};
+pub use ops::{GemvPlan, QMatrix, RopeParams, RopeStyle};
 
 /// Shared memory a block may use on sm_52 (and without opt-in on any GPU).
 pub const MAX_SHARED_PER_BLOCK: usize = 48 * 1024;
@@ -44,6 +44,8 @@ pub struct Kernels {
     device: Arc<Device>,
     modules: [OnceLock<Module>; MODULES.len()],
     handles: Mutex<HashMap<&'static str, Kernel>>,
+    /// Blocks of a kernel the whole GPU holds at once, by kernel name.
+    resident: Mutex<HashMap<&'static str, usize>>,
 }
 
 impl Kernels {
@@ -52,6 +54,7 @@ impl Kernels {
             device,
             modules: Default::default(),
             handles: Mutex::new(HashMap::new()),
+            resident: Mutex::new(HashMap::new()),
         }
     }
 
@@ -68,6 +71,19 @@ impl Kernels {
         let k = self.lookup(module, name)?;
         handles.insert(name, k.clone());
         Ok(k)
+    }
+
+    /// Blocks of `threads` threads of `kernel` that the GPU holds at once
+    /// (SMs x the occupancy calculator's blocks per SM), looked up once.
+    pub(crate) fn resident_blocks(&self, kernel: &Kernel, threads: u32) -> Result<usize> {
+        let mut resident = self.resident.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(&n) = resident.get(kernel.name()) {
+            return Ok(n);
+        }
+        let per_sm = kernel.max_active_blocks_per_sm(threads)?.max(1) as usize;
+        let n = per_sm * self.device.info().sm_count.max(1) as usize;
+        resident.insert(kernel.name(), n);
+        Ok(n)
     }
 
     fn lookup(&self, module: &'static str, name: &'static str) -> Result<Kernel> {

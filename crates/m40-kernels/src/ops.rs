@@ -4,7 +4,7 @@ use m40_device::{DeviceBuffer, DeviceView, LaunchConfig, Stream};
 use m40_gguf::GgmlType;
 
 use crate::error::{KernelError, Result};
-use crate::format::{gemv_shared_bytes, KernelFormat, GEMV_ROWS, GEMV_WARPS};
+use crate::format::{gemv_chunk_blocks, gemv_shared_bytes, KernelFormat, GEMV_ROWS, GEMV_WARPS};
 use crate::{Kernels, MAX_SHARED_PER_BLOCK};
 
 /// Threads per block of kernels/rmsnorm.cu.
@@ -15,8 +15,6 @@ const EMBED_THREADS: u32 = 128;
 const ELEMENTWISE_THREADS: u32 = 256;
 /// Threads per block of kernels/rope.cu (`ROPE_THREADS`).
 const ROPE_THREADS: u32 = 128;
-/// GEMV launches about this many blocks (of GEMV_WARPS warps) per SM.
-const GEMV_BLOCKS_PER_SM: usize = 8;
 /// Grid-stride kernels launch at most this many blocks per SM.
 const BLOCKS_PER_SM: u32 = 16;
 
@@ -49,6 +47,56 @@ pub struct QMatrix<'a> {
     pub cols: usize,
 }
 
+/// How a GEMV launch divides the work (kernels/gemv.cu): rows in groups of
+/// GEMV_ROWS, each row in chunks of `chunk_blocks` format blocks, `ksplit`
+/// warps per group taking every ksplit-th chunk, and `blocks` blocks of
+/// GEMV_WARPS warps looping over sets of GEMV_WARPS / ksplit groups.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemvPlan {
+    pub blocks: u32,
+    pub ksplit: u32,
+    pub chunk_blocks: u32,
+}
+
+impl GemvPlan {
+    /// The plan for a `nrows` x `ncols` matrix of format `f` on a GPU that
+    /// holds `resident` GEMV blocks at once. `ksplit` forces a split (it is
+    /// lowered to what the row's chunks allow); None picks the one that
+    /// finishes in the fewest rounds of chunks, counting a partly filled
+    /// wave of blocks as a full one (the smaller split on ties).
+    pub fn new(f: &KernelFormat, nrows: usize, ncols: usize, resident: usize, ksplit: Option<u32>) -> GemvPlan {
+        let nb = ncols.div_ceil(f.qk).max(1);
+        let most = gemv_chunk_blocks(f);
+        // Even chunks: as few as the cap allows, blocks spread evenly over
+        // them (a multiple of 8 where lanes take 8 blocks per round).
+        let align = if f.subs == 8 { 1 } else { 8 };
+        let cb = nb.div_ceil(nb.div_ceil(most)).next_multiple_of(align).min(most);
+        let n_chunks = nb.div_ceil(cb);
+        let groups = nrows.div_ceil(GEMV_ROWS).max(1);
+        let resident = resident.max(1);
+        let warps = GEMV_WARPS as usize;
+        let sets = |k: usize| groups.div_ceil(warps / k);
+        let cost = |k: usize| sets(k).div_ceil(resident) * n_chunks.div_ceil(k);
+        let allowed = |k: usize| k <= n_chunks;
+        let k = match ksplit {
+            Some(k) => [4, 2, 1]
+                .into_iter()
+                .find(|&c| c <= k as usize && allowed(c))
+                .unwrap_or(1),
+            None => [1, 2, 4]
+                .into_iter()
+                .filter(|&k| allowed(k))
+                .min_by_key(|&k| cost(k))
+                .unwrap_or(1),
+        };
+        GemvPlan {
+            blocks: sets(k).min(resident) as u32,
+            ksplit: k as u32,
+            chunk_blocks: cb as u32,
+        }
+    }
+}
+
 fn shape(kernel: &'static str, what: String) -> KernelError {
     KernelError::Shape { kernel, what }
 }
@@ -77,17 +125,6 @@ fn cfg(grid: (u32, u32, u32), block: u32) -> LaunchConfig {
 }
 
 impl Kernels {
-    /// GEMV blocks for `nrows` rows: about GEMV_BLOCKS_PER_SM per SM, shrunk
-    /// so that every warp gets the same number of GEMV_ROWS-row groups
-    /// (kernels/gemv.cu).
-    fn gemv_blocks(&self, nrows: usize) -> usize {
-        let warps = GEMV_WARPS as usize;
-        let groups = nrows.div_ceil(GEMV_ROWS);
-        let most = self.device().info().sm_count.max(1) as usize * GEMV_BLOCKS_PER_SM * warps;
-        let per_warp = groups.div_ceil(most).max(1);
-        groups.div_ceil(per_warp).div_ceil(warps)
-    }
-
     fn flat_grid(&self, n: usize) -> u32 {
         let cap = self.device().info().sm_count.max(1) * BLOCKS_PER_SM;
         (n.div_ceil(ELEMENTWISE_THREADS as usize) as u64).clamp(1, cap as u64) as u32
@@ -195,15 +232,33 @@ impl Kernels {
         x: &DeviceView<'_, f32>,
         y: &mut DeviceBuffer<f32>,
     ) -> Result<()> {
+        self.gemv_split(stream, w, x, y, None).map(|_| ())
+    }
+
+    /// [`Kernels::gemv`] with a forced split of each row's chunks over
+    /// `ksplit` warps (benches compare them); returns the plan launched.
+    pub fn gemv_split(
+        &self,
+        stream: &Stream,
+        w: &QMatrix<'_>,
+        x: &DeviceView<'_, f32>,
+        y: &mut DeviceBuffer<f32>,
+        ksplit: Option<u32>,
+    ) -> Result<GemvPlan> {
         const K: &str = "gemv";
         let (ty, nrows, ncols) = (w.ty, w.rows, w.cols);
         let w = w.data;
         let f = KernelFormat::of(ty, K)?;
         let row_bytes = f.row_bytes(ncols, K)?;
         if nrows == 0 {
-            return Ok(());
+            return Ok(GemvPlan {
+                blocks: 0,
+                ksplit: 1,
+                chunk_blocks: 0,
+            });
         }
         check_len(K, "weights", w.len(), nrows * row_bytes)?;
+        to_i32(K, "row bytes", row_bytes)?;
         check_len(K, "x", x.len(), ncols)?;
         check_len(K, "y", y.len(), nrows)?;
         if !x.is_aligned(16) {
@@ -221,19 +276,23 @@ impl Kernels {
                 limit,
             });
         }
-        let blocks = self.gemv_blocks(nrows);
-        let grid = (to_i32(K, "row blocks", blocks)? as u32, 1, 1);
         let kernel = self.kernel("gemv", f.gemv)?;
+        let resident = self.resident_blocks(&kernel, 32 * GEMV_WARPS)?;
+        let plan = GemvPlan::new(&f, nrows, ncols, resident, ksplit);
+        let grid = (plan.blocks, 1, 1);
+        let (cb, ks) = (plan.chunk_blocks as i32, plan.ksplit as i32);
         let (nrows, ncols, row_bytes) = (
             to_i32(K, "nrows", nrows)?,
             to_i32(K, "ncols", ncols)?,
             row_bytes as i64,
         );
         // SAFETY: gemv_<fmt>_f32(const u8* W, const float* x, float* y, int nrows,
-        // int ncols, long long row_bytes): warp r reads row r of W (up to 15 bytes
-        // past its end, inside the buffer's TAIL_SLACK or the next row) and
-        // x[..ncols] with 16-byte loads (alignment checked), and writes y[r], for
-        // r < nrows; lengths checked above.
+        // int ncols, long long row_bytes, int cb, int ksplit): reads rows < nrows
+        // of W (up to 15 bytes past a row's end, inside the buffer's TAIL_SLACK
+        // or the next row) and x[..ncols] with 16-byte loads (alignment
+        // checked), and writes y[r] for r < nrows; lengths checked above; the
+        // plan keeps 1 <= cb <= GemvChunk::BLOCKS and ksplit in {1, 2, 4}, at
+        // most the chunks per row.
         unsafe {
             stream
                 .launch(&kernel)
@@ -243,9 +302,11 @@ impl Kernels {
                 .scalar(&nrows)
                 .scalar(&ncols)
                 .scalar(&row_bytes)
+                .scalar(&cb)
+                .scalar(&ks)
                 .run(cfg(grid, 32 * GEMV_WARPS))?
         };
-        Ok(())
+        Ok(plan)
     }
 
     /// RoPE in place. x: (n_tok, n_head, head_dim); pos: (n_tok); inv_freq:
@@ -464,6 +525,42 @@ impl Kernels {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every plan covers each row with chunks the kernel can stage, splits
+    /// rows only as far as they have chunks, and launches 1..=resident blocks;
+    /// a GPU starved of row groups gets split rows.
+    #[test]
+    fn gemv_plans_are_within_the_kernel_limits() {
+        for f in KernelFormat::ALL {
+            for rows in [1, 3, 4, 5, 1000, 4096, 4099, 14336] {
+                for cols in [f.qk, 3 * f.qk, 4096, 14336, 65 * f.qk] {
+                    for resident in [1, 96, 660] {
+                        for ksplit in [None, Some(1), Some(2), Some(4), Some(3)] {
+                            let p = GemvPlan::new(&f, rows, cols, resident, ksplit);
+                            let nb = cols.div_ceil(f.qk);
+                            let cb = p.chunk_blocks as usize;
+                            let n_chunks = nb.div_ceil(cb);
+                            let what = format!("{} {rows}x{cols} on {resident}: {p:?}", f.ty);
+                            assert!(cb >= 1 && cb <= gemv_chunk_blocks(&f), "{what}");
+                            assert!([1, 2, 4].contains(&p.ksplit), "{what}");
+                            assert!(p.ksplit as usize <= n_chunks, "{what}");
+                            if let Some(k) = ksplit {
+                                assert!(p.ksplit <= k, "{what}");
+                            }
+                            assert!(p.blocks >= 1 && p.blocks as usize <= resident, "{what}");
+                        }
+                    }
+                }
+            }
+        }
+        let q4 = KernelFormat::of(GgmlType::Q4_0, "test").unwrap();
+        // 1024 row groups on 660 resident blocks of 4 warps: split in two.
+        assert_eq!(GemvPlan::new(&q4, 4096, 14336, 660, None).ksplit, 2);
+        // Enough groups on a small GPU: no split.
+        assert_eq!(GemvPlan::new(&q4, 4096, 4096, 96, None).ksplit, 1);
+        // Q4_0 rows of 4096: 128 blocks in 3 even chunks of 48 (a multiple of 8).
+        assert_eq!(GemvPlan::new(&q4, 1, 4096, 1, None).chunk_blocks, 48);
+    }
 
     /// The launchers' shared-memory figures match what ptxas reported for the
     /// committed PTX, and all fit in 48 KB.

@@ -80,7 +80,6 @@ fn gemv_every_format_matches_cpu() {
             let wg = s.upload(&w, "weights").unwrap();
             let xg = s.upload(&x, "x").unwrap();
             let mut y = s.alloc::<f32>(rows, "y").unwrap();
-            s.fill_bytes(&mut y, 0xFF).unwrap();
             let wv = wg.view();
             let m = QMatrix {
                 ty: f.ty,
@@ -88,11 +87,19 @@ fn gemv_every_format_matches_cpu() {
                 rows,
                 cols,
             };
-            k.gemv(&s, &m, &xg.view(), &mut y).unwrap();
-            let got = s.download(&y).unwrap();
-            check(&format!("gemv {} {rows}x{cols}", f.ty), &got, &want, |i| {
-                1e-5 * mag[i] + 1e-30
-            });
+            // The launcher's own plan, then each split of a row's chunks over
+            // 1, 2 and 4 warps (lowered where a row has fewer chunks).
+            for ksplit in [None, Some(1), Some(2), Some(4)] {
+                s.fill_bytes(&mut y, 0xFF).unwrap();
+                let plan = k.gemv_split(&s, &m, &xg.view(), &mut y, ksplit).unwrap();
+                let got = s.download(&y).unwrap();
+                check(
+                    &format!("gemv {} {rows}x{cols} {plan:?}", f.ty),
+                    &got,
+                    &want,
+                    |i| 1e-5 * mag[i] + 1e-30,
+                );
+            }
         }
     }
 }
