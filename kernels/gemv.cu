@@ -4,10 +4,11 @@
 // Layout: W (nrows, row_bytes) in its GGUF format, rows back to back (the
 // buffer has >= 15 bytes of slack after the last row: TAIL_SLACK in
 // m40-device); x (ncols) FP32, 16-byte aligned; y (nrows) FP32.
-// Launch: block 32 * GEMV_WARPS; any grid: warp g of n takes row groups
-// g, g + n, ... of GEMV_ROWS rows (the launcher picks n so every warp gets
-// the same number of groups and the GPU is filled about once). No block-wide
-// barriers.
+// Launch: block 32 * GEMV_WARPS; any grid (the launcher's GemvPlan, ops.rs,
+// fills the GPU's resident blocks about once). Rows come in groups of
+// GEMV_ROWS; each group is done by 1, 2 or 4 warps of a block (`ksplit`,
+// each taking every ksplit-th chunk of the rows), so that shapes with few
+// row groups (4096 rows on a 132-SM GPU) still keep every SM busy.
 //
 // Why this shape: decode is bound by the bytes of W, so each warp streams its
 // rows in chunks with 16-byte coalesced loads (whatever the block size: 18-,
@@ -40,17 +41,6 @@ struct GemvChunk {
     static constexpr int VECS = (BYTES + 15 + 15) / 16;  // + up to 15 bytes of misalignment
     static constexpr int VPL = (VECS + 31) / 32;         // 16-byte vectors per lane and row
 };
-
-// Which item loop a format uses (same work, different code; which one the
-// compiler schedules better was measured per format on an H100: BENCHMARKS.md
-// v13): strided pointers, or indices recomputed per item.
-template <class F> struct GemvStrided { static constexpr bool value = true; };
-template <> struct GemvStrided<FmtF16> { static constexpr bool value = false; };
-template <> struct GemvStrided<FmtBF16> { static constexpr bool value = false; };
-template <> struct GemvStrided<FmtQ4_0> { static constexpr bool value = false; };
-template <> struct GemvStrided<FmtQ4_1> { static constexpr bool value = false; };
-template <> struct GemvStrided<FmtQ5_1> { static constexpr bool value = false; };
-template <> struct GemvStrided<FmtIQ4_NL> { static constexpr bool value = false; };
 
 // acc[j] += eighth q of sub-block s of row j's block at wp[j], j < GEMV_ROWS.
 template <class F>
@@ -177,51 +167,29 @@ __device__ __forceinline__ void gemv_rows(const u8* __restrict__ W, long long ro
         const int nblk = min(cb, nb - first);
         // Items are (sub-block, eighth): 4 consecutive lanes share a
         // sub-block, each lane keeps one eighth q, and one load of x serves
-        // all GEMV_ROWS rows.
-        if (GemvStrided<F>::value) {
-            // With 8 sub-blocks per block a lane keeps its sub-block index s
-            // and steps one block at a time; with 1 it steps 8 blocks. Either
-            // way its weights and x advance by a fixed stride.
-            const int s = F::SUBS == 8 ? lane >> 2 : 0;
-            const int b0 = F::SUBS == 8 ? 0 : lane >> 2;
-            constexpr int BSTEP = F::SUBS == 8 ? 1 : 8;
-            const u8* wp[GEMV_ROWS];
+        // all GEMV_ROWS rows. With 8 sub-blocks per block a lane keeps its
+        // sub-block index s and steps one block at a time; with 1 it steps 8
+        // blocks. Either way its weights and x advance by a fixed stride.
+        const int s = F::SUBS == 8 ? lane >> 2 : 0;
+        const int b0 = F::SUBS == 8 ? 0 : lane >> 2;
+        constexpr int BSTEP = F::SUBS == 8 ? 1 : 8;
+        const u8* wp[GEMV_ROWS];
 #pragma unroll
-            for (int j = 0; j < GEMV_ROWS; ++j) wp[j] = (const u8*)(stage + j * C::VECS) + skew[j] + b0 * F::BYTES;
-            const float* xp = x + (long long)(first + b0) * F::QK + s * 32;
+        for (int j = 0; j < GEMV_ROWS; ++j) wp[j] = (const u8*)(stage + j * C::VECS) + skew[j] + b0 * F::BYTES;
+        const float* xp = x + (long long)(first + b0) * F::QK + s * 32;
 #pragma unroll 2
-            for (int b = b0; b < nblk; b += BSTEP) {
-                if (F::FLOAT && (first + b) * F::QK + s * 32 + 32 > ncols) {
+        for (int b = b0; b < nblk; b += BSTEP) {
+            if (F::FLOAT && (first + b) * F::QK + s * 32 + 32 > ncols) {
 #pragma unroll
-                    for (int j = 0; j < GEMV_ROWS; ++j) acc[j] += masked_dot8<F>(wp[j], s, q, first + b, x, ncols);
-                } else {
-                    float4 xa, xb;
-                    F::x8(xp, q, xa, xb);
-                    GemvRows<F>::dot(wp, s, q, xa, xb, acc);
-                }
-#pragma unroll
-                for (int j = 0; j < GEMV_ROWS; ++j) wp[j] += BSTEP * F::BYTES;
-                xp += BSTEP * F::QK;
+                for (int j = 0; j < GEMV_ROWS; ++j) acc[j] += masked_dot8<F>(wp[j], s, q, first + b, x, ncols);
+            } else {
+                float4 xa, xb;
+                F::x8(xp, q, xa, xb);
+                GemvRows<F>::dot(wp, s, q, xa, xb, acc);
             }
-        } else {
-#pragma unroll 2
-            for (int sb = lane >> 2; sb < nblk * F::SUBS; sb += 8) {
-                const int b = sb / F::SUBS, s = sb % F::SUBS;
-                const int off = b * F::BYTES;
-                const int c0 = (first + b) * F::QK + s * 32;
-                if (F::FLOAT && c0 + 32 > ncols) {
 #pragma unroll
-                    for (int j = 0; j < GEMV_ROWS; ++j)
-                        acc[j] += masked_dot8<F>((const u8*)(stage + j * C::VECS) + skew[j] + off, s, q, first + b, x,
-                                                 ncols);
-                } else {
-                    float4 xa, xb;
-                    F::x8(x + c0, q, xa, xb);
-#pragma unroll
-                    for (int j = 0; j < GEMV_ROWS; ++j)
-                        acc[j] += F::dot8((const u8*)(stage + j * C::VECS) + skew[j] + off, s, q, xa, xb);
-                }
-            }
+            for (int j = 0; j < GEMV_ROWS; ++j) wp[j] += BSTEP * F::BYTES;
+            xp += BSTEP * F::QK;
         }
         if (nset != set) {  // this warp's last chunk of the set
             if (ksplit == 1) {

@@ -7,10 +7,11 @@
 //   sub-block needs (in whatever order the layout makes cheapest; xs is x at
 //   the sub-block's first column, 16-byte aligned), and `dot8(blk, s, q, x,
 //   y)` returns the dot product of those 8 weights with them, so one load of
-//   x serves several rows. Scales
-//   multiply the sum, not each weight, and 4-bit values become floats with
-//   one byte_perm and one add (no conversion instruction): decode on the M40
-//   is close to issue-bound, so instructions per weight decide speed.
+//   x serves several rows. Scales multiply the sum, not each weight, and
+//   quantized values become floats with one byte_perm (no conversion
+//   instruction; no per-weight bias add for the 4-6 bit formats, see
+//   `unit_byte`): decode on the M40 is close to issue-bound, so
+//   instructions per weight decide speed.
 // Formats where that saves nothing build dot8 from part.
 //
 // Layouts are ggml's (crates/m40-gguf/src/quant/blocks.rs holds the same as
@@ -70,7 +71,7 @@ __device__ __forceinline__ float dot4_bytes(u32 w, float4 x, float c) {
            (magic_byte(w, 3) - k) * x.w;
 }
 
-// Biased-free decode for values of up to 6 bits (v < 2^k, k <= 7): a byte
+// Bias-free decode for values of up to 6 bits (v < 2^k, k <= 7): a byte
 // holding 0x80 | v << (7 - k) under the exponent byte 0x3f is the float
 // 1 + v / 2^k, exact. A sum over weights of (1 + v/2^k) * x_i is then
 // S = X + (sum v x) / 2^k with X = sum x_i, so sum (v - c) x = 2^k S - (2^k + c) X:

@@ -94,12 +94,17 @@ fn main() {
     println!("read bandwidth (read_probe, 2 GiB, median of {RUNS} batches): {ceiling:.0} GB/s\n");
 
     let shapes = [(4096usize, 4096usize), (14336, 4096), (4096, 14336)];
-    println!("| format | rows x cols | weights MB | us | GB/s | % of read | us (stream) | split | us k=1 | us k=2 | us k=4 | regs sm_52 | smem B |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("| format | rows x cols | weights MB | us | GB/s | % of read | us (stream) | split | us k=1 | us k=2 | us k=4 | regs sm_52 | regs here | smem B |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let report = include_str!("../../../kernels/ptx/gemv.sm_52.txt");
     let mut json = Vec::new();
     for f in KernelFormat::ALL {
         let regs = sm52_registers(report, f.gemv);
+        // What the driver's JIT made of the same PTX for this GPU.
+        let regs_here = k
+            .kernel("gemv", f.gemv)
+            .and_then(|kn| Ok(kn.attributes()?.registers))
+            .expect("kernel attributes");
         for &(rows, cols) in &shapes {
             let row_bytes = f.ty.row_bytes(cols as u64).expect("shape") as usize;
             let wbytes = rows * row_bytes;
@@ -163,7 +168,7 @@ fn main() {
             let bytes = (wbytes + cols * 4 + rows * 4) as f64;
             let gbs = bytes / (ms * 1e-3) / 1e9;
             println!(
-                "| {} | {rows}x{cols} | {:.1} | {:.1} | {gbs:.0} | {:.1}% | {:.1} | {} | {} | {} | {} | {regs} | {} |",
+                "| {} | {rows}x{cols} | {:.1} | {:.1} | {gbs:.0} | {:.1}% | {:.1} | {} | {} | {} | {} | {regs} | {regs_here} | {} |",
                 f.ty,
                 wbytes as f64 / 1e6,
                 ms * 1e3,
