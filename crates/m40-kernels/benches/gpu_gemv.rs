@@ -9,8 +9,8 @@
 //! and replayed, the median over 30 replays timed with device events, per
 //! launch (no launch gaps: the kernel itself). `us (stream)`: the same 20
 //! launches queued on the stream one by one, median over 30 batches (what a
-//! caller that launches kernels one at a time sees). Bytes counted: weights
-//! + x + y. `split`: warps per row group the launcher chose; `us k=N`: the
+//! caller that launches kernels one at a time sees). Bytes counted: weights,
+//! x and y. `split`: warps per row group the launcher chose; `us k=N`: the
 //! graph time with N forced. `M40_BENCH_JSON=path` also writes the table as JSON.
 //!
 //! Without a GPU it prints why and exits 0 (1 with M40_REQUIRE_GPU=1).

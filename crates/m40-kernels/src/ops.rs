@@ -64,13 +64,22 @@ impl GemvPlan {
     /// lowered to what the row's chunks allow); None picks the one that
     /// finishes in the fewest rounds of chunks, counting a partly filled
     /// wave of blocks as a full one (the smaller split on ties).
-    pub fn new(f: &KernelFormat, nrows: usize, ncols: usize, resident: usize, ksplit: Option<u32>) -> GemvPlan {
+    pub fn new(
+        f: &KernelFormat,
+        nrows: usize,
+        ncols: usize,
+        resident: usize,
+        ksplit: Option<u32>,
+    ) -> GemvPlan {
         let nb = ncols.div_ceil(f.qk).max(1);
         let most = gemv_chunk_blocks(f);
         // Even chunks: as few as the cap allows, blocks spread evenly over
         // them (a multiple of 8 where lanes take 8 blocks per round).
         let align = if f.subs == 8 { 1 } else { 8 };
-        let cb = nb.div_ceil(nb.div_ceil(most)).next_multiple_of(align).min(most);
+        let cb = nb
+            .div_ceil(nb.div_ceil(most))
+            .next_multiple_of(align)
+            .min(most);
         let n_chunks = nb.div_ceil(cb);
         let groups = nrows.div_ceil(GEMV_ROWS).max(1);
         let resident = resident.max(1);
