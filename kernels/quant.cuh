@@ -92,6 +92,11 @@ __device__ __forceinline__ float fma4_units(u32 t, float4 x, float acc) {
     return fmaf(unit_byte(t, 3), x.w, acc);
 }
 
+// S over 8 weights: t0's bytes against x, t1's against y.
+__device__ __forceinline__ float units8(u32 t0, u32 t1, float4 x, float4 y) {
+    return fma4_units(t1, y, fma4_units(t0, x, 0.0f));
+}
+
 // Low / high nibbles of each byte of w, placed as 0x80 | v << 3 (k = 4).
 __device__ __forceinline__ u32 units_lo4(u32 w) { return ((w << 3) & 0x78787878u) | 0x80808080u; }
 __device__ __forceinline__ u32 units_hi4(u32 w) { return ((w >> 1) & 0x78787878u) | 0x80808080u; }
@@ -99,6 +104,7 @@ __device__ __forceinline__ u32 units_hi4(u32 w) { return ((w >> 1) & 0x78787878u
 __device__ __forceinline__ float4 ld_x4(const float* p) { return *(const float4*)p; }
 
 __device__ __forceinline__ float hsum4(float4 x) { return (x.x + x.y) + (x.z + x.w); }
+__device__ __forceinline__ float hsum8(float4 x, float4 y) { return hsum4(x) + hsum4(y); }
 
 // Eighth q is weights 8q .. 8q+7 of the sub-block (most formats).
 #define X8_CONSECUTIVE                                                                      \
@@ -222,8 +228,8 @@ struct FmtQ4_0 {
     X8_NIBBLE_SPLIT
     __device__ static float dot8(const u8* b, int, int q, float4 x, float4 y) {
         const u32 w = ld32(b + 2 + 4 * q);
-        const float S = fma4_units(units_hi4(w), y, fma4_units(units_lo4(w), x, 0.0f));
-        return h2f(ld16(b)) * fmaf(16.0f, S, -24.0f * (hsum4(x) + hsum4(y)));
+        const float S = units8(units_lo4(w), units_hi4(w), x, y);
+        return h2f(ld16(b)) * fmaf(16.0f, S, -24.0f * hsum8(x, y));
     }
 };
 
@@ -240,8 +246,8 @@ struct FmtQ4_1 {
     X8_NIBBLE_SPLIT
     __device__ static float dot8(const u8* b, int, int q, float4 x, float4 y) {
         const u32 w = ld32(b + 4 + 4 * q);
-        const float S = fma4_units(units_hi4(w), y, fma4_units(units_lo4(w), x, 0.0f));
-        const float d = h2f(ld16(b)), X = hsum4(x) + hsum4(y);
+        const float S = units8(units_lo4(w), units_hi4(w), x, y);
+        const float d = h2f(ld16(b)), X = hsum8(x, y);
         return fmaf(16.0f * d, S, (h2f(ld16(b + 2)) - 16.0f * d) * X);
     }
 };
@@ -374,8 +380,8 @@ struct FmtQ4_K {
         const u32 w0 = ld32(qp), w1 = ld32(qp + 4);
         const u32 t0 = (__funnelshift_r(w0, w0, rot) & 0x78787878u) | 0x80808080u;
         const u32 t1 = (__funnelshift_r(w1, w1, rot) & 0x78787878u) | 0x80808080u;
-        const float S = fma4_units(t1, y, fma4_units(t0, x, 0.0f));
-        return fmaf(16.0f * dl, S, -(16.0f * dl + ml) * (hsum4(x) + hsum4(y)));
+        const float S = units8(t0, t1, x, y);
+        return fmaf(16.0f * dl, S, -(16.0f * dl + ml) * hsum8(x, y));
     }
     K4_SCALED_DOT8
 };
@@ -401,8 +407,8 @@ struct FmtQ5_K {
         const u32 t0 = (((ld32(qp) >> sh) & 0x0f0f0f0fu) << 2) | (((ld32(hp) >> s) & 0x01010101u) << 6) | 0x80808080u;
         const u32 t1 =
             (((ld32(qp + 4) >> sh) & 0x0f0f0f0fu) << 2) | (((ld32(hp + 4) >> s) & 0x01010101u) << 6) | 0x80808080u;
-        const float S = fma4_units(t1, y, fma4_units(t0, x, 0.0f));
-        return fmaf(32.0f * dl, S, -(32.0f * dl + ml) * (hsum4(x) + hsum4(y)));
+        const float S = units8(t0, t1, x, y);
+        return fmaf(32.0f * dl, S, -(32.0f * dl + ml) * hsum8(x, y));
     }
     K4_SCALED_DOT8
 };
@@ -432,8 +438,8 @@ struct FmtQ6_K {
         const u32 t0 = (((ld32(ql) >> lsh) & 0x0f0f0f0fu) << 1) | (((ld32(qh) >> hsh) & 0x03030303u) << 5) | 0x80808080u;
         const u32 t1 =
             (((ld32(ql + 4) >> lsh) & 0x0f0f0f0fu) << 1) | (((ld32(qh + 4) >> hsh) & 0x03030303u) << 5) | 0x80808080u;
-        const float S = fma4_units(t1, y, fma4_units(t0, x, 0.0f));
-        return dl * fmaf(64.0f, S, -96.0f * (hsum4(x) + hsum4(y)));
+        const float S = units8(t0, t1, x, y);
+        return dl * fmaf(64.0f, S, -96.0f * hsum8(x, y));
     }
 };
 

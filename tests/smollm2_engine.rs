@@ -25,7 +25,7 @@ use std::sync::Arc;
 use m40_model::cpu::CpuBackend;
 use m40_model::{Backend, Logits, Model};
 use m40_runtime::perplexity::perplexity;
-use m40_tokenizer::{Encode, Tokenizer};
+use m40_tokenizer::Tokenizer;
 use serde_json::Value;
 
 fn setup() -> Option<(Value, CpuBackend, Tokenizer)> {
@@ -42,17 +42,7 @@ fn perplexity_and_top1_agreement_with_llama_cpp() {
     let Some((reference, cpu, tok)) = setup() else {
         return;
     };
-    let td = support::testdata().unwrap();
-    let text = std::fs::read_to_string(td.join("smollm2/eval-gpl3.txt")).unwrap();
-    let tokens = tok
-        .encode(
-            &text,
-            Encode {
-                parse_special: false,
-                add_special: false,
-            },
-        )
-        .unwrap();
+    let tokens = support::eval_text_ids(&support::testdata().unwrap(), &tok);
     let r = perplexity(&cpu, &tokens, 512, |_, _, _| {}).unwrap();
     let want = &reference["perplexity"];
     assert_eq!(r.n_chunks as u64, want["n_chunks"].as_u64().unwrap());

@@ -37,16 +37,7 @@ fn smollm2_reference_tokenization() {
         );
     }
     // The perplexity text: count and head of llama.cpp's ids.
-    let text = std::fs::read_to_string(td.join("smollm2/eval-gpl3.txt")).unwrap();
-    let ids = tok
-        .encode(
-            &text,
-            Encode {
-                parse_special: false,
-                add_special: false,
-            },
-        )
-        .unwrap();
+    let ids = support::eval_text_ids(&td, &tok);
     assert_eq!(ids.len() as u64, reference["text_tokens"].as_u64().unwrap());
     let head = support::json_ids(&reference["text_token_ids_head"]);
     assert_eq!(&ids[..head.len()], &head[..]);

@@ -31,3 +31,17 @@ pub fn json_ids(v: &serde_json::Value) -> Vec<u32> {
         .map(|x| x.as_u64().expect("an id") as u32)
         .collect()
 }
+
+/// The perplexity text (testdata smollm2/eval-gpl3.txt) as `tok` encodes it
+/// for llama.cpp's perplexity run: no special tokens parsed or added.
+pub fn eval_text_ids(td: &std::path::Path, tok: &m40_tokenizer::Tokenizer) -> Vec<u32> {
+    let text = std::fs::read_to_string(td.join("smollm2/eval-gpl3.txt")).unwrap();
+    tok.encode(
+        &text,
+        m40_tokenizer::Encode {
+            parse_special: false,
+            add_special: false,
+        },
+    )
+    .unwrap()
+}
