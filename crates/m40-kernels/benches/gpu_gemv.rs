@@ -17,7 +17,7 @@
 
 use m40_device::testing::test_device;
 use m40_device::{DeviceBuffer, Stream};
-use m40_kernels::{gemv_shared_bytes, KernelFormat, Kernels, QMatrix};
+use m40_kernels::{gemv_shared_bytes, KernelFormat, Kernels, PackFormat, PackedMatrix, QMatrix};
 
 const WARMUP_BATCHES: usize = 2;
 const RUNS: usize = 30;
@@ -98,7 +98,8 @@ fn main() {
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let report = include_str!("../../../kernels/ptx/gemv.sm_52.txt");
     let mut json = Vec::new();
-    for f in KernelFormat::ALL {
+    let row_major = std::env::var_os("M40_BENCH_PACKED_ONLY").is_none();
+    for f in KernelFormat::ALL.into_iter().filter(|_| row_major) {
         let regs = sm52_registers(report, f.gemv);
         // What the driver's JIT made of the same PTX for this GPU.
         let regs_here = k
@@ -186,6 +187,95 @@ fn main() {
             );
             json.push(format!(
                 "{{\"format\":\"{}\",\"rows\":{rows},\"cols\":{cols},\"us\":{:.2},\"gbs\":{gbs:.1},\"share\":{:.4}}}",
+                f.ty,
+                ms * 1e3,
+                gbs / ceiling
+            ));
+        }
+    }
+
+    // The packed layout (kernels/gemv_packed.cu): the same random bytes read
+    // as packed groups (every shape's rows are a multiple of 4, so the byte
+    // count is the GGUF one).
+    println!("\npacked layout (weights repacked at upload):\n");
+    println!("| format | rows x cols | us | GB/s | % of read | split | us k=1 | us k=2 | us k=4 | regs sm_52 | regs here |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    let report = include_str!("../../../kernels/ptx/gemv_packed.sm_52.txt");
+    // Two more shapes show what the launch costs: 4 rows (about the fixed
+    // cost of a launch: start, first loads' latency, drain) and 57344x4096
+    // (4x the gate/up bytes: closer to the streaming rate).
+    let packed_shapes = [
+        (4usize, 4096usize),
+        (4096, 4096),
+        (14336, 4096),
+        (4096, 14336),
+        (57344, 4096),
+    ];
+    for f in PackFormat::ALL {
+        let regs = sm52_registers(report, f.gemv);
+        let regs_here = k
+            .kernel("gemv_packed", f.gemv)
+            .and_then(|kn| Ok(kn.attributes()?.registers))
+            .expect("kernel attributes");
+        for &(rows, cols) in &packed_shapes {
+            let wbytes = f.packed_bytes(rows, cols);
+            let stride = wbytes.div_ceil(256) * 256;
+            let copies = (4 * info.l2_bytes)
+                .div_ceil(stride)
+                .clamp(2, probe_bytes / stride);
+            let v: Vec<f32> = (0..cols)
+                .map(|i| ((i * 7919) % 2003) as f32 / 1001.0 - 1.0)
+                .collect();
+            let x: DeviceBuffer<f32> = s.upload(&v, "x").expect("upload");
+            let xv = x.view();
+            let mut y = s.alloc::<f32>(rows, "y").expect("alloc");
+            let views: Vec<_> = (0..copies)
+                .map(|c| big.slice(c * stride..c * stride + wbytes).expect("view"))
+                .collect();
+            let mut graph_ms = |ksplit: Option<u32>| {
+                let mut split = 0;
+                let graph = s
+                    .capture(|s| {
+                        for i in 0..BATCH {
+                            let m = PackedMatrix {
+                                ty: f.ty,
+                                data: &views[i % copies],
+                                rows,
+                                cols,
+                            };
+                            split = k.gemv_packed(s, &m, &xv, &mut y, ksplit)?;
+                        }
+                        Ok::<(), m40_kernels::KernelError>(())
+                    })
+                    .expect("capture");
+                // SAFETY: the weights, x and y the graph uses outlive it (dropped below).
+                let ms = time_batches(&s, || unsafe { graph.launch().expect("graph launch") });
+                drop(graph);
+                s.synchronize().expect("gemv run");
+                (ms, split)
+            };
+            let (ms, split) = graph_ms(None);
+            let splits = [1, 2, 4].map(|ks| {
+                let (t, got) = graph_ms(Some(ks));
+                if got == ks {
+                    format!("{:.1}", t * 1e3)
+                } else {
+                    "-".to_string()
+                }
+            });
+            let bytes = (wbytes + cols * 4 + rows * 4) as f64;
+            let gbs = bytes / (ms * 1e-3) / 1e9;
+            println!(
+                "| {} | {rows}x{cols} | {:.1} | {gbs:.0} | {:.1}% | {split} | {} | {} | {} | {regs} | {regs_here} |",
+                f.ty,
+                ms * 1e3,
+                100.0 * gbs / ceiling,
+                splits[0],
+                splits[1],
+                splits[2],
+            );
+            json.push(format!(
+                "{{\"format\":\"{} packed\",\"rows\":{rows},\"cols\":{cols},\"us\":{:.2},\"gbs\":{gbs:.1},\"share\":{:.4}}}",
                 f.ty,
                 ms * 1e3,
                 gbs / ceiling

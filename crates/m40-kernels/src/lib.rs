@@ -12,6 +12,7 @@
 mod error;
 mod format;
 mod ops;
+mod pack;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -20,13 +21,14 @@ use m40_device::{Device, Kernel, Module};
 
 pub use error::{KernelError, Result};
 pub use format::{gemv_chunk_blocks, gemv_shared_bytes, KernelFormat};
-pub use ops::{GemvPlan, QMatrix, RopeParams, RopeStyle};
+pub use ops::{GemvPlan, PackedMatrix, QMatrix, RopeParams, RopeStyle};
+pub use pack::{pack_gemv, PackFormat, PACK_ROWS};
 
 /// Shared memory a block may use on sm_52 (and without opt-in on any GPU).
 pub const MAX_SHARED_PER_BLOCK: usize = 48 * 1024;
 
 /// The PTX modules: (name, text), one per `kernels/*.cu`.
-pub const MODULES: [(&str, &str); 6] = [
+pub const MODULES: [(&str, &str); 7] = [
     ("bench", include_str!("../../../kernels/ptx/bench.ptx")),
     (
         "elementwise",
@@ -34,6 +36,10 @@ pub const MODULES: [(&str, &str); 6] = [
     ),
     ("embed", include_str!("../../../kernels/ptx/embed.ptx")),
     ("gemv", include_str!("../../../kernels/ptx/gemv.ptx")),
+    (
+        "gemv_packed",
+        include_str!("../../../kernels/ptx/gemv_packed.ptx"),
+    ),
     ("rmsnorm", include_str!("../../../kernels/ptx/rmsnorm.ptx")),
     ("rope", include_str!("../../../kernels/ptx/rope.ptx")),
 ];

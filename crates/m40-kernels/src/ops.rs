@@ -5,6 +5,7 @@ use m40_gguf::GgmlType;
 
 use crate::error::{KernelError, Result};
 use crate::format::{gemv_chunk_blocks, gemv_shared_bytes, KernelFormat, GEMV_ROWS, GEMV_WARPS};
+use crate::pack::{PackFormat, PACK_ROWS};
 use crate::{Kernels, MAX_SHARED_PER_BLOCK};
 
 /// Threads per block of kernels/rmsnorm.cu.
@@ -15,6 +16,8 @@ const EMBED_THREADS: u32 = 128;
 const ELEMENTWISE_THREADS: u32 = 256;
 /// Threads per block of kernels/rope.cu (`ROPE_THREADS`).
 const ROPE_THREADS: u32 = 128;
+/// Warps per block of kernels/gemv_packed.cu (`PGEMV_WARPS`).
+const PACKED_GEMV_WARPS: u32 = 4;
 /// Grid-stride kernels launch at most this many blocks per SM.
 const BLOCKS_PER_SM: u32 = 16;
 
@@ -41,6 +44,16 @@ pub struct RopeParams {
 /// weights, rows back to back.
 #[derive(Clone, Copy)]
 pub struct QMatrix<'a> {
+    pub ty: GgmlType,
+    pub data: &'a DeviceView<'a, u8>,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+/// A weight matrix on the device in the packed GEMV layout
+/// ([`crate::pack_gemv`]): `rows` x `cols` weights of `ty`.
+#[derive(Clone, Copy)]
+pub struct PackedMatrix<'a> {
     pub ty: GgmlType,
     pub data: &'a DeviceView<'a, u8>,
     pub rows: usize,
@@ -316,6 +329,97 @@ impl Kernels {
                 .run(cfg(grid, 32 * GEMV_WARPS))?
         };
         Ok(plan)
+    }
+
+    /// y = W x for W in the packed layout; x (cols) FP32, 16-byte aligned;
+    /// y (rows). `ksplit` forces the warps per row group (1, 2 or 4; lowered
+    /// to the runs of 8 blocks a row has); None picks the smallest that gives
+    /// half the resident warps a row group. Returns the split launched.
+    pub fn gemv_packed(
+        &self,
+        stream: &Stream,
+        w: &PackedMatrix<'_>,
+        x: &DeviceView<'_, f32>,
+        y: &mut DeviceBuffer<f32>,
+        ksplit: Option<u32>,
+    ) -> Result<u32> {
+        const K: &str = "gemv_packed";
+        let f = PackFormat::of(w.ty).ok_or(KernelError::Unsupported {
+            kernel: K,
+            ty: w.ty,
+        })?;
+        let (nrows, ncols) = (w.rows, w.cols);
+        if ncols == 0 || !ncols.is_multiple_of(32) {
+            return Err(shape(
+                K,
+                format!("{ncols} columns is not a positive multiple of 32"),
+            ));
+        }
+        if nrows == 0 {
+            return Ok(1);
+        }
+        check_len(K, "weights", w.data.len(), f.packed_bytes(nrows, ncols))?;
+        check_len(K, "x", x.len(), ncols)?;
+        check_len(K, "y", y.len(), nrows)?;
+        if !x.is_aligned(16) || !w.data.is_aligned(16) {
+            return Err(shape(
+                K,
+                "weights and x must start at a multiple of 16 bytes".into(),
+            ));
+        }
+        let kernel = self.kernel("gemv_packed", f.gemv)?;
+        let warps = PACKED_GEMV_WARPS as usize;
+        let resident = self.resident_blocks(&kernel, 32 * PACKED_GEMV_WARPS)? * warps;
+        let nb = ncols / 32;
+        let groups = nrows.div_ceil(PACK_ROWS);
+        let runs = nb.div_ceil(8);
+        let ks = match ksplit {
+            Some(k) => [4, 2, 1]
+                .into_iter()
+                .find(|&c| c <= k as usize && c <= runs)
+                .unwrap_or(1),
+            // Half the resident warps busy is enough (H100: k=1 beats k=2 on
+            // 14336 rows although 3584 groups fill only 68% of the warps);
+            // fewer leave SMs idle (k=4 on 4096 rows is 1.7x k=1).
+            None => [1, 2, 4]
+                .into_iter()
+                .filter(|&c| c <= runs)
+                .find(|&c| 2 * groups * c >= resident)
+                .unwrap_or(if runs >= 4 {
+                    4
+                } else if runs >= 2 {
+                    2
+                } else {
+                    1
+                }),
+        };
+        let blocks = groups.div_ceil(warps / ks);
+        let grid = (
+            u32::try_from(blocks).map_err(|_| shape(K, format!("{nrows} rows")))?,
+            1,
+            1,
+        );
+        let (nrows, nb, ks) = (
+            to_i32(K, "nrows", nrows)?,
+            to_i32(K, "blocks", nb)?,
+            ks as i32,
+        );
+        // SAFETY: gemv_packed_<fmt>_f32(const u8* W, const float* x, float* y,
+        // int nrows, int nb, int ksplit): reads the packed groups of W (length
+        // checked: packed_bytes) and x[..nb * 32] with 16-byte loads (both
+        // aligned, checked), writes y[r] for r < nrows; ksplit in {1, 2, 4}.
+        unsafe {
+            stream
+                .launch(&kernel)
+                .view(w.data)
+                .view(x)
+                .buf_mut(y)
+                .scalar(&nrows)
+                .scalar(&nb)
+                .scalar(&ks)
+                .run(cfg(grid, 32 * PACKED_GEMV_WARPS))?
+        };
+        Ok(ks as u32)
     }
 
     /// RoPE in place. x: (n_tok, n_head, head_dim); pos: (n_tok); inv_freq:

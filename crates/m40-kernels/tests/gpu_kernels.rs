@@ -11,7 +11,10 @@ use common::{check, dequant, random_weights, Rng};
 use m40_device::testing::test_device;
 use m40_device::{Device, Stream};
 use m40_gguf::GgmlType;
-use m40_kernels::{KernelError, KernelFormat, Kernels, QMatrix, RopeParams, RopeStyle};
+use m40_kernels::{
+    pack_gemv, KernelError, KernelFormat, Kernels, PackFormat, PackedMatrix, QMatrix, RopeParams,
+    RopeStyle,
+};
 use m40_model::cpu::ops;
 
 fn setup(test: &str) -> Option<(Arc<Device>, Stream, Kernels, Rng)> {
@@ -55,6 +58,29 @@ fn gemv_shapes(f: &KernelFormat) -> Vec<(usize, usize)> {
     }
 }
 
+/// W x in f64 from the CPU dequantization of W, and per row sum |w_i x_i|
+/// (the scale of the rounding error a correct FP32 kernel may make).
+fn gemv_reference(
+    ty: GgmlType,
+    w: &[u8],
+    x: &[f32],
+    rows: usize,
+    cols: usize,
+) -> (Vec<f32>, Vec<f64>) {
+    dequant(ty, w, rows, cols)
+        .chunks_exact(cols)
+        .map(|r| {
+            let dot: f64 = r.iter().zip(x).map(|(a, b)| *a as f64 * *b as f64).sum();
+            let mag: f64 = r
+                .iter()
+                .zip(x)
+                .map(|(a, b)| (*a as f64 * *b as f64).abs())
+                .sum();
+            (dot as f32, mag)
+        })
+        .unzip()
+}
+
 #[test]
 fn gemv_every_format_matches_cpu() {
     let Some((_dev, s, k, mut rng)) = setup("gemv_every_format_matches_cpu") else {
@@ -64,19 +90,7 @@ fn gemv_every_format_matches_cpu() {
         for (rows, cols) in gemv_shapes(&f) {
             let w = random_weights(&mut rng, f.ty, rows, cols);
             let x = rng.vec(cols, -1.0, 1.0);
-            let wd = dequant(f.ty, &w, rows, cols);
-            let (want, mag): (Vec<f32>, Vec<f64>) = wd
-                .chunks_exact(cols)
-                .map(|r| {
-                    let dot: f64 = r.iter().zip(&x).map(|(a, b)| *a as f64 * *b as f64).sum();
-                    let mag: f64 = r
-                        .iter()
-                        .zip(&x)
-                        .map(|(a, b)| (*a as f64 * *b as f64).abs())
-                        .sum();
-                    (dot as f32, mag)
-                })
-                .unzip();
+            let (want, mag) = gemv_reference(f.ty, &w, &x, rows, cols);
             let wg = s.upload(&w, "weights").unwrap();
             let xg = s.upload(&x, "x").unwrap();
             let mut y = s.alloc::<f32>(rows, "y").unwrap();
@@ -95,6 +109,53 @@ fn gemv_every_format_matches_cpu() {
                 let got = s.download(&y).unwrap();
                 check(
                     &format!("gemv {} {rows}x{cols} {plan:?}", f.ty),
+                    &got,
+                    &want,
+                    |i| 1e-5 * mag[i] + 1e-30,
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn packed_gemv_matches_cpu() {
+    let Some((_dev, s, k, mut rng)) = setup("packed_gemv_matches_cpu") else {
+        return;
+    };
+    for f in PackFormat::ALL {
+        // Rows not a multiple of 4 (a padded group), blocks not a multiple
+        // of 8 (lanes without a block), remainders of the unrolled loop.
+        let shapes = [
+            (1, 32),
+            (5, 96),
+            (19, 65 * 32),
+            (131, 4096),
+            (4099, 4096),
+            (9001, 64),
+            (64, 14336),
+        ];
+        for (rows, cols) in shapes {
+            let w = random_weights(&mut rng, f.ty, rows, cols);
+            let x = rng.vec(cols, -1.0, 1.0);
+            let (want, mag) = gemv_reference(f.ty, &w, &x, rows, cols);
+            let packed = pack_gemv(f.ty, &w, rows, cols).unwrap();
+            let wg = s.upload(&packed, "packed weights").unwrap();
+            let xg = s.upload(&x, "x").unwrap();
+            let mut y = s.alloc::<f32>(rows, "y").unwrap();
+            let wv = wg.view();
+            let m = PackedMatrix {
+                ty: f.ty,
+                data: &wv,
+                rows,
+                cols,
+            };
+            for ksplit in [None, Some(1), Some(2), Some(4)] {
+                s.fill_bytes(&mut y, 0xFF).unwrap();
+                let ks = k.gemv_packed(&s, &m, &xg.view(), &mut y, ksplit).unwrap();
+                let got = s.download(&y).unwrap();
+                check(
+                    &format!("packed gemv {} {rows}x{cols} ksplit {ks}", f.ty),
                     &got,
                     &want,
                     |i| 1e-5 * mag[i] + 1e-30,
