@@ -28,9 +28,6 @@
 #include "common.cuh"
 #include "quant.cuh"
 
-#ifndef PGEMV_U4
-#define PGEMV_U4 8
-#endif
 
 #define PGEMV_WARPS 4
 
@@ -49,21 +46,48 @@ template <> struct Scales<4> {
     __device__ static T load(const u8* p, long long i) { return __ldcs((const uint4*)p + i); }
 };
 
+// A lane's view of the quant and scale planes (Q4_0, Q4_1, Q8_0, F16):
+// QV vectors of quants (eighth q of block b, 4 rows) and the block's scales.
+template <int QV, int SB>
+struct QuantScalePlanes {
+    struct Item {
+        uint4 q[QV];
+        typename Scales<SB>::T s;
+    };
+    const uint4* qp;
+    const u8* sp;
+    long long s0;
+    __device__ QuantScalePlanes(const u8* W, int g, int nb, int n_groups, int q)
+        : qp((const uint4*)W + ((long long)g * nb * 4 + q) * QV),
+          sp(W + (long long)n_groups * nb * 64 * QV),
+          s0((long long)g * nb) {}
+    __device__ Item load(int b) const {
+        Item it;
+#pragma unroll
+        for (int v = 0; v < QV; ++v) it.q[v] = __ldcs(qp + (long long)b * 4 * QV + v);
+        it.s = Scales<SB>::load(sp, s0 + b);
+        return it;
+    }
+};
+
 __device__ __forceinline__ float lo_half(u32 w) { return h2f((u16)w); }
 __device__ __forceinline__ float hi_half(u32 w) { return h2f((u16)(w >> 16)); }
 
-// Each format: QV 16-byte vectors of quants per lane and block (an eighth
-// of 4 rows), SB scale bytes per row and block, U blocks of loads in flight
-// per lane, and dot(), which adds the 4 rows' sums over the eighth to acc.
+// Each format: Planes (its lane's loads of one block: an Item), U blocks of
+// loads in flight per lane, x8 (quant.cuh), and dot(), which adds the 4
+// rows' sums over eighth q of the item's block to acc.
 
 // Q4_0: eighth q is the low and high nibbles of qs[4q .. 4q+3] (weights
 // 4q .. 4q+3 and 16+4q .. 16+4q+3), one 32-bit word per row.
 struct PackQ4_0 {
-    static constexpr int QV = 1, SB = 2, U = PGEMV_U4;
+    typedef QuantScalePlanes<1, 2> Planes;
+    static constexpr int U = 8;
     X8_NIBBLE_SPLIT
-    __device__ static void dot(const uint4* qv, uint2 sv, float4 x, float4 y, float* acc) {
+    __device__ static void dot(const Planes::Item& it, int, float4 x, float4 y, float* acc) {
+        const uint4 qv = it.q[0];
+        const uint2 sv = it.s;
         const float X24 = -24.0f * hsum8(x, y);
-        const u32 w[4] = {qv[0].x, qv[0].y, qv[0].z, qv[0].w};
+        const u32 w[4] = {qv.x, qv.y, qv.z, qv.w};
         const float d[4] = {lo_half(sv.x), hi_half(sv.x), lo_half(sv.y), hi_half(sv.y)};
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
@@ -75,11 +99,13 @@ struct PackQ4_0 {
 
 // Q4_1: as Q4_0, w = d v + m.
 struct PackQ4_1 {
-    static constexpr int QV = 1, SB = 4, U = PGEMV_U4;
+    typedef QuantScalePlanes<1, 4> Planes;
+    static constexpr int U = 8;
     X8_NIBBLE_SPLIT
-    __device__ static void dot(const uint4* qv, uint4 sv, float4 x, float4 y, float* acc) {
+    __device__ static void dot(const Planes::Item& it, int, float4 x, float4 y, float* acc) {
+        const uint4 qv = it.q[0], sv = it.s;
         const float X = hsum8(x, y);
-        const u32 w[4] = {qv[0].x, qv[0].y, qv[0].z, qv[0].w};
+        const u32 w[4] = {qv.x, qv.y, qv.z, qv.w};
         const u32 s[4] = {sv.x, sv.y, sv.z, sv.w};
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
@@ -93,9 +119,12 @@ struct PackQ4_1 {
 // Q8_0: eighth q is qs[8q .. 8q+7], two words per row, stored biased by 128
 // (unsigned) so the magic conversion needs no XOR.
 struct PackQ8_0 {
-    static constexpr int QV = 2, SB = 2, U = 4;
+    typedef QuantScalePlanes<2, 2> Planes;
+    static constexpr int U = 4;
     X8_CONSECUTIVE
-    __device__ static void dot(const uint4* qv, uint2 sv, float4 x, float4 y, float* acc) {
+    __device__ static void dot(const Planes::Item& it, int, float4 x, float4 y, float* acc) {
+        const uint4* qv = it.q;
+        const uint2 sv = it.s;
         const u32 w[8] = {qv[0].x, qv[0].y, qv[0].z, qv[0].w, qv[1].x, qv[1].y, qv[1].z, qv[1].w};
         const float d[4] = {lo_half(sv.x), hi_half(sv.x), lo_half(sv.y), hi_half(sv.y)};
 #pragma unroll
@@ -107,9 +136,11 @@ struct PackQ8_0 {
 // F16 (pseudo-blocks of 32 values): eighth q is values 8q .. 8q+7, one
 // 16-byte vector per row.
 struct PackF16 {
-    static constexpr int QV = 4, SB = 0, U = 2;
+    typedef QuantScalePlanes<4, 0> Planes;
+    static constexpr int U = 2;
     X8_CONSECUTIVE
-    __device__ static void dot(const uint4* qv, Scales<0>::T, float4 x, float4 y, float* acc) {
+    __device__ static void dot(const Planes::Item& it, int, float4 x, float4 y, float* acc) {
+        const uint4* qv = it.q;
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             const uint4 h = qv[j];
@@ -119,6 +150,61 @@ struct PackF16 {
             a = fmaf(lo_half(h.z), y.x, a), a = fmaf(hi_half(h.z), y.y, a);
             a = fmaf(lo_half(h.w), y.z, a), a = fmaf(hi_half(h.w), y.w, a);
             acc[j] = a;
+        }
+    }
+};
+
+// Q6_K, as blocks of 32 weights (8 per super-block): four planes,
+// - lo: [group][block][eighth][row] 4 bytes: byte k's low nibble holds the
+//   low 4 bits of weight 8q+k, its high nibble those of weight 8q+4+k;
+// - hi: [group][block][eighth] 2 words, word w for rows 2w and 2w+1: bits
+//   2m, 2m+1 of byte k are the top 2 bits of weight 8q+4t+k of row 2w+r,
+//   m = 2r + t (ggml's qh trick: one shift and mask gives 4 weights' bits);
+// - sc: [group][block] 8 bytes: row j's two int8 scales (16 weights each)
+//   at bytes 2j, 2j+1;
+// - d: [group][super-block] 4 f16, one per row.
+// 210 bytes per row and super-block, as in GGUF.
+struct Q6KPlanes {
+    struct Item {
+        uint4 lo;
+        uint2 hi, sc, d;
+    };
+    const uint4* lo;
+    const uint2 *hi, *sc, *d;
+    __device__ Q6KPlanes(const u8* W, int g, int nb, int n_groups, int q)
+        : lo((const uint4*)W + (long long)g * nb * 4 + q),
+          hi((const uint2*)(W + (long long)n_groups * nb * 64) + (long long)g * nb * 4 + q),
+          sc((const uint2*)(W + (long long)n_groups * nb * 96) + (long long)g * nb),
+          d((const uint2*)(W + (long long)n_groups * nb * 104) + (long long)g * (nb >> 3)) {}
+    __device__ Item load(int b) const {
+        Item it;
+        it.lo = __ldcs(lo + (long long)b * 4);
+        it.hi = __ldcs(hi + (long long)b * 4);
+        it.sc = __ldcs(sc + b);
+        it.d = __ldcs(d + (b >> 3));
+        return it;
+    }
+};
+
+struct PackQ6_K {
+    typedef Q6KPlanes Planes;
+    static constexpr int U = 4;
+    X8_CONSECUTIVE
+    __device__ static void dot(const Planes::Item& it, int q, float4 x, float4 y, float* acc) {
+        const float X96 = -96.0f * hsum8(x, y);
+        const u32 w[4] = {it.lo.x, it.lo.y, it.lo.z, it.lo.w};
+        const float d[4] = {lo_half(it.d.x), hi_half(it.d.x), lo_half(it.d.y), hi_half(it.d.y)};
+        const int sh = 8 * (q >> 1);  // this eighth's scale within a row's pair
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const u32 H = (j < 2 ? it.hi.x : it.hi.y) >> (4 * (j & 1));
+            // The 6-bit values as 0x80 | v << 1 (unit_byte with k = 6).
+            const u32 t0 = ((w[j] << 1) & 0x1e1e1e1eu) | ((H << 5) & 0x60606060u) | 0x80808080u;
+            const u32 t1 = ((w[j] >> 3) & 0x1e1e1e1eu) | ((H << 3) & 0x60606060u) | 0x80808080u;
+            const float S = units8(t0, t1, x, y);
+            const u32 scw = (j < 2 ? it.sc.x : it.sc.y) >> (16 * (j & 1) + sh);
+            const float sc = (float)(int)(signed char)(scw & 0xff);
+            acc[j] = fmaf(d[j] * sc, fmaf(64.0f, S, X96), acc[j]);
         }
     }
 };
@@ -133,35 +219,25 @@ __device__ __forceinline__ void gemv_packed(const u8* __restrict__ W, const floa
     const int n_groups = (nrows + 3) >> 2;
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     if (g < n_groups) {
-        // Vectors of quants per group and block: 4 eighths x QV.
-        const uint4* qp = (const uint4*)W + (long long)g * nb * 4 * P::QV + q * P::QV;
-        const u8* sp = W + (long long)n_groups * nb * 64 * P::QV;
-        const long long s0 = (long long)g * nb;
-        typedef typename Scales<P::SB>::T S;
+        const typename P::Planes planes(W, g, nb, n_groups, q);
+        typedef typename P::Planes::Item Item;
         const int step = 8 * ksplit;
         int b = (lane >> 2) + 8 * sub;
         for (; b + (P::U - 1) * step < nb; b += P::U * step) {
-            uint4 qv[P::U][P::QV];
-            S sv[P::U];
+            Item it[P::U];
             float4 xa[P::U], xb[P::U];
 #pragma unroll
             for (int u = 0; u < P::U; ++u) {
-                const int bu = b + u * step;
-#pragma unroll
-                for (int v = 0; v < P::QV; ++v) qv[u][v] = __ldcs(qp + (long long)bu * 4 * P::QV + v);
-                sv[u] = Scales<P::SB>::load(sp, s0 + bu);
-                P::x8(x + bu * 32, q, xa[u], xb[u]);
+                it[u] = planes.load(b + u * step);
+                P::x8(x + (b + u * step) * 32, q, xa[u], xb[u]);
             }
 #pragma unroll
-            for (int u = 0; u < P::U; ++u) P::dot(qv[u], sv[u], xa[u], xb[u], acc);
+            for (int u = 0; u < P::U; ++u) P::dot(it[u], q, xa[u], xb[u], acc);
         }
         for (; b < nb; b += step) {
-            uint4 qv[P::QV];
-#pragma unroll
-            for (int v = 0; v < P::QV; ++v) qv[v] = __ldcs(qp + (long long)b * 4 * P::QV + v);
             float4 xa, xb;
             P::x8(x + b * 32, q, xa, xb);
-            P::dot(qv, Scales<P::SB>::load(sp, s0 + b), xa, xb, acc);
+            P::dot(planes.load(b), q, xa, xb, acc);
         }
     }
 #pragma unroll
@@ -181,7 +257,8 @@ __device__ __forceinline__ void gemv_packed(const u8* __restrict__ W, const floa
     }
 }
 
-// W: the packed layout above; x (nb * 32) FP32, 16-byte aligned; y (nrows).
+// W: the packed layout above (nb: blocks of 32 weights per row; a multiple
+// of 8 for Q6_K); x (nb * 32) FP32, 16-byte aligned; y (nrows).
 #define PGEMV_KERNEL(name, P)                                                                     \
     extern "C" __global__ void __launch_bounds__(32 * PGEMV_WARPS)                                \
         gemv_packed_##name##_f32(const u8* W, const float* x, float* y, int nrows, int nb, int ksplit) { \
@@ -191,3 +268,4 @@ PGEMV_KERNEL(f16, PackF16)
 PGEMV_KERNEL(q8_0, PackQ8_0)
 PGEMV_KERNEL(q4_0, PackQ4_0)
 PGEMV_KERNEL(q4_1, PackQ4_1)
+PGEMV_KERNEL(q6_k, PackQ6_K)

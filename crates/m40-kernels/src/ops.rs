@@ -349,10 +349,10 @@ impl Kernels {
             ty: w.ty,
         })?;
         let (nrows, ncols) = (w.rows, w.cols);
-        if ncols == 0 || !ncols.is_multiple_of(32) {
+        if ncols == 0 || !ncols.is_multiple_of(f.qk) {
             return Err(shape(
                 K,
-                format!("{ncols} columns is not a positive multiple of 32"),
+                format!("{ncols} columns is not a positive multiple of {}", f.qk),
             ));
         }
         if nrows == 0 {

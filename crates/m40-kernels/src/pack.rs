@@ -11,27 +11,33 @@ use crate::error::{KernelError, Result};
 /// Rows per packed group: the rows a GEMV warp works on at once.
 pub const PACK_ROWS: usize = 4;
 
-/// Formats with a packed GEMV kernel, and their geometry. Every one has
-/// blocks of 32 weights: `scale_bytes` of scales first (moved to the scale
-/// plane), then the quants, cut into 4 eighths of `eighth_bytes`.
+/// Formats with a packed GEMV kernel, and their geometry. The simple ones
+/// have blocks of 32 weights: `scale_bytes` of scales first (moved to the
+/// scale plane), then the quants, cut into 4 eighths of `eighth_bytes`.
+/// Q6_K has a layout of its own (kernels/gemv_packed.cu `Q6KPlanes`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PackFormat {
     pub ty: GgmlType,
     /// `gemv_packed_{symbol}_f32`.
     pub gemv: &'static str,
-    /// Scale bytes per block and row (f16 d, or f16 d and m).
-    pub scale_bytes: usize,
+    /// Weights and GGUF bytes per block.
+    pub qk: usize,
+    pub block_bytes: usize,
+    /// Scale bytes per 32-weight block and row (f16 d, or f16 d and m).
+    scale_bytes: usize,
     /// Quant bytes per (block, eighth, row).
-    pub eighth_bytes: usize,
+    eighth_bytes: usize,
     /// XORed into every quant byte (Q8_0: signed to biased unsigned).
-    pub bias: u8,
+    bias: u8,
 }
 
 macro_rules! pformat {
-    ($ty:ident, $sym:literal, $sb:expr, $eb:expr, $bias:expr) => {
+    ($ty:ident, $sym:literal, $qk:expr, $bytes:expr, $sb:expr, $eb:expr, $bias:expr) => {
         PackFormat {
             ty: GgmlType::$ty,
             gemv: concat!("gemv_packed_", $sym, "_f32"),
+            qk: $qk,
+            block_bytes: $bytes,
             scale_bytes: $sb,
             eighth_bytes: $eb,
             bias: $bias,
@@ -40,11 +46,12 @@ macro_rules! pformat {
 }
 
 impl PackFormat {
-    pub const ALL: [PackFormat; 4] = [
-        pformat!(F16, "f16", 0, 16, 0),
-        pformat!(Q8_0, "q8_0", 2, 8, 0x80),
-        pformat!(Q4_0, "q4_0", 2, 4, 0),
-        pformat!(Q4_1, "q4_1", 4, 4, 0),
+    pub const ALL: [PackFormat; 5] = [
+        pformat!(F16, "f16", 32, 64, 0, 16, 0),
+        pformat!(Q8_0, "q8_0", 32, 34, 2, 8, 0x80),
+        pformat!(Q4_0, "q4_0", 32, 18, 2, 4, 0),
+        pformat!(Q4_1, "q4_1", 32, 20, 4, 4, 0),
+        pformat!(Q6_K, "q6_k", 256, 210, 0, 0, 0),
     ];
 
     /// The packed format of `ty`, if it has one.
@@ -52,14 +59,10 @@ impl PackFormat {
         Self::ALL.iter().copied().find(|f| f.ty == ty)
     }
 
-    /// GGUF bytes per block of 32 weights.
-    pub fn block_bytes(&self) -> usize {
-        self.scale_bytes + 4 * self.eighth_bytes
-    }
-
-    /// Bytes of a packed `rows` x `cols` matrix.
+    /// Bytes of a packed `rows` x `cols` matrix: the GGUF bytes of the rows
+    /// rounded up to whole groups.
     pub fn packed_bytes(&self, rows: usize, cols: usize) -> usize {
-        rows.div_ceil(PACK_ROWS) * PACK_ROWS * (cols / 32) * self.block_bytes()
+        rows.div_ceil(PACK_ROWS) * PACK_ROWS * (cols / self.qk) * self.block_bytes
     }
 }
 
@@ -67,15 +70,16 @@ impl PackFormat {
 pub fn pack_gemv(ty: GgmlType, data: &[u8], rows: usize, cols: usize) -> Result<Vec<u8>> {
     const K: &str = "pack_gemv";
     let f = PackFormat::of(ty).ok_or(KernelError::Unsupported { kernel: K, ty })?;
-    if cols == 0 || !cols.is_multiple_of(32) {
+    if cols == 0 || !cols.is_multiple_of(f.qk) {
         return Err(KernelError::Shape {
             kernel: K,
-            what: format!("{cols} columns is not a positive multiple of the {ty} block of 32"),
+            what: format!(
+                "{cols} columns is not a positive multiple of the {ty} block of {}",
+                f.qk
+            ),
         });
     }
-    let nb = cols / 32;
-    let bb = f.block_bytes();
-    let row_bytes = nb * bb;
+    let row_bytes = cols / f.qk * f.block_bytes;
     if data.len() != rows * row_bytes {
         return Err(KernelError::Shape {
             kernel: K,
@@ -86,29 +90,93 @@ pub fn pack_gemv(ty: GgmlType, data: &[u8], rows: usize, cols: usize) -> Result<
             ),
         });
     }
-    let groups = rows.div_ceil(PACK_ROWS);
-    let eb = f.eighth_bytes;
     let mut out = vec![0u8; f.packed_bytes(rows, cols)];
-    let (quants, scales) = out.split_at_mut(groups * nb * PACK_ROWS * 4 * eb);
-    // Padding rows are zero bytes: zero scales (or zero F16 values).
-    let (sb, bias) = (f.scale_bytes, f.bias);
-    for r in 0..rows {
+    let rows_of = data.chunks_exact(row_bytes);
+    if ty == GgmlType::Q6_K {
+        pack_q6_k(&mut out, rows_of, rows, cols);
+    } else {
+        pack_simple(&f, &mut out, rows_of, rows, cols);
+    }
+    Ok(out)
+}
+
+/// Byte offset of plane `i` (of sizes `per_block[..]` bytes per group and
+/// 32-weight block) in a packed matrix of `groups * nb` group-blocks.
+fn plane(per_block: &[usize], i: usize, groups: usize, nb: usize) -> usize {
+    per_block[..i].iter().sum::<usize>() * groups * nb
+}
+
+fn pack_simple<'a>(
+    f: &PackFormat,
+    out: &mut [u8],
+    rows: impl Iterator<Item = &'a [u8]>,
+    nrows: usize,
+    cols: usize,
+) {
+    let (nb, groups) = (cols / 32, nrows.div_ceil(PACK_ROWS));
+    let (sb, eb, bias) = (f.scale_bytes, f.eighth_bytes, f.bias);
+    let scales = plane(&[4 * PACK_ROWS * eb], 1, groups, nb);
+    // Padding rows stay zero bytes: zero scales (or zero F16 values).
+    for (r, row) in rows.enumerate() {
         let (g, j) = (r / PACK_ROWS, r % PACK_ROWS);
-        let row = &data[r * row_bytes..][..row_bytes];
-        for b in 0..nb {
-            let blk = &row[b * bb..][..bb];
-            let s = ((g * nb + b) * PACK_ROWS + j) * sb;
-            scales[s..s + sb].copy_from_slice(&blk[..sb]);
+        for (b, blk) in row.chunks_exact(f.block_bytes).enumerate() {
+            let gb = g * nb + b;
+            let s = scales + (gb * PACK_ROWS + j) * sb;
+            out[s..s + sb].copy_from_slice(&blk[..sb]);
             for e in 0..4 {
-                let dst = (((g * nb + b) * 4 + e) * PACK_ROWS + j) * eb;
+                let dst = ((gb * 4 + e) * PACK_ROWS + j) * eb;
                 let src = &blk[sb + e * eb..][..eb];
-                for (d, s) in quants[dst..dst + eb].iter_mut().zip(src) {
+                for (d, s) in out[dst..dst + eb].iter_mut().zip(src) {
                     *d = s ^ bias;
                 }
             }
         }
     }
-    Ok(out)
+}
+
+/// Q6_K: planes lo (64 bytes per group and 32-weight block), hi (32), sc (8)
+/// and d (8 per super-block): kernels/gemv_packed.cu `Q6KPlanes`.
+fn pack_q6_k<'a>(out: &mut [u8], rows: impl Iterator<Item = &'a [u8]>, nrows: usize, cols: usize) {
+    let (nb, groups) = (cols / 32, nrows.div_ceil(PACK_ROWS));
+    let sizes = [64, 32, 8];
+    let (hi, sc, dp) = (
+        plane(&sizes, 1, groups, nb),
+        plane(&sizes, 2, groups, nb),
+        plane(&sizes, 3, groups, nb),
+    );
+    for (r, row) in rows.enumerate() {
+        let (g, j) = (r / PACK_ROWS, r % PACK_ROWS);
+        for (sbk, blk) in row.chunks_exact(210).enumerate() {
+            let (ql, qh, scales) = (&blk[..128], &blk[128..192], &blk[192..208]);
+            // The 6-bit value of weight i (ggml's order: 128-weight halves
+            // n, 32-weight quarters m, position l).
+            let q6 = |i: usize| {
+                let (n, m, l) = (i / 128, (i % 128) / 32, i % 32);
+                let lo = ql[64 * n + 32 * (m & 1) + l] >> (4 * (m >> 1)) & 15;
+                let hi = qh[32 * n + l] >> (2 * m) & 3;
+                lo | hi << 4
+            };
+            let d = dp + ((g * (nb / 8) + sbk) * PACK_ROWS + j) * 2;
+            out[d..d + 2].copy_from_slice(&blk[208..210]);
+            for s in 0..8 {
+                let gb = g * nb + sbk * 8 + s;
+                let c = sc + gb * 8 + 2 * j;
+                out[c..c + 2].copy_from_slice(&scales[2 * s..2 * s + 2]);
+                for e in 0..4 {
+                    let w = |k: usize| q6(32 * s + 8 * e + k);
+                    let lo = ((gb * 4 + e) * PACK_ROWS + j) * 4;
+                    for k in 0..4 {
+                        out[lo + k] = (w(k) & 15) | (w(4 + k) & 15) << 4;
+                    }
+                    // Word j / 2 of the eighth; rows 2w + r at bits 4r, 4r+2.
+                    let h = hi + (gb * 4 + e) * 8 + (j / 2) * 4;
+                    for k in 0..4 {
+                        out[h + k] |= ((w(k) >> 4) | (w(4 + k) >> 4) << 2) << (4 * (j % 2));
+                    }
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -129,9 +197,22 @@ mod tests {
         let groups = rows.div_ceil(PACK_ROWS);
         let (g, j, b, k) = (r / PACK_ROWS, r % PACK_ROWS, c / 32, c % 32);
         let (eb, sb) = (f.eighth_bytes, f.scale_bytes);
-        let s = groups * nb * PACK_ROWS * 4 * eb + ((g * nb + b) * PACK_ROWS + j) * sb;
+        let gb = g * nb + b;
         let half = |i: usize| half::f16::from_le_bytes([p[i], p[i + 1]]).to_f32();
-        let eighth = |e: usize| &p[(((g * nb + b) * 4 + e) * PACK_ROWS + j) * eb..][..eb];
+        if f.ty == GgmlType::Q6_K {
+            let (e, t, kk) = (k / 8, (k % 8) / 4, k % 4);
+            let lo = p[(gb * 4 + e) * PACK_ROWS * 4 + j * 4 + kk] >> (4 * t) & 15;
+            let hword = plane(&[64], 1, groups, nb) + (gb * 4 + e) * 8 + (j / 2) * 4;
+            let m = 2 * (j % 2) + t;
+            let hi = p[hword + kk] >> (2 * m) & 3;
+            let sc = p[plane(&[64, 32], 2, groups, nb) + gb * 8 + 2 * j + k / 16] as i8 as f32;
+            let d = half(
+                plane(&[64, 32, 8], 3, groups, nb) + ((g * (nb / 8) + b / 8) * PACK_ROWS + j) * 2,
+            );
+            return d * sc * ((lo | hi << 4) as f32 - 32.0);
+        }
+        let s = groups * nb * PACK_ROWS * 4 * eb + (gb * PACK_ROWS + j) * sb;
+        let eighth = |e: usize| &p[((gb * 4 + e) * PACK_ROWS + j) * eb..][..eb];
         match f.ty {
             GgmlType::F16 => {
                 let e = eighth(k / 8);
@@ -157,8 +238,8 @@ mod tests {
     fn packed_layout_holds_every_weight() {
         let mut seed = 0x9e37_79b9_7f4a_7c15u64;
         for f in PackFormat::ALL {
-            for (rows, cols) in [(1, 32), (5, 96), (8, 64), (13, 320)] {
-                let row_bytes = cols / 32 * f.block_bytes();
+            for (rows, cols) in [(1, 256), (5, 768), (8, 512), (13, 2560)] {
+                let row_bytes = cols / f.qk * f.block_bytes;
                 let mut data: Vec<u8> = (0..rows * row_bytes)
                     .map(|_| {
                         seed ^= seed << 13;
@@ -194,6 +275,7 @@ mod tests {
     fn pack_rejects_bad_shapes_and_formats() {
         assert!(pack_gemv(GgmlType::Q4_0, &[0; 18], 1, 33).is_err());
         assert!(pack_gemv(GgmlType::Q4_0, &[0; 17], 1, 32).is_err());
-        assert!(pack_gemv(GgmlType::Q6_K, &[0; 210], 1, 256).is_err());
+        assert!(pack_gemv(GgmlType::Q6_K, &[0; 210], 1, 32).is_err());
+        assert!(pack_gemv(GgmlType::Q4_K, &[0; 144], 1, 256).is_err());
     }
 }

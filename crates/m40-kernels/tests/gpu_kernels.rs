@@ -126,16 +126,28 @@ fn packed_gemv_matches_cpu() {
     for f in PackFormat::ALL {
         // Rows not a multiple of 4 (a padded group), blocks not a multiple
         // of 8 (lanes without a block), remainders of the unrolled loop.
-        let shapes = [
-            (1, 32),
-            (5, 96),
-            (19, 65 * 32),
-            (131, 4096),
-            (4099, 4096),
-            (9001, 64),
-            (64, 14336),
-        ];
-        for (rows, cols) in shapes {
+        let shapes: &[(usize, usize)] = if f.qk == 256 {
+            &[
+                (1, 256),
+                (5, 768),
+                (19, 9 * 256),
+                (131, 4096),
+                (4099, 4096),
+                (9001, 512),
+                (64, 14336),
+            ]
+        } else {
+            &[
+                (1, 32),
+                (5, 96),
+                (19, 65 * 32),
+                (131, 4096),
+                (4099, 4096),
+                (9001, 64),
+                (64, 14336),
+            ]
+        };
+        for &(rows, cols) in shapes {
             let w = random_weights(&mut rng, f.ty, rows, cols);
             let x = rng.vec(cols, -1.0, 1.0);
             let (want, mag) = gemv_reference(f.ty, &w, &x, rows, cols);
