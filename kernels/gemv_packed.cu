@@ -224,15 +224,17 @@ __device__ __forceinline__ void gemv_packed(const u8* __restrict__ W, const floa
         const int step = 8 * ksplit;
         int b = (lane >> 2) + 8 * sub;
         for (; b + (P::U - 1) * step < nb; b += P::U * step) {
+            // The weights of U blocks in flight; x (an L1 hit after the
+            // first warp) is loaded as each block is decoded.
             Item it[P::U];
-            float4 xa[P::U], xb[P::U];
+#pragma unroll
+            for (int u = 0; u < P::U; ++u) it[u] = planes.load(b + u * step);
 #pragma unroll
             for (int u = 0; u < P::U; ++u) {
-                it[u] = planes.load(b + u * step);
-                P::x8(x + (b + u * step) * 32, q, xa[u], xb[u]);
+                float4 xa, xb;
+                P::x8(x + (b + u * step) * 32, q, xa, xb);
+                P::dot(it[u], q, xa, xb, acc);
             }
-#pragma unroll
-            for (int u = 0; u < P::U; ++u) P::dot(it[u], q, xa[u], xb[u], acc);
         }
         for (; b < nb; b += step) {
             float4 xa, xb;
