@@ -16,7 +16,7 @@
 //! Without a GPU it prints why and exits 0 (1 with M40_REQUIRE_GPU=1).
 
 use m40_device::testing::test_device;
-use m40_device::{DeviceBuffer, Stream};
+use m40_device::{DeviceBuffer, DeviceView, Stream};
 use m40_kernels::{gemv_shared_bytes, KernelFormat, Kernels, PackFormat, PackedMatrix, QMatrix};
 
 const WARMUP_BATCHES: usize = 2;
@@ -109,21 +109,11 @@ fn main() {
         for &(rows, cols) in &shapes {
             let row_bytes = f.ty.row_bytes(cols as u64).expect("shape") as usize;
             let wbytes = rows * row_bytes;
-            // Stride between copies: 256-byte aligned; copies fill >= 4x L2.
-            let stride = wbytes.div_ceil(256) * 256;
-            let copies = (4 * info.l2_bytes)
-                .div_ceil(stride)
-                .clamp(2, probe_bytes / stride);
-            // Finite, varied activations (the weights are random bytes).
-            let v: Vec<f32> = (0..cols)
-                .map(|i| ((i * 7919) % 2003) as f32 / 1001.0 - 1.0)
-                .collect();
-            let x: DeviceBuffer<f32> = s.upload(&v, "x").expect("upload");
+            let views = weight_copies(&big, wbytes, info.l2_bytes);
+            let copies = views.len();
+            let x = activations(&s, cols);
             let xv = x.view();
             let mut y = s.alloc::<f32>(rows, "y").expect("alloc");
-            let views: Vec<_> = (0..copies)
-                .map(|c| big.slice(c * stride..c * stride + wbytes).expect("view"))
-                .collect();
             let mut plan = None;
             let ms_stream = time_ms(&s, |i| {
                 let m = QMatrix {
@@ -219,19 +209,11 @@ fn main() {
             .expect("kernel attributes");
         for &(rows, cols) in &packed_shapes {
             let wbytes = f.packed_bytes(rows, cols);
-            let stride = wbytes.div_ceil(256) * 256;
-            let copies = (4 * info.l2_bytes)
-                .div_ceil(stride)
-                .clamp(2, probe_bytes / stride);
-            let v: Vec<f32> = (0..cols)
-                .map(|i| ((i * 7919) % 2003) as f32 / 1001.0 - 1.0)
-                .collect();
-            let x: DeviceBuffer<f32> = s.upload(&v, "x").expect("upload");
+            let views = weight_copies(&big, wbytes, info.l2_bytes);
+            let copies = views.len();
+            let x = activations(&s, cols);
             let xv = x.view();
             let mut y = s.alloc::<f32>(rows, "y").expect("alloc");
-            let views: Vec<_> = (0..copies)
-                .map(|c| big.slice(c * stride..c * stride + wbytes).expect("view"))
-                .collect();
             let mut graph_ms = |ksplit: Option<u32>| {
                 let mut split = 0;
                 let graph = s
@@ -290,6 +272,28 @@ fn main() {
         );
         std::fs::write(&path, text).expect("write json");
     }
+}
+
+/// Views of `wbytes` in `big`, as many copies as fill at least 4x the L2
+/// (at least 2), 256-byte aligned: each launch reads weights from DRAM.
+fn weight_copies(
+    big: &DeviceBuffer<u8>,
+    wbytes: usize,
+    l2_bytes: usize,
+) -> Vec<DeviceView<'_, u8>> {
+    let stride = wbytes.div_ceil(256) * 256;
+    let copies = (4 * l2_bytes).div_ceil(stride).clamp(2, big.len() / stride);
+    (0..copies)
+        .map(|c| big.slice(c * stride..c * stride + wbytes).expect("view"))
+        .collect()
+}
+
+/// Finite, varied activations of length `cols` (the weights are random bytes).
+fn activations(s: &Stream, cols: usize) -> DeviceBuffer<f32> {
+    let v: Vec<f32> = (0..cols)
+        .map(|i| ((i * 7919) % 2003) as f32 / 1001.0 - 1.0)
+        .collect();
+    s.upload(&v, "x").expect("upload")
 }
 
 /// Registers ptxas reported for `kernel` on sm_52 (kernels/ptx/gemv.sm_52.txt).

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use common::{check, dequant, random_weights, Rng};
 use m40_device::testing::test_device;
-use m40_device::{Device, Stream};
+use m40_device::{Device, DeviceBuffer, DeviceView, Stream};
 use m40_gguf::GgmlType;
 use m40_kernels::{
     pack_gemv, KernelError, KernelFormat, Kernels, PackFormat, PackedMatrix, QMatrix, RopeParams,
@@ -81,6 +81,37 @@ fn gemv_reference(
         .unzip()
 }
 
+/// Runs `launch` (weights `upload`: `w` in the layout the launcher reads)
+/// with the launcher's own split (None) and 1, 2 and 4 warps per row group
+/// forced, y poisoned before each, and checks every output against the CPU
+/// reference of `w`; `launch` returns what it launched, for messages.
+fn check_every_split(
+    s: &Stream,
+    ty: GgmlType,
+    w: &[u8],
+    upload: &[u8],
+    x: &[f32],
+    rows: usize,
+    mut launch: impl FnMut(
+        &DeviceView<'_, u8>,
+        &DeviceView<'_, f32>,
+        &mut DeviceBuffer<f32>,
+        Option<u32>,
+    ) -> String,
+) {
+    let cols = x.len();
+    let (want, mag) = gemv_reference(ty, w, x, rows, cols);
+    let wg = s.upload(upload, "weights").unwrap();
+    let xg = s.upload(x, "x").unwrap();
+    let mut y = s.alloc::<f32>(rows, "y").unwrap();
+    for ksplit in [None, Some(1), Some(2), Some(4)] {
+        s.fill_bytes(&mut y, 0xFF).unwrap();
+        let what = launch(&wg.view(), &xg.view(), &mut y, ksplit);
+        let got = s.download(&y).unwrap();
+        check(&what, &got, &want, |i| 1e-5 * mag[i] + 1e-30);
+    }
+}
+
 #[test]
 fn gemv_every_format_matches_cpu() {
     let Some((_dev, s, k, mut rng)) = setup("gemv_every_format_matches_cpu") else {
@@ -90,30 +121,18 @@ fn gemv_every_format_matches_cpu() {
         for (rows, cols) in gemv_shapes(&f) {
             let w = random_weights(&mut rng, f.ty, rows, cols);
             let x = rng.vec(cols, -1.0, 1.0);
-            let (want, mag) = gemv_reference(f.ty, &w, &x, rows, cols);
-            let wg = s.upload(&w, "weights").unwrap();
-            let xg = s.upload(&x, "x").unwrap();
-            let mut y = s.alloc::<f32>(rows, "y").unwrap();
-            let wv = wg.view();
-            let m = QMatrix {
-                ty: f.ty,
-                data: &wv,
-                rows,
-                cols,
-            };
             // The launcher's own plan, then each split of a row's chunks over
             // 1, 2 and 4 warps (lowered where a row has fewer chunks).
-            for ksplit in [None, Some(1), Some(2), Some(4)] {
-                s.fill_bytes(&mut y, 0xFF).unwrap();
-                let plan = k.gemv_split(&s, &m, &xg.view(), &mut y, ksplit).unwrap();
-                let got = s.download(&y).unwrap();
-                check(
-                    &format!("gemv {} {rows}x{cols} {plan:?}", f.ty),
-                    &got,
-                    &want,
-                    |i| 1e-5 * mag[i] + 1e-30,
-                );
-            }
+            check_every_split(&s, f.ty, &w, &w, &x, rows, |wv, xv, y, ksplit| {
+                let m = QMatrix {
+                    ty: f.ty,
+                    data: wv,
+                    rows,
+                    cols,
+                };
+                let plan = k.gemv_split(&s, &m, xv, y, ksplit).unwrap();
+                format!("gemv {} {rows}x{cols} {plan:?}", f.ty)
+            });
         }
     }
 }
@@ -150,29 +169,17 @@ fn packed_gemv_matches_cpu() {
         for &(rows, cols) in shapes {
             let w = random_weights(&mut rng, f.ty, rows, cols);
             let x = rng.vec(cols, -1.0, 1.0);
-            let (want, mag) = gemv_reference(f.ty, &w, &x, rows, cols);
             let packed = pack_gemv(f.ty, &w, rows, cols).unwrap();
-            let wg = s.upload(&packed, "packed weights").unwrap();
-            let xg = s.upload(&x, "x").unwrap();
-            let mut y = s.alloc::<f32>(rows, "y").unwrap();
-            let wv = wg.view();
-            let m = PackedMatrix {
-                ty: f.ty,
-                data: &wv,
-                rows,
-                cols,
-            };
-            for ksplit in [None, Some(1), Some(2), Some(4)] {
-                s.fill_bytes(&mut y, 0xFF).unwrap();
-                let ks = k.gemv_packed(&s, &m, &xg.view(), &mut y, ksplit).unwrap();
-                let got = s.download(&y).unwrap();
-                check(
-                    &format!("packed gemv {} {rows}x{cols} ksplit {ks}", f.ty),
-                    &got,
-                    &want,
-                    |i| 1e-5 * mag[i] + 1e-30,
-                );
-            }
+            check_every_split(&s, f.ty, &w, &packed, &x, rows, |wv, xv, y, ksplit| {
+                let m = PackedMatrix {
+                    ty: f.ty,
+                    data: wv,
+                    rows,
+                    cols,
+                };
+                let ks = k.gemv_packed(&s, &m, xv, y, ksplit).unwrap();
+                format!("packed gemv {} {rows}x{cols} ksplit {ks}", f.ty)
+            });
         }
     }
 }
