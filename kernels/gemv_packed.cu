@@ -3,17 +3,19 @@
 //
 // The packed layout (crates/m40-kernels/src/pack.rs writes it, same bytes as
 // the GGUF rows): rows in groups of 4 (a partial last group is padded with
-// zero rows), and for each group and format block b:
+// zero rows), and for each group and 32-weight block b:
 // - the quants of the block's four eighths (q = 0..3, the 8 weights that
 //   quant.cuh's `x8` pairs with x), each eighth the 4 rows' bytes side by
 //   side: one lane loads a whole eighth of all 4 rows with 16-byte loads,
 //   straight into the registers it decodes from;
 // - the block's scales, 4 rows side by side, in a second plane after all
-//   the quants (one 8-byte load serves the 4 lanes of a block).
-// quants: [group][block][eighth][row][QB bytes], QB = 4 (Q4_0) or 8 (Q8_0);
-// scales: [group][block][row][2 bytes].
+//   the quants (one load serves the 4 lanes of a block).
+// quants: [group][block][eighth][row][QB bytes], QB = 16 (F16), 8 (Q8_0),
+// 4 (Q4_0, Q4_1); scales: [group][block][row][SB bytes], SB = 0 (F16),
+// 2 (f16 d), 4 (f16 d, m). Q6_K splits its quants over two planes and its
+// scales over two more (`Q6KPlanes`).
 //
-// Why: the GGUF blocks (18, 34 bytes) are not 16-byte aligned, so the
+// Why: the GGUF blocks (18, 34, 210 bytes) are not 16-byte aligned, so the
 // row-major kernels (gemv.cu) stage chunks through shared memory and decode
 // from there; on an H100 they stay latency-bound at ~50% of the read
 // bandwidth for Q4_0 (BENCHMARKS.md). Here nothing is staged: every weight
@@ -27,7 +29,6 @@
 // shared memory, added in a fixed order.
 #include "common.cuh"
 #include "quant.cuh"
-
 
 #define PGEMV_WARPS 4
 

@@ -11,7 +11,11 @@
 //! launches queued on the stream one by one, median over 30 batches (what a
 //! caller that launches kernels one at a time sees). Bytes counted: weights,
 //! x and y. `split`: warps per row group the launcher chose; `us k=N`: the
-//! graph time with N forced. `M40_BENCH_JSON=path` also writes the table as JSON.
+//! graph time with N forced. A second table times the packed layout
+//! (`Kernels::gemv_packed`) on the same shapes plus 4x4096 (a launch's fixed
+//! cost) and 57344x4096 (closer to the streaming rate);
+//! `M40_BENCH_PACKED_ONLY=1` runs only that one. `M40_BENCH_JSON=path` also
+//! writes both tables as JSON.
 //!
 //! Without a GPU it prints why and exits 0 (1 with M40_REQUIRE_GPU=1).
 

@@ -119,6 +119,25 @@ impl GemvPlan {
     }
 }
 
+/// Warps per row group of a packed GEMV (1, 2 or 4, at most the runs of 8
+/// blocks a row has) for `groups` row groups of `nb` blocks on a GPU that
+/// holds `resident` warps of the kernel: `ksplit` lowered to what the row
+/// allows, or else the smallest that gives half the resident warps a group
+/// (H100: k=1 beats k=2 on 14336 rows although 3584 groups fill only 68% of
+/// the warps; fewer leave SMs idle: k=4 on 4096 rows is 1.7x k=1).
+fn packed_split(groups: usize, nb: usize, resident: usize, ksplit: Option<u32>) -> usize {
+    let runs = nb.div_ceil(8);
+    let mut allowed = [1, 2, 4].into_iter().filter(move |&k| k <= runs);
+    match ksplit {
+        Some(k) => allowed.rfind(|&c| c <= k as usize),
+        None => allowed
+            .clone()
+            .find(|&k| 2 * groups * k >= resident)
+            .or_else(|| allowed.next_back()),
+    }
+    .unwrap_or(1)
+}
+
 fn shape(kernel: &'static str, what: String) -> KernelError {
     KernelError::Shape { kernel, what }
 }
@@ -333,8 +352,8 @@ impl Kernels {
 
     /// y = W x for W in the packed layout; x (cols) FP32, 16-byte aligned;
     /// y (rows). `ksplit` forces the warps per row group (1, 2 or 4; lowered
-    /// to the runs of 8 blocks a row has); None picks the smallest that gives
-    /// half the resident warps a row group. Returns the split launched.
+    /// to the runs of 8 blocks a row has); None picks one by `packed_split`.
+    /// Returns the split launched.
     pub fn gemv_packed(
         &self,
         stream: &Stream,
@@ -372,27 +391,7 @@ impl Kernels {
         let resident = self.resident_blocks(&kernel, 32 * PACKED_GEMV_WARPS)? * warps;
         let nb = ncols / 32;
         let groups = nrows.div_ceil(PACK_ROWS);
-        let runs = nb.div_ceil(8);
-        let ks = match ksplit {
-            Some(k) => [4, 2, 1]
-                .into_iter()
-                .find(|&c| c <= k as usize && c <= runs)
-                .unwrap_or(1),
-            // Half the resident warps busy is enough (H100: k=1 beats k=2 on
-            // 14336 rows although 3584 groups fill only 68% of the warps);
-            // fewer leave SMs idle (k=4 on 4096 rows is 1.7x k=1).
-            None => [1, 2, 4]
-                .into_iter()
-                .filter(|&c| c <= runs)
-                .find(|&c| 2 * groups * c >= resident)
-                .unwrap_or(if runs >= 4 {
-                    4
-                } else if runs >= 2 {
-                    2
-                } else {
-                    1
-                }),
-        };
+        let ks = packed_split(groups, nb, resident, ksplit);
         let blocks = groups.div_ceil(warps / ks);
         let grid = (
             u32::try_from(blocks).map_err(|_| shape(K, format!("{nrows} rows")))?,
@@ -673,6 +672,25 @@ mod tests {
         assert_eq!(GemvPlan::new(&q4, 4096, 4096, 96, None).ksplit, 1);
         // Q4_0 rows of 4096: 128 blocks in 3 even chunks of 48 (a multiple of 8).
         assert_eq!(GemvPlan::new(&q4, 1, 4096, 1, None).chunk_blocks, 48);
+    }
+
+    #[test]
+    fn packed_splits_fill_the_gpu_within_the_row() {
+        // 14336 rows (3584 groups) fill half of 5280 resident warps: no split.
+        assert_eq!(packed_split(3584, 128, 5280, None), 1);
+        // 4096 rows (1024 groups) need 4 warps per group for half of 5280.
+        assert_eq!(packed_split(1024, 128, 5280, None), 4);
+        assert_eq!(packed_split(1024, 448, 3696, None), 2);
+        // Too few groups for any split: the largest the row allows.
+        assert_eq!(packed_split(1, 128, 5280, None), 4);
+        assert_eq!(packed_split(1, 9, 5280, None), 2);
+        assert_eq!(packed_split(1, 1, 5280, None), 1);
+        // Forced splits are lowered to what the row allows, never raised.
+        assert_eq!(packed_split(1, 128, 5280, Some(4)), 4);
+        assert_eq!(packed_split(1, 128, 5280, Some(3)), 2);
+        assert_eq!(packed_split(1, 12, 5280, Some(4)), 2);
+        assert_eq!(packed_split(1, 8, 5280, Some(2)), 1);
+        assert_eq!(packed_split(9000, 128, 1, Some(1)), 1);
     }
 
     /// The launchers' shared-memory figures match what ptxas reported for the
