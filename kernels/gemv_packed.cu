@@ -13,7 +13,8 @@
 // quants: [group][block][eighth][row][QB bytes], QB = 16 (F16), 8 (Q8_0),
 // 4 (Q4_0, Q4_1); scales: [group][block][row][SB bytes], SB = 0 (F16),
 // 2 (f16 d), 4 (f16 d, m). Q6_K splits its quants over two planes and its
-// scales over two more (`Q6KPlanes`).
+// scales over two more (`Q6KPlanes`); Q4_K has Q4_0's quant plane and two
+// scale planes (`Q4KPlanes`).
 //
 // Why: the GGUF blocks (18, 34, 210 bytes) are not 16-byte aligned, so the
 // row-major kernels (gemv.cu) stage chunks through shared memory and decode
@@ -82,7 +83,7 @@ __device__ __forceinline__ float hi_half(u32 w) { return h2f((u16)(w >> 16)); }
 // 4q .. 4q+3 and 16+4q .. 16+4q+3), one 32-bit word per row.
 struct PackQ4_0 {
     typedef QuantScalePlanes<1, 2> Planes;
-    static constexpr int U = 8;
+    static constexpr int U = 4;
     X8_NIBBLE_SPLIT
     __device__ static void dot(const Planes::Item& it, int, float4 x, float4 y, float* acc) {
         const uint4 qv = it.q[0];
@@ -101,7 +102,7 @@ struct PackQ4_0 {
 // Q4_1: as Q4_0, w = d v + m.
 struct PackQ4_1 {
     typedef QuantScalePlanes<1, 4> Planes;
-    static constexpr int U = 8;
+    static constexpr int U = 4;
     X8_NIBBLE_SPLIT
     __device__ static void dot(const Planes::Item& it, int, float4 x, float4 y, float* acc) {
         const uint4 qv = it.q[0], sv = it.s;
@@ -121,7 +122,7 @@ struct PackQ4_1 {
 // (unsigned) so the magic conversion needs no XOR.
 struct PackQ8_0 {
     typedef QuantScalePlanes<2, 2> Planes;
-    static constexpr int U = 4;
+    static constexpr int U = 2;
     X8_CONSECUTIVE
     __device__ static void dot(const Planes::Item& it, int, float4 x, float4 y, float* acc) {
         const uint4* qv = it.q;
@@ -138,7 +139,7 @@ struct PackQ8_0 {
 // 16-byte vector per row.
 struct PackF16 {
     typedef QuantScalePlanes<4, 0> Planes;
-    static constexpr int U = 2;
+    static constexpr int U = 1;
     X8_CONSECUTIVE
     __device__ static void dot(const Planes::Item& it, int, float4 x, float4 y, float* acc) {
         const uint4* qv = it.q;
@@ -189,7 +190,7 @@ struct Q6KPlanes {
 
 struct PackQ6_K {
     typedef Q6KPlanes Planes;
-    static constexpr int U = 4;
+    static constexpr int U = 2;
     X8_CONSECUTIVE
     __device__ static void dot(const Planes::Item& it, int q, float4 x, float4 y, float* acc) {
         const float X96 = -96.0f * hsum8(x, y);
@@ -210,6 +211,53 @@ struct PackQ6_K {
     }
 };
 
+// Q4_K, as blocks of 32 weights (8 per super-block): three planes,
+// - q: [group][block][eighth][row] 4 bytes, as Q4_0's quants;
+// - sm: [group][block] 8 bytes: row j's 6-bit scale and min at bytes 2j,
+//   2j+1 (unpacked from ggml's 12 scale bytes at upload);
+// - d: [group][super-block] 4 words: row j's f16 d | f16 dmin << 16.
+// 148 bytes per row and super-block (GGUF: 144).
+struct Q4KPlanes {
+    struct Item {
+        uint4 q, d;
+        uint2 sm;
+    };
+    const uint4 *q, *d;
+    const uint2* sm;
+    __device__ Q4KPlanes(const u8* W, int g, int nb, int n_groups, int e)
+        : q((const uint4*)W + (long long)g * nb * 4 + e),
+          d((const uint4*)(W + (long long)n_groups * nb * 72) + (long long)g * (nb >> 3)),
+          sm((const uint2*)(W + (long long)n_groups * nb * 64) + (long long)g * nb) {}
+    __device__ Item load(int b) const {
+        Item it;
+        it.q = __ldcs(q + (long long)b * 4);
+        it.sm = __ldcs(sm + b);
+        it.d = __ldcs(d + (b >> 3));
+        return it;
+    }
+};
+
+// w = d sc v - dmin m: with S = sum (1 + v/16) x (units8) and X = sum x,
+// sum w x = 16 d sc (S - X) - dmin m X.
+struct PackQ4_K {
+    typedef Q4KPlanes Planes;
+    static constexpr int U = 2;
+    X8_NIBBLE_SPLIT
+    __device__ static void dot(const Planes::Item& it, int, float4 x, float4 y, float* acc) {
+        const float X = hsum8(x, y);
+        const u32 w[4] = {it.q.x, it.q.y, it.q.z, it.q.w};
+        const u32 dd[4] = {it.d.x, it.d.y, it.d.z, it.d.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const float S = units8(units_lo4(w[j]), units_hi4(w[j]), x, y);
+            const u32 sm = (j < 2 ? it.sm.x : it.sm.y) >> (16 * (j & 1));
+            const float a = 16.0f * lo_half(dd[j]) * (float)(sm & 0xff);
+            const float c = hi_half(dd[j]) * (float)((sm >> 8) & 0xff);
+            acc[j] = fmaf(a, S, fmaf(-(a + c), X, acc[j]));
+        }
+    }
+};
+
 template <class P>
 __device__ __forceinline__ void gemv_packed(const u8* __restrict__ W, const float* __restrict__ x,
                                             float* __restrict__ y, int nrows, int nb, int ksplit) {
@@ -222,14 +270,19 @@ __device__ __forceinline__ void gemv_packed(const u8* __restrict__ W, const floa
     if (g < n_groups) {
         const typename P::Planes planes(W, g, nb, n_groups, q);
         typedef typename P::Planes::Item Item;
-        const int step = 8 * ksplit;
-        int b = (lane >> 2) + 8 * sub;
-        for (; b + (P::U - 1) * step < nb; b += P::U * step) {
+        const int step = 8 * ksplit, run = lane >> 2;
+        int b = run + 8 * sub;
+        // While every lane of the warp has U blocks left (a warp-uniform
+        // condition, so the whole warp reaches the __syncwarp).
+        for (; b - run + 7 + (P::U - 1) * step < nb; b += P::U * step) {
             // The weights of U blocks in flight; x (an L1 hit after the
-            // first warp) is loaded as each block is decoded.
+            // first warp) is loaded as each block is decoded. The
+            // __syncwarp keeps ptxas from sinking each load to its block's
+            // decode (it did, for sm_90: one block in flight per lane).
             Item it[P::U];
 #pragma unroll
             for (int u = 0; u < P::U; ++u) it[u] = planes.load(b + u * step);
+            __syncwarp();
 #pragma unroll
             for (int u = 0; u < P::U; ++u) {
                 float4 xa, xb;
@@ -261,9 +314,9 @@ __device__ __forceinline__ void gemv_packed(const u8* __restrict__ W, const floa
 }
 
 // W: the packed layout above (nb: blocks of 32 weights per row; a multiple
-// of 8 for Q6_K); x (nb * 32) FP32, 16-byte aligned; y (nrows).
+// of 8 for Q4_K and Q6_K); x (nb * 32) FP32, 16-byte aligned; y (nrows).
 #define PGEMV_KERNEL(name, P)                                                                     \
-    extern "C" __global__ void __launch_bounds__(32 * PGEMV_WARPS)                                \
+    extern "C" __global__ void __launch_bounds__(32 * PGEMV_WARPS, 7)                              \
         gemv_packed_##name##_f32(const u8* W, const float* x, float* y, int nrows, int nb, int ksplit) { \
         gemv_packed<P>(W, x, y, nrows, nb, ksplit);                                               \
     }
@@ -271,4 +324,5 @@ PGEMV_KERNEL(f16, PackF16)
 PGEMV_KERNEL(q8_0, PackQ8_0)
 PGEMV_KERNEL(q4_0, PackQ4_0)
 PGEMV_KERNEL(q4_1, PackQ4_1)
+PGEMV_KERNEL(q4_k, PackQ4_K)
 PGEMV_KERNEL(q6_k, PackQ6_K)

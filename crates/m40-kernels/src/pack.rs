@@ -2,7 +2,9 @@
 //! (kernels/gemv_packed.cu, which documents the layout): rows in groups of
 //! 4, each lane's 16-byte load holding one eighth of a block for all 4 rows,
 //! the scales in a plane of their own. Same byte count as the GGUF rows
-//! (plus zero rows padding the last group).
+//! (plus zero rows padding the last group), except Q4_K: its 6-bit scale
+//! and min pairs are stored as bytes (148 bytes per row and super-block
+//! instead of 144).
 
 use m40_gguf::GgmlType;
 
@@ -14,7 +16,8 @@ pub const PACK_ROWS: usize = 4;
 /// Formats with a packed GEMV kernel, and their geometry. The simple ones
 /// have blocks of 32 weights: `scale_bytes` of scales first (moved to the
 /// scale plane), then the quants, cut into 4 eighths of `eighth_bytes`.
-/// Q6_K has a layout of its own (kernels/gemv_packed.cu `Q6KPlanes`).
+/// Q6_K and Q4_K have layouts of their own (kernels/gemv_packed.cu
+/// `Q6KPlanes`, `Q4KPlanes`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PackFormat {
     pub ty: GgmlType,
@@ -23,6 +26,8 @@ pub struct PackFormat {
     /// Weights and GGUF bytes per block.
     pub qk: usize,
     pub block_bytes: usize,
+    /// Bytes per block and row in the packed layout.
+    pub packed_block_bytes: usize,
     /// Scale bytes per 32-weight block and row (f16 d, or f16 d and m).
     scale_bytes: usize,
     /// Quant bytes per (block, eighth, row).
@@ -32,12 +37,13 @@ pub struct PackFormat {
 }
 
 macro_rules! pformat {
-    ($ty:ident, $sym:literal, $qk:expr, $bytes:expr, $sb:expr, $eb:expr, $bias:expr) => {
+    ($ty:ident, $sym:literal, $qk:expr, $bytes:expr, $packed:expr, $sb:expr, $eb:expr, $bias:expr) => {
         PackFormat {
             ty: GgmlType::$ty,
             gemv: concat!("gemv_packed_", $sym, "_f32"),
             qk: $qk,
             block_bytes: $bytes,
+            packed_block_bytes: $packed,
             scale_bytes: $sb,
             eighth_bytes: $eb,
             bias: $bias,
@@ -46,12 +52,13 @@ macro_rules! pformat {
 }
 
 impl PackFormat {
-    pub const ALL: [PackFormat; 5] = [
-        pformat!(F16, "f16", 32, 64, 0, 16, 0),
-        pformat!(Q8_0, "q8_0", 32, 34, 2, 8, 0x80),
-        pformat!(Q4_0, "q4_0", 32, 18, 2, 4, 0),
-        pformat!(Q4_1, "q4_1", 32, 20, 4, 4, 0),
-        pformat!(Q6_K, "q6_k", 256, 210, 0, 0, 0),
+    pub const ALL: [PackFormat; 6] = [
+        pformat!(F16, "f16", 32, 64, 64, 0, 16, 0),
+        pformat!(Q8_0, "q8_0", 32, 34, 34, 2, 8, 0x80),
+        pformat!(Q4_0, "q4_0", 32, 18, 18, 2, 4, 0),
+        pformat!(Q4_1, "q4_1", 32, 20, 20, 4, 4, 0),
+        pformat!(Q4_K, "q4_k", 256, 144, 148, 0, 0, 0),
+        pformat!(Q6_K, "q6_k", 256, 210, 210, 0, 0, 0),
     ];
 
     /// The packed format of `ty`, if it has one.
@@ -59,10 +66,10 @@ impl PackFormat {
         Self::ALL.iter().copied().find(|f| f.ty == ty)
     }
 
-    /// Bytes of a packed `rows` x `cols` matrix: the GGUF bytes of the rows
-    /// rounded up to whole groups.
+    /// Bytes of a packed `rows` x `cols` matrix: the rows rounded up to
+    /// whole groups, `packed_block_bytes` per row and block.
     pub fn packed_bytes(&self, rows: usize, cols: usize) -> usize {
-        rows.div_ceil(PACK_ROWS) * PACK_ROWS * (cols / self.qk) * self.block_bytes
+        rows.div_ceil(PACK_ROWS) * PACK_ROWS * (cols / self.qk) * self.packed_block_bytes
     }
 }
 
@@ -94,6 +101,8 @@ pub fn pack_gemv(ty: GgmlType, data: &[u8], rows: usize, cols: usize) -> Result<
     let rows_of = data.chunks_exact(row_bytes);
     if ty == GgmlType::Q6_K {
         pack_q6_k(&mut out, rows_of, rows, cols);
+    } else if ty == GgmlType::Q4_K {
+        pack_q4_k(&mut out, rows_of, rows, cols);
     } else {
         pack_simple(&f, &mut out, rows_of, rows, cols);
     }
@@ -179,6 +188,53 @@ fn pack_q6_k<'a>(out: &mut [u8], rows: impl Iterator<Item = &'a [u8]>, nrows: us
     }
 }
 
+/// Q4_K's 6-bit scale and min of sub-block `s` (ggml's packing of the 12
+/// scale bytes).
+fn q4_k_scale_min(scales: &[u8], s: usize) -> (u8, u8) {
+    if s < 4 {
+        (scales[s] & 63, scales[s + 4] & 63)
+    } else {
+        (
+            (scales[s + 4] & 15) | (scales[s - 4] >> 6) << 4,
+            (scales[s + 4] >> 4) | (scales[s] >> 6) << 4,
+        )
+    }
+}
+
+/// Q4_K: planes q (64 bytes per group and 32-weight block, as Q4_0's
+/// quants), sm (8: each row's scale and min as bytes) and d (16 per
+/// super-block: each row's f16 d and dmin): kernels/gemv_packed.cu
+/// `Q4KPlanes`.
+fn pack_q4_k<'a>(out: &mut [u8], rows: impl Iterator<Item = &'a [u8]>, nrows: usize, cols: usize) {
+    let (nb, groups) = (cols / 32, nrows.div_ceil(PACK_ROWS));
+    let sizes = [64, 8];
+    let (smp, dp) = (plane(&sizes, 1, groups, nb), plane(&sizes, 2, groups, nb));
+    for (r, row) in rows.enumerate() {
+        let (g, j) = (r / PACK_ROWS, r % PACK_ROWS);
+        for (sbk, blk) in row.chunks_exact(144).enumerate() {
+            let (scales, qs) = (&blk[4..16], &blk[16..144]);
+            let d = dp + ((g * (nb / 8) + sbk) * PACK_ROWS + j) * 4;
+            out[d..d + 4].copy_from_slice(&blk[..4]);
+            for s in 0..8 {
+                let gb = g * nb + sbk * 8 + s;
+                let (sc, m) = q4_k_scale_min(scales, s);
+                let c = smp + gb * 8 + 2 * j;
+                out[c] = sc;
+                out[c + 1] = m;
+                // Weight l of sub-block s: the low (s even) or high nibble
+                // of qs[32 (s / 2) + l].
+                let w = |l: usize| qs[32 * (s / 2) + l] >> (4 * (s % 2)) & 15;
+                for e in 0..4 {
+                    let q = ((gb * 4 + e) * PACK_ROWS + j) * 4;
+                    for i in 0..4 {
+                        out[q + i] = w(4 * e + i) | w(16 + 4 * e + i) << 4;
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -211,6 +267,14 @@ mod tests {
             );
             return d * sc * ((lo | hi << 4) as f32 - 32.0);
         }
+        let nibble = |byte: u8, k: usize| if k >= 16 { byte >> 4 } else { byte & 15 } as f32;
+        if f.ty == GgmlType::Q4_K {
+            let byte = p[(gb * 4 + (k % 16) / 4) * PACK_ROWS * 4 + j * 4 + k % 4];
+            let sm = plane(&[64], 1, groups, nb) + gb * 8 + 2 * j;
+            let dd = plane(&[64, 8], 2, groups, nb) + ((g * (nb / 8) + b / 8) * PACK_ROWS + j) * 4;
+            let (sc, m) = (p[sm] as f32, p[sm + 1] as f32);
+            return half(dd) * sc * nibble(byte, k) - half(dd + 2) * m;
+        }
         let s = groups * nb * PACK_ROWS * 4 * eb + (gb * PACK_ROWS + j) * sb;
         let eighth = |e: usize| &p[((gb * 4 + e) * PACK_ROWS + j) * eb..][..eb];
         match f.ty {
@@ -222,9 +286,7 @@ mod tests {
             _ => {
                 // Eighth e: the low nibbles of its 4 bytes are weights 4e ..,
                 // the high ones 16 + 4e ..
-                let (e, i, hi) = ((k % 16) / 4, k % 4, k >= 16);
-                let byte = eighth(e)[i];
-                let v = if hi { byte >> 4 } else { byte & 15 } as f32;
+                let v = nibble(eighth((k % 16) / 4)[k % 4], k);
                 if f.ty == GgmlType::Q4_0 {
                     half(s) * (v - 8.0)
                 } else {
@@ -276,6 +338,7 @@ mod tests {
         assert!(pack_gemv(GgmlType::Q4_0, &[0; 18], 1, 33).is_err());
         assert!(pack_gemv(GgmlType::Q4_0, &[0; 17], 1, 32).is_err());
         assert!(pack_gemv(GgmlType::Q6_K, &[0; 210], 1, 32).is_err());
-        assert!(pack_gemv(GgmlType::Q4_K, &[0; 144], 1, 256).is_err());
+        assert!(pack_gemv(GgmlType::Q4_K, &[0; 144], 1, 32).is_err());
+        assert!(pack_gemv(GgmlType::Q5_K, &[0; 176], 1, 256).is_err());
     }
 }
