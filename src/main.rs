@@ -21,6 +21,8 @@ struct Cli {
 enum Command {
     /// Generate from a prompt, or chat when no prompt is given.
     Run(cmd::run::Args),
+    /// Serve the Ollama- and OpenAI-compatible HTTP APIs (127.0.0.1:11434).
+    Serve(cmd::serve::Args),
     /// Describe a model: architecture, hyperparameters, tokenizer, tensor types.
     Show(cmd::show::Args),
     /// Write a random-weight llama model of a real shape (for tests and benchmarks).
@@ -50,6 +52,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(a) => cmd::run::run(a),
+        Command::Serve(a) => cmd::serve::run(a),
         Command::Show(a) => cmd::show::run(a),
         Command::Synth(a) => cmd::synth::run(a),
         Command::Tokenize(a) => cmd::text::tokenize(a),

@@ -1,5 +1,6 @@
 pub mod perplexity;
 pub mod run;
+pub mod serve;
 pub mod show;
 pub mod store;
 pub mod synth;

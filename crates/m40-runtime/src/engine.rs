@@ -175,6 +175,7 @@ impl CancelToken {
 
 /// A loaded model ready to generate.
 pub struct Engine {
+    model: Arc<Model>,
     backend: CpuBackend,
     tokenizer: Tokenizer,
     template: ChatTemplate,
@@ -206,11 +207,17 @@ impl Engine {
             .unwrap_or_else(|| model.hparams().n_ctx_train.min(4096))
             .max(1);
         Ok(Self {
-            backend: CpuBackend::new(model)?,
+            backend: CpuBackend::new(model.clone())?,
+            model,
             tokenizer,
             template,
             n_ctx,
         })
+    }
+
+    /// The model's GGUF file (metadata, tensors, path).
+    pub fn model_file(&self) -> &m40_gguf::GgufFile {
+        self.model.file()
     }
 
     pub fn tokenizer(&self) -> &Tokenizer {

@@ -1,0 +1,411 @@
+//! m40-serve: Ollama- and OpenAI-compatible HTTP APIs over one loaded
+//! [`m40_runtime::Engine`]. A thin layer: requests are parsed and checked
+//! here, generation is the engine's.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::sync::Arc;
+//! let engine = m40_runtime::Engine::load("smollm2:135m", Default::default())?;
+//! let state = m40_serve::AppState::new(Arc::new(engine), "smollm2:135m", Default::default());
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:11434").await?;
+//! m40_serve::serve(listener, state, async { tokio::signal::ctrl_c().await.ok(); }).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! Requests run one at a time (the CPU engine has no batching yet) behind a
+//! fair FIFO queue; a full queue answers 503 with `Retry-After`. A client
+//! that disconnects cancels its request.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::DefaultBodyLimit;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use m40_runtime::{CancelToken, Completion, Engine, Request, TokenEvent};
+use serde::de::DeserializeOwned;
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+
+mod metrics;
+mod ollama;
+mod openai;
+
+pub use metrics::Metrics;
+
+/// Server limits.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// Requests waiting for the engine beyond this are refused with 503.
+    pub max_queue: usize,
+    /// A request running longer than this is cancelled (its output so far
+    /// is returned, finish reason `cancelled`/`length`).
+    pub request_timeout: Duration,
+    /// Largest request body in bytes (413 beyond).
+    pub max_body_bytes: usize,
+    /// `Authorization: Bearer <key>` required on every route but `/` and
+    /// `/health` when set.
+    pub api_key: Option<String>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            max_queue: 64,
+            request_timeout: Duration::from_secs(600),
+            max_body_bytes: 8 << 20,
+            api_key: None,
+        }
+    }
+}
+
+/// What every handler shares.
+#[derive(Clone)]
+pub struct AppState {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    engine: Arc<Engine>,
+    name: String,
+    config: ServerConfig,
+    queue: Arc<Semaphore>,
+    waiting: AtomicUsize,
+    metrics: Metrics,
+    loaded_at: chrono::DateTime<chrono::Utc>,
+}
+
+impl AppState {
+    /// Serve `engine` under `name` (e.g. `smollm2:135m`; requests may also
+    /// say `smollm2:135m:latest`-style tags of it or leave the tag out).
+    pub fn new(engine: Arc<Engine>, name: &str, config: ServerConfig) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                engine,
+                name: name.to_string(),
+                config,
+                queue: Arc::new(Semaphore::new(1)),
+                waiting: AtomicUsize::new(0),
+                metrics: Metrics::default(),
+                loaded_at: chrono::Utc::now(),
+            }),
+        }
+    }
+
+    pub(crate) fn engine(&self) -> &Engine {
+        &self.inner.engine
+    }
+
+    pub(crate) fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    pub(crate) fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
+    }
+
+    /// Whether a request's `model` names the loaded model: the same name,
+    /// with or without a `:latest` tag.
+    pub(crate) fn check_model(&self, requested: Option<&str>) -> Result<(), ApiError> {
+        let Some(m) = requested.map(str::trim).filter(|m| !m.is_empty()) else {
+            return Err(ApiError::bad_request("model is required"));
+        };
+        let strip = |s: &str| s.strip_suffix(":latest").unwrap_or(s).to_string();
+        if strip(m) == strip(&self.inner.name) {
+            Ok(())
+        } else {
+            Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "model '{m}' not found; this server has '{}' loaded",
+                    self.inner.name
+                ),
+            ))
+        }
+    }
+
+    /// Check a request against the context (the loaded one, or `ctx` where
+    /// a request asks for less) and queue it; generation starts when the
+    /// engine is free and streams into the returned [`Running`].
+    pub(crate) async fn start(
+        &self,
+        mut req: Request,
+        ctx: Option<usize>,
+    ) -> Result<Running, ApiError> {
+        let engine = self.inner.engine.clone();
+        let prompt_ids = engine
+            .prompt_tokens(&req.prompt)
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        let n_ctx = ctx.map_or(engine.n_ctx(), |c| c.min(engine.n_ctx()));
+        if prompt_ids.is_empty() {
+            return Err(ApiError::bad_request("the prompt is empty"));
+        }
+        if prompt_ids.len() >= n_ctx {
+            return Err(ApiError::bad_request(format!(
+                "the prompt is {} tokens but the context holds {n_ctx} (room is needed for at least one generated token)",
+                prompt_ids.len()
+            )));
+        }
+        // Generation stops where the context ends.
+        let room = n_ctx - prompt_ids.len();
+        req.max_tokens = Some(req.max_tokens.map_or(room, |m| m.min(room)));
+        let permit = self.enter_queue().await?;
+        let (tx, rx) = mpsc::channel(256);
+        let cancel = CancelToken::new();
+        let c = cancel.clone();
+        let metrics = self.inner.metrics.clone();
+        let prompt_len = prompt_ids.len();
+        metrics.started(prompt_len);
+        let timeout = self.inner.config.request_timeout;
+        let timer = {
+            let c = cancel.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(timeout).await;
+                c.cancel();
+            })
+        };
+        tokio::task::spawn_blocking(move || {
+            let _permit: OwnedSemaphorePermit = permit;
+            let start = Instant::now();
+            let mut last = None::<Instant>;
+            let mut events = 0;
+            let result = engine.generate(&req, &c, |t| {
+                events += 1;
+                let now = Instant::now();
+                match last {
+                    None => metrics.first_token(now - start),
+                    Some(prev) => metrics.next_token(now - prev),
+                }
+                last = Some(now);
+                if tx.blocking_send(Event::Token(t.clone())).is_err() {
+                    // The client went away: stop generating.
+                    c.cancel();
+                }
+            });
+            timer.abort();
+            metrics.finished(
+                result.as_ref().map_or(0, |d| d.token_ids.len()),
+                prompt_len + events,
+            );
+            let _ = tx.blocking_send(Event::Done(result.map_err(|e| e.to_string())));
+        });
+        Ok(Running {
+            rx,
+            _cancel: CancelOnDrop(cancel),
+            prompt_ids,
+        })
+    }
+
+    /// A place in the FIFO queue (tokio's semaphore serves waiters in order).
+    async fn enter_queue(&self) -> Result<OwnedSemaphorePermit, ApiError> {
+        let inner = &self.inner;
+        let waiting = inner.waiting.fetch_add(1, Ordering::SeqCst);
+        let _left = Leave(&inner.waiting, &inner.metrics);
+        inner.metrics.set_queue(waiting + 1);
+        // `waiting` others are ahead; one of them may be about to take the
+        // free engine.
+        if inner.queue.available_permits() == 0 && waiting >= inner.config.max_queue {
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("the server is busy ({waiting} requests waiting); retry later"),
+            )
+            .retry_after(5));
+        }
+        inner.queue.clone().acquire_owned().await.map_err(|_| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the server is shutting down",
+            )
+        })
+    }
+}
+
+/// Decrements the waiting count when a request leaves the queue (served,
+/// refused, or its client gone).
+struct Leave<'a>(&'a AtomicUsize, &'a Metrics);
+
+impl Drop for Leave<'_> {
+    fn drop(&mut self) {
+        let now = self.0.fetch_sub(1, Ordering::SeqCst) - 1;
+        self.1.set_queue(now);
+    }
+}
+
+/// What a running request streams.
+pub(crate) enum Event {
+    Token(TokenEvent),
+    Done(Result<Completion, String>),
+}
+
+/// A generation in progress; dropping it (a client that went away)
+/// cancels it.
+pub(crate) struct Running {
+    pub rx: mpsc::Receiver<Event>,
+    _cancel: CancelOnDrop,
+    pub prompt_ids: Vec<u32>,
+}
+
+impl Running {
+    /// Wait for the whole output: the tokens and the completion.
+    pub async fn collect(mut self) -> Result<(Vec<TokenEvent>, Completion), ApiError> {
+        let mut tokens = Vec::new();
+        while let Some(ev) = self.rx.recv().await {
+            match ev {
+                Event::Token(t) => tokens.push(t),
+                Event::Done(Ok(done)) => return Ok((tokens, done)),
+                Event::Done(Err(e)) => {
+                    return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e))
+                }
+            }
+        }
+        Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "generation ended without a result",
+        ))
+    }
+}
+
+struct CancelOnDrop(CancelToken);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.cancel();
+    }
+}
+
+/// An error answered as `{"error": "..."}` with a status.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    retry_after: Option<u64>,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+            retry_after: None,
+        }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, message)
+    }
+
+    fn retry_after(mut self, seconds: u64) -> Self {
+        self.retry_after = Some(seconds);
+        self
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut r = (
+            self.status,
+            axum::Json(serde_json::json!({ "error": self.message })),
+        )
+            .into_response();
+        if let Some(s) = self.retry_after {
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        r
+    }
+}
+
+/// A JSON body parsed by serde, every failure (syntax, wrong types, missing
+/// fields) a 400 that says what was wrong. The content type is not checked
+/// (Ollama's clients do not always send one).
+pub(crate) fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    let de = &mut serde_json::Deserializer::from_slice(body);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let at = e.path().to_string();
+        let inner = e.into_inner();
+        if at == "." {
+            ApiError::bad_request(format!("invalid request body: {inner}"))
+        } else {
+            ApiError::bad_request(format!("invalid request body: {at}: {inner}"))
+        }
+    })
+}
+
+/// The router: Ollama's `/api/*`, OpenAI's `/v1/*`, `/health`, `/metrics`.
+pub fn router(state: AppState) -> Router {
+    let limit = state.inner.config.max_body_bytes;
+    let key = state.inner.config.api_key.clone();
+    Router::new()
+        .route("/", get(root).head(root))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics::render))
+        .route("/api/version", get(ollama::version))
+        .route("/api/tags", get(ollama::tags))
+        .route("/api/ps", get(ollama::ps))
+        .route("/api/show", post(ollama::show))
+        .route("/api/generate", post(ollama::generate))
+        .route("/api/chat", post(ollama::chat))
+        .route("/v1/models", get(openai::models))
+        .route("/v1/chat/completions", post(openai::chat_completions))
+        .route("/v1/completions", post(openai::completions))
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such endpoint") })
+        .layer(DefaultBodyLimit::max(limit))
+        .layer(axum::middleware::from_fn(
+            move |req: axum::extract::Request, next: axum::middleware::Next| {
+                let key = key.clone();
+                async move { check_key(key.as_deref(), req, next).await }
+            },
+        ))
+        .with_state(state)
+}
+
+async fn check_key(
+    key: Option<&str>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let open = matches!(req.uri().path(), "/" | "/health");
+    if let (Some(key), false) = (key, open) {
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if given != Some(key) {
+            return ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "missing or wrong API key (Authorization: Bearer ...)",
+            )
+            .into_response();
+        }
+    }
+    next.run(req).await
+}
+
+async fn root() -> &'static str {
+    "m40-llm is running"
+}
+
+async fn health(axum::extract::State(s): axum::extract::State<AppState>) -> Response {
+    axum::Json(serde_json::json!({
+        "status": "ok",
+        "model": s.name(),
+        "n_ctx": s.engine().n_ctx(),
+    }))
+    .into_response()
+}
+
+/// Serve until `shutdown` resolves, then stop accepting and let the
+/// requests in flight finish.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: AppState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
+}

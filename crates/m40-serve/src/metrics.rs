@@ -1,0 +1,203 @@
+//! `/metrics` in Prometheus' text format: requests, tokens in and out, queue
+//! depth, requests running, KV cache use, time-to-first-token and inter-token
+//! latency histograms.
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+
+use crate::AppState;
+
+/// Bucket upper bounds in seconds.
+const TTFT_BUCKETS: [f64; 10] = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
+const ITL_BUCKETS: [f64; 10] = [0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0];
+
+/// Counters shared by every request (cheap to clone).
+#[derive(Clone, Default)]
+pub struct Metrics(Arc<Counters>);
+
+#[derive(Default)]
+struct Counters {
+    requests: AtomicU64,
+    prompt_tokens: AtomicU64,
+    generated_tokens: AtomicU64,
+    running: AtomicU64,
+    queue: AtomicU64,
+    kv_tokens: AtomicU64,
+    ttft: Histogram<10>,
+    itl: Histogram<10>,
+}
+
+struct Histogram<const N: usize> {
+    counts: [AtomicU64; N],
+    count: AtomicU64,
+    /// Microseconds.
+    sum_us: AtomicU64,
+}
+
+impl<const N: usize> Default for Histogram<N> {
+    fn default() -> Self {
+        Self {
+            counts: std::array::from_fn(|_| AtomicU64::new(0)),
+            count: AtomicU64::new(0),
+            sum_us: AtomicU64::new(0),
+        }
+    }
+}
+
+impl<const N: usize> Histogram<N> {
+    fn observe(&self, bounds: &[f64; N], d: Duration) {
+        let s = d.as_secs_f64();
+        for (c, &b) in self.counts.iter().zip(bounds) {
+            if s <= b {
+                c.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_us
+            .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    fn write(&self, out: &mut String, name: &str, help: &str, bounds: &[f64; N]) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (c, b) in self.counts.iter().zip(bounds) {
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{le=\"{b}\"}} {}",
+                c.load(Ordering::Relaxed)
+            );
+        }
+        let n = self.count.load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {n}");
+        let _ = writeln!(
+            out,
+            "{name}_sum {}",
+            self.sum_us.load(Ordering::Relaxed) as f64 / 1e6
+        );
+        let _ = writeln!(out, "{name}_count {n}");
+    }
+}
+
+impl Metrics {
+    pub(crate) fn started(&self, prompt_tokens: usize) {
+        let c = &self.0;
+        c.requests.fetch_add(1, Ordering::Relaxed);
+        c.prompt_tokens
+            .fetch_add(prompt_tokens as u64, Ordering::Relaxed);
+        c.running.fetch_add(1, Ordering::Relaxed);
+        c.kv_tokens
+            .fetch_add(prompt_tokens as u64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn first_token(&self, d: Duration) {
+        self.0.ttft.observe(&TTFT_BUCKETS, d);
+        self.0.kv_tokens.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn next_token(&self, d: Duration) {
+        self.0.itl.observe(&ITL_BUCKETS, d);
+        self.0.kv_tokens.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A request ended after `generated` tokens; the `kv_held` tokens of
+    /// its cache are freed with it.
+    pub(crate) fn finished(&self, generated: usize, kv_held: usize) {
+        let c = &self.0;
+        c.generated_tokens
+            .fetch_add(generated as u64, Ordering::Relaxed);
+        c.running.fetch_sub(1, Ordering::Relaxed);
+        c.kv_tokens.fetch_sub(kv_held as u64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn set_queue(&self, n: usize) {
+        self.0.queue.store(n as u64, Ordering::Relaxed);
+    }
+
+    /// Requests running now (generation started, not yet ended).
+    pub fn running(&self) -> u64 {
+        self.0.running.load(Ordering::Relaxed)
+    }
+
+    /// Requests served since start.
+    pub fn requests(&self) -> u64 {
+        self.0.requests.load(Ordering::Relaxed)
+    }
+
+    fn text(&self, n_ctx: usize) -> String {
+        let c = &self.0;
+        let mut out = String::new();
+        let mut scalar = |name: &str, kind: &str, help: &str, v: u64| {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
+            );
+        };
+        scalar(
+            "m40_requests_total",
+            "counter",
+            "Generation requests started.",
+            c.requests.load(Ordering::Relaxed),
+        );
+        scalar(
+            "m40_prompt_tokens_total",
+            "counter",
+            "Prompt tokens processed.",
+            c.prompt_tokens.load(Ordering::Relaxed),
+        );
+        scalar(
+            "m40_generated_tokens_total",
+            "counter",
+            "Tokens generated.",
+            c.generated_tokens.load(Ordering::Relaxed),
+        );
+        scalar(
+            "m40_requests_running",
+            "gauge",
+            "Requests generating now.",
+            c.running.load(Ordering::Relaxed),
+        );
+        scalar(
+            "m40_queue_depth",
+            "gauge",
+            "Requests waiting for the engine (including the one about to start).",
+            c.queue.load(Ordering::Relaxed),
+        );
+        scalar(
+            "m40_kv_cache_tokens",
+            "gauge",
+            "Tokens held in KV caches of running requests.",
+            c.kv_tokens.load(Ordering::Relaxed),
+        );
+        scalar(
+            "m40_kv_cache_capacity_tokens",
+            "gauge",
+            "Tokens one request's KV cache holds (the context).",
+            n_ctx as u64,
+        );
+        c.ttft.write(
+            &mut out,
+            "m40_time_to_first_token_seconds",
+            "Time from the start of generation to the first token.",
+            &TTFT_BUCKETS,
+        );
+        c.itl.write(
+            &mut out,
+            "m40_inter_token_latency_seconds",
+            "Time between consecutive tokens.",
+            &ITL_BUCKETS,
+        );
+        out
+    }
+}
+
+pub(crate) async fn render(State(s): State<AppState>) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        s.metrics().text(s.engine().n_ctx()),
+    )
+}

@@ -1,0 +1,406 @@
+//! Ollama's API: `/api/generate`, `/api/chat` (NDJSON streams by default,
+//! one object with `"stream": false`), `/api/tags`, `/api/show`, `/api/ps`,
+//! `/api/version`. Durations are nanoseconds, as Ollama reports them.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::time::Instant;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use m40_runtime::{Completion, FinishReason, Message, Prompt, Request, SamplingParams};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::{parse_json, ApiError, AppState, Event, Running};
+
+/// Ollama's `options` (the ones m40-llm uses; others are accepted and
+/// ignored, as Ollama does). Wrong types are a 400.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct Options {
+    temperature: Option<f32>,
+    top_k: Option<i64>,
+    top_p: Option<f32>,
+    min_p: Option<f32>,
+    repeat_penalty: Option<f32>,
+    repeat_last_n: Option<i64>,
+    presence_penalty: Option<f32>,
+    frequency_penalty: Option<f32>,
+    seed: Option<i64>,
+    num_predict: Option<i64>,
+    stop: Option<Vec<String>>,
+    num_ctx: Option<i64>,
+}
+
+impl Options {
+    /// The request these options describe, for `prompt` on an engine with
+    /// context `n_ctx`.
+    /// And the context it asks for (`num_ctx`: at most the loaded one).
+    fn request(self, prompt: Prompt, n_ctx: usize) -> Result<(Request, Option<usize>), ApiError> {
+        let d = SamplingParams::default();
+        let nonneg = |name: &str, v: f32| {
+            if v.is_finite() && v >= 0.0 {
+                Ok(v)
+            } else {
+                Err(ApiError::bad_request(format!(
+                    "option {name} must be a finite number >= 0, not {v}"
+                )))
+            }
+        };
+        let mut req = Request::new(prompt);
+        req.sampling = SamplingParams {
+            temperature: nonneg("temperature", self.temperature.unwrap_or(d.temperature))?,
+            top_k: self.top_k.map_or(d.top_k, |k| k.max(0) as usize),
+            top_p: nonneg("top_p", self.top_p.unwrap_or(d.top_p))?,
+            min_p: nonneg("min_p", self.min_p.unwrap_or(d.min_p))?,
+            repeat_penalty: nonneg(
+                "repeat_penalty",
+                self.repeat_penalty.unwrap_or(d.repeat_penalty),
+            )?,
+            presence_penalty: self.presence_penalty.unwrap_or(d.presence_penalty),
+            frequency_penalty: self.frequency_penalty.unwrap_or(d.frequency_penalty),
+            // Ollama: -1 is the whole context, 0 disables the penalties.
+            penalty_last_n: match self.repeat_last_n {
+                None => d.penalty_last_n,
+                Some(n) if n < 0 => n_ctx,
+                Some(n) => n as usize,
+            },
+            // Ollama: a negative seed is a random one.
+            seed: self.seed.filter(|&s| s >= 0).map(|s| s as u64),
+        };
+        // Ollama: -1 (and -2) generate until the context is full.
+        req.max_tokens = self.num_predict.filter(|&n| n >= 0).map(|n| n as usize);
+        req.stop = self.stop.unwrap_or_default();
+        let ctx = match self.num_ctx {
+            Some(c) if c <= 0 => {
+                return Err(ApiError::bad_request(format!(
+                    "num_ctx must be positive, not {c}"
+                )))
+            }
+            c => c.map(|c| c as usize),
+        };
+        Ok((req, ctx))
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct GenerateRequest {
+    model: Option<String>,
+    prompt: Option<String>,
+    system: Option<String>,
+    #[serde(default)]
+    raw: bool,
+    stream: Option<bool>,
+    #[serde(default)]
+    options: Options,
+    #[serde(default)]
+    images: Vec<String>,
+    /// Accepted; the one loaded model stays loaded.
+    #[allow(dead_code)]
+    keep_alive: Option<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ChatMessage {
+    role: String,
+    #[serde(default)]
+    content: String,
+    #[serde(default)]
+    images: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ChatRequest {
+    model: Option<String>,
+    #[serde(default)]
+    messages: Vec<ChatMessage>,
+    stream: Option<bool>,
+    #[serde(default)]
+    options: Options,
+    #[allow(dead_code)]
+    keep_alive: Option<Value>,
+}
+
+fn now() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Nanos, true)
+}
+
+fn done_reason(r: FinishReason) -> &'static str {
+    match r {
+        FinishReason::Stop => "stop",
+        FinishReason::Length => "length",
+        FinishReason::Cancelled => "cancelled",
+    }
+}
+
+fn no_images(images: &[String]) -> Result<(), ApiError> {
+    if images.is_empty() {
+        Ok(())
+    } else {
+        Err(ApiError::bad_request(
+            "images are not supported: the loaded model is text-only",
+        ))
+    }
+}
+
+/// The counts and durations of a finished request, Ollama's names.
+fn final_fields(obj: &mut serde_json::Map<String, Value>, done: &Completion, received: Instant) {
+    let t = &done.timings;
+    let ns = |ms: f64| (ms * 1e6).round() as u64;
+    obj.insert("done".into(), json!(true));
+    obj.insert("done_reason".into(), json!(done_reason(done.finish_reason)));
+    obj.insert(
+        "total_duration".into(),
+        json!(received.elapsed().as_nanos() as u64),
+    );
+    obj.insert("load_duration".into(), json!(0));
+    obj.insert("prompt_eval_count".into(), json!(t.prompt_tokens));
+    obj.insert("prompt_eval_duration".into(), json!(ns(t.prompt_ms)));
+    obj.insert(
+        "eval_count".into(),
+        json!(t.generated_tokens.max(done.token_ids.len())),
+    );
+    obj.insert("eval_duration".into(), json!(ns(t.generation_ms)));
+}
+
+/// How one API shapes its objects: a token's text chunk and the final one.
+trait Shape: Send + 'static {
+    fn chunk(&self, text: &str) -> Value;
+    fn last(&self, done: &Completion, full_text: Option<&str>, prompt_ids: &[u32]) -> Value;
+}
+
+struct GenerateShape {
+    model: String,
+    received: Instant,
+}
+
+impl Shape for GenerateShape {
+    fn chunk(&self, text: &str) -> Value {
+        json!({"model": self.model, "created_at": now(), "response": text, "done": false})
+    }
+    fn last(&self, done: &Completion, full_text: Option<&str>, prompt_ids: &[u32]) -> Value {
+        let mut o = serde_json::Map::new();
+        o.insert("model".into(), json!(self.model));
+        o.insert("created_at".into(), json!(now()));
+        o.insert("response".into(), json!(full_text.unwrap_or("")));
+        final_fields(&mut o, done, self.received);
+        let context: Vec<u32> = prompt_ids.iter().chain(&done.token_ids).copied().collect();
+        o.insert("context".into(), json!(context));
+        Value::Object(o)
+    }
+}
+
+struct ChatShape {
+    model: String,
+    received: Instant,
+}
+
+impl Shape for ChatShape {
+    fn chunk(&self, text: &str) -> Value {
+        json!({"model": self.model, "created_at": now(),
+               "message": {"role": "assistant", "content": text}, "done": false})
+    }
+    fn last(&self, done: &Completion, full_text: Option<&str>, _: &[u32]) -> Value {
+        let mut o = serde_json::Map::new();
+        o.insert("model".into(), json!(self.model));
+        o.insert("created_at".into(), json!(now()));
+        o.insert(
+            "message".into(),
+            json!({"role": "assistant", "content": full_text.unwrap_or("")}),
+        );
+        final_fields(&mut o, done, self.received);
+        Value::Object(o)
+    }
+}
+
+fn ndjson_line(v: &Value) -> Bytes {
+    let mut s = v.to_string();
+    s.push('\n');
+    Bytes::from(s)
+}
+
+/// Stream `running` as NDJSON, or collect it into one object.
+async fn respond(running: Running, stream: bool, shape: impl Shape) -> Result<Response, ApiError> {
+    if !stream {
+        let prompt_ids = running.prompt_ids.clone();
+        let (_, done) = running.collect().await?;
+        return Ok(Json(shape.last(&done, Some(&done.text), &prompt_ids)).into_response());
+    }
+    let body = futures_util::stream::unfold(Some((running, shape)), |st| async move {
+        let (mut running, shape) = st?;
+        loop {
+            let line = match running.rx.recv().await? {
+                Event::Token(t) if t.text.is_empty() => continue,
+                Event::Token(t) => {
+                    let l = ndjson_line(&shape.chunk(&t.text));
+                    return Some((Ok::<_, Infallible>(l), Some((running, shape))));
+                }
+                Event::Done(Ok(done)) => ndjson_line(&shape.last(&done, None, &running.prompt_ids)),
+                Event::Done(Err(e)) => ndjson_line(&json!({ "error": e })),
+            };
+            return Some((Ok(line), None));
+        }
+    });
+    Ok((
+        [(header::CONTENT_TYPE, "application/x-ndjson")],
+        Body::from_stream(body),
+    )
+        .into_response())
+}
+
+pub(crate) async fn generate(State(s): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+    let received = Instant::now();
+    let r: GenerateRequest = parse_json(&body)?;
+    s.check_model(r.model.as_deref())?;
+    no_images(&r.images)?;
+    let model = r.model.clone().unwrap_or_default();
+    let prompt_text = r.prompt.unwrap_or_default();
+    if prompt_text.is_empty() {
+        // Ollama: an empty prompt only loads the model.
+        return Ok(
+            Json(json!({"model": model, "created_at": now(), "response": "",
+                              "done": true, "done_reason": "load"}))
+            .into_response(),
+        );
+    }
+    let prompt = if r.raw {
+        Prompt::Text(prompt_text)
+    } else {
+        let mut m = Vec::new();
+        if let Some(sys) = r.system.filter(|s| !s.is_empty()) {
+            m.push(Message::new("system", sys));
+        }
+        m.push(Message::new("user", prompt_text));
+        Prompt::Chat(m)
+    };
+    let (req, ctx) = r.options.request(prompt, s.engine().n_ctx())?;
+    let running = s.start(req, ctx).await?;
+    respond(
+        running,
+        r.stream.unwrap_or(true),
+        GenerateShape { model, received },
+    )
+    .await
+}
+
+pub(crate) async fn chat(State(s): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+    let received = Instant::now();
+    let r: ChatRequest = parse_json(&body)?;
+    s.check_model(r.model.as_deref())?;
+    let model = r.model.clone().unwrap_or_default();
+    if r.messages.is_empty() {
+        return Ok(Json(json!({"model": model, "created_at": now(),
+                              "message": {"role": "assistant", "content": ""},
+                              "done": true, "done_reason": "load"}))
+        .into_response());
+    }
+    let mut messages = Vec::with_capacity(r.messages.len());
+    for m in r.messages {
+        no_images(&m.images)?;
+        if !matches!(m.role.as_str(), "system" | "user" | "assistant" | "tool") {
+            return Err(ApiError::bad_request(format!(
+                "unknown message role '{}' (system, user, assistant or tool)",
+                m.role
+            )));
+        }
+        messages.push(Message::new(m.role, m.content));
+    }
+    let (req, ctx) = r
+        .options
+        .request(Prompt::Chat(messages), s.engine().n_ctx())?;
+    let running = s.start(req, ctx).await?;
+    respond(
+        running,
+        r.stream.unwrap_or(true),
+        ChatShape { model, received },
+    )
+    .await
+}
+
+pub(crate) async fn version() -> Json<Value> {
+    Json(json!({ "version": env!("CARGO_PKG_VERSION") }))
+}
+
+/// The loaded model's `details`, as Ollama describes a model.
+fn details(s: &AppState) -> Value {
+    let f = s.engine().model_file();
+    let arch = f.architecture().unwrap_or("unknown").to_string();
+    // The quantization: the type holding the most bytes.
+    let mut bytes: HashMap<String, u64> = HashMap::new();
+    for t in f.tensors() {
+        *bytes.entry(t.ty.to_string()).or_default() += t.n_bytes;
+    }
+    let quant = bytes
+        .into_iter()
+        .max_by_key(|(_, b)| *b)
+        .map(|(t, _)| t)
+        .unwrap_or_default();
+    let n = f.n_params() as f64;
+    let size = if n >= 1e9 {
+        format!("{:.1}B", n / 1e9)
+    } else {
+        format!("{:.0}M", n / 1e6)
+    };
+    json!({"parent_model": "", "format": "gguf", "family": arch, "families": [arch],
+           "parameter_size": size, "quantization_level": quant})
+}
+
+fn model_entry(s: &AppState) -> Value {
+    let f = s.engine().model_file();
+    json!({"name": s.name(), "model": s.name(),
+           "modified_at": s.inner.loaded_at.to_rfc3339(),
+           "size": f.file_size(), "digest": "", "details": details(s)})
+}
+
+pub(crate) async fn tags(State(s): State<AppState>) -> Json<Value> {
+    Json(json!({ "models": [model_entry(&s)] }))
+}
+
+pub(crate) async fn ps(State(s): State<AppState>) -> Json<Value> {
+    let mut m = model_entry(&s);
+    m["expires_at"] = json!("0001-01-01T00:00:00Z");
+    m["size_vram"] = json!(0);
+    m["context_length"] = json!(s.engine().n_ctx());
+    Json(json!({ "models": [m] }))
+}
+
+#[derive(Deserialize)]
+struct ShowRequest {
+    model: Option<String>,
+    /// Older clients say `name`.
+    name: Option<String>,
+}
+
+pub(crate) async fn show(State(s): State<AppState>, body: Bytes) -> Result<Json<Value>, ApiError> {
+    let r: ShowRequest = parse_json(&body)?;
+    s.check_model(r.model.as_deref().or(r.name.as_deref()))?;
+    let f = s.engine().model_file();
+    let h = s.engine().hparams();
+    let arch = f.architecture().unwrap_or("unknown").to_string();
+    let mut info = serde_json::Map::new();
+    info.insert("general.architecture".into(), json!(arch));
+    info.insert("general.parameter_count".into(), json!(f.n_params()));
+    for (k, v) in [
+        ("block_count", h.n_layer),
+        ("embedding_length", h.n_embd),
+        ("attention.head_count", h.n_head),
+        ("attention.head_count_kv", h.n_head_kv),
+        ("feed_forward_length", h.n_ff),
+        ("context_length", h.n_ctx_train),
+    ] {
+        info.insert(format!("{arch}.{k}"), json!(v));
+    }
+    info.insert("tokenizer.ggml.vocab_size".into(), json!(h.n_vocab));
+    Ok(Json(json!({
+        "modelfile": format!("FROM {}\n", f.path().display()),
+        "parameters": "",
+        "template": "",
+        "details": details(&s),
+        "model_info": info,
+        "capabilities": ["completion"],
+        "modified_at": s.inner.loaded_at.to_rfc3339(),
+    })))
+}

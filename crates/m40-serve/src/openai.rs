@@ -1,0 +1,461 @@
+//! OpenAI's API: `/v1/chat/completions`, `/v1/completions` (SSE streams
+//! ending in `data: [DONE]`; usage; finish_reason; logprobs), `/v1/models`.
+//! Errors are `{"error": {"message", "type", "code"}}` as OpenAI sends them.
+
+use std::convert::Infallible;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::sse::{Event as SseEvent, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use m40_runtime::{
+    Completion, Engine, FinishReason, Message, Prompt, Request, SamplingParams, TokenEvent,
+};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::{parse_json, ApiError, AppState, Event, Running};
+
+/// OpenAI's error body.
+pub(crate) struct OaiError(ApiError);
+
+impl From<ApiError> for OaiError {
+    fn from(e: ApiError) -> Self {
+        Self(e)
+    }
+}
+
+impl IntoResponse for OaiError {
+    fn into_response(self) -> Response {
+        let kind = match self.0.status {
+            StatusCode::NOT_FOUND => "not_found_error",
+            StatusCode::UNAUTHORIZED => "authentication_error",
+            StatusCode::SERVICE_UNAVAILABLE => "server_busy",
+            s if s.is_client_error() => "invalid_request_error",
+            _ => "server_error",
+        };
+        let status = self.0.status;
+        let retry = self.0.retry_after;
+        let mut r = (
+            status,
+            Json(json!({"error": {"message": self.0.message, "type": kind, "code": status.as_u16()}})),
+        )
+            .into_response();
+        if let Some(s) = retry {
+            r.headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, s.into());
+        }
+        r
+    }
+}
+
+/// A string or a list of strings (`stop`, `prompt`).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl OneOrMany {
+    fn into_vec(self) -> Vec<String> {
+        match self {
+            OneOrMany::One(s) => vec![s],
+            OneOrMany::Many(v) => v,
+        }
+    }
+}
+
+/// Fields both endpoints share.
+#[derive(Debug, Deserialize)]
+struct Common {
+    model: Option<String>,
+    max_tokens: Option<u64>,
+    max_completion_tokens: Option<u64>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    /// llama.cpp's extensions, accepted here too.
+    top_k: Option<u64>,
+    min_p: Option<f32>,
+    repeat_penalty: Option<f32>,
+    presence_penalty: Option<f32>,
+    frequency_penalty: Option<f32>,
+    seed: Option<u64>,
+    stop: Option<OneOrMany>,
+    #[serde(default)]
+    stream: bool,
+    stream_options: Option<StreamOptions>,
+    n: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: bool,
+}
+
+impl Common {
+    fn request(
+        &self,
+        s: &AppState,
+        prompt: Prompt,
+        logprobs: Option<usize>,
+    ) -> Result<Request, ApiError> {
+        s.check_model(self.model.as_deref())?;
+        if self.n.is_some_and(|n| n != 1) {
+            return Err(ApiError::bad_request("only n = 1 is supported"));
+        }
+        let check = |name: &str, v: Option<f32>, lo: f32, hi: f32| match v {
+            Some(x) if !(x.is_finite() && (lo..=hi).contains(&x)) => Err(ApiError::bad_request(
+                format!("{name} must be between {lo} and {hi}, not {x}"),
+            )),
+            _ => Ok(v),
+        };
+        let d = SamplingParams::default();
+        let mut req = Request::new(prompt);
+        req.sampling = SamplingParams {
+            temperature: check("temperature", self.temperature, 0.0, 2.0)?.unwrap_or(d.temperature),
+            top_p: check("top_p", self.top_p, 0.0, 1.0)?.unwrap_or(d.top_p),
+            top_k: self.top_k.map_or(d.top_k, |k| k as usize),
+            min_p: check("min_p", self.min_p, 0.0, 1.0)?.unwrap_or(d.min_p),
+            repeat_penalty: check("repeat_penalty", self.repeat_penalty, 0.0, 10.0)?
+                .unwrap_or(d.repeat_penalty),
+            presence_penalty: check("presence_penalty", self.presence_penalty, -2.0, 2.0)?
+                .unwrap_or(d.presence_penalty),
+            frequency_penalty: check("frequency_penalty", self.frequency_penalty, -2.0, 2.0)?
+                .unwrap_or(d.frequency_penalty),
+            penalty_last_n: d.penalty_last_n,
+            seed: self.seed,
+        };
+        req.max_tokens = self
+            .max_completion_tokens
+            .or(self.max_tokens)
+            .map(|m| m as usize);
+        req.stop = self.stop.clone().map_or_else(Vec::new, OneOrMany::into_vec);
+        if req.stop.len() > 4 {
+            return Err(ApiError::bad_request("at most 4 stop sequences"));
+        }
+        req.logprobs = logprobs;
+        Ok(req)
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct ChatMessage {
+    role: String,
+    content: Option<Content>,
+}
+
+/// `content`: a string, or a list of parts of which only text is supported.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Content {
+    Text(String),
+    Parts(Vec<Part>),
+}
+
+#[derive(Debug, Deserialize)]
+struct Part {
+    #[serde(rename = "type")]
+    kind: String,
+    text: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ChatRequest {
+    messages: Vec<ChatMessage>,
+    #[serde(default)]
+    logprobs: bool,
+    top_logprobs: Option<u64>,
+    #[serde(flatten)]
+    common: Common,
+}
+
+#[derive(Debug, Deserialize)]
+struct CompletionRequest {
+    prompt: OneOrMany,
+    logprobs: Option<u64>,
+    #[serde(default)]
+    echo: bool,
+    #[serde(flatten)]
+    common: Common,
+}
+
+fn finish_reason(r: FinishReason) -> &'static str {
+    match r {
+        FinishReason::Stop => "stop",
+        FinishReason::Length | FinishReason::Cancelled => "length",
+    }
+}
+
+fn usage(prompt: usize, done: &Completion) -> Value {
+    let n = done.token_ids.len();
+    json!({"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n})
+}
+
+fn token_text(e: &Engine, id: u32) -> String {
+    e.tokenizer().decode(&[id]).unwrap_or_default()
+}
+
+/// Chat's logprobs entry for one token.
+fn chat_logprob(e: &Engine, t: &TokenEvent) -> Value {
+    let entry = |id: u32, lp: f32| {
+        let text = token_text(e, id);
+        json!({"token": text, "logprob": lp, "bytes": text.as_bytes()})
+    };
+    let mut v = entry(t.id, t.logprob.unwrap_or(0.0));
+    v["top_logprobs"] = t
+        .top_logprobs
+        .iter()
+        .map(|&(id, _, lp)| entry(id, lp))
+        .collect();
+    v
+}
+
+/// Completions' logprobs (the legacy shape) over all tokens.
+fn completion_logprobs(e: &Engine, tokens: &[TokenEvent]) -> Value {
+    let mut offset = 0;
+    let (mut toks, mut lps, mut tops, mut offsets) = (vec![], vec![], vec![], vec![]);
+    for t in tokens {
+        let text = token_text(e, t.id);
+        offsets.push(offset);
+        offset += text.len();
+        toks.push(json!(text));
+        lps.push(json!(t.logprob));
+        let top: serde_json::Map<String, Value> = t
+            .top_logprobs
+            .iter()
+            .map(|&(id, _, lp)| (token_text(e, id), json!(lp)))
+            .collect();
+        tops.push(Value::Object(top));
+    }
+    json!({"tokens": toks, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets})
+}
+
+fn id(prefix: &str) -> String {
+    let n = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("{prefix}-{n:x}")
+}
+
+fn created() -> i64 {
+    chrono::Utc::now().timestamp()
+}
+
+/// The parts of a response both endpoints share.
+struct Meta {
+    id: String,
+    object: &'static str,
+    model: String,
+    chat: bool,
+    include_usage: bool,
+    want_logprobs: bool,
+}
+
+impl Meta {
+    fn wrap(&self, choice: Value, usage: Option<Value>) -> Value {
+        let mut v = json!({"id": self.id, "object": self.object, "created": created(),
+                           "model": self.model, "choices": [choice]});
+        if let Some(u) = usage {
+            v["usage"] = u;
+        }
+        v
+    }
+}
+
+async fn respond(
+    s: AppState,
+    running: Running,
+    stream: bool,
+    meta: Meta,
+) -> Result<Response, OaiError> {
+    let prompt_len = running.prompt_ids.len();
+    if !stream {
+        let (tokens, done) = running.collect().await?;
+        let e = s.engine();
+        let choice = if meta.chat {
+            let lp = meta.want_logprobs.then(|| {
+                json!({"content": tokens.iter().map(|t| chat_logprob(e, t)).collect::<Vec<_>>()})
+            });
+            json!({"index": 0, "message": {"role": "assistant", "content": done.text},
+                   "logprobs": lp, "finish_reason": finish_reason(done.finish_reason)})
+        } else {
+            let lp = meta.want_logprobs.then(|| completion_logprobs(e, &tokens));
+            json!({"index": 0, "text": done.text, "logprobs": lp,
+                   "finish_reason": finish_reason(done.finish_reason)})
+        };
+        return Ok(Json(meta.wrap(choice, Some(usage(prompt_len, &done)))).into_response());
+    }
+    let first = meta.chat.then(|| {
+        let c = json!({"index": 0, "delta": {"role": "assistant", "content": ""},
+                       "logprobs": null, "finish_reason": null});
+        SseEvent::default().data(meta.wrap(c, None).to_string())
+    });
+    // Each step yields the events of one engine event.
+    let events = futures_util::stream::unfold(Some((running, s, meta)), |st| async move {
+        let (mut running, s, meta) = st?;
+        let ev = running.rx.recv().await?;
+        let data = |v: Value| SseEvent::default().data(v.to_string());
+        match ev {
+            Event::Token(t) => {
+                let e = s.engine();
+                let lp = meta.want_logprobs.then(|| {
+                    if meta.chat {
+                        json!({"content": [chat_logprob(e, &t)]})
+                    } else {
+                        completion_logprobs(e, std::slice::from_ref(&t))
+                    }
+                });
+                let c = if meta.chat {
+                    json!({"index": 0, "delta": {"content": t.text}, "logprobs": lp, "finish_reason": null})
+                } else {
+                    json!({"index": 0, "text": t.text, "logprobs": lp, "finish_reason": null})
+                };
+                let out = vec![data(meta.wrap(c, None))];
+                Some((out, Some((running, s, meta))))
+            }
+            Event::Done(Ok(done)) => {
+                let c = if meta.chat {
+                    json!({"index": 0, "delta": {}, "logprobs": null,
+                           "finish_reason": finish_reason(done.finish_reason)})
+                } else {
+                    json!({"index": 0, "text": "", "logprobs": null,
+                           "finish_reason": finish_reason(done.finish_reason)})
+                };
+                let mut out = vec![data(meta.wrap(c, None))];
+                if meta.include_usage {
+                    let mut u =
+                        meta.wrap(json!(null), Some(usage(running.prompt_ids.len(), &done)));
+                    u["choices"] = json!([]);
+                    out.push(data(u));
+                }
+                out.push(SseEvent::default().data("[DONE]"));
+                Some((out, None))
+            }
+            Event::Done(Err(e)) => {
+                let err = json!({"error": {"message": e, "type": "server_error", "code": 500}});
+                Some((vec![data(err), SseEvent::default().data("[DONE]")], None))
+            }
+        }
+    });
+    use futures_util::StreamExt;
+    let all = futures_util::stream::iter(first)
+        .chain(events.flat_map(futures_util::stream::iter))
+        .map(Ok::<_, Infallible>);
+    Ok(Sse::new(all).into_response())
+}
+
+pub(crate) async fn chat_completions(
+    State(s): State<AppState>,
+    body: Bytes,
+) -> Result<Response, OaiError> {
+    let r: ChatRequest = parse_json(&body)?;
+    if r.messages.is_empty() {
+        return Err(ApiError::bad_request("messages must not be empty").into());
+    }
+    let mut messages = Vec::with_capacity(r.messages.len());
+    for m in r.messages {
+        if !matches!(
+            m.role.as_str(),
+            "system" | "developer" | "user" | "assistant" | "tool"
+        ) {
+            return Err(ApiError::bad_request(format!("unknown message role '{}'", m.role)).into());
+        }
+        let text = match m.content {
+            None => String::new(),
+            Some(Content::Text(t)) => t,
+            Some(Content::Parts(parts)) => {
+                let mut t = String::new();
+                for p in parts {
+                    if p.kind != "text" {
+                        return Err(ApiError::bad_request(format!(
+                            "content parts of type '{}' are not supported (text only)",
+                            p.kind
+                        ))
+                        .into());
+                    }
+                    t.push_str(&p.text.unwrap_or_default());
+                }
+                t
+            }
+        };
+        let role = if m.role == "developer" {
+            "system".to_string()
+        } else {
+            m.role
+        };
+        messages.push(Message::new(role, text));
+    }
+    let top = r.top_logprobs.unwrap_or(0);
+    if top > 20 {
+        return Err(ApiError::bad_request("top_logprobs must be at most 20").into());
+    }
+    let logprobs = r.logprobs.then_some(top as usize);
+    let req = r.common.request(&s, Prompt::Chat(messages), logprobs)?;
+    let running = s.start(req, None).await?;
+    let meta = Meta {
+        id: id("chatcmpl"),
+        object: if r.common.stream {
+            "chat.completion.chunk"
+        } else {
+            "chat.completion"
+        },
+        model: r.common.model.clone().unwrap_or_default(),
+        chat: true,
+        include_usage: r
+            .common
+            .stream_options
+            .as_ref()
+            .is_some_and(|o| o.include_usage),
+        want_logprobs: r.logprobs,
+    };
+    respond(s, running, r.common.stream, meta).await
+}
+
+pub(crate) async fn completions(
+    State(s): State<AppState>,
+    body: Bytes,
+) -> Result<Response, OaiError> {
+    let r: CompletionRequest = parse_json(&body)?;
+    let prompts = r.prompt.into_vec();
+    let [prompt] = <[String; 1]>::try_from(prompts).map_err(|_| {
+        ApiError::bad_request("prompt must be one string (batches are not supported)")
+    })?;
+    if r.echo {
+        return Err(ApiError::bad_request("echo is not supported").into());
+    }
+    let top = r.logprobs.unwrap_or(0);
+    if top > 5 {
+        return Err(ApiError::bad_request("logprobs must be at most 5").into());
+    }
+    // OpenAI's default for this endpoint is 16 tokens.
+    let mut req = r
+        .common
+        .request(&s, Prompt::Text(prompt), r.logprobs.map(|n| n as usize))?;
+    if r.common.max_tokens.is_none() && r.common.max_completion_tokens.is_none() {
+        req.max_tokens = Some(16);
+    }
+    let running = s.start(req, None).await?;
+    let meta = Meta {
+        id: id("cmpl"),
+        object: "text_completion",
+        model: r.common.model.clone().unwrap_or_default(),
+        chat: false,
+        include_usage: r
+            .common
+            .stream_options
+            .as_ref()
+            .is_some_and(|o| o.include_usage),
+        want_logprobs: r.logprobs.is_some(),
+    };
+    respond(s, running, r.common.stream, meta).await
+}
+
+pub(crate) async fn models(State(s): State<AppState>) -> Json<Value> {
+    Json(json!({"object": "list", "data": [
+        {"id": s.name(), "object": "model", "created": s.inner.loaded_at.timestamp(), "owned_by": "m40-llm"}
+    ]}))
+}

