@@ -352,7 +352,10 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such endpoint") })
-        .layer(DefaultBodyLimit::max(limit))
+        // Refuses an oversize Content-Length before reading the body (413),
+        // and stops a streamed body at the limit.
+        .layer(DefaultBodyLimit::disable())
+        .layer(tower_http::limit::RequestBodyLimitLayer::new(limit))
         .layer(axum::middleware::from_fn(
             move |req: axum::extract::Request, next: axum::middleware::Next| {
                 let key = key.clone();

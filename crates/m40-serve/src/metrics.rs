@@ -118,16 +118,6 @@ impl Metrics {
         self.0.queue.store(n as u64, Ordering::Relaxed);
     }
 
-    /// Requests running now (generation started, not yet ended).
-    pub fn running(&self) -> u64 {
-        self.0.running.load(Ordering::Relaxed)
-    }
-
-    /// Requests served since start.
-    pub fn requests(&self) -> u64 {
-        self.0.requests.load(Ordering::Relaxed)
-    }
-
     fn text(&self, n_ctx: usize) -> String {
         let c = &self.0;
         let mut out = String::new();
