@@ -52,7 +52,9 @@ fn matmuls(c: &mut Criterion) {
 
 fn end_to_end(c: &mut Criterion) {
     let store = m40_runtime::store::Store::from_env().unwrap();
-    let path = store.ensure_default(&mut |m| eprintln!("{m}")).unwrap();
+    let path = store
+        .ensure_default(&mut |m: &str| eprintln!("{m}"))
+        .unwrap();
     let cpu = CpuBackend::new(Arc::new(Model::open(path).unwrap())).unwrap();
     let prompt: Vec<u32> = (0..128).map(|i| 100 + (i * 37) % 4000).collect();
     let mut g = c.benchmark_group("smollm2");

@@ -13,7 +13,9 @@ fn bench(c: &mut Criterion) {
         return;
     };
     let store = m40_runtime::store::Store::from_env().unwrap();
-    let model = store.ensure_default(&mut |m| eprintln!("{m}")).unwrap();
+    let model = store
+        .ensure_default(&mut |m: &str| eprintln!("{m}"))
+        .unwrap();
     let tok = Tokenizer::from_gguf(&m40_gguf::GgufFile::open(model).unwrap()).unwrap();
     let opts = Encode {
         parse_special: false,

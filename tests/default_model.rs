@@ -11,14 +11,14 @@ fn default_model_is_fetched_verified_and_listed() {
     let store = Store::new(&root);
     let mut log = Vec::new();
     let path = store
-        .ensure_default(&mut |m| log.push(m.to_string()))
+        .ensure_default(&mut |m: &str| log.push(m.to_string()))
         .unwrap();
     assert_eq!(sha256_file(&path).unwrap(), CATALOG[0].sha256);
     // A second call finds it without fetching.
     let mut again = Vec::new();
     assert_eq!(
         store
-            .ensure_default(&mut |m| again.push(m.to_string()))
+            .ensure_default(&mut |m: &str| again.push(m.to_string()))
             .unwrap(),
         path
     );

@@ -16,5 +16,5 @@ use m40_runtime::store::Store;
 pub fn resolve_model(model: Option<&str>) -> Result<PathBuf> {
     let store = Store::from_env()?;
     let name = model.unwrap_or(m40_runtime::store::DEFAULT_MODEL);
-    Ok(store.resolve(name, &mut |msg| eprintln!("{msg}"))?)
+    Ok(store.resolve(name, &mut |msg: &str| eprintln!("{msg}"))?)
 }

@@ -19,7 +19,7 @@ pub fn pull(a: PullArgs) -> Result<()> {
                 .join(", ")
         )
     })?;
-    let m = Store::from_env()?.pull(entry, &mut |msg| eprintln!("{msg}"))?;
+    let m = Store::from_env()?.pull(entry, &mut |msg: &str| eprintln!("{msg}"))?;
     println!("{}\t{}", m.name, m.path.display());
     Ok(())
 }

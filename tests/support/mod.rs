@@ -19,7 +19,7 @@ pub fn testdata() -> Option<PathBuf> {
 pub fn smollm2() -> PathBuf {
     let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("models");
     m40_runtime::store::Store::new(root)
-        .ensure_default(&mut |m| eprintln!("{m}"))
+        .ensure_default(&mut |m: &str| eprintln!("{m}"))
         .expect("fetching the default model")
 }
 

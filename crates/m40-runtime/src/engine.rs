@@ -188,7 +188,7 @@ const PREFILL_BATCH: usize = 512;
 impl Engine {
     /// Load by path or store name (catalog models are fetched on first use).
     pub fn load(model: &str, opts: EngineOptions) -> Result<Self> {
-        let path = Store::from_env()?.resolve(model, &mut |m| eprintln!("{m}"))?;
+        let path = Store::from_env()?.resolve(model, &mut |m: &str| eprintln!("{m}"))?;
         Self::from_path(&path, opts)
     }
 

@@ -19,7 +19,7 @@ fn engine() -> Arc<Engine> {
     E.get_or_init(|| {
         let root = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("models");
         let path = m40_runtime::store::Store::new(root)
-            .ensure_default(&mut |m| eprintln!("{m}"))
+            .ensure_default(&mut |m: &str| eprintln!("{m}"))
             .expect("fetching the default model");
         let opts = EngineOptions {
             n_ctx: Some(N_CTX),
