@@ -227,14 +227,59 @@ impl Store {
                 &super::sha256_reader(url.as_bytes()).unwrap()[..24]
             ),
         };
-        let partial = partials.join(key);
+        let partial = partials.join(&key);
         let digest = expected.map_or_else(|| url.to_string(), |e| format!("sha256:{e}"));
         progress.status(&format!("pulling {digest}"));
+        // One pull per file at a time, across processes: the lock is held
+        // until the file is in place, and goes with the process.
+        let lock_path = partials.join(format!("{key}.lock"));
+        let _lock = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(io(&lock_path))?;
+        match _lock.try_lock() {
+            Ok(()) => {}
+            Err(fs::TryLockError::WouldBlock) => return Err(StoreError::Busy(url.to_string())),
+            Err(fs::TryLockError::Error(e)) => return Err(io(&lock_path)(e)),
+        }
+        self.fetch_to(url, &partial, size_hint, progress)?;
+        let refuse = |e: StoreError| {
+            let _ = fs::remove_file(&partial);
+            e
+        };
+        check_gguf_magic(&partial, url).map_err(refuse)?;
+        progress.status("verifying sha256 digest");
+        let sha256 = sha256_file(&partial)?;
+        if let Some(e) = expected {
+            if e != sha256 {
+                return Err(refuse(StoreError::Checksum {
+                    what: url.to_string(),
+                    expected: e.to_string(),
+                    found: sha256,
+                }));
+            }
+        }
+        let size = fs::metadata(&partial).map_err(io(&partial))?.len();
+        let blob = blobs.join(format!("sha256-{sha256}"));
+        fs::rename(&partial, &blob).map_err(io(&blob))?;
+        Ok((blob, sha256, size))
+    }
+
+    /// Fetch until `partial` holds the whole file, retrying lost connections.
+    fn fetch_to(
+        &self,
+        url: &str,
+        partial: &Path,
+        size_hint: Option<u64>,
+        progress: &mut dyn Progress,
+    ) -> Result<()> {
         let agent = agent();
         let mut fruitless = 0;
         loop {
             let before = fs::metadata(&partial).map_or(0, |m| m.len());
-            match self.attempt(&agent, url, &partial, size_hint, progress)? {
+            match self.attempt(&agent, url, partial, size_hint, progress)? {
                 Attempt::Complete => break,
                 Attempt::Interrupted(why) => {
                     let after = fs::metadata(&partial).map_or(0, |m| m.len());
@@ -256,26 +301,7 @@ impl Store {
                 }
             }
         }
-        let refuse = |e: StoreError| {
-            let _ = fs::remove_file(&partial);
-            e
-        };
-        check_gguf_magic(&partial, url).map_err(refuse)?;
-        progress.status("verifying sha256 digest");
-        let sha256 = sha256_file(&partial)?;
-        if let Some(e) = expected {
-            if e != sha256 {
-                return Err(refuse(StoreError::Checksum {
-                    what: url.to_string(),
-                    expected: e.to_string(),
-                    found: sha256,
-                }));
-            }
-        }
-        let size = fs::metadata(&partial).map_err(io(&partial))?.len();
-        let blob = blobs.join(format!("sha256-{sha256}"));
-        fs::rename(&partial, &blob).map_err(io(&blob))?;
-        Ok((blob, sha256, size))
+        Ok(())
     }
 
     /// One request: fetch from where `partial` ends to the end of the file.
@@ -352,6 +378,10 @@ impl Store {
             file.write_all(&buf[..n]).map_err(io(partial))?;
             done += n as u64;
             progress.bytes(done, total);
+            if progress.cancelled() {
+                file.sync_all().map_err(io(partial))?;
+                return Err(StoreError::Cancelled(done));
+            }
         }
         file.sync_all().map_err(io(partial))?;
         match total {

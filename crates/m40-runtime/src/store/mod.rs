@@ -69,6 +69,10 @@ pub enum StoreError {
     BadManifest { path: PathBuf, detail: String },
     #[error("no model named `{0}` in the store (see `m40-llm list`)")]
     NotStored(String),
+    #[error("the pull was cancelled ({0} bytes are kept; pulling again resumes)")]
+    Cancelled(u64),
+    #[error("another pull of {0} is in progress")]
+    Busy(String),
     #[error("cannot find a data directory for the model store: set M40_MODELS")]
     NoDataDir,
 }
@@ -90,6 +94,11 @@ pub trait Progress {
     /// `completed` bytes of `total` (when the server said) fetched so far.
     fn bytes(&mut self, completed: u64, total: Option<u64>) {
         let _ = (completed, total);
+    }
+    /// Whether whoever asked for the pull has gone; a download then stops
+    /// (keeping its bytes for the next pull).
+    fn cancelled(&self) -> bool {
+        false
     }
 }
 

@@ -175,7 +175,10 @@ impl Progress for Log {
 }
 
 fn no_partials(dir: &Path) -> bool {
-    fs::read_dir(dir.join("partial")).map_or(true, |mut d| d.next().is_none())
+    fs::read_dir(dir.join("partial")).map_or(true, |d| {
+        d.flatten()
+            .all(|e| e.path().extension().is_some_and(|x| x == "lock"))
+    })
 }
 
 #[test]
@@ -577,4 +580,59 @@ fn catalog_names_resolve_through_aliases() {
             assert_eq!(catalog_entry(a).unwrap().name, e.name);
         }
     }
+}
+
+/// Cancels once `after` bytes have arrived.
+struct CancelAfter(u64, u64);
+
+impl Progress for CancelAfter {
+    fn status(&mut self, _: &str) {}
+    fn bytes(&mut self, completed: u64, _: Option<u64>) {
+        self.1 = completed;
+    }
+    fn cancelled(&self) -> bool {
+        self.1 >= self.0
+    }
+}
+
+#[test]
+fn a_cancelled_pull_keeps_its_bytes_and_a_second_puller_is_turned_away() {
+    let data = gguf_bytes(2_000_000, 8);
+    let files = HashMap::from([("/big.gguf".to_string(), data.clone())]);
+    let srv = Server::start(files, vec![]);
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path());
+    let url = format!("{}/big.gguf", srv.base);
+    let e = s
+        .pull_str(&url, &PullOptions::default(), &mut CancelAfter(1, 0))
+        .unwrap_err();
+    let StoreError::Cancelled(kept) = e else {
+        panic!("{e}")
+    };
+    assert!(kept > 0 && kept < data.len() as u64, "{kept}");
+    // While another process holds the file's lock, a pull is refused.
+    let partials: Vec<PathBuf> = fs::read_dir(dir.path().join("partial"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    let lock = partials
+        .iter()
+        .find(|p| p.extension().is_some_and(|x| x == "lock"))
+        .unwrap();
+    let held = fs::File::open(lock).unwrap();
+    held.lock().unwrap();
+    let e = s
+        .pull_str(&url, &PullOptions::default(), &mut |_: &str| {})
+        .unwrap_err();
+    assert!(matches!(e, StoreError::Busy(_)), "{e}");
+    drop(held);
+    let m = s
+        .pull_str(&url, &PullOptions::default(), &mut |_: &str| {})
+        .unwrap();
+    assert_eq!(fs::read(&m.path).unwrap(), data);
+    assert_eq!(
+        srv.log().last().unwrap(),
+        &format!("GET /big.gguf range=bytes={kept}-")
+    );
 }
