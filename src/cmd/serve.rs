@@ -77,6 +77,7 @@ pub fn run(a: Args) -> Result<()> {
             max_queue: a.max_queue,
             request_timeout: Duration::from_secs(a.timeout),
             api_key,
+            store: Some(m40_runtime::store::Store::from_env()?),
             ..Default::default()
         };
         let state = AppState::new(Arc::new(engine), &name, config);

@@ -24,8 +24,9 @@ use std::time::{Duration, Instant};
 use axum::extract::DefaultBodyLimit;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use axum::Router;
+use m40_runtime::store::{catalog_entry, Store};
 use m40_runtime::{CancelToken, Completion, Engine, Request, TokenEvent};
 use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
@@ -33,6 +34,7 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 mod metrics;
 mod ollama;
 mod openai;
+mod store_api;
 
 pub use metrics::Metrics;
 
@@ -49,6 +51,9 @@ pub struct ServerConfig {
     /// `Authorization: Bearer <key>` required on every route but `/` and
     /// `/health` when set.
     pub api_key: Option<String>,
+    /// The model store behind `/api/tags`, `/api/pull` and `/api/delete`
+    /// (without one, tags lists the loaded model and the others are 501).
+    pub store: Option<Store>,
 }
 
 impl Default for ServerConfig {
@@ -58,6 +63,7 @@ impl Default for ServerConfig {
             request_timeout: Duration::from_secs(600),
             max_body_bytes: 8 << 20,
             api_key: None,
+            store: None,
         }
     }
 }
@@ -103,6 +109,10 @@ impl AppState {
         &self.inner.name
     }
 
+    pub(crate) fn store(&self) -> Option<&Store> {
+        self.inner.config.store.as_ref()
+    }
+
     pub(crate) fn metrics(&self) -> &Metrics {
         &self.inner.metrics
     }
@@ -113,7 +123,11 @@ impl AppState {
         let Some(m) = requested.map(str::trim).filter(|m| !m.is_empty()) else {
             return Err(ApiError::bad_request("model is required"));
         };
-        let strip = |s: &str| s.strip_suffix(":latest").unwrap_or(s).to_string();
+        // The same name, a catalog alias of it, with or without `:latest`.
+        let strip = |s: &str| {
+            let s = catalog_entry(s).map_or(s, |e| e.name);
+            s.strip_suffix(":latest").unwrap_or(s).to_ascii_lowercase()
+        };
         if strip(m) == strip(&self.inner.name) {
             Ok(())
         } else {
@@ -293,6 +307,10 @@ impl ApiError {
         }
     }
 
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, message)
+    }
+
     pub fn bad_request(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, message)
     }
@@ -343,7 +361,9 @@ pub fn router(state: AppState) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics::render))
         .route("/api/version", get(ollama::version))
-        .route("/api/tags", get(ollama::tags))
+        .route("/api/tags", get(store_api::tags))
+        .route("/api/pull", post(store_api::pull))
+        .route("/api/delete", delete(store_api::delete))
         .route("/api/ps", get(ollama::ps))
         .route("/api/show", post(ollama::show))
         .route("/api/generate", post(ollama::generate))

@@ -326,7 +326,11 @@ pub(crate) async fn version() -> Json<Value> {
 
 /// The loaded model's `details`, as Ollama describes a model.
 fn details(s: &AppState) -> Value {
-    let f = s.engine().model_file();
+    file_details(s.engine().model_file())
+}
+
+/// A GGUF's `details`, as Ollama describes a model.
+pub(crate) fn file_details(f: &m40_gguf::GgufFile) -> Value {
     let arch = f.architecture().unwrap_or("unknown").to_string();
     // The quantization: the type holding the most bytes.
     let mut bytes: HashMap<String, u64> = HashMap::new();
@@ -348,15 +352,11 @@ fn details(s: &AppState) -> Value {
            "parameter_size": size, "quantization_level": quant})
 }
 
-fn model_entry(s: &AppState) -> Value {
+pub(crate) fn model_entry(s: &AppState) -> Value {
     let f = s.engine().model_file();
     json!({"name": s.name(), "model": s.name(),
            "modified_at": s.inner.loaded_at.to_rfc3339(),
            "size": f.file_size(), "digest": "", "details": details(s)})
-}
-
-pub(crate) async fn tags(State(s): State<AppState>) -> Json<Value> {
-    Json(json!({ "models": [model_entry(&s)] }))
 }
 
 pub(crate) async fn ps(State(s): State<AppState>) -> Json<Value> {

@@ -278,11 +278,11 @@ impl Store {
         let agent = agent();
         let mut fruitless = 0;
         loop {
-            let before = fs::metadata(&partial).map_or(0, |m| m.len());
+            let before = fs::metadata(partial).map_or(0, |m| m.len());
             match self.attempt(&agent, url, partial, size_hint, progress)? {
                 Attempt::Complete => break,
                 Attempt::Interrupted(why) => {
-                    let after = fs::metadata(&partial).map_or(0, |m| m.len());
+                    let after = fs::metadata(partial).map_or(0, |m| m.len());
                     fruitless = if after > before { 0 } else { fruitless + 1 };
                     if fruitless >= MAX_FRUITLESS_ATTEMPTS {
                         return Err(http_err(

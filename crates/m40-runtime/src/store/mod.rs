@@ -746,6 +746,7 @@ impl Store {
         fs::rename(&tmp, &path).map_err(io(&path))
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn fetch_from_wheel(
         &self,
         package: &str,

@@ -1,0 +1,211 @@
+//! The model store over Ollama's API: `/api/tags` (every stored model and
+//! the loaded one), `/api/pull` (NDJSON progress), `/api/delete`.
+
+use std::convert::Infallible;
+use std::time::{Duration, Instant};
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use m40_runtime::store::{ModelRef, Progress, PullOptions, Store, StoreError};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use crate::ollama::{file_details, model_entry};
+use crate::{parse_json, ApiError, AppState};
+
+/// A store error as an HTTP error.
+fn store_error(e: StoreError) -> ApiError {
+    let status = match &e {
+        StoreError::UnknownModel(..) | StoreError::NotStored(_) => StatusCode::NOT_FOUND,
+        StoreError::BadRef(..) | StoreError::HfSelect { .. } => StatusCode::BAD_REQUEST,
+        StoreError::Busy(_) => StatusCode::CONFLICT,
+        StoreError::Http { .. } | StoreError::Checksum { .. } | StoreError::NotGguf { .. } => {
+            StatusCode::BAD_GATEWAY
+        }
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    ApiError::new(status, e.to_string())
+}
+
+fn no_store() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_IMPLEMENTED,
+        "this server was started without a model store",
+    )
+}
+
+fn store(s: &AppState) -> Result<Store, ApiError> {
+    s.store().cloned().ok_or_else(no_store)
+}
+
+fn modified_at(path: &std::path::Path) -> String {
+    std::fs::metadata(path)
+        .and_then(|m| m.modified())
+        .map(|t| chrono::DateTime::<chrono::Utc>::from(t).to_rfc3339())
+        .unwrap_or_default()
+}
+
+pub(crate) async fn tags(State(s): State<AppState>) -> Result<Json<Value>, ApiError> {
+    let mut models = Vec::new();
+    if let Some(store) = s.store().cloned() {
+        models = tokio::task::spawn_blocking(move || {
+            let list = store.list()?;
+            Ok::<_, StoreError>(
+                list.into_iter()
+                    .map(|m| {
+                        let details = m40_gguf::GgufFile::open(&m.path)
+                            .map(|f| file_details(&f))
+                            .unwrap_or_else(|_| json!({"format": "gguf"}));
+                        json!({"name": m.name, "model": m.name,
+                               "modified_at": modified_at(&m.path), "size": m.size,
+                               "digest": m.sha256, "details": details})
+                    })
+                    .collect::<Vec<_>>(),
+            )
+        })
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?
+        .map_err(store_error)?;
+    }
+    let loaded = model_entry(&s);
+    if s.check_model(loaded["name"].as_str()).is_ok()
+        && !models
+            .iter()
+            .any(|m| s.check_model(m["name"].as_str()).is_ok())
+    {
+        models.insert(0, loaded);
+    }
+    Ok(Json(json!({ "models": models })))
+}
+
+#[derive(Deserialize)]
+struct PullRequest {
+    model: Option<String>,
+    /// Older clients say `name`.
+    name: Option<String>,
+    /// Accepted for Ollama's clients; HTTPS is always verified.
+    #[allow(dead_code)]
+    insecure: Option<bool>,
+    stream: Option<bool>,
+}
+
+/// Pull progress as Ollama's NDJSON objects; byte counts at most every
+/// 100 ms. The pull stops (keeping its bytes) once the client is gone.
+struct Reporter {
+    tx: mpsc::UnboundedSender<Value>,
+    digest: String,
+    last: Option<Instant>,
+}
+
+impl Progress for Reporter {
+    fn status(&mut self, msg: &str) {
+        if let Some(d) = msg.strip_prefix("pulling ") {
+            if d != "manifest" {
+                self.digest = d.to_string();
+            }
+        }
+        let _ = self.tx.send(json!({ "status": msg }));
+    }
+
+    fn bytes(&mut self, completed: u64, total: Option<u64>) {
+        let due = self
+            .last
+            .is_none_or(|t| t.elapsed() >= Duration::from_millis(100));
+        if due || total == Some(completed) {
+            self.last = Some(Instant::now());
+            let short: String = self
+                .digest
+                .trim_start_matches("sha256:")
+                .chars()
+                .take(12)
+                .collect();
+            let _ = self.tx.send(json!({
+                "status": format!("pulling {short}"),
+                "digest": self.digest,
+                "total": total,
+                "completed": completed,
+            }));
+        }
+    }
+
+    fn cancelled(&self) -> bool {
+        self.tx.is_closed()
+    }
+}
+
+pub(crate) async fn pull(State(s): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+    let r: PullRequest = parse_json(&body)?;
+    let reference = r
+        .model
+        .or(r.name)
+        .filter(|m| !m.trim().is_empty())
+        .ok_or_else(|| ApiError::bad_request("model is required"))?;
+    let store = store(&s)?;
+    // A reference that cannot be read fails before any streaming starts.
+    let mref = ModelRef::parse(reference.trim()).map_err(store_error)?;
+    let (tx, rx) = mpsc::unbounded_channel();
+    let mut reporter = Reporter {
+        tx: tx.clone(),
+        digest: String::new(),
+        last: None,
+    };
+    let task = tokio::task::spawn_blocking(move || {
+        let result = store.pull_ref(&mref, &PullOptions::default(), &mut reporter);
+        if let Err(e) = &result {
+            let _ = tx.send(json!({ "error": e.to_string() }));
+        }
+        result
+    });
+    if r.stream == Some(false) {
+        // Holding `rx` until the pull ends: a client that leaves drops this
+        // future and with it `rx`, which cancels the pull.
+        let result = task.await.map_err(|e| ApiError::internal(e.to_string()))?;
+        drop(rx);
+        return match result {
+            Ok(_) => Ok(Json(json!({ "status": "success" })).into_response()),
+            Err(e) => Err(store_error(e)),
+        };
+    }
+    let lines = futures_util::stream::unfold(rx, |mut rx| async move {
+        let mut line = rx.recv().await?.to_string();
+        line.push('\n');
+        Some((Ok::<_, Infallible>(Bytes::from(line)), rx))
+    });
+    Ok((
+        [(header::CONTENT_TYPE, "application/x-ndjson")],
+        Body::from_stream(lines),
+    )
+        .into_response())
+}
+
+#[derive(Deserialize)]
+struct DeleteRequest {
+    model: Option<String>,
+    name: Option<String>,
+}
+
+pub(crate) async fn delete(State(s): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+    let r: DeleteRequest = parse_json(&body)?;
+    let name = r
+        .model
+        .or(r.name)
+        .filter(|m| !m.trim().is_empty())
+        .ok_or_else(|| ApiError::bad_request("model is required"))?;
+    let store = store(&s)?;
+    let n = name.trim().to_string();
+    let removed = tokio::task::spawn_blocking(move || store.remove(&n))
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?;
+    match removed {
+        Ok(_) => Ok(StatusCode::OK.into_response()),
+        Err(StoreError::NotStored(_)) => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("model '{name}' not found"),
+        )),
+        Err(e) => Err(store_error(e)),
+    }
+}
