@@ -1,6 +1,7 @@
-//! An interactive, multi-turn chat in the terminal with streaming output.
-//! Ctrl-C stops the answer being written (not the program); `/reset` starts a
-//! new conversation, `/exit` (or end of input) quits.
+//! An interactive, multi-turn chat in the terminal with streaming output,
+//! in-process or through a running server. Ctrl-C stops the answer being
+//! written (not the program); `/reset` starts a new conversation, `/exit`
+//! (or end of input) quits.
 
 use std::io::{BufRead, Write};
 
@@ -16,6 +17,56 @@ pub struct ChatOptions {
     pub stop: Vec<String>,
 }
 
+/// One answer.
+pub struct Turn {
+    pub text: String,
+    /// Stopped by Ctrl-C.
+    pub cancelled: bool,
+    /// Figures for the user: tokens and rates.
+    pub stats: String,
+}
+
+/// What answers a conversation: an [`Engine`] here, or a server
+/// ([`crate::client::RemoteChat`]).
+pub trait ChatBackend {
+    /// Answer the conversation so far, streaming text into `on_text`.
+    fn answer(
+        &self,
+        history: &[Message],
+        opts: &ChatOptions,
+        cancel: &CancelToken,
+        on_text: &mut dyn FnMut(&str),
+    ) -> Result<Turn>;
+}
+
+impl ChatBackend for Engine {
+    fn answer(
+        &self,
+        history: &[Message],
+        opts: &ChatOptions,
+        cancel: &CancelToken,
+        on_text: &mut dyn FnMut(&str),
+    ) -> Result<Turn> {
+        let mut req = Request::new(Prompt::Chat(history.to_vec()));
+        req.sampling = opts.sampling.clone();
+        req.max_tokens = opts.max_tokens;
+        req.stop = opts.stop.clone();
+        req.truncate_prompt = true;
+        let c = self.generate(&req, cancel, |ev| on_text(&ev.text))?;
+        Ok(Turn {
+            cancelled: c.finish_reason == FinishReason::Cancelled,
+            stats: format!(
+                "{} prompt tokens at {:.1} t/s, {} generated at {:.1} t/s",
+                c.timings.prompt_tokens,
+                c.timings.prompt_tokens_per_s(),
+                c.timings.generated_tokens,
+                c.timings.generation_tokens_per_s()
+            ),
+            text: c.text,
+        })
+    }
+}
+
 /// Install a Ctrl-C handler that cancels `cancel` (once per process).
 pub fn cancel_on_ctrl_c(cancel: &CancelToken) {
     let c = cancel.clone();
@@ -24,7 +75,7 @@ pub fn cancel_on_ctrl_c(cancel: &CancelToken) {
 }
 
 /// Run the chat loop on stdin/stdout until `/exit` or end of input.
-pub fn run(engine: &Engine, opts: &ChatOptions) -> Result<()> {
+pub fn run(backend: &dyn ChatBackend, opts: &ChatOptions) -> Result<()> {
     let cancel = CancelToken::new();
     cancel_on_ctrl_c(&cancel);
     let mut history: Vec<Message> = Vec::new();
@@ -61,34 +112,23 @@ pub fn run(engine: &Engine, opts: &ChatOptions) -> Result<()> {
             _ => {}
         }
         history.push(Message::new("user", line));
-        let mut req = Request::new(Prompt::Chat(history.clone()));
-        req.sampling = opts.sampling.clone();
-        req.max_tokens = opts.max_tokens;
-        req.stop = opts.stop.clone();
-        req.truncate_prompt = true;
         let stdout = std::io::stdout();
-        let result = engine.generate(&req, &cancel, |ev| {
+        let result = backend.answer(&history, opts, &cancel, &mut |text| {
             let mut out = stdout.lock();
-            let _ = out.write_all(ev.text.as_bytes());
+            let _ = out.write_all(text.as_bytes());
             let _ = out.flush();
         });
         println!();
         match result {
-            Ok(c) => {
-                if c.finish_reason == FinishReason::Cancelled {
+            Ok(turn) => {
+                if turn.cancelled {
                     eprintln!("(stopped)");
                 }
-                eprintln!(
-                    "[{} prompt tokens at {:.1} t/s, {} generated at {:.1} t/s]",
-                    c.timings.prompt_tokens,
-                    c.timings.prompt_tokens_per_s(),
-                    c.timings.generated_tokens,
-                    c.timings.generation_tokens_per_s()
-                );
-                history.push(Message::new("assistant", c.text));
+                eprintln!("[{}]", turn.stats);
+                history.push(Message::new("assistant", turn.text));
             }
             Err(e) => {
-                eprintln!("error: {e}");
+                eprintln!("error: {e:#}");
                 history.pop();
             }
         }

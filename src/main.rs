@@ -33,10 +33,14 @@ enum Command {
     Template(cmd::text::TemplateArgs),
     /// Perplexity of a model on a text (llama.cpp's protocol).
     Perplexity(cmd::perplexity::Args),
-    /// Fetch a catalog model into the store.
+    /// Fetch a model into the store: a catalog name, hf.co/OWNER/REPO[/FILE.gguf|:QUANT], a URL, or a path.
     Pull(cmd::store::PullArgs),
     /// List the models in the store.
     List,
+    /// Remove models from the store.
+    Rm(cmd::store::RmArgs),
+    /// Show what a running server has loaded.
+    Ps,
 }
 
 fn main() -> ExitCode {
@@ -60,6 +64,8 @@ fn main() -> ExitCode {
         Command::Perplexity(a) => cmd::perplexity::run(a),
         Command::Pull(a) => cmd::store::pull(a),
         Command::List => cmd::store::list(),
+        Command::Rm(a) => cmd::store::rm(a),
+        Command::Ps => cmd::store::ps(),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

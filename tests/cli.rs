@@ -7,8 +7,12 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
+/// The binary, pointed at no server (port 9 answers nothing) unless a test
+/// says otherwise.
 fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_m40-llm"))
+    let mut c = Command::new(env!("CARGO_BIN_EXE_m40-llm"));
+    c.env("M40_HOST", "127.0.0.1:9");
+    c
 }
 
 use support::testdata;
@@ -501,4 +505,136 @@ fn run_one_shot_and_interactive() {
     assert!(o.status.success(), "{err}");
     assert_eq!(err.matches("generated at").count(), 2, "{err}");
     assert!(err.contains("(conversation cleared)"), "{err}");
+}
+
+#[test]
+fn pull_list_rm_a_path_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let model = dir.path().join("Tiny-Q8.gguf");
+    synth_tiny(&model, "Q8_0");
+    let with_store = |args: &[&str]| {
+        let mut c = bin();
+        c.env("M40_MODELS", &store).args(args);
+        c.output().unwrap()
+    };
+    let out = ok(with_store(&["pull", model.to_str().unwrap()]));
+    assert!(out.starts_with("tiny-q8\t"), "{out}");
+    let out = ok(with_store(&["list"]));
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("tiny-q8 ") && l.contains("file:")),
+        "{out}"
+    );
+    // Runs by its store name.
+    let out = ok(with_store(&[
+        "run", "tiny-q8", "hi", "--raw", "--temp", "0", "-n", "3", "--json",
+    ]));
+    assert!(out.contains("\"finish_reason\""), "{out}");
+    let out = ok(with_store(&["rm", "tiny-q8"]));
+    assert_eq!(out.trim(), "deleted 'tiny-q8'");
+    assert!(model.is_file(), "a model named in place stays on disk");
+    let o = with_store(&["rm", "tiny-q8"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no model named `tiny-q8`"));
+    let o = with_store(&["pull", "hf.co/just-an-owner"]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("hf.co/OWNER/REPO"));
+    let o = with_store(&["ps"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr)
+        .contains("no m40-llm server answers at http://127.0.0.1:9"));
+}
+
+/// Kills the server when the test ends, however it ends.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn run_uses_a_server_that_has_the_model_loaded() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny.gguf");
+    synth_tiny(&model, "Q4_0");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let host = format!("127.0.0.1:{port}");
+    let _server = Child(
+        bin()
+            .env("M40_MODELS", dir.path().join("store"))
+            .arg("serve")
+            .arg(&model)
+            .args(["--cpu", "--port", &port.to_string()])
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let t0 = std::time::Instant::now();
+    while std::net::TcpStream::connect(&host).is_err() {
+        assert!(t0.elapsed().as_secs() < 60, "the server did not start");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let args = ["hello", "--raw", "--temp", "0", "-n", "10"];
+    let remote = bin()
+        .env("M40_HOST", &host)
+        .arg("run")
+        .arg(&model)
+        .args(args)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&remote.stderr);
+    assert!(remote.status.success(), "{err}");
+    assert!(
+        err.contains(&format!("using the server at http://{host}")),
+        "{err}"
+    );
+    assert!(err.contains("10 generated"), "{err}");
+    let local = bin()
+        .env("M40_HOST", &host)
+        .arg("run")
+        .arg(&model)
+        .args(args)
+        .arg("--local")
+        .output()
+        .unwrap();
+    let local_err = String::from_utf8_lossy(&local.stderr);
+    assert!(!local_err.contains("using the server"), "{local_err}");
+    assert_eq!(
+        String::from_utf8_lossy(&remote.stdout),
+        String::from_utf8_lossy(&local.stdout),
+        "greedy output is the same through the server"
+    );
+    // A chat through the server; another model runs in this process.
+    let mut cmd = bin();
+    cmd.env("M40_HOST", &host)
+        .arg("run")
+        .arg(&model)
+        .args(["--temp", "0", "-n", "4"]);
+    let o = with_stdin(cmd, b"Hi\nAgain\n/exit\n");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        o.status.success() && err.contains("using the server"),
+        "{err}"
+    );
+    assert_eq!(err.matches("4 generated").count(), 2, "{err}");
+    let other = dir.path().join("other.gguf");
+    synth_tiny(&other, "Q8_0");
+    let o = bin()
+        .env("M40_HOST", &host)
+        .arg("run")
+        .arg(&other)
+        .args(args)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success() && err.contains("does not have"), "{err}");
+    let out = ok(bin().env("M40_HOST", &host).arg("ps").output().unwrap());
+    assert!(out.contains(model.to_str().unwrap()), "{out}");
 }

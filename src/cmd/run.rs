@@ -4,6 +4,7 @@ use std::io::Write;
 
 use anyhow::Result;
 use m40_llm::chat::{self, ChatOptions};
+use m40_llm::client::{self, Client, RemoteChat};
 use m40_runtime::{
     BackendChoice, CancelToken, Engine, EngineOptions, Message, Prompt, Request, SamplingParams,
 };
@@ -45,7 +46,8 @@ pub struct Args {
     /// Send the prompt as is, without the chat template.
     #[arg(long)]
     pub raw: bool,
-    /// After generating, print {"text", "token_ids", "finish_reason", "timings"} on the last line.
+    /// After generating, print {"text", "token_ids", "finish_reason", "timings"} on the last line
+    /// (in-process: implies --local).
     #[arg(long)]
     pub json: bool,
     /// Context length in tokens.
@@ -54,12 +56,28 @@ pub struct Args {
     /// A system message (chat mode and templated prompts).
     #[arg(long)]
     pub system: Option<String>,
-    /// Force the CPU backend.
+    /// Force the CPU backend (in-process).
     #[arg(long)]
     pub cpu: bool,
+    /// Run in this process even when a server (`M40_HOST`, default
+    /// 127.0.0.1:11434) has the model loaded.
+    #[arg(long)]
+    pub local: bool,
 }
 
 pub fn run(a: Args) -> Result<()> {
+    if !(a.local || a.json || a.cpu) {
+        if let Some(client) = Client::probe() {
+            match client.serving(&a.model) {
+                Some(name) => return run_remote(a, client, name),
+                None => eprintln!(
+                    "(the server at {} does not have {} loaded: running in this process)",
+                    client.base(),
+                    a.model
+                ),
+            }
+        }
+    }
     let path = super::resolve_model(Some(&a.model))?;
     let opts = EngineOptions {
         n_ctx: a.ctx,
@@ -71,25 +89,9 @@ pub fn run(a: Args) -> Result<()> {
         chat_template: None,
     };
     let engine = Engine::from_path(&path, opts)?;
-    let sampling = SamplingParams {
-        temperature: a.temp,
-        top_k: a.top_k,
-        top_p: a.top_p,
-        min_p: a.min_p,
-        repeat_penalty: a.repeat_penalty,
-        presence_penalty: a.presence_penalty,
-        frequency_penalty: a.frequency_penalty,
-        penalty_last_n: a.repeat_last_n,
-        seed: a.seed,
-    };
+    let chat_opts = chat_options(&a);
     let Some(prompt) = a.prompt else {
-        let opts = ChatOptions {
-            sampling,
-            max_tokens: a.n_predict,
-            system: a.system,
-            stop: a.stop,
-        };
-        return chat::run(&engine, &opts);
+        return chat::run(&engine, &chat_opts);
     };
     let prompt = if a.raw {
         Prompt::Text(prompt)
@@ -102,7 +104,7 @@ pub fn run(a: Args) -> Result<()> {
         Prompt::Chat(m)
     };
     let mut req = Request::new(prompt);
-    req.sampling = sampling;
+    req.sampling = chat_opts.sampling;
     req.max_tokens = a.n_predict;
     req.stop = a.stop;
     let cancel = CancelToken::new();
@@ -128,6 +130,74 @@ pub fn run(a: Args) -> Result<()> {
             "{}",
             json!({"text": c.text, "token_ids": c.token_ids, "finish_reason": c.finish_reason, "timings": c.timings})
         );
+    }
+    Ok(())
+}
+
+fn chat_options(a: &Args) -> ChatOptions {
+    ChatOptions {
+        sampling: SamplingParams {
+            temperature: a.temp,
+            top_k: a.top_k,
+            top_p: a.top_p,
+            min_p: a.min_p,
+            repeat_penalty: a.repeat_penalty,
+            presence_penalty: a.presence_penalty,
+            frequency_penalty: a.frequency_penalty,
+            penalty_last_n: a.repeat_last_n,
+            seed: a.seed,
+        },
+        max_tokens: a.n_predict,
+        system: a.system.clone(),
+        stop: a.stop.clone(),
+    }
+}
+
+/// The same, through a server that has the model loaded as `name`.
+fn run_remote(a: Args, client: Client, name: String) -> Result<()> {
+    eprintln!(
+        "(using the server at {}, which has {name} loaded)",
+        client.base()
+    );
+    let opts = chat_options(&a);
+    let Some(prompt) = a.prompt.clone() else {
+        let remote = RemoteChat {
+            client,
+            model: name,
+            num_ctx: a.ctx,
+        };
+        return chat::run(&remote, &opts);
+    };
+    let options = client::options(&opts, a.ctx);
+    let (path, body, field) = if a.raw {
+        let body = json!({"model": name, "prompt": prompt, "raw": true, "options": options});
+        ("/api/generate", body, "/response")
+    } else {
+        let mut messages = Vec::new();
+        if let Some(s) = &a.system {
+            messages.push(json!({"role": "system", "content": s}));
+        }
+        messages.push(json!({"role": "user", "content": prompt}));
+        let body = json!({"model": name, "messages": messages, "options": options});
+        ("/api/chat", body, "/message/content")
+    };
+    let cancel = CancelToken::new();
+    chat::cancel_on_ctrl_c(&cancel);
+    let start = std::time::Instant::now();
+    let mut first = None;
+    let stdout = std::io::stdout();
+    let done = client.stream(path, &body, &cancel, &mut |v| {
+        if let Some(t) = v.pointer(field).and_then(|t| t.as_str()) {
+            first.get_or_insert_with(|| start.elapsed());
+            let mut out = stdout.lock();
+            let _ = out.write_all(t.as_bytes());
+            let _ = out.flush();
+        }
+    })?;
+    println!();
+    match done {
+        Some(d) => eprintln!("[{}]", client::stats_line(&d, first)),
+        None => eprintln!("(stopped)"),
     }
     Ok(())
 }

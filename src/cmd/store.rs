@@ -1,25 +1,69 @@
-use anyhow::{anyhow, Result};
-use m40_runtime::store::{catalog_entry, Store, CATALOG};
+//! `pull`, `list`, `rm` and `ps`: the model store and the running server.
+
+use anyhow::{bail, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use m40_llm::client::{server_base, Client};
+use m40_runtime::store::{Progress, PullOptions, Store};
 
 #[derive(clap::Args)]
 pub struct PullArgs {
-    /// Catalog name, e.g. `smollm2:135m`.
-    pub name: String,
+    /// A catalog name (`smollm2:135m`), a Hugging Face file
+    /// (`hf.co/OWNER/REPO/FILE.gguf` or `hf.co/OWNER/REPO:Q4_K_M`), an
+    /// http(s) URL, or a GGUF path (named in place, never copied).
+    pub model: String,
+    /// Store it under this name (default: from the reference).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// The sha256 the file must have.
+    #[arg(long)]
+    pub sha256: Option<String>,
+}
+
+#[derive(clap::Args)]
+pub struct RmArgs {
+    /// Names of stored models.
+    #[arg(required = true)]
+    pub models: Vec<String>,
+}
+
+/// Steps on stderr, downloads as a progress bar (drawn only on a terminal).
+#[derive(Default)]
+struct Bar(Option<ProgressBar>);
+
+impl Progress for Bar {
+    fn status(&mut self, msg: &str) {
+        match &self.0 {
+            Some(bar) if msg.starts_with("connection lost") => bar.println(msg),
+            _ => {
+                if let Some(bar) = self.0.take() {
+                    bar.finish();
+                }
+                eprintln!("{msg}");
+            }
+        }
+    }
+
+    fn bytes(&mut self, completed: u64, total: Option<u64>) {
+        let bar = self.0.get_or_insert_with(|| {
+            let bar = ProgressBar::new(total.unwrap_or(0));
+            let style = if total.is_some() {
+                "{bar:40} {bytes}/{total_bytes} {bytes_per_sec} {eta}"
+            } else {
+                "{spinner} {bytes} {bytes_per_sec}"
+            };
+            bar.set_style(ProgressStyle::with_template(style).expect("a valid template"));
+            bar
+        });
+        bar.set_position(completed);
+    }
 }
 
 pub fn pull(a: PullArgs) -> Result<()> {
-    let entry = catalog_entry(&a.name).ok_or_else(|| {
-        anyhow!(
-            "`{}` is not in the catalog (known: {})",
-            a.name,
-            CATALOG
-                .iter()
-                .map(|e| e.name)
-                .collect::<Vec<_>>()
-                .join(", ")
-        )
-    })?;
-    let m = Store::from_env()?.pull(entry, &mut |msg: &str| eprintln!("{msg}"))?;
+    let opts = PullOptions {
+        name: a.name,
+        sha256: a.sha256,
+    };
+    let m = Store::from_env()?.pull_str(&a.model, &opts, &mut Bar::default())?;
     println!("{}\t{}", m.name, m.path.display());
     Ok(())
 }
@@ -33,13 +77,52 @@ pub fn list() -> Result<()> {
             store.root().display()
         );
     }
-    println!("{:<24} {:>10}  PATH", "NAME", "SIZE");
+    println!("{:<40} {:<12} {:>10}  SOURCE", "NAME", "ID", "SIZE");
     for m in models {
         println!(
-            "{:<24} {:>7.1} MB  {}",
+            "{:<40} {:<12} {:>7.1} MB  {}",
             m.name,
+            &m.sha256[..m.sha256.len().min(12)],
             m.size as f64 / 1e6,
-            m.path.display()
+            m.source
+        );
+    }
+    Ok(())
+}
+
+pub fn rm(a: RmArgs) -> Result<()> {
+    let store = Store::from_env()?;
+    let mut failed = false;
+    for name in &a.models {
+        match store.remove(name) {
+            Ok(m) => println!("deleted '{}'", m.name),
+            Err(e) => {
+                eprintln!("error: {e}");
+                failed = true;
+            }
+        }
+    }
+    if failed {
+        bail!("some models were not deleted");
+    }
+    Ok(())
+}
+
+pub fn ps() -> Result<()> {
+    let Some(client) = Client::probe() else {
+        bail!(
+            "no m40-llm server answers at {} (start one with `m40-llm serve`, or set M40_HOST)",
+            server_base()
+        );
+    };
+    println!("{:<40} {:>10} {:>9}  UNTIL", "NAME", "SIZE", "CONTEXT");
+    for m in client.ps()? {
+        println!(
+            "{:<40} {:>7.1} MB {:>9}  {}",
+            m["name"].as_str().unwrap_or("?"),
+            m["size"].as_f64().unwrap_or(0.0) / 1e6,
+            m["context_length"].as_u64().unwrap_or(0),
+            "forever (one model, always loaded)"
         );
     }
     Ok(())

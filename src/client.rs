@@ -1,0 +1,293 @@
+//! A client of a running `m40-llm serve` (Ollama's API): `run` uses it when a
+//! server answers with the asked-for model loaded, `ps` asks it what runs.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use m40_runtime::store::{catalog_entry, Store};
+use m40_runtime::{CancelToken, Message};
+use serde_json::{json, Value};
+
+use crate::chat::{ChatBackend, ChatOptions, Turn};
+
+/// The server address `M40_HOST` names (`host`, `host:port`, or a URL),
+/// else 127.0.0.1:11434; a wildcard bind address is reached on loopback.
+pub fn server_base() -> String {
+    let env = std::env::var("M40_HOST").ok().filter(|h| !h.is_empty());
+    let raw = env.unwrap_or_else(|| "127.0.0.1:11434".into());
+    let raw = raw
+        .strip_prefix("http://")
+        .unwrap_or(&raw)
+        .trim_end_matches('/');
+    let (host, port) = match raw.rsplit_once(':') {
+        Some((h, p)) if p.parse::<u16>().is_ok() && !h.ends_with(':') => (h, p),
+        _ => (raw, "11434"),
+    };
+    let host = match host {
+        "" | "0.0.0.0" => "127.0.0.1",
+        "[::]" => "[::1]",
+        h => h,
+    };
+    format!("http://{host}:{port}")
+}
+
+/// A running server.
+pub struct Client {
+    base: String,
+    agent: ureq::Agent,
+    key: Option<String>,
+}
+
+fn agent(timeout: Option<Duration>) -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_connect(Some(Duration::from_millis(500)))
+        .timeout_global(timeout)
+        .build()
+        .into()
+}
+
+impl Client {
+    /// The server at [`server_base`], if one answers (within about a second).
+    pub fn probe() -> Option<Client> {
+        let base = server_base();
+        let c = Client {
+            agent: agent(Some(Duration::from_secs(2))),
+            base,
+            key: std::env::var("M40_API_KEY").ok().filter(|k| !k.is_empty()),
+        };
+        let v = c.get("/api/version").ok()?;
+        v.get("version")?;
+        Some(Client {
+            agent: agent(None),
+            ..c
+        })
+    }
+
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    fn get(&self, path: &str) -> Result<Value> {
+        let mut req = self.agent.get(&format!("{}{path}", self.base));
+        if let Some(k) = &self.key {
+            req = req.header("Authorization", format!("Bearer {k}"));
+        }
+        let mut r = req.call()?;
+        let status = r.status().as_u16();
+        let text = r.body_mut().read_to_string()?;
+        if status != 200 {
+            bail!("{}{path}: HTTP {status}: {text}", self.base);
+        }
+        Ok(serde_json::from_str(&text)?)
+    }
+
+    /// The models the server has loaded (`/api/ps`).
+    pub fn ps(&self) -> Result<Vec<Value>> {
+        let v = self.get("/api/ps")?;
+        Ok(v["models"].as_array().cloned().unwrap_or_default())
+    }
+
+    /// The name under which the server has `model` loaded, if it does:
+    /// the same name (catalog aliases and `:latest` aside), or the same file.
+    pub fn serving(&self, model: &str) -> Option<String> {
+        let norm = |s: &str| {
+            let s = catalog_entry(s).map_or(s, |e| e.name);
+            s.strip_suffix(":latest").unwrap_or(s).to_ascii_lowercase()
+        };
+        let local_path = local_path(model);
+        for m in self.ps().ok()? {
+            let name = m["name"].as_str()?.to_string();
+            if norm(&name) == norm(model) {
+                return Some(name);
+            }
+            let show = self
+                .post_json("/api/show", &json!({ "model": name }))
+                .ok()?;
+            let from = show["modelfile"].as_str()?.strip_prefix("FROM ")?.trim();
+            let served = Path::new(from).canonicalize().ok();
+            if served.is_some() && served == local_path {
+                return Some(name);
+            }
+        }
+        None
+    }
+
+    fn post(&self, path: &str, body: &Value) -> Result<ureq::http::Response<ureq::Body>> {
+        let mut req = self
+            .agent
+            .post(&format!("{}{path}", self.base))
+            .header("Content-Type", "application/json");
+        if let Some(k) = &self.key {
+            req = req.header("Authorization", format!("Bearer {k}"));
+        }
+        Ok(req.send(body.to_string())?)
+    }
+
+    fn post_json(&self, path: &str, body: &Value) -> Result<Value> {
+        let mut r = self.post(path, body)?;
+        let status = r.status().as_u16();
+        let text = r.body_mut().read_to_string()?;
+        if status != 200 {
+            bail!("{}{path}: HTTP {status}: {text}", self.base);
+        }
+        Ok(serde_json::from_str(&text)?)
+    }
+
+    /// POST a streaming request and feed each NDJSON object to `on_line`
+    /// until the object with `done: true`, which is returned. Returns None
+    /// when `cancel` fires first (closing the connection cancels the
+    /// request on the server).
+    pub fn stream(
+        &self,
+        path: &str,
+        body: &Value,
+        cancel: &CancelToken,
+        on_line: &mut dyn FnMut(&Value),
+    ) -> Result<Option<Value>> {
+        let r = self.post(path, body)?;
+        let status = r.status().as_u16();
+        let mut body = r.into_body();
+        if status != 200 {
+            let text = body.read_to_string().unwrap_or_default();
+            let msg = serde_json::from_str::<Value>(&text)
+                .ok()
+                .and_then(|v| v["error"].as_str().map(str::to_string))
+                .unwrap_or(text);
+            bail!("the server at {} answered {status}: {msg}", self.base);
+        }
+        let reader = BufReader::new(body.into_reader());
+        for line in reader.lines() {
+            if cancel.is_cancelled() {
+                return Ok(None);
+            }
+            let line = line.context("reading the server's answer")?;
+            if line.trim().is_empty() {
+                continue;
+            }
+            let v: Value = serde_json::from_str(&line)
+                .with_context(|| format!("the server sent something that is not JSON: {line}"))?;
+            if let Some(e) = v["error"].as_str() {
+                bail!("the server: {e}");
+            }
+            if v["done"] == json!(true) {
+                return Ok(Some(v));
+            }
+            on_line(&v);
+        }
+        if cancel.is_cancelled() {
+            return Ok(None);
+        }
+        Err(anyhow!("the server closed the stream before it was done"))
+    }
+}
+
+/// Where `model` is on this machine, without fetching anything.
+fn local_path(model: &str) -> Option<PathBuf> {
+    let p = Path::new(model);
+    if p.is_file() {
+        return p.canonicalize().ok();
+    }
+    let m = Store::from_env().ok()?.manifest(model).ok()??;
+    m.path.canonicalize().ok()
+}
+
+/// Ollama's `options` for these settings.
+pub fn options(opts: &ChatOptions, num_ctx: Option<usize>) -> Value {
+    let s = &opts.sampling;
+    let mut o = json!({
+        "temperature": s.temperature,
+        "top_k": s.top_k,
+        "top_p": s.top_p,
+        "min_p": s.min_p,
+        "repeat_penalty": s.repeat_penalty,
+        "repeat_last_n": s.penalty_last_n,
+        "presence_penalty": s.presence_penalty,
+        "frequency_penalty": s.frequency_penalty,
+    });
+    if let Some(seed) = s.seed {
+        o["seed"] = json!(seed);
+    }
+    if let Some(n) = opts.max_tokens {
+        o["num_predict"] = json!(n);
+    }
+    if !opts.stop.is_empty() {
+        o["stop"] = json!(opts.stop);
+    }
+    if let Some(n) = num_ctx {
+        o["num_ctx"] = json!(n);
+    }
+    o
+}
+
+/// One line of figures from a final Ollama object.
+pub fn stats_line(done: &Value, first_token: Option<Duration>) -> String {
+    let n = |k: &str| done[k].as_f64().unwrap_or(0.0);
+    let rate = |count: f64, ns: f64| if ns > 0.0 { count / (ns / 1e9) } else { 0.0 };
+    let mut s = format!(
+        "{} prompt tokens at {:.1} t/s, {} generated at {:.1} t/s",
+        n("prompt_eval_count"),
+        rate(n("prompt_eval_count"), n("prompt_eval_duration")),
+        n("eval_count"),
+        rate(n("eval_count"), n("eval_duration")),
+    );
+    if let Some(t) = first_token {
+        s += &format!(", first token after {:.0} ms", t.as_secs_f64() * 1e3);
+    }
+    if let Some(r) = done["done_reason"].as_str() {
+        s += &format!(", {r}");
+    }
+    s
+}
+
+/// A conversation with a model a server has loaded.
+pub struct RemoteChat {
+    pub client: Client,
+    pub model: String,
+    pub num_ctx: Option<usize>,
+}
+
+impl ChatBackend for RemoteChat {
+    fn answer(
+        &self,
+        history: &[Message],
+        opts: &ChatOptions,
+        cancel: &CancelToken,
+        on_text: &mut dyn FnMut(&str),
+    ) -> Result<Turn> {
+        let messages: Vec<Value> = history
+            .iter()
+            .map(|m| json!({"role": m.role, "content": m.content}))
+            .collect();
+        let body = json!({
+            "model": self.model,
+            "messages": messages,
+            "stream": true,
+            "options": options(opts, self.num_ctx),
+        });
+        let start = Instant::now();
+        let mut first = None;
+        let mut text = String::new();
+        let done = self.client.stream("/api/chat", &body, cancel, &mut |v| {
+            if let Some(t) = v["message"]["content"].as_str() {
+                first.get_or_insert_with(|| start.elapsed());
+                text.push_str(t);
+                on_text(t);
+            }
+        })?;
+        Ok(match done {
+            Some(d) => Turn {
+                text,
+                cancelled: false,
+                stats: stats_line(&d, None),
+            },
+            None => Turn {
+                text,
+                cancelled: true,
+                stats: format!("stopped after {:.1} s", start.elapsed().as_secs_f64()),
+            },
+        })
+    }
+}
