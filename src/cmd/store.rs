@@ -118,11 +118,10 @@ pub fn ps() -> Result<()> {
     println!("{:<40} {:>10} {:>9}  UNTIL", "NAME", "SIZE", "CONTEXT");
     for m in client.ps()? {
         println!(
-            "{:<40} {:>7.1} MB {:>9}  {}",
+            "{:<40} {:>7.1} MB {:>9}  forever (one model, always loaded)",
             m["name"].as_str().unwrap_or("?"),
             m["size"].as_f64().unwrap_or(0.0) / 1e6,
             m["context_length"].as_u64().unwrap_or(0),
-            "forever (one model, always loaded)"
         );
     }
     Ok(())
