@@ -702,3 +702,45 @@ fn the_store_api_pulls_lists_and_deletes() {
     let (status, text) = post_raw("/api/pull", &json!({"model": url}).to_string());
     assert_eq!(status, 501, "{text}");
 }
+
+/// The official `openai` and `ollama` Python clients against the server
+/// (tests/python/check_clients.py). `.ci/run` installs them from PyPI into a
+/// folder and names it in `M40_PY_CLIENTS`.
+#[test]
+fn the_official_python_clients_work() {
+    let Some(pydir) = std::env::var_os("M40_PY_CLIENTS") else {
+        assert!(
+            std::env::var("M40_REQUIRE_PY_CLIENTS").as_deref() != Ok("1"),
+            "M40_REQUIRE_PY_CLIENTS=1 but M40_PY_CLIENTS is not set"
+        );
+        eprintln!(
+            "skipped: set M40_PY_CLIENTS to a folder holding the openai and ollama packages \
+             (python3 -m pip install --target DIR openai ollama), as .ci/run does"
+        );
+        return;
+    };
+    let root = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("py-store");
+    let _ = std::fs::remove_dir_all(&root);
+    let base = start(ServerConfig {
+        store: Some(m40_runtime::store::Store::new(&root)),
+        ..Default::default()
+    });
+    let gguf = engine().model_file().path().to_path_buf();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/check_clients.py");
+    let out = std::process::Command::new(std::env::var("M40_PYTHON").unwrap_or("python3".into()))
+        .env("PYTHONPATH", &pydir)
+        .arg(script)
+        .args([base.as_str(), NAME])
+        .arg(&gguf)
+        .output()
+        .expect("running python3");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("{stdout}{stderr}");
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(stdout.contains("checks passed"), "{stdout}");
+    assert!(
+        gguf.is_file(),
+        "deleting a model named in place keeps its file"
+    );
+}

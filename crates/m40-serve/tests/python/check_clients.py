@@ -1,0 +1,105 @@
+"""Drive a running m40-llm server with the official `openai` and `ollama`
+Python clients (from PyPI). Run by crates/m40-serve/tests/http.rs:
+
+    python3 check_clients.py BASE_URL MODEL GGUF_PATH
+
+Exits non-zero, naming the failed check, when the server does not behave as
+those clients expect.
+"""
+
+import sys
+
+import ollama
+import openai
+
+BASE, MODEL, GGUF = sys.argv[1], sys.argv[2], sys.argv[3]
+checks = 0
+
+
+def check(cond, what):
+    global checks
+    if not cond:
+        raise SystemExit(f"FAILED: {what}")
+    checks += 1
+
+
+def expect_error(fn, cls, what, status=None):
+    try:
+        fn()
+    except cls as e:
+        code = getattr(e, "status_code", None)
+        check(status is None or code == status, f"{what}: status {code}, expected {status}")
+        return e
+    raise SystemExit(f"FAILED: {what}: no {cls.__name__} raised")
+
+
+# --- openai ---------------------------------------------------------------
+oa = openai.OpenAI(base_url=BASE + "/v1", api_key="unused", max_retries=0)
+ids = [m.id for m in oa.models.list()]
+check(MODEL in ids, f"/v1/models lists {MODEL}: {ids}")
+
+msgs = [{"role": "user", "content": "Name three colors."}]
+whole = oa.chat.completions.create(model=MODEL, messages=msgs, temperature=0, max_tokens=12, seed=7)
+text = whole.choices[0].message.content
+check(text and whole.choices[0].finish_reason in ("stop", "length"), f"chat completion: {whole}")
+check(whole.usage.completion_tokens <= 12 and whole.usage.prompt_tokens > 0, f"usage: {whole.usage}")
+parts, usage = [], None
+for chunk in oa.chat.completions.create(
+    model=MODEL, messages=msgs, temperature=0, max_tokens=12, seed=7,
+    stream=True, stream_options={"include_usage": True},
+):
+    if chunk.choices and chunk.choices[0].delta.content:
+        parts.append(chunk.choices[0].delta.content)
+    if chunk.usage:
+        usage = chunk.usage
+check("".join(parts) == text, f"streamed chat {''.join(parts)!r} == whole {text!r}")
+check(usage is not None and usage.completion_tokens == whole.usage.completion_tokens, f"stream usage {usage}")
+
+comp = oa.completions.create(model=MODEL, prompt="The sky is", temperature=0, max_tokens=8, logprobs=2)
+check(comp.choices[0].text, f"completion: {comp}")
+lp = comp.choices[0].logprobs
+check(lp is not None and len(lp.tokens) == len(lp.token_logprobs) > 0, f"completion logprobs: {lp}")
+streamed = "".join(
+    c.choices[0].text
+    for c in oa.completions.create(model=MODEL, prompt="The sky is", temperature=0, max_tokens=8, stream=True)
+    if c.choices
+)
+check(streamed == comp.choices[0].text, f"streamed completion {streamed!r} == {comp.choices[0].text!r}")
+
+expect_error(lambda: oa.chat.completions.create(model="no-such-model", messages=msgs),
+             openai.NotFoundError, "unknown model", 404)
+e = expect_error(lambda: oa.completions.create(model=MODEL, prompt="word " * 5000, max_tokens=4),
+                 openai.BadRequestError, "prompt longer than the context", 400)
+check("context" in str(e), f"the error names the context: {e}")
+
+# --- ollama ---------------------------------------------------------------
+ol = ollama.Client(host=BASE)
+names = [m.model for m in ol.list().models]
+check(MODEL in names, f"/api/tags lists {MODEL}: {names}")
+info = ol.show(MODEL)
+check(info.details.format == "gguf" and info.modelinfo, f"show: {info}")
+check(any(m.model == MODEL for m in ol.ps().models), "ps lists the model")
+
+opts = {"temperature": 0, "num_predict": 10, "seed": 3}
+g = ol.generate(model=MODEL, prompt="Once upon a time", options=opts)
+check(g.done and g.response and g.eval_count <= 10 and g.total_duration > 0, f"generate: {g}")
+gs = "".join(p.response for p in ol.generate(model=MODEL, prompt="Once upon a time", options=opts, stream=True))
+check(gs == g.response, f"streamed generate {gs!r} == {g.response!r}")
+c = ol.chat(model=MODEL, messages=msgs, options=opts)
+check(c.message.role == "assistant" and c.message.content, f"chat: {c}")
+cs = "".join(p.message.content for p in ol.chat(model=MODEL, messages=msgs, options=opts, stream=True))
+check(cs == c.message.content, f"streamed chat {cs!r} == {c.message.content!r}")
+expect_error(lambda: ol.generate(model="no-such-model", prompt="hi"), ollama.ResponseError, "unknown model", 404)
+expect_error(lambda: ol.generate(model=MODEL, prompt="hi", options={"temperature": "hot"}),
+             ollama.ResponseError, "a wrong option type", 400)
+
+# pull (a path, named in place), list, delete
+steps = [p.status for p in ol.pull(GGUF, stream=True)]
+check(steps and steps[0] == "pulling manifest" and steps[-1] == "success", f"pull progress: {steps}")
+pulled = [m.model for m in ol.list().models if m.model != MODEL]
+check(len(pulled) == 1, f"the pulled model is listed: {pulled}")
+check(ol.delete(pulled[0]).status == "success", "delete")
+check(all(m.model == MODEL for m in ol.list().models), "deleted models leave the list")
+expect_error(lambda: ol.delete("no-such-model"), ollama.ResponseError, "deleting an unknown model", 404)
+
+print(f"openai {openai.__version__}, ollama python client: {checks} checks passed")
