@@ -1,0 +1,216 @@
+//! Load bench for the HTTP server (not a test): concurrent streaming chat
+//! completions on loopback; requests/s, generated tokens/s, time to first
+//! token and request latency (p50/p99) at each client count.
+//!
+//! ```text
+//! cargo run --release -p m40-serve --example load -- [--url URL] [--model NAME|PATH]
+//!     [--clients 1,8,32] [--requests N] [--max-tokens N] [--ctx N] [--cpu]
+//! ```
+//! Without `--url` it loads the model (default: the default model) and
+//! serves it in this process on a loopback port.
+
+use std::io::{BufRead, BufReader};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use m40_runtime::{BackendChoice, Engine, EngineOptions};
+use m40_serve::{AppState, ServerConfig};
+use serde_json::{json, Value};
+
+struct Args {
+    url: Option<String>,
+    model: String,
+    clients: Vec<usize>,
+    requests: Option<usize>,
+    max_tokens: usize,
+    ctx: usize,
+    cpu: bool,
+}
+
+fn args() -> Args {
+    let mut a = Args {
+        url: None,
+        model: m40_runtime::store::DEFAULT_MODEL.into(),
+        clients: vec![1, 8, 32],
+        requests: None,
+        max_tokens: 32,
+        ctx: 2048,
+        cpu: false,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(k) = it.next() {
+        let mut v = || it.next().unwrap_or_else(|| panic!("{k} needs a value"));
+        match k.as_str() {
+            "--url" => a.url = Some(v()),
+            "--model" => a.model = v(),
+            "--clients" => a.clients = v().split(',').map(|c| c.parse().unwrap()).collect(),
+            "--requests" => a.requests = Some(v().parse().unwrap()),
+            "--max-tokens" => a.max_tokens = v().parse().unwrap(),
+            "--ctx" => a.ctx = v().parse().unwrap(),
+            "--cpu" => a.cpu = true,
+            other => panic!("unknown argument {other}"),
+        }
+    }
+    a
+}
+
+/// One request's figures.
+struct Sample {
+    ttft: Duration,
+    total: Duration,
+    tokens: u64,
+}
+
+fn one(
+    agent: &ureq::Agent,
+    url: &str,
+    model: &str,
+    prompt: &str,
+    max_tokens: usize,
+) -> Result<Sample, String> {
+    let body = json!({
+        "model": model, "stream": true, "max_tokens": max_tokens, "temperature": 0.7, "seed": 1,
+        "stream_options": {"include_usage": true},
+        "messages": [{"role": "user", "content": prompt}],
+    });
+    let start = Instant::now();
+    let r = agent
+        .post(&format!("{url}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .send(body.to_string())
+        .map_err(|e| e.to_string())?;
+    if r.status() != 200 {
+        return Err(format!("HTTP {}", r.status()));
+    }
+    let mut ttft = None;
+    let mut tokens = 0;
+    for line in BufReader::new(r.into_body().into_reader()).lines() {
+        let line = line.map_err(|e| e.to_string())?;
+        let Some(data) = line.strip_prefix("data: ") else {
+            continue;
+        };
+        if data == "[DONE]" {
+            break;
+        }
+        let v: Value = serde_json::from_str(data).map_err(|e| e.to_string())?;
+        if v["choices"][0]["delta"]["content"]
+            .as_str()
+            .is_some_and(|t| !t.is_empty())
+        {
+            ttft.get_or_insert_with(|| start.elapsed());
+        }
+        if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
+            tokens = n;
+        }
+    }
+    Ok(Sample {
+        ttft: ttft.unwrap_or_else(|| start.elapsed()),
+        total: start.elapsed(),
+        tokens,
+    })
+}
+
+fn pct(v: &mut [Duration], p: f64) -> f64 {
+    v.sort();
+    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
+    v[i].as_secs_f64() * 1e3
+}
+
+fn main() {
+    let a = args();
+    let (url, model) = match &a.url {
+        Some(u) => (u.trim_end_matches('/').to_string(), a.model.clone()),
+        None => {
+            let opts = EngineOptions {
+                n_ctx: Some(a.ctx),
+                backend: if a.cpu {
+                    BackendChoice::Cpu
+                } else {
+                    BackendChoice::Auto
+                },
+                chat_template: None,
+            };
+            let engine = Arc::new(Engine::load(&a.model, opts).expect("loading the model"));
+            let config = ServerConfig {
+                max_queue: 1024,
+                ..Default::default()
+            };
+            let state = AppState::new(engine, &a.model, config);
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let rt = tokio::runtime::Runtime::new().unwrap();
+                rt.block_on(async move {
+                    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+                    tx.send(l.local_addr().unwrap()).unwrap();
+                    m40_serve::serve(l, state, std::future::pending())
+                        .await
+                        .unwrap();
+                });
+            });
+            (format!("http://{}", rx.recv().unwrap()), a.model.clone())
+        }
+    };
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(3600)))
+        .build()
+        .into();
+    // Warm up (first-touch of the weights, thread pools).
+    one(&agent, &url, &model, "Hello", 4).expect("warm-up request");
+    println!(
+        "server {url}, model {model}, {} tokens per request (streaming /v1/chat/completions)",
+        a.max_tokens
+    );
+    println!("| clients | requests | errors | req/s | gen tok/s | TTFT p50 ms | TTFT p99 ms | latency p50 ms | latency p99 ms |");
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for &c in &a.clients {
+        let n = a.requests.unwrap_or((2 * c).max(8));
+        let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let start = Instant::now();
+        let handles: Vec<_> = (0..c)
+            .map(|_| {
+                let (agent, url, model, next) =
+                    (agent.clone(), url.clone(), model.clone(), next.clone());
+                let max = a.max_tokens;
+                std::thread::spawn(move || {
+                    let mut out = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        if i >= n {
+                            break out;
+                        }
+                        let prompt =
+                            format!("Request {i}: write a short line about the number {i}.");
+                        out.push(one(&agent, &url, &model, &prompt, max));
+                    }
+                })
+            })
+            .collect();
+        let results: Vec<Result<Sample, String>> = handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect();
+        let wall = start.elapsed().as_secs_f64();
+        let ok: Vec<&Sample> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
+        let errors = results.len() - ok.len();
+        if let Some(Err(e)) = results.iter().find(|r| r.is_err()) {
+            eprintln!("first error: {e}");
+        }
+        let tokens: u64 = ok.iter().map(|s| s.tokens).sum();
+        let mut ttft: Vec<Duration> = ok.iter().map(|s| s.ttft).collect();
+        let mut lat: Vec<Duration> = ok.iter().map(|s| s.total).collect();
+        if ok.is_empty() {
+            println!("| {c} | {n} | {errors} | - | - | - | - | - | - |");
+            continue;
+        }
+        println!(
+            "| {c} | {n} | {errors} | {:.2} | {:.1} | {:.0} | {:.0} | {:.0} | {:.0} |",
+            ok.len() as f64 / wall,
+            tokens as f64 / wall,
+            pct(&mut ttft, 0.5),
+            pct(&mut ttft, 0.99),
+            pct(&mut lat, 0.5),
+            pct(&mut lat, 0.99),
+        );
+    }
+}
