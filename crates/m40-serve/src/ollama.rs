@@ -376,9 +376,37 @@ struct ShowRequest {
 
 pub(crate) async fn show(State(s): State<AppState>, body: Bytes) -> Result<Json<Value>, ApiError> {
     let r: ShowRequest = parse_json(&body)?;
-    s.check_model(r.model.as_deref().or(r.name.as_deref()))?;
-    let f = s.engine().model_file();
-    let h = s.engine().hparams();
+    let requested = r.model.or(r.name);
+    if let Err(not_loaded) = s.check_model(requested.as_deref()) {
+        // Any stored model can be described, loaded or not.
+        let stored = match (s.store(), requested.as_deref()) {
+            (Some(store), Some(name)) => store.manifest(name.trim()).ok().flatten(),
+            _ => None,
+        };
+        let Some(m) = stored else {
+            return Err(not_loaded);
+        };
+        let described = tokio::task::spawn_blocking(move || {
+            let f = m40_gguf::GgufFile::open(&m.path)?;
+            let h = m40_gguf::HyperParams::from_file(&f)?;
+            let modified = crate::store_api::modified_at(&m.path);
+            Ok::<_, m40_gguf::GgufError>(describe(&f, &h, &modified))
+        })
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?
+        .map_err(|e| ApiError::internal(e.to_string()))?;
+        return Ok(Json(described));
+    }
+    let modified = s.inner.loaded_at.to_rfc3339();
+    Ok(Json(describe(
+        s.engine().model_file(),
+        s.engine().hparams(),
+        &modified,
+    )))
+}
+
+/// `/api/show`'s answer for a GGUF.
+fn describe(f: &m40_gguf::GgufFile, h: &m40_gguf::HyperParams, modified_at: &str) -> Value {
     let arch = f.architecture().unwrap_or("unknown").to_string();
     let mut info = serde_json::Map::new();
     info.insert("general.architecture".into(), json!(arch));
@@ -394,13 +422,13 @@ pub(crate) async fn show(State(s): State<AppState>, body: Bytes) -> Result<Json<
         info.insert(format!("{arch}.{k}"), json!(v));
     }
     info.insert("tokenizer.ggml.vocab_size".into(), json!(h.n_vocab));
-    Ok(Json(json!({
+    json!({
         "modelfile": format!("FROM {}\n", f.path().display()),
         "parameters": "",
         "template": "",
-        "details": details(&s),
+        "details": file_details(f),
         "model_info": info,
         "capabilities": ["completion"],
-        "modified_at": s.inner.loaded_at.to_rfc3339(),
-    })))
+        "modified_at": modified_at,
+    })
 }

@@ -42,7 +42,7 @@ fn store(s: &AppState) -> Result<Store, ApiError> {
     s.store().cloned().ok_or_else(no_store)
 }
 
-fn modified_at(path: &std::path::Path) -> String {
+pub(crate) fn modified_at(path: &std::path::Path) -> String {
     std::fs::metadata(path)
         .and_then(|m| m.modified())
         .map(|t| chrono::DateTime::<chrono::Utc>::from(t).to_rfc3339())

@@ -98,6 +98,8 @@ steps = [p.status for p in ol.pull(GGUF, stream=True)]
 check(steps and steps[0] == "pulling manifest" and steps[-1] == "success", f"pull progress: {steps}")
 pulled = [m.model for m in ol.list().models if m.model != MODEL]
 check(len(pulled) == 1, f"the pulled model is listed: {pulled}")
+shown = ol.show(pulled[0])
+check(shown.details.family == "llama" and shown.modelinfo["llama.block_count"] == 30, f"show a stored model: {shown}")
 check(ol.delete(pulled[0]).status == "success", "delete")
 check(all(m.model == MODEL for m in ol.list().models), "deleted models leave the list")
 expect_error(lambda: ol.delete("no-such-model"), ollama.ResponseError, "deleting an unknown model", 404)
