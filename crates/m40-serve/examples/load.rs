@@ -136,18 +136,8 @@ fn main() {
                 ..Default::default()
             };
             let state = AppState::new(engine, &a.model, config);
-            let (tx, rx) = std::sync::mpsc::channel();
-            std::thread::spawn(move || {
-                let rt = tokio::runtime::Runtime::new().unwrap();
-                rt.block_on(async move {
-                    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-                    tx.send(l.local_addr().unwrap()).unwrap();
-                    m40_serve::serve(l, state, std::future::pending())
-                        .await
-                        .unwrap();
-                });
-            });
-            (format!("http://{}", rx.recv().unwrap()), a.model.clone())
+            let addr = m40_serve::spawn_loopback(state).expect("starting the server");
+            (format!("http://{addr}"), a.model.clone())
         }
     };
     let agent: ureq::Agent = ureq::Agent::config_builder()

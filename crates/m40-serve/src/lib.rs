@@ -432,3 +432,22 @@ pub async fn serve(
         .with_graceful_shutdown(shutdown)
         .await
 }
+
+/// Serve `state` on a loopback port from a thread with its own runtime, for
+/// the life of the process (tests, benches, an embedding program that has no
+/// runtime of its own). Returns the address.
+pub fn spawn_loopback(state: AppState) -> std::io::Result<std::net::SocketAddr> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    listener.set_nonblocking(true)?;
+    let addr = listener.local_addr()?;
+    let rt = tokio::runtime::Runtime::new()?;
+    std::thread::Builder::new()
+        .name("m40-serve".into())
+        .spawn(move || {
+            rt.block_on(async move {
+                let l = tokio::net::TcpListener::from_std(listener)?;
+                serve(l, state, std::future::pending()).await
+            })
+        })?;
+    Ok(addr)
+}

@@ -34,18 +34,7 @@ fn engine() -> Arc<Engine> {
 /// A server on its own runtime thread; its base URL.
 fn start(config: ServerConfig) -> String {
     let state = AppState::new(engine(), NAME, config);
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Runtime::new().unwrap();
-        rt.block_on(async move {
-            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            tx.send(l.local_addr().unwrap()).unwrap();
-            m40_serve::serve(l, state, std::future::pending())
-                .await
-                .unwrap();
-        });
-    });
-    format!("http://{}", rx.recv().unwrap())
+    format!("http://{}", m40_serve::spawn_loopback(state).unwrap())
 }
 
 /// The shared server with default limits.
