@@ -196,7 +196,7 @@ fn bad_input_is_a_clear_error_not_a_panic() {
         ),
         (
             vec!["show".into(), "/nonexistent/model.gguf".into()],
-            "no model named `/nonexistent/model.gguf`",
+            "`/nonexistent/model.gguf` is not a model reference: no such file",
         ),
     ];
     for (args, msg) in cases {
