@@ -55,16 +55,20 @@ impl ChatBackend for Engine {
         let c = self.generate(&req, cancel, |ev| on_text(&ev.text))?;
         Ok(Turn {
             cancelled: c.finish_reason == FinishReason::Cancelled,
-            stats: format!(
-                "{} prompt tokens at {:.1} t/s, {} generated at {:.1} t/s",
-                c.timings.prompt_tokens,
+            stats: rates(
+                c.timings.prompt_tokens as u64,
                 c.timings.prompt_tokens_per_s(),
-                c.timings.generated_tokens,
-                c.timings.generation_tokens_per_s()
+                c.timings.generated_tokens as u64,
+                c.timings.generation_tokens_per_s(),
             ),
             text: c.text,
         })
     }
+}
+
+/// The figures every answer reports.
+pub fn rates(prompt: u64, prompt_per_s: f64, generated: u64, generated_per_s: f64) -> String {
+    format!("{prompt} prompt tokens at {prompt_per_s:.1} t/s, {generated} generated at {generated_per_s:.1} t/s")
 }
 
 /// Install a Ctrl-C handler that cancels `cancel` (once per process).

@@ -6,31 +6,43 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use m40_runtime::store::{catalog_entry, Store};
+use m40_runtime::store::{same_model, Store};
 use m40_runtime::{CancelToken, Message};
 use serde_json::{json, Value};
 
 use crate::chat::{ChatBackend, ChatOptions, Turn};
 
-/// The server address `M40_HOST` names (`host`, `host:port`, or a URL),
-/// else 127.0.0.1:11434; a wildcard bind address is reached on loopback.
-pub fn server_base() -> String {
-    let env = std::env::var("M40_HOST").ok().filter(|h| !h.is_empty());
-    let raw = env.unwrap_or_else(|| "127.0.0.1:11434".into());
+/// The default address of `m40-llm serve`.
+pub const DEFAULT_HOST: &str = "127.0.0.1";
+pub const DEFAULT_PORT: u16 = 11434;
+
+/// What `M40_HOST` says (`host`, `host:port`, or `http://host:port`), if set:
+/// the host and, when it names one, the port.
+pub fn env_host() -> Option<(String, Option<u16>)> {
+    let raw = std::env::var("M40_HOST").ok().filter(|h| !h.is_empty())?;
     let raw = raw
         .strip_prefix("http://")
         .unwrap_or(&raw)
         .trim_end_matches('/');
-    let (host, port) = match raw.rsplit_once(':') {
-        Some((h, p)) if p.parse::<u16>().is_ok() && !h.ends_with(':') => (h, p),
-        _ => (raw, "11434"),
-    };
-    let host = match host {
-        "" | "0.0.0.0" => "127.0.0.1",
+    Some(match raw.rsplit_once(':') {
+        Some((h, p)) if !h.ends_with(':') => match p.parse() {
+            Ok(port) => (h.to_string(), Some(port)),
+            Err(_) => (raw.to_string(), None),
+        },
+        _ => (raw.to_string(), None),
+    })
+}
+
+/// The server `M40_HOST` names, else 127.0.0.1:11434, as a URL; a wildcard
+/// bind address is reached on loopback.
+pub fn server_base() -> String {
+    let (host, port) = env_host().unwrap_or((DEFAULT_HOST.into(), None));
+    let host = match host.as_str() {
+        "" | "0.0.0.0" => DEFAULT_HOST,
         "[::]" => "[::1]",
         h => h,
     };
-    format!("http://{host}:{port}")
+    format!("http://{host}:{}", port.unwrap_or(DEFAULT_PORT))
 }
 
 /// A running server.
@@ -93,14 +105,10 @@ impl Client {
     /// The name under which the server has `model` loaded, if it does:
     /// the same name (catalog aliases and `:latest` aside), or the same file.
     pub fn serving(&self, model: &str) -> Option<String> {
-        let norm = |s: &str| {
-            let s = catalog_entry(s).map_or(s, |e| e.name);
-            s.strip_suffix(":latest").unwrap_or(s).to_ascii_lowercase()
-        };
         let local_path = local_path(model);
         for m in self.ps().ok()? {
             let name = m["name"].as_str()?.to_string();
-            if norm(&name) == norm(model) {
+            if same_model(&name, model) {
                 return Some(name);
             }
             let show = self
@@ -224,14 +232,20 @@ pub fn options(opts: &ChatOptions, num_ctx: Option<usize>) -> Value {
 
 /// One line of figures from a final Ollama object.
 pub fn stats_line(done: &Value, first_token: Option<Duration>) -> String {
-    let n = |k: &str| done[k].as_f64().unwrap_or(0.0);
-    let rate = |count: f64, ns: f64| if ns > 0.0 { count / (ns / 1e9) } else { 0.0 };
-    let mut s = format!(
-        "{} prompt tokens at {:.1} t/s, {} generated at {:.1} t/s",
-        n("prompt_eval_count"),
-        rate(n("prompt_eval_count"), n("prompt_eval_duration")),
-        n("eval_count"),
-        rate(n("eval_count"), n("eval_duration")),
+    let n = |k: &str| done[k].as_u64().unwrap_or(0);
+    let rate = |count: u64, ns: u64| {
+        if ns > 0 {
+            count as f64 / (ns as f64 / 1e9)
+        } else {
+            0.0
+        }
+    };
+    let (prompt, generated) = (n("prompt_eval_count"), n("eval_count"));
+    let mut s = crate::chat::rates(
+        prompt,
+        rate(prompt, n("prompt_eval_duration")),
+        generated,
+        rate(generated, n("eval_duration")),
     );
     if let Some(t) = first_token {
         s += &format!(", first token after {:.0} ms", t.as_secs_f64() * 1e3);

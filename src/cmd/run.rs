@@ -105,8 +105,8 @@ pub fn run(a: Args) -> Result<()> {
     };
     let mut req = Request::new(prompt);
     req.sampling = chat_opts.sampling;
-    req.max_tokens = a.n_predict;
-    req.stop = a.stop;
+    req.max_tokens = chat_opts.max_tokens;
+    req.stop = chat_opts.stop;
     let cancel = CancelToken::new();
     chat::cancel_on_ctrl_c(&cancel);
     let stdout = std::io::stdout();
@@ -116,13 +116,16 @@ pub fn run(a: Args) -> Result<()> {
         let _ = out.flush();
     })?;
     println!();
+    let t = &c.timings;
     eprintln!(
-        "[{} prompt tokens at {:.1} t/s, {} generated at {:.1} t/s, first token after {:.0} ms, {:?}]",
-        c.timings.prompt_tokens,
-        c.timings.prompt_tokens_per_s(),
-        c.timings.generated_tokens,
-        c.timings.generation_tokens_per_s(),
-        c.timings.time_to_first_token_ms,
+        "[{}, first token after {:.0} ms, {:?}]",
+        chat::rates(
+            t.prompt_tokens as u64,
+            t.prompt_tokens_per_s(),
+            t.generated_tokens as u64,
+            t.generation_tokens_per_s()
+        ),
+        t.time_to_first_token_ms,
         c.finish_reason
     );
     if a.json {

@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use m40_llm::client;
 use m40_runtime::{BackendChoice, Engine, EngineOptions};
 use m40_serve::{AppState, ServerConfig};
 
@@ -36,18 +37,16 @@ pub struct Args {
 
 /// host and port from the flags, else `M40_HOST`, else 127.0.0.1:11434.
 fn bind_address(a: &Args) -> String {
-    let env = std::env::var("M40_HOST").ok().filter(|h| !h.is_empty());
-    let (env_host, env_port) = match env.as_deref().map(|h| h.rsplit_once(':')) {
-        Some(Some((h, p))) if p.parse::<u16>().is_ok() => (Some(h.to_string()), p.parse().ok()),
-        _ => (env, None),
-    };
+    let (env_host, env_port) = client::env_host().map_or((None, None), |(h, p)| (Some(h), p));
     let host = a
         .host
         .clone()
         .or(env_host)
-        .unwrap_or_else(|| "127.0.0.1".into());
-    let port = a.port.or(env_port).unwrap_or(11434);
-    format!("{host}:{port}")
+        .unwrap_or_else(|| client::DEFAULT_HOST.into());
+    format!(
+        "{host}:{}",
+        a.port.or(env_port).unwrap_or(client::DEFAULT_PORT)
+    )
 }
 
 pub fn run(a: Args) -> Result<()> {

@@ -43,7 +43,7 @@ impl Progress for Bar {
         }
     }
 
-    fn bytes(&mut self, completed: u64, total: Option<u64>) {
+    fn bytes(&mut self, _: &str, completed: u64, total: Option<u64>) {
         let bar = self.0.get_or_insert_with(|| {
             let bar = ProgressBar::new(total.unwrap_or(0));
             let style = if total.is_some() {

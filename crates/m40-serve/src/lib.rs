@@ -26,7 +26,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::Router;
-use m40_runtime::store::{catalog_entry, Store};
+use m40_runtime::store::{same_model, Store};
 use m40_runtime::{CancelToken, Completion, Engine, Request, TokenEvent};
 use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
@@ -117,18 +117,12 @@ impl AppState {
         &self.inner.metrics
     }
 
-    /// Whether a request's `model` names the loaded model: the same name,
-    /// with or without a `:latest` tag.
+    /// Whether a request's `model` names the loaded model ([`same_model`]).
     pub(crate) fn check_model(&self, requested: Option<&str>) -> Result<(), ApiError> {
         let Some(m) = requested.map(str::trim).filter(|m| !m.is_empty()) else {
             return Err(ApiError::bad_request("model is required"));
         };
-        // The same name, a catalog alias of it, with or without `:latest`.
-        let strip = |s: &str| {
-            let s = catalog_entry(s).map_or(s, |e| e.name);
-            s.strip_suffix(":latest").unwrap_or(s).to_ascii_lowercase()
-        };
-        if strip(m) == strip(&self.inner.name) {
+        if same_model(m, &self.inner.name) {
             Ok(())
         } else {
             Err(ApiError::new(

@@ -9,7 +9,7 @@ use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use m40_runtime::store::{ModelRef, Progress, PullOptions, Store, StoreError};
+use m40_runtime::store::{same_model, ModelRef, Progress, PullOptions, Store, StoreError};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
@@ -71,13 +71,9 @@ pub(crate) async fn tags(State(s): State<AppState>) -> Result<Json<Value>, ApiEr
         .map_err(|e| ApiError::internal(e.to_string()))?
         .map_err(store_error)?;
     }
-    let loaded = model_entry(&s);
-    if s.check_model(loaded["name"].as_str()).is_ok()
-        && !models
-            .iter()
-            .any(|m| s.check_model(m["name"].as_str()).is_ok())
-    {
-        models.insert(0, loaded);
+    let stored = |m: &Value| m["name"].as_str().is_some_and(|n| same_model(n, s.name()));
+    if !models.iter().any(stored) {
+        models.insert(0, model_entry(&s));
     }
     Ok(Json(json!({ "models": models })))
 }
@@ -97,35 +93,28 @@ struct PullRequest {
 /// 100 ms. The pull stops (keeping its bytes) once the client is gone.
 struct Reporter {
     tx: mpsc::UnboundedSender<Value>,
-    digest: String,
     last: Option<Instant>,
 }
 
 impl Progress for Reporter {
     fn status(&mut self, msg: &str) {
-        if let Some(d) = msg.strip_prefix("pulling ") {
-            if d != "manifest" {
-                self.digest = d.to_string();
-            }
-        }
         let _ = self.tx.send(json!({ "status": msg }));
     }
 
-    fn bytes(&mut self, completed: u64, total: Option<u64>) {
+    fn bytes(&mut self, digest: &str, completed: u64, total: Option<u64>) {
         let due = self
             .last
             .is_none_or(|t| t.elapsed() >= Duration::from_millis(100));
         if due || total == Some(completed) {
             self.last = Some(Instant::now());
-            let short: String = self
-                .digest
+            let short: String = digest
                 .trim_start_matches("sha256:")
                 .chars()
                 .take(12)
                 .collect();
             let _ = self.tx.send(json!({
                 "status": format!("pulling {short}"),
-                "digest": self.digest,
+                "digest": digest,
                 "total": total,
                 "completed": completed,
             }));
@@ -150,7 +139,6 @@ pub(crate) async fn pull(State(s): State<AppState>, body: Bytes) -> Result<Respo
     let (tx, rx) = mpsc::unbounded_channel();
     let mut reporter = Reporter {
         tx: tx.clone(),
-        digest: String::new(),
         last: None,
     };
     let task = tokio::task::spawn_blocking(move || {

@@ -244,7 +244,7 @@ impl Store {
             Err(fs::TryLockError::WouldBlock) => return Err(StoreError::Busy(url.to_string())),
             Err(fs::TryLockError::Error(e)) => return Err(io(&lock_path)(e)),
         }
-        self.fetch_to(url, &partial, size_hint, progress)?;
+        self.fetch_to(url, &digest, &partial, size_hint, progress)?;
         let refuse = |e: StoreError| {
             let _ = fs::remove_file(&partial);
             e
@@ -271,6 +271,7 @@ impl Store {
     fn fetch_to(
         &self,
         url: &str,
+        digest: &str,
         partial: &Path,
         size_hint: Option<u64>,
         progress: &mut dyn Progress,
@@ -279,7 +280,7 @@ impl Store {
         let mut fruitless = 0;
         loop {
             let before = fs::metadata(partial).map_or(0, |m| m.len());
-            match self.attempt(&agent, url, partial, size_hint, progress)? {
+            match self.attempt(&agent, url, digest, partial, size_hint, progress)? {
                 Attempt::Complete => break,
                 Attempt::Interrupted(why) => {
                     let after = fs::metadata(partial).map_or(0, |m| m.len());
@@ -309,6 +310,7 @@ impl Store {
         &self,
         agent: &ureq::Agent,
         url: &str,
+        digest: &str,
         partial: &Path,
         size_hint: Option<u64>,
         progress: &mut dyn Progress,
@@ -364,7 +366,7 @@ impl Store {
         let mut body = resp.into_body().into_reader();
         let mut buf = vec![0u8; 256 << 10];
         let mut done = start;
-        progress.bytes(done, total);
+        progress.bytes(digest, done, total);
         loop {
             let n = match body.read(&mut buf) {
                 Ok(0) => break,
@@ -377,7 +379,7 @@ impl Store {
             };
             file.write_all(&buf[..n]).map_err(io(partial))?;
             done += n as u64;
-            progress.bytes(done, total);
+            progress.bytes(digest, done, total);
             if progress.cancelled() {
                 file.sync_all().map_err(io(partial))?;
                 return Err(StoreError::Cancelled(done));

@@ -91,9 +91,10 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
 pub trait Progress {
     /// A step: "pulling manifest", "verifying sha256 digest", "success", ...
     fn status(&mut self, msg: &str);
-    /// `completed` bytes of `total` (when the server said) fetched so far.
-    fn bytes(&mut self, completed: u64, total: Option<u64>) {
-        let _ = (completed, total);
+    /// `completed` bytes of `total` (when the server said) of the file
+    /// `digest` (`sha256:<hex>` when known, else its URL) fetched so far.
+    fn bytes(&mut self, digest: &str, completed: u64, total: Option<u64>) {
+        let _ = (digest, completed, total);
     }
     /// Whether whoever asked for the pull has gone; a download then stops
     /// (keeping its bytes for the next pull).
@@ -192,6 +193,16 @@ pub fn catalog_entry(name: &str) -> Option<&'static CatalogEntry> {
     CATALOG
         .iter()
         .find(|e| e.name == name || e.aliases.contains(&name.as_str()))
+}
+
+/// Whether two model names mean the same model: equal up to case, catalog
+/// aliases and a `:latest` tag.
+pub fn same_model(a: &str, b: &str) -> bool {
+    let norm = |s: &str| {
+        let s = catalog_entry(s).map_or(s, |e| e.name);
+        s.strip_suffix(":latest").unwrap_or(s).to_ascii_lowercase()
+    };
+    norm(a) == norm(b)
 }
 
 fn catalog_names() -> String {
@@ -532,11 +543,6 @@ impl Store {
     /// Make sure the default model is present; returns its path.
     pub fn ensure_default(&self, progress: &mut dyn Progress) -> Result<PathBuf> {
         self.resolve(DEFAULT_MODEL, progress)
-    }
-
-    /// Fetch a catalog model, verify it, store it and write its manifest.
-    pub fn pull(&self, entry: &CatalogEntry, progress: &mut dyn Progress) -> Result<Manifest> {
-        self.pull_catalog(entry, entry.name, entry.sha256, progress)
     }
 
     /// Parse `reference` and pull it (see [`Store::pull_ref`]).

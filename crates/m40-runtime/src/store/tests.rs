@@ -169,7 +169,7 @@ impl Progress for Log {
     fn status(&mut self, msg: &str) {
         self.steps.push(msg.to_string());
     }
-    fn bytes(&mut self, completed: u64, total: Option<u64>) {
+    fn bytes(&mut self, _: &str, completed: u64, total: Option<u64>) {
         self.last_bytes = Some((completed, total));
     }
 }
@@ -587,7 +587,7 @@ struct CancelAfter(u64, u64);
 
 impl Progress for CancelAfter {
     fn status(&mut self, _: &str) {}
-    fn bytes(&mut self, completed: u64, _: Option<u64>) {
+    fn bytes(&mut self, _: &str, completed: u64, _: Option<u64>) {
         self.1 = completed;
     }
     fn cancelled(&self) -> bool {
