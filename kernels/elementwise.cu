@@ -30,3 +30,9 @@ extern "C" __global__ void f32_to_f16(const float* x, u16* y, long long n) {
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
         y[i] = f2h(x[i]);
 }
+
+// y[i] += b[i % width]: a bias added to every row of y (n elements, rows of width).
+extern "C" __global__ void add_rows_f32(float* y, const float* b, long long n, int width) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        y[i] += b[i % width];
+}

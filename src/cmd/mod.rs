@@ -18,3 +18,53 @@ pub fn resolve_model(model: Option<&str>) -> Result<PathBuf> {
     let name = model.unwrap_or(m40_runtime::store::DEFAULT_MODEL);
     Ok(store.resolve(name, &mut |msg: &str| eprintln!("{msg}"))?)
 }
+
+/// Where a model runs: `--cpu`, `--gpu N`, or the GPU when there is one.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct DeviceArgs {
+    /// Force the CPU backend.
+    #[arg(long, conflicts_with = "gpu")]
+    pub cpu: bool,
+    /// Run on this GPU (CUDA ordinal) or fail; the default is GPU 0 when
+    /// one is usable, else the CPU.
+    #[arg(long, value_name = "N")]
+    pub gpu: Option<usize>,
+}
+
+impl DeviceArgs {
+    /// Engine options for these flags and a context length, with a weight
+    /// upload progress line on a terminal.
+    pub fn engine_options(&self, n_ctx: Option<usize>) -> m40_runtime::EngineOptions {
+        use m40_runtime::{BackendChoice, UploadProgress};
+        use std::io::IsTerminal;
+        let backend = match (self.cpu, self.gpu) {
+            (true, _) => BackendChoice::Cpu,
+            (false, Some(_)) => BackendChoice::Gpu,
+            (false, None) => BackendChoice::Auto,
+        };
+        let upload_progress = std::io::stderr().is_terminal().then(|| {
+            UploadProgress(std::sync::Arc::new(|done: u64, total: u64| {
+                let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+                eprint!("\ruploading weights: {:.0}/{:.0} MiB", mib(done), mib(total));
+                if done >= total {
+                    eprintln!();
+                }
+            }))
+        });
+        m40_runtime::EngineOptions {
+            n_ctx,
+            backend,
+            gpu: self.gpu.unwrap_or(0),
+            chat_template: None,
+            upload_progress,
+        }
+    }
+}
+
+/// Say where the engine runs (and why not on the GPU, when it fell back).
+pub fn report_backend(engine: &m40_runtime::Engine) {
+    match engine.backend_note() {
+        Some(why) => eprintln!("running on the CPU: {why}"),
+        None => eprintln!("running on the {}", engine.backend_name()),
+    }
+}

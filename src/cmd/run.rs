@@ -6,7 +6,7 @@ use anyhow::Result;
 use m40_llm::chat::{self, ChatOptions};
 use m40_llm::client::{self, Client, RemoteChat};
 use m40_runtime::{
-    BackendChoice, CancelToken, Engine, EngineOptions, Message, Prompt, Request, SamplingParams,
+    CancelToken, Engine, Message, Prompt, Request, SamplingParams,
 };
 use serde_json::json;
 
@@ -56,9 +56,8 @@ pub struct Args {
     /// A system message (chat mode and templated prompts).
     #[arg(long)]
     pub system: Option<String>,
-    /// Force the CPU backend (in-process).
-    #[arg(long)]
-    pub cpu: bool,
+    #[command(flatten)]
+    pub device: super::DeviceArgs,
     /// Run in this process even when a server (`M40_HOST`, default
     /// 127.0.0.1:11434) has the model loaded.
     #[arg(long)]
@@ -66,7 +65,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    if !(a.local || a.json || a.cpu) {
+    if !(a.local || a.json || a.device.cpu || a.device.gpu.is_some()) {
         if let Some(client) = Client::probe() {
             match client.serving(&a.model) {
                 Some(name) => return run_remote(a, client, name),
@@ -79,16 +78,10 @@ pub fn run(a: Args) -> Result<()> {
         }
     }
     let path = super::resolve_model(Some(&a.model))?;
-    let opts = EngineOptions {
-        n_ctx: a.ctx,
-        backend: if a.cpu {
-            BackendChoice::Cpu
-        } else {
-            BackendChoice::Auto
-        },
-        chat_template: None,
-    };
-    let engine = Engine::from_path(&path, opts)?;
+    let engine = Engine::from_path(&path, a.device.engine_options(a.ctx))?;
+    if let Some(why) = engine.backend_note() {
+        eprintln!("running on the CPU: {why}");
+    }
     let chat_opts = chat_options(&a);
     let Some(prompt) = a.prompt else {
         return chat::run(&engine, &chat_opts);

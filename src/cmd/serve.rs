@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use m40_llm::client;
-use m40_runtime::{BackendChoice, Engine, EngineOptions};
+use m40_runtime::Engine;
 use m40_serve::{AppState, ServerConfig};
 
 #[derive(clap::Args)]
@@ -30,9 +30,8 @@ pub struct Args {
     /// Context length in tokens.
     #[arg(long)]
     pub ctx: Option<usize>,
-    /// Force the CPU backend.
-    #[arg(long)]
-    pub cpu: bool,
+    #[command(flatten)]
+    pub device: super::DeviceArgs,
 }
 
 /// host and port from the flags, else `M40_HOST`, else 127.0.0.1:11434.
@@ -66,12 +65,9 @@ pub fn run(a: Args) -> Result<()> {
         }
         let name = a.model.clone().unwrap_or_else(|| m40_runtime::store::DEFAULT_MODEL.to_string());
         let path = super::resolve_model(Some(&name))?;
-        let opts = EngineOptions {
-            n_ctx: a.ctx,
-            backend: if a.cpu { BackendChoice::Cpu } else { BackendChoice::Auto },
-            chat_template: None,
-        };
+        let opts = a.device.engine_options(a.ctx);
         let engine = tokio::task::spawn_blocking(move || Engine::from_path(&path, opts)).await??;
+        super::report_backend(&engine);
         let config = ServerConfig {
             max_queue: a.max_queue,
             request_timeout: Duration::from_secs(a.timeout),

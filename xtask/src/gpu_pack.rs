@@ -6,6 +6,9 @@
 //! starts with `gpu` (e.g. crates/m40-kernels/tests/gpu_kernels.rs). The pack
 //! must stay under 64 MiB: the device tool carries at most that.
 //!
+//! The quant zoo from ../shared/testdata is copied into the pack
+//! (`testdata/quant-zoo`; run.sh points M40_TESTDATA at it).
+//!
 //! On the device machine: `target/gpu-pack/run.sh` (with `--no-bench` to skip
 //! the benches). See CONTRIBUTING.md.
 
@@ -22,6 +25,8 @@ const RUN_SH: &str = r#"#!/usr/bin/env bash
 # $OUT/gpu-pack/ when OUT is set.
 cd "$(dirname "$0")"
 export M40_REQUIRE_GPU=1
+# The quant zoo, when the pack carries it (tests that need it fail without it).
+if [ -d testdata/quant-zoo ]; then export M40_TESTDATA="$PWD/testdata"; fi
 log=${OUT:-/tmp}/gpu-pack
 mkdir -p "$log"
 passed=0
@@ -29,9 +34,9 @@ failed=0
 for t in tests/*; do
     name=$(basename "$t")
     echo "== $name"
-    "$t" --test-threads=1 >"$log/$name.log" 2>&1
+    "$t" --test-threads=1 --nocapture >"$log/$name.log" 2>&1
     rc=$?
-    grep -E '^test |test result|panicked|skipped|differ|gpu |cpu ' "$log/$name.log" | head -200
+    grep -E '^test |test result|panicked|skipped|differ|gpu |cpu |rel err' "$log/$name.log" | head -200
     p=$(grep -o 'test result: [a-zA-Z]*\. [0-9]* passed; [0-9]* failed' "$log/$name.log" | awk '{s+=$4} END {print s+0}')
     f=$(grep -o 'test result: [a-zA-Z]*\. [0-9]* passed; [0-9]* failed' "$log/$name.log" | awk '{s+=$6} END {print s+0}')
     if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
@@ -120,6 +125,22 @@ pub fn run() -> Result<()> {
             total += std::fs::metadata(&dest).map(|m| m.len()).unwrap_or(0);
             eprintln!("  {dir}/{name}");
         }
+    }
+    // The quant zoo (../shared/testdata/quant-zoo) travels with the pack:
+    // ../shared does not reach the device machine.
+    let zoo = root.join("../shared/testdata/quant-zoo");
+    if zoo.is_dir() {
+        let dest = pack.join("testdata/quant-zoo");
+        std::fs::create_dir_all(&dest).map_err(|e| e.to_string())?;
+        for e in std::fs::read_dir(&zoo).map_err(|e| e.to_string())? {
+            let e = e.map_err(|e| e.to_string())?;
+            let to = dest.join(e.file_name());
+            std::fs::copy(e.path(), &to).map_err(|err| format!("{}: {err}", e.path().display()))?;
+            total += std::fs::metadata(&to).map(|m| m.len()).unwrap_or(0);
+        }
+        eprintln!("  testdata/quant-zoo");
+    } else {
+        eprintln!("  (no {}: tests that need the zoo will fail on the device)", zoo.display());
     }
     let script = pack.join("run.sh");
     std::fs::write(&script, RUN_SH).map_err(|e| e.to_string())?;

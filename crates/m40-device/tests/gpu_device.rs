@@ -119,7 +119,7 @@ fn copies_round_trip() {
         s.copy_to_host(&mid, &mut part).unwrap();
         assert_eq!(part, v[n / 3..n / 2 + 1]);
     }
-    // Length mismatches are errors, not truncation.
+    // Device -> host length mismatches are errors, not truncation.
     let a = s.upload(&[1u32, 2, 3], "a").unwrap();
     let mut short = vec![0u32; 2];
     assert!(matches!(
@@ -127,6 +127,14 @@ fn copies_round_trip() {
         Err(DeviceError::Size { .. })
     ));
     assert!(a.slice(2..4).is_err());
+    // Host -> device fills a prefix; a longer source is an error.
+    let mut b = s.upload(&[9u32; 5], "b").unwrap();
+    s.copy_to_device(&[1u32, 2], &mut b).unwrap();
+    assert_eq!(s.download(&b).unwrap(), [1, 2, 9, 9, 9]);
+    assert!(matches!(
+        s.copy_to_device(&[0u32; 6], &mut b),
+        Err(DeviceError::Size { .. })
+    ));
 }
 
 #[test]

@@ -9,6 +9,7 @@
 //! 48 KB of shared memory a block may have on sm_52. Kernels know nothing of
 //! models: shapes come in as numbers.
 
+mod attention;
 mod error;
 mod format;
 mod ops;
@@ -19,6 +20,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use m40_device::{Device, Kernel, Module};
 
+pub use attention::{attn_shared_bytes, AttnPlan, AttnScratch, AttnShape, KV_PAGE, MAX_HEAD_DIM};
 pub use error::{KernelError, Result};
 pub use format::{gemv_chunk_blocks, gemv_shared_bytes, KernelFormat};
 pub use ops::{GemvPlan, PackedMatrix, QMatrix, RopeParams, RopeStyle};
@@ -28,13 +30,18 @@ pub use pack::{pack_gemv, PackFormat, PACK_ROWS};
 pub const MAX_SHARED_PER_BLOCK: usize = 48 * 1024;
 
 /// The PTX modules: (name, text), one per `kernels/*.cu`.
-pub const MODULES: [(&str, &str); 7] = [
+pub const MODULES: [(&str, &str); 9] = [
+    (
+        "attention",
+        include_str!("../../../kernels/ptx/attention.ptx"),
+    ),
     ("bench", include_str!("../../../kernels/ptx/bench.ptx")),
     (
         "elementwise",
         include_str!("../../../kernels/ptx/elementwise.ptx"),
     ),
     ("embed", include_str!("../../../kernels/ptx/embed.ptx")),
+    ("gemm", include_str!("../../../kernels/ptx/gemm.ptx")),
     ("gemv", include_str!("../../../kernels/ptx/gemv.ptx")),
     (
         "gemv_packed",

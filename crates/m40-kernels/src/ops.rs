@@ -138,12 +138,12 @@ fn packed_split(groups: usize, nb: usize, resident: usize, ksplit: Option<u32>) 
     .unwrap_or(1)
 }
 
-fn shape(kernel: &'static str, what: String) -> KernelError {
+pub(crate) fn shape(kernel: &'static str, what: String) -> KernelError {
     KernelError::Shape { kernel, what }
 }
 
 /// `buf` must hold at least `need` elements.
-fn check_len(kernel: &'static str, name: &str, len: usize, need: usize) -> Result<()> {
+pub(crate) fn check_len(kernel: &'static str, name: &str, len: usize, need: usize) -> Result<()> {
     if len < need {
         return Err(shape(
             kernel,
@@ -153,7 +153,7 @@ fn check_len(kernel: &'static str, name: &str, len: usize, need: usize) -> Resul
     Ok(())
 }
 
-fn to_i32(kernel: &'static str, name: &str, v: usize) -> Result<i32> {
+pub(crate) fn to_i32(kernel: &'static str, name: &str, v: usize) -> Result<i32> {
     i32::try_from(v).map_err(|_| shape(kernel, format!("{name} = {v} exceeds i32")))
 }
 
@@ -502,6 +502,38 @@ impl Kernels {
         self.in_place("add_f32", stream, y, x, n)
     }
 
+    /// y[r, c] += b[c] for the first `rows` rows of y (rows of b.len()).
+    pub fn add_rows(
+        &self,
+        stream: &Stream,
+        y: &mut DeviceBuffer<f32>,
+        b: &DeviceView<'_, f32>,
+        rows: usize,
+    ) -> Result<()> {
+        const K: &str = "add_rows_f32";
+        let width = b.len();
+        let n = rows * width;
+        check_len(K, "y", y.len(), n)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let kernel = self.kernel("elementwise", K)?;
+        let grid = (self.flat_grid(n), 1, 1);
+        let (n, width) = (n as i64, to_i32(K, "width", width)?);
+        // SAFETY: add_rows_f32(float* y, const float* b, long long n, int width):
+        // grid-stride over i < n reading b[i % width]; lengths checked above.
+        unsafe {
+            stream
+                .launch(&kernel)
+                .buf_mut(y)
+                .view(b)
+                .scalar(&n)
+                .scalar(&width)
+                .run(cfg(grid, ELEMENTWISE_THREADS))?
+        };
+        Ok(())
+    }
+
     /// The element-wise kernels of the form `k(float* y, const float* x, long long n)`
     /// that update y from x in place (kernels/elementwise.cu).
     fn in_place(
@@ -731,7 +763,12 @@ mod tests {
             "rope_neox_f32",
             "swiglu_f32",
             "add_f32",
+            "add_rows_f32",
             "f32_to_f16",
+            "kv_append_f32",
+            "attn_combine_f32",
+            "attn_f32_r4",
+            "gemm_q4_k_f32",
         ] {
             assert!(has(n), "{n}");
         }

@@ -517,3 +517,246 @@ fn graph_capture_replays_kernels() {
         Err(KernelError::Device(m40_device::DeviceError::Capture(_)))
     ));
 }
+
+/// gemm (prefill matmul, dequantizing in the tile loader) against the CPU
+/// dequantization in f64, for every format, with and without accumulation,
+/// on shapes that are not multiples of the 64 x 64 tile.
+#[test]
+fn gemm_every_format_matches_cpu() {
+    let Some((_dev, s, k, mut rng)) = setup("gemm_every_format_matches_cpu") else {
+        return;
+    };
+    for f in KernelFormat::ALL {
+        let shapes: &[(usize, usize, usize)] = if f.qk == 256 {
+            &[(1, 1, 256), (2, 67, 512), (65, 130, 768), (200, 64, 256)]
+        } else {
+            &[(1, 1, 32), (2, 67, 96), (65, 130, 256), (200, 64, 1024)]
+        };
+        for &(m, n, kk) in shapes {
+            let w = random_weights(&mut rng, f.ty, n, kk);
+            let x = rng.vec(m * kk, -1.0, 1.0);
+            let y0 = rng.vec(m * n, -1.0, 1.0);
+            let wd = dequant(f.ty, &w, n, kk);
+            let mut want = vec![0f32; m * n];
+            let mut mag = vec![0f64; m * n];
+            for i in 0..m {
+                for j in 0..n {
+                    let (xr, wr) = (&x[i * kk..(i + 1) * kk], &wd[j * kk..(j + 1) * kk]);
+                    let dot: f64 = xr.iter().zip(wr).map(|(a, b)| *a as f64 * *b as f64).sum();
+                    want[i * n + j] = dot as f32;
+                    mag[i * n + j] = xr.iter().zip(wr).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum();
+                }
+            }
+            let wg = s.upload(&w, "w").unwrap();
+            let xg = s.upload(&x, "x").unwrap();
+            let wv = wg.view();
+            let qm = QMatrix {
+                ty: f.ty,
+                data: &wv,
+                rows: n,
+                cols: kk,
+            };
+            let mut y = s.alloc::<f32>(m * n, "y").unwrap();
+            s.fill_bytes(&mut y, 0xFF).unwrap();
+            k.gemm(&s, &qm, &xg.view(), &mut y, m, false).unwrap();
+            let got = s.download(&y).unwrap();
+            let what = format!("gemm {} {m}x{n}x{kk}", f.ty);
+            check(&what, &got, &want, |i| 1e-5 * mag[i] + 1e-30);
+            // Accumulate onto y0.
+            let mut y = s.upload(&y0, "y0").unwrap();
+            k.gemm(&s, &qm, &xg.view(), &mut y, m, true).unwrap();
+            let got = s.download(&y).unwrap();
+            let want: Vec<f32> = want.iter().zip(&y0).map(|(a, b)| a + b).collect();
+            check(&format!("{what} accumulate"), &got, &want, |i| {
+                1e-5 * mag[i] + 1e-6
+            });
+        }
+    }
+    // Columns that are not whole sub-blocks are refused.
+    let w = s.alloc::<u8>(64 * 40, "w").unwrap();
+    let wv = w.view();
+    let x = s.alloc::<f32>(40, "x").unwrap();
+    let mut y = s.alloc::<f32>(1, "y").unwrap();
+    let qm = QMatrix {
+        ty: GgmlType::F16,
+        data: &wv,
+        rows: 1,
+        cols: 40,
+    };
+    assert!(k.gemm(&s, &qm, &x.view(), &mut y, 1, false).is_err());
+}
+
+/// The causal attention of one sequence in f64 from FP16-rounded K and V:
+/// q (n_tok, n_head, hd), k and v (n_keys, n_kv * hd), query i at position start + i.
+#[allow(clippy::too_many_arguments)]
+fn attention_reference(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    n_tok: usize,
+    start: usize,
+    n_head: usize,
+    n_kv: usize,
+    hd: usize,
+) -> Vec<f32> {
+    let r = |x: f32| half::f16::from_f32(x).to_f32() as f64;
+    let kv_dim = n_kv * hd;
+    let group = n_head / n_kv;
+    let mut out = vec![0f32; n_tok * n_head * hd];
+    for i in 0..n_tok {
+        let len = start + i + 1;
+        for h in 0..n_head {
+            let g = h / group;
+            let qh = &q[(i * n_head + h) * hd..][..hd];
+            let scores: Vec<f64> = (0..len)
+                .map(|j| {
+                    let kr = &k[j * kv_dim + g * hd..][..hd];
+                    qh.iter().zip(kr).map(|(a, b)| *a as f64 * r(*b)).sum::<f64>()
+                        / (hd as f64).sqrt()
+                })
+                .collect();
+            let mx = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let p: Vec<f64> = scores.iter().map(|s| (s - mx).exp()).collect();
+            let sum: f64 = p.iter().sum();
+            for d in 0..hd {
+                let o: f64 = (0..len).map(|j| p[j] * r(v[j * kv_dim + g * hd + d])).sum();
+                out[(i * n_head + h) * hd + d] = (o / sum) as f32;
+            }
+        }
+    }
+    out
+}
+
+/// kv_append then attention over a shuffled page table (pages out of order,
+/// a pool with spare pages), for GQA groups of 1 to 16, head sizes from 32
+/// to 256 (not all multiples of 32), prefill and decode, with the
+/// launcher's plan and with forced key splits; the pools hold exactly the
+/// FP16 rows appended.
+#[test]
+fn paged_attention_matches_cpu() {
+    let Some((_dev, s, k, mut rng)) = setup("paged_attention_matches_cpu") else {
+        return;
+    };
+    use m40_kernels::{AttnPlan, AttnScratch, AttnShape, KV_PAGE};
+    // (n_head, n_kv, hd, start, n_tok)
+    let cases: [(usize, usize, usize, usize, usize); 10] = [
+        (4, 2, 64, 0, 1),
+        (9, 3, 64, 0, 37),
+        (9, 3, 64, 40, 1),
+        (32, 8, 128, 0, 70),
+        (32, 8, 128, 1000, 1),
+        (32, 8, 128, 300, 17),
+        (16, 1, 80, 5, 9),
+        (4, 4, 256, 63, 2),
+        (14, 2, 32, 100, 3),
+        (8, 2, 96, 33, 31),
+    ];
+    for (n_head, n_kv, hd, start, n_tok) in cases {
+        let kv_dim = n_kv * hd;
+        let n_keys = start + n_tok;
+        let pages = n_keys.div_ceil(KV_PAGE);
+        let pool_pages = pages + 3;
+        // A shuffled choice of pages.
+        let mut ids: Vec<i32> = (0..pool_pages as i32).collect();
+        for i in (1..ids.len()).rev() {
+            ids.swap(i, rng.below(i + 1));
+        }
+        let table: Vec<i32> = ids[..pages].to_vec();
+        let kk = rng.vec(n_keys * kv_dim, -1.0, 1.0);
+        let vv = rng.vec(n_keys * kv_dim, -1.0, 1.0);
+        let q = rng.vec(n_tok * n_head * hd, -1.0, 1.0);
+        let mut kpool = s.alloc::<u16>(pool_pages * KV_PAGE * kv_dim, "kpool").unwrap();
+        let mut vpool = s.alloc::<u16>(pool_pages * KV_PAGE * kv_dim, "vpool").unwrap();
+        s.fill_bytes(&mut kpool, 0xFF).unwrap();
+        s.fill_bytes(&mut vpool, 0xFF).unwrap();
+        let tg = s.upload(&table, "table").unwrap();
+        let kg = s.upload(&kk, "k").unwrap();
+        let vg = s.upload(&vv, "v").unwrap();
+        // Append in two steps: the context, then the query tokens.
+        for (from, to) in [(0, start), (start, n_keys)] {
+            let kv = kg.slice(from * kv_dim..to * kv_dim).unwrap();
+            let vv = vg.slice(from * kv_dim..to * kv_dim).unwrap();
+            k.kv_append(&s, &kv, &vv, &mut kpool, &mut vpool, &tg.view(), from, to - from, kv_dim)
+                .unwrap();
+        }
+        let kp = s.download(&kpool).unwrap();
+        let vp = s.download(&vpool).unwrap();
+        for j in 0..n_keys {
+            let at = (table[j / KV_PAGE] as usize * KV_PAGE + j % KV_PAGE) * kv_dim;
+            for c in 0..kv_dim {
+                assert_eq!(kp[at + c], half::f16::from_f32(kk[j * kv_dim + c]).to_bits(), "k {j} {c}");
+                assert_eq!(vp[at + c], half::f16::from_f32(vv[j * kv_dim + c]).to_bits(), "v {j} {c}");
+            }
+        }
+        let want = attention_reference(&q, &kk, &vv, n_tok, start, n_head, n_kv, hd);
+        let shape = AttnShape {
+            n_tok,
+            start,
+            n_head,
+            n_head_kv: n_kv,
+            head_dim: hd,
+        };
+        let qg = s.upload(&q, "q").unwrap();
+        let auto = AttnPlan::new(&shape, 132);
+        let mut plans = vec![None];
+        for split_pages in [1, 2] {
+            let split_len = split_pages * KV_PAGE;
+            plans.push(Some(AttnPlan {
+                split_len,
+                splits: n_keys.div_ceil(split_len),
+                ..auto
+            }));
+        }
+        for plan in plans {
+            let mut out = s.alloc::<f32>(n_tok * n_head * hd, "out").unwrap();
+            s.fill_bytes(&mut out, 0xFF).unwrap();
+            let p = plan.unwrap_or_else(|| AttnPlan::new(&shape, _dev.info().sm_count as usize));
+            let (np, nml) = p.scratch_len(&shape);
+            let mut part = s.alloc::<f32>(np.max(1), "part").unwrap();
+            let mut part_ml = s.alloc::<f32>(nml.max(1), "part_ml").unwrap();
+            s.fill_bytes(&mut part, 0xFF).unwrap();
+            let launched = k
+                .attention(
+                    &s,
+                    &shape,
+                    &qg.view(),
+                    &kpool.view(),
+                    &vpool.view(),
+                    &tg.view(),
+                    &mut out,
+                    Some(AttnScratch {
+                        part: &mut part,
+                        part_ml: &mut part_ml,
+                    }),
+                    plan,
+                )
+                .unwrap();
+            let got = s.download(&out).unwrap();
+            check(
+                &format!("attention {shape:?} {launched:?}"),
+                &got,
+                &want,
+                |_| 2e-5,
+            );
+        }
+    }
+}
+
+#[test]
+fn add_rows_matches_cpu() {
+    let Some((_dev, s, k, mut rng)) = setup("add_rows_matches_cpu") else {
+        return;
+    };
+    for (rows, width) in [(1, 1), (3, 896), (17, 131)] {
+        let y0 = rng.vec(rows * width + 5, -1.0, 1.0);
+        let b = rng.vec(width, -1.0, 1.0);
+        let mut y = s.upload(&y0, "y").unwrap();
+        let bg = s.upload(&b, "b").unwrap();
+        k.add_rows(&s, &mut y, &bg.view(), rows).unwrap();
+        let got = s.download(&y).unwrap();
+        let want: Vec<f32> = (0..y0.len())
+            .map(|i| if i < rows * width { y0[i] + b[i % width] } else { y0[i] })
+            .collect();
+        check(&format!("add_rows {rows}x{width}"), &got, &want, |_| 0.0);
+    }
+}

@@ -18,6 +18,22 @@ pub enum ModelError {
     },
     #[error("token id {id} is outside the vocabulary of {n_vocab}")]
     BadToken { id: u32, n_vocab: usize },
+    #[error("the model needs {need} of GPU memory on {device}, which has {free}; use a smaller context (KV cache) or a smaller quantization, or run on the CPU")]
+    GpuMemory {
+        device: String,
+        need: String,
+        free: String,
+    },
+    #[error("the KV cache is full: {needed} more tokens needed, {free} of {total} free (other sequences hold the rest)")]
+    KvFull {
+        needed: usize,
+        free: usize,
+        total: usize,
+    },
+    #[error(transparent)]
+    Device(#[from] m40_device::DeviceError),
+    #[error(transparent)]
+    Kernel(#[from] m40_kernels::KernelError),
     #[error("unsupported model: {0}")]
     Unsupported(String),
 }

@@ -1,14 +1,16 @@
 //! m40-model: the transformer as m40-llm runs it.
 //!
 //! - [`Model`]: a GGUF file, its hyperparameters and checked tensors.
-//! - [`Backend`]: what every backend implements (the CPU one here, the GPU
-//!   one later): a KV cache per sequence and a forward pass over a batch of
+//! - [`Backend`]: what every backend implements (the CPU one and the GPU one): a KV cache per sequence and a forward pass over a batch of
 //!   tokens that returns logits.
 //! - [`cpu::CpuBackend`]: the exact FP32 reference (weights stay in their GGUF
 //!   blocks, KV cache in FP16), the oracle every GPU kernel is checked against.
+//! - [`gpu::GpuBackend`]: the same forward pass with the kernels of
+//!   m40-kernels, over a paged FP16 KV cache.
 
 pub mod cpu;
 pub mod error;
+pub mod gpu;
 
 use std::path::Path;
 
@@ -95,5 +97,76 @@ impl Model {
 
     pub(crate) fn layer(&self, l: usize) -> LayerNames {
         LayerNames::new(l)
+    }
+}
+
+/// The CPU or the GPU backend, picked at run time.
+pub enum AnyBackend {
+    Cpu(cpu::CpuBackend),
+    Gpu(gpu::GpuBackend),
+}
+
+/// The cache of an [`AnyBackend`].
+pub enum AnyCache {
+    Cpu(cpu::CpuCache),
+    Gpu(gpu::GpuCache),
+}
+
+impl KvState for AnyCache {
+    fn len(&self) -> usize {
+        match self {
+            AnyCache::Cpu(c) => c.len(),
+            AnyCache::Gpu(c) => c.len(),
+        }
+    }
+    fn n_ctx(&self) -> usize {
+        match self {
+            AnyCache::Cpu(c) => c.n_ctx(),
+            AnyCache::Gpu(c) => c.n_ctx(),
+        }
+    }
+    fn truncate(&mut self, n: usize) {
+        match self {
+            AnyCache::Cpu(c) => c.truncate(n),
+            AnyCache::Gpu(c) => c.truncate(n),
+        }
+    }
+}
+
+impl AnyBackend {
+    /// "CPU", or the GPU's name.
+    pub fn describe(&self) -> String {
+        match self {
+            AnyBackend::Cpu(_) => "CPU".into(),
+            AnyBackend::Gpu(g) => format!("GPU {} ({})", g.device().info().ordinal, g.device().info().name),
+        }
+    }
+}
+
+impl Backend for AnyBackend {
+    type Cache = AnyCache;
+
+    fn hparams(&self) -> &HyperParams {
+        match self {
+            AnyBackend::Cpu(b) => b.hparams(),
+            AnyBackend::Gpu(b) => b.hparams(),
+        }
+    }
+
+    fn new_cache(&self, n_ctx: usize) -> Result<AnyCache> {
+        Ok(match self {
+            AnyBackend::Cpu(b) => AnyCache::Cpu(b.new_cache(n_ctx)?),
+            AnyBackend::Gpu(b) => AnyCache::Gpu(b.new_cache(n_ctx)?),
+        })
+    }
+
+    fn forward(&self, cache: &mut AnyCache, tokens: &[u32], logits: Logits) -> Result<Vec<f32>> {
+        match (self, cache) {
+            (AnyBackend::Cpu(b), AnyCache::Cpu(c)) => b.forward(c, tokens, logits),
+            (AnyBackend::Gpu(b), AnyCache::Gpu(c)) => b.forward(c, tokens, logits),
+            _ => Err(ModelError::Unsupported(
+                "a KV cache of another backend".into(),
+            )),
+        }
     }
 }

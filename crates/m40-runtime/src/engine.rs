@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use m40_model::cpu::CpuBackend;
-use m40_model::{Backend, KvState, Logits, Model};
+use m40_model::gpu::{GpuBackend, GpuOptions};
+use m40_model::{AnyBackend, Backend, KvState, Logits, Model, ModelError};
 use m40_tokenizer::template::ChatTemplate;
 use m40_tokenizer::{Encode, Message, Tokenizer};
 use serde::Serialize;
@@ -32,8 +33,8 @@ pub enum EngineError {
     },
     #[error("the prompt is empty")]
     EmptyPrompt,
-    #[error("no GPU backend is available yet: use the CPU backend")]
-    NoGpu,
+    #[error("no usable GPU ({0}); run on the CPU instead (--cpu)")]
+    NoGpu(m40_device::DeviceError),
 }
 
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;
@@ -41,11 +42,23 @@ pub type Result<T, E = EngineError> = std::result::Result<T, E>;
 /// Which backend runs the model.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum BackendChoice {
-    /// The GPU when one is present (once the GPU backend lands), else the CPU.
+    /// The GPU when one is present and the model fits it, else the CPU
+    /// ([`Engine::backend_note`] says why).
     #[default]
     Auto,
     Cpu,
+    /// The GPU or an error.
     Gpu,
+}
+
+/// Called as weights upload to the GPU: (bytes done, bytes in all).
+#[derive(Clone)]
+pub struct UploadProgress(pub Arc<dyn Fn(u64, u64) + Send + Sync>);
+
+impl std::fmt::Debug for UploadProgress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("UploadProgress")
+    }
 }
 
 /// How to load a model.
@@ -54,8 +67,11 @@ pub struct EngineOptions {
     /// Context length in tokens (default: the trained context, at most 4096).
     pub n_ctx: Option<usize>,
     pub backend: BackendChoice,
+    /// CUDA device ordinal (default 0).
+    pub gpu: usize,
     /// A chat template to use instead of the model's.
     pub chat_template: Option<String>,
+    pub upload_progress: Option<UploadProgress>,
 }
 
 /// What to generate from.
@@ -176,7 +192,9 @@ impl CancelToken {
 /// A loaded model ready to generate.
 pub struct Engine {
     model: Arc<Model>,
-    backend: CpuBackend,
+    backend: AnyBackend,
+    /// Why Auto chose the CPU, if it did.
+    note: Option<String>,
     tokenizer: Tokenizer,
     template: ChatTemplate,
     n_ctx: usize,
@@ -193,9 +211,6 @@ impl Engine {
     }
 
     pub fn from_path(path: &Path, opts: EngineOptions) -> Result<Self> {
-        if opts.backend == BackendChoice::Gpu {
-            return Err(EngineError::NoGpu);
-        }
         let model = Arc::new(Model::open(path)?);
         let tokenizer = Tokenizer::from_gguf(model.file())?;
         let template = match &opts.chat_template {
@@ -206,13 +221,25 @@ impl Engine {
             .n_ctx
             .unwrap_or_else(|| model.hparams().n_ctx_train.min(4096))
             .max(1);
+        let (backend, note) = pick_backend(&model, &opts, n_ctx)?;
         Ok(Self {
-            backend: CpuBackend::new(model.clone())?,
+            backend,
+            note,
             model,
             tokenizer,
             template,
             n_ctx,
         })
+    }
+
+    /// "CPU" or the GPU's name.
+    pub fn backend_name(&self) -> String {
+        self.backend.describe()
+    }
+
+    /// Why the engine runs on the CPU although the GPU was allowed, if so.
+    pub fn backend_note(&self) -> Option<&str> {
+        self.note.as_deref()
     }
 
     /// The model's GGUF file (metadata, tensors, path).
@@ -385,6 +412,41 @@ impl Engine {
             finish_reason: finish,
             timings,
         })
+    }
+}
+
+/// The backend `opts` asks for; with Auto, the CPU when there is no GPU or
+/// the model does not fit it (and why).
+fn pick_backend(
+    model: &Arc<Model>,
+    opts: &EngineOptions,
+    n_ctx: usize,
+) -> Result<(AnyBackend, Option<String>)> {
+    let cpu = || -> Result<AnyBackend> { Ok(AnyBackend::Cpu(CpuBackend::new(model.clone())?)) };
+    if opts.backend == BackendChoice::Cpu {
+        return Ok((cpu()?, None));
+    }
+    let device = match m40_device::Device::open(opts.gpu) {
+        Ok(d) => d,
+        Err(e) if opts.backend == BackendChoice::Auto => {
+            return Ok((cpu()?, Some(format!("no GPU: {e}"))));
+        }
+        Err(e) => return Err(EngineError::NoGpu(e)),
+    };
+    let gpu_opts = GpuOptions {
+        device: opts.gpu,
+        kv_tokens: n_ctx,
+        max_batch: PREFILL_BATCH,
+        progress: opts.upload_progress.clone().map(|p| {
+            Box::new(move |done, total| (p.0)(done, total)) as Box<dyn Fn(u64, u64) + Send + Sync>
+        }),
+    };
+    match GpuBackend::on(device, model.clone(), gpu_opts) {
+        Ok(g) => Ok((AnyBackend::Gpu(g), None)),
+        Err(e @ ModelError::GpuMemory { .. }) if opts.backend == BackendChoice::Auto => {
+            Ok((cpu()?, Some(e.to_string())))
+        }
+        Err(e) => Err(e.into()),
     }
 }
 

@@ -23,6 +23,7 @@
 
 pub use engine::{
     BackendChoice, CancelToken, Completion, Engine, EngineError, EngineOptions, FinishReason,
+    UploadProgress,
     Prompt, Request, TokenEvent,
 };
 pub use m40_tokenizer::Message;

@@ -1,0 +1,462 @@
+//! Launchers of the prefill matmul (kernels/gemm.cu) and of attention over
+//! the paged KV cache (kernels/attention.cu).
+
+use m40_device::{DeviceBuffer, DeviceView, LaunchConfig, Stream};
+
+use crate::error::{KernelError, Result};
+use crate::format::KernelFormat;
+use crate::ops::{check_len, shape, to_i32, QMatrix};
+use crate::{Kernels, MAX_SHARED_PER_BLOCK};
+
+/// Tokens per page of the KV cache: `KV_PAGE` in kernels/attention.cu.
+pub const KV_PAGE: usize = 32;
+/// Largest head dimension attention supports (`ATT_MAX_HD`).
+pub const MAX_HEAD_DIM: usize = 256;
+/// `ATT_MAX_WARPS`: warps per attention block at most.
+const ATT_MAX_WARPS: usize = 8;
+/// kernels/gemm.cu: tile sizes and threads.
+const GEMM_BM: usize = 64;
+const GEMM_BN: usize = 64;
+const GEMM_THREADS: u32 = 256;
+const KV_APPEND_THREADS: u32 = 256;
+
+/// The shape of an attention launch: `n_tok` query tokens at positions
+/// `start..start + n_tok` of one sequence, each attending causally to the
+/// keys before it (and itself).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttnShape {
+    pub n_tok: usize,
+    pub start: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+}
+
+impl AttnShape {
+    pub fn kv_dim(&self) -> usize {
+        self.n_head_kv * self.head_dim
+    }
+
+    fn check(&self, k: &'static str) -> Result<()> {
+        let AttnShape {
+            n_head,
+            n_head_kv,
+            head_dim,
+            ..
+        } = *self;
+        if n_head_kv == 0 || !n_head.is_multiple_of(n_head_kv) {
+            return Err(shape(
+                k,
+                format!("{n_head} query heads do not divide into {n_head_kv} KV heads"),
+            ));
+        }
+        if head_dim == 0 || head_dim > MAX_HEAD_DIM || !head_dim.is_multiple_of(2) {
+            return Err(shape(
+                k,
+                format!("head dimension {head_dim} (must be even, 2..={MAX_HEAD_DIM})"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// How an attention launch divides the work (see kernels/attention.cu).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttnPlan {
+    /// Query tokens per block.
+    pub tpb: usize,
+    /// Query heads per block, and blocks per KV head.
+    pub gw: usize,
+    pub hparts: usize,
+    /// Key ranges (a multiple of KV_PAGE keys each) and their count.
+    pub split_len: usize,
+    pub splits: usize,
+}
+
+impl AttnPlan {
+    /// The plan for `s` on a GPU of `sm_count` SMs: one warp per (token,
+    /// head), up to ATT_MAX_WARPS per block, the heads of a KV head together;
+    /// keys split only when there are fewer blocks than twice the SMs and
+    /// at least two pages of keys per split (decode over long contexts).
+    pub fn new(s: &AttnShape, sm_count: usize) -> AttnPlan {
+        let group = s.n_head / s.n_head_kv;
+        let gw = group.min(ATT_MAX_WARPS);
+        let hparts = group.div_ceil(gw);
+        let tpb = (ATT_MAX_WARPS / gw).clamp(1, s.n_tok.max(1));
+        let blocks = s.n_tok.div_ceil(tpb) * s.n_head_kv * hparts;
+        let keys = s.start + s.n_tok;
+        let pages = keys.div_ceil(KV_PAGE).max(1);
+        let want = (2 * sm_count.max(1)).div_ceil(blocks).max(1);
+        let splits = want.min(pages / 2).max(1);
+        let split_len = pages.div_ceil(splits) * KV_PAGE;
+        AttnPlan {
+            tpb,
+            gw,
+            hparts,
+            split_len,
+            splits: keys.div_ceil(split_len),
+        }
+    }
+
+    /// Floats of the partial-sum scratch: (n_tok, n_head, splits, head_dim),
+    /// and of the (max, sum) scratch: (n_tok, n_head, splits, 2); empty
+    /// without splits.
+    pub fn scratch_len(&self, s: &AttnShape) -> (usize, usize) {
+        if self.splits == 1 {
+            return (0, 0);
+        }
+        let rows = s.n_tok * s.n_head * self.splits;
+        (rows * s.head_dim, rows * 2)
+    }
+}
+
+/// Bytes of dynamic shared memory of `attn_f32_r*` for head dimension `hd`.
+pub fn attn_shared_bytes(hd: usize) -> usize {
+    let hw = hd / 2;
+    4 * (ATT_MAX_WARPS * hd + KV_PAGE * (hw + 1) + KV_PAGE * hw)
+}
+
+/// A null `float*` argument.
+const NULL_PTR: u64 = 0;
+
+const ATTN_KERNELS: [&str; 8] = [
+    "attn_f32_r1",
+    "attn_f32_r2",
+    "attn_f32_r3",
+    "attn_f32_r4",
+    "attn_f32_r5",
+    "attn_f32_r6",
+    "attn_f32_r7",
+    "attn_f32_r8",
+];
+
+/// Scratch for attention's split partials ([`AttnPlan::scratch_len`]).
+pub struct AttnScratch<'a> {
+    pub part: &'a mut DeviceBuffer<f32>,
+    pub part_ml: &'a mut DeviceBuffer<f32>,
+}
+
+fn cfg(grid: (u32, u32, u32), block: u32, shared_bytes: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid,
+        block: (block, 1, 1),
+        shared_bytes,
+    }
+}
+
+impl Kernels {
+    /// Y = X W^T, or Y += X W^T with `accumulate`: W (n rows x k cols) in its
+    /// format, X (m, k) FP32 16-byte aligned, Y (m, n) FP32. k must be a
+    /// multiple of 32.
+    pub fn gemm(
+        &self,
+        stream: &Stream,
+        w: &QMatrix<'_>,
+        x: &DeviceView<'_, f32>,
+        y: &mut DeviceBuffer<f32>,
+        m: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        const K: &str = "gemm";
+        let (n, k) = (w.rows, w.cols);
+        let f = KernelFormat::of(w.ty, K)?;
+        let row_bytes = f.row_bytes(k, K)?;
+        if !k.is_multiple_of(32) {
+            return Err(shape(K, format!("{k} columns is not a multiple of 32")));
+        }
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        check_len(K, "weights", w.data.len(), n * row_bytes)?;
+        check_len(K, "x", x.len(), m * k)?;
+        check_len(K, "y", y.len(), m * n)?;
+        if !x.is_aligned(16) || !w.data.is_aligned(2) {
+            return Err(shape(
+                K,
+                "x must start at a multiple of 16 bytes, weights at an even byte".into(),
+            ));
+        }
+        let name = gemm_name(&f);
+        let kernel = self.kernel("gemm", name)?;
+        let grid = (
+            n.div_ceil(GEMM_BN) as u32,
+            u32::try_from(m.div_ceil(GEMM_BM)).map_err(|_| shape(K, format!("{m} rows")))?,
+            1,
+        );
+        if grid.1 > 65535 {
+            return Err(shape(K, format!("{m} rows of X need over 65535 blocks in y")));
+        }
+        let (mi, ni, ki) = (to_i32(K, "m", m)?, to_i32(K, "n", n)?, to_i32(K, "k", k)?);
+        let (row_bytes, acc) = (row_bytes as i64, accumulate as i32);
+        // SAFETY: gemm_<fmt>_f32(const u8* W, const float* X, float* Y, int M, int N,
+        // int K, long long row_bytes, int accumulate): reads rows < N of W (whole
+        // sub-blocks, K a multiple of 32), X[..M*K] (16-byte loads, aligned),
+        // reads and writes Y[..M*N]; lengths checked above.
+        unsafe {
+            stream
+                .launch(&kernel)
+                .view(w.data)
+                .view(x)
+                .buf_mut(y)
+                .scalar(&mi)
+                .scalar(&ni)
+                .scalar(&ki)
+                .scalar(&row_bytes)
+                .scalar(&acc)
+                .run(cfg(grid, GEMM_THREADS, 0))?
+        };
+        Ok(())
+    }
+
+    /// Store `n_tok` tokens' K and V rows (n_tok, kv_dim) FP32 as FP16 at
+    /// positions `start..start + n_tok` of a sequence whose pages are
+    /// `table` (pools of `n_pages` pages of KV_PAGE x kv_dim).
+    #[allow(clippy::too_many_arguments)]
+    pub fn kv_append(
+        &self,
+        stream: &Stream,
+        k: &DeviceView<'_, f32>,
+        v: &DeviceView<'_, f32>,
+        kpool: &mut DeviceBuffer<u16>,
+        vpool: &mut DeviceBuffer<u16>,
+        table: &DeviceView<'_, i32>,
+        start: usize,
+        n_tok: usize,
+        kv_dim: usize,
+    ) -> Result<()> {
+        const K: &str = "kv_append_f32";
+        if n_tok == 0 {
+            return Ok(());
+        }
+        check_len(K, "k", k.len(), n_tok * kv_dim)?;
+        check_len(K, "v", v.len(), n_tok * kv_dim)?;
+        check_len(K, "table", table.len(), (start + n_tok).div_ceil(KV_PAGE))?;
+        let pages = kpool.len() / (KV_PAGE * kv_dim).max(1);
+        check_len(K, "vpool", vpool.len(), pages * KV_PAGE * kv_dim)?;
+        let kernel = self.kernel("attention", K)?;
+        let n = n_tok * kv_dim;
+        let cap = self.device().info().sm_count.max(1) as usize * 16;
+        let grid = (n.div_ceil(KV_APPEND_THREADS as usize).clamp(1, cap) as u32, 1, 1);
+        let (start, n_tok, kv_dim) = (
+            to_i32(K, "start", start)?,
+            to_i32(K, "n_tok", n_tok)?,
+            to_i32(K, "kv_dim", kv_dim)?,
+        );
+        // SAFETY: kv_append_f32(const float* k, const float* v, u16* kpool, u16* vpool,
+        // const int* table, int start, int n_tok, int kv_dim): reads k, v[..n_tok*kv_dim]
+        // and table[..ceil((start+n_tok)/KV_PAGE)] (lengths checked); writes pool rows
+        // of the pages the table names, which the caller keeps below the pool's
+        // page count (the table is built from the pool's free list).
+        unsafe {
+            stream
+                .launch(&kernel)
+                .view(k)
+                .view(v)
+                .buf_mut(kpool)
+                .buf_mut(vpool)
+                .view(table)
+                .scalar(&start)
+                .scalar(&n_tok)
+                .scalar(&kv_dim)
+                .run(cfg(grid, KV_APPEND_THREADS, 0))?
+        };
+        Ok(())
+    }
+
+    /// Causal attention of `s.n_tok` queries q (n_tok, n_head, head_dim) FP32
+    /// (RoPE applied) over the keys and values of the sequence whose pages
+    /// are `table`, positions 0..=start+i for query i; out (n_tok, n_head,
+    /// head_dim) FP32. `scratch` must hold `plan.scratch_len(s)` floats when
+    /// the plan splits the keys. Returns the plan launched.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention(
+        &self,
+        stream: &Stream,
+        s: &AttnShape,
+        q: &DeviceView<'_, f32>,
+        kpool: &DeviceView<'_, u16>,
+        vpool: &DeviceView<'_, u16>,
+        table: &DeviceView<'_, i32>,
+        out: &mut DeviceBuffer<f32>,
+        scratch: Option<AttnScratch<'_>>,
+        plan: Option<AttnPlan>,
+    ) -> Result<AttnPlan> {
+        const K: &str = "attention";
+        s.check(K)?;
+        let sm = self.device().info().sm_count as usize;
+        let plan = plan.unwrap_or_else(|| AttnPlan::new(s, sm));
+        if s.n_tok == 0 {
+            return Ok(plan);
+        }
+        let hd = s.head_dim;
+        let rows = s.n_tok * s.n_head;
+        check_len(K, "q", q.len(), rows * hd)?;
+        check_len(K, "out", out.len(), rows * hd)?;
+        let keys = s.start + s.n_tok;
+        check_len(K, "table", table.len(), keys.div_ceil(KV_PAGE))?;
+        check_len(K, "vpool", vpool.len(), kpool.len())?;
+        let smem = attn_shared_bytes(hd);
+        let limit = MAX_SHARED_PER_BLOCK.min(self.device().info().max_shared_per_block);
+        if smem > limit {
+            return Err(KernelError::SharedMemory {
+                kernel: K,
+                bytes: smem,
+                limit,
+            });
+        }
+        let group = s.n_head / s.n_head_kv;
+        if plan.gw * plan.hparts < group
+            || plan.tpb * plan.gw > ATT_MAX_WARPS
+            || !plan.split_len.is_multiple_of(KV_PAGE)
+            || plan.split_len == 0
+            || plan.splits * plan.split_len < keys
+        {
+            return Err(shape(K, format!("plan {plan:?} does not cover {s:?}")));
+        }
+        let kernel = self.kernel("attention", ATTN_KERNELS[hd.div_ceil(32) - 1])?;
+        let grid = (
+            to_i32(K, "blocks", s.n_tok.div_ceil(plan.tpb))? as u32,
+            to_i32(K, "heads", s.n_head_kv * plan.hparts)? as u32,
+            to_i32(K, "splits", plan.splits)? as u32,
+        );
+        if grid.1 > 65535 || grid.2 > 65535 {
+            return Err(shape(K, format!("grid {grid:?} too large")));
+        }
+        let threads = (32 * plan.tpb * plan.gw) as u32;
+        let scale_log2 = std::f32::consts::LOG2_E / (hd as f32).sqrt();
+        let i = |name, v| to_i32(K, name, v);
+        let args = [
+            i("n_tok", s.n_tok)?,
+            i("start", s.start)?,
+            i("n_head", s.n_head)?,
+            i("n_head_kv", s.n_head_kv)?,
+            i("head_dim", hd)?,
+            plan.tpb as i32,
+            plan.gw as i32,
+            plan.hparts as i32,
+            i("split_len", plan.split_len)?,
+        ];
+        let launch = |o: &mut DeviceBuffer<f32>, ml: Option<&mut DeviceBuffer<f32>>| {
+            let l = stream
+                .launch(&kernel)
+                .view(q)
+                .view(kpool)
+                .view(vpool)
+                .view(table);
+            let l = l.buf_mut(o);
+            let l = match ml {
+                Some(ml) => l.buf_mut(ml),
+                None => l.scalar(&NULL_PTR),
+            };
+            let mut l = l;
+            for a in &args {
+                l = l.scalar(a);
+            }
+            // SAFETY: attn_f32_r<R>(const float* q, const u16* kpool, const u16* vpool,
+            // const int* table, float* out, float* part_ml, int n_tok, int start,
+            // int n_head, int n_head_kv, int hd, int tpb, int gw, int hparts,
+            // int split_len, float scale_log2) with R = ceil(hd / 32): reads q and
+            // table within the lengths checked above and pool rows of the pages the
+            // table names (below the pool's page count, kept so by the caller);
+            // writes out rows < n_tok * n_head (or the split partials, sized by the
+            // caller from scratch_len, checked below); part_ml is untouched when
+            // splits == 1 (a null pointer then). Shared memory: attn_shared_bytes.
+            unsafe {
+                l.scalar(&scale_log2)
+                    .run(cfg(grid, threads, smem as u32))
+            }
+        };
+        if plan.splits == 1 {
+            launch(out, None)?;
+        } else {
+            let sc = scratch.ok_or_else(|| {
+                shape(K, format!("{} key splits need scratch", plan.splits))
+            })?;
+            let (np, nml) = plan.scratch_len(s);
+            check_len(K, "part", sc.part.len(), np)?;
+            check_len(K, "part_ml", sc.part_ml.len(), nml)?;
+            launch(sc.part, Some(sc.part_ml))?;
+            let kernel = self.kernel("attention", "attn_combine_f32")?;
+            let (splits, hd_i) = (plan.splits as i32, hd as i32);
+            // SAFETY: attn_combine_f32(const float* part, const float* part_ml,
+            // float* out, int splits, int hd): block r reads part[(r*splits..)*hd],
+            // part_ml[r*splits*2..] and writes out[r*hd..][..hd], r < rows; lengths
+            // checked above.
+            unsafe {
+                stream
+                    .launch(&kernel)
+                    .buf(sc.part)
+                    .buf(sc.part_ml)
+                    .buf_mut(out)
+                    .scalar(&splits)
+                    .scalar(&hd_i)
+                    .run(cfg((rows as u32, 1, 1), 32, 0))?
+            };
+        }
+        Ok(plan)
+    }
+}
+
+fn gemm_name(f: &KernelFormat) -> &'static str {
+    GEMM_KERNELS
+        .iter()
+        .find(|(ty, _)| *ty == f.symbol)
+        .map(|(_, n)| *n)
+        .expect("every KernelFormat has a gemm kernel")
+}
+
+macro_rules! gemm_names {
+    ($($s:literal),*) => {
+        [$(($s, concat!("gemm_", $s, "_f32"))),*]
+    };
+}
+const GEMM_KERNELS: [(&str, &str); 15] = gemm_names!(
+    "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k",
+    "q6_k", "iq4_nl", "iq4_xs"
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attention_plans_cover_every_key() {
+        for (n_head, n_head_kv) in [(9, 3), (32, 8), (4, 2), (16, 1), (14, 2), (32, 32)] {
+            for n_tok in [1, 2, 7, 512] {
+                for start in [0, 1, 31, 32, 4095, 8000] {
+                    for sm in [1, 24, 132] {
+                        let s = AttnShape {
+                            n_tok,
+                            start,
+                            n_head,
+                            n_head_kv,
+                            head_dim: 64,
+                        };
+                        let p = AttnPlan::new(&s, sm);
+                        let what = format!("{s:?} {sm}: {p:?}");
+                        let group = n_head / n_head_kv;
+                        assert!(p.gw * p.hparts >= group, "{what}");
+                        assert!(p.tpb * p.gw <= ATT_MAX_WARPS && p.tpb >= 1, "{what}");
+                        assert!(p.split_len.is_multiple_of(KV_PAGE) && p.split_len > 0, "{what}");
+                        assert!(p.splits * p.split_len >= start + n_tok, "{what}");
+                        assert!((p.splits - 1) * p.split_len < start + n_tok, "{what}");
+                    }
+                }
+            }
+        }
+        // Decode at depth 4096 with 8 KV heads on 132 SMs: split to fill the GPU.
+        let s = AttnShape {
+            n_tok: 1,
+            start: 4095,
+            n_head: 32,
+            n_head_kv: 8,
+            head_dim: 128,
+        };
+        assert_eq!(AttnPlan::new(&s, 132).splits, 32);
+    }
+
+    #[test]
+    fn attention_shared_memory_fits() {
+        assert!(attn_shared_bytes(MAX_HEAD_DIM) <= MAX_SHARED_PER_BLOCK);
+    }
+}

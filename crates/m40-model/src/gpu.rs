@@ -1,0 +1,640 @@
+//! The GPU backend: the same forward pass as [`crate::cpu`], with weights in
+//! their GGUF formats in device memory, FP32 activations, and a paged FP16 KV
+//! cache.
+//!
+//! - Matmuls: GEMV (kernels/gemv.cu) for one token, the tiled GEMM with
+//!   dequantization in the tile loader (kernels/gemm.cu) for more.
+//! - KV cache: one pool of pages (KV_PAGE tokens each) per layer for K and
+//!   one for V, shared by every sequence of the backend; a [`GpuCache`]
+//!   owns a list of pages (its block table, mirrored on the device) taken
+//!   from a free list as it grows and given back when it shrinks or drops.
+//! - One stream; forward passes of different sequences take turns (a mutex
+//!   over the activation workspace).
+//! - Everything the model needs (weights, the KV pool, the workspace) is
+//!   computed before anything is allocated; a GPU without that much free
+//!   memory is an [`ModelError::GpuMemory`] error, not a failure halfway.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use m40_device::{Device, DeviceBuffer, DeviceView, Stream};
+use m40_gguf::hparams::{RopeScaling, RopeStyle as GgufRope, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
+use m40_gguf::{GgmlType, HyperParams};
+use m40_kernels::{
+    AttnPlan, AttnScratch, AttnShape, KernelFormat, Kernels, QMatrix, RopeParams, RopeStyle,
+    KV_PAGE, MAX_HEAD_DIM,
+};
+
+use crate::cpu::ops::Rope;
+use crate::error::{ModelError, Result};
+use crate::{Backend, KvState, Logits, Model};
+
+/// How to set up a [`GpuBackend`].
+pub struct GpuOptions {
+    /// CUDA device ordinal.
+    pub device: usize,
+    /// Tokens the KV pool holds, over all sequences together.
+    pub kv_tokens: usize,
+    /// Tokens per forward step at most (longer prompts run in steps).
+    pub max_batch: usize,
+    /// Called as weights upload: (bytes done, bytes in all).
+    pub progress: Option<Box<dyn Fn(u64, u64) + Send + Sync>>,
+}
+
+impl Default for GpuOptions {
+    fn default() -> Self {
+        Self {
+            device: 0,
+            kv_tokens: 4096,
+            max_batch: 512,
+            progress: None,
+        }
+    }
+}
+
+/// Rows of logits computed per output matmul when all are asked for.
+const LOGIT_ROWS: usize = 64;
+
+/// A weight matrix on the device in its GGUF format.
+struct Mat {
+    ty: GgmlType,
+    data: DeviceBuffer<u8>,
+    rows: usize,
+    cols: usize,
+}
+
+struct Layer {
+    attn_norm: DeviceBuffer<f32>,
+    ffn_norm: DeviceBuffer<f32>,
+    bias: Option<[DeviceBuffer<f32>; 3]>,
+    wq: Mat,
+    wk: Mat,
+    wv: Mat,
+    wo: Mat,
+    gate: Mat,
+    up: Mat,
+    down: Mat,
+}
+
+/// Activations for `max_batch` tokens, and the attention split scratch.
+struct Workspace {
+    ids: DeviceBuffer<i32>,
+    pos: DeviceBuffer<i32>,
+    x: DeviceBuffer<f32>,
+    h: DeviceBuffer<f32>,
+    q: DeviceBuffer<f32>,
+    k: DeviceBuffer<f32>,
+    v: DeviceBuffer<f32>,
+    att: DeviceBuffer<f32>,
+    proj: DeviceBuffer<f32>,
+    gate: DeviceBuffer<f32>,
+    up: DeviceBuffer<f32>,
+    logits: DeviceBuffer<f32>,
+    part: DeviceBuffer<f32>,
+    part_ml: DeviceBuffer<f32>,
+}
+
+/// The K and V pages of every layer.
+struct Pools {
+    k: Vec<DeviceBuffer<u16>>,
+    v: Vec<DeviceBuffer<u16>>,
+}
+
+struct State {
+    work: Workspace,
+    pools: Pools,
+}
+
+/// The GPU backend over one model on one device.
+pub struct GpuBackend {
+    model: Arc<Model>,
+    kernels: Kernels,
+    stream: Stream,
+    embd: Mat,
+    layers: Vec<Layer>,
+    output_norm: DeviceBuffer<f32>,
+    output: Option<Mat>,
+    inv_freq: DeviceBuffer<f32>,
+    rope: RopeParams,
+    max_batch: usize,
+    n_pages: usize,
+    free: Arc<Mutex<Vec<u32>>>,
+    state: Mutex<State>,
+}
+
+/// A sequence's KV cache: its pages of the backend's pool.
+pub struct GpuCache {
+    pages: Vec<u32>,
+    table: DeviceBuffer<i32>,
+    /// Pages of `table` that match `pages` (uploaded before each forward).
+    synced: usize,
+    len: usize,
+    n_ctx: usize,
+    free: Arc<Mutex<Vec<u32>>>,
+}
+
+impl GpuCache {
+    /// Pages held.
+    pub fn pages(&self) -> &[u32] {
+        &self.pages
+    }
+
+    fn release_from(&mut self, keep: usize) {
+        if self.pages.len() > keep {
+            let mut free = lock(&self.free);
+            free.extend(self.pages.drain(keep..));
+            self.synced = self.synced.min(keep);
+        }
+    }
+}
+
+impl Drop for GpuCache {
+    fn drop(&mut self) {
+        self.release_from(0);
+    }
+}
+
+impl KvState for GpuCache {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+    fn truncate(&mut self, n: usize) {
+        self.len = self.len.min(n);
+        self.release_from(self.len.div_ceil(KV_PAGE));
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn gib(b: u64) -> String {
+    format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
+}
+
+/// Device memory a [`GpuBackend`] for `model` with `opts` allocates, bytes:
+/// (weights, KV pool, workspace).
+pub fn memory_needed(model: &Model, opts: &GpuOptions) -> (u64, u64, u64) {
+    let hp = model.hparams();
+    let file = model.file();
+    let weights: u64 = hp
+        .expected_tensors()
+        .iter()
+        .filter_map(|(name, _)| file.tensor_info(name))
+        .map(|t| t.n_bytes)
+        .sum::<u64>()
+        + file.tensor_info("rope_freqs.weight").map_or(0, |t| t.n_bytes);
+    let kv_dim = (hp.n_head_kv * hp.head_dim) as u64;
+    let pages = opts.kv_tokens.div_ceil(KV_PAGE) as u64;
+    let kv = 2 * hp.n_layer as u64 * pages * KV_PAGE as u64 * kv_dim * 2;
+    let b = opts.max_batch as u64;
+    let (d, q, ff) = (
+        hp.n_embd as u64,
+        (hp.n_head * hp.head_dim) as u64,
+        hp.n_ff as u64,
+    );
+    let work = 4 * (b * (3 * d + 2 * q + 2 * kv_dim + 2 * ff + 2) + LOGIT_ROWS as u64 * hp.n_vocab as u64);
+    (weights, kv, work)
+}
+
+impl GpuBackend {
+    pub fn new(model: Arc<Model>, opts: GpuOptions) -> Result<Self> {
+        let device = Device::open(opts.device)?;
+        Self::on(device, model, opts)
+    }
+
+    /// The backend on an open device.
+    pub fn on(device: Arc<Device>, model: Arc<Model>, opts: GpuOptions) -> Result<Self> {
+        let hp = model.hparams().clone();
+        if hp.head_dim > MAX_HEAD_DIM || !hp.head_dim.is_multiple_of(2) {
+            return Err(ModelError::Unsupported(format!(
+                "head dimension {} on the GPU (even, at most {MAX_HEAD_DIM})",
+                hp.head_dim
+            )));
+        }
+        if !hp.n_embd.is_multiple_of(32) || !hp.n_ff.is_multiple_of(32) {
+            return Err(ModelError::Unsupported(format!(
+                "embedding {} / FFN {} not multiples of 32 on the GPU",
+                hp.n_embd, hp.n_ff
+            )));
+        }
+        let max_batch = opts.max_batch.max(1);
+        let (w, kv, work) = memory_needed(&model, &opts);
+        let need = w + kv + work;
+        let (free, total) = device.memory()?;
+        let limit = (device.budget_left() as u64).min(free as u64);
+        if need > limit {
+            return Err(ModelError::GpuMemory {
+                device: device.info().name.clone(),
+                need: format!(
+                    "{} ({} weights, {} KV cache for {} tokens, {} activations)",
+                    gib(need),
+                    gib(w),
+                    gib(kv),
+                    opts.kv_tokens,
+                    gib(work)
+                ),
+                free: format!("{} of {} free", gib(free as u64), gib(total as u64)),
+            });
+        }
+
+        let stream = device.new_stream()?;
+        let kernels = Kernels::new(device.clone());
+        kernels.load_all()?;
+        let mut done = 0u64;
+        let mut upload = |name: &str| -> Result<Mat> {
+            let t = model.tensor(name);
+            KernelFormat::of(t.info.ty, "gpu backend")?;
+            let data = stream.upload(t.data, name)?;
+            done += t.info.n_bytes;
+            if let Some(p) = &opts.progress {
+                p(done, w);
+            }
+            Ok(Mat {
+                ty: t.info.ty,
+                data,
+                rows: t.info.n_rows(),
+                cols: t.info.row_len(),
+            })
+        };
+        let f32s = |name: &str| -> Result<DeviceBuffer<f32>> {
+            let v = model.tensor(name).to_f32()?;
+            Ok(stream.upload(&v, name)?)
+        };
+        let embd = upload(TOKEN_EMBD)?;
+        let mut layers = Vec::with_capacity(hp.n_layer);
+        for l in 0..hp.n_layer {
+            let n = model.layer(l);
+            let bias = if hp.qkv_bias {
+                Some([f32s(&n.bq)?, f32s(&n.bk)?, f32s(&n.bv)?])
+            } else {
+                None
+            };
+            layers.push(Layer {
+                attn_norm: f32s(&n.attn_norm)?,
+                ffn_norm: f32s(&n.ffn_norm)?,
+                bias,
+                wq: upload(&n.wq)?,
+                wk: upload(&n.wk)?,
+                wv: upload(&n.wv)?,
+                wo: upload(&n.wo)?,
+                gate: upload(&n.ffn_gate)?,
+                up: upload(&n.ffn_up)?,
+                down: upload(&n.ffn_down)?,
+            });
+        }
+        let output = if hp.tied_output {
+            None
+        } else {
+            Some(upload(OUTPUT)?)
+        };
+        let output_norm = f32s(OUTPUT_NORM)?;
+
+        let freq_factors = match model.file().tensor("rope_freqs.weight") {
+            Some(t) => Some(t.to_f32()?),
+            None => None,
+        };
+        if freq_factors
+            .as_ref()
+            .is_some_and(|f| f.len() != hp.rope_dim / 2)
+        {
+            return Err(ModelError::Unsupported(
+                "rope_freqs.weight does not match the RoPE dimension".into(),
+            ));
+        }
+        let linear = match hp.rope_scaling {
+            RopeScaling::Linear { factor } => factor,
+            _ => 1.0,
+        };
+        let cpu_rope = Rope::new(
+            hp.rope_style,
+            hp.rope_dim,
+            hp.rope_freq_base,
+            linear,
+            freq_factors.as_deref(),
+        );
+        let inv_freq = stream.upload(&cpu_rope.inv_freq, "RoPE frequencies")?;
+        let rope = RopeParams {
+            style: match hp.rope_style {
+                GgufRope::Normal => RopeStyle::Normal,
+                GgufRope::Neox => RopeStyle::Neox,
+            },
+            n_head: hp.n_head,
+            head_dim: hp.head_dim,
+            n_rot: hp.rope_dim,
+            pos_scale: cpu_rope.pos_scale,
+        };
+
+        let kv_dim = hp.n_head_kv * hp.head_dim;
+        let n_pages = opts.kv_tokens.div_ceil(KV_PAGE).max(1);
+        let pool = |what: &str| -> Result<Vec<DeviceBuffer<u16>>> {
+            (0..hp.n_layer)
+                .map(|_| Ok(stream.alloc::<u16>(n_pages * KV_PAGE * kv_dim, what)?))
+                .collect()
+        };
+        let pools = Pools {
+            k: pool("KV cache (K)")?,
+            v: pool("KV cache (V)")?,
+        };
+        let b = max_batch;
+        let q_dim = hp.n_head * hp.head_dim;
+        let a = |n: usize, what: &str| stream.alloc::<f32>(n.max(1), what);
+        let work = Workspace {
+            ids: stream.alloc::<i32>(b, "token ids")?,
+            pos: stream.alloc::<i32>(b, "positions")?,
+            x: a(b * hp.n_embd, "activations")?,
+            h: a(b * hp.n_embd, "activations")?,
+            q: a(b * q_dim, "activations")?,
+            k: a(b * kv_dim, "activations")?,
+            v: a(b * kv_dim, "activations")?,
+            att: a(b * q_dim, "activations")?,
+            proj: a(b * hp.n_embd, "activations")?,
+            gate: a(b * hp.n_ff, "activations")?,
+            up: a(b * hp.n_ff, "activations")?,
+            logits: a(LOGIT_ROWS * hp.n_vocab, "logits")?,
+            part: a(1, "attention scratch")?,
+            part_ml: a(1, "attention scratch")?,
+        };
+        stream.synchronize()?;
+        let free = Arc::new(Mutex::new((0..n_pages as u32).rev().collect()));
+        Ok(Self {
+            model,
+            kernels,
+            stream,
+            embd,
+            layers,
+            output_norm,
+            output,
+            inv_freq,
+            rope,
+            max_batch,
+            n_pages,
+            free,
+            state: Mutex::new(State { work, pools }),
+        })
+    }
+
+    pub fn device(&self) -> &Arc<Device> {
+        self.kernels.device()
+    }
+
+    /// Pages in the KV pool, and pages free.
+    pub fn kv_pages(&self) -> (usize, usize) {
+        (self.n_pages, lock(&self.free).len())
+    }
+
+    /// y = W x for `n` rows of x (GEMV for one, GEMM for more); with
+    /// `accumulate`, y += W x (one row goes through `tmp`).
+    #[allow(clippy::too_many_arguments)]
+    fn matmul(
+        &self,
+        w: &Mat,
+        x: &DeviceView<'_, f32>,
+        y: &mut DeviceBuffer<f32>,
+        n: usize,
+        accumulate: bool,
+        tmp: Option<&mut DeviceBuffer<f32>>,
+    ) -> Result<()> {
+        let data = w.data.view();
+        let m = QMatrix {
+            ty: w.ty,
+            data: &data,
+            rows: w.rows,
+            cols: w.cols,
+        };
+        let k = &self.kernels;
+        if n == 1 {
+            match (accumulate, tmp) {
+                (false, _) => k.gemv(&self.stream, &m, x, y)?,
+                (true, Some(tmp)) => {
+                    k.gemv(&self.stream, &m, x, tmp)?;
+                    k.add(&self.stream, y, &tmp.view(), w.rows)?;
+                }
+                (true, None) => unreachable!("accumulating GEMV needs a buffer"),
+            }
+        } else {
+            k.gemm(&self.stream, &m, x, y, n, accumulate)?;
+        }
+        Ok(())
+    }
+
+    /// Take pages so that `cache` holds `len` tokens, and upload its table.
+    fn reserve(&self, cache: &mut GpuCache, len: usize) -> Result<()> {
+        let need = len.div_ceil(KV_PAGE);
+        if need > cache.pages.len() {
+            let mut free = lock(&self.free);
+            let more = need - cache.pages.len();
+            if free.len() < more {
+                return Err(ModelError::KvFull {
+                    needed: more * KV_PAGE,
+                    free: free.len() * KV_PAGE,
+                    total: self.n_pages * KV_PAGE,
+                });
+            }
+            let at = free.len() - more;
+            cache.pages.extend(free.drain(at..));
+        }
+        if cache.synced < cache.pages.len() {
+            let ids: Vec<i32> = cache.pages.iter().map(|&p| p as i32).collect();
+            self.stream.copy_to_device(&ids, &mut cache.table)?;
+            cache.synced = cache.pages.len();
+        }
+        Ok(())
+    }
+
+    /// One step of at most max_batch tokens at positions start..start+n.
+    fn step(
+        &self,
+        st: &mut State,
+        cache: &mut GpuCache,
+        tokens: &[u32],
+        want: Logits,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        let hp = self.model.hparams();
+        let (s, k) = (&self.stream, &self.kernels);
+        let n = tokens.len();
+        let start = cache.len;
+        let (d, hd) = (hp.n_embd, hp.head_dim);
+        let (q_dim, kv_dim) = (hp.n_head * hd, hp.n_head_kv * hd);
+        for &t in tokens {
+            if t as usize >= hp.n_vocab {
+                return Err(ModelError::BadToken {
+                    id: t,
+                    n_vocab: hp.n_vocab,
+                });
+            }
+        }
+        self.reserve(cache, start + n)?;
+        let State { work: w, pools } = st;
+        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+        let pos: Vec<i32> = (start..start + n).map(|p| p as i32).collect();
+        s.copy_to_device(&ids, &mut w.ids)?;
+        s.copy_to_device(&pos, &mut w.pos)?;
+        let pos_v = w.pos.slice(0..n)?;
+        let embd = self.embd.data.view();
+        k.embed(
+            s,
+            &QMatrix {
+                ty: self.embd.ty,
+                data: &embd,
+                rows: self.embd.rows,
+                cols: self.embd.cols,
+            },
+            &w.ids.slice(0..n)?,
+            &mut w.x,
+        )?;
+        let shape = AttnShape {
+            n_tok: n,
+            start,
+            n_head: hp.n_head,
+            n_head_kv: hp.n_head_kv,
+            head_dim: hd,
+        };
+        let plan = AttnPlan::new(&shape, self.device().info().sm_count as usize);
+        let (np, nml) = plan.scratch_len(&shape);
+        if w.part.len() < np {
+            w.part = s.alloc::<f32>(np, "attention scratch")?;
+        }
+        if w.part_ml.len() < nml {
+            w.part_ml = s.alloc::<f32>(nml, "attention scratch")?;
+        }
+        let kv_rope = RopeParams {
+            n_head: hp.n_head_kv,
+            ..self.rope
+        };
+        let table = cache.table.view();
+        for (l, layer) in self.layers.iter().enumerate() {
+            k.rmsnorm(s, &w.x.view(), &layer.attn_norm.view(), &mut w.h, n, hp.rms_eps)?;
+            let hv = w.h.view();
+            self.matmul(&layer.wq, &hv, &mut w.q, n, false, None)?;
+            self.matmul(&layer.wk, &hv, &mut w.k, n, false, None)?;
+            self.matmul(&layer.wv, &hv, &mut w.v, n, false, None)?;
+            if let Some([bq, bk, bv]) = &layer.bias {
+                k.add_rows(s, &mut w.q, &bq.view(), n)?;
+                k.add_rows(s, &mut w.k, &bk.view(), n)?;
+                k.add_rows(s, &mut w.v, &bv.view(), n)?;
+            }
+            k.rope(s, &mut w.q, &pos_v, &self.inv_freq.view(), &self.rope)?;
+            k.rope(s, &mut w.k, &pos_v, &self.inv_freq.view(), &kv_rope)?;
+            k.kv_append(
+                s,
+                &w.k.slice(0..n * kv_dim)?,
+                &w.v.slice(0..n * kv_dim)?,
+                &mut pools.k[l],
+                &mut pools.v[l],
+                &table,
+                start,
+                n,
+                kv_dim,
+            )?;
+            k.attention(
+                s,
+                &shape,
+                &w.q.slice(0..n * q_dim)?,
+                &pools.k[l].view(),
+                &pools.v[l].view(),
+                &table,
+                &mut w.att,
+                Some(AttnScratch {
+                    part: &mut w.part,
+                    part_ml: &mut w.part_ml,
+                }),
+                Some(plan),
+            )?;
+            self.matmul(&layer.wo, &w.att.view(), &mut w.x, n, true, Some(&mut w.proj))?;
+
+            k.rmsnorm(s, &w.x.view(), &layer.ffn_norm.view(), &mut w.h, n, hp.rms_eps)?;
+            let hv = w.h.view();
+            self.matmul(&layer.gate, &hv, &mut w.gate, n, false, None)?;
+            self.matmul(&layer.up, &hv, &mut w.up, n, false, None)?;
+            k.swiglu(s, &mut w.gate, &w.up.view(), n * hp.n_ff)?;
+            self.matmul(&layer.down, &w.gate.view(), &mut w.x, n, true, Some(&mut w.proj))?;
+        }
+        cache.len = start + n;
+        let rows = match want {
+            Logits::None => return Ok(()),
+            Logits::Last => n - 1..n,
+            Logits::All => 0..n,
+        };
+        let out_w = self.output.as_ref().unwrap_or(&self.embd);
+        let n_vocab = hp.n_vocab;
+        for r0 in rows.clone().step_by(LOGIT_ROWS) {
+            let r1 = (r0 + LOGIT_ROWS).min(rows.end);
+            k.rmsnorm(
+                s,
+                &w.x.slice(r0 * d..r1 * d)?,
+                &self.output_norm.view(),
+                &mut w.h,
+                r1 - r0,
+                hp.rms_eps,
+            )?;
+            self.matmul(out_w, &w.h.view(), &mut w.logits, r1 - r0, false, None)?;
+            let at = out.len();
+            out.resize(at + (r1 - r0) * n_vocab, 0.0);
+            s.copy_to_host(&w.logits.slice(0..(r1 - r0) * n_vocab)?, &mut out[at..])?;
+        }
+        Ok(())
+    }
+}
+
+impl Backend for GpuBackend {
+    type Cache = GpuCache;
+
+    fn hparams(&self) -> &HyperParams {
+        self.model.hparams()
+    }
+
+    fn new_cache(&self, n_ctx: usize) -> Result<GpuCache> {
+        let pages = n_ctx.div_ceil(KV_PAGE).max(1);
+        let table = self.stream.alloc_zeroed::<i32>(pages, "KV block table")?;
+        Ok(GpuCache {
+            pages: Vec::new(),
+            table,
+            synced: 0,
+            len: 0,
+            n_ctx,
+            free: self.free.clone(),
+        })
+    }
+
+    fn forward(&self, cache: &mut GpuCache, tokens: &[u32], want: Logits) -> Result<Vec<f32>> {
+        let n = tokens.len();
+        if cache.len + n > cache.n_ctx {
+            return Err(ModelError::ContextFull {
+                needed: n,
+                used: cache.len,
+                n_ctx: cache.n_ctx,
+            });
+        }
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        if !Arc::ptr_eq(&cache.free, &self.free) {
+            return Err(ModelError::Unsupported(
+                "a KV cache of another GPU backend".into(),
+            ));
+        }
+        let mut st = lock(&self.state);
+        let mut out = Vec::new();
+        let steps: Vec<&[u32]> = tokens.chunks(self.max_batch).collect();
+        let last = steps.len() - 1;
+        let before = cache.len;
+        for (i, chunk) in steps.into_iter().enumerate() {
+            let want_here = match want {
+                Logits::Last if i < last => Logits::None,
+                w => w,
+            };
+            if let Err(e) = self.step(&mut st, cache, chunk, want_here, &mut out) {
+                // A forward appends all of its tokens or none.
+                cache.truncate(before);
+                return Err(e);
+            }
+        }
+        // Surface errors the kernels raised while running.
+        self.stream.synchronize()?;
+        Ok(out)
+    }
+}

@@ -1,0 +1,406 @@
+//! The GPU backend against the CPU reference: logits at every position of
+//! the quant zoo, random-weight models of real shapes, greedy
+//! continuations, and the paged KV cache under interleaving, freeing and
+//! reuse. Skips (printing why) without a GPU; fails instead when
+//! M40_REQUIRE_GPU=1. The zoo comes from ../shared/testdata or
+//! M40_TESTDATA (the device runs carry a copy).
+
+#[path = "../../m40-gguf/tests/common/mod.rs"]
+mod common;
+
+use std::sync::Arc;
+
+use m40_device::testing::test_device;
+use m40_gguf::synth::{write_model, Shape, SynthOptions};
+use m40_gguf::GgmlType;
+use m40_model::cpu::CpuBackend;
+use m40_model::gpu::{GpuBackend, GpuOptions};
+use m40_model::{Backend, KvState, Logits, Model, ModelError};
+
+/// The relative error the issue allows between GPU and CPU logits.
+const TOL: f64 = 1e-3;
+
+/// ||a - b|| / ||b|| over one position's logits.
+fn rel_err(a: &[f32], b: &[f32]) -> f64 {
+    let (mut num, mut den) = (0f64, 0f64);
+    for (x, y) in a.iter().zip(b) {
+        num += (*x as f64 - *y as f64).powi(2);
+        den += (*y as f64).powi(2);
+    }
+    (num / den.max(1e-30)).sqrt()
+}
+
+fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, x) in v.iter().enumerate() {
+        if *x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Top logit minus the runner-up.
+fn margin(v: &[f32]) -> f32 {
+    let b = argmax(v) as usize;
+    let second = v
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != b)
+        .map(|(_, x)| *x)
+        .fold(f32::NEG_INFINITY, f32::max);
+    v[b] - second
+}
+
+/// Deterministic pseudo-random token ids below `n_vocab`.
+fn tokens(n: usize, n_vocab: usize, seed: u64) -> Vec<u32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s % n_vocab as u64) as u32
+        })
+        .collect()
+}
+
+fn gpu(model: &Arc<Model>, kv_tokens: usize, max_batch: usize) -> GpuBackend {
+    let dev = test_device("gpu backend").expect("checked by the caller");
+    GpuBackend::on(
+        dev,
+        model.clone(),
+        GpuOptions {
+            kv_tokens,
+            max_batch,
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
+/// Per-position errors of `got` against `want` (rows of n_vocab); returns
+/// the worst and the positions over TOL.
+fn compare_rows(got: &[f32], want: &[f32], n_vocab: usize) -> (f64, Vec<usize>) {
+    assert_eq!(got.len(), want.len());
+    let mut worst = 0f64;
+    let mut bad = Vec::new();
+    for (i, (g, w)) in got
+        .chunks_exact(n_vocab)
+        .zip(want.chunks_exact(n_vocab))
+        .enumerate()
+    {
+        let e = rel_err(g, w);
+        if e.is_nan() || e > TOL {
+            bad.push(i);
+        }
+        worst = worst.max(if e.is_nan() { f64::INFINITY } else { e });
+    }
+    (worst, bad)
+}
+
+/// Greedy continuations of `n` tokens after `prompt`, each backend on its own
+/// choices; returns (cpu tokens, gpu tokens, cpu logits per step).
+fn greedy<C: Backend, G: Backend>(
+    cpu: &C,
+    gpu: &G,
+    prompt: &[u32],
+    n: usize,
+) -> (Vec<u32>, Vec<u32>, Vec<Vec<f32>>) {
+    let run = |b: &dyn Fn(&[u32], bool) -> Vec<f32>| {
+        let mut out = Vec::new();
+        let mut steps = Vec::new();
+        let mut logits = b(prompt, true);
+        for _ in 0..n {
+            let t = argmax(&logits);
+            out.push(t);
+            steps.push(logits.clone());
+            logits = b(&[t], false);
+        }
+        (out, steps)
+    };
+    let mut cc = cpu.new_cache(prompt.len() + n + 1).unwrap();
+    let cc = std::cell::RefCell::new(&mut cc);
+    let (c_toks, c_steps) = run(&|t, _| {
+        cpu.forward(&mut cc.borrow_mut(), t, Logits::Last).unwrap()
+    });
+    let mut gc = gpu.new_cache(prompt.len() + n + 1).unwrap();
+    let gc = std::cell::RefCell::new(&mut gc);
+    let (g_toks, _) = run(&|t, _| {
+        gpu.forward(&mut gc.borrow_mut(), t, Logits::Last).unwrap()
+    });
+    (c_toks, g_toks, c_steps)
+}
+
+/// Where the greedy sequences first differ, the CPU's top two logits must be
+/// nearly tied (within what TOL allows of the logits' scale).
+fn check_greedy(what: &str, c: &[u32], g: &[u32], steps: &[Vec<f32>]) -> Option<String> {
+    let at = c.iter().zip(g).position(|(a, b)| a != b)?;
+    let l = &steps[at];
+    let norm = (l.iter().map(|x| (*x as f64).powi(2)).sum::<f64>() / l.len() as f64).sqrt();
+    let m = margin(l) as f64;
+    if m > 4.0 * TOL * norm * (l.len() as f64).sqrt() / 8.0 {
+        Some(format!(
+            "{what}: greedy tokens differ at step {at} ({} vs {}) where the CPU's margin is {m:.3e} (logit rms {norm:.3e})",
+            c[at], g[at]
+        ))
+    } else {
+        println!("{what}: greedy differs at step {at}, a near tie (margin {m:.2e})");
+        None
+    }
+}
+
+#[test]
+fn zoo_gpu_logits_match_cpu() {
+    if test_device("zoo_gpu_logits_match_cpu").is_none() {
+        return;
+    }
+    let Some(td) = common::testdata() else {
+        assert!(
+            !m40_device::testing::gpu_required(),
+            "the quant zoo is needed (M40_TESTDATA)"
+        );
+        return;
+    };
+    let mut files: Vec<_> = std::fs::read_dir(td.join("quant-zoo"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "gguf"))
+        .collect();
+    files.sort();
+    assert_eq!(files.len(), 15);
+    let mut failures = Vec::new();
+    for path in files {
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
+        let model = Arc::new(Model::open(&path).unwrap());
+        let cpu = CpuBackend::new(model.clone()).unwrap();
+        let n_vocab = cpu.hparams().n_vocab;
+        let toks = tokens(300, n_vocab, 7);
+        let mut cc = cpu.new_cache(400).unwrap();
+        let want = cpu.forward(&mut cc, &toks, Logits::All).unwrap();
+        // All 300 at once (GEMM), then in steps of 64 with the last 20 one at
+        // a time (GEMV, decode attention).
+        let g = gpu(&model, 1024, 512);
+        let mut gc = g.new_cache(400).unwrap();
+        let all = g.forward(&mut gc, &toks, Logits::All).unwrap();
+        let (w1, bad1) = compare_rows(&all, &want, n_vocab);
+        let g64 = gpu(&model, 1024, 64);
+        let mut gc = g64.new_cache(400).unwrap();
+        let mut stepped = g64.forward(&mut gc, &toks[..280], Logits::All).unwrap();
+        for &t in &toks[280..] {
+            stepped.extend(g64.forward(&mut gc, &[t], Logits::All).unwrap());
+        }
+        let (w2, bad2) = compare_rows(&stepped, &want, n_vocab);
+        println!("{name}: max rel err {w1:.2e} (one batch), {w2:.2e} (steps of 64, then 1 by 1)");
+        if !bad1.is_empty() || !bad2.is_empty() {
+            failures.push(format!(
+                "{name}: positions over {TOL}: {:?} / {:?} (worst {w1:.2e} / {w2:.2e})",
+                &bad1[..bad1.len().min(8)],
+                &bad2[..bad2.len().min(8)]
+            ));
+        }
+        let (c, gt, steps) = greedy(&cpu, &g, &toks, 64);
+        if let Some(f) = check_greedy(&name, &c, &gt, &steps) {
+            failures.push(f);
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// A random-weight model of `shape` in `ty`, written to a temp dir.
+fn synth(dir: &std::path::Path, shape: &str, ty: GgmlType) -> Arc<Model> {
+    let shape = Shape::find(shape).unwrap();
+    let path = dir.join(format!("{}-{}.gguf", shape.name, ty.name()));
+    let f = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
+    write_model(
+        f,
+        &SynthOptions {
+            shape,
+            ty,
+            seed: 11,
+        },
+        |_, _| {},
+    )
+    .unwrap();
+    Arc::new(Model::open(&path).unwrap())
+}
+
+/// GPU vs CPU on a random model: the last position's logits after prompts
+/// of the given lengths, then every step of `decode` greedy steps (both fed
+/// the CPU's tokens).
+fn check_synth(model: &Arc<Model>, what: &str, prompts: &[usize], decode: usize) -> Vec<String> {
+    let cpu = CpuBackend::new(model.clone()).unwrap();
+    let n_vocab = cpu.hparams().n_vocab;
+    let longest = prompts.iter().max().unwrap() + decode + 1;
+    let g = gpu(model, longest.next_multiple_of(32) * 2, 512);
+    let mut failures = Vec::new();
+    for &p in prompts {
+        let toks = tokens(p, n_vocab, p as u64);
+        let mut cc = cpu.new_cache(p + decode + 1).unwrap();
+        let mut gc = g.new_cache(p + decode + 1).unwrap();
+        let mut c = cpu.forward(&mut cc, &toks, Logits::Last).unwrap();
+        let mut gl = g.forward(&mut gc, &toks, Logits::Last).unwrap();
+        let mut worst = rel_err(&gl, &c);
+        let prompt_err = worst;
+        let mut agree = 0;
+        for _ in 0..decode {
+            let t = argmax(&c);
+            agree += (argmax(&gl) == t) as usize;
+            c = cpu.forward(&mut cc, &[t], Logits::Last).unwrap();
+            gl = g.forward(&mut gc, &[t], Logits::Last).unwrap();
+            let e = rel_err(&gl, &c);
+            worst = if e.is_nan() { f64::INFINITY } else { worst.max(e) };
+        }
+        println!(
+            "{what} prompt {p}: rel err {prompt_err:.2e} after the prompt, {worst:.2e} worst over {decode} decode steps; argmax agrees {agree}/{decode}"
+        );
+        if worst.is_nan() || worst > TOL {
+            failures.push(format!("{what} prompt {p}: rel err {worst:.2e} > {TOL}"));
+        }
+    }
+    failures
+}
+
+#[test]
+fn synth_smollm2_shape_gpu_matches_cpu() {
+    if test_device("synth_smollm2_shape_gpu_matches_cpu").is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut failures = Vec::new();
+    for ty in [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::F16] {
+        let model = synth(dir.path(), "smollm2-135m", ty);
+        failures.extend(check_synth(
+            &model,
+            &format!("smollm2-135m {ty}"),
+            &[1, 17, 512, 2048],
+            64,
+        ));
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn synth_1b_shape_gpu_matches_cpu() {
+    if test_device("synth_1b_shape_gpu_matches_cpu").is_none() {
+        return;
+    }
+    if std::env::var("M40_GPU_LARGE").is_err() {
+        println!("skipped: synth_1b_shape_gpu_matches_cpu: set M40_GPU_LARGE=1 (minutes of CPU reference)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut failures = Vec::new();
+    for ty in [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::F16] {
+        let model = synth(dir.path(), "llama-1b", ty);
+        failures.extend(check_synth(
+            &model,
+            &format!("llama-1b {ty}"),
+            &[1, 17, 512, 2048],
+            64,
+        ));
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Sequences that grow over many pages, interleaved, freed, truncated and
+/// reused give the CPU's (contiguous cache) logits; a full pool and a full
+/// context are errors, and a failed forward leaves the cache as it was.
+#[test]
+fn paged_kv_cache_interleaved_freed_and_reused() {
+    if test_device("paged_kv_cache_interleaved_freed_and_reused").is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let model = synth(dir.path(), "tiny", GgmlType::Q8_0);
+    let cpu = CpuBackend::new(model.clone()).unwrap();
+    let n_vocab = cpu.hparams().n_vocab;
+    // 16 pages of 32 tokens.
+    let g = gpu(&model, 512, 64);
+    assert_eq!(g.kv_pages(), (16, 16));
+    // The same ops on a CPU cache and a GPU cache, logits compared.
+    struct Pair {
+        c: m40_model::cpu::CpuCache,
+        g: m40_model::gpu::GpuCache,
+    }
+    let step = |p: &mut Pair, toks: &[u32], what: &str| {
+        let want = cpu.forward(&mut p.c, toks, Logits::All).unwrap();
+        let got = g.forward(&mut p.g, toks, Logits::All).unwrap();
+        let (worst, bad) = compare_rows(&got, &want, n_vocab);
+        assert!(bad.is_empty(), "{what}: worst {worst:.2e} at {bad:?}");
+        assert_eq!(p.g.len(), p.c.len());
+    };
+    let new = |n| Pair {
+        c: cpu.new_cache(n).unwrap(),
+        g: g.new_cache(n).unwrap(),
+    };
+    let mut a = new(400);
+    let mut b = new(400);
+    step(&mut a, &tokens(40, n_vocab, 1), "a 40");
+    step(&mut b, &tokens(70, n_vocab, 2), "b 70");
+    step(&mut a, &tokens(30, n_vocab, 3), "a +30");
+    for (i, t) in tokens(10, n_vocab, 4).into_iter().enumerate() {
+        step(&mut a, &[t], &format!("a decode {i}"));
+        step(&mut b, &[t], &format!("b decode {i}"));
+    }
+    // a: 80 tokens (3 pages), b: 80 tokens (3 pages).
+    assert_eq!(g.kv_pages().1, 10);
+    drop(b);
+    assert_eq!(g.kv_pages().1, 13);
+    // c reuses b's pages (taken last-freed first), grows past many pages.
+    let mut c = new(600);
+    step(&mut c, &tokens(100, n_vocab, 5), "c 100");
+    step(&mut c, &tokens(150, n_vocab, 6), "c +150");
+    // Truncate a into its second page and continue differently.
+    a.c.truncate(50);
+    a.g.truncate(50);
+    assert_eq!(a.g.pages().len(), 2);
+    step(&mut a, &tokens(33, n_vocab, 7), "a truncated to 50, +33");
+    // The pool: a 3 pages, c 8 pages: 5 free. 200 tokens more for c (7
+    // pages) fail cleanly, and c is unchanged.
+    assert_eq!(g.kv_pages().1, 5);
+    let before = c.g.len();
+    let err = g
+        .forward(&mut c.g, &tokens(200, n_vocab, 8), Logits::Last)
+        .unwrap_err();
+    assert!(matches!(err, ModelError::KvFull { .. }), "{err}");
+    assert!(err.to_string().contains("KV cache is full"), "{err}");
+    assert_eq!(c.g.len(), before);
+    step(&mut c, &tokens(20, n_vocab, 9), "c after a failed forward");
+    // The context limit.
+    let mut d = g.new_cache(10).unwrap();
+    let err = g
+        .forward(&mut d, &tokens(11, n_vocab, 10), Logits::Last)
+        .unwrap_err();
+    assert!(matches!(err, ModelError::ContextFull { .. }), "{err}");
+    // A bad token id is an error, not NaNs.
+    let err = g.forward(&mut d, &[n_vocab as u32], Logits::Last).unwrap_err();
+    assert!(matches!(err, ModelError::BadToken { .. }), "{err}");
+    assert_eq!(d.len(), 0);
+}
+
+/// A KV pool larger than the GPU is refused before anything is allocated,
+/// with the sizes in the message.
+#[test]
+fn too_little_gpu_memory_is_a_clear_error() {
+    let Some(dev) = test_device("too_little_gpu_memory_is_a_clear_error") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let model = synth(dir.path(), "tiny", GgmlType::Q4_0);
+    let used = dev.budget_used();
+    let err = GpuBackend::on(
+        dev.clone(),
+        model,
+        GpuOptions {
+            kv_tokens: 1 << 30,
+            ..Default::default()
+        },
+    )
+    .err()
+    .expect("a 1G-token KV cache does not fit");
+    let msg = err.to_string();
+    assert!(matches!(err, ModelError::GpuMemory { .. }), "{msg}");
+    assert!(msg.contains("KV cache for 1073741824 tokens"), "{msg}");
+    assert_eq!(dev.budget_used(), used, "nothing was allocated");
+}

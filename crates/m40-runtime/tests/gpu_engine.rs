@@ -1,0 +1,83 @@
+//! The engine on the GPU: `Auto` picks it, `Gpu` insists on it, and greedy
+//! generation gives the CPU engine's tokens on the SmolLM2-shaped zoo model
+//! and the quant zoo. Skips (printing why) without a GPU; fails instead when
+//! M40_REQUIRE_GPU=1.
+
+#[path = "../../m40-gguf/tests/common/mod.rs"]
+mod common;
+
+use m40_device::testing::test_device;
+use m40_runtime::{BackendChoice, CancelToken, Engine, EngineOptions, Prompt, Request, SamplingParams};
+
+fn engine(path: &std::path::Path, backend: BackendChoice) -> Engine {
+    Engine::from_path(
+        path,
+        EngineOptions {
+            n_ctx: Some(256),
+            backend,
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
+#[test]
+fn gpu_engine_generates_what_the_cpu_engine_does() {
+    if test_device("gpu_engine_generates_what_the_cpu_engine_does").is_none() {
+        return;
+    }
+    let Some(td) = common::testdata() else {
+        panic!("the quant zoo is needed (M40_TESTDATA)");
+    };
+    let mut differ = Vec::new();
+    for ty in ["F32", "F16", "Q8_0", "Q4_0", "Q4_K_S", "Q6_K"] {
+        let path = td.join(format!("quant-zoo/zoo-{ty}.gguf"));
+        let auto = engine(&path, BackendChoice::Auto);
+        assert!(auto.backend_name().starts_with("GPU 0"), "{}", auto.backend_name());
+        assert!(auto.backend_note().is_none());
+        let cpu = engine(&path, BackendChoice::Cpu);
+        assert_eq!(cpu.backend_name(), "CPU");
+        let mut req = Request::new(Prompt::Text("hello world, this is a test".into()));
+        req.sampling = SamplingParams::greedy();
+        req.max_tokens = Some(48);
+        let run = |e: &Engine, req: &Request| e.generate(req, &CancelToken::new(), |_| {}).unwrap();
+        let (g, c) = (run(&auto, &req), run(&cpu, &req));
+        println!(
+            "zoo-{ty}: GPU {:.0} tok/s, CPU {:.0} tok/s; {} tokens; same: {}",
+            g.timings.generation_tokens_per_s(),
+            c.timings.generation_tokens_per_s(),
+            g.token_ids.len(),
+            g.token_ids == c.token_ids
+        );
+        if g.token_ids != c.token_ids {
+            differ.push(ty);
+        }
+        // Seeded sampling matches too (the same logits, the same draws).
+        req.sampling = SamplingParams {
+            seed: Some(5),
+            ..Default::default()
+        };
+        let (g, c) = (run(&auto, &req), run(&cpu, &req));
+        if g.token_ids != c.token_ids {
+            differ.push(ty);
+        }
+    }
+    // Random tiny models have near ties; allow one format to wander.
+    assert!(differ.len() <= 1, "GPU and CPU generations differ for {differ:?}");
+}
+
+#[test]
+fn asking_for_a_missing_gpu_is_an_error() {
+    let Some(td) = common::testdata() else { return };
+    let path = td.join("quant-zoo/zoo-Q8_0.gguf");
+    let r = Engine::from_path(
+        &path,
+        EngineOptions {
+            backend: BackendChoice::Gpu,
+            gpu: 99,
+            ..Default::default()
+        },
+    );
+    let err = r.err().expect("GPU 99 does not exist");
+    assert!(err.to_string().contains("--cpu"), "{err}");
+}
