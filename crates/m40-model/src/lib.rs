@@ -103,7 +103,7 @@ impl Model {
 /// The CPU or the GPU backend, picked at run time.
 pub enum AnyBackend {
     Cpu(cpu::CpuBackend),
-    Gpu(gpu::GpuBackend),
+    Gpu(Box<gpu::GpuBackend>),
 }
 
 /// The cache of an [`AnyBackend`].

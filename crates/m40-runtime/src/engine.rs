@@ -442,7 +442,7 @@ fn pick_backend(
         }),
     };
     match GpuBackend::on(device, model.clone(), gpu_opts) {
-        Ok(g) => Ok((AnyBackend::Gpu(g), None)),
+        Ok(g) => Ok((AnyBackend::Gpu(Box::new(g)), None)),
         Err(e @ ModelError::GpuMemory { .. }) if opts.backend == BackendChoice::Auto => {
             Ok((cpu()?, Some(e.to_string())))
         }

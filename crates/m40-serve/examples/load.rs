@@ -128,7 +128,7 @@ fn main() {
                 } else {
                     BackendChoice::Auto
                 },
-                chat_template: None,
+                ..Default::default()
             };
             let engine = Arc::new(Engine::load(&a.model, opts).expect("loading the model"));
             let config = ServerConfig {

@@ -24,7 +24,7 @@ fn engine() -> Arc<Engine> {
         let opts = EngineOptions {
             n_ctx: Some(N_CTX),
             backend: BackendChoice::Cpu,
-            chat_template: None,
+            ..Default::default()
         };
         Arc::new(Engine::from_path(&path, opts).expect("loading the default model"))
     })
