@@ -6,6 +6,11 @@
 // block to out (so the loads cannot be dropped). Launch: grid-stride, block
 // 256, grid a few blocks per SM; 4 independent loads in flight per thread.
 // fill_random: p[i] = hash(seed, i) for n words; grid-stride.
+// fma_probe: the FP32 FMA ceiling prefill is compared with. Each thread runs
+// FMA_CHAINS independent chains of `iters` FMAs (enough in flight to cover
+// the FMA latency at any occupancy) and writes one float, so nothing is
+// dropped: 2 * FMA_CHAINS * iters FLOPs per thread. Launch: block 256, a few
+// blocks per SM.
 typedef unsigned int u32;
 
 extern "C" __global__ void read_probe(const uint4* __restrict__ p, long long n_vec, u32* out) {
@@ -41,4 +46,20 @@ extern "C" __global__ void fill_random(u32* p, long long n, u32 seed) {
         x ^= x >> 16;
         p[i] = x;
     }
+}
+
+#define FMA_CHAINS 8
+
+extern "C" __global__ void fma_probe(float* out, int iters, float a, float b) {
+    float x[FMA_CHAINS];
+#pragma unroll
+    for (int j = 0; j < FMA_CHAINS; ++j) x[j] = (float)(threadIdx.x + j);
+    for (int i = 0; i < iters; ++i) {
+#pragma unroll
+        for (int j = 0; j < FMA_CHAINS; ++j) x[j] = fmaf(x[j], a, b);
+    }
+    float s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < FMA_CHAINS; ++j) s += x[j];
+    out[(long long)blockIdx.x * blockDim.x + threadIdx.x] = s;
 }

@@ -25,6 +25,9 @@ enum Command {
     Serve(cmd::serve::Args),
     /// Describe a model: architecture, hyperparameters, tokenizer, tensor types.
     Show(cmd::show::Args),
+    /// Benchmark a model (or a random one of a known shape) on the GPU:
+    /// pp512, tg128, tg128 at depth 4096, against the measured ceilings.
+    Bench(cmd::bench::Args),
     /// Write a random-weight llama model of a real shape (for tests and benchmarks).
     Synth(cmd::synth::Args),
     /// Print the token ids of a text as a JSON array.
@@ -59,6 +62,7 @@ fn main() -> ExitCode {
         Command::Serve(a) => cmd::serve::run(a),
         Command::Show(a) => cmd::show::run(a),
         Command::Synth(a) => cmd::synth::run(a),
+        Command::Bench(a) => cmd::bench::run(a),
         Command::Tokenize(a) => cmd::text::tokenize(a),
         Command::Template(a) => cmd::text::template(a),
         Command::Perplexity(a) => cmd::perplexity::run(a),

@@ -1,3 +1,4 @@
+pub mod bench;
 pub mod perplexity;
 pub mod run;
 pub mod serve;

@@ -6,6 +6,8 @@
 //! starts with `gpu` (e.g. crates/m40-kernels/tests/gpu_kernels.rs). The pack
 //! must stay under 64 MiB: the device tool carries at most that.
 //!
+//! `bin/m40-llm` is the release CLI, for `bin/m40-llm bench` there.
+//!
 //! The quant zoo from ../shared/testdata is copied into the pack
 //! (`testdata/quant-zoo`; run.sh points M40_TESTDATA at it).
 //!
@@ -97,10 +99,9 @@ fn build(args: &[&str], target_dir: &Path) -> Result<Vec<(String, PathBuf)>> {
         let name = msg["target"]["name"].as_str().unwrap_or_default();
         let kind = &msg["target"]["kind"][0];
         let exe = msg["executable"].as_str();
-        if let (true, Some(exe)) = (
-            name.starts_with("gpu") && (kind == "test" || kind == "bench"),
-            exe,
-        ) {
+        let wanted = (name.starts_with("gpu") && (kind == "test" || kind == "bench"))
+            || (name == "m40-llm" && kind == "bin" && msg["profile"]["test"] == false);
+        if let (true, Some(exe)) = (wanted, exe) {
             found.push((name.to_string(), PathBuf::from(exe)));
         }
     }
@@ -115,10 +116,15 @@ pub fn run() -> Result<()> {
     for sub in ["tests", "benches"] {
         std::fs::create_dir_all(pack.join(sub)).map_err(|e| e.to_string())?;
     }
-    let tests = build(&["test", "--release", "--tests"], &target_dir)?;
-    let benches = build(&["bench", "--benches"], &target_dir)?;
+    let mut tests = build(&["test", "--release", "--tests"], &target_dir)?;
+    let mut benches = build(&["bench", "--benches"], &target_dir)?;
+    benches.retain(|(n, _)| n.starts_with("gpu"));
+    // The CLI (for `bin/m40-llm bench` on the device) comes with the tests.
+    let bins: Vec<_> = tests.iter().filter(|(n, _)| n == "m40-llm").cloned().collect();
+    tests.retain(|(n, _)| n != "m40-llm");
+    std::fs::create_dir_all(pack.join("bin")).map_err(|e| e.to_string())?;
     let mut total = 0;
-    for (dir, list) in [("tests", &tests), ("benches", &benches)] {
+    for (dir, list) in [("tests", &tests), ("benches", &benches), ("bin", &bins)] {
         for (name, exe) in list.iter() {
             let dest = pack.join(dir).join(name);
             std::fs::copy(exe, &dest).map_err(|e| format!("{}: {e}", exe.display()))?;

@@ -4,6 +4,9 @@
 //!   the committed PTX checked against its sources, the test suite. If
 //!   `cargo xtask ci` passes locally, CI passes.
 //! - `ptx [--check]`: kernels/*.cu -> kernels/ptx/*.ptx and the sm_52 reports.
+//! - `bench [ARGS]`: `m40-llm bench ARGS` from a release build: the
+//!   llama-bench-like table (pp512, tg128, tg128 at depth 4096) against the
+//!   measured ceilings, for a model file or `--shape NAME --type TYPE`.
 //! - `gpu-pack`: the GPU test and bench binaries with a run script, for the
 //!   device machine (see CONTRIBUTING.md).
 
@@ -58,6 +61,12 @@ fn main() -> ExitCode {
                 false
             }
         },
+        Some("bench") => {
+            let rest: Vec<String> = std::env::args().skip(2).collect();
+            let mut args = vec!["run", "--release", "--quiet", "--bin", "m40-llm", "--", "bench"];
+            args.extend(rest.iter().map(String::as_str));
+            cargo(&args)
+        }
         Some("gpu-pack") => match gpu_pack::run() {
             Ok(()) => true,
             Err(e) => {
@@ -66,7 +75,7 @@ fn main() -> ExitCode {
             }
         },
         _ => {
-            eprintln!("usage: cargo xtask <task>\n\ntasks:\n  ci            fmt check, clippy -D warnings, PTX check, tests (what .ci/run does)\n  ptx [--check] compile kernels/*.cu for compute_52 (NVRTC from PyPI) and write the sm_52 reports\n  gpu-pack      build the GPU tests and benches into target/gpu-pack with run.sh");
+            eprintln!("usage: cargo xtask <task>\n\ntasks:\n  ci            fmt check, clippy -D warnings, PTX check, tests (what .ci/run does)\n  ptx [--check] compile kernels/*.cu for compute_52 (NVRTC from PyPI) and write the sm_52 reports\n  bench [ARGS]  m40-llm bench ARGS (release): pp512/tg128 tables vs the measured ceilings (--help for ARGS)\n  gpu-pack      build the GPU tests and benches into target/gpu-pack with run.sh");
             return ExitCode::from(2);
         }
     };

@@ -25,18 +25,30 @@ pub struct DeviceInfo {
     pub l2_bytes: usize,
 }
 
-/// How much of the GPU's memory this process may take.
+/// How much of the GPU's memory this process may take, and how launches
+/// are ordered across streams.
 #[derive(Clone, Copy, Debug)]
 pub struct DeviceOptions {
     /// Share of the memory free when the device is opened that allocations may
     /// use in total; what the driver, the kernels' code and other processes need
     /// lives in the rest.
     pub memory_share: f64,
+    /// cudarc's cross-stream tracking: every launch records an event per
+    /// buffer argument and waits on the events of other streams. Off by
+    /// default: it costs several microseconds per launch (a decode step
+    /// is hundreds of launches), and m40-llm orders streams explicitly
+    /// (work and the buffers it uses stay on one stream, or
+    /// [`crate::Stream::wait`] on an [`crate::Event`]; a buffer used on a
+    /// stream other than its own must outlive that stream's work).
+    pub event_tracking: bool,
 }
 
 impl Default for DeviceOptions {
     fn default() -> Self {
-        Self { memory_share: 0.92 }
+        Self {
+            memory_share: 0.92,
+            event_tracking: false,
+        }
     }
 }
 
@@ -116,6 +128,11 @@ impl Device {
             return Err(DeviceError::BadOrdinal { ordinal, count });
         }
         let ctx = CudaContext::new(ordinal).ctx("creating the CUDA context")?;
+        if !options.event_tracking {
+            // SAFETY: nothing has run in this context yet; from here on the
+            // ordering rules of DeviceOptions::event_tracking apply.
+            unsafe { ctx.disable_event_tracking() };
+        }
         let attr = |a: Attr| ctx.attribute(a).ctx("cuDeviceGetAttribute");
         let name = ctx.name().ctx("cuDeviceGetName")?;
         let (major, minor) = ctx.compute_capability().ctx("compute capability")?;

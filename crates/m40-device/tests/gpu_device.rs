@@ -60,6 +60,7 @@ fn budget_refuses_and_names_the_allocation() {
         d.info().ordinal,
         DeviceOptions {
             memory_share: 0.001,
+            ..Default::default()
         },
     )
     .unwrap();

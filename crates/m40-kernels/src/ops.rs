@@ -632,6 +632,38 @@ impl Kernels {
         Ok(())
     }
 
+    /// FMA chains per thread of `fma_probe` (`FMA_CHAINS` in kernels/bench.cu).
+    const FMA_CHAINS: u64 = 8;
+
+    /// Run `iters` rounds of FMA_CHAINS dependent FMAs in every thread of
+    /// `probe_blocks()` blocks of 256; `out` needs `probe_blocks() * 256`
+    /// floats. Returns the FLOPs done (2 per FMA); the rate this reaches is
+    /// the FP32 ceiling prefill is measured against.
+    pub fn fma_probe(
+        &self,
+        stream: &Stream,
+        out: &mut DeviceBuffer<f32>,
+        iters: u32,
+    ) -> Result<u64> {
+        const K: &str = "fma_probe";
+        let blocks = self.probe_blocks();
+        check_len(K, "out", out.len(), blocks * 256)?;
+        let kernel = self.kernel("bench", K)?;
+        let (iters_i, a, b) = (to_i32(K, "iters", iters as usize)?, 0.999_f32, 0.5_f32);
+        // SAFETY: fma_probe(float* out, int iters, float a, float b) writes
+        // out[block * 256 + thread] for the grid launched; length checked above.
+        unsafe {
+            stream
+                .launch(&kernel)
+                .buf_mut(out)
+                .scalar(&iters_i)
+                .scalar(&a)
+                .scalar(&b)
+                .run(cfg((blocks as u32, 1, 1), 256))?
+        };
+        Ok(2 * Self::FMA_CHAINS * iters as u64 * blocks as u64 * 256)
+    }
+
     /// Blocks of a `read_probe` launch: 8 per SM.
     pub fn probe_blocks(&self) -> usize {
         self.device().info().sm_count.max(1) as usize * 8
@@ -758,6 +790,7 @@ mod tests {
         for n in [
             "read_probe",
             "fill_random",
+            "fma_probe",
             "rmsnorm_f32",
             "rope_norm_f32",
             "rope_neox_f32",

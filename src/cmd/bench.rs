@@ -1,0 +1,393 @@
+//! `m40-llm bench` (what `cargo xtask bench` runs): a llama-bench-like table
+//! for a model file or a random-weight model of a known shape generated on
+//! the spot: prompt processing (pp), token generation (tg) from an empty
+//! context and at a depth, each as tokens/s and as a share of the ceiling
+//! measured in the same run: read bandwidth for decode (the bytes a token
+//! must read: every weight once plus the KV cache), the FP32 FMA rate for
+//! prefill (2 FLOPs per weight and token, plus attention). With
+//! `llama-bench` on PATH it runs the same file there and prints both.
+//!
+//! Timing: every test runs once to warm up, then `--reps` times; the median
+//! counts. A forward pass returns after the device is done (logits are on
+//! the host), so host clocks around it measure the device work.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{anyhow, bail, Context, Result};
+use m40_device::Device;
+use m40_gguf::synth::{write_model, Shape, SynthOptions};
+use m40_gguf::{GgmlType, HyperParams};
+use m40_kernels::Kernels;
+use m40_model::gpu::{GpuBackend, GpuOptions};
+use m40_model::{Backend, KvState, Logits, Model};
+use serde_json::{json, Value};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Model file or store name (or use --shape).
+    pub model: Option<String>,
+    /// Generate a random-weight model of this shape instead: tiny,
+    /// smollm2-135m, llama-1b or llama-8b.
+    #[arg(long, conflicts_with = "model")]
+    pub shape: Option<String>,
+    /// Weight type of the generated model.
+    #[arg(long = "type", default_value = "Q4_0")]
+    pub ty: String,
+    /// Prompt tokens of the pp test (0 skips it).
+    #[arg(short = 'p', long, default_value_t = 512)]
+    pub n_prompt: usize,
+    /// Generated tokens of the tg tests (0 skips them).
+    #[arg(short = 'n', long, default_value_t = 128)]
+    pub n_gen: usize,
+    /// Context depth of the second tg test (0 skips it).
+    #[arg(short = 'd', long, default_value_t = 4096)]
+    pub depth: usize,
+    /// Timed repetitions per test (the median is reported).
+    #[arg(short = 'r', long, default_value_t = 5)]
+    pub reps: usize,
+    /// CUDA device ordinal.
+    #[arg(long, default_value_t = 0)]
+    pub gpu: usize,
+    /// Print JSON instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Do not run llama-bench even when it is on PATH.
+    #[arg(long)]
+    pub no_llama_bench: bool,
+}
+
+/// The measured ceilings of the device.
+struct Ceilings {
+    read_gbps: f64,
+    fp32_tflops: f64,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Read bandwidth (read_probe over 2 GiB or a quarter of the free memory)
+/// and the FP32 FMA rate (fma_probe), medians of 20 runs timed with events.
+fn ceilings(dev: &std::sync::Arc<Device>) -> Result<Ceilings> {
+    let s = dev.new_stream()?;
+    let k = Kernels::new(dev.clone());
+    let (free, _) = dev.memory()?;
+    let bytes = (2usize << 30).min(free / 4) & !0xFFFF;
+    let mut buf = s.alloc::<u8>(bytes, "bandwidth probe")?;
+    k.fill_random(&s, &mut buf, 1)?;
+    let mut sink = s.alloc::<u32>(k.probe_blocks(), "probe output")?;
+    let mut fma_out = s.alloc::<f32>(k.probe_blocks() * 256, "probe output")?;
+    let view = buf.view();
+    let time = |f: &mut dyn FnMut() -> Result<()>| -> Result<f64> {
+        f()?; // warm-up
+        let mut t = Vec::new();
+        for _ in 0..20 {
+            let a = s.record()?;
+            f()?;
+            let b = s.record()?;
+            b.synchronize()?;
+            t.push(a.elapsed_ms(&b)? as f64);
+        }
+        Ok(median(t))
+    };
+    let read_ms = time(&mut || Ok(k.read_probe(&s, &view, &mut sink)?))?;
+    let iters = 8192;
+    let mut flops = 0;
+    let fma_ms = time(&mut || {
+        flops = k.fma_probe(&s, &mut fma_out, iters)?;
+        Ok(())
+    })?;
+    Ok(Ceilings {
+        read_gbps: bytes as f64 / read_ms / 1e6,
+        fp32_tflops: flops as f64 / fma_ms / 1e9,
+    })
+}
+
+/// Bytes of the weights every decode step reads: each matrix once (the
+/// token embedding contributes one row, unless it is also the output).
+fn decode_weight_bytes(model: &Model) -> u64 {
+    let hp = model.hparams();
+    let f = model.file();
+    hp.expected_tensors()
+        .iter()
+        .filter_map(|(name, _)| f.tensor_info(name))
+        .map(|t| {
+            if t.name == m40_gguf::hparams::TOKEN_EMBD && !hp.tied_output {
+                t.row_bytes() as u64
+            } else {
+                t.n_bytes
+            }
+        })
+        .sum()
+}
+
+/// Matmul weights (elements) a token multiplies, including the output head.
+fn matmul_params(hp: &HyperParams) -> f64 {
+    let (d, q, kv, ff) = (
+        hp.n_embd as f64,
+        (hp.n_head * hp.head_dim) as f64,
+        (hp.n_head_kv * hp.head_dim) as f64,
+        hp.n_ff as f64,
+    );
+    hp.n_layer as f64 * (d * q * 2.0 + d * kv * 2.0 + 3.0 * d * ff) + d * hp.n_vocab as f64
+}
+
+struct TestResult {
+    name: String,
+    tokens_per_s: f64,
+    /// Achieved GB/s (tg) or TFLOP/s (pp), and its share of the ceiling.
+    achieved: f64,
+    unit: &'static str,
+    share: f64,
+    llama_cpp: Option<f64>,
+}
+
+fn random_tokens(n: usize, n_vocab: usize, seed: u64) -> Vec<u32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s % n_vocab as u64) as u32
+        })
+        .collect()
+}
+
+fn pp_test(g: &GpuBackend, n: usize, reps: usize, c: &Ceilings) -> Result<TestResult> {
+    let hp = g.hparams().clone();
+    let toks = random_tokens(n, hp.n_vocab, 1);
+    let mut t = Vec::new();
+    for r in 0..=reps {
+        let mut cache = g.new_cache(n)?;
+        let start = Instant::now();
+        g.forward(&mut cache, &toks, Logits::Last)?;
+        if r > 0 {
+            t.push(start.elapsed().as_secs_f64());
+        }
+    }
+    let secs = median(t);
+    // 2 FLOPs per weight and token (the output head for the last token
+    // only), plus attention: QK^T and PV over n^2/2 pairs per head.
+    let head = 2.0 * (hp.n_embd * hp.n_vocab) as f64;
+    let flops = 2.0 * matmul_params(&hp) * n as f64 - head * (n as f64 - 1.0)
+        + hp.n_layer as f64 * 2.0 * (hp.n_head * hp.head_dim) as f64 * (n * n) as f64;
+    let tflops = flops / secs / 1e12;
+    Ok(TestResult {
+        name: format!("pp{n}"),
+        tokens_per_s: n as f64 / secs,
+        achieved: tflops,
+        unit: "TFLOP/s",
+        share: tflops / c.fp32_tflops,
+        llama_cpp: None,
+    })
+}
+
+fn tg_test(
+    g: &GpuBackend,
+    model: &Model,
+    n: usize,
+    depth: usize,
+    reps: usize,
+    c: &Ceilings,
+) -> Result<TestResult> {
+    let hp = g.hparams().clone();
+    let mut cache = g.new_cache(depth + n + 1)?;
+    if depth > 0 {
+        g.forward(&mut cache, &random_tokens(depth, hp.n_vocab, 2), Logits::None)?;
+    }
+    let toks = random_tokens(n, hp.n_vocab, 3);
+    let mut t = Vec::new();
+    for r in 0..=reps {
+        cache.truncate(depth);
+        let start = Instant::now();
+        for &tok in &toks {
+            g.forward(&mut cache, &[tok], Logits::Last)?;
+        }
+        if r > 0 {
+            t.push(start.elapsed().as_secs_f64());
+        }
+    }
+    let secs = median(t);
+    let kv_dim = (hp.n_head_kv * hp.head_dim) as f64;
+    // KV bytes read per step: K and V, FP16, every layer, depth + i + 1 positions.
+    let mean_ctx = depth as f64 + (n as f64 + 1.0) / 2.0;
+    let kv_bytes = hp.n_layer as f64 * mean_ctx * kv_dim * 2.0 * 2.0;
+    let bytes = decode_weight_bytes(model) as f64 + kv_bytes;
+    let gbps = bytes * n as f64 / secs / 1e9;
+    Ok(TestResult {
+        name: if depth > 0 {
+            format!("tg{n} @ d{depth}")
+        } else {
+            format!("tg{n}")
+        },
+        tokens_per_s: n as f64 / secs,
+        achieved: gbps,
+        unit: "GB/s",
+        share: gbps / c.read_gbps,
+        llama_cpp: None,
+    })
+}
+
+/// llama-bench's figures for the same tests, if it is on PATH and runs.
+fn llama_bench(path: &Path, a: &Args) -> Option<Vec<(String, f64)>> {
+    let mut cmd = Command::new("llama-bench");
+    cmd.arg("-m")
+        .arg(path)
+        .args(["-p", &a.n_prompt.to_string()])
+        .args(["-n", &a.n_gen.to_string()])
+        .args(["-r", &a.reps.to_string()])
+        .args(["-o", "json"]);
+    if a.depth > 0 {
+        cmd.args(["-d", &format!("0,{}", a.depth)]);
+    }
+    let out = match cmd.output() {
+        Ok(o) if o.status.success() => o,
+        Ok(o) => {
+            eprintln!(
+                "llama-bench failed: {}",
+                String::from_utf8_lossy(&o.stderr).lines().last().unwrap_or("")
+            );
+            return None;
+        }
+        Err(_) => return None, // not on PATH
+    };
+    let v: Value = serde_json::from_slice(&out.stdout).ok()?;
+    let mut res = Vec::new();
+    for r in v.as_array()? {
+        let (p, n) = (r["n_prompt"].as_u64()?, r["n_gen"].as_u64()?);
+        let d = r["n_depth"].as_u64().unwrap_or(0);
+        let ts = r["avg_ts"].as_f64()?;
+        let name = match (p, n, d) {
+            (p, 0, 0) => format!("pp{p}"),
+            (0, n, 0) => format!("tg{n}"),
+            (0, n, d) => format!("tg{n} @ d{d}"),
+            _ => continue,
+        };
+        res.push((name, ts));
+    }
+    Some(res)
+}
+
+fn gib(b: u64) -> f64 {
+    b as f64 / (1u64 << 30) as f64
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let tmp;
+    let (path, label) = match (&a.model, &a.shape) {
+        (Some(m), None) => (super::resolve_model(Some(m))?, m.clone()),
+        (None, Some(shape)) => {
+            let shape = Shape::find(shape).ok_or_else(|| anyhow!("unknown shape `{shape}`"))?;
+            let ty = GgmlType::from_name(&a.ty)
+                .filter(|t| GgmlType::QUANTIZABLE.contains(t))
+                .ok_or_else(|| anyhow!("cannot generate type `{}`", a.ty))?;
+            tmp = tempfile::tempdir()?;
+            let path = tmp.path().join(format!("{}-{}.gguf", shape.name, ty.name()));
+            eprintln!("generating a random {} model in {} ...", shape.name, ty.name());
+            let file = std::io::BufWriter::with_capacity(8 << 20, std::fs::File::create(&path)?);
+            write_model(
+                file,
+                &SynthOptions {
+                    shape,
+                    ty,
+                    seed: 0,
+                },
+                |_, _| {},
+            )?;
+            (path, format!("{} {} (random)", shape.name, ty.name()))
+        }
+        _ => bail!("name a model, or a shape with --shape"),
+    };
+    bench(&path, &label, &a)
+}
+
+fn bench(path: &PathBuf, label: &str, a: &Args) -> Result<()> {
+    let dev = Device::open(a.gpu).context("opening the GPU (bench needs one)")?;
+    let info = dev.info().clone();
+    eprintln!("measuring the ceilings of {} ...", info.name);
+    let c = ceilings(&dev)?;
+    let model = std::sync::Arc::new(Model::open(path)?);
+    let kv_tokens = a.n_prompt.max(a.depth + a.n_gen + 1).max(a.n_gen + 1);
+    eprintln!("loading {label} ...");
+    let g = GpuBackend::on(
+        dev.clone(),
+        model.clone(),
+        GpuOptions {
+            device: a.gpu,
+            kv_tokens,
+            ..Default::default()
+        },
+    )?;
+    let mut results = Vec::new();
+    if a.n_prompt > 0 {
+        results.push(pp_test(&g, a.n_prompt, a.reps, &c)?);
+    }
+    if a.n_gen > 0 {
+        results.push(tg_test(&g, &model, a.n_gen, 0, a.reps, &c)?);
+        if a.depth > 0 {
+            results.push(tg_test(&g, &model, a.n_gen, a.depth, a.reps, &c)?);
+        }
+    }
+    if !a.no_llama_bench {
+        if let Some(lb) = llama_bench(path, a) {
+            for r in &mut results {
+                r.llama_cpp = lb.iter().find(|(n, _)| *n == r.name).map(|(_, t)| *t);
+            }
+        }
+    }
+    let size = model.file().file_size();
+    let params = model.file().n_params();
+    if a.json {
+        let v = json!({
+            "device": info.name,
+            "ceilings": {"read_gbps": c.read_gbps, "fp32_tflops": c.fp32_tflops},
+            "model": {"label": label, "path": path, "size_bytes": size, "params": params},
+            "results": results.iter().map(|r| json!({
+                "test": r.name,
+                "tokens_per_s": r.tokens_per_s,
+                "achieved": r.achieved,
+                "unit": r.unit,
+                "share_of_ceiling": r.share,
+                "llama_cpp_tokens_per_s": r.llama_cpp,
+            })).collect::<Vec<_>>(),
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!(
+        "device: {} ({} SMs); ceilings: read {:.0} GB/s, FP32 FMA {:.1} TFLOP/s",
+        info.name, info.sm_count, c.read_gbps, c.fp32_tflops
+    );
+    println!(
+        "model: {label}: {:.2} GiB, {:.2} B params\n",
+        gib(size),
+        params as f64 / 1e9
+    );
+    let has_lb = results.iter().any(|r| r.llama_cpp.is_some());
+    print!("| test            |       t/s |        achieved | share of ceiling |");
+    println!("{}", if has_lb { " llama.cpp t/s |" } else { "" });
+    print!("| --------------- | --------: | --------------: | ---------------: |");
+    println!("{}", if has_lb { " ------------: |" } else { "" });
+    for r in &results {
+        print!(
+            "| {:<15} | {:>9.1} | {:>7.2} {:<7} | {:>15.1}% |",
+            r.name,
+            r.tokens_per_s,
+            r.achieved,
+            r.unit,
+            100.0 * r.share
+        );
+        if has_lb {
+            match r.llama_cpp {
+                Some(t) => print!(" {t:>13.1} |"),
+                None => print!(" {:>13} |", "-"),
+            }
+        }
+        println!();
+    }
+    Ok(())
+}
