@@ -7,8 +7,8 @@
 // block table lists its pages in order: position p lives in page
 // table[p / KV_PAGE], slot p % KV_PAGE.
 //
-// attn_f32_r<R>: query token i (of n_tok, at position start + i) attends to keys
-// 0 ..= start + i. Grid (ceil(n_tok / tpb), n_head_kv * hparts, splits),
+// attn_f32_r<R>: query token i (of n_tok, at position start + i, start =
+// pos[0] read from device memory) attends to keys 0 ..= start + i. Grid (ceil(n_tok / tpb), n_head_kv * hparts, splits),
 // block 32 * tpb * gw threads, dynamic shared memory attn_shared_bytes(hd,
 // warps). A block serves tpb consecutive query tokens and gw of the query
 // heads that share one KV head (GQA); warp w takes token w / gw and head
@@ -30,10 +30,13 @@
 #define ATT_MAX_HD 256  // largest head dimension (8 dimensions per lane)
 #define ATT_MAX_WARPS 8
 
-// k, v (n_tok, kv_dim) FP32 -> pools at positions start .. start + n_tok - 1.
+// k, v (n_tok, kv_dim) FP32 -> pools at positions pos[0] .. pos[0] + n_tok - 1
+// (positions come from device memory, so a captured decode step replays at
+// every position).
 extern "C" __global__ void kv_append_f32(const float* k, const float* v, u16* kpool, u16* vpool, const int* table,
-                                         int start, int n_tok, int kv_dim) {
+                                         const int* pos, int n_tok, int kv_dim) {
     const long long n = (long long)n_tok * kv_dim;
+    const int start = pos[0];
     for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (long long)gridDim.x * blockDim.x) {
         const int i = (int)(e / kv_dim), c = (int)(e % kv_dim);
         const int p = start + i;
@@ -50,7 +53,8 @@ struct AttnArgs {
     const int* table;    // the sequence's pages
     float* out;          // (n_tok, n_head, hd), or partial sums when splits > 1
     float* part_ml;      // (n_tok, n_head, splits, 2): running max and sum per split
-    int n_tok, start, n_head, n_head_kv, hd;
+    int start;           // position of query token 0 (read from device memory)
+    int n_tok, n_head, n_head_kv, hd;
     int tpb, gw, hparts; // tokens per block, heads per block, blocks per KV head
     int split_len;       // keys per split (a multiple of KV_PAGE)
     float scale_log2;    // 1/sqrt(hd) * log2(e): scores in base 2
@@ -168,12 +172,12 @@ __device__ __forceinline__ void attn_block(const AttnArgs& a, float* smem) {
 // attn_f32_r<R>: head dimensions up to 32 R (each lane holds R of the output).
 #define ATTN_KERNEL(R)                                                                                             \
     extern "C" __global__ void attn_f32_r##R(const float* q, const u16* kpool, const u16* vpool, const int* table, \
-                                             float* out, float* part_ml, int n_tok, int start, int n_head,         \
+                                             float* out, float* part_ml, const int* pos, int n_tok, int n_head,    \
                                              int n_head_kv, int hd, int tpb, int gw, int hparts, int split_len,    \
                                              float scale_log2) {                                                   \
         extern __shared__ __align__(16) float att_smem[];                                                          \
-        const AttnArgs a = {q,  kpool, vpool, table,  out,       part_ml,   n_tok, start, n_head, n_head_kv,       \
-                            hd, tpb,   gw,    hparts, split_len, scale_log2};                                      \
+        const AttnArgs a = {q,         kpool,  vpool,  table,     out, part_ml, pos[0], n_tok, n_head, n_head_kv, \
+                            hd,        tpb,    gw,     hparts,    split_len, scale_log2};                         \
         attn_block<R>(a, att_smem);                                                                                \
     }
 ATTN_KERNEL(1)

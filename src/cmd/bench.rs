@@ -197,7 +197,11 @@ fn tg_test(
     let hp = g.hparams().clone();
     let mut cache = g.new_cache(depth + n + 1)?;
     if depth > 0 {
-        g.forward(&mut cache, &random_tokens(depth, hp.n_vocab, 2), Logits::None)?;
+        g.forward(
+            &mut cache,
+            &random_tokens(depth, hp.n_vocab, 2),
+            Logits::None,
+        )?;
     }
     let toks = random_tokens(n, hp.n_vocab, 3);
     let mut t = Vec::new();
@@ -249,7 +253,10 @@ fn llama_bench(path: &Path, a: &Args) -> Option<Vec<(String, f64)>> {
         Ok(o) => {
             eprintln!(
                 "llama-bench failed: {}",
-                String::from_utf8_lossy(&o.stderr).lines().last().unwrap_or("")
+                String::from_utf8_lossy(&o.stderr)
+                    .lines()
+                    .last()
+                    .unwrap_or("")
             );
             return None;
         }
@@ -286,18 +293,16 @@ pub fn run(a: Args) -> Result<()> {
                 .filter(|t| GgmlType::QUANTIZABLE.contains(t))
                 .ok_or_else(|| anyhow!("cannot generate type `{}`", a.ty))?;
             tmp = tempfile::tempdir()?;
-            let path = tmp.path().join(format!("{}-{}.gguf", shape.name, ty.name()));
-            eprintln!("generating a random {} model in {} ...", shape.name, ty.name());
+            let path = tmp
+                .path()
+                .join(format!("{}-{}.gguf", shape.name, ty.name()));
+            eprintln!(
+                "generating a random {} model in {} ...",
+                shape.name,
+                ty.name()
+            );
             let file = std::io::BufWriter::with_capacity(8 << 20, std::fs::File::create(&path)?);
-            write_model(
-                file,
-                &SynthOptions {
-                    shape,
-                    ty,
-                    seed: 0,
-                },
-                |_, _| {},
-            )?;
+            write_model(file, &SynthOptions { shape, ty, seed: 0 }, |_, _| {})?;
             (path, format!("{} {} (random)", shape.name, ty.name()))
         }
         _ => bail!("name a model, or a shape with --shape"),
@@ -331,6 +336,12 @@ fn bench(path: &PathBuf, label: &str, a: &Args) -> Result<()> {
         if a.depth > 0 {
             results.push(tg_test(&g, &model, a.n_gen, a.depth, a.reps, &c)?);
         }
+        // Decode steps launched kernel by kernel instead of replayed from the graph.
+        g.set_graphs(false);
+        let mut r = tg_test(&g, &model, a.n_gen, 0, a.reps, &c)?;
+        r.name = format!("{} (no graph)", r.name);
+        results.push(r);
+        g.set_graphs(true);
     }
     if !a.no_llama_bench {
         if let Some(lb) = llama_bench(path, a) {
@@ -368,13 +379,13 @@ fn bench(path: &PathBuf, label: &str, a: &Args) -> Result<()> {
         params as f64 / 1e9
     );
     let has_lb = results.iter().any(|r| r.llama_cpp.is_some());
-    print!("| test            |       t/s |        achieved | share of ceiling |");
+    print!("| test               |       t/s |        achieved | share of ceiling |");
     println!("{}", if has_lb { " llama.cpp t/s |" } else { "" });
-    print!("| --------------- | --------: | --------------: | ---------------: |");
+    print!("| ------------------ | --------: | --------------: | ---------------: |");
     println!("{}", if has_lb { " ------------: |" } else { "" });
     for r in &results {
         print!(
-            "| {:<15} | {:>9.1} | {:>7.2} {:<7} | {:>15.1}% |",
+            "| {:<18} | {:>9.1} | {:>7.2} {:<7} | {:>15.1}% |",
             r.name,
             r.tokens_per_s,
             r.achieved,

@@ -46,7 +46,11 @@ impl DeviceArgs {
         let upload_progress = std::io::stderr().is_terminal().then(|| {
             UploadProgress(std::sync::Arc::new(|done: u64, total: u64| {
                 let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
-                eprint!("\ruploading weights: {:.0}/{:.0} MiB", mib(done), mib(total));
+                eprint!(
+                    "\ruploading weights: {:.0}/{:.0} MiB",
+                    mib(done),
+                    mib(total)
+                );
                 if done >= total {
                     eprintln!();
                 }

@@ -5,9 +5,7 @@ use std::io::Write;
 use anyhow::Result;
 use m40_llm::chat::{self, ChatOptions};
 use m40_llm::client::{self, Client, RemoteChat};
-use m40_runtime::{
-    CancelToken, Engine, Message, Prompt, Request, SamplingParams,
-};
+use m40_runtime::{CancelToken, Engine, Message, Prompt, Request, SamplingParams};
 use serde_json::json;
 
 #[derive(clap::Args)]

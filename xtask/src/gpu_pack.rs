@@ -120,7 +120,11 @@ pub fn run() -> Result<()> {
     let mut benches = build(&["bench", "--benches"], &target_dir)?;
     benches.retain(|(n, _)| n.starts_with("gpu"));
     // The CLI (for `bin/m40-llm bench` on the device) comes with the tests.
-    let bins: Vec<_> = tests.iter().filter(|(n, _)| n == "m40-llm").cloned().collect();
+    let bins: Vec<_> = tests
+        .iter()
+        .filter(|(n, _)| n == "m40-llm")
+        .cloned()
+        .collect();
     tests.retain(|(n, _)| n != "m40-llm");
     std::fs::create_dir_all(pack.join("bin")).map_err(|e| e.to_string())?;
     let mut total = 0;
@@ -146,7 +150,10 @@ pub fn run() -> Result<()> {
         }
         eprintln!("  testdata/quant-zoo");
     } else {
-        eprintln!("  (no {}: tests that need the zoo will fail on the device)", zoo.display());
+        eprintln!(
+            "  (no {}: tests that need the zoo will fail on the device)",
+            zoo.display()
+        );
     }
     let script = pack.join("run.sh");
     std::fs::write(&script, RUN_SH).map_err(|e| e.to_string())?;

@@ -63,7 +63,15 @@ fn main() -> ExitCode {
         },
         Some("bench") => {
             let rest: Vec<String> = std::env::args().skip(2).collect();
-            let mut args = vec!["run", "--release", "--quiet", "--bin", "m40-llm", "--", "bench"];
+            let mut args = vec![
+                "run",
+                "--release",
+                "--quiet",
+                "--bin",
+                "m40-llm",
+                "--",
+                "bench",
+            ];
             args.extend(rest.iter().map(String::as_str));
             cargo(&args)
         }

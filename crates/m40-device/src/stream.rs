@@ -27,6 +27,12 @@ pub struct Event(CudaEvent);
 /// launch (the kernels' arguments, buffers included, are fixed at capture).
 pub struct Graph(CudaGraph);
 
+// SAFETY: CUDA requires calls on one graph to be serialized, not made from
+// one thread: Graph is Send (moved, or used under a lock) but not Sync, so no
+// two threads reach it at once; launches bind the context to the calling
+// thread first.
+unsafe impl Send for Graph {}
+
 impl Graph {
     /// Queue one replay on the stream it was captured from.
     ///

@@ -22,7 +22,9 @@ const KV_APPEND_THREADS: u32 = 256;
 
 /// The shape of an attention launch: `n_tok` query tokens at positions
 /// `start..start + n_tok` of one sequence, each attending causally to the
-/// keys before it (and itself).
+/// keys before it (and itself). The kernels read the start from device
+/// memory (`pos[0]`), so a captured launch replays at any position; `start`
+/// here is the largest it will be (the launcher checks buffers against it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AttnShape {
     pub n_tok: usize,
@@ -184,7 +186,10 @@ impl Kernels {
             1,
         );
         if grid.1 > 65535 {
-            return Err(shape(K, format!("{m} rows of X need over 65535 blocks in y")));
+            return Err(shape(
+                K,
+                format!("{m} rows of X need over 65535 blocks in y"),
+            ));
         }
         let (mi, ni, ki) = (to_i32(K, "m", m)?, to_i32(K, "n", n)?, to_i32(K, "k", k)?);
         let (row_bytes, acc) = (row_bytes as i64, accumulate as i32);
@@ -209,8 +214,9 @@ impl Kernels {
     }
 
     /// Store `n_tok` tokens' K and V rows (n_tok, kv_dim) FP32 as FP16 at
-    /// positions `start..start + n_tok` of a sequence whose pages are
-    /// `table` (pools of `n_pages` pages of KV_PAGE x kv_dim).
+    /// positions `pos[0]..pos[0] + n_tok` of a sequence whose pages are
+    /// `table` (pools of KV_PAGE x kv_dim pages); pos[0] is read on the
+    /// device, `max_start` is the largest it will be (for the checks).
     #[allow(clippy::too_many_arguments)]
     pub fn kv_append(
         &self,
@@ -220,10 +226,12 @@ impl Kernels {
         kpool: &mut DeviceBuffer<u16>,
         vpool: &mut DeviceBuffer<u16>,
         table: &DeviceView<'_, i32>,
-        start: usize,
+        pos: &DeviceView<'_, i32>,
+        max_start: usize,
         n_tok: usize,
         kv_dim: usize,
     ) -> Result<()> {
+        let start = max_start;
         const K: &str = "kv_append_f32";
         if n_tok == 0 {
             return Ok(());
@@ -233,20 +241,23 @@ impl Kernels {
         check_len(K, "table", table.len(), (start + n_tok).div_ceil(KV_PAGE))?;
         let pages = kpool.len() / (KV_PAGE * kv_dim).max(1);
         check_len(K, "vpool", vpool.len(), pages * KV_PAGE * kv_dim)?;
+        check_len(K, "pos", pos.len(), 1)?;
         let kernel = self.kernel("attention", K)?;
         let n = n_tok * kv_dim;
         let cap = self.device().info().sm_count.max(1) as usize * 16;
-        let grid = (n.div_ceil(KV_APPEND_THREADS as usize).clamp(1, cap) as u32, 1, 1);
-        let (start, n_tok, kv_dim) = (
-            to_i32(K, "start", start)?,
-            to_i32(K, "n_tok", n_tok)?,
-            to_i32(K, "kv_dim", kv_dim)?,
+        let grid = (
+            n.div_ceil(KV_APPEND_THREADS as usize).clamp(1, cap) as u32,
+            1,
+            1,
         );
+        to_i32(K, "start", start)?;
+        let (n_tok, kv_dim) = (to_i32(K, "n_tok", n_tok)?, to_i32(K, "kv_dim", kv_dim)?);
         // SAFETY: kv_append_f32(const float* k, const float* v, u16* kpool, u16* vpool,
-        // const int* table, int start, int n_tok, int kv_dim): reads k, v[..n_tok*kv_dim]
-        // and table[..ceil((start+n_tok)/KV_PAGE)] (lengths checked); writes pool rows
-        // of the pages the table names, which the caller keeps below the pool's
-        // page count (the table is built from the pool's free list).
+        // const int* table, const int* pos, int n_tok, int kv_dim): reads k, v[..n_tok*kv_dim],
+        // pos[0] (<= max_start, the caller's promise) and table[..ceil((pos[0]+n_tok)/KV_PAGE)]
+        // (lengths checked for max_start); writes pool rows of the pages the table
+        // names, which the caller keeps below the pool's page count (the table is
+        // built from the pool's free list).
         unsafe {
             stream
                 .launch(&kernel)
@@ -255,7 +266,7 @@ impl Kernels {
                 .buf_mut(kpool)
                 .buf_mut(vpool)
                 .view(table)
-                .scalar(&start)
+                .view(pos)
                 .scalar(&n_tok)
                 .scalar(&kv_dim)
                 .run(cfg(grid, KV_APPEND_THREADS, 0))?
@@ -265,8 +276,8 @@ impl Kernels {
 
     /// Causal attention of `s.n_tok` queries q (n_tok, n_head, head_dim) FP32
     /// (RoPE applied) over the keys and values of the sequence whose pages
-    /// are `table`, positions 0..=start+i for query i; out (n_tok, n_head,
-    /// head_dim) FP32. `scratch` must hold `plan.scratch_len(s)` floats when
+    /// are `table`, positions 0..=pos[0]+i for query i (pos[0] read on the
+    /// device, at most `s.start`); out (n_tok, n_head, head_dim) FP32. `scratch` must hold `plan.scratch_len(s)` floats when
     /// the plan splits the keys. Returns the plan launched.
     #[allow(clippy::too_many_arguments)]
     pub fn attention(
@@ -277,6 +288,7 @@ impl Kernels {
         kpool: &DeviceView<'_, u16>,
         vpool: &DeviceView<'_, u16>,
         table: &DeviceView<'_, i32>,
+        pos: &DeviceView<'_, i32>,
         out: &mut DeviceBuffer<f32>,
         scratch: Option<AttnScratch<'_>>,
         plan: Option<AttnPlan>,
@@ -295,6 +307,7 @@ impl Kernels {
         let keys = s.start + s.n_tok;
         check_len(K, "table", table.len(), keys.div_ceil(KV_PAGE))?;
         check_len(K, "vpool", vpool.len(), kpool.len())?;
+        check_len(K, "pos", pos.len(), 1)?;
         let smem = attn_shared_bytes(hd);
         let limit = MAX_SHARED_PER_BLOCK.min(self.device().info().max_shared_per_block);
         if smem > limit {
@@ -325,9 +338,9 @@ impl Kernels {
         let threads = (32 * plan.tpb * plan.gw) as u32;
         let scale_log2 = std::f32::consts::LOG2_E / (hd as f32).sqrt();
         let i = |name, v| to_i32(K, name, v);
+        i("start", s.start)?;
         let args = [
             i("n_tok", s.n_tok)?,
-            i("start", s.start)?,
             i("n_head", s.n_head)?,
             i("n_head_kv", s.n_head_kv)?,
             i("head_dim", hd)?,
@@ -348,30 +361,27 @@ impl Kernels {
                 Some(ml) => l.buf_mut(ml),
                 None => l.scalar(&NULL_PTR),
             };
-            let mut l = l;
+            let mut l = l.view(pos);
             for a in &args {
                 l = l.scalar(a);
             }
             // SAFETY: attn_f32_r<R>(const float* q, const u16* kpool, const u16* vpool,
-            // const int* table, float* out, float* part_ml, int n_tok, int start,
+            // const int* table, float* out, float* part_ml, const int* pos, int n_tok,
             // int n_head, int n_head_kv, int hd, int tpb, int gw, int hparts,
-            // int split_len, float scale_log2) with R = ceil(hd / 32): reads q and
-            // table within the lengths checked above and pool rows of the pages the
+            // int split_len, float scale_log2) with R = ceil(hd / 32): reads pos[0]
+            // (at most s.start, the caller's promise), q and table within the
+            // lengths checked above and pool rows of the pages the
             // table names (below the pool's page count, kept so by the caller);
             // writes out rows < n_tok * n_head (or the split partials, sized by the
             // caller from scratch_len, checked below); part_ml is untouched when
             // splits == 1 (a null pointer then). Shared memory: attn_shared_bytes.
-            unsafe {
-                l.scalar(&scale_log2)
-                    .run(cfg(grid, threads, smem as u32))
-            }
+            unsafe { l.scalar(&scale_log2).run(cfg(grid, threads, smem as u32)) }
         };
         if plan.splits == 1 {
             launch(out, None)?;
         } else {
-            let sc = scratch.ok_or_else(|| {
-                shape(K, format!("{} key splits need scratch", plan.splits))
-            })?;
+            let sc = scratch
+                .ok_or_else(|| shape(K, format!("{} key splits need scratch", plan.splits)))?;
             let (np, nml) = plan.scratch_len(s);
             check_len(K, "part", sc.part.len(), np)?;
             check_len(K, "part_ml", sc.part_ml.len(), nml)?;
@@ -437,7 +447,10 @@ mod tests {
                         let group = n_head / n_head_kv;
                         assert!(p.gw * p.hparts >= group, "{what}");
                         assert!(p.tpb * p.gw <= ATT_MAX_WARPS && p.tpb >= 1, "{what}");
-                        assert!(p.split_len.is_multiple_of(KV_PAGE) && p.split_len > 0, "{what}");
+                        assert!(
+                            p.split_len.is_multiple_of(KV_PAGE) && p.split_len > 0,
+                            "{what}"
+                        );
                         assert!(p.splits * p.split_len >= start + n_tok, "{what}");
                         assert!((p.splits - 1) * p.split_len < start + n_tok, "{what}");
                     }

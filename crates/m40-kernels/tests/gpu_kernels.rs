@@ -544,7 +544,11 @@ fn gemm_every_format_matches_cpu() {
                     let (xr, wr) = (&x[i * kk..(i + 1) * kk], &wd[j * kk..(j + 1) * kk]);
                     let dot: f64 = xr.iter().zip(wr).map(|(a, b)| *a as f64 * *b as f64).sum();
                     want[i * n + j] = dot as f32;
-                    mag[i * n + j] = xr.iter().zip(wr).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum();
+                    mag[i * n + j] = xr
+                        .iter()
+                        .zip(wr)
+                        .map(|(a, b)| (*a as f64 * *b as f64).abs())
+                        .sum();
                 }
             }
             let wg = s.upload(&w, "w").unwrap();
@@ -611,7 +615,10 @@ fn attention_reference(
             let scores: Vec<f64> = (0..len)
                 .map(|j| {
                     let kr = &k[j * kv_dim + g * hd..][..hd];
-                    qh.iter().zip(kr).map(|(a, b)| *a as f64 * r(*b)).sum::<f64>()
+                    qh.iter()
+                        .zip(kr)
+                        .map(|(a, b)| *a as f64 * r(*b))
+                        .sum::<f64>()
                         / (hd as f64).sqrt()
                 })
                 .collect();
@@ -665,8 +672,12 @@ fn paged_attention_matches_cpu() {
         let kk = rng.vec(n_keys * kv_dim, -1.0, 1.0);
         let vv = rng.vec(n_keys * kv_dim, -1.0, 1.0);
         let q = rng.vec(n_tok * n_head * hd, -1.0, 1.0);
-        let mut kpool = s.alloc::<u16>(pool_pages * KV_PAGE * kv_dim, "kpool").unwrap();
-        let mut vpool = s.alloc::<u16>(pool_pages * KV_PAGE * kv_dim, "vpool").unwrap();
+        let mut kpool = s
+            .alloc::<u16>(pool_pages * KV_PAGE * kv_dim, "kpool")
+            .unwrap();
+        let mut vpool = s
+            .alloc::<u16>(pool_pages * KV_PAGE * kv_dim, "vpool")
+            .unwrap();
         s.fill_bytes(&mut kpool, 0xFF).unwrap();
         s.fill_bytes(&mut vpool, 0xFF).unwrap();
         let tg = s.upload(&table, "table").unwrap();
@@ -676,16 +687,36 @@ fn paged_attention_matches_cpu() {
         for (from, to) in [(0, start), (start, n_keys)] {
             let kv = kg.slice(from * kv_dim..to * kv_dim).unwrap();
             let vv = vg.slice(from * kv_dim..to * kv_dim).unwrap();
-            k.kv_append(&s, &kv, &vv, &mut kpool, &mut vpool, &tg.view(), from, to - from, kv_dim)
-                .unwrap();
+            let pg = s.upload(&[from as i32], "pos").unwrap();
+            k.kv_append(
+                &s,
+                &kv,
+                &vv,
+                &mut kpool,
+                &mut vpool,
+                &tg.view(),
+                &pg.view(),
+                from,
+                to - from,
+                kv_dim,
+            )
+            .unwrap();
         }
         let kp = s.download(&kpool).unwrap();
         let vp = s.download(&vpool).unwrap();
         for j in 0..n_keys {
             let at = (table[j / KV_PAGE] as usize * KV_PAGE + j % KV_PAGE) * kv_dim;
             for c in 0..kv_dim {
-                assert_eq!(kp[at + c], half::f16::from_f32(kk[j * kv_dim + c]).to_bits(), "k {j} {c}");
-                assert_eq!(vp[at + c], half::f16::from_f32(vv[j * kv_dim + c]).to_bits(), "v {j} {c}");
+                assert_eq!(
+                    kp[at + c],
+                    half::f16::from_f32(kk[j * kv_dim + c]).to_bits(),
+                    "k {j} {c}"
+                );
+                assert_eq!(
+                    vp[at + c],
+                    half::f16::from_f32(vv[j * kv_dim + c]).to_bits(),
+                    "v {j} {c}"
+                );
             }
         }
         let want = attention_reference(&q, &kk, &vv, n_tok, start, n_head, n_kv, hd);
@@ -697,6 +728,7 @@ fn paged_attention_matches_cpu() {
             head_dim: hd,
         };
         let qg = s.upload(&q, "q").unwrap();
+        let pos = s.upload(&[start as i32], "pos").unwrap();
         let auto = AttnPlan::new(&shape, 132);
         let mut plans = vec![None];
         for split_pages in [1, 2] {
@@ -723,6 +755,7 @@ fn paged_attention_matches_cpu() {
                     &kpool.view(),
                     &vpool.view(),
                     &tg.view(),
+                    &pos.view(),
                     &mut out,
                     Some(AttnScratch {
                         part: &mut part,
@@ -755,7 +788,13 @@ fn add_rows_matches_cpu() {
         k.add_rows(&s, &mut y, &bg.view(), rows).unwrap();
         let got = s.download(&y).unwrap();
         let want: Vec<f32> = (0..y0.len())
-            .map(|i| if i < rows * width { y0[i] + b[i % width] } else { y0[i] })
+            .map(|i| {
+                if i < rows * width {
+                    y0[i] + b[i % width]
+                } else {
+                    y0[i]
+                }
+            })
             .collect();
         check(&format!("add_rows {rows}x{width}"), &got, &want, |_| 0.0);
     }

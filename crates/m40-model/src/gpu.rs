@@ -6,8 +6,14 @@
 //!   dequantization in the tile loader (kernels/gemm.cu) for more.
 //! - KV cache: one pool of pages (KV_PAGE tokens each) per layer for K and
 //!   one for V, shared by every sequence of the backend; a [`GpuCache`]
-//!   owns a list of pages (its block table, mirrored on the device) taken
-//!   from a free list as it grows and given back when it shrinks or drops.
+//!   owns a list of pages (its block table, uploaded with each step's
+//!   token ids and positions) taken from a free list as it grows and given
+//!   back when it shrinks or drops.
+//! - Decode steps (one token) run as a captured CUDA graph by default
+//!   ([`GpuOptions::graphs`]): the kernels read the position, token id and
+//!   block table from device memory, so one graph serves every position
+//!   and sequence; attention in the graph uses a key split fixed for the
+//!   pool's capacity.
 //! - One stream; forward passes of different sequences take turns (a mutex
 //!   over the activation workspace).
 //! - Everything the model needs (weights, the KV pool, the workspace) is
@@ -38,6 +44,9 @@ pub struct GpuOptions {
     pub max_batch: usize,
     /// Called as weights upload: (bytes done, bytes in all).
     pub progress: Option<Box<dyn Fn(u64, u64) + Send + Sync>>,
+    /// Replay decode steps from a captured CUDA graph (else launch each
+    /// kernel every step).
+    pub graphs: bool,
 }
 
 impl Default for GpuOptions {
@@ -47,6 +56,7 @@ impl Default for GpuOptions {
             kv_tokens: 4096,
             max_batch: 512,
             progress: None,
+            graphs: true,
         }
     }
 }
@@ -77,8 +87,9 @@ struct Layer {
 
 /// Activations for `max_batch` tokens, and the attention split scratch.
 struct Workspace {
-    ids: DeviceBuffer<i32>,
-    pos: DeviceBuffer<i32>,
+    /// A step's inputs: token ids (max_batch), positions (max_batch), then
+    /// the block table (the pool's page count), uploaded in one copy.
+    inputs: DeviceBuffer<i32>,
     x: DeviceBuffer<f32>,
     h: DeviceBuffer<f32>,
     q: DeviceBuffer<f32>,
@@ -102,6 +113,8 @@ struct Pools {
 struct State {
     work: Workspace,
     pools: Pools,
+    /// The captured decode step, once built.
+    graph: Option<m40_device::Graph>,
 }
 
 /// The GPU backend over one model on one device.
@@ -117,6 +130,7 @@ pub struct GpuBackend {
     rope: RopeParams,
     max_batch: usize,
     n_pages: usize,
+    graphs: std::sync::atomic::AtomicBool,
     free: Arc<Mutex<Vec<u32>>>,
     state: Mutex<State>,
 }
@@ -124,9 +138,6 @@ pub struct GpuBackend {
 /// A sequence's KV cache: its pages of the backend's pool.
 pub struct GpuCache {
     pages: Vec<u32>,
-    table: DeviceBuffer<i32>,
-    /// Pages of `table` that match `pages` (uploaded before each forward).
-    synced: usize,
     len: usize,
     n_ctx: usize,
     free: Arc<Mutex<Vec<u32>>>,
@@ -142,7 +153,6 @@ impl GpuCache {
         if self.pages.len() > keep {
             let mut free = lock(&self.free);
             free.extend(self.pages.drain(keep..));
-            self.synced = self.synced.min(keep);
         }
     }
 }
@@ -185,7 +195,9 @@ pub fn memory_needed(model: &Model, opts: &GpuOptions) -> (u64, u64, u64) {
         .filter_map(|(name, _)| file.tensor_info(name))
         .map(|t| t.n_bytes)
         .sum::<u64>()
-        + file.tensor_info("rope_freqs.weight").map_or(0, |t| t.n_bytes);
+        + file
+            .tensor_info("rope_freqs.weight")
+            .map_or(0, |t| t.n_bytes);
     let kv_dim = (hp.n_head_kv * hp.head_dim) as u64;
     let pages = opts.kv_tokens.div_ceil(KV_PAGE) as u64;
     let kv = 2 * hp.n_layer as u64 * pages * KV_PAGE as u64 * kv_dim * 2;
@@ -195,7 +207,8 @@ pub fn memory_needed(model: &Model, opts: &GpuOptions) -> (u64, u64, u64) {
         (hp.n_head * hp.head_dim) as u64,
         hp.n_ff as u64,
     );
-    let work = 4 * (b * (3 * d + 2 * q + 2 * kv_dim + 2 * ff + 2) + LOGIT_ROWS as u64 * hp.n_vocab as u64);
+    let work =
+        4 * (b * (3 * d + 2 * q + 2 * kv_dim + 2 * ff + 2) + LOGIT_ROWS as u64 * hp.n_vocab as u64);
     (weights, kv, work)
 }
 
@@ -342,8 +355,7 @@ impl GpuBackend {
         let q_dim = hp.n_head * hp.head_dim;
         let a = |n: usize, what: &str| stream.alloc::<f32>(n.max(1), what);
         let work = Workspace {
-            ids: stream.alloc::<i32>(b, "token ids")?,
-            pos: stream.alloc::<i32>(b, "positions")?,
+            inputs: stream.alloc_zeroed::<i32>(2 * b + n_pages, "step inputs")?,
             x: a(b * hp.n_embd, "activations")?,
             h: a(b * hp.n_embd, "activations")?,
             q: a(b * q_dim, "activations")?,
@@ -371,13 +383,24 @@ impl GpuBackend {
             rope,
             max_batch,
             n_pages,
+            graphs: opts.graphs.into(),
             free,
-            state: Mutex::new(State { work, pools }),
+            state: Mutex::new(State {
+                work,
+                pools,
+                graph: None,
+            }),
         })
     }
 
     pub fn device(&self) -> &Arc<Device> {
         self.kernels.device()
+    }
+
+    /// Replay decode steps from a CUDA graph (on), or launch every kernel
+    /// (off); benchmarks compare the two.
+    pub fn set_graphs(&self, on: bool) {
+        self.graphs.store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Pages in the KV pool, and pages free.
@@ -420,7 +443,7 @@ impl GpuBackend {
         Ok(())
     }
 
-    /// Take pages so that `cache` holds `len` tokens, and upload its table.
+    /// Take pages so that `cache` holds `len` tokens.
     fn reserve(&self, cache: &mut GpuCache, len: usize) -> Result<()> {
         let need = len.div_ceil(KV_PAGE);
         if need > cache.pages.len() {
@@ -436,44 +459,52 @@ impl GpuBackend {
             let at = free.len() - more;
             cache.pages.extend(free.drain(at..));
         }
-        if cache.synced < cache.pages.len() {
-            let ids: Vec<i32> = cache.pages.iter().map(|&p| p as i32).collect();
-            self.stream.copy_to_device(&ids, &mut cache.table)?;
-            cache.synced = cache.pages.len();
-        }
         Ok(())
     }
 
-    /// One step of at most max_batch tokens at positions start..start+n.
-    fn step(
+    /// Upload a step's token ids, positions and block table (one copy).
+    fn upload_inputs(
         &self,
-        st: &mut State,
-        cache: &mut GpuCache,
+        w: &mut Workspace,
         tokens: &[u32],
-        want: Logits,
-        out: &mut Vec<f32>,
+        start: usize,
+        pages: &[u32],
+    ) -> Result<()> {
+        let b = self.max_batch;
+        let mut v = vec![0i32; 2 * b + pages.len()];
+        for (i, &t) in tokens.iter().enumerate() {
+            v[i] = t as i32;
+            v[b + i] = (start + i) as i32;
+        }
+        for (i, &p) in pages.iter().enumerate() {
+            v[2 * b + i] = p as i32;
+        }
+        self.stream.copy_to_device(&v, &mut w.inputs)?;
+        Ok(())
+    }
+
+    /// Queue the layers for `n` tokens whose inputs are uploaded, positions
+    /// from pos[0] (at most `max_start`), attention split by `plan`; with
+    /// `last_logits`, then the last token's logits into `w.logits`. Nothing
+    /// here allocates or waits, so it can be captured.
+    #[allow(clippy::too_many_arguments)]
+    fn enqueue(
+        &self,
+        w: &mut Workspace,
+        pools: &mut Pools,
+        n: usize,
+        max_start: usize,
+        plan: AttnPlan,
+        last_logits: bool,
     ) -> Result<()> {
         let hp = self.model.hparams();
         let (s, k) = (&self.stream, &self.kernels);
-        let n = tokens.len();
-        let start = cache.len;
-        let (d, hd) = (hp.n_embd, hp.head_dim);
+        let b = self.max_batch;
+        let hd = hp.head_dim;
         let (q_dim, kv_dim) = (hp.n_head * hd, hp.n_head_kv * hd);
-        for &t in tokens {
-            if t as usize >= hp.n_vocab {
-                return Err(ModelError::BadToken {
-                    id: t,
-                    n_vocab: hp.n_vocab,
-                });
-            }
-        }
-        self.reserve(cache, start + n)?;
-        let State { work: w, pools } = st;
-        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
-        let pos: Vec<i32> = (start..start + n).map(|p| p as i32).collect();
-        s.copy_to_device(&ids, &mut w.ids)?;
-        s.copy_to_device(&pos, &mut w.pos)?;
-        let pos_v = w.pos.slice(0..n)?;
+        let ids = w.inputs.slice(0..n)?;
+        let pos_v = w.inputs.slice(b..b + n)?;
+        let table = w.inputs.slice(2 * b..2 * b + self.n_pages)?;
         let embd = self.embd.data.view();
         k.embed(
             s,
@@ -483,31 +514,29 @@ impl GpuBackend {
                 rows: self.embd.rows,
                 cols: self.embd.cols,
             },
-            &w.ids.slice(0..n)?,
+            &ids,
             &mut w.x,
         )?;
         let shape = AttnShape {
             n_tok: n,
-            start,
+            start: max_start,
             n_head: hp.n_head,
             n_head_kv: hp.n_head_kv,
             head_dim: hd,
         };
-        let plan = AttnPlan::new(&shape, self.device().info().sm_count as usize);
-        let (np, nml) = plan.scratch_len(&shape);
-        if w.part.len() < np {
-            w.part = s.alloc::<f32>(np, "attention scratch")?;
-        }
-        if w.part_ml.len() < nml {
-            w.part_ml = s.alloc::<f32>(nml, "attention scratch")?;
-        }
         let kv_rope = RopeParams {
             n_head: hp.n_head_kv,
             ..self.rope
         };
-        let table = cache.table.view();
         for (l, layer) in self.layers.iter().enumerate() {
-            k.rmsnorm(s, &w.x.view(), &layer.attn_norm.view(), &mut w.h, n, hp.rms_eps)?;
+            k.rmsnorm(
+                s,
+                &w.x.view(),
+                &layer.attn_norm.view(),
+                &mut w.h,
+                n,
+                hp.rms_eps,
+            )?;
             let hv = w.h.view();
             self.matmul(&layer.wq, &hv, &mut w.q, n, false, None)?;
             self.matmul(&layer.wk, &hv, &mut w.k, n, false, None)?;
@@ -526,7 +555,8 @@ impl GpuBackend {
                 &mut pools.k[l],
                 &mut pools.v[l],
                 &table,
-                start,
+                &pos_v,
+                max_start,
                 n,
                 kv_dim,
             )?;
@@ -537,6 +567,7 @@ impl GpuBackend {
                 &pools.k[l].view(),
                 &pools.v[l].view(),
                 &table,
+                &pos_v,
                 &mut w.att,
                 Some(AttnScratch {
                     part: &mut w.part,
@@ -544,37 +575,152 @@ impl GpuBackend {
                 }),
                 Some(plan),
             )?;
-            self.matmul(&layer.wo, &w.att.view(), &mut w.x, n, true, Some(&mut w.proj))?;
+            self.matmul(
+                &layer.wo,
+                &w.att.view(),
+                &mut w.x,
+                n,
+                true,
+                Some(&mut w.proj),
+            )?;
 
-            k.rmsnorm(s, &w.x.view(), &layer.ffn_norm.view(), &mut w.h, n, hp.rms_eps)?;
+            k.rmsnorm(
+                s,
+                &w.x.view(),
+                &layer.ffn_norm.view(),
+                &mut w.h,
+                n,
+                hp.rms_eps,
+            )?;
             let hv = w.h.view();
             self.matmul(&layer.gate, &hv, &mut w.gate, n, false, None)?;
             self.matmul(&layer.up, &hv, &mut w.up, n, false, None)?;
             k.swiglu(s, &mut w.gate, &w.up.view(), n * hp.n_ff)?;
-            self.matmul(&layer.down, &w.gate.view(), &mut w.x, n, true, Some(&mut w.proj))?;
+            self.matmul(
+                &layer.down,
+                &w.gate.view(),
+                &mut w.x,
+                n,
+                true,
+                Some(&mut w.proj),
+            )?;
         }
+        if last_logits {
+            self.logits(w, n - 1..n)?;
+        }
+        Ok(())
+    }
+
+    /// Rows `rows` (at most LOGIT_ROWS) of the final norm and output matmul
+    /// into `w.logits`.
+    fn logits(&self, w: &mut Workspace, rows: std::ops::Range<usize>) -> Result<()> {
+        let hp = self.model.hparams();
+        let d = hp.n_embd;
+        self.kernels.rmsnorm(
+            &self.stream,
+            &w.x.slice(rows.start * d..rows.end * d)?,
+            &self.output_norm.view(),
+            &mut w.h,
+            rows.len(),
+            hp.rms_eps,
+        )?;
+        let out_w = self.output.as_ref().unwrap_or(&self.embd);
+        self.matmul(out_w, &w.h.view(), &mut w.logits, rows.len(), false, None)
+    }
+
+    /// Make sure the split scratch holds what `plan` needs for `shape`.
+    fn scratch(&self, w: &mut Workspace, plan: &AttnPlan, shape: &AttnShape) -> Result<()> {
+        let (np, nml) = plan.scratch_len(shape);
+        if w.part.len() < np {
+            w.part = self.stream.alloc::<f32>(np, "attention scratch")?;
+        }
+        if w.part_ml.len() < nml {
+            w.part_ml = self.stream.alloc::<f32>(nml, "attention scratch")?;
+        }
+        Ok(())
+    }
+
+    /// One step of at most max_batch tokens at positions start..start+n.
+    fn step(
+        &self,
+        st: &mut State,
+        cache: &mut GpuCache,
+        tokens: &[u32],
+        want: Logits,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        let hp = self.model.hparams();
+        let n = tokens.len();
+        let start = cache.len;
+        for &t in tokens {
+            if t as usize >= hp.n_vocab {
+                return Err(ModelError::BadToken {
+                    id: t,
+                    n_vocab: hp.n_vocab,
+                });
+            }
+        }
+        self.reserve(cache, start + n)?;
+        let State {
+            work: w,
+            pools,
+            graph,
+        } = st;
+        self.upload_inputs(w, tokens, start, &cache.pages)?;
+        let n_vocab = hp.n_vocab;
+        let graphs = self.graphs.load(std::sync::atomic::Ordering::Relaxed);
+        if n == 1 && graphs && want != Logits::None {
+            // The captured decode step: attention split for the pool's capacity.
+            if graph.is_none() {
+                let max_start = self.n_pages * KV_PAGE - 1;
+                let shape = AttnShape {
+                    n_tok: 1,
+                    start: max_start,
+                    n_head: hp.n_head,
+                    n_head_kv: hp.n_head_kv,
+                    head_dim: hp.head_dim,
+                };
+                let plan = AttnPlan::new(&shape, self.device().info().sm_count as usize);
+                self.scratch(w, &plan, &shape)?;
+                *graph = Some(self.stream.capture(|_| -> Result<()> {
+                    self.enqueue(w, pools, 1, max_start, plan, true)
+                })?);
+            }
+            let g = graph.as_ref().expect("captured above");
+            // SAFETY: the graph uses the workspace, pools, weights and inputs
+            // of this backend, which live as long as it does (the state mutex
+            // is held, and the scratch is never reallocated smaller).
+            unsafe { g.launch()? };
+            cache.len = start + 1;
+            let at = out.len();
+            out.resize(at + n_vocab, 0.0);
+            self.stream
+                .copy_to_host(&w.logits.slice(0..n_vocab)?, &mut out[at..])?;
+            return Ok(());
+        }
+        let shape = AttnShape {
+            n_tok: n,
+            start,
+            n_head: hp.n_head,
+            n_head_kv: hp.n_head_kv,
+            head_dim: hp.head_dim,
+        };
+        let plan = AttnPlan::new(&shape, self.device().info().sm_count as usize);
+        self.scratch(w, &plan, &shape)?;
+        self.enqueue(w, pools, n, start, plan, false)?;
         cache.len = start + n;
         let rows = match want {
             Logits::None => return Ok(()),
             Logits::Last => n - 1..n,
             Logits::All => 0..n,
         };
-        let out_w = self.output.as_ref().unwrap_or(&self.embd);
-        let n_vocab = hp.n_vocab;
         for r0 in rows.clone().step_by(LOGIT_ROWS) {
             let r1 = (r0 + LOGIT_ROWS).min(rows.end);
-            k.rmsnorm(
-                s,
-                &w.x.slice(r0 * d..r1 * d)?,
-                &self.output_norm.view(),
-                &mut w.h,
-                r1 - r0,
-                hp.rms_eps,
-            )?;
-            self.matmul(out_w, &w.h.view(), &mut w.logits, r1 - r0, false, None)?;
+            self.logits(w, r0..r1)?;
             let at = out.len();
             out.resize(at + (r1 - r0) * n_vocab, 0.0);
-            s.copy_to_host(&w.logits.slice(0..(r1 - r0) * n_vocab)?, &mut out[at..])?;
+            self.stream
+                .copy_to_host(&w.logits.slice(0..(r1 - r0) * n_vocab)?, &mut out[at..])?;
         }
         Ok(())
     }
@@ -588,12 +734,8 @@ impl Backend for GpuBackend {
     }
 
     fn new_cache(&self, n_ctx: usize) -> Result<GpuCache> {
-        let pages = n_ctx.div_ceil(KV_PAGE).max(1);
-        let table = self.stream.alloc_zeroed::<i32>(pages, "KV block table")?;
         Ok(GpuCache {
             pages: Vec::new(),
-            table,
-            synced: 0,
             len: 0,
             n_ctx,
             free: self.free.clone(),

@@ -138,7 +138,11 @@ impl AnyBackend {
     pub fn describe(&self) -> String {
         match self {
             AnyBackend::Cpu(_) => "CPU".into(),
-            AnyBackend::Gpu(g) => format!("GPU {} ({})", g.device().info().ordinal, g.device().info().name),
+            AnyBackend::Gpu(g) => format!(
+                "GPU {} ({})",
+                g.device().info().ordinal,
+                g.device().info().name
+            ),
         }
     }
 }

@@ -121,14 +121,11 @@ fn greedy<C: Backend, G: Backend>(
     };
     let mut cc = cpu.new_cache(prompt.len() + n + 1).unwrap();
     let cc = std::cell::RefCell::new(&mut cc);
-    let (c_toks, c_steps) = run(&|t, _| {
-        cpu.forward(&mut cc.borrow_mut(), t, Logits::Last).unwrap()
-    });
+    let (c_toks, c_steps) =
+        run(&|t, _| cpu.forward(&mut cc.borrow_mut(), t, Logits::Last).unwrap());
     let mut gc = gpu.new_cache(prompt.len() + n + 1).unwrap();
     let gc = std::cell::RefCell::new(&mut gc);
-    let (g_toks, _) = run(&|t, _| {
-        gpu.forward(&mut gc.borrow_mut(), t, Logits::Last).unwrap()
-    });
+    let (g_toks, _) = run(&|t, _| gpu.forward(&mut gc.borrow_mut(), t, Logits::Last).unwrap());
     (c_toks, g_toks, c_steps)
 }
 
@@ -179,12 +176,14 @@ fn zoo_gpu_logits_match_cpu() {
         let mut cc = cpu.new_cache(400).unwrap();
         let want = cpu.forward(&mut cc, &toks, Logits::All).unwrap();
         // All 300 at once (GEMM), then in steps of 64 with the last 20 one at
-        // a time (GEMV, decode attention).
+        // a time (GEMV, decode attention), kernel by kernel; the greedy
+        // continuation below replays the captured decode graph.
         let g = gpu(&model, 1024, 512);
         let mut gc = g.new_cache(400).unwrap();
         let all = g.forward(&mut gc, &toks, Logits::All).unwrap();
         let (w1, bad1) = compare_rows(&all, &want, n_vocab);
         let g64 = gpu(&model, 1024, 64);
+        g64.set_graphs(false);
         let mut gc = g64.new_cache(400).unwrap();
         let mut stepped = g64.forward(&mut gc, &toks[..280], Logits::All).unwrap();
         for &t in &toks[280..] {
@@ -249,7 +248,11 @@ fn check_synth(model: &Arc<Model>, what: &str, prompts: &[usize], decode: usize)
             c = cpu.forward(&mut cc, &[t], Logits::Last).unwrap();
             gl = g.forward(&mut gc, &[t], Logits::Last).unwrap();
             let e = rel_err(&gl, &c);
-            worst = if e.is_nan() { f64::INFINITY } else { worst.max(e) };
+            worst = if e.is_nan() {
+                f64::INFINITY
+            } else {
+                worst.max(e)
+            };
         }
         println!(
             "{what} prompt {p}: rel err {prompt_err:.2e} after the prompt, {worst:.2e} worst over {decode} decode steps; argmax agrees {agree}/{decode}"
@@ -374,7 +377,9 @@ fn paged_kv_cache_interleaved_freed_and_reused() {
         .unwrap_err();
     assert!(matches!(err, ModelError::ContextFull { .. }), "{err}");
     // A bad token id is an error, not NaNs.
-    let err = g.forward(&mut d, &[n_vocab as u32], Logits::Last).unwrap_err();
+    let err = g
+        .forward(&mut d, &[n_vocab as u32], Logits::Last)
+        .unwrap_err();
     assert!(matches!(err, ModelError::BadToken { .. }), "{err}");
     assert_eq!(d.len(), 0);
 }

@@ -440,6 +440,7 @@ fn pick_backend(
         progress: opts.upload_progress.clone().map(|p| {
             Box::new(move |done, total| (p.0)(done, total)) as Box<dyn Fn(u64, u64) + Send + Sync>
         }),
+        ..Default::default()
     };
     match GpuBackend::on(device, model.clone(), gpu_opts) {
         Ok(g) => Ok((AnyBackend::Gpu(Box::new(g)), None)),

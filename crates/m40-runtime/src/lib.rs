@@ -23,8 +23,7 @@
 
 pub use engine::{
     BackendChoice, CancelToken, Completion, Engine, EngineError, EngineOptions, FinishReason,
-    UploadProgress,
-    Prompt, Request, TokenEvent,
+    Prompt, Request, TokenEvent, UploadProgress,
 };
 pub use m40_tokenizer::Message;
 pub use sampling::SamplingParams;

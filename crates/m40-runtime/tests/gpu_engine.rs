@@ -7,7 +7,9 @@
 mod common;
 
 use m40_device::testing::test_device;
-use m40_runtime::{BackendChoice, CancelToken, Engine, EngineOptions, Prompt, Request, SamplingParams};
+use m40_runtime::{
+    BackendChoice, CancelToken, Engine, EngineOptions, Prompt, Request, SamplingParams,
+};
 
 fn engine(path: &std::path::Path, backend: BackendChoice) -> Engine {
     Engine::from_path(
@@ -33,7 +35,11 @@ fn gpu_engine_generates_what_the_cpu_engine_does() {
     for ty in ["F32", "F16", "Q8_0", "Q4_0", "Q4_K_S", "Q6_K"] {
         let path = td.join(format!("quant-zoo/zoo-{ty}.gguf"));
         let auto = engine(&path, BackendChoice::Auto);
-        assert!(auto.backend_name().starts_with("GPU 0"), "{}", auto.backend_name());
+        assert!(
+            auto.backend_name().starts_with("GPU 0"),
+            "{}",
+            auto.backend_name()
+        );
         assert!(auto.backend_note().is_none());
         let cpu = engine(&path, BackendChoice::Cpu);
         assert_eq!(cpu.backend_name(), "CPU");
@@ -63,7 +69,10 @@ fn gpu_engine_generates_what_the_cpu_engine_does() {
         }
     }
     // Random tiny models have near ties; allow one format to wander.
-    assert!(differ.len() <= 1, "GPU and CPU generations differ for {differ:?}");
+    assert!(
+        differ.len() <= 1,
+        "GPU and CPU generations differ for {differ:?}"
+    );
 }
 
 #[test]
