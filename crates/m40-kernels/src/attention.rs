@@ -18,6 +18,7 @@ const ATT_MAX_WARPS: usize = 8;
 const GEMM_BM: usize = 64;
 const GEMM_BN: usize = 64;
 const GEMM_THREADS: u32 = 256;
+/// Threads per block of kv_append (grid-stride, like the element-wise kernels).
 const KV_APPEND_THREADS: u32 = 256;
 
 /// The shape of an attention launch: `n_tok` query tokens at positions
@@ -140,9 +141,8 @@ pub struct AttnScratch<'a> {
 
 fn cfg(grid: (u32, u32, u32), block: u32, shared_bytes: u32) -> LaunchConfig {
     LaunchConfig {
-        grid,
-        block: (block, 1, 1),
         shared_bytes,
+        ..crate::ops::cfg(grid, block)
     }
 }
 

@@ -157,7 +157,7 @@ pub(crate) fn to_i32(kernel: &'static str, name: &str, v: usize) -> Result<i32> 
     i32::try_from(v).map_err(|_| shape(kernel, format!("{name} = {v} exceeds i32")))
 }
 
-fn cfg(grid: (u32, u32, u32), block: u32) -> LaunchConfig {
+pub(crate) fn cfg(grid: (u32, u32, u32), block: u32) -> LaunchConfig {
     LaunchConfig {
         grid,
         block: (block, 1, 1),
@@ -166,7 +166,8 @@ fn cfg(grid: (u32, u32, u32), block: u32) -> LaunchConfig {
 }
 
 impl Kernels {
-    fn flat_grid(&self, n: usize) -> u32 {
+    /// Blocks of 256 threads for a grid-stride loop over `n` items.
+    pub(crate) fn flat_grid(&self, n: usize) -> u32 {
         let cap = self.device().info().sm_count.max(1) * BLOCKS_PER_SM;
         (n.div_ceil(ELEMENTWISE_THREADS as usize) as u64).clamp(1, cap as u64) as u32
     }

@@ -23,7 +23,7 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use m40_device::{Device, DeviceBuffer, DeviceView, Stream};
-use m40_gguf::hparams::{RopeScaling, RopeStyle as GgufRope, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
+use m40_gguf::hparams::{RopeStyle as GgufRope, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
 use m40_gguf::{GgmlType, HyperParams};
 use m40_kernels::{
     AttnPlan, AttnScratch, AttnShape, KernelFormat, Kernels, QMatrix, RopeParams, RopeStyle,
@@ -305,29 +305,7 @@ impl GpuBackend {
         };
         let output_norm = f32s(OUTPUT_NORM)?;
 
-        let freq_factors = match model.file().tensor("rope_freqs.weight") {
-            Some(t) => Some(t.to_f32()?),
-            None => None,
-        };
-        if freq_factors
-            .as_ref()
-            .is_some_and(|f| f.len() != hp.rope_dim / 2)
-        {
-            return Err(ModelError::Unsupported(
-                "rope_freqs.weight does not match the RoPE dimension".into(),
-            ));
-        }
-        let linear = match hp.rope_scaling {
-            RopeScaling::Linear { factor } => factor,
-            _ => 1.0,
-        };
-        let cpu_rope = Rope::new(
-            hp.rope_style,
-            hp.rope_dim,
-            hp.rope_freq_base,
-            linear,
-            freq_factors.as_deref(),
-        );
+        let cpu_rope = Rope::for_model(&model)?;
         let inv_freq = stream.upload(&cpu_rope.inv_freq, "RoPE frequencies")?;
         let rope = RopeParams {
             style: match hp.rope_style {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use half::f16;
 use half::slice::HalfFloatSliceExt;
-use m40_gguf::hparams::{RopeScaling, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
+use m40_gguf::hparams::{OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
 use m40_gguf::quant::dequantize;
 use m40_gguf::HyperParams;
 use rayon::prelude::*;
@@ -83,29 +83,7 @@ impl CpuBackend {
                 bv: bias(&n.bv)?,
             });
         }
-        let freq_factors = match model.file().tensor("rope_freqs.weight") {
-            Some(t) => Some(t.to_f32()?),
-            None => None,
-        };
-        if freq_factors
-            .as_ref()
-            .is_some_and(|f| f.len() != hp.rope_dim / 2)
-        {
-            return Err(ModelError::Unsupported(
-                "rope_freqs.weight does not match the RoPE dimension".into(),
-            ));
-        }
-        let linear = match hp.rope_scaling {
-            RopeScaling::Linear { factor } => factor,
-            _ => 1.0,
-        };
-        let rope = Rope::new(
-            hp.rope_style,
-            hp.rope_dim,
-            hp.rope_freq_base,
-            linear,
-            freq_factors.as_deref(),
-        );
+        let rope = Rope::for_model(&model)?;
         let output_norm = vec_f32(&model, OUTPUT_NORM)?;
         Ok(Self {
             model,

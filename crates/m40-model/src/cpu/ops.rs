@@ -52,6 +52,35 @@ impl Rope {
         }
     }
 
+    /// The RoPE of `model`: its style, dimension and base, linear scaling,
+    /// and the per-dimension factors of `rope_freqs.weight` when present.
+    pub fn for_model(model: &crate::Model) -> crate::Result<Self> {
+        let hp = model.hparams();
+        let freq_factors = match model.file().tensor("rope_freqs.weight") {
+            Some(t) => Some(t.to_f32()?),
+            None => None,
+        };
+        if freq_factors
+            .as_ref()
+            .is_some_and(|f| f.len() != hp.rope_dim / 2)
+        {
+            return Err(crate::ModelError::Unsupported(
+                "rope_freqs.weight does not match the RoPE dimension".into(),
+            ));
+        }
+        let linear = match hp.rope_scaling {
+            m40_gguf::hparams::RopeScaling::Linear { factor } => factor,
+            _ => 1.0,
+        };
+        Ok(Self::new(
+            hp.rope_style,
+            hp.rope_dim,
+            hp.rope_freq_base,
+            linear,
+            freq_factors.as_deref(),
+        ))
+    }
+
     /// Rotate every head of one token's vector `x` (n_head * head_dim) at `pos`.
     pub fn apply(&self, x: &mut [f32], head_dim: usize, pos: usize) {
         let p = pos as f32 * self.pos_scale;
