@@ -27,7 +27,6 @@
 
 #define ATT_NEG_INF __int_as_float(0xff800000)
 #define KV_PAGE 32      // tokens per cache page (and keys per chunk)
-#define ATT_MAX_HD 256  // largest head dimension (8 dimensions per lane)
 #define ATT_MAX_WARPS 8
 
 // k, v (n_tok, kv_dim) FP32 -> pools at positions pos[0] .. pos[0] + n_tok - 1

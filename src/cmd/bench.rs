@@ -318,11 +318,10 @@ fn bench(path: &PathBuf, label: &str, a: &Args) -> Result<()> {
     let model = std::sync::Arc::new(Model::open(path)?);
     let kv_tokens = a.n_prompt.max(a.depth + a.n_gen + 1).max(a.n_gen + 1);
     eprintln!("loading {label} ...");
-    let g = GpuBackend::on(
+    let g = GpuBackend::new(
         dev.clone(),
         model.clone(),
         GpuOptions {
-            device: a.gpu,
             kv_tokens,
             ..Default::default()
         },

@@ -5,12 +5,12 @@ use m40_device::{DeviceBuffer, DeviceView, LaunchConfig, Stream};
 
 use crate::error::{KernelError, Result};
 use crate::format::KernelFormat;
-use crate::ops::{check_len, shape, to_i32, QMatrix};
+use crate::ops::{check_len, shape, to_i32, QMatrix, ELEMENTWISE_THREADS};
 use crate::{Kernels, MAX_SHARED_PER_BLOCK};
 
 /// Tokens per page of the KV cache: `KV_PAGE` in kernels/attention.cu.
 pub const KV_PAGE: usize = 32;
-/// Largest head dimension attention supports (`ATT_MAX_HD`).
+/// Largest head dimension attention supports (`attn_f32_r8`: 8 per lane).
 pub const MAX_HEAD_DIM: usize = 256;
 /// `ATT_MAX_WARPS`: warps per attention block at most.
 const ATT_MAX_WARPS: usize = 8;
@@ -18,8 +18,6 @@ const ATT_MAX_WARPS: usize = 8;
 const GEMM_BM: usize = 64;
 const GEMM_BN: usize = 64;
 const GEMM_THREADS: u32 = 256;
-/// Threads per block of kv_append (grid-stride, like the element-wise kernels).
-const KV_APPEND_THREADS: u32 = 256;
 
 /// The shape of an attention launch: `n_tok` query tokens at positions
 /// `start..start + n_tok` of one sequence, each attending causally to the
@@ -243,13 +241,7 @@ impl Kernels {
         check_len(K, "vpool", vpool.len(), pages * KV_PAGE * kv_dim)?;
         check_len(K, "pos", pos.len(), 1)?;
         let kernel = self.kernel("attention", K)?;
-        let n = n_tok * kv_dim;
-        let cap = self.device().info().sm_count.max(1) as usize * 16;
-        let grid = (
-            n.div_ceil(KV_APPEND_THREADS as usize).clamp(1, cap) as u32,
-            1,
-            1,
-        );
+        let grid = (self.flat_grid(n_tok * kv_dim), 1, 1);
         to_i32(K, "start", start)?;
         let (n_tok, kv_dim) = (to_i32(K, "n_tok", n_tok)?, to_i32(K, "kv_dim", kv_dim)?);
         // SAFETY: kv_append_f32(const float* k, const float* v, u16* kpool, u16* vpool,
@@ -269,7 +261,7 @@ impl Kernels {
                 .view(pos)
                 .scalar(&n_tok)
                 .scalar(&kv_dim)
-                .run(cfg(grid, KV_APPEND_THREADS, 0))?
+                .run(cfg(grid, ELEMENTWISE_THREADS, 0))?
         };
         Ok(())
     }
@@ -277,8 +269,9 @@ impl Kernels {
     /// Causal attention of `s.n_tok` queries q (n_tok, n_head, head_dim) FP32
     /// (RoPE applied) over the keys and values of the sequence whose pages
     /// are `table`, positions 0..=pos[0]+i for query i (pos[0] read on the
-    /// device, at most `s.start`); out (n_tok, n_head, head_dim) FP32. `scratch` must hold `plan.scratch_len(s)` floats when
-    /// the plan splits the keys. Returns the plan launched.
+    /// device, at most `s.start`); out (n_tok, n_head, head_dim) FP32.
+    /// `scratch` must hold `plan.scratch_len(s)` floats when the plan
+    /// splits the keys. Returns the plan launched.
     #[allow(clippy::too_many_arguments)]
     pub fn attention(
         &self,

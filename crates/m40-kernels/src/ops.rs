@@ -13,7 +13,7 @@ const RMSNORM_THREADS: u32 = 256;
 /// Threads per block of kernels/embed.cu (`EMBED_THREADS`).
 const EMBED_THREADS: u32 = 128;
 /// Threads per block of kernels/elementwise.cu (`ELEMENTWISE_THREADS`).
-const ELEMENTWISE_THREADS: u32 = 256;
+pub(crate) const ELEMENTWISE_THREADS: u32 = 256;
 /// Threads per block of kernels/rope.cu (`ROPE_THREADS`).
 const ROPE_THREADS: u32 = 128;
 /// Warps per block of kernels/gemv_packed.cu (`PGEMV_WARPS`).
@@ -166,7 +166,7 @@ pub(crate) fn cfg(grid: (u32, u32, u32), block: u32) -> LaunchConfig {
 }
 
 impl Kernels {
-    /// Blocks of 256 threads for a grid-stride loop over `n` items.
+    /// Blocks of ELEMENTWISE_THREADS for a grid-stride loop over `n` items.
     pub(crate) fn flat_grid(&self, n: usize) -> u32 {
         let cap = self.device().info().sm_count.max(1) * BLOCKS_PER_SM;
         (n.div_ceil(ELEMENTWISE_THREADS as usize) as u64).clamp(1, cap as u64) as u32

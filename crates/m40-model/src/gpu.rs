@@ -36,14 +36,12 @@ use crate::{Backend, KvState, Logits, Model};
 
 /// How to set up a [`GpuBackend`].
 pub struct GpuOptions {
-    /// CUDA device ordinal.
-    pub device: usize,
     /// Tokens the KV pool holds, over all sequences together.
     pub kv_tokens: usize,
     /// Tokens per forward step at most (longer prompts run in steps).
     pub max_batch: usize,
     /// Called as weights upload: (bytes done, bytes in all).
-    pub progress: Option<Box<dyn Fn(u64, u64) + Send + Sync>>,
+    pub progress: Option<Arc<dyn Fn(u64, u64) + Send + Sync>>,
     /// Replay decode steps from a captured CUDA graph (else launch each
     /// kernel every step).
     pub graphs: bool,
@@ -52,7 +50,6 @@ pub struct GpuOptions {
 impl Default for GpuOptions {
     fn default() -> Self {
         Self {
-            device: 0,
             kv_tokens: 4096,
             max_batch: 512,
             progress: None,
@@ -96,6 +93,7 @@ struct Workspace {
     k: DeviceBuffer<f32>,
     v: DeviceBuffer<f32>,
     att: DeviceBuffer<f32>,
+    /// One token's output projection before it joins the residual (decode).
     proj: DeviceBuffer<f32>,
     gate: DeviceBuffer<f32>,
     up: DeviceBuffer<f32>,
@@ -207,19 +205,19 @@ pub fn memory_needed(model: &Model, opts: &GpuOptions) -> (u64, u64, u64) {
         (hp.n_head * hp.head_dim) as u64,
         hp.n_ff as u64,
     );
-    let work =
-        4 * (b * (3 * d + 2 * q + 2 * kv_dim + 2 * ff + 2) + LOGIT_ROWS as u64 * hp.n_vocab as u64);
+    // x, h, q, att, k, v, gate, up per token; one token's projection;
+    // LOGIT_ROWS rows of logits; the step inputs (ids, positions, block table).
+    let work = 4
+        * (b * (2 * d + 2 * q + 2 * kv_dim + 2 * ff + 2)
+            + d
+            + LOGIT_ROWS as u64 * hp.n_vocab as u64
+            + pages);
     (weights, kv, work)
 }
 
 impl GpuBackend {
-    pub fn new(model: Arc<Model>, opts: GpuOptions) -> Result<Self> {
-        let device = Device::open(opts.device)?;
-        Self::on(device, model, opts)
-    }
-
-    /// The backend on an open device.
-    pub fn on(device: Arc<Device>, model: Arc<Model>, opts: GpuOptions) -> Result<Self> {
+    /// The backend for `model` on `device` (`Device::open(ordinal)`).
+    pub fn new(device: Arc<Device>, model: Arc<Model>, opts: GpuOptions) -> Result<Self> {
         let hp = model.hparams().clone();
         if hp.head_dim > MAX_HEAD_DIM || !hp.head_dim.is_multiple_of(2) {
             return Err(ModelError::Unsupported(format!(
@@ -340,7 +338,7 @@ impl GpuBackend {
             k: a(b * kv_dim, "activations")?,
             v: a(b * kv_dim, "activations")?,
             att: a(b * q_dim, "activations")?,
-            proj: a(b * hp.n_embd, "activations")?,
+            proj: a(hp.n_embd, "activations")?,
             gate: a(b * hp.n_ff, "activations")?,
             up: a(b * hp.n_ff, "activations")?,
             logits: a(LOGIT_ROWS * hp.n_vocab, "logits")?,
@@ -386,37 +384,51 @@ impl GpuBackend {
         (self.n_pages, lock(&self.free).len())
     }
 
-    /// y = W x for `n` rows of x (GEMV for one, GEMM for more); with
-    /// `accumulate`, y += W x (one row goes through `tmp`).
-    #[allow(clippy::too_many_arguments)]
+    /// The device view of a weight matrix, as the launchers take it.
+    fn qmatrix<'a>(w: &Mat, data: &'a DeviceView<'a, u8>) -> QMatrix<'a> {
+        QMatrix {
+            ty: w.ty,
+            data,
+            rows: w.rows,
+            cols: w.cols,
+        }
+    }
+
+    /// y = W x for `n` rows of x: GEMV for one, GEMM for more.
     fn matmul(
         &self,
         w: &Mat,
         x: &DeviceView<'_, f32>,
         y: &mut DeviceBuffer<f32>,
         n: usize,
-        accumulate: bool,
-        tmp: Option<&mut DeviceBuffer<f32>>,
     ) -> Result<()> {
         let data = w.data.view();
-        let m = QMatrix {
-            ty: w.ty,
-            data: &data,
-            rows: w.rows,
-            cols: w.cols,
-        };
-        let k = &self.kernels;
+        let m = Self::qmatrix(w, &data);
         if n == 1 {
-            match (accumulate, tmp) {
-                (false, _) => k.gemv(&self.stream, &m, x, y)?,
-                (true, Some(tmp)) => {
-                    k.gemv(&self.stream, &m, x, tmp)?;
-                    k.add(&self.stream, y, &tmp.view(), w.rows)?;
-                }
-                (true, None) => unreachable!("accumulating GEMV needs a buffer"),
-            }
+            self.kernels.gemv(&self.stream, &m, x, y)?;
         } else {
-            k.gemm(&self.stream, &m, x, y, n, accumulate)?;
+            self.kernels.gemm(&self.stream, &m, x, y, n, false)?;
+        }
+        Ok(())
+    }
+
+    /// y += W x for `n` rows of x (the residual connection): the GEMM
+    /// accumulates in place; one row goes through GEMV into `tmp`, then an add.
+    fn matmul_add(
+        &self,
+        w: &Mat,
+        x: &DeviceView<'_, f32>,
+        y: &mut DeviceBuffer<f32>,
+        n: usize,
+        tmp: &mut DeviceBuffer<f32>,
+    ) -> Result<()> {
+        let data = w.data.view();
+        let m = Self::qmatrix(w, &data);
+        if n == 1 {
+            self.kernels.gemv(&self.stream, &m, x, tmp)?;
+            self.kernels.add(&self.stream, y, &tmp.view(), w.rows)?;
+        } else {
+            self.kernels.gemm(&self.stream, &m, x, y, n, true)?;
         }
         Ok(())
     }
@@ -484,17 +496,7 @@ impl GpuBackend {
         let pos_v = w.inputs.slice(b..b + n)?;
         let table = w.inputs.slice(2 * b..2 * b + self.n_pages)?;
         let embd = self.embd.data.view();
-        k.embed(
-            s,
-            &QMatrix {
-                ty: self.embd.ty,
-                data: &embd,
-                rows: self.embd.rows,
-                cols: self.embd.cols,
-            },
-            &ids,
-            &mut w.x,
-        )?;
+        k.embed(s, &Self::qmatrix(&self.embd, &embd), &ids, &mut w.x)?;
         let shape = AttnShape {
             n_tok: n,
             start: max_start,
@@ -516,9 +518,9 @@ impl GpuBackend {
                 hp.rms_eps,
             )?;
             let hv = w.h.view();
-            self.matmul(&layer.wq, &hv, &mut w.q, n, false, None)?;
-            self.matmul(&layer.wk, &hv, &mut w.k, n, false, None)?;
-            self.matmul(&layer.wv, &hv, &mut w.v, n, false, None)?;
+            self.matmul(&layer.wq, &hv, &mut w.q, n)?;
+            self.matmul(&layer.wk, &hv, &mut w.k, n)?;
+            self.matmul(&layer.wv, &hv, &mut w.v, n)?;
             if let Some([bq, bk, bv]) = &layer.bias {
                 k.add_rows(s, &mut w.q, &bq.view(), n)?;
                 k.add_rows(s, &mut w.k, &bk.view(), n)?;
@@ -553,14 +555,7 @@ impl GpuBackend {
                 }),
                 Some(plan),
             )?;
-            self.matmul(
-                &layer.wo,
-                &w.att.view(),
-                &mut w.x,
-                n,
-                true,
-                Some(&mut w.proj),
-            )?;
+            self.matmul_add(&layer.wo, &w.att.view(), &mut w.x, n, &mut w.proj)?;
 
             k.rmsnorm(
                 s,
@@ -571,17 +566,10 @@ impl GpuBackend {
                 hp.rms_eps,
             )?;
             let hv = w.h.view();
-            self.matmul(&layer.gate, &hv, &mut w.gate, n, false, None)?;
-            self.matmul(&layer.up, &hv, &mut w.up, n, false, None)?;
+            self.matmul(&layer.gate, &hv, &mut w.gate, n)?;
+            self.matmul(&layer.up, &hv, &mut w.up, n)?;
             k.swiglu(s, &mut w.gate, &w.up.view(), n * hp.n_ff)?;
-            self.matmul(
-                &layer.down,
-                &w.gate.view(),
-                &mut w.x,
-                n,
-                true,
-                Some(&mut w.proj),
-            )?;
+            self.matmul_add(&layer.down, &w.gate.view(), &mut w.x, n, &mut w.proj)?;
         }
         if last_logits {
             self.logits(w, n - 1..n)?;
@@ -603,7 +591,7 @@ impl GpuBackend {
             hp.rms_eps,
         )?;
         let out_w = self.output.as_ref().unwrap_or(&self.embd);
-        self.matmul(out_w, &w.h.view(), &mut w.logits, rows.len(), false, None)
+        self.matmul(out_w, &w.h.view(), &mut w.logits, rows.len())
     }
 
     /// Make sure the split scratch holds what `plan` needs for `shape`.

@@ -67,7 +67,7 @@ fn tokens(n: usize, n_vocab: usize, seed: u64) -> Vec<u32> {
 
 fn gpu(model: &Arc<Model>, kv_tokens: usize, max_batch: usize) -> GpuBackend {
     let dev = test_device("gpu backend").expect("checked by the caller");
-    GpuBackend::on(
+    GpuBackend::new(
         dev,
         model.clone(),
         GpuOptions {
@@ -394,7 +394,7 @@ fn too_little_gpu_memory_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let model = synth(dir.path(), "tiny", GgmlType::Q4_0);
     let used = dev.budget_used();
-    let err = GpuBackend::on(
+    let err = GpuBackend::new(
         dev.clone(),
         model,
         GpuOptions {

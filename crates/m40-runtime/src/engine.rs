@@ -434,15 +434,12 @@ fn pick_backend(
         Err(e) => return Err(EngineError::NoGpu(e)),
     };
     let gpu_opts = GpuOptions {
-        device: opts.gpu,
         kv_tokens: n_ctx,
         max_batch: PREFILL_BATCH,
-        progress: opts.upload_progress.clone().map(|p| {
-            Box::new(move |done, total| (p.0)(done, total)) as Box<dyn Fn(u64, u64) + Send + Sync>
-        }),
+        progress: opts.upload_progress.as_ref().map(|p| p.0.clone()),
         ..Default::default()
     };
-    match GpuBackend::on(device, model.clone(), gpu_opts) {
+    match GpuBackend::new(device, model.clone(), gpu_opts) {
         Ok(g) => Ok((AnyBackend::Gpu(Box::new(g)), None)),
         Err(e @ ModelError::GpuMemory { .. }) if opts.backend == BackendChoice::Auto => {
             Ok((cpu()?, Some(e.to_string())))
