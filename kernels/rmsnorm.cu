@@ -1,25 +1,97 @@
-// RMSNorm: y[r, i] = x[r, i] / sqrt(mean_i(x[r, i]^2) + eps) * w[i].
+// RMSNorm: y[r, i] = x[r, i] / sqrt(mean_i(x[r, i]^2) + eps) * w[i], and the
+// fused residual form: x[r, i] += d[r, i] first (x updated in place), then
+// the norm of the sum.
 //
-// Layout: x, y (n_rows, n) row-major FP32; w (n) FP32. y may alias x.
-// Launch: grid (n_rows), block 256 threads (a multiple of 32); one block per
-// row, each thread strides over the row. Why this shape on Maxwell: rows are a
-// few thousand floats, so one block per row keeps every SM busy with several
-// resident blocks, the row is read twice (sum of squares, then scale) and the
-// second read hits L2; warp shuffles do the reduction without shared-memory
-// bank traffic beyond one float per warp.
+// Layout: x, d, y (n_rows, n) row-major FP32; w (n) FP32.
+// Launch: grid (n_rows), block RMSNORM_THREADS; one block per row.
+//
+// Why this shape: a decode step normalizes one row of a few thousand floats,
+// so the whole kernel is one block and its time is its chain of memory round
+// trips, not bandwidth. Each thread issues RMSNORM_U independent loads
+// before it uses any (16-byte loads when n is a multiple of 4), so a row of
+// 4096 floats costs one round trip per pass instead of one per 256 floats;
+// the second pass re-reads x (its own lanes' values, from L1/L2) and w. The
+// residual add rides along: the same thread adds, writes x back, and reads
+// its own write in the second pass, so the fused form needs no extra sync.
 #include "common.cuh"
 
-__device__ __forceinline__ void rmsnorm_row(const float* x, const float* w, float* y, int n, float eps,
+#define RMSNORM_U 4
+
+__device__ __forceinline__ float sq(float v) { return v * v; }
+__device__ __forceinline__ float sq(float4 v) { return v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w; }
+__device__ __forceinline__ float add(float a, float b) { return a + b; }
+__device__ __forceinline__ float4 add(float4 a, float4 b) {
+    return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+}
+__device__ __forceinline__ float scale_mul(float a, float s, float w) { return a * s * w; }
+__device__ __forceinline__ float4 scale_mul(float4 a, float s, float4 w) {
+    return make_float4(a.x * s * w.x, a.y * s * w.y, a.z * s * w.z, a.w * s * w.w);
+}
+template <class V> __device__ __forceinline__ V zero();
+template <> __device__ __forceinline__ float zero<float>() { return 0.0f; }
+template <> __device__ __forceinline__ float4 zero<float4>() { return make_float4(0.0f, 0.0f, 0.0f, 0.0f); }
+
+// One row of m elements of V (m = n / 4 for float4). d (may be null): added
+// to x first, and the sum written back to x. y may alias x when d is null.
+template <class V>
+__device__ __forceinline__ void rmsnorm_row(V* x, const V* d, const V* w, V* y, int m, int n, float eps,
                                             float* scratch) {
     float ss = 0.0f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += x[i] * x[i];
+    for (int i0 = threadIdx.x; i0 < m; i0 += RMSNORM_U * blockDim.x) {
+        V v[RMSNORM_U];
+#pragma unroll
+        for (int u = 0; u < RMSNORM_U; ++u) {
+            const int i = i0 + u * blockDim.x;
+            v[u] = i < m ? x[i] : zero<V>();
+        }
+        if (d) {
+#pragma unroll
+            for (int u = 0; u < RMSNORM_U; ++u) {
+                const int i = i0 + u * blockDim.x;
+                if (i < m) {
+                    v[u] = add(v[u], d[i]);
+                    x[i] = v[u];
+                }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < RMSNORM_U; ++u) ss += sq(v[u]);
+    }
     ss = block_sum(ss, scratch);
-    const float scale = rsqrtf(ss / (float)n + eps);
-    for (int i = threadIdx.x; i < n; i += blockDim.x) y[i] = x[i] * scale * w[i];
+    const float s = rsqrtf(ss / (float)n + eps);
+    for (int i0 = threadIdx.x; i0 < m; i0 += RMSNORM_U * blockDim.x) {
+        V v[RMSNORM_U], g[RMSNORM_U];
+#pragma unroll
+        for (int u = 0; u < RMSNORM_U; ++u) {
+            const int i = i0 + u * blockDim.x;
+            v[u] = i < m ? x[i] : zero<V>();
+            g[u] = i < m ? w[i] : zero<V>();
+        }
+#pragma unroll
+        for (int u = 0; u < RMSNORM_U; ++u) {
+            const int i = i0 + u * blockDim.x;
+            if (i < m) y[i] = scale_mul(v[u], s, g[u]);
+        }
+    }
+}
+
+// The row of block blockIdx.x; 16-byte accesses when n is a multiple of 4
+// (the launcher passes 16-byte aligned buffers).
+__device__ __forceinline__ void rmsnorm_block(float* x, const float* d, const float* w, float* y, int n, float eps) {
+    __shared__ float scratch[32];
+    const long long o = (long long)blockIdx.x * n;
+    if ((n & 3) == 0)
+        rmsnorm_row<float4>((float4*)(x + o), d ? (const float4*)(d + o) : nullptr, (const float4*)w,
+                            (float4*)(y + o), n >> 2, n, eps, scratch);
+    else
+        rmsnorm_row<float>(x + o, d ? d + o : nullptr, w, y + o, n, n, eps, scratch);
 }
 
 extern "C" __global__ void rmsnorm_f32(const float* x, const float* w, float* y, int n, float eps) {
-    __shared__ float scratch[32];
-    const long long row = blockIdx.x;
-    rmsnorm_row(x + row * n, w, y + row * n, n, eps, scratch);
+    rmsnorm_block(const_cast<float*>(x), nullptr, w, y, n, eps);
+}
+
+// x += d, then y = rmsnorm(x) * w (the residual connection and the next norm).
+extern "C" __global__ void add_rmsnorm_f32(float* x, const float* d, const float* w, float* y, int n, float eps) {
+    rmsnorm_block(x, d, w, y, n, eps);
 }

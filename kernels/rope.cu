@@ -3,46 +3,61 @@
 // where (a, b) = (2i, 2i+1) for the normal style (llama) and (i, i + n_rot/2)
 // for NeoX (qwen2). Dimensions from n_rot up pass through.
 //
-// Layout: x (n_tok, n_head, head_dim) FP32; pos (n_tok) int32; inv_freq
-// (n_rot / 2) FP32 (base^(-2i/n_rot), divided by any per-dimension factors).
-// Launch: grid (n_tok), block ROPE_THREADS; threads take pairs i and loop over
-// the heads, so each sin/cos is computed once per token and reused by every head.
+// Layout: x (n_tok, n_head, head_dim) FP32 and, in the same launch, x2
+// (n_tok, n_head2, head_dim) (the keys beside the queries; n_head2 = 0 for
+// none); pos (n_tok) int32; inv_freq (n_rot / 2) FP32 (base^(-2i/n_rot),
+// divided by any per-dimension factors).
+// Launch: grid (n_tok, ceil((n_head + n_head2) / hpb)), block ROPE_THREADS,
+// hpb = max(1, ROPE_THREADS / (n_rot / 2)) heads per block. The block first
+// computes the sin/cos of its token's pairs into shared memory (once per
+// block, not per head), then each thread rotates one (head, pair): every
+// load of the block is independent, so a decode step (one token, a few
+// dozen heads) is one memory round trip over a few blocks instead of a
+// loop over the heads.
 //
 // Why double-precision sincos: theta reaches thousands of radians at long
 // positions, where the fast single-precision __sinf (which --use_fast_math
 // would pick) is off by ~1e-3; sincos on the double of the same FP32 theta
-// matches the CPU reference's sin_cos. One per (token, pair) is cheap even at
-// sm_52's FP64 rate.
-#define ROPE_THREADS 128
+// matches the CPU reference's sin_cos. One per (token, pair, block) is cheap
+// even at sm_52's FP64 rate.
+#define ROPE_THREADS 256
+#define ROPE_MAX_HALF 128  // head_dim <= 256
 
 template <bool NEOX>
-__device__ __forceinline__ void rope(float* x, const int* pos, const float* inv_freq, int n_head, int head_dim,
-                                     int n_rot, float pos_scale) {
+__device__ __forceinline__ void rope(float* x, int n_head, float* x2, int n_head2, const int* pos,
+                                     const float* inv_freq, int head_dim, int n_rot, float pos_scale) {
+    __shared__ float cs[2][ROPE_MAX_HALF];
     const int t = blockIdx.x;
-    const float p = (float)pos[t] * pos_scale;
     const int half = n_rot / 2;
-    float* xt = x + (long long)t * n_head * head_dim;
+    const int hpb = max(1, ROPE_THREADS / half);
+    const float p = (float)pos[t] * pos_scale;
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         const float theta = p * inv_freq[i];
         double sd, cd;
         sincos((double)theta, &sd, &cd);
-        const float s = (float)sd, c = (float)cd;
+        cs[0][i] = (float)sd;
+        cs[1][i] = (float)cd;
+    }
+    __syncthreads();
+    const int h_end = min(n_head + n_head2, (blockIdx.y + 1) * hpb);
+    for (int e = blockIdx.y * hpb * half + threadIdx.x; e < h_end * half; e += blockDim.x) {
+        const int h = e / half, i = e % half;
+        float* xh = h < n_head ? x + ((long long)t * n_head + h) * head_dim
+                               : x2 + ((long long)t * n_head2 + (h - n_head)) * head_dim;
+        const float s = cs[0][i], c = cs[1][i];
         const int a = NEOX ? i : 2 * i, b = NEOX ? i + half : 2 * i + 1;
-        for (int h = 0; h < n_head; ++h) {
-            float* xh = xt + h * head_dim;
-            const float x0 = xh[a], x1 = xh[b];
-            xh[a] = x0 * c - x1 * s;
-            xh[b] = x0 * s + x1 * c;
-        }
+        const float x0 = xh[a], x1 = xh[b];
+        xh[a] = x0 * c - x1 * s;
+        xh[b] = x0 * s + x1 * c;
     }
 }
 
-extern "C" __global__ void rope_norm_f32(float* x, const int* pos, const float* inv_freq, int n_head, int head_dim,
-                                         int n_rot, float pos_scale) {
-    rope<false>(x, pos, inv_freq, n_head, head_dim, n_rot, pos_scale);
+extern "C" __global__ void rope_norm_f32(float* x, int n_head, float* x2, int n_head2, const int* pos,
+                                         const float* inv_freq, int head_dim, int n_rot, float pos_scale) {
+    rope<false>(x, n_head, x2, n_head2, pos, inv_freq, head_dim, n_rot, pos_scale);
 }
 
-extern "C" __global__ void rope_neox_f32(float* x, const int* pos, const float* inv_freq, int n_head, int head_dim,
-                                         int n_rot, float pos_scale) {
-    rope<true>(x, pos, inv_freq, n_head, head_dim, n_rot, pos_scale);
+extern "C" __global__ void rope_neox_f32(float* x, int n_head, float* x2, int n_head2, const int* pos,
+                                         const float* inv_freq, int head_dim, int n_rot, float pos_scale) {
+    rope<true>(x, n_head, x2, n_head2, pos, inv_freq, head_dim, n_rot, pos_scale);
 }

@@ -361,6 +361,13 @@ impl<'a> Launch<'a> {
         self
     }
 
+    /// A null pointer, for a kernel's optional buffer argument.
+    pub fn null(mut self) -> Self {
+        static NULL: u64 = 0;
+        self.args.arg(&NULL);
+        self
+    }
+
     /// A mapped host buffer, passed as a device pointer the kernel reads or writes.
     pub fn mapped<T>(mut self, m: &'a MappedBuffer<T>) -> Self {
         self.args.arg(&m.device_ptr);

@@ -15,11 +15,20 @@ const EMBED_THREADS: u32 = 128;
 /// Threads per block of kernels/elementwise.cu (`ELEMENTWISE_THREADS`).
 pub(crate) const ELEMENTWISE_THREADS: u32 = 256;
 /// Threads per block of kernels/rope.cu (`ROPE_THREADS`).
-const ROPE_THREADS: u32 = 128;
+const ROPE_THREADS: u32 = 256;
+/// Rotated pairs per head at most (kernels/rope.cu `ROPE_MAX_HALF`).
+const ROPE_MAX_HALF: usize = 128;
 /// Warps per block of kernels/gemv_packed.cu (`PGEMV_WARPS`).
 const PACKED_GEMV_WARPS: u32 = 4;
 /// Grid-stride kernels launch at most this many blocks per SM.
 const BLOCKS_PER_SM: u32 = 16;
+
+/// The x operand of an RMSNorm launch: read, or updated by a residual
+/// first.
+enum Norm<'x, 'v> {
+    Plain(&'x DeviceView<'v, f32>),
+    Add(&'x mut DeviceBuffer<f32>, &'x DeviceView<'v, f32>),
+}
 
 /// Which dimensions RoPE pairs: (2i, 2i+1) or (i, i + n_rot/2).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -182,28 +191,72 @@ impl Kernels {
         rows: usize,
         eps: f32,
     ) -> Result<()> {
-        const K: &str = "rmsnorm_f32";
+        self.rmsnorm_launch(stream, Norm::Plain(x), w, y, rows, eps)
+    }
+
+    /// The residual connection and the next norm in one launch: x += d,
+    /// then y = x / sqrt(mean(x^2) + eps) * w. x, d, y: (rows, n); w: (n).
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_rmsnorm(
+        &self,
+        stream: &Stream,
+        x: &mut DeviceBuffer<f32>,
+        d: &DeviceView<'_, f32>,
+        w: &DeviceView<'_, f32>,
+        y: &mut DeviceBuffer<f32>,
+        rows: usize,
+        eps: f32,
+    ) -> Result<()> {
+        self.rmsnorm_launch(stream, Norm::Add(x, d), w, y, rows, eps)
+    }
+
+    fn rmsnorm_launch(
+        &self,
+        stream: &Stream,
+        x: Norm<'_, '_>,
+        w: &DeviceView<'_, f32>,
+        y: &mut DeviceBuffer<f32>,
+        rows: usize,
+        eps: f32,
+    ) -> Result<()> {
+        let (name, x_len, x_aligned) = match &x {
+            Norm::Plain(x) => ("rmsnorm_f32", x.len(), x.is_aligned(16)),
+            Norm::Add(x, d) => {
+                check_len("add_rmsnorm_f32", "d", d.len(), rows * w.len())?;
+                ("add_rmsnorm_f32", x.len(), d.is_aligned(16))
+            }
+        };
         let n = w.len();
         if rows == 0 || n == 0 {
             return Ok(());
         }
-        check_len(K, "x", x.len(), rows * n)?;
-        check_len(K, "y", y.len(), rows * n)?;
-        let kernel = self.kernel("rmsnorm", K)?;
-        let n = to_i32(K, "n", n)?;
+        check_len(name, "x", x_len, rows * n)?;
+        check_len(name, "y", y.len(), rows * n)?;
+        if n.is_multiple_of(4) && !(x_aligned && w.is_aligned(16)) {
+            return Err(shape(
+                name,
+                format!("rows of {n} floats are read with 16-byte loads: x, d and w must be 16-byte aligned"),
+            ));
+        }
+        let kernel = self.kernel("rmsnorm", name)?;
+        let n = to_i32(name, "n", n)?;
         let grid = (
-            u32::try_from(rows).map_err(|_| shape(K, format!("{rows} rows")))?,
+            u32::try_from(rows).map_err(|_| shape(name, format!("{rows} rows")))?,
             1,
             1,
         );
-        // SAFETY: rmsnorm_f32(const float* x, const float* w, float* y, int n, float eps);
-        // one block per row reads x[row*n..][..n], w[..n] and writes y[row*n..][..n],
-        // all within the lengths checked above.
+        // SAFETY: rmsnorm_f32(const float* x, const float* w, float* y, int n, float eps)
+        // and add_rmsnorm_f32(float* x, const float* d, const float* w, float* y, int n,
+        // float eps); block r reads (and for add_rmsnorm writes) x[r*n..][..n], reads
+        // d[r*n..][..n] and w[..n], writes y[r*n..][..n]: lengths checked above; 16-byte
+        // accesses when n % 4 == 0, alignment checked above (y is a whole allocation).
         unsafe {
-            stream
-                .launch(&kernel)
-                .view(x)
-                .view(w)
+            let l = stream.launch(&kernel);
+            let l = match x {
+                Norm::Plain(x) => l.view(x),
+                Norm::Add(x, d) => l.buf_mut(x).view(d),
+            };
+            l.view(w)
                 .buf_mut(y)
                 .scalar(&n)
                 .scalar(&eps)
@@ -432,6 +485,33 @@ impl Kernels {
         inv_freq: &DeviceView<'_, f32>,
         p: &RopeParams,
     ) -> Result<()> {
+        self.rope_launch(stream, x, None, pos, inv_freq, p)
+    }
+
+    /// RoPE of the queries q (n_tok, p.n_head, head_dim) and the keys k
+    /// (n_tok, n_head_kv, head_dim) of the same tokens, in one launch.
+    pub fn rope_qk(
+        &self,
+        stream: &Stream,
+        q: &mut DeviceBuffer<f32>,
+        k: &mut DeviceBuffer<f32>,
+        n_head_kv: usize,
+        pos: &DeviceView<'_, i32>,
+        inv_freq: &DeviceView<'_, f32>,
+        p: &RopeParams,
+    ) -> Result<()> {
+        self.rope_launch(stream, q, Some((k, n_head_kv)), pos, inv_freq, p)
+    }
+
+    fn rope_launch(
+        &self,
+        stream: &Stream,
+        x: &mut DeviceBuffer<f32>,
+        x2: Option<(&mut DeviceBuffer<f32>, usize)>,
+        pos: &DeviceView<'_, i32>,
+        inv_freq: &DeviceView<'_, f32>,
+        p: &RopeParams,
+    ) -> Result<()> {
         const K: &str = "rope";
         let RopeParams {
             style,
@@ -444,35 +524,54 @@ impl Kernels {
         if n_tok == 0 {
             return Ok(());
         }
-        if !n_rot.is_multiple_of(2) || n_rot > head_dim {
+        if n_rot == 0 || !n_rot.is_multiple_of(2) || n_rot > head_dim || n_rot > 2 * ROPE_MAX_HALF
+        {
             return Err(shape(
                 K,
-                format!("n_rot {n_rot} must be even and at most head_dim {head_dim}"),
+                format!(
+                    "n_rot {n_rot} must be even, positive and at most head_dim {head_dim} and {}",
+                    2 * ROPE_MAX_HALF
+                ),
             ));
         }
         check_len(K, "x", x.len(), n_tok * n_head * head_dim)?;
+        let n_head2 = x2.as_ref().map_or(0, |(_, h)| *h);
+        if let Some((x2, h)) = &x2 {
+            check_len(K, "x2", x2.len(), n_tok * h * head_dim)?;
+        }
         check_len(K, "inv_freq", inv_freq.len(), n_rot / 2)?;
         let name = match style {
             RopeStyle::Normal => "rope_norm_f32",
             RopeStyle::Neox => "rope_neox_f32",
         };
         let kernel = self.kernel("rope", name)?;
-        let grid = (to_i32(K, "n_tok", n_tok)? as u32, 1, 1);
-        let (n_head, head_dim, n_rot) = (
+        let heads_per_block = (ROPE_THREADS as usize / (n_rot / 2)).max(1);
+        let grid = (
+            to_i32(K, "n_tok", n_tok)? as u32,
+            (n_head + n_head2).div_ceil(heads_per_block) as u32,
+            1,
+        );
+        let (n_head, n_head2, head_dim, n_rot) = (
             to_i32(K, "n_head", n_head)?,
+            to_i32(K, "n_head2", n_head2)?,
             to_i32(K, "head_dim", head_dim)?,
             to_i32(K, "n_rot", n_rot)?,
         );
-        // SAFETY: rope_*_f32(float* x, const int* pos, const float* inv_freq, int n_head,
-        // int head_dim, int n_rot, float pos_scale): block t touches x[t*n_head*head_dim..]
-        // [..n_head*head_dim], pos[t], inv_freq[..n_rot/2]; lengths checked above.
+        // SAFETY: rope_*_f32(float* x, int n_head, float* x2, int n_head2, const int* pos,
+        // const float* inv_freq, int head_dim, int n_rot, float pos_scale): block (t, c)
+        // touches heads c*hpb .. of token t in x[t*n_head*head_dim..][..n_head*head_dim]
+        // and x2[t*n_head2*head_dim..][..n_head2*head_dim] (null and untouched when
+        // n_head2 = 0), reads pos[t] and inv_freq[..n_rot/2] (n_rot/2 <= ROPE_MAX_HALF,
+        // the shared table); lengths checked above.
         unsafe {
-            stream
-                .launch(&kernel)
-                .buf_mut(x)
+            let l = stream.launch(&kernel).buf_mut(x).scalar(&n_head);
+            let l = match x2 {
+                Some((x2, _)) => l.buf_mut(x2),
+                None => l.null(),
+            };
+            l.scalar(&n_head2)
                 .view(pos)
                 .view(inv_freq)
-                .scalar(&n_head)
                 .scalar(&head_dim)
                 .scalar(&n_rot)
                 .scalar(&pos_scale)

@@ -266,6 +266,23 @@ fn rmsnorm_matches_cpu() {
         check(&format!("rmsnorm {rows}x{n}"), &got, &want, |i| {
             2e-5 * want[i].abs() as f64 + 1e-7
         });
+
+        // The fused residual form: x += d (checked exactly), y = norm(x).
+        let d = rng.vec(rows * n, -1.0, 1.0);
+        let sum: Vec<f32> = x.iter().zip(&d).map(|(a, b)| a + b).collect();
+        let mut want = sum.clone();
+        ops::rmsnorm(&mut want, &w, eps);
+        let mut xg = s.upload(&x, "x").unwrap();
+        let dg = s.upload(&d, "d").unwrap();
+        s.fill_bytes(&mut y, 0xFF).unwrap();
+        k.add_rmsnorm(&s, &mut xg, &dg.view(), &wg.view(), &mut y, rows, eps)
+            .unwrap();
+        let got = s.download(&y).unwrap();
+        check(&format!("add_rmsnorm {rows}x{n}"), &got, &want, |i| {
+            2e-5 * want[i].abs() as f64 + 1e-7
+        });
+        let got_x = s.download(&xg).unwrap();
+        check(&format!("add_rmsnorm {rows}x{n} x"), &got_x, &sum, |_| 0.0);
     }
 }
 
@@ -285,6 +302,8 @@ fn rope_both_styles_match_cpu() {
             (7, 3, 64, 64, 1.0),
             (5, 9, 128, 64, 4.0),
             (33, 2, 80, 80, 1.0),
+            (3, 40, 128, 128, 1.0),
+            (2, 5, 256, 256, 1.0),
         ] {
             let rope = ops::Rope::new(cpu_style, n_rot, 10000.0, factor, None);
             let x = rng.vec(n_tok * n_head * head_dim, -2.0, 2.0);
@@ -305,12 +324,25 @@ fn rope_both_styles_match_cpu() {
             };
             k.rope(&s, &mut xg, &pg.view(), &fg.view(), &p).unwrap();
             let got = s.download(&xg).unwrap();
-            check(
-                &format!("rope {style:?} {n_tok}x{n_head}x{head_dim} rot {n_rot}"),
-                &got,
-                &want,
-                |_| 2e-6 * 2.0 + 1e-7,
-            );
+            let what = format!("rope {style:?} {n_tok}x{n_head}x{head_dim} rot {n_rot}");
+            check(&what, &got, &want, |_| 2e-6 * 2.0 + 1e-7);
+
+            // Queries and keys (another head count) in one launch.
+            let n_kv = n_head % 3 + 1;
+            let kx = rng.vec(n_tok * n_kv * head_dim, -2.0, 2.0);
+            let mut kwant = kx.clone();
+            for (t, chunk) in kwant.chunks_exact_mut(n_kv * head_dim).enumerate() {
+                rope.apply(chunk, head_dim, pos[t] as usize);
+            }
+            let mut qg = s.upload(&x, "q").unwrap();
+            let mut kg = s.upload(&kx, "k").unwrap();
+            k.rope_qk(&s, &mut qg, &mut kg, n_kv, &pg.view(), &fg.view(), &p)
+                .unwrap();
+            let (gq, gk) = (s.download(&qg).unwrap(), s.download(&kg).unwrap());
+            check(&format!("{what} qk: q"), &gq, &want, |_| 2e-6 * 2.0 + 1e-7);
+            check(&format!("{what} qk: k ({n_kv} heads)"), &gk, &kwant, |_| {
+                2e-6 * 2.0 + 1e-7
+            });
         }
     }
 }

@@ -102,6 +102,26 @@ struct Workspace {
     part_ml: DeviceBuffer<f32>,
 }
 
+/// The [`Norm`] buffers of a workspace (a macro: it borrows three fields,
+/// not the whole workspace).
+macro_rules! norm_bufs {
+    ($w:expr) => {
+        Norm {
+            x: &mut $w.x,
+            proj: &$w.proj,
+            h: &mut $w.h,
+        }
+    };
+}
+
+/// The buffers of a norm: the residual stream x, the pending one-row
+/// residual, and the output.
+struct Norm<'a> {
+    x: &'a mut DeviceBuffer<f32>,
+    proj: &'a DeviceBuffer<f32>,
+    h: &'a mut DeviceBuffer<f32>,
+}
+
 /// The K and V pages of every layer.
 struct Pools {
     k: Vec<DeviceBuffer<u16>>,
@@ -412,23 +432,47 @@ impl GpuBackend {
         Ok(())
     }
 
-    /// y += W x for `n` rows of x (the residual connection): the GEMM
-    /// accumulates in place; one row goes through GEMV into `tmp`, then an add.
-    fn matmul_add(
+    /// The residual connection x += W a for `n` rows of a. The GEMM
+    /// accumulates into x in place (returns false); one row goes through
+    /// GEMV into `w.proj` and is left pending (returns true): the next
+    /// [`Self::norm`] adds it as it normalizes.
+    fn matmul_res(
         &self,
-        w: &Mat,
-        x: &DeviceView<'_, f32>,
-        y: &mut DeviceBuffer<f32>,
+        wt: &Mat,
+        a: &DeviceView<'_, f32>,
+        x: &mut DeviceBuffer<f32>,
+        proj: &mut DeviceBuffer<f32>,
         n: usize,
-        tmp: &mut DeviceBuffer<f32>,
-    ) -> Result<()> {
-        let data = w.data.view();
-        let m = Self::qmatrix(w, &data);
+    ) -> Result<bool> {
+        let data = wt.data.view();
+        let m = Self::qmatrix(wt, &data);
         if n == 1 {
-            self.kernels.gemv(&self.stream, &m, x, tmp)?;
-            self.kernels.add(&self.stream, y, &tmp.view(), w.rows)?;
+            self.kernels.gemv(&self.stream, &m, a, proj)?;
+            Ok(true)
         } else {
-            self.kernels.gemm(&self.stream, &m, x, y, n, true)?;
+            self.kernels.gemm(&self.stream, &m, a, x, n, true)?;
+            Ok(false)
+        }
+    }
+
+    /// h = rmsnorm(x rows `rows`) * weight, adding the pending residual
+    /// `w.proj` to x first (one row) when `pending`.
+    fn norm(
+        &self,
+        w: Norm<'_>,
+        weight: &DeviceBuffer<f32>,
+        rows: std::ops::Range<usize>,
+        pending: bool,
+    ) -> Result<()> {
+        let (k, s) = (&self.kernels, &self.stream);
+        let eps = self.model.hparams().rms_eps;
+        let d = self.model.hparams().n_embd;
+        if pending {
+            debug_assert_eq!(rows, 0..1, "a pending residual is one row");
+            k.add_rmsnorm(s, w.x, &w.proj.view(), &weight.view(), w.h, 1, eps)?;
+        } else {
+            let x = w.x.slice(rows.start * d..rows.end * d)?;
+            k.rmsnorm(s, &x, &weight.view(), w.h, rows.len(), eps)?;
         }
         Ok(())
     }
@@ -504,19 +548,10 @@ impl GpuBackend {
             n_head_kv: hp.n_head_kv,
             head_dim: hd,
         };
-        let kv_rope = RopeParams {
-            n_head: hp.n_head_kv,
-            ..self.rope
-        };
+        // The one-row residual not yet added to x (see matmul_res).
+        let mut pending = false;
         for (l, layer) in self.layers.iter().enumerate() {
-            k.rmsnorm(
-                s,
-                &w.x.view(),
-                &layer.attn_norm.view(),
-                &mut w.h,
-                n,
-                hp.rms_eps,
-            )?;
+            self.norm(norm_bufs!(w), &layer.attn_norm, 0..n, pending)?;
             let hv = w.h.view();
             self.matmul(&layer.wq, &hv, &mut w.q, n)?;
             self.matmul(&layer.wk, &hv, &mut w.k, n)?;
@@ -526,8 +561,15 @@ impl GpuBackend {
                 k.add_rows(s, &mut w.k, &bk.view(), n)?;
                 k.add_rows(s, &mut w.v, &bv.view(), n)?;
             }
-            k.rope(s, &mut w.q, &pos_v, &self.inv_freq.view(), &self.rope)?;
-            k.rope(s, &mut w.k, &pos_v, &self.inv_freq.view(), &kv_rope)?;
+            k.rope_qk(
+                s,
+                &mut w.q,
+                &mut w.k,
+                hp.n_head_kv,
+                &pos_v,
+                &self.inv_freq.view(),
+                &self.rope,
+            )?;
             k.kv_append(
                 s,
                 &w.k.slice(0..n * kv_dim)?,
@@ -555,43 +597,32 @@ impl GpuBackend {
                 }),
                 Some(plan),
             )?;
-            self.matmul_add(&layer.wo, &w.att.view(), &mut w.x, n, &mut w.proj)?;
+            let av = w.att.view();
+            pending = self.matmul_res(&layer.wo, &av, &mut w.x, &mut w.proj, n)?;
 
-            k.rmsnorm(
-                s,
-                &w.x.view(),
-                &layer.ffn_norm.view(),
-                &mut w.h,
-                n,
-                hp.rms_eps,
-            )?;
+            self.norm(norm_bufs!(w), &layer.ffn_norm, 0..n, pending)?;
             let hv = w.h.view();
             self.matmul(&layer.gate, &hv, &mut w.gate, n)?;
             self.matmul(&layer.up, &hv, &mut w.up, n)?;
             k.swiglu(s, &mut w.gate, &w.up.view(), n * hp.n_ff)?;
-            self.matmul_add(&layer.down, &w.gate.view(), &mut w.x, n, &mut w.proj)?;
+            let gv = w.gate.view();
+            pending = self.matmul_res(&layer.down, &gv, &mut w.x, &mut w.proj, n)?;
         }
         if last_logits {
-            self.logits(w, n - 1..n)?;
+            self.logits(w, n - 1..n, pending)?;
+        } else if pending {
+            k.add(s, &mut w.x, &w.proj.view(), hp.n_embd)?;
         }
         Ok(())
     }
 
     /// Rows `rows` (at most LOGIT_ROWS) of the final norm and output matmul
-    /// into `w.logits`.
-    fn logits(&self, w: &mut Workspace, rows: std::ops::Range<usize>) -> Result<()> {
-        let hp = self.model.hparams();
-        let d = hp.n_embd;
-        self.kernels.rmsnorm(
-            &self.stream,
-            &w.x.slice(rows.start * d..rows.end * d)?,
-            &self.output_norm.view(),
-            &mut w.h,
-            rows.len(),
-            hp.rms_eps,
-        )?;
+    /// into `w.logits`; `pending`: see [`Self::norm`].
+    fn logits(&self, w: &mut Workspace, rows: std::ops::Range<usize>, pending: bool) -> Result<()> {
+        let n = rows.len();
+        self.norm(norm_bufs!(w), &self.output_norm, rows, pending)?;
         let out_w = self.output.as_ref().unwrap_or(&self.embd);
-        self.matmul(out_w, &w.h.view(), &mut w.logits, rows.len())
+        self.matmul(out_w, &w.h.view(), &mut w.logits, n)
     }
 
     /// Make sure the split scratch holds what `plan` needs for `shape`.
@@ -682,7 +713,7 @@ impl GpuBackend {
         };
         for r0 in rows.clone().step_by(LOGIT_ROWS) {
             let r1 = (r0 + LOGIT_ROWS).min(rows.end);
-            self.logits(w, r0..r1)?;
+            self.logits(w, r0..r1, false)?;
             let at = out.len();
             out.resize(at + (r1 - r0) * n_vocab, 0.0);
             self.stream
