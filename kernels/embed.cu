@@ -9,7 +9,7 @@
 // latency, not bandwidth, matters here, so no staging.
 // An id outside [0, n_vocab) writes a row of NaNs instead of reading out of
 // bounds (callers check ids before upload; this keeps a bad one visible).
-#include "quant.cuh"
+#include "packed.cuh"
 
 #define EMBED_THREADS 128
 
@@ -45,3 +45,36 @@ __device__ __forceinline__ void embed(const u8* __restrict__ W, const int* __res
         embed<F>(W, ids, out, ncols, row_bytes, n_vocab);                                                \
     }
 M40_FORMATS(EMBED_KERNEL)
+
+// The same gather from a table in the packed layout (packed.cuh; tied
+// embeddings share the output matrix's packed copy): thread item takes parts
+// q and q + 4 of block item / 4 (8 weights). ncols is a multiple of 32.
+template <class P>
+__device__ __forceinline__ void embed_packed(const u8* __restrict__ W, const int* __restrict__ ids,
+                                             float* __restrict__ out, int ncols, int n_vocab) {
+    const int t = blockIdx.x;
+    const int item = blockIdx.y * EMBED_THREADS + threadIdx.x;
+    if (item >= (ncols >> 5) * 4) return;
+    const int b = item >> 2, q = item & 3;
+    float* o = out + (long long)t * ncols + 32 * b + 4 * q;
+    const int id = ids[t];
+    float v0[4], v1[4];
+    if (id < 0 || id >= n_vocab) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) v0[j] = v1[j] = __int_as_float(0x7fffffff);
+    } else {
+        P::parts(W, n_vocab, ncols, id, b, q, v0, v1);
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        o[j] = v0[j];
+        o[16 + j] = v1[j];
+    }
+}
+
+#define EMBED_PACKED_KERNEL(name, P)                                                                     \
+    extern "C" __global__ void embed_packed_##name##_f32(const u8* W, const int* ids, float* out, int ncols, \
+                                                         int n_vocab) {                                  \
+        embed_packed<P>(W, ids, out, ncols, n_vocab);                                                    \
+    }
+M40_PACKED_FORMATS(EMBED_PACKED_KERNEL)

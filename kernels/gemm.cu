@@ -16,7 +16,11 @@
 // hides behind the FMAs (double buffering through registers: the 2 x 16 KB
 // of shared memory of a second stage would halve the blocks an SM holds).
 // Each weight is dequantized once per block and used by GEMM_BM tokens.
-#include "quant.cuh"
+//
+// gemm_packed_<fmt>_f32: the same over weights in the packed layout of the
+// decode GEMV (packed.cuh; row_bytes unused), so a model whose formats have
+// a packed GEMV keeps only that copy of its weights.
+#include "packed.cuh"
 
 #define GEMM_BM 64       // tokens (rows of X and Y) per block tile
 #define GEMM_BN 64       // weight rows (columns of Y) per block tile
@@ -32,20 +36,38 @@ struct GemmStage {
     float4 x[2];
 };
 
+// The weights of a GGUF row-major matrix: parts q and q + 4 of 32-weight
+// sub-block sb of row n.
+template <class F>
+struct RowMajor {
+    __device__ static void parts(const u8* W, long long row_bytes, int, int, int n, int sb, int q, float v0[4],
+                                 float v1[4]) {
+        const u8* blk = W + (long long)n * row_bytes + (long long)(sb / F::SUBS) * F::BYTES;
+        F::part(blk, sb % F::SUBS, q, v0);
+        F::part(blk, sb % F::SUBS, q + 4, v1);
+    }
+};
+
+// The weights of a packed matrix (packed.cuh).
+template <class P>
+struct Packed {
+    __device__ static void parts(const u8* W, long long, int N, int K, int n, int sb, int q, float v0[4],
+                                 float v1[4]) {
+        P::parts(W, N, K, n, sb, q, v0, v1);
+    }
+};
+
 // Load k-step `k0` of the tile at (m0, n0) into registers. Thread t takes
 // weight row n0 + (t & 63), parts (t >> 6) and (t >> 6) + 4 of the sub-block,
 // and token m0 + (t & 63), floats k0 + 4 (t >> 6) .. +3 and k0 + 16 + 4 (t >> 6) .. +3;
 // rows and tokens past the matrix load zeros.
-template <class F>
+template <class L>
 __device__ __forceinline__ void gemm_load(const u8* __restrict__ W, const float* __restrict__ X, int M, int N,
                                           int K, long long row_bytes, int m0, int n0, int k0, GemmStage& st) {
     const int t = threadIdx.x, r = t & 63, q = t >> 6;
-    const int sb = k0 >> 5, b = sb / F::SUBS, s = sb % F::SUBS;
     const int n = n0 + r;
     if (n < N) {
-        const u8* blk = W + (long long)n * row_bytes + (long long)b * F::BYTES;
-        F::part(blk, s, q, st.w[0]);
-        F::part(blk, s, q + 4, st.w[1]);
+        L::parts(W, row_bytes, N, K, n, k0 >> 5, q, st.w[0], st.w[1]);
     } else {
 #pragma unroll
         for (int j = 0; j < 4; ++j) st.w[0][j] = st.w[1][j] = 0.0f;
@@ -80,7 +102,7 @@ __device__ __forceinline__ void gemm_store(const GemmStage& st, float (*Ws)[GEMM
 }
 
 // One block's tile of Y = X W^T (+ Y when `accumulate`).
-template <class F>
+template <class L>
 __device__ __forceinline__ void gemm_tile(const u8* __restrict__ W, const float* __restrict__ X, float* __restrict__ Y,
                                           int M, int N, int K, long long row_bytes, int accumulate, int m0, int n0) {
     __shared__ __align__(16) float Ws[GEMM_BK][GEMM_BN + GEMM_PAD];
@@ -93,11 +115,11 @@ __device__ __forceinline__ void gemm_tile(const u8* __restrict__ W, const float*
         for (int j = 0; j < GEMM_TN; ++j) acc[i][j] = 0.0f;
 
     GemmStage st;
-    gemm_load<F>(W, X, M, N, K, row_bytes, m0, n0, 0, st);
+    gemm_load<L>(W, X, M, N, K, row_bytes, m0, n0, 0, st);
     for (int k0 = 0; k0 < K; k0 += GEMM_BK) {
         gemm_store(st, Ws, Xs);
         __syncthreads();
-        if (k0 + GEMM_BK < K) gemm_load<F>(W, X, M, N, K, row_bytes, m0, n0, k0 + GEMM_BK, st);
+        if (k0 + GEMM_BK < K) gemm_load<L>(W, X, M, N, K, row_bytes, m0, n0, k0 + GEMM_BK, st);
 #pragma unroll 8
         for (int k = 0; k < GEMM_BK; ++k) {
             const float4 a = *(const float4*)&Xs[k][ty * GEMM_TM];
@@ -127,6 +149,15 @@ __device__ __forceinline__ void gemm_tile(const u8* __restrict__ W, const float*
 #define GEMM_KERNEL(name, F)                                                                                 \
     extern "C" __global__ void __launch_bounds__(GEMM_THREADS) gemm_##name##_f32(                            \
         const u8* W, const float* X, float* Y, int M, int N, int K, long long row_bytes, int accumulate) {   \
-        gemm_tile<F>(W, X, Y, M, N, K, row_bytes, accumulate, blockIdx.y * GEMM_BM, blockIdx.x * GEMM_BN); \
+        gemm_tile<RowMajor<F>>(W, X, Y, M, N, K, row_bytes, accumulate, blockIdx.y * GEMM_BM,              \
+                               blockIdx.x * GEMM_BN);                                                        \
     }
 M40_FORMATS(GEMM_KERNEL)
+
+#define GEMM_PACKED_KERNEL(name, P)                                                                          \
+    extern "C" __global__ void __launch_bounds__(GEMM_THREADS) gemm_packed_##name##_f32(                     \
+        const u8* W, const float* X, float* Y, int M, int N, int K, long long row_bytes, int accumulate) {   \
+        gemm_tile<Packed<P>>(W, X, Y, M, N, K, row_bytes, accumulate, blockIdx.y * GEMM_BM,                \
+                             blockIdx.x * GEMM_BN);                                                          \
+    }
+M40_PACKED_FORMATS(GEMM_PACKED_KERNEL)

@@ -53,6 +53,10 @@ pub struct Args {
     /// Print JSON instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// Keep the weights in their GGUF row layout instead of repacking them
+    /// for the packed GEMV (to compare the two).
+    #[arg(long)]
+    pub gguf_layout: bool,
     /// Do not run llama-bench even when it is on PATH.
     #[arg(long)]
     pub no_llama_bench: bool,
@@ -318,14 +322,17 @@ fn bench(path: &PathBuf, label: &str, a: &Args) -> Result<()> {
     let model = std::sync::Arc::new(Model::open(path)?);
     let kv_tokens = a.n_prompt.max(a.depth + a.n_gen + 1).max(a.n_gen + 1);
     eprintln!("loading {label} ...");
+    let t0 = Instant::now();
     let g = GpuBackend::new(
         dev.clone(),
         model.clone(),
         GpuOptions {
             kv_tokens,
+            packed: !a.gguf_layout,
             ..Default::default()
         },
     )?;
+    eprintln!("loaded in {:.1} s", t0.elapsed().as_secs_f64());
     let mut results = Vec::new();
     if a.n_prompt > 0 {
         results.push(pp_test(&g, a.n_prompt, a.reps, &c)?);
@@ -355,7 +362,8 @@ fn bench(path: &PathBuf, label: &str, a: &Args) -> Result<()> {
         let v = json!({
             "device": info.name,
             "ceilings": {"read_gbps": c.read_gbps, "fp32_tflops": c.fp32_tflops},
-            "model": {"label": label, "path": path, "size_bytes": size, "params": params},
+            "model": {"label": label, "path": path, "size_bytes": size, "params": params,
+                      "layout": if a.gguf_layout { "gguf" } else { "packed" }},
             "results": results.iter().map(|r| json!({
                 "test": r.name,
                 "tokens_per_s": r.tokens_per_s,
@@ -373,9 +381,10 @@ fn bench(path: &PathBuf, label: &str, a: &Args) -> Result<()> {
         info.name, info.sm_count, c.read_gbps, c.fp32_tflops
     );
     println!(
-        "model: {label}: {:.2} GiB, {:.2} B params\n",
+        "model: {label}: {:.2} GiB, {:.2} B params, weights {}\n",
         gib(size),
-        params as f64 / 1e9
+        params as f64 / 1e9,
+        if a.gguf_layout { "in GGUF rows" } else { "packed" }
     );
     let has_lb = results.iter().any(|r| r.llama_cpp.is_some());
     print!("| test               |       t/s |        achieved | share of ceiling |");

@@ -5,7 +5,8 @@ use m40_device::{DeviceBuffer, DeviceView, LaunchConfig, Stream};
 
 use crate::error::{KernelError, Result};
 use crate::format::KernelFormat;
-use crate::ops::{check_len, shape, to_i32, QMatrix, ELEMENTWISE_THREADS};
+use crate::ops::{check_len, shape, to_i32, PackedMatrix, QMatrix, ELEMENTWISE_THREADS};
+use crate::pack::PackFormat;
 use crate::{Kernels, MAX_SHARED_PER_BLOCK};
 
 /// Tokens per page of the KV cache: `KV_PAGE` in kernels/attention.cu.
@@ -158,26 +159,85 @@ impl Kernels {
         accumulate: bool,
     ) -> Result<()> {
         const K: &str = "gemm";
-        let (n, k) = (w.rows, w.cols);
         let f = KernelFormat::of(w.ty, K)?;
-        let row_bytes = f.row_bytes(k, K)?;
+        let row_bytes = f.row_bytes(w.cols, K)?;
+        if !w.data.is_aligned(2) {
+            return Err(shape(K, "weights must start at an even byte".into()));
+        }
+        let g = GemmArgs {
+            kernel: gemm_name(&f),
+            data: w.data,
+            need: w.rows * row_bytes,
+            n: w.rows,
+            k: w.cols,
+            row_bytes,
+        };
+        self.gemm_launch(stream, g, x, y, m, accumulate)
+    }
+
+    /// [`Kernels::gemm`] over weights in the packed layout
+    /// ([`crate::pack_gemv`]): the prefill reads the decode GEMV's copy.
+    pub fn gemm_packed(
+        &self,
+        stream: &Stream,
+        w: &PackedMatrix<'_>,
+        x: &DeviceView<'_, f32>,
+        y: &mut DeviceBuffer<f32>,
+        m: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        const K: &str = "gemm_packed";
+        let f = PackFormat::of(w.ty).ok_or(KernelError::Unsupported {
+            kernel: K,
+            ty: w.ty,
+        })?;
+        if w.cols == 0 || !w.cols.is_multiple_of(f.qk) {
+            return Err(shape(
+                K,
+                format!("{} columns is not a positive multiple of {}", w.cols, f.qk),
+            ));
+        }
+        if !w.data.is_aligned(16) {
+            return Err(shape(
+                K,
+                "weights must start at a multiple of 16 bytes".into(),
+            ));
+        }
+        let g = GemmArgs {
+            kernel: f.gemm,
+            data: w.data,
+            need: f.packed_bytes(w.rows, w.cols),
+            n: w.rows,
+            k: w.cols,
+            row_bytes: 0,
+        };
+        self.gemm_launch(stream, g, x, y, m, accumulate)
+    }
+
+    fn gemm_launch(
+        &self,
+        stream: &Stream,
+        w: GemmArgs<'_, '_>,
+        x: &DeviceView<'_, f32>,
+        y: &mut DeviceBuffer<f32>,
+        m: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        const K: &str = "gemm";
+        let (n, k) = (w.n, w.k);
         if !k.is_multiple_of(32) {
             return Err(shape(K, format!("{k} columns is not a multiple of 32")));
         }
         if m == 0 || n == 0 {
             return Ok(());
         }
-        check_len(K, "weights", w.data.len(), n * row_bytes)?;
+        check_len(K, "weights", w.data.len(), w.need)?;
         check_len(K, "x", x.len(), m * k)?;
         check_len(K, "y", y.len(), m * n)?;
-        if !x.is_aligned(16) || !w.data.is_aligned(2) {
-            return Err(shape(
-                K,
-                "x must start at a multiple of 16 bytes, weights at an even byte".into(),
-            ));
+        if !x.is_aligned(16) {
+            return Err(shape(K, "x must start at a multiple of 16 bytes".into()));
         }
-        let name = gemm_name(&f);
-        let kernel = self.kernel("gemm", name)?;
+        let kernel = self.kernel("gemm", w.kernel)?;
         let grid = (
             n.div_ceil(GEMM_BN) as u32,
             u32::try_from(m.div_ceil(GEMM_BM)).map_err(|_| shape(K, format!("{m} rows")))?,
@@ -190,11 +250,12 @@ impl Kernels {
             ));
         }
         let (mi, ni, ki) = (to_i32(K, "m", m)?, to_i32(K, "n", n)?, to_i32(K, "k", k)?);
-        let (row_bytes, acc) = (row_bytes as i64, accumulate as i32);
-        // SAFETY: gemm_<fmt>_f32(const u8* W, const float* X, float* Y, int M, int N,
-        // int K, long long row_bytes, int accumulate): reads rows < N of W (whole
-        // sub-blocks, K a multiple of 32), X[..M*K] (16-byte loads, aligned),
-        // reads and writes Y[..M*N]; lengths checked above.
+        let (row_bytes, acc) = (w.row_bytes as i64, accumulate as i32);
+        // SAFETY: gemm_<fmt>_f32 and gemm_packed_<fmt>_f32(const u8* W, const float* X,
+        // float* Y, int M, int N, int K, long long row_bytes, int accumulate): read rows
+        // < N of W (whole sub-blocks, K a multiple of 32; `need` bytes: N rows of
+        // row_bytes, or the packed size), X[..M*K] (16-byte loads, aligned), read and
+        // write Y[..M*N]; lengths checked above.
         unsafe {
             stream
                 .launch(&kernel)
@@ -398,6 +459,17 @@ impl Kernels {
         }
         Ok(plan)
     }
+}
+
+/// The weights of a GEMM launch: the kernel, its buffer and the bytes it
+/// reads.
+struct GemmArgs<'a, 'v> {
+    kernel: &'static str,
+    data: &'a DeviceView<'v, u8>,
+    need: usize,
+    n: usize,
+    k: usize,
+    row_bytes: usize,
 }
 
 fn gemm_name(f: &KernelFormat) -> &'static str {

@@ -265,6 +265,63 @@ impl Kernels {
         Ok(())
     }
 
+    /// [`Kernels::embed`] from a table in the packed layout (a tied
+    /// embedding shares the output matrix's packed copy).
+    pub fn embed_packed(
+        &self,
+        stream: &Stream,
+        table: &PackedMatrix<'_>,
+        ids: &DeviceView<'_, i32>,
+        out: &mut DeviceBuffer<f32>,
+    ) -> Result<()> {
+        const K: &str = "embed_packed";
+        let (ty, w, n_vocab, ncols) = (table.ty, table.data, table.rows, table.cols);
+        let f = PackFormat::of(ty).ok_or(KernelError::Unsupported { kernel: K, ty })?;
+        if ncols == 0 || !ncols.is_multiple_of(f.qk) {
+            return Err(shape(
+                K,
+                format!("{ncols} columns is not a positive multiple of {}", f.qk),
+            ));
+        }
+        let n_ids = ids.len();
+        if n_ids == 0 {
+            return Ok(());
+        }
+        check_len(K, "weights", w.len(), f.packed_bytes(n_vocab, ncols))?;
+        check_len(K, "out", out.len(), n_ids * ncols)?;
+        if !w.is_aligned(16) {
+            return Err(shape(
+                K,
+                "weights must start at a multiple of 16 bytes".into(),
+            ));
+        }
+        let items = ncols / 32 * 4; // one thread per 8 weights
+        let grid_y = items.div_ceil(EMBED_THREADS as usize);
+        if grid_y > 65535 {
+            return Err(shape(
+                K,
+                format!("{ncols} columns need {grid_y} blocks in y (max 65535)"),
+            ));
+        }
+        let grid = (to_i32(K, "ids", n_ids)? as u32, grid_y as u32, 1);
+        let kernel = self.kernel("embed", f.embed)?;
+        let (ncols, n_vocab) = (to_i32(K, "ncols", ncols)?, to_i32(K, "n_vocab", n_vocab)?);
+        // SAFETY: embed_packed_<fmt>_f32(const u8* W, const int* ids, float* out, int ncols,
+        // int n_vocab): block t reads ids[t] and, for an id < n_vocab, that row's words of
+        // the packed W (packed_bytes checked, 16-byte aligned); writes out[t*ncols..][..ncols].
+        unsafe {
+            stream
+                .launch(&kernel)
+                .view(w)
+                .view(ids)
+                .buf_mut(out)
+                .scalar(&ncols)
+                .scalar(&n_vocab)
+                .run(cfg(grid, EMBED_THREADS))?
+        };
+        Ok(())
+    }
+
     /// out[t] = dequant(table)[ids[t]]: rows of an embedding table (n_vocab
     /// rows). ids: (n_ids); out: (n_ids, cols) FP32. Ids outside [0, n_vocab)
     /// give NaN rows.
@@ -524,8 +581,7 @@ impl Kernels {
         if n_tok == 0 {
             return Ok(());
         }
-        if n_rot == 0 || !n_rot.is_multiple_of(2) || n_rot > head_dim || n_rot > 2 * ROPE_MAX_HALF
-        {
+        if n_rot == 0 || !n_rot.is_multiple_of(2) || n_rot > head_dim || n_rot > 2 * ROPE_MAX_HALF {
             return Err(shape(
                 K,
                 format!(

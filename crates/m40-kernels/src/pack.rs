@@ -23,6 +23,10 @@ pub struct PackFormat {
     pub ty: GgmlType,
     /// `gemv_packed_{symbol}_f32`.
     pub gemv: &'static str,
+    /// `gemm_packed_{symbol}_f32` (prefill, kernels/gemm.cu).
+    pub gemm: &'static str,
+    /// `embed_packed_{symbol}_f32` (kernels/embed.cu).
+    pub embed: &'static str,
     /// Weights and GGUF bytes per block.
     pub qk: usize,
     pub block_bytes: usize,
@@ -41,6 +45,8 @@ macro_rules! pformat {
         PackFormat {
             ty: GgmlType::$ty,
             gemv: concat!("gemv_packed_", $sym, "_f32"),
+            gemm: concat!("gemm_packed_", $sym, "_f32"),
+            embed: concat!("embed_packed_", $sym, "_f32"),
             qk: $qk,
             block_bytes: $bytes,
             packed_block_bytes: $packed,

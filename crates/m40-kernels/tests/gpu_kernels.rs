@@ -191,7 +191,7 @@ fn embed_every_format_matches_cpu() {
     };
     for f in KernelFormat::ALL {
         let colss: &[usize] = if f.float {
-            &[1, 33, 4097]
+            &[1, 33, 4097, 64]
         } else if f.qk == 256 {
             &[256, 9 * 256]
         } else {
@@ -216,31 +216,49 @@ fn embed_every_format_matches_cpu() {
                 cols,
             };
             k.embed(&s, &qt, &ig.view(), &mut out).unwrap();
-            let got = s.download(&out).unwrap();
-            let last = ids.len() - 1;
-            assert!(
-                got[last * cols..].iter().all(|v| v.is_nan()),
-                "embed {}: out-of-range id must give NaN",
-                f.ty
-            );
-            let mut want = Vec::with_capacity(last * cols);
-            for &id in &ids[..last] {
-                want.extend_from_slice(&table[id as usize * cols..][..cols]);
+            let mut got = vec![s.download(&out).unwrap()];
+            // The same rows from the packed layout, where the format has one.
+            if PackFormat::of(f.ty).is_some_and(|p| cols % p.qk == 0) {
+                let pg = s
+                    .upload(&pack_gemv(f.ty, &w, n_vocab, cols).unwrap(), "packed")
+                    .unwrap();
+                let pv = pg.view();
+                let pm = PackedMatrix {
+                    ty: f.ty,
+                    data: &pv,
+                    rows: n_vocab,
+                    cols,
+                };
+                s.fill_bytes(&mut out, 0xFF).unwrap();
+                k.embed_packed(&s, &pm, &ig.view(), &mut out).unwrap();
+                got.push(s.download(&out).unwrap());
             }
-            let row_max: Vec<f64> = ids[..last]
-                .iter()
-                .map(|&id| {
-                    table[id as usize * cols..][..cols]
-                        .iter()
-                        .fold(0.0f64, |m, v| m.max(v.abs() as f64))
-                })
-                .collect();
-            check(
-                &format!("embed {} cols {cols}", f.ty),
-                &got[..last * cols],
-                &want,
-                |i| 1e-6 * (want[i].abs() as f64 + row_max[i / cols]),
-            );
+            for (got, kind) in got.iter().zip(["", " packed"]) {
+                let last = ids.len() - 1;
+                assert!(
+                    got[last * cols..].iter().all(|v| v.is_nan()),
+                    "embed{kind} {}: out-of-range id must give NaN",
+                    f.ty
+                );
+                let mut want = Vec::with_capacity(last * cols);
+                for &id in &ids[..last] {
+                    want.extend_from_slice(&table[id as usize * cols..][..cols]);
+                }
+                let row_max: Vec<f64> = ids[..last]
+                    .iter()
+                    .map(|&id| {
+                        table[id as usize * cols..][..cols]
+                            .iter()
+                            .fold(0.0f64, |m, v| m.max(v.abs() as f64))
+                    })
+                    .collect();
+                check(
+                    &format!("embed{kind} {} cols {cols}", f.ty),
+                    &got[..last * cols],
+                    &want,
+                    |i| 1e-6 * (want[i].abs() as f64 + row_max[i / cols]),
+                );
+            }
         }
     }
 }
@@ -553,59 +571,112 @@ fn graph_capture_replays_kernels() {
 /// gemm (prefill matmul, dequantizing in the tile loader) against the CPU
 /// dequantization in f64, for every format, with and without accumulation,
 /// on shapes that are not multiples of the 64 x 64 tile.
+/// One GEMM case: random weights of `ty` (n x kk), X (m x kk); `launch`
+/// gets the uploaded weights (`prepare` turns the GGUF bytes into what the
+/// kernel reads), X, Y (poisoned, or holding y0 when accumulating) and the
+/// accumulate flag.
+#[allow(clippy::too_many_arguments)]
+fn gemm_case(
+    s: &Stream,
+    rng: &mut Rng,
+    ty: GgmlType,
+    (m, n, kk): (usize, usize, usize),
+    what: &str,
+    prepare: impl Fn(&[u8]) -> Vec<u8>,
+    launch: impl Fn(&DeviceView<'_, u8>, &DeviceView<'_, f32>, &mut DeviceBuffer<f32>, bool),
+) {
+    let w = random_weights(rng, ty, n, kk);
+    let x = rng.vec(m * kk, -1.0, 1.0);
+    let y0 = rng.vec(m * n, -1.0, 1.0);
+    let wd = dequant(ty, &w, n, kk);
+    let mut want = vec![0f32; m * n];
+    let mut mag = vec![0f64; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let (xr, wr) = (&x[i * kk..(i + 1) * kk], &wd[j * kk..(j + 1) * kk]);
+            let dot: f64 = xr.iter().zip(wr).map(|(a, b)| *a as f64 * *b as f64).sum();
+            want[i * n + j] = dot as f32;
+            mag[i * n + j] = xr
+                .iter()
+                .zip(wr)
+                .map(|(a, b)| (*a as f64 * *b as f64).abs())
+                .sum();
+        }
+    }
+    let wg = s.upload(&prepare(&w), "w").unwrap();
+    let xg = s.upload(&x, "x").unwrap();
+    let mut y = s.alloc::<f32>(m * n, "y").unwrap();
+    s.fill_bytes(&mut y, 0xFF).unwrap();
+    launch(&wg.view(), &xg.view(), &mut y, false);
+    let got = s.download(&y).unwrap();
+    let what = format!("{what} {ty} {m}x{n}x{kk}");
+    check(&what, &got, &want, |i| 1e-5 * mag[i] + 1e-30);
+    // Accumulate onto y0.
+    let mut y = s.upload(&y0, "y0").unwrap();
+    launch(&wg.view(), &xg.view(), &mut y, true);
+    let got = s.download(&y).unwrap();
+    let want: Vec<f32> = want.iter().zip(&y0).map(|(a, b)| a + b).collect();
+    check(&format!("{what} accumulate"), &got, &want, |i| {
+        1e-5 * mag[i] + 1e-6
+    });
+}
+
 #[test]
 fn gemm_every_format_matches_cpu() {
     let Some((_dev, s, k, mut rng)) = setup("gemm_every_format_matches_cpu") else {
         return;
     };
-    for f in KernelFormat::ALL {
-        let shapes: &[(usize, usize, usize)] = if f.qk == 256 {
-            &[(1, 1, 256), (2, 67, 512), (65, 130, 768), (200, 64, 256)]
+    let shapes = |qk: usize| -> [(usize, usize, usize); 4] {
+        if qk == 256 {
+            [(1, 1, 256), (2, 67, 512), (65, 130, 768), (200, 64, 256)]
         } else {
-            &[(1, 1, 32), (2, 67, 96), (65, 130, 256), (200, 64, 1024)]
-        };
-        for &(m, n, kk) in shapes {
-            let w = random_weights(&mut rng, f.ty, n, kk);
-            let x = rng.vec(m * kk, -1.0, 1.0);
-            let y0 = rng.vec(m * n, -1.0, 1.0);
-            let wd = dequant(f.ty, &w, n, kk);
-            let mut want = vec![0f32; m * n];
-            let mut mag = vec![0f64; m * n];
-            for i in 0..m {
-                for j in 0..n {
-                    let (xr, wr) = (&x[i * kk..(i + 1) * kk], &wd[j * kk..(j + 1) * kk]);
-                    let dot: f64 = xr.iter().zip(wr).map(|(a, b)| *a as f64 * *b as f64).sum();
-                    want[i * n + j] = dot as f32;
-                    mag[i * n + j] = xr
-                        .iter()
-                        .zip(wr)
-                        .map(|(a, b)| (*a as f64 * *b as f64).abs())
-                        .sum();
-                }
-            }
-            let wg = s.upload(&w, "w").unwrap();
-            let xg = s.upload(&x, "x").unwrap();
-            let wv = wg.view();
-            let qm = QMatrix {
-                ty: f.ty,
-                data: &wv,
-                rows: n,
-                cols: kk,
-            };
-            let mut y = s.alloc::<f32>(m * n, "y").unwrap();
-            s.fill_bytes(&mut y, 0xFF).unwrap();
-            k.gemm(&s, &qm, &xg.view(), &mut y, m, false).unwrap();
-            let got = s.download(&y).unwrap();
-            let what = format!("gemm {} {m}x{n}x{kk}", f.ty);
-            check(&what, &got, &want, |i| 1e-5 * mag[i] + 1e-30);
-            // Accumulate onto y0.
-            let mut y = s.upload(&y0, "y0").unwrap();
-            k.gemm(&s, &qm, &xg.view(), &mut y, m, true).unwrap();
-            let got = s.download(&y).unwrap();
-            let want: Vec<f32> = want.iter().zip(&y0).map(|(a, b)| a + b).collect();
-            check(&format!("{what} accumulate"), &got, &want, |i| {
-                1e-5 * mag[i] + 1e-6
-            });
+            [(1, 1, 32), (2, 67, 96), (65, 130, 256), (200, 64, 1024)]
+        }
+    };
+    for f in KernelFormat::ALL {
+        for mnk in shapes(f.qk) {
+            let (m, n, kk) = mnk;
+            gemm_case(
+                &s,
+                &mut rng,
+                f.ty,
+                mnk,
+                "gemm",
+                |w| w.to_vec(),
+                |wv, xv, y, acc| {
+                    let qm = QMatrix {
+                        ty: f.ty,
+                        data: wv,
+                        rows: n,
+                        cols: kk,
+                    };
+                    k.gemm(&s, &qm, xv, y, m, acc).unwrap();
+                },
+            );
+        }
+    }
+    // The packed layout (rows not a multiple of 4: a padded group).
+    for f in PackFormat::ALL {
+        for mnk in shapes(f.qk) {
+            let (m, n, kk) = mnk;
+            let prepare = |w: &[u8]| pack_gemv(f.ty, w, n, kk).unwrap();
+            gemm_case(
+                &s,
+                &mut rng,
+                f.ty,
+                mnk,
+                "gemm_packed",
+                prepare,
+                |wv, xv, y, acc| {
+                    let pm = PackedMatrix {
+                        ty: f.ty,
+                        data: wv,
+                        rows: n,
+                        cols: kk,
+                    };
+                    k.gemm_packed(&s, &pm, xv, y, m, acc).unwrap();
+                },
+            );
         }
     }
     // Columns that are not whole sub-blocks are refused.

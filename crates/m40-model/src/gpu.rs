@@ -26,8 +26,8 @@ use m40_device::{Device, DeviceBuffer, DeviceView, Stream};
 use m40_gguf::hparams::{RopeStyle as GgufRope, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
 use m40_gguf::{GgmlType, HyperParams};
 use m40_kernels::{
-    AttnPlan, AttnScratch, AttnShape, KernelFormat, Kernels, QMatrix, RopeParams, RopeStyle,
-    KV_PAGE, MAX_HEAD_DIM,
+    pack_gemv, AttnPlan, AttnScratch, AttnShape, KernelFormat, Kernels, PackFormat, PackedMatrix,
+    QMatrix, RopeParams, RopeStyle, KV_PAGE, MAX_HEAD_DIM,
 };
 
 use crate::cpu::ops::Rope;
@@ -45,6 +45,10 @@ pub struct GpuOptions {
     /// Replay decode steps from a captured CUDA graph (else launch each
     /// kernel every step).
     pub graphs: bool,
+    /// Repack the matrices whose format has a packed GEMV (F16, Q8_0, Q4_0,
+    /// Q4_1, Q4_K, Q6_K) at upload: decode streams them at a higher share
+    /// of the bandwidth, and prefill and the embedding read the same copy.
+    pub packed: bool,
 }
 
 impl Default for GpuOptions {
@@ -54,6 +58,7 @@ impl Default for GpuOptions {
             max_batch: 512,
             progress: None,
             graphs: true,
+            packed: true,
         }
     }
 }
@@ -61,12 +66,28 @@ impl Default for GpuOptions {
 /// Rows of logits computed per output matmul when all are asked for.
 const LOGIT_ROWS: usize = 64;
 
-/// A weight matrix on the device in its GGUF format.
+/// A weight matrix on the device: GGUF rows, or the packed layout.
 struct Mat {
     ty: GgmlType,
     data: DeviceBuffer<u8>,
     rows: usize,
     cols: usize,
+    packed: bool,
+}
+
+/// Whether a matrix of `ty` with `cols` columns is uploaded packed.
+fn packs(opts: &GpuOptions, ty: GgmlType, cols: usize) -> bool {
+    opts.packed && PackFormat::of(ty).is_some_and(|f| cols.is_multiple_of(f.qk))
+}
+
+/// Device bytes of a weight tensor as uploaded (the packed layout pads the
+/// rows to groups of 4, and Q4_K's unpacked scales take 4 bytes more per
+/// super-block).
+fn device_bytes(opts: &GpuOptions, t: &m40_gguf::TensorInfo) -> u64 {
+    match PackFormat::of(t.ty) {
+        Some(f) if packs(opts, t.ty, t.row_len()) => f.packed_bytes(t.n_rows(), t.row_len()) as u64,
+        _ => t.n_bytes,
+    }
 }
 
 struct Layer {
@@ -211,7 +232,13 @@ pub fn memory_needed(model: &Model, opts: &GpuOptions) -> (u64, u64, u64) {
         .expected_tensors()
         .iter()
         .filter_map(|(name, _)| file.tensor_info(name))
-        .map(|t| t.n_bytes)
+        .map(|t| {
+            if t.name == TOKEN_EMBD && !hp.tied_output {
+                t.n_bytes // gathered only: stays in GGUF rows
+            } else {
+                device_bytes(opts, t)
+            }
+        })
         .sum::<u64>()
         + file
             .tensor_info("rope_freqs.weight")
@@ -275,26 +302,34 @@ impl GpuBackend {
         let kernels = Kernels::new(device.clone());
         kernels.load_all()?;
         let mut done = 0u64;
-        let mut upload = |name: &str| -> Result<Mat> {
+        let mut upload = |name: &str, may_pack: bool| -> Result<Mat> {
             let t = model.tensor(name);
             KernelFormat::of(t.info.ty, "gpu backend")?;
-            let data = stream.upload(t.data, name)?;
-            done += t.info.n_bytes;
+            let (rows, cols) = (t.info.n_rows(), t.info.row_len());
+            let packed = may_pack && packs(&opts, t.info.ty, cols);
+            let data = if packed {
+                stream.upload(&pack_gemv(t.info.ty, t.data, rows, cols)?, name)?
+            } else {
+                stream.upload(t.data, name)?
+            };
+            done = (done + data.len() as u64).min(w);
             if let Some(p) = &opts.progress {
                 p(done, w);
             }
             Ok(Mat {
                 ty: t.info.ty,
                 data,
-                rows: t.info.n_rows(),
-                cols: t.info.row_len(),
+                rows,
+                cols,
+                packed,
             })
         };
         let f32s = |name: &str| -> Result<DeviceBuffer<f32>> {
             let v = model.tensor(name).to_f32()?;
             Ok(stream.upload(&v, name)?)
         };
-        let embd = upload(TOKEN_EMBD)?;
+        // The embedding is packed only when it is also the output matrix.
+        let embd = upload(TOKEN_EMBD, hp.tied_output)?;
         let mut layers = Vec::with_capacity(hp.n_layer);
         for l in 0..hp.n_layer {
             let n = model.layer(l);
@@ -307,21 +342,24 @@ impl GpuBackend {
                 attn_norm: f32s(&n.attn_norm)?,
                 ffn_norm: f32s(&n.ffn_norm)?,
                 bias,
-                wq: upload(&n.wq)?,
-                wk: upload(&n.wk)?,
-                wv: upload(&n.wv)?,
-                wo: upload(&n.wo)?,
-                gate: upload(&n.ffn_gate)?,
-                up: upload(&n.ffn_up)?,
-                down: upload(&n.ffn_down)?,
+                wq: upload(&n.wq, true)?,
+                wk: upload(&n.wk, true)?,
+                wv: upload(&n.wv, true)?,
+                wo: upload(&n.wo, true)?,
+                gate: upload(&n.ffn_gate, true)?,
+                up: upload(&n.ffn_up, true)?,
+                down: upload(&n.ffn_down, true)?,
             });
         }
         let output = if hp.tied_output {
             None
         } else {
-            Some(upload(OUTPUT)?)
+            Some(upload(OUTPUT, true)?)
         };
         let output_norm = f32s(OUTPUT_NORM)?;
+        if let Some(p) = &opts.progress {
+            p(w, w);
+        }
 
         let cpu_rope = Rope::for_model(&model)?;
         let inv_freq = stream.upload(&cpu_rope.inv_freq, "RoPE frequencies")?;
@@ -404,17 +442,39 @@ impl GpuBackend {
         (self.n_pages, lock(&self.free).len())
     }
 
-    /// The device view of a weight matrix, as the launchers take it.
-    fn qmatrix<'a>(w: &Mat, data: &'a DeviceView<'a, u8>) -> QMatrix<'a> {
-        QMatrix {
-            ty: w.ty,
-            data,
-            rows: w.rows,
-            cols: w.cols,
+    /// y = W x for `n` rows of x: GEMV for one, GEMM for more (y += W x
+    /// with `accumulate`, GEMM only).
+    fn gemm_or_gemv(
+        &self,
+        w: &Mat,
+        x: &DeviceView<'_, f32>,
+        y: &mut DeviceBuffer<f32>,
+        n: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        let (k, s) = (&self.kernels, &self.stream);
+        let data = w.data.view();
+        let (ty, rows, cols) = (w.ty, w.rows, w.cols);
+        debug_assert!(n > 1 || !accumulate, "GEMV does not accumulate");
+        if w.packed {
+            let m = PackedMatrix { ty, data: &data, rows, cols };
+            if n == 1 {
+                k.gemv_packed(s, &m, x, y, None)?;
+            } else {
+                k.gemm_packed(s, &m, x, y, n, accumulate)?;
+            }
+        } else {
+            let m = QMatrix { ty, data: &data, rows, cols };
+            if n == 1 {
+                k.gemv(s, &m, x, y)?;
+            } else {
+                k.gemm(s, &m, x, y, n, accumulate)?;
+            }
         }
+        Ok(())
     }
 
-    /// y = W x for `n` rows of x: GEMV for one, GEMM for more.
+    /// y = W x for `n` rows of x.
     fn matmul(
         &self,
         w: &Mat,
@@ -422,14 +482,7 @@ impl GpuBackend {
         y: &mut DeviceBuffer<f32>,
         n: usize,
     ) -> Result<()> {
-        let data = w.data.view();
-        let m = Self::qmatrix(w, &data);
-        if n == 1 {
-            self.kernels.gemv(&self.stream, &m, x, y)?;
-        } else {
-            self.kernels.gemm(&self.stream, &m, x, y, n, false)?;
-        }
-        Ok(())
+        self.gemm_or_gemv(w, x, y, n, false)
     }
 
     /// The residual connection x += W a for `n` rows of a. The GEMM
@@ -444,13 +497,11 @@ impl GpuBackend {
         proj: &mut DeviceBuffer<f32>,
         n: usize,
     ) -> Result<bool> {
-        let data = wt.data.view();
-        let m = Self::qmatrix(wt, &data);
         if n == 1 {
-            self.kernels.gemv(&self.stream, &m, a, proj)?;
+            self.gemm_or_gemv(wt, a, proj, 1, false)?;
             Ok(true)
         } else {
-            self.kernels.gemm(&self.stream, &m, a, x, n, true)?;
+            self.gemm_or_gemv(wt, a, x, n, true)?;
             Ok(false)
         }
     }
@@ -539,8 +590,16 @@ impl GpuBackend {
         let ids = w.inputs.slice(0..n)?;
         let pos_v = w.inputs.slice(b..b + n)?;
         let table = w.inputs.slice(2 * b..2 * b + self.n_pages)?;
-        let embd = self.embd.data.view();
-        k.embed(s, &Self::qmatrix(&self.embd, &embd), &ids, &mut w.x)?;
+        let e = &self.embd;
+        let data = e.data.view();
+        let (ty, rows, cols) = (e.ty, e.rows, e.cols);
+        if e.packed {
+            let m = PackedMatrix { ty, data: &data, rows, cols };
+            k.embed_packed(s, &m, &ids, &mut w.x)?;
+        } else {
+            let m = QMatrix { ty, data: &data, rows, cols };
+            k.embed(s, &m, &ids, &mut w.x)?;
+        }
         let shape = AttnShape {
             n_tok: n,
             start: max_start,

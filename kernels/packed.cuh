@@ -1,0 +1,129 @@
+// Element access to weights in the packed layout (crates/m40-kernels/src/
+// pack.rs writes it; kernels/gemv_packed.cu documents it and streams it for
+// decode). The prefill GEMM's tile loader and the embedding gather read the
+// same copy of the weights through these, so a model keeps one copy.
+//
+// Each format: `parts(W, N, K, n, b, q, v0, v1)` dequantizes weights
+// 4q .. 4q+3 (v0) and 16+4q .. 16+4q+3 (v1), q < 4, of 32-weight block b of
+// row n < N, in a matrix of N rows and K columns (K / 32 blocks per row,
+// ceil(N / 4) groups of 4 rows). These two parts are what one 32-bit word
+// of nibbles holds in the 4-bit formats, and the split `part(q)`,
+// `part(q + 4)` of quant.cuh, so the GEMM loader takes them together.
+//
+// Plane offsets (bytes), with ng groups, nb blocks per row, gb = g * nb + b
+// the group-block of row n = 4 g + j:
+// - Q4_0 / Q4_1 / Q4_K quants: ((gb * 4 + e) * 4 + j) * 4, eighth e = q
+//   (low nibbles: weights 4e.., high: 16+4e..);
+// - Q8_0 quants: ((gb * 4 + e) * 4 + j) * 8, e = weight / 8 (biased by 128);
+//   F16 values: ((gb * 4 + e) * 4 + j) * 16;
+// - simple scales after ng * nb * 64 * QV bytes: (gb * 4 + j) * SB
+//   (QV = 16-byte vectors per eighth: 1 Q4_x, 2 Q8_0, 4 F16);
+// - Q4_K: sm at ng*nb*64 + gb*8 + 2j (scale, min bytes), d at
+//   ng*nb*72 + ((g * nb/8 + b/8) * 4 + j) * 4 (f16 d | f16 dmin << 16);
+// - Q6_K: lo at ((gb*4 + e)*4 + j)*4 (byte k: low 4 bits of weight 8e+k in
+//   its low nibble, of 8e+4+k in its high one), hi at ng*nb*64 +
+//   (gb*4 + e)*8 + (j/2)*4 (bits 2m.. of byte k: top 2 bits of weight
+//   8e+4t+k of row j, m = 2 (j%2) + t), sc at ng*nb*96 + gb*8 + 2j + (16-weight
+//   half), d at ng*nb*104 + ((g * nb/8 + b/8) * 4 + j) * 2.
+#pragma once
+#include "quant.cuh"
+
+// Where row n's group-block b starts: g, j, gb, and the group count.
+struct PackAt {
+    long long gb, ng, nb, g;
+    int j;
+    __device__ PackAt(int N, int K, int n, int b)
+        : gb((long long)(n >> 2) * (K >> 5) + b), ng((N + 3) >> 2), nb(K >> 5), g(n >> 2), j(n & 3) {}
+};
+
+__device__ __forceinline__ u32 ldw(const u8* p) { return *(const u32*)p; }
+
+// v = ((w >> shift) & 15) * d + c for the 4 bytes of w.
+__device__ __forceinline__ void nibbles4(u32 w, int shift, float d, float c, float v[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[i] = fmaf(u2f_sub((w >> (8 * i + shift)) & 15, 0), d, c);
+}
+
+struct PartsQ4_0 {
+    __device__ static void parts(const u8* W, int N, int K, int n, int b, int q, float v0[4], float v1[4]) {
+        const PackAt a(N, K, n, b);
+        const u32 w = ldw(W + ((a.gb * 4 + q) * 4 + a.j) * 4);
+        const float d = h2f(ld16(W + a.ng * a.nb * 64 + (a.gb * 4 + a.j) * 2));
+        nibbles4(w, 0, d, -8.0f * d, v0);
+        nibbles4(w, 4, d, -8.0f * d, v1);
+    }
+};
+
+struct PartsQ4_1 {
+    __device__ static void parts(const u8* W, int N, int K, int n, int b, int q, float v0[4], float v1[4]) {
+        const PackAt a(N, K, n, b);
+        const u32 w = ldw(W + ((a.gb * 4 + q) * 4 + a.j) * 4);
+        const u32 s = ldw(W + a.ng * a.nb * 64 + (a.gb * 4 + a.j) * 4);
+        const float d = h2f((u16)s), m = h2f((u16)(s >> 16));
+        nibbles4(w, 0, d, m, v0);
+        nibbles4(w, 4, d, m, v1);
+    }
+};
+
+// w = d sc v - dmin m.
+struct PartsQ4_K {
+    __device__ static void parts(const u8* W, int N, int K, int n, int b, int q, float v0[4], float v1[4]) {
+        const PackAt a(N, K, n, b);
+        const u32 w = ldw(W + ((a.gb * 4 + q) * 4 + a.j) * 4);
+        const u32 sm = ld16(W + a.ng * a.nb * 64 + a.gb * 8 + 2 * a.j);
+        const u32 dd = ldw(W + a.ng * a.nb * 72 + ((a.g * (a.nb >> 3) + (b >> 3)) * 4 + a.j) * 4);
+        const float d = h2f((u16)dd) * (float)(sm & 0xff), c = -h2f((u16)(dd >> 16)) * (float)(sm >> 8);
+        nibbles4(w, 0, d, c, v0);
+        nibbles4(w, 4, d, c, v1);
+    }
+};
+
+struct PartsQ8_0 {
+    __device__ static void parts(const u8* W, int N, int K, int n, int b, int q, float v0[4], float v1[4]) {
+        const PackAt a(N, K, n, b);
+        const float d = h2f(ld16(W + a.ng * a.nb * 128 + (a.gb * 4 + a.j) * 2));
+        const u8* e0 = W + ((a.gb * 4 + (q >> 1)) * 4 + a.j) * 8 + 4 * (q & 1);
+        const u32 w0 = ldw(e0), w1 = ldw(e0 + 2 * 4 * 8);  // eighth + 2: weights + 16
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            v0[i] = u2f_sub(byte_of(w0, i), 128) * d;
+            v1[i] = u2f_sub(byte_of(w1, i), 128) * d;
+        }
+    }
+};
+
+struct PartsF16 {
+    __device__ static void parts(const u8* W, int N, int K, int n, int b, int q, float v0[4], float v1[4]) {
+        const PackAt a(N, K, n, b);
+        const u8* e0 = W + ((a.gb * 4 + (q >> 1)) * 4 + a.j) * 16 + 8 * (q & 1);
+        const uint2 h0 = *(const uint2*)e0, h1 = *(const uint2*)(e0 + 2 * 4 * 16);
+        v0[0] = h2f((u16)h0.x), v0[1] = h2f((u16)(h0.x >> 16)), v0[2] = h2f((u16)h0.y), v0[3] = h2f((u16)(h0.y >> 16));
+        v1[0] = h2f((u16)h1.x), v1[1] = h2f((u16)(h1.x >> 16)), v1[2] = h2f((u16)h1.y), v1[3] = h2f((u16)(h1.y >> 16));
+    }
+};
+
+struct PartsQ6_K {
+    // Weights 8e + 4t .. +3 of row j: 6-bit values (low nibble | top 2 bits << 4).
+    __device__ static void q6(const u8* W, const PackAt& a, int e, int t, float ds, float v[4]) {
+        const u32 lo = ldw(W + ((a.gb * 4 + e) * 4 + a.j) * 4) >> (4 * t);
+        const u32 hi = ldw(W + a.ng * a.nb * 64 + (a.gb * 4 + e) * 8 + (a.j >> 1) * 4) >> (2 * (2 * (a.j & 1) + t));
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            v[i] = u2f_sub(((lo >> (8 * i)) & 15) | (((hi >> (8 * i)) & 3) << 4), 32) * ds;
+    }
+    __device__ static void parts(const u8* W, int N, int K, int n, int b, int q, float v0[4], float v1[4]) {
+        const PackAt a(N, K, n, b);
+        const u8* sc = W + a.ng * a.nb * 96 + a.gb * 8 + 2 * a.j;
+        const float d = h2f(ld16(W + a.ng * a.nb * 104 + ((a.g * (a.nb >> 3) + (b >> 3)) * 4 + a.j) * 2));
+        q6(W, a, q >> 1, q & 1, d * (float)(signed char)sc[0], v0);
+        q6(W, a, 2 + (q >> 1), q & 1, d * (float)(signed char)sc[1], v1);
+    }
+};
+
+#define M40_PACKED_FORMATS(X) \
+    X(f16, PartsF16)          \
+    X(q8_0, PartsQ8_0)        \
+    X(q4_0, PartsQ4_0)        \
+    X(q4_1, PartsQ4_1)        \
+    X(q4_k, PartsQ4_K)        \
+    X(q6_k, PartsQ6_K)
