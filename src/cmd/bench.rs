@@ -384,7 +384,11 @@ fn bench(path: &PathBuf, label: &str, a: &Args) -> Result<()> {
         "model: {label}: {:.2} GiB, {:.2} B params, weights {}\n",
         gib(size),
         params as f64 / 1e9,
-        if a.gguf_layout { "in GGUF rows" } else { "packed" }
+        if a.gguf_layout {
+            "in GGUF rows"
+        } else {
+            "packed"
+        }
     );
     let has_lb = results.iter().any(|r| r.llama_cpp.is_some());
     print!("| test               |       t/s |        achieved | share of ceiling |");

@@ -7,6 +7,7 @@
 //! instead of 144).
 
 use m40_gguf::GgmlType;
+use rayon::prelude::*;
 
 use crate::error::{KernelError, Result};
 
@@ -104,44 +105,82 @@ pub fn pack_gemv(ty: GgmlType, data: &[u8], rows: usize, cols: usize) -> Result<
         });
     }
     let mut out = vec![0u8; f.packed_bytes(rows, cols)];
-    let rows_of = data.chunks_exact(row_bytes);
+    let (nb, groups) = (cols / 32, rows.div_ceil(PACK_ROWS));
+    // The rows of group g (fewer in a partial last group).
+    let group_rows = |g: usize| {
+        data[g * PACK_ROWS * row_bytes..]
+            .chunks_exact(row_bytes)
+            .take(PACK_ROWS)
+    };
     if ty == GgmlType::Q6_K {
-        pack_q6_k(&mut out, rows_of, rows, cols);
+        by_group(&mut out, &[64 * nb, 32 * nb, 8 * nb, nb], groups, |g, p| {
+            pack_q6_k(p, group_rows(g))
+        });
     } else if ty == GgmlType::Q4_K {
-        pack_q4_k(&mut out, rows_of, rows, cols);
+        by_group(&mut out, &[64 * nb, 8 * nb, 2 * nb], groups, |g, p| {
+            pack_q4_k(p, group_rows(g))
+        });
     } else {
-        pack_simple(&f, &mut out, rows_of, rows, cols);
+        let sizes = [16 * f.eighth_bytes * nb, PACK_ROWS * f.scale_bytes * nb];
+        by_group(&mut out, &sizes, groups, |g, p| {
+            pack_simple(&f, p, group_rows(g))
+        });
     }
     Ok(out)
 }
 
-/// Byte offset of plane `i` (of sizes `per_block[..]` bytes per group and
-/// 32-weight block) in a packed matrix of `groups * nb` group-blocks.
-fn plane(per_block: &[usize], i: usize, groups: usize, nb: usize) -> usize {
-    per_block[..i].iter().sum::<usize>() * groups * nb
+/// Run `pack` for every group of rows in parallel, on its share of each
+/// plane: plane i holds `per_group[i]` bytes per group, groups in order
+/// (every plane of the layout is [group][...]).
+fn by_group(
+    out: &mut [u8],
+    per_group: &[usize],
+    groups: usize,
+    pack: impl Fn(usize, &mut [&mut [u8]]) + Sync,
+) {
+    let mut rest = out;
+    let mut planes: Vec<&mut [u8]> = Vec::new();
+    for &n in per_group {
+        let (plane, tail) = std::mem::take(&mut rest).split_at_mut(n * groups);
+        planes.push(plane);
+        rest = tail;
+    }
+    debug_assert!(rest.is_empty(), "planes cover the packed matrix");
+    let shares: Vec<Vec<&mut [u8]>> = (0..groups)
+        .map(|_| {
+            planes
+                .iter_mut()
+                .zip(per_group)
+                .map(|(p, &n)| {
+                    let (share, tail) = std::mem::take(p).split_at_mut(n);
+                    *p = tail;
+                    share
+                })
+                .collect()
+        })
+        .collect();
+    shares
+        .into_par_iter()
+        .enumerate()
+        .for_each(|(g, mut p)| pack(g, &mut p));
 }
 
-fn pack_simple<'a>(
-    f: &PackFormat,
-    out: &mut [u8],
-    rows: impl Iterator<Item = &'a [u8]>,
-    nrows: usize,
-    cols: usize,
-) {
-    let (nb, groups) = (cols / 32, nrows.div_ceil(PACK_ROWS));
+/// One group of a simple format: planes quants ([block][eighth][row]
+/// eighth_bytes) and scales ([block][row] scale_bytes). Padding rows stay
+/// zero bytes: zero scales (or zero F16 values).
+fn pack_simple<'a>(f: &PackFormat, p: &mut [&mut [u8]], rows: impl Iterator<Item = &'a [u8]>) {
     let (sb, eb, bias) = (f.scale_bytes, f.eighth_bytes, f.bias);
-    let scales = plane(&[4 * PACK_ROWS * eb], 1, groups, nb);
-    // Padding rows stay zero bytes: zero scales (or zero F16 values).
-    for (r, row) in rows.enumerate() {
-        let (g, j) = (r / PACK_ROWS, r % PACK_ROWS);
+    let [quants, scales] = p else {
+        unreachable!("two planes")
+    };
+    for (j, row) in rows.enumerate() {
         for (b, blk) in row.chunks_exact(f.block_bytes).enumerate() {
-            let gb = g * nb + b;
-            let s = scales + (gb * PACK_ROWS + j) * sb;
-            out[s..s + sb].copy_from_slice(&blk[..sb]);
+            let s = (b * PACK_ROWS + j) * sb;
+            scales[s..s + sb].copy_from_slice(&blk[..sb]);
             for e in 0..4 {
-                let dst = ((gb * 4 + e) * PACK_ROWS + j) * eb;
+                let dst = ((b * 4 + e) * PACK_ROWS + j) * eb;
                 let src = &blk[sb + e * eb..][..eb];
-                for (d, s) in out[dst..dst + eb].iter_mut().zip(src) {
+                for (d, s) in quants[dst..dst + eb].iter_mut().zip(src) {
                     *d = s ^ bias;
                 }
             }
@@ -149,18 +188,13 @@ fn pack_simple<'a>(
     }
 }
 
-/// Q6_K: planes lo (64 bytes per group and 32-weight block), hi (32), sc (8)
-/// and d (8 per super-block): kernels/gemv_packed.cu `Q6KPlanes`.
-fn pack_q6_k<'a>(out: &mut [u8], rows: impl Iterator<Item = &'a [u8]>, nrows: usize, cols: usize) {
-    let (nb, groups) = (cols / 32, nrows.div_ceil(PACK_ROWS));
-    let sizes = [64, 32, 8];
-    let (hi, sc, dp) = (
-        plane(&sizes, 1, groups, nb),
-        plane(&sizes, 2, groups, nb),
-        plane(&sizes, 3, groups, nb),
-    );
-    for (r, row) in rows.enumerate() {
-        let (g, j) = (r / PACK_ROWS, r % PACK_ROWS);
+/// One group of Q6_K: planes lo (64 bytes per 32-weight block), hi (32),
+/// sc (8) and d (8 per super-block): kernels/gemv_packed.cu `Q6KPlanes`.
+fn pack_q6_k<'a>(p: &mut [&mut [u8]], rows: impl Iterator<Item = &'a [u8]>) {
+    let [lo_p, hi_p, sc_p, d_p] = p else {
+        unreachable!("four planes")
+    };
+    for (j, row) in rows.enumerate() {
         for (sbk, blk) in row.chunks_exact(210).enumerate() {
             let (ql, qh, scales) = (&blk[..128], &blk[128..192], &blk[192..208]);
             // The 6-bit value of weight i (ggml's order: 128-weight halves
@@ -171,22 +205,22 @@ fn pack_q6_k<'a>(out: &mut [u8], rows: impl Iterator<Item = &'a [u8]>, nrows: us
                 let hi = qh[32 * n + l] >> (2 * m) & 3;
                 lo | hi << 4
             };
-            let d = dp + ((g * (nb / 8) + sbk) * PACK_ROWS + j) * 2;
-            out[d..d + 2].copy_from_slice(&blk[208..210]);
+            let d = (sbk * PACK_ROWS + j) * 2;
+            d_p[d..d + 2].copy_from_slice(&blk[208..210]);
             for s in 0..8 {
-                let gb = g * nb + sbk * 8 + s;
-                let c = sc + gb * 8 + 2 * j;
-                out[c..c + 2].copy_from_slice(&scales[2 * s..2 * s + 2]);
+                let b = sbk * 8 + s;
+                let c = b * 8 + 2 * j;
+                sc_p[c..c + 2].copy_from_slice(&scales[2 * s..2 * s + 2]);
                 for e in 0..4 {
                     let w = |k: usize| q6(32 * s + 8 * e + k);
-                    let lo = ((gb * 4 + e) * PACK_ROWS + j) * 4;
+                    let lo = ((b * 4 + e) * PACK_ROWS + j) * 4;
                     for k in 0..4 {
-                        out[lo + k] = (w(k) & 15) | (w(4 + k) & 15) << 4;
+                        lo_p[lo + k] = (w(k) & 15) | (w(4 + k) & 15) << 4;
                     }
                     // Word j / 2 of the eighth; rows 2w + r at bits 4r, 4r+2.
-                    let h = hi + (gb * 4 + e) * 8 + (j / 2) * 4;
+                    let h = (b * 4 + e) * 8 + (j / 2) * 4;
                     for k in 0..4 {
-                        out[h + k] |= ((w(k) >> 4) | (w(4 + k) >> 4) << 2) << (4 * (j % 2));
+                        hi_p[h + k] |= ((w(k) >> 4) | (w(4 + k) >> 4) << 2) << (4 * (j % 2));
                     }
                 }
             }
@@ -207,33 +241,32 @@ fn q4_k_scale_min(scales: &[u8], s: usize) -> (u8, u8) {
     }
 }
 
-/// Q4_K: planes q (64 bytes per group and 32-weight block, as Q4_0's
+/// One group of Q4_K: planes q (64 bytes per 32-weight block, as Q4_0's
 /// quants), sm (8: each row's scale and min as bytes) and d (16 per
 /// super-block: each row's f16 d and dmin): kernels/gemv_packed.cu
 /// `Q4KPlanes`.
-fn pack_q4_k<'a>(out: &mut [u8], rows: impl Iterator<Item = &'a [u8]>, nrows: usize, cols: usize) {
-    let (nb, groups) = (cols / 32, nrows.div_ceil(PACK_ROWS));
-    let sizes = [64, 8];
-    let (smp, dp) = (plane(&sizes, 1, groups, nb), plane(&sizes, 2, groups, nb));
-    for (r, row) in rows.enumerate() {
-        let (g, j) = (r / PACK_ROWS, r % PACK_ROWS);
+fn pack_q4_k<'a>(p: &mut [&mut [u8]], rows: impl Iterator<Item = &'a [u8]>) {
+    let [q_p, sm_p, d_p] = p else {
+        unreachable!("three planes")
+    };
+    for (j, row) in rows.enumerate() {
         for (sbk, blk) in row.chunks_exact(144).enumerate() {
             let (scales, qs) = (&blk[4..16], &blk[16..144]);
-            let d = dp + ((g * (nb / 8) + sbk) * PACK_ROWS + j) * 4;
-            out[d..d + 4].copy_from_slice(&blk[..4]);
+            let d = (sbk * PACK_ROWS + j) * 4;
+            d_p[d..d + 4].copy_from_slice(&blk[..4]);
             for s in 0..8 {
-                let gb = g * nb + sbk * 8 + s;
+                let b = sbk * 8 + s;
                 let (sc, m) = q4_k_scale_min(scales, s);
-                let c = smp + gb * 8 + 2 * j;
-                out[c] = sc;
-                out[c + 1] = m;
+                let c = b * 8 + 2 * j;
+                sm_p[c] = sc;
+                sm_p[c + 1] = m;
                 // Weight l of sub-block s: the low (s even) or high nibble
                 // of qs[32 (s / 2) + l].
                 let w = |l: usize| qs[32 * (s / 2) + l] >> (4 * (s % 2)) & 15;
                 for e in 0..4 {
-                    let q = ((gb * 4 + e) * PACK_ROWS + j) * 4;
+                    let q = ((b * 4 + e) * PACK_ROWS + j) * 4;
                     for i in 0..4 {
-                        out[q + i] = w(4 * e + i) | w(16 + 4 * e + i) << 4;
+                        q_p[q + i] = w(4 * e + i) | w(16 + 4 * e + i) << 4;
                     }
                 }
             }
@@ -244,6 +277,12 @@ fn pack_q4_k<'a>(out: &mut [u8], rows: impl Iterator<Item = &'a [u8]>, nrows: us
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Byte offset of plane `i` (of sizes `per_block[..]` bytes per group and
+    /// 32-weight block) in a packed matrix of `groups * nb` group-blocks.
+    fn plane(per_block: &[usize], i: usize, groups: usize, nb: usize) -> usize {
+        per_block[..i].iter().sum::<usize>() * groups * nb
+    }
 
     /// Weight `c` of row `r` read back from the packed layout (the kernel's
     /// view of it).

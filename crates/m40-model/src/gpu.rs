@@ -457,14 +457,24 @@ impl GpuBackend {
         let (ty, rows, cols) = (w.ty, w.rows, w.cols);
         debug_assert!(n > 1 || !accumulate, "GEMV does not accumulate");
         if w.packed {
-            let m = PackedMatrix { ty, data: &data, rows, cols };
+            let m = PackedMatrix {
+                ty,
+                data: &data,
+                rows,
+                cols,
+            };
             if n == 1 {
                 k.gemv_packed(s, &m, x, y, None)?;
             } else {
                 k.gemm_packed(s, &m, x, y, n, accumulate)?;
             }
         } else {
-            let m = QMatrix { ty, data: &data, rows, cols };
+            let m = QMatrix {
+                ty,
+                data: &data,
+                rows,
+                cols,
+            };
             if n == 1 {
                 k.gemv(s, &m, x, y)?;
             } else {
@@ -594,10 +604,20 @@ impl GpuBackend {
         let data = e.data.view();
         let (ty, rows, cols) = (e.ty, e.rows, e.cols);
         if e.packed {
-            let m = PackedMatrix { ty, data: &data, rows, cols };
+            let m = PackedMatrix {
+                ty,
+                data: &data,
+                rows,
+                cols,
+            };
             k.embed_packed(s, &m, &ids, &mut w.x)?;
         } else {
-            let m = QMatrix { ty, data: &data, rows, cols };
+            let m = QMatrix {
+                ty,
+                data: &data,
+                rows,
+                cols,
+            };
             k.embed(s, &m, &ids, &mut w.x)?;
         }
         let shape = AttnShape {
