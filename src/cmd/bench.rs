@@ -21,7 +21,7 @@ use m40_gguf::synth::{write_model, Shape, SynthOptions};
 use m40_gguf::{GgmlType, HyperParams};
 use m40_kernels::Kernels;
 use m40_model::gpu::{GpuBackend, GpuOptions};
-use m40_model::{Backend, KvState, Logits, Model};
+use m40_model::{Backend, KvState, Logits, Model, Selection};
 use serde_json::{json, Value};
 
 #[derive(clap::Args)]
@@ -208,12 +208,21 @@ fn tg_test(
         )?;
     }
     let toks = random_tokens(n, hp.n_vocab, 3);
+    let greedy = Selection {
+        k: 1,
+        penalties: Vec::new(),
+        repeat: 1.0,
+        frequency: 0.0,
+        presence: 0.0,
+    };
     let mut t = Vec::new();
     for r in 0..=reps {
         cache.truncate(depth);
         let start = Instant::now();
+        // Each step returns its argmax (selected on the GPU), as greedy
+        // decoding runs; the logits stay on the device.
         for &tok in &toks {
-            g.forward(&mut cache, &[tok], Logits::Last)?;
+            g.forward_select(&mut cache, &[tok], &greedy)?;
         }
         if r > 0 {
             t.push(start.elapsed().as_secs_f64());

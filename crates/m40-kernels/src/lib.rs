@@ -14,6 +14,7 @@ mod error;
 mod format;
 mod ops;
 mod pack;
+mod sample;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -25,12 +26,13 @@ pub use error::{KernelError, Result};
 pub use format::{gemv_chunk_blocks, gemv_shared_bytes, KernelFormat};
 pub use ops::{GemvPlan, PackedMatrix, QMatrix, RopeParams, RopeStyle};
 pub use pack::{pack_gemv, PackFormat, PACK_ROWS};
+pub use sample::{Penalties, SELECT_MAX_K};
 
 /// Shared memory a block may use on sm_52 (and without opt-in on any GPU).
 pub const MAX_SHARED_PER_BLOCK: usize = 48 * 1024;
 
 /// The PTX modules: (name, text), one per `kernels/*.cu`.
-pub const MODULES: [(&str, &str); 9] = [
+pub const MODULES: [(&str, &str); 10] = [
     (
         "attention",
         include_str!("../../../kernels/ptx/attention.ptx"),
@@ -49,6 +51,7 @@ pub const MODULES: [(&str, &str); 9] = [
     ),
     ("rmsnorm", include_str!("../../../kernels/ptx/rmsnorm.ptx")),
     ("rope", include_str!("../../../kernels/ptx/rope.ptx")),
+    ("sample", include_str!("../../../kernels/ptx/sample.ptx")),
 ];
 
 /// The kernels of one device; modules load on first use, and each kernel's

@@ -547,6 +547,7 @@ impl Kernels {
 
     /// RoPE of the queries q (n_tok, p.n_head, head_dim) and the keys k
     /// (n_tok, n_head_kv, head_dim) of the same tokens, in one launch.
+    #[allow(clippy::too_many_arguments)]
     pub fn rope_qk(
         &self,
         stream: &Stream,

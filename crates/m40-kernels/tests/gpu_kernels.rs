@@ -12,8 +12,8 @@ use m40_device::testing::test_device;
 use m40_device::{Device, DeviceBuffer, DeviceView, Stream};
 use m40_gguf::GgmlType;
 use m40_kernels::{
-    pack_gemv, KernelError, KernelFormat, Kernels, PackFormat, PackedMatrix, QMatrix, RopeParams,
-    RopeStyle,
+    pack_gemv, KernelError, KernelFormat, Kernels, PackFormat, PackedMatrix, Penalties, QMatrix,
+    RopeParams, RopeStyle,
 };
 use m40_model::cpu::ops;
 
@@ -900,5 +900,138 @@ fn add_rows_matches_cpu() {
             })
             .collect();
         check(&format!("add_rows {rows}x{width}"), &got, &want, |_| 0.0);
+    }
+}
+
+/// The CPU sampler's view of selection: penalties in f32 (as
+/// m40-runtime's Sampler applies them), then the k highest logits by IEEE
+/// total order, lower ids first on ties.
+fn select_reference(logits: &mut [f32], pen: &[(u32, u32)], p: Penalties, k: usize) -> Vec<u32> {
+    for &(id, c) in pen {
+        let l = &mut logits[id as usize];
+        if *l > 0.0 {
+            *l /= p.repeat;
+        } else {
+            *l *= p.repeat;
+        }
+        *l -= c as f32 * p.frequency + p.presence;
+    }
+    let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
+    idx.sort_by(|&a, &b| {
+        logits[b as usize]
+            .total_cmp(&logits[a as usize])
+            .then(a.cmp(&b))
+    });
+    idx.truncate(k);
+    idx
+}
+
+#[test]
+fn select_top_k_matches_cpu() {
+    let Some((_dev, s, k, mut rng)) = setup("select_top_k_matches_cpu") else {
+        return;
+    };
+    let mut cases = 0;
+    for n_vocab in [1usize, 7, 1000, 32000, 49152, 128256, 151936] {
+        // Distinct values, heavy ties (a few levels), and -inf entries.
+        for style in 0..3 {
+            let mut logits: Vec<f32> = rng.vec(n_vocab, -12.0, 12.0);
+            if style == 1 {
+                for l in &mut logits {
+                    *l = (*l * 0.5).round();
+                }
+            }
+            if style == 2 {
+                for l in logits.iter_mut().step_by(3) {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+            let n_pen = rng.below(65.min(n_vocab) + 1).min(n_vocab);
+            let mut pen_ids: Vec<u32> = (0..n_vocab as u32).collect();
+            for i in 0..n_pen {
+                let j = i + rng.below(n_vocab - i);
+                pen_ids.swap(i, j);
+            }
+            let pen: Vec<(u32, u32)> = pen_ids[..n_pen]
+                .iter()
+                .map(|&id| (id, 1 + rng.below(5) as u32))
+                .collect();
+            let p = Penalties {
+                repeat: 1.0 + rng.uniform(0.0, 0.5),
+                frequency: rng.uniform(0.0, 0.3),
+                presence: rng.uniform(0.0, 0.3),
+            };
+            let flat: Vec<i32> = pen
+                .iter()
+                .flat_map(|&(i, c)| [i as i32, c as i32])
+                .collect();
+            for kk in [1usize, 2, 40, 1000, 1024] {
+                if kk > n_vocab {
+                    continue;
+                }
+                let mut want_l = logits.clone();
+                let want = select_reference(&mut want_l, &pen, p, kk);
+                let mut lg = s.upload(&logits, "logits").unwrap();
+                let pg = s.upload(&flat, "pen").unwrap();
+                let mut ids = s.alloc::<i32>(kk, "ids").unwrap();
+                let mut top = s.alloc::<f32>(kk, "top").unwrap();
+                s.fill_bytes(&mut ids, 0xFF).unwrap();
+                s.fill_bytes(&mut top, 0xFF).unwrap();
+                k.select_top_k(
+                    &s,
+                    &mut lg,
+                    n_vocab,
+                    &pg.view(),
+                    n_pen,
+                    p,
+                    kk,
+                    &mut ids,
+                    &mut top,
+                )
+                .unwrap();
+                let what = format!("select n_vocab {n_vocab} style {style} k {kk}");
+                let got_ids: Vec<u32> = s
+                    .download(&ids)
+                    .unwrap()
+                    .iter()
+                    .map(|&i| i as u32)
+                    .collect();
+                assert_eq!(got_ids, want, "{what}: ids");
+                let got_top = s.download(&top).unwrap();
+                let want_top: Vec<f32> = want.iter().map(|&i| want_l[i as usize]).collect();
+                assert!(
+                    got_top
+                        .iter()
+                        .zip(&want_top)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{what}: logits"
+                );
+                let got_l = s.download(&lg).unwrap();
+                assert!(
+                    got_l
+                        .iter()
+                        .zip(&want_l)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{what}: penalized row"
+                );
+                cases += 1;
+            }
+        }
+    }
+    eprintln!("select_top_k: {cases} cases, ids and logits bit-exact");
+    // k out of range is refused.
+    let mut lg = s.alloc::<f32>(10, "l").unwrap();
+    let pg = s.alloc::<i32>(2, "p").unwrap();
+    let mut ids = s.alloc::<i32>(2048, "i").unwrap();
+    let mut top = s.alloc::<f32>(2048, "t").unwrap();
+    let p = Penalties {
+        repeat: 1.0,
+        frequency: 0.0,
+        presence: 0.0,
+    };
+    for bad in [0, 11, 2048] {
+        assert!(k
+            .select_top_k(&s, &mut lg, 10, &pg.view(), 0, p, bad, &mut ids, &mut top)
+            .is_err());
     }
 }

@@ -27,12 +27,12 @@ use m40_gguf::hparams::{RopeStyle as GgufRope, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
 use m40_gguf::{GgmlType, HyperParams};
 use m40_kernels::{
     pack_gemv, AttnPlan, AttnScratch, AttnShape, KernelFormat, Kernels, PackFormat, PackedMatrix,
-    QMatrix, RopeParams, RopeStyle, KV_PAGE, MAX_HEAD_DIM,
+    Penalties, QMatrix, RopeParams, RopeStyle, KV_PAGE, MAX_HEAD_DIM, SELECT_MAX_K,
 };
 
 use crate::cpu::ops::Rope;
 use crate::error::{ModelError, Result};
-use crate::{Backend, KvState, Logits, Model};
+use crate::{Backend, KvState, Logits, Model, Selection};
 
 /// How to set up a [`GpuBackend`].
 pub struct GpuOptions {
@@ -62,6 +62,9 @@ impl Default for GpuOptions {
         }
     }
 }
+
+/// Penalty pairs the token selection holds before growing its buffer.
+const SEL_PENALTIES: usize = 256;
 
 /// Rows of logits computed per output matmul when all are asked for.
 const LOGIT_ROWS: usize = 64;
@@ -119,6 +122,10 @@ struct Workspace {
     gate: DeviceBuffer<f32>,
     up: DeviceBuffer<f32>,
     logits: DeviceBuffer<f32>,
+    /// Token selection: the penalty pairs (grown on demand), the k ids and logits.
+    sel_pen: DeviceBuffer<i32>,
+    sel_ids: DeviceBuffer<i32>,
+    sel_top: DeviceBuffer<f32>,
     part: DeviceBuffer<f32>,
     part_ml: DeviceBuffer<f32>,
 }
@@ -253,12 +260,14 @@ pub fn memory_needed(model: &Model, opts: &GpuOptions) -> (u64, u64, u64) {
         hp.n_ff as u64,
     );
     // x, h, q, att, k, v, gate, up per token; one token's projection;
-    // LOGIT_ROWS rows of logits; the step inputs (ids, positions, block table).
+    // LOGIT_ROWS rows of logits; the step inputs (ids, positions, block
+    // table); the token selection's penalties and results.
     let work = 4
         * (b * (2 * d + 2 * q + 2 * kv_dim + 2 * ff + 2)
             + d
             + LOGIT_ROWS as u64 * hp.n_vocab as u64
-            + pages);
+            + pages
+            + 2 * (SEL_PENALTIES + SELECT_MAX_K) as u64);
     (weights, kv, work)
 }
 
@@ -400,6 +409,9 @@ impl GpuBackend {
             gate: a(b * hp.n_ff, "activations")?,
             up: a(b * hp.n_ff, "activations")?,
             logits: a(LOGIT_ROWS * hp.n_vocab, "logits")?,
+            sel_pen: stream.alloc::<i32>(2 * SEL_PENALTIES, "sampling penalties")?,
+            sel_ids: stream.alloc::<i32>(SELECT_MAX_K, "token selection")?,
+            sel_top: a(SELECT_MAX_K, "token selection")?,
             part: a(1, "attention scratch")?,
             part_ml: a(1, "attention scratch")?,
         };
@@ -723,7 +735,7 @@ impl GpuBackend {
         cache: &mut GpuCache,
         tokens: &[u32],
         want: Logits,
-        out: &mut Vec<f32>,
+        mut out: Option<&mut Vec<f32>>,
     ) -> Result<()> {
         let hp = self.model.hparams();
         let n = tokens.len();
@@ -768,10 +780,12 @@ impl GpuBackend {
             // is held, and the scratch is never reallocated smaller).
             unsafe { g.launch()? };
             cache.len = start + 1;
-            let at = out.len();
-            out.resize(at + n_vocab, 0.0);
-            self.stream
-                .copy_to_host(&w.logits.slice(0..n_vocab)?, &mut out[at..])?;
+            if let Some(out) = out {
+                let at = out.len();
+                out.resize(at + n_vocab, 0.0);
+                self.stream
+                    .copy_to_host(&w.logits.slice(0..n_vocab)?, &mut out[at..])?;
+            }
             return Ok(());
         }
         let shape = AttnShape {
@@ -793,10 +807,12 @@ impl GpuBackend {
         for r0 in rows.clone().step_by(LOGIT_ROWS) {
             let r1 = (r0 + LOGIT_ROWS).min(rows.end);
             self.logits(w, r0..r1, false)?;
-            let at = out.len();
-            out.resize(at + (r1 - r0) * n_vocab, 0.0);
-            self.stream
-                .copy_to_host(&w.logits.slice(0..(r1 - r0) * n_vocab)?, &mut out[at..])?;
+            if let Some(out) = out.as_deref_mut() {
+                let at = out.len();
+                out.resize(at + (r1 - r0) * n_vocab, 0.0);
+                self.stream
+                    .copy_to_host(&w.logits.slice(0..(r1 - r0) * n_vocab)?, &mut out[at..])?;
+            }
         }
         Ok(())
     }
@@ -819,6 +835,86 @@ impl Backend for GpuBackend {
     }
 
     fn forward(&self, cache: &mut GpuCache, tokens: &[u32], want: Logits) -> Result<Vec<f32>> {
+        let mut st = lock(&self.state);
+        let mut out = Vec::new();
+        self.run(&mut st, cache, tokens, want, Some(&mut out))?;
+        Ok(out)
+    }
+
+    fn select_max_k(&self) -> usize {
+        SELECT_MAX_K.min(self.model.hparams().n_vocab)
+    }
+
+    fn forward_select(
+        &self,
+        cache: &mut GpuCache,
+        tokens: &[u32],
+        sel: &Selection,
+    ) -> Result<Vec<(u32, f32)>> {
+        let n_vocab = self.model.hparams().n_vocab;
+        if sel.k == 0 || sel.k > self.select_max_k() {
+            return Err(ModelError::Unsupported(format!(
+                "selecting {} tokens on the GPU (1 ..= {})",
+                sel.k,
+                self.select_max_k()
+            )));
+        }
+        if tokens.is_empty() {
+            return Err(ModelError::Unsupported("a selection without tokens".into()));
+        }
+        let mut st = lock(&self.state);
+        self.run(&mut st, cache, tokens, Logits::Last, None)?;
+        let w = &mut st.work;
+        let (s, k) = (&self.stream, &self.kernels);
+        let pen: Vec<i32> = sel
+            .penalties
+            .iter()
+            .filter(|&&(id, _)| (id as usize) < n_vocab)
+            .flat_map(|&(id, c)| [id as i32, c.min(i32::MAX as u32) as i32])
+            .collect();
+        if w.sel_pen.len() < pen.len() {
+            w.sel_pen = s.alloc::<i32>(pen.len(), "sampling penalties")?;
+        }
+        if !pen.is_empty() {
+            s.copy_to_device(&pen, &mut w.sel_pen)?;
+        }
+        let p = Penalties {
+            repeat: sel.repeat,
+            frequency: sel.frequency,
+            presence: sel.presence,
+        };
+        let pv = w.sel_pen.slice(0..pen.len())?;
+        k.select_top_k(
+            s,
+            &mut w.logits,
+            n_vocab,
+            &pv,
+            pen.len() / 2,
+            p,
+            sel.k,
+            &mut w.sel_ids,
+            &mut w.sel_top,
+        )?;
+        let mut ids = vec![0i32; sel.k];
+        let mut top = vec![0f32; sel.k];
+        s.copy_to_host(&w.sel_ids.slice(0..sel.k)?, &mut ids)?;
+        s.copy_to_host(&w.sel_top.slice(0..sel.k)?, &mut top)?;
+        s.synchronize()?;
+        Ok(ids.into_iter().map(|i| i as u32).zip(top).collect())
+    }
+}
+
+impl GpuBackend {
+    /// A forward of `tokens` in steps of at most max_batch; the requested
+    /// logits go to `out` (None: they stay in the workspace).
+    fn run(
+        &self,
+        st: &mut State,
+        cache: &mut GpuCache,
+        tokens: &[u32],
+        want: Logits,
+        mut out: Option<&mut Vec<f32>>,
+    ) -> Result<()> {
         let n = tokens.len();
         if cache.len + n > cache.n_ctx {
             return Err(ModelError::ContextFull {
@@ -828,15 +924,13 @@ impl Backend for GpuBackend {
             });
         }
         if n == 0 {
-            return Ok(Vec::new());
+            return Ok(());
         }
         if !Arc::ptr_eq(&cache.free, &self.free) {
             return Err(ModelError::Unsupported(
                 "a KV cache of another GPU backend".into(),
             ));
         }
-        let mut st = lock(&self.state);
-        let mut out = Vec::new();
         let steps: Vec<&[u32]> = tokens.chunks(self.max_batch).collect();
         let last = steps.len() - 1;
         let before = cache.len;
@@ -845,7 +939,7 @@ impl Backend for GpuBackend {
                 Logits::Last if i < last => Logits::None,
                 w => w,
             };
-            if let Err(e) = self.step(&mut st, cache, chunk, want_here, &mut out) {
+            if let Err(e) = self.step(st, cache, chunk, want_here, out.as_deref_mut()) {
                 // A forward appends all of its tokens or none.
                 cache.truncate(before);
                 return Err(e);
@@ -853,6 +947,6 @@ impl Backend for GpuBackend {
         }
         // Surface errors the kernels raised while running.
         self.stream.synchronize()?;
-        Ok(out)
+        Ok(())
     }
 }

@@ -39,6 +39,40 @@ pub trait Backend: Send + Sync {
     fn new_cache(&self, n_ctx: usize) -> Result<Self::Cache>;
     /// Run `tokens` at positions `cache.len()..`, appending them to the cache.
     fn forward(&self, cache: &mut Self::Cache, tokens: &[u32], logits: Logits) -> Result<Vec<f32>>;
+    /// The largest `k` [`Backend::forward_select`] takes; 0: this backend
+    /// does not select (the caller samples from [`Backend::forward`]'s logits).
+    fn select_max_k(&self) -> usize {
+        0
+    }
+    /// [`Backend::forward`] for the last token's logits, which stay where
+    /// they are computed: the penalties of `sel` are applied to them and
+    /// only the `sel.k` highest come back, sorted (logit descending, lower
+    /// id first on ties): (id, penalized logit).
+    fn forward_select(
+        &self,
+        _cache: &mut Self::Cache,
+        _tokens: &[u32],
+        _sel: &Selection,
+    ) -> Result<Vec<(u32, f32)>> {
+        Err(ModelError::Unsupported(
+            "token selection on this backend".into(),
+        ))
+    }
+}
+
+/// What [`Backend::forward_select`] returns: the `k` best tokens after the
+/// sampling penalties (llama.cpp's: a logit l of a token seen c times in the
+/// window becomes (l > 0 ? l / repeat : l * repeat) - (c * frequency +
+/// presence)).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Selection {
+    pub k: usize,
+    /// Distinct token ids and their counts in the penalty window (empty:
+    /// no penalties).
+    pub penalties: Vec<(u32, u32)>,
+    pub repeat: f32,
+    pub frequency: f32,
+    pub presence: f32,
 }
 
 /// What the engine needs to know of any backend's cache.
@@ -168,6 +202,28 @@ impl Backend for AnyBackend {
         match (self, cache) {
             (AnyBackend::Cpu(b), AnyCache::Cpu(c)) => b.forward(c, tokens, logits),
             (AnyBackend::Gpu(b), AnyCache::Gpu(c)) => b.forward(c, tokens, logits),
+            _ => Err(ModelError::Unsupported(
+                "a KV cache of another backend".into(),
+            )),
+        }
+    }
+
+    fn select_max_k(&self) -> usize {
+        match self {
+            AnyBackend::Cpu(b) => b.select_max_k(),
+            AnyBackend::Gpu(b) => b.select_max_k(),
+        }
+    }
+
+    fn forward_select(
+        &self,
+        cache: &mut AnyCache,
+        tokens: &[u32],
+        sel: &Selection,
+    ) -> Result<Vec<(u32, f32)>> {
+        match (self, cache) {
+            (AnyBackend::Cpu(b), AnyCache::Cpu(c)) => b.forward_select(c, tokens, sel),
+            (AnyBackend::Gpu(b), AnyCache::Gpu(c)) => b.forward_select(c, tokens, sel),
             _ => Err(ModelError::Unsupported(
                 "a KV cache of another backend".into(),
             )),

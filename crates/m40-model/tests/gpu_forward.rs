@@ -409,3 +409,65 @@ fn too_little_gpu_memory_is_a_clear_error() {
     assert!(msg.contains("KV cache for 1073741824 tokens"), "{msg}");
     assert_eq!(dev.budget_used(), used, "nothing was allocated");
 }
+
+/// `forward_select` keeps the logits on the GPU and returns the k best after
+/// the penalties: the same ids and (bit for bit) logits as applying the
+/// penalties and sorting the logits `forward` returns for the same tokens,
+/// for a prompt and for decode steps on the graph and off it.
+#[test]
+fn forward_select_equals_selecting_from_logits() {
+    if test_device("forward_select_equals_selecting_from_logits").is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let model = synth(dir.path(), "smollm2-135m", GgmlType::Q4_0);
+    let g = gpu(&model, 512, 64);
+    let n_vocab = g.hparams().n_vocab;
+    assert_eq!(g.select_max_k(), 1024);
+    let prompt = tokens(40, n_vocab, 11);
+    let mut cases = 0;
+    for graphs in [true, false] {
+        g.set_graphs(graphs);
+        for (k, pen) in [
+            (1, vec![]),
+            (40, vec![]),
+            (1024, vec![(prompt[0], 2), (prompt[5], 1), (7, 3)]),
+            (1, vec![(prompt[1], 1)]),
+        ] {
+            let sel = m40_model::Selection {
+                k,
+                penalties: pen.clone(),
+                repeat: 1.3,
+                frequency: 0.2,
+                presence: 0.1,
+            };
+            let (mut a, mut b) = (g.new_cache(128).unwrap(), g.new_cache(128).unwrap());
+            let mut next = prompt.clone();
+            for step in 0..4 {
+                let mut l = g.forward(&mut a, &next, Logits::Last).unwrap();
+                let top = g.forward_select(&mut b, &next, &sel).unwrap();
+                for &(id, c) in &pen {
+                    let v = &mut l[id as usize];
+                    *v = if *v > 0.0 {
+                        *v / sel.repeat
+                    } else {
+                        *v * sel.repeat
+                    };
+                    *v -= c as f32 * sel.frequency + sel.presence;
+                }
+                let mut idx: Vec<u32> = (0..n_vocab as u32).collect();
+                idx.sort_by(|&x, &y| l[y as usize].total_cmp(&l[x as usize]).then(x.cmp(&y)));
+                let want: Vec<(u32, u32)> = idx[..k]
+                    .iter()
+                    .map(|&i| (i, l[i as usize].to_bits()))
+                    .collect();
+                let got: Vec<(u32, u32)> = top.iter().map(|&(i, v)| (i, v.to_bits())).collect();
+                assert_eq!(got, want, "k {k} graphs {graphs} step {step}");
+                assert_eq!(a.len(), b.len());
+                next = vec![top[0].0];
+                cases += 1;
+            }
+        }
+    }
+    eprintln!("forward_select: {cases} steps equal to selecting from the logits");
+}

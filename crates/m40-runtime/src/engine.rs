@@ -321,7 +321,7 @@ impl Engine {
         for &t in &prompt {
             sampler.accept(t);
         }
-        let mut logits = Vec::new();
+        let mut next = Next::Logits(Vec::new());
         for (i, chunk) in prompt.chunks(PREFILL_BATCH).enumerate() {
             if cancel.is_cancelled() {
                 return Ok(Completion {
@@ -332,11 +332,11 @@ impl Engine {
                 });
             }
             let last = (i + 1) * PREFILL_BATCH >= prompt.len();
-            logits = self.backend.forward(
-                &mut cache,
-                chunk,
-                if last { Logits::Last } else { Logits::None },
-            )?;
+            if last {
+                next = self.next(&mut cache, chunk, &sampler, req)?;
+            } else {
+                self.backend.forward(&mut cache, chunk, Logits::None)?;
+            }
         }
         timings.prompt_ms = start.elapsed().as_secs_f64() * 1e3;
         let gen_start = Instant::now();
@@ -350,9 +350,13 @@ impl Engine {
             if cancel.is_cancelled() {
                 break FinishReason::Cancelled;
             }
-            let lp = req.logprobs.map(|n| logprobs(&logits, 0, n));
-            let raw = lp.is_some().then(|| logits.clone());
-            let id = sampler.sample(&mut logits);
+            let (id, raw) = match &mut next {
+                Next::Logits(logits) => {
+                    let raw = req.logprobs.is_some().then(|| logits.clone());
+                    (sampler.sample(logits), raw)
+                }
+                Next::Top(top) => (sampler.sample_selected(top), None),
+            };
             if ids.is_empty() {
                 timings.time_to_first_token_ms = start.elapsed().as_secs_f64() * 1e3;
             }
@@ -390,7 +394,7 @@ impl Engine {
             if cache.len() >= self.n_ctx {
                 break FinishReason::Length;
             }
-            logits = self.backend.forward(&mut cache, &[id], Logits::Last)?;
+            next = self.next(&mut cache, &[id], &sampler, req)?;
         };
         // What the stream and the stop filter still hold, unless a stop string ended it.
         if !stops.stopped {
@@ -411,6 +415,37 @@ impl Engine {
             token_ids: ids,
             finish_reason: finish,
             timings,
+        })
+    }
+}
+
+/// What a forward hands the sampler: the last token's logits, or the
+/// candidates the backend selected where the logits are.
+enum Next {
+    Logits(Vec<f32>),
+    Top(Vec<(u32, f32)>),
+}
+
+impl Engine {
+    /// Run `tokens` and return what the sampler needs for the next token:
+    /// the backend's selection of candidates when it selects and the
+    /// request allows (no logprobs, top-k within its limit: the GPU keeps
+    /// its logits and sends k of them), else the logits.
+    fn next(
+        &self,
+        cache: &mut m40_model::AnyCache,
+        tokens: &[u32],
+        sampler: &Sampler,
+        req: &Request,
+    ) -> Result<Next> {
+        let sel = req
+            .logprobs
+            .is_none()
+            .then(|| sampler.selection(self.backend.select_max_k()))
+            .flatten();
+        Ok(match sel {
+            Some(sel) => Next::Top(self.backend.forward_select(cache, tokens, &sel)?),
+            None => Next::Logits(self.backend.forward(cache, tokens, Logits::Last)?),
         })
     }
 }

@@ -5,6 +5,8 @@
 
 use std::collections::{HashMap, VecDeque};
 
+use m40_model::Selection;
+
 /// Sampling settings; the defaults are llama.cpp's.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SamplingParams {
@@ -138,7 +140,7 @@ impl Sampler {
     /// Apply the repetition, presence and frequency penalties in place.
     pub fn apply_penalties(&self, logits: &mut [f32]) {
         let p = &self.params;
-        if p.repeat_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0 {
+        if !self.penalizes() {
             return;
         }
         let mut counts: HashMap<u32, u32> = HashMap::new();
@@ -158,6 +160,12 @@ impl Sampler {
         }
     }
 
+    /// Whether the penalties change anything.
+    fn penalizes(&self) -> bool {
+        let p = &self.params;
+        p.repeat_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0
+    }
+
     /// The tokens that survive top-k, top-p and min-p (most likely first),
     /// from already-penalized logits.
     fn candidates(&self, logits: &[f32]) -> Vec<Cand> {
@@ -174,6 +182,12 @@ impl Sampler {
         if p.top_k > 0 && p.top_k < c.len() {
             c.truncate(p.top_k);
         }
+        self.nucleus(c)
+    }
+
+    /// Top-p, then min-p, on candidates sorted most likely first.
+    fn nucleus(&self, mut c: Vec<Cand>) -> Vec<Cand> {
+        let p = &self.params;
         if p.top_p < 1.0 {
             let probs = softmax_probs(&c);
             let mut cum = 0.0;
@@ -196,6 +210,25 @@ impl Sampler {
         c
     }
 
+    /// Temperature, then the seeded draw among the final candidates.
+    fn draw(&mut self, mut c: Vec<Cand>) -> u32 {
+        for x in &mut c {
+            x.logit /= self.params.temperature;
+        }
+        let probs = softmax_probs(&c);
+        let r = self.rng.next_f64();
+        let mut cum = 0.0;
+        let mut pick = c[c.len() - 1].id;
+        for (x, pr) in c.iter().zip(&probs) {
+            cum += pr;
+            if r < cum {
+                pick = x.id;
+                break;
+            }
+        }
+        pick
+    }
+
     /// Pick the next token from `logits` (modified in place by the penalties)
     /// and remember it.
     pub fn sample(&mut self, logits: &mut [f32]) -> u32 {
@@ -203,22 +236,53 @@ impl Sampler {
         let id = if self.params.temperature <= 0.0 {
             argmax(logits)
         } else {
-            let mut c = self.candidates(logits);
-            for x in &mut c {
-                x.logit /= self.params.temperature;
+            let c = self.candidates(logits);
+            self.draw(c)
+        };
+        self.accept(id);
+        id
+    }
+
+    /// What a backend that selects tokens where the logits are
+    /// ([`m40_model::Backend::forward_select`], at most `max_k` of them)
+    /// must return for [`Sampler::sample_selected`] to pick what
+    /// [`Sampler::sample`] would: argmax (k = 1) when greedy, else the
+    /// top_k best; None when top-k is off or above `max_k` (the caller
+    /// samples from the logits).
+    pub fn selection(&self, max_k: usize) -> Option<Selection> {
+        let p = &self.params;
+        let k = if p.temperature <= 0.0 { 1 } else { p.top_k };
+        if k == 0 || k > max_k {
+            return None;
+        }
+        let mut penalties = Vec::new();
+        if self.penalizes() {
+            let mut counts: HashMap<u32, u32> = HashMap::new();
+            for &t in &self.recent {
+                *counts.entry(t).or_default() += 1;
             }
-            let probs = softmax_probs(&c);
-            let r = self.rng.next_f64();
-            let mut cum = 0.0;
-            let mut pick = c[c.len() - 1].id;
-            for (x, pr) in c.iter().zip(&probs) {
-                cum += pr;
-                if r < cum {
-                    pick = x.id;
-                    break;
-                }
-            }
-            pick
+            penalties = counts.into_iter().collect();
+            penalties.sort_unstable();
+        }
+        Some(Selection {
+            k,
+            penalties,
+            repeat: p.repeat_penalty,
+            frequency: p.frequency_penalty,
+            presence: p.presence_penalty,
+        })
+    }
+
+    /// Pick the next token from the candidates a backend selected for
+    /// [`Sampler::selection`] ((id, penalized logit), best first; fewer
+    /// than asked only when the vocabulary is smaller), and remember it.
+    pub fn sample_selected(&mut self, top: &[(u32, f32)]) -> u32 {
+        let id = if self.params.temperature <= 0.0 {
+            top[0].0
+        } else {
+            let c = top.iter().map(|&(id, logit)| Cand { id, logit }).collect();
+            let c = self.nucleus(c);
+            self.draw(c)
         };
         self.accept(id);
         id

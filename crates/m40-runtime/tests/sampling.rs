@@ -117,3 +117,77 @@ fn logprobs_are_log_softmax() {
     assert_eq!(top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![2, 1]);
     assert!((top[0].1 as f64 - (3.0 - z)).abs() < 1e-5);
 }
+
+/// What a selecting backend returns for `sel`: the penalties applied as the
+/// kernel applies them, then the k best by total order, lower ids first.
+fn select_like_a_backend(logits: &[f32], sel: &m40_model::Selection) -> Vec<(u32, f32)> {
+    let mut l = logits.to_vec();
+    for &(id, c) in &sel.penalties {
+        let v = &mut l[id as usize];
+        *v = if *v > 0.0 {
+            *v / sel.repeat
+        } else {
+            *v * sel.repeat
+        };
+        *v -= c as f32 * sel.frequency + sel.presence;
+    }
+    let mut idx: Vec<u32> = (0..l.len() as u32).collect();
+    idx.sort_by(|&a, &b| l[b as usize].total_cmp(&l[a as usize]).then(a.cmp(&b)));
+    idx.into_iter()
+        .take(sel.k)
+        .map(|i| (i, l[i as usize]))
+        .collect()
+}
+
+proptest! {
+    // A backend that selects the k best (after penalties) where the logits
+    // are lets the sampler pick exactly what it picks from the whole row:
+    // same seed, same token sequence, with penalties, ties and greedy.
+    #[test]
+    fn sampling_selected_candidates_equals_sampling_logits(
+        rows in prop::collection::vec(prop::collection::vec(-4f32..4.0, 50), 1..12),
+        k in 1usize..60, temp in 0f32..2.0, top_p in 0.3f32..1.0, min_p in 0f32..0.2,
+        rp in 1f32..1.5, fp in 0f32..0.5, pp in 0f32..0.5, ties in any::<bool>(), seed in any::<u64>(),
+    ) {
+        let params = SamplingParams {
+            temperature: if temp < 0.2 { 0.0 } else { temp },
+            top_k: k, top_p, min_p,
+            repeat_penalty: rp, frequency_penalty: fp, presence_penalty: pp,
+            penalty_last_n: 8, seed: Some(seed),
+        };
+        let (mut a, mut b) = (Sampler::new(params.clone()), Sampler::new(params));
+        for t in [3u32, 3, 7] {
+            a.accept(t);
+            b.accept(t);
+        }
+        for row in rows {
+            let row: Vec<f32> = if ties { row.iter().map(|v| v.round()).collect() } else { row };
+            let ida = a.sample(&mut row.clone());
+            match b.selection(1024) {
+                Some(sel) => {
+                    let top = select_like_a_backend(&row, &sel);
+                    prop_assert_eq!(ida, b.sample_selected(&top));
+                }
+                None => prop_assert_eq!(ida, b.sample(&mut row.clone())),
+            }
+        }
+    }
+}
+
+#[test]
+fn selection_needs_top_k_within_the_backend_limit() {
+    let s = Sampler::new(SamplingParams {
+        top_k: 0,
+        ..Default::default()
+    });
+    assert!(s.selection(1024).is_none());
+    let s = Sampler::new(SamplingParams {
+        top_k: 2000,
+        ..Default::default()
+    });
+    assert!(s.selection(1024).is_none());
+    let s = Sampler::new(SamplingParams::greedy());
+    assert_eq!(s.selection(1024).unwrap().k, 1);
+    // No penalties: nothing to send.
+    assert!(s.selection(1024).unwrap().penalties.is_empty());
+}

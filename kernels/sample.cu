@@ -1,0 +1,202 @@
+// Token selection on the device: the sampling penalties, then the k highest
+// logits of one row (sorted: logit descending, token id ascending on ties;
+// k = 1 is argmax), so a decode step sends k candidates to the host instead
+// of the whole vocabulary. The host finishes top-p, min-p, temperature and
+// the seeded draw on those k (crates/m40-runtime/src/sampling.rs), in the
+// same f64 arithmetic as the CPU path, so both pick the same token.
+//
+// Layout: logits (n_vocab) FP32, penalized in place; pen (n_pen, 2) int32:
+// distinct token ids and their counts in the penalty window; out_ids (k),
+// out_logits (k).
+// Launch: grid 1, block SAMPLE_THREADS, k <= SAMPLE_MAX_K and k <= n_vocab.
+//
+// How: the logits map to unsigned keys that order like floats (IEEE total
+// order, as Rust's total_cmp). A radix select (4 passes of 8 bits, each a
+// shared-memory histogram over the row) finds the key T of the k-th
+// largest; when more tokens share T than are still needed, 3 more passes
+// over the token ids of the ties find the lowest ids (the CPU's tie order).
+// The k winners are gathered with a shared atomic counter and put in order
+// by a bitonic sort in shared memory. One block: the row (512 KB for 128k
+// tokens) stays in L2, and a few passes cost far less than copying it to
+// the host.
+//
+// Penalties (llama.cpp's, as the CPU sampler): l > 0 ? l / repeat : l *
+// repeat, then l -= count * freq + presence, with round-to-nearest
+// intrinsics so the fast-math build does not fuse or approximate them.
+#include "common.cuh"
+#include "quant.cuh"
+
+#define SAMPLE_THREADS 1024
+#define SAMPLE_MAX_K 1024
+
+__device__ __forceinline__ u32 order_key(float f) {
+    const u32 b = __float_as_uint(f);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+// Warp 0: the bin where the running count, over bins in the order bin(0),
+// bin(1), ..., reaches `need`; returns it and leaves in *need what is still
+// needed inside it. order(i) maps step i to a bin (descending or ascending).
+template <bool DESC>
+__device__ __forceinline__ void find_bin(const u32* hist, u32* need, u32* bin, u32* bin_count) {
+    const int lane = threadIdx.x & 31;
+    u32 c[8], sum = 0;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const int b = DESC ? 255 - 8 * lane - j : 8 * lane + j;
+        c[j] = hist[b];
+        sum += c[j];
+    }
+    u32 incl = sum;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const u32 v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += v;
+    }
+    const u32 excl = incl - sum, n = *need;
+    const u32 hit = __ballot_sync(0xffffffffu, excl < n && incl >= n);
+    if (lane == __ffs(hit) - 1) {
+        u32 cum = excl;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            if (cum + c[j] >= n) {
+                *bin = DESC ? 255 - 8 * lane - j : 8 * lane + j;
+                *need = n - cum;
+                *bin_count = c[j];
+                break;
+            }
+            cum += c[j];
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
+    select_top_k_f32(float* logits, int n_vocab, const int* pen, int n_pen, float repeat, float freq,
+                     float presence, int k, int* out_ids, float* out_logits) {
+    __shared__ u32 hist[256];
+    __shared__ u32 s_need, s_bin, s_count, s_n;
+    __shared__ u32 cand_key[SAMPLE_MAX_K];
+    __shared__ int cand_id[SAMPLE_MAX_K];
+    __shared__ float red_v[32];
+    __shared__ int red_i[32];
+    const int tid = threadIdx.x;
+
+    for (int i = tid; i < n_pen; i += blockDim.x) {
+        const int id = pen[2 * i], c = pen[2 * i + 1];
+        if (id >= 0 && id < n_vocab) {
+            float l = logits[id];
+            l = l > 0.0f ? __fdiv_rn(l, repeat) : __fmul_rn(l, repeat);
+            logits[id] = __fsub_rn(l, __fadd_rn(__fmul_rn((float)c, freq), presence));
+        }
+    }
+    __syncthreads();
+
+    if (k == 1) {
+        // Argmax, the first index on ties; NaN never wins, all -inf gives 0.
+        float bv = __int_as_float(0xff800000);
+        int bi = n_vocab;
+        for (int i = tid; i < n_vocab; i += blockDim.x) {
+            const float v = logits[i];
+            if (v > bv) bv = v, bi = i;
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float v = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int i = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (v > bv || (v == bv && i < bi)) bv = v, bi = i;
+        }
+        if ((tid & 31) == 0) red_v[tid >> 5] = bv, red_i[tid >> 5] = bi;
+        __syncthreads();
+        if (tid < 32) {
+            const int nw = blockDim.x >> 5;
+            bv = tid < nw ? red_v[tid] : __int_as_float(0xff800000);
+            bi = tid < nw ? red_i[tid] : n_vocab;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                const float v = __shfl_xor_sync(0xffffffffu, bv, o);
+                const int i = __shfl_xor_sync(0xffffffffu, bi, o);
+                if (v > bv || (v == bv && i < bi)) bv = v, bi = i;
+            }
+            if (tid == 0) {
+                const int id = bi == n_vocab ? 0 : bi;
+                out_ids[0] = id;
+                out_logits[0] = logits[id];
+            }
+        }
+        return;
+    }
+
+    // The key T of the k-th largest logit.
+    if (tid == 0) s_need = k;
+    u32 prefix = 0, mask = 0;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int b = tid; b < 256; b += blockDim.x) hist[b] = 0;
+        __syncthreads();
+        for (int i = tid; i < n_vocab; i += blockDim.x) {
+            const u32 key = order_key(logits[i]);
+            if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255], 1u);
+        }
+        __syncthreads();
+        if (tid < 32) find_bin<true>(hist, &s_need, &s_bin, &s_count);
+        __syncthreads();
+        prefix |= s_bin << shift;
+        mask |= 255u << shift;
+        __syncthreads();
+    }
+    const u32 T = prefix;
+    // Ties at T: take the s_need lowest ids (the need-th smallest id I).
+    u32 I = 0xffffffffu;
+    if (s_need < s_count) {
+        u32 ip = 0, imask = 0;
+        for (int shift = 24; shift >= 0; shift -= 8) {
+            for (int b = tid; b < 256; b += blockDim.x) hist[b] = 0;
+            __syncthreads();
+            for (int i = tid; i < n_vocab; i += blockDim.x)
+                if (order_key(logits[i]) == T && ((u32)i & imask) == ip) atomicAdd(&hist[((u32)i >> shift) & 255], 1u);
+            __syncthreads();
+            if (tid < 32) find_bin<false>(hist, &s_need, &s_bin, &s_count);
+            __syncthreads();
+            ip |= s_bin << shift;
+            imask |= 255u << shift;
+            __syncthreads();
+        }
+        I = ip;
+    }
+
+    // Gather the k winners (any order), pad to SAMPLE_MAX_K, sort.
+    if (tid == 0) s_n = 0;
+    for (int i = tid; i < SAMPLE_MAX_K; i += blockDim.x) cand_key[i] = 0, cand_id[i] = 0x7fffffff;
+    __syncthreads();
+    for (int i = tid; i < n_vocab; i += blockDim.x) {
+        const u32 key = order_key(logits[i]);
+        if (key > T || (key == T && (u32)i <= I)) {
+            const u32 slot = atomicAdd(&s_n, 1u);
+            if (slot < SAMPLE_MAX_K) cand_key[slot] = key, cand_id[slot] = i;
+        }
+    }
+    __syncthreads();
+    // Bitonic sort: "before" = larger key, then smaller id.
+    for (int size = 2; size <= SAMPLE_MAX_K; size <<= 1) {
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            for (int i = tid; i < SAMPLE_MAX_K; i += blockDim.x) {
+                const int j = i ^ stride;
+                if (j > i) {
+                    const u32 ki = cand_key[i], kj = cand_key[j];
+                    const int ii = cand_id[i], ij = cand_id[j];
+                    const bool j_first = kj > ki || (kj == ki && ij < ii);
+                    // Blocks of `size` alternate direction; the last pass is all "before first".
+                    const bool up = (i & size) == 0;
+                    if (j_first == up) {
+                        cand_key[i] = kj, cand_key[j] = ki;
+                        cand_id[i] = ij, cand_id[j] = ii;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+    }
+    for (int t = tid; t < k; t += blockDim.x) {
+        out_ids[t] = cand_id[t];
+        out_logits[t] = logits[cand_id[t]];
+    }
+}
