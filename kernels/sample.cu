@@ -6,8 +6,8 @@
 // same f64 arithmetic as the CPU path, so both pick the same token.
 //
 // Layout: logits (n_vocab) FP32, penalized in place; pen (n_pen, 2) int32:
-// distinct token ids and their counts in the penalty window; out_ids (k),
-// out_logits (k).
+// distinct token ids and their counts in the penalty window; out (2k): the
+// k ids, then the bits of their logits (one buffer: one copy to the host).
 // Launch: grid 1, block SAMPLE_THREADS, k <= SAMPLE_MAX_K and k <= n_vocab.
 //
 // How: the logits map to unsigned keys that order like floats (IEEE total
@@ -70,9 +70,30 @@ __device__ __forceinline__ void find_bin(const u32* hist, u32* need, u32* bin, u
     }
 }
 
-extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
+// f(i, logits[i]) for the block's share of the row, SAMPLE_U loads issued
+// before any is used (one block walks the whole row: latency, not
+// bandwidth, is its cost), each thread's indices in ascending order.
+#define SAMPLE_U 8
+template <class F>
+__device__ __forceinline__ void for_each_logit(const float* logits, int n, F f) {
+    for (int i0 = threadIdx.x; i0 < n; i0 += SAMPLE_U * blockDim.x) {
+        float v[SAMPLE_U];
+#pragma unroll
+        for (int u = 0; u < SAMPLE_U; ++u) {
+            const int i = i0 + u * blockDim.x;
+            v[u] = i < n ? logits[i] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < SAMPLE_U; ++u) {
+            const int i = i0 + u * blockDim.x;
+            if (i < n) f(i, v[u]);
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1)
     select_top_k_f32(float* logits, int n_vocab, const int* pen, int n_pen, float repeat, float freq,
-                     float presence, int k, int* out_ids, float* out_logits) {
+                     float presence, int k, int* out) {
     __shared__ u32 hist[256];
     __shared__ u32 s_need, s_bin, s_count, s_n;
     __shared__ u32 cand_key[SAMPLE_MAX_K];
@@ -95,10 +116,9 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
         // Argmax, the first index on ties; NaN never wins, all -inf gives 0.
         float bv = __int_as_float(0xff800000);
         int bi = n_vocab;
-        for (int i = tid; i < n_vocab; i += blockDim.x) {
-            const float v = logits[i];
+        for_each_logit(logits, n_vocab, [&](int i, float v) {
             if (v > bv) bv = v, bi = i;
-        }
+        });
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) {
             const float v = __shfl_xor_sync(0xffffffffu, bv, o);
@@ -119,8 +139,8 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
             }
             if (tid == 0) {
                 const int id = bi == n_vocab ? 0 : bi;
-                out_ids[0] = id;
-                out_logits[0] = logits[id];
+                out[0] = id;
+                out[1] = __float_as_int(logits[id]);
             }
         }
         return;
@@ -132,10 +152,10 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     for (int shift = 24; shift >= 0; shift -= 8) {
         for (int b = tid; b < 256; b += blockDim.x) hist[b] = 0;
         __syncthreads();
-        for (int i = tid; i < n_vocab; i += blockDim.x) {
-            const u32 key = order_key(logits[i]);
+        for_each_logit(logits, n_vocab, [&](int, float v) {
+            const u32 key = order_key(v);
             if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255], 1u);
-        }
+        });
         __syncthreads();
         if (tid < 32) find_bin<true>(hist, &s_need, &s_bin, &s_count);
         __syncthreads();
@@ -151,8 +171,9 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
         for (int shift = 24; shift >= 0; shift -= 8) {
             for (int b = tid; b < 256; b += blockDim.x) hist[b] = 0;
             __syncthreads();
-            for (int i = tid; i < n_vocab; i += blockDim.x)
-                if (order_key(logits[i]) == T && ((u32)i & imask) == ip) atomicAdd(&hist[((u32)i >> shift) & 255], 1u);
+            for_each_logit(logits, n_vocab, [&](int i, float v) {
+                if (order_key(v) == T && ((u32)i & imask) == ip) atomicAdd(&hist[((u32)i >> shift) & 255], 1u);
+            });
             __syncthreads();
             if (tid < 32) find_bin<false>(hist, &s_need, &s_bin, &s_count);
             __syncthreads();
@@ -167,13 +188,13 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     if (tid == 0) s_n = 0;
     for (int i = tid; i < SAMPLE_MAX_K; i += blockDim.x) cand_key[i] = 0, cand_id[i] = 0x7fffffff;
     __syncthreads();
-    for (int i = tid; i < n_vocab; i += blockDim.x) {
-        const u32 key = order_key(logits[i]);
+    for_each_logit(logits, n_vocab, [&](int i, float v) {
+        const u32 key = order_key(v);
         if (key > T || (key == T && (u32)i <= I)) {
             const u32 slot = atomicAdd(&s_n, 1u);
             if (slot < SAMPLE_MAX_K) cand_key[slot] = key, cand_id[slot] = i;
         }
-    }
+    });
     __syncthreads();
     // Bitonic sort: "before" = larger key, then smaller id.
     for (int size = 2; size <= SAMPLE_MAX_K; size <<= 1) {
@@ -196,7 +217,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
         }
     }
     for (int t = tid; t < k; t += blockDim.x) {
-        out_ids[t] = cand_id[t];
-        out_logits[t] = logits[cand_id[t]];
+        out[t] = cand_id[t];
+        out[k + t] = __float_as_int(logits[cand_id[t]]);
     }
 }

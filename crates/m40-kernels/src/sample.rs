@@ -27,7 +27,8 @@ impl Kernels {
     /// Penalize `logits[..n_vocab]` in place for the tokens of `pen`
     /// ((id, count) pairs, ids distinct; `n_pen` of them), then write the
     /// `k` highest logits, sorted (logit descending, id ascending on ties;
-    /// IEEE total order), to `ids[..k]` and `top[..k]`. k = 1 is argmax.
+    /// IEEE total order): their ids to `out[..k]` and the bits of their
+    /// logits to `out[k..2k]` (one buffer, one copy). k = 1 is argmax.
     #[allow(clippy::too_many_arguments)]
     pub fn select_top_k(
         &self,
@@ -38,8 +39,7 @@ impl Kernels {
         n_pen: usize,
         p: Penalties,
         k: usize,
-        ids: &mut DeviceBuffer<i32>,
-        top: &mut DeviceBuffer<f32>,
+        out: &mut DeviceBuffer<i32>,
     ) -> Result<()> {
         const K: &str = "select_top_k_f32";
         if k == 0 || k > SELECT_MAX_K || k > n_vocab {
@@ -50,8 +50,7 @@ impl Kernels {
         }
         check_len(K, "logits", logits.len(), n_vocab)?;
         check_len(K, "penalties", pen.len(), 2 * n_pen)?;
-        check_len(K, "ids", ids.len(), k)?;
-        check_len(K, "top", top.len(), k)?;
+        check_len(K, "out", out.len(), 2 * k)?;
         let kernel = self.kernel("sample", K)?;
         let (nv, np, ki) = (
             to_i32(K, "n_vocab", n_vocab)?,
@@ -74,8 +73,7 @@ impl Kernels {
                 .scalar(&p.frequency)
                 .scalar(&p.presence)
                 .scalar(&ki)
-                .buf_mut(ids)
-                .buf_mut(top)
+                .buf_mut(out)
                 .run(cfg((1, 1, 1), SAMPLE_THREADS))?
         };
         Ok(())

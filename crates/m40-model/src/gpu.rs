@@ -122,10 +122,10 @@ struct Workspace {
     gate: DeviceBuffer<f32>,
     up: DeviceBuffer<f32>,
     logits: DeviceBuffer<f32>,
-    /// Token selection: the penalty pairs (grown on demand), the k ids and logits.
+    /// Token selection: the penalty pairs (grown on demand), the k ids and
+    /// the bits of their logits.
     sel_pen: DeviceBuffer<i32>,
-    sel_ids: DeviceBuffer<i32>,
-    sel_top: DeviceBuffer<f32>,
+    sel_out: DeviceBuffer<i32>,
     part: DeviceBuffer<f32>,
     part_ml: DeviceBuffer<f32>,
 }
@@ -410,8 +410,7 @@ impl GpuBackend {
             up: a(b * hp.n_ff, "activations")?,
             logits: a(LOGIT_ROWS * hp.n_vocab, "logits")?,
             sel_pen: stream.alloc::<i32>(2 * SEL_PENALTIES, "sampling penalties")?,
-            sel_ids: stream.alloc::<i32>(SELECT_MAX_K, "token selection")?,
-            sel_top: a(SELECT_MAX_K, "token selection")?,
+            sel_out: stream.alloc::<i32>(2 * SELECT_MAX_K, "token selection")?,
             part: a(1, "attention scratch")?,
             part_ml: a(1, "attention scratch")?,
         };
@@ -892,15 +891,17 @@ impl Backend for GpuBackend {
             pen.len() / 2,
             p,
             sel.k,
-            &mut w.sel_ids,
-            &mut w.sel_top,
+            &mut w.sel_out,
         )?;
-        let mut ids = vec![0i32; sel.k];
-        let mut top = vec![0f32; sel.k];
-        s.copy_to_host(&w.sel_ids.slice(0..sel.k)?, &mut ids)?;
-        s.copy_to_host(&w.sel_top.slice(0..sel.k)?, &mut top)?;
+        let mut out = vec![0i32; 2 * sel.k];
+        s.copy_to_host(&w.sel_out.slice(0..2 * sel.k)?, &mut out)?;
         s.synchronize()?;
-        Ok(ids.into_iter().map(|i| i as u32).zip(top).collect())
+        let (ids, bits) = out.split_at(sel.k);
+        Ok(ids
+            .iter()
+            .zip(bits)
+            .map(|(&i, &b)| (i as u32, f32::from_bits(b as u32)))
+            .collect())
     }
 }
 
