@@ -187,16 +187,7 @@ impl Kernels {
         accumulate: bool,
     ) -> Result<()> {
         const K: &str = "gemm_packed";
-        let f = PackFormat::of(w.ty).ok_or(KernelError::Unsupported {
-            kernel: K,
-            ty: w.ty,
-        })?;
-        if w.cols == 0 || !w.cols.is_multiple_of(f.qk) {
-            return Err(shape(
-                K,
-                format!("{} columns is not a positive multiple of {}", w.cols, f.qk),
-            ));
-        }
+        let f = PackFormat::checked(K, w.ty, w.cols)?;
         if !w.data.is_aligned(16) {
             return Err(shape(
                 K,

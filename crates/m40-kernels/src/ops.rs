@@ -276,13 +276,7 @@ impl Kernels {
     ) -> Result<()> {
         const K: &str = "embed_packed";
         let (ty, w, n_vocab, ncols) = (table.ty, table.data, table.rows, table.cols);
-        let f = PackFormat::of(ty).ok_or(KernelError::Unsupported { kernel: K, ty })?;
-        if ncols == 0 || !ncols.is_multiple_of(f.qk) {
-            return Err(shape(
-                K,
-                format!("{ncols} columns is not a positive multiple of {}", f.qk),
-            ));
-        }
+        let f = PackFormat::checked(K, ty, ncols)?;
         let n_ids = ids.len();
         if n_ids == 0 {
             return Ok(());
@@ -474,17 +468,8 @@ impl Kernels {
         ksplit: Option<u32>,
     ) -> Result<u32> {
         const K: &str = "gemv_packed";
-        let f = PackFormat::of(w.ty).ok_or(KernelError::Unsupported {
-            kernel: K,
-            ty: w.ty,
-        })?;
+        let f = PackFormat::checked(K, w.ty, w.cols)?;
         let (nrows, ncols) = (w.rows, w.cols);
-        if ncols == 0 || !ncols.is_multiple_of(f.qk) {
-            return Err(shape(
-                K,
-                format!("{ncols} columns is not a positive multiple of {}", f.qk),
-            ));
-        }
         if nrows == 0 {
             return Ok(1);
         }

@@ -68,6 +68,22 @@ impl PackFormat {
         pformat!(Q6_K, "q6_k", 256, 210, 210, 0, 0, 0),
     ];
 
+    /// The packed format of `ty` for rows of `cols` weights, or the error
+    /// `kernel` reports: no packed format, or not whole blocks.
+    pub(crate) fn checked(kernel: &'static str, ty: GgmlType, cols: usize) -> Result<PackFormat> {
+        let f = Self::of(ty).ok_or(KernelError::Unsupported { kernel, ty })?;
+        if cols == 0 || !cols.is_multiple_of(f.qk) {
+            return Err(KernelError::Shape {
+                kernel,
+                what: format!(
+                    "{cols} columns is not a positive multiple of the {ty} block of {}",
+                    f.qk
+                ),
+            });
+        }
+        Ok(f)
+    }
+
     /// The packed format of `ty`, if it has one.
     pub fn of(ty: GgmlType) -> Option<PackFormat> {
         Self::ALL.iter().copied().find(|f| f.ty == ty)
@@ -83,16 +99,7 @@ impl PackFormat {
 /// `data` (GGUF rows of `ty`, `rows` x `cols`) in the packed layout.
 pub fn pack_gemv(ty: GgmlType, data: &[u8], rows: usize, cols: usize) -> Result<Vec<u8>> {
     const K: &str = "pack_gemv";
-    let f = PackFormat::of(ty).ok_or(KernelError::Unsupported { kernel: K, ty })?;
-    if cols == 0 || !cols.is_multiple_of(f.qk) {
-        return Err(KernelError::Shape {
-            kernel: K,
-            what: format!(
-                "{cols} columns is not a positive multiple of the {ty} block of {}",
-                f.qk
-            ),
-        });
-    }
+    let f = PackFormat::checked(K, ty, cols)?;
     let row_bytes = cols / f.qk * f.block_bytes;
     if data.len() != rows * row_bytes {
         return Err(KernelError::Shape {
