@@ -166,6 +166,23 @@ pub(crate) fn to_i32(kernel: &'static str, name: &str, v: usize) -> Result<i32> 
     i32::try_from(v).map_err(|_| shape(kernel, format!("{name} = {v} exceeds i32")))
 }
 
+/// The gather's grid: a block row per id, `items` threads per row.
+fn embed_grid(
+    kernel: &'static str,
+    n_ids: usize,
+    ncols: usize,
+    items: usize,
+) -> Result<(u32, u32, u32)> {
+    let grid_y = items.div_ceil(EMBED_THREADS as usize);
+    if grid_y > 65535 {
+        return Err(shape(
+            kernel,
+            format!("{ncols} columns need {grid_y} blocks in y (max 65535)"),
+        ));
+    }
+    Ok((to_i32(kernel, "ids", n_ids)? as u32, grid_y as u32, 1))
+}
+
 pub(crate) fn cfg(grid: (u32, u32, u32), block: u32) -> LaunchConfig {
     LaunchConfig {
         grid,
@@ -289,15 +306,7 @@ impl Kernels {
                 "weights must start at a multiple of 16 bytes".into(),
             ));
         }
-        let items = ncols / 32 * 4; // one thread per 8 weights
-        let grid_y = items.div_ceil(EMBED_THREADS as usize);
-        if grid_y > 65535 {
-            return Err(shape(
-                K,
-                format!("{ncols} columns need {grid_y} blocks in y (max 65535)"),
-            ));
-        }
-        let grid = (to_i32(K, "ids", n_ids)? as u32, grid_y as u32, 1);
+        let grid = embed_grid(K, n_ids, ncols, ncols / 32 * 4)?; // a thread per 8 weights
         let kernel = self.kernel("embed", f.embed)?;
         let (ncols, n_vocab) = (to_i32(K, "ncols", ncols)?, to_i32(K, "n_vocab", n_vocab)?);
         // SAFETY: embed_packed_<fmt>_f32(const u8* W, const int* ids, float* out, int ncols,
@@ -336,15 +345,8 @@ impl Kernels {
         }
         check_len(K, "weights", w.len(), n_vocab * row_bytes)?;
         check_len(K, "out", out.len(), n_ids * ncols)?;
-        let items = f.subs_per_row(ncols) * 8; // one thread per 4-weight part
-        let grid_y = items.div_ceil(EMBED_THREADS as usize);
-        if grid_y > 65535 {
-            return Err(shape(
-                K,
-                format!("{ncols} columns need {grid_y} blocks in y (max 65535)"),
-            ));
-        }
-        let grid = (to_i32(K, "ids", n_ids)? as u32, grid_y as u32, 1);
+        // One thread per 4-weight part.
+        let grid = embed_grid(K, n_ids, ncols, f.subs_per_row(ncols) * 8)?;
         let kernel = self.kernel("embed", f.embed)?;
         let (ncols, row_bytes, n_vocab) = (
             to_i32(K, "ncols", ncols)?,

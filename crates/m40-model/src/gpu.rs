@@ -78,6 +78,34 @@ struct Mat {
     packed: bool,
 }
 
+impl Mat {
+    /// The launchers' view of the matrix: packed, or GGUF rows.
+    fn view<'a>(&self, data: &'a DeviceView<'a, u8>) -> MatView<'a> {
+        let (ty, rows, cols) = (self.ty, self.rows, self.cols);
+        if self.packed {
+            MatView::Packed(PackedMatrix {
+                ty,
+                data,
+                rows,
+                cols,
+            })
+        } else {
+            MatView::Rows(QMatrix {
+                ty,
+                data,
+                rows,
+                cols,
+            })
+        }
+    }
+}
+
+/// A [`Mat`]'s launcher view.
+enum MatView<'a> {
+    Packed(PackedMatrix<'a>),
+    Rows(QMatrix<'a>),
+}
+
 /// Whether a matrix of `ty` with `cols` columns is uploaded packed.
 fn packs(opts: &GpuOptions, ty: GgmlType, cols: usize) -> bool {
     opts.packed && PackFormat::of(ty).is_some_and(|f| cols.is_multiple_of(f.qk))
@@ -465,32 +493,12 @@ impl GpuBackend {
     ) -> Result<()> {
         let (k, s) = (&self.kernels, &self.stream);
         let data = w.data.view();
-        let (ty, rows, cols) = (w.ty, w.rows, w.cols);
         debug_assert!(n > 1 || !accumulate, "GEMV does not accumulate");
-        if w.packed {
-            let m = PackedMatrix {
-                ty,
-                data: &data,
-                rows,
-                cols,
-            };
-            if n == 1 {
-                k.gemv_packed(s, &m, x, y, None)?;
-            } else {
-                k.gemm_packed(s, &m, x, y, n, accumulate)?;
-            }
-        } else {
-            let m = QMatrix {
-                ty,
-                data: &data,
-                rows,
-                cols,
-            };
-            if n == 1 {
-                k.gemv(s, &m, x, y)?;
-            } else {
-                k.gemm(s, &m, x, y, n, accumulate)?;
-            }
+        match w.view(&data) {
+            MatView::Packed(m) if n == 1 => k.gemv_packed(s, &m, x, y, None).map(drop)?,
+            MatView::Packed(m) => k.gemm_packed(s, &m, x, y, n, accumulate)?,
+            MatView::Rows(m) if n == 1 => k.gemv(s, &m, x, y)?,
+            MatView::Rows(m) => k.gemm(s, &m, x, y, n, accumulate)?,
         }
         Ok(())
     }
@@ -611,25 +619,10 @@ impl GpuBackend {
         let ids = w.inputs.slice(0..n)?;
         let pos_v = w.inputs.slice(b..b + n)?;
         let table = w.inputs.slice(2 * b..2 * b + self.n_pages)?;
-        let e = &self.embd;
-        let data = e.data.view();
-        let (ty, rows, cols) = (e.ty, e.rows, e.cols);
-        if e.packed {
-            let m = PackedMatrix {
-                ty,
-                data: &data,
-                rows,
-                cols,
-            };
-            k.embed_packed(s, &m, &ids, &mut w.x)?;
-        } else {
-            let m = QMatrix {
-                ty,
-                data: &data,
-                rows,
-                cols,
-            };
-            k.embed(s, &m, &ids, &mut w.x)?;
+        let data = self.embd.data.view();
+        match self.embd.view(&data) {
+            MatView::Packed(m) => k.embed_packed(s, &m, &ids, &mut w.x)?,
+            MatView::Rows(m) => k.embed(s, &m, &ids, &mut w.x)?,
         }
         let shape = AttnShape {
             n_tok: n,
