@@ -17,8 +17,8 @@ use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
 use m40_device::Device;
-use m40_gguf::synth::{write_model, Shape, SynthOptions};
-use m40_gguf::{GgmlType, HyperParams};
+use m40_gguf::synth::{write_model, FileType, Shape, SynthOptions};
+use m40_gguf::HyperParams;
 use m40_kernels::Kernels;
 use m40_model::gpu::{GpuBackend, GpuOptions};
 use m40_model::{Backend, KvState, Logits, Model, Selection};
@@ -302,9 +302,13 @@ pub fn run(a: Args) -> Result<()> {
         (Some(m), None) => (super::resolve_model(Some(m))?, m.clone()),
         (None, Some(shape)) => {
             let shape = Shape::find(shape).ok_or_else(|| anyhow!("unknown shape `{shape}`"))?;
-            let ty = GgmlType::from_name(&a.ty)
-                .filter(|t| GgmlType::QUANTIZABLE.contains(t))
-                .ok_or_else(|| anyhow!("cannot generate type `{}`", a.ty))?;
+            let ty = FileType::parse(&a.ty).ok_or_else(|| {
+                anyhow!(
+                    "cannot generate type `{}` (supported: {})",
+                    a.ty,
+                    FileType::names()
+                )
+            })?;
             tmp = tempfile::tempdir()?;
             let path = tmp
                 .path()

@@ -4,15 +4,15 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{anyhow, Context, Result};
-use m40_gguf::synth::{write_model, Shape, SynthOptions, SHAPES};
-use m40_gguf::GgmlType;
+use m40_gguf::synth::{write_model, FileType, Shape, SynthOptions, SHAPES};
 
 #[derive(clap::Args)]
 pub struct Args {
     /// Model shape: tiny, smollm2-135m, llama-1b or llama-8b.
     #[arg(long)]
     pub shape: String,
-    /// Weight type: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0 or Q5_1 (norms stay F32).
+    /// Weight type: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K, or
+    /// Q4_K_M (llama-quantize's mix of Q4_K and Q6_K). Norms stay F32.
     #[arg(long = "type", default_value = "F16")]
     pub ty: String,
     /// Random seed; the same seed writes the same file.
@@ -26,22 +26,13 @@ pub fn run(a: Args) -> Result<()> {
     let names = || SHAPES.iter().map(|s| s.name).collect::<Vec<_>>().join(", ");
     let shape = Shape::find(&a.shape)
         .ok_or_else(|| anyhow!("unknown shape `{}` (known: {})", a.shape, names()))?;
-    let quantizable = || {
-        GgmlType::QUANTIZABLE
-            .iter()
-            .map(|t| t.name())
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let ty = GgmlType::from_name(&a.ty)
-        .filter(|t| GgmlType::QUANTIZABLE.contains(t))
-        .ok_or_else(|| {
-            anyhow!(
-                "cannot write type `{}` (supported: {})",
-                a.ty,
-                quantizable()
-            )
-        })?;
+    let ty = FileType::parse(&a.ty).ok_or_else(|| {
+        anyhow!(
+            "cannot write type `{}` (supported: {})",
+            a.ty,
+            FileType::names()
+        )
+    })?;
     let start = Instant::now();
     let file = File::create(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
     let opts = SynthOptions {

@@ -111,18 +111,105 @@ impl Shape {
     }
 }
 
-/// llama.cpp's `general.file_type` for a model stored (mostly) in `ty`.
-fn file_type(ty: GgmlType) -> u32 {
-    match ty {
-        GgmlType::F32 => 0,
-        GgmlType::F16 => 1,
-        GgmlType::Q4_0 => 2,
-        GgmlType::Q4_1 => 3,
-        GgmlType::Q8_0 => 7,
-        GgmlType::Q5_0 => 8,
-        GgmlType::Q5_1 => 9,
-        GgmlType::BF16 => 32,
-        _ => 0,
+/// The types of a synthetic model's matrices: all one type, or llama.cpp's
+/// Q4_K_M mix. Norm weights are F32 either way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FileType {
+    /// Every matrix in this type (one of [`GgmlType::QUANTIZABLE`]).
+    All(GgmlType),
+    /// llama-quantize's Q4_K_M: Q4_K, with Q6_K for the output matrix (the
+    /// tied embedding when there is none) and for `attn_v` and `ffn_down` in
+    /// the first and last eighth of the layers and every third in between.
+    Q4KM,
+}
+
+impl FileType {
+    /// `Q4_K_M`, or the name of a quantizable type.
+    pub fn parse(name: &str) -> Option<FileType> {
+        if name.eq_ignore_ascii_case("Q4_K_M") {
+            return Some(FileType::Q4KM);
+        }
+        GgmlType::from_name(name)
+            .filter(|t| GgmlType::QUANTIZABLE.contains(t))
+            .map(FileType::All)
+    }
+
+    /// Every name [`FileType::parse`] accepts, comma-separated.
+    pub fn names() -> String {
+        let mut v: Vec<&str> = GgmlType::QUANTIZABLE.iter().map(|t| t.name()).collect();
+        v.push("Q4_K_M");
+        v.join(", ")
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            FileType::All(t) => t.name(),
+            FileType::Q4KM => "Q4_K_M",
+        }
+    }
+
+    /// llama.cpp's `general.file_type`.
+    fn id(&self) -> u32 {
+        match self {
+            FileType::All(t) => match t {
+                GgmlType::F32 => 0,
+                GgmlType::F16 => 1,
+                GgmlType::Q4_0 => 2,
+                GgmlType::Q4_1 => 3,
+                GgmlType::Q8_0 => 7,
+                GgmlType::Q5_0 => 8,
+                GgmlType::Q5_1 => 9,
+                GgmlType::Q4_K => 14, // Q4_K_S
+                GgmlType::Q6_K => 18,
+                GgmlType::BF16 => 32,
+                _ => 0,
+            },
+            FileType::Q4KM => 15,
+        }
+    }
+
+    /// The type of matrix `name` (rows of `row_len`) in a model of `hp`. As
+    /// llama-quantize does, K-quants fall back where rows are not whole
+    /// super-blocks: Q4_K to Q5_0, Q6_K to Q8_0.
+    fn matrix_type(&self, name: &str, row_len: usize, hp: &HyperParams) -> GgmlType {
+        let ty = match self {
+            FileType::All(t) => *t,
+            FileType::Q4KM => {
+                let n = hp.n_layer;
+                let more_bits =
+                    |i: usize| i < n / 8 || i >= 7 * n / 8 || (i >= n / 8 && (i - n / 8) % 3 == 2);
+                let layer = name
+                    .strip_prefix("blk.")
+                    .and_then(|r| r.split('.').next())
+                    .and_then(|i| i.parse::<usize>().ok());
+                let six = name == OUTPUT
+                    || (hp.tied_output && name == TOKEN_EMBD)
+                    || ((name.ends_with("attn_v.weight") || name.ends_with("ffn_down.weight"))
+                        && layer.is_some_and(more_bits));
+                if six {
+                    GgmlType::Q6_K
+                } else {
+                    GgmlType::Q4_K
+                }
+            }
+        };
+        match ty {
+            GgmlType::Q4_K if row_len % 256 != 0 => GgmlType::Q5_0,
+            GgmlType::Q6_K if row_len % 256 != 0 => GgmlType::Q8_0,
+            t => t,
+        }
+    }
+}
+
+impl From<GgmlType> for FileType {
+    fn from(t: GgmlType) -> FileType {
+        FileType::All(t)
+    }
+}
+
+impl std::fmt::Display for FileType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
     }
 }
 
@@ -155,7 +242,7 @@ fn tokenizer_metadata(md: &mut Metadata, n_vocab: usize) {
 }
 
 /// The metadata of a synthetic model.
-pub fn metadata(shape: &Shape, ty: GgmlType) -> Metadata {
+pub fn metadata(shape: &Shape, ty: FileType) -> Metadata {
     let mut md = Metadata::new();
     let s = |v: &str| Value::String(v.to_string());
     let u = |v: usize| Value::U32(v as u32);
@@ -164,7 +251,7 @@ pub fn metadata(shape: &Shape, ty: GgmlType) -> Metadata {
         "general.name",
         s(&format!("m40-llm synthetic {} {}", shape.name, ty)),
     );
-    md.insert("general.file_type", Value::U32(file_type(ty)));
+    md.insert("general.file_type", Value::U32(ty.id()));
     md.insert("general.quantization_version", Value::U32(2));
     md.insert("llama.block_count", u(shape.n_layer));
     md.insert("llama.embedding_length", u(shape.n_embd));
@@ -297,8 +384,8 @@ impl Read for RowStream {
 #[derive(Clone, Debug)]
 pub struct SynthOptions<'a> {
     pub shape: &'a Shape,
-    /// Type of every matrix (norm weights stay F32).
-    pub ty: GgmlType,
+    /// Types of the matrices (norm weights stay F32).
+    pub ty: FileType,
     pub seed: u64,
 }
 
@@ -309,11 +396,13 @@ pub fn write_model<W: Write>(
     opts: &SynthOptions<'_>,
     mut progress: impl FnMut(usize, usize),
 ) -> Result<W> {
-    if !GgmlType::QUANTIZABLE.contains(&opts.ty) {
-        return Err(GgufError::UnsupportedType {
-            ty: opts.ty,
-            op: "synthetic models",
-        });
+    if let FileType::All(ty) = opts.ty {
+        if !GgmlType::QUANTIZABLE.contains(&ty) {
+            return Err(GgufError::UnsupportedType {
+                ty,
+                op: "synthetic models",
+            });
+        }
     }
     let hp = opts.shape.hparams();
     let md = metadata(opts.shape, opts.ty);
@@ -324,7 +413,7 @@ pub fn write_model<W: Write>(
             let ty = if shape.len() == 1 {
                 GgmlType::F32
             } else {
-                opts.ty
+                opts.ty.matrix_type(&name, shape[0] as usize, &hp)
             };
             TensorSpec { name, ty, shape }
         })

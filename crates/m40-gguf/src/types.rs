@@ -102,6 +102,8 @@ impl GgmlType {
         GgmlType::Q4_1,
         GgmlType::Q5_0,
         GgmlType::Q5_1,
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
     ];
 
     /// Whether m40-llm can dequantize (and so compute with) this type.

@@ -49,6 +49,31 @@ proptest! {
     }
 
     #[test]
+    fn k_quants_stay_within_their_error_bound(x in blocks(8..25)) {
+        // Super-blocks of 256. Q4_K: sub-blocks of 32 with 6-bit scales and
+        // mins relative to the super-block's largest; every element within
+        // one step at the largest scale, (max - min) / 15. Q6_K: signed 8-bit
+        // sub-block scales, every element within amax / 32 (two half-steps).
+        let n = x.len() / 256 * 256;
+        let x = &x[..n];
+        for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
+            let y = dequantize_to_vec(ty, &quantize_to_vec(ty, x).unwrap(), n).unwrap();
+            for (b, (xb, yb)) in x.chunks(256).zip(y.chunks(256)).enumerate() {
+                let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
+                let min = xb.iter().fold(f32::MAX, |a, &v| a.min(v)).min(0.0);
+                let max = xb.iter().fold(f32::MIN, |a, &v| a.max(v));
+                let tol = match ty {
+                    GgmlType::Q4_K => (max - min) / 15.0,
+                    _ => amax / 32.0,
+                } * 1.01 + 1e-30;
+                for (i, (a, c)) in xb.iter().zip(yb).enumerate() {
+                    prop_assert!((a - c).abs() <= tol, "{} super-block {} [{}]: {} -> {} (bound {})", ty, b, i, a, c, tol);
+                }
+            }
+        }
+    }
+
+    #[test]
     fn quantization_is_exact_on_its_own_grid(x in blocks(1..5)) {
         // Dequantized values are on the format's grid: quantizing them again
         // and dequantizing gives them back (to f16 rounding of the scale).
@@ -104,12 +129,13 @@ proptest! {
 #[test]
 fn wrong_sizes_and_unsupported_types_are_errors() {
     assert!(quantize_to_vec(GgmlType::Q4_0, &[0.0; 31]).is_err());
-    assert!(quantize_to_vec(GgmlType::Q4_K, &[0.0; 256]).is_err());
+    assert!(quantize_to_vec(GgmlType::IQ4_NL, &[0.0; 32]).is_err());
+    assert!(quantize_to_vec(GgmlType::Q4_K, &[0.0; 255]).is_err());
     assert!(dequantize_to_vec(GgmlType::Q4_0, &[0u8; 17], 32).is_err());
     assert!(dequantize_to_vec(GgmlType::IQ2_XXS, &[0u8; 66], 256).is_err());
     // Zero blocks quantize to zero scale and dequantize to exact zeros.
     for ty in GgmlType::QUANTIZABLE {
-        let y = dequantize_to_vec(*ty, &quantize_to_vec(*ty, &[0.0; 64]).unwrap(), 64).unwrap();
+        let y = dequantize_to_vec(*ty, &quantize_to_vec(*ty, &[0.0; 256]).unwrap(), 256).unwrap();
         assert!(y.iter().all(|&v| v == 0.0), "{ty}");
     }
 }

@@ -2,12 +2,21 @@
 //! dequantize, are deterministic, and keep activations O(1) through every layer.
 
 use m40_gguf::hparams::{LayerNames, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
-use m40_gguf::synth::{write_model, Shape, SynthOptions};
+use m40_gguf::synth::{write_model, FileType, Shape, SynthOptions};
 use m40_gguf::{GgmlType, GgufFile, HyperParams};
 
 fn synth(shape: &str, ty: GgmlType, seed: u64) -> Vec<u8> {
     let shape = Shape::find(shape).unwrap();
-    write_model(Vec::new(), &SynthOptions { shape, ty, seed }, |_, _| {}).unwrap()
+    write_model(
+        Vec::new(),
+        &SynthOptions {
+            shape,
+            ty: ty.into(),
+            seed,
+        },
+        |_, _| {},
+    )
+    .unwrap()
 }
 
 fn matvec(f: &GgufFile, name: &str, x: &[f32]) -> Vec<f32> {
@@ -154,11 +163,50 @@ fn unwritable_types_are_refused() {
         Vec::new(),
         &SynthOptions {
             shape,
-            ty: GgmlType::Q4_K,
+            ty: GgmlType::IQ4_XS.into(),
             seed: 0,
         },
         |_, _| {},
     )
     .unwrap_err();
-    assert!(e.to_string().contains("Q4_K"), "{e}");
+    assert!(e.to_string().contains("IQ4_XS"), "{e}");
+}
+
+#[test]
+fn q4_k_m_mixes_q4_k_and_q6_k_as_llama_quantize_does() {
+    let shape = Shape::find("tiny").unwrap();
+    let bytes = write_model(
+        Vec::new(),
+        &SynthOptions {
+            shape,
+            ty: FileType::Q4KM,
+            seed: 3,
+        },
+        |_, _| {},
+    )
+    .unwrap();
+    let f = GgufFile::from_bytes(bytes).unwrap();
+    // Two layers: the last eighth is layer 1, so its attn_v and ffn_down get
+    // Q6_K; so does the output matrix.
+    let six = [
+        "blk.1.attn_v.weight",
+        "blk.1.ffn_down.weight",
+        "output.weight",
+    ];
+    for info in f.tensors() {
+        let want = if info.shape.len() == 1 {
+            GgmlType::F32
+        } else if six.contains(&info.name.as_str()) {
+            GgmlType::Q6_K
+        } else {
+            GgmlType::Q4_K
+        };
+        assert_eq!(info.ty, want, "{}", info.name);
+        let v = f.view(info).to_f32().unwrap();
+        assert!(rms(&v) > 0.0, "{}", info.name);
+    }
+    assert_eq!(f.metadata().u64("general.file_type").unwrap(), 15);
+    assert_eq!(FileType::parse("q4_k_m"), Some(FileType::Q4KM));
+    assert_eq!(FileType::parse("Q6_K"), Some(FileType::All(GgmlType::Q6_K)));
+    assert_eq!(FileType::parse("IQ4_XS"), None);
 }

@@ -11,7 +11,7 @@ mod common;
 use std::sync::Arc;
 
 use m40_device::testing::test_device;
-use m40_gguf::synth::{write_model, Shape, SynthOptions};
+use m40_gguf::synth::{write_model, FileType, Shape, SynthOptions};
 use m40_gguf::GgmlType;
 use m40_model::cpu::CpuBackend;
 use m40_model::gpu::{GpuBackend, GpuOptions};
@@ -207,7 +207,8 @@ fn zoo_gpu_logits_match_cpu() {
 }
 
 /// A random-weight model of `shape` in `ty`, written to a temp dir.
-fn synth(dir: &std::path::Path, shape: &str, ty: GgmlType) -> Arc<Model> {
+fn synth(dir: &std::path::Path, shape: &str, ty: impl Into<FileType>) -> Arc<Model> {
+    let ty = ty.into();
     let shape = Shape::find(shape).unwrap();
     let path = dir.join(format!("{}-{}.gguf", shape.name, ty.name()));
     let f = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
@@ -264,46 +265,76 @@ fn check_synth(model: &Arc<Model>, what: &str, prompts: &[usize], decode: usize)
     failures
 }
 
-#[test]
-fn synth_smollm2_shape_gpu_matches_cpu() {
-    if test_device("synth_smollm2_shape_gpu_matches_cpu").is_none() {
-        return;
-    }
+/// GPU vs CPU on random models of `shape` in each of `types`.
+fn check_shape(shape: &str, types: &[FileType], prompts: &[usize], decode: usize) {
     let dir = tempfile::tempdir().unwrap();
     let mut failures = Vec::new();
-    for ty in [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::F16] {
-        let model = synth(dir.path(), "smollm2-135m", ty);
+    for &ty in types {
+        let model = synth(dir.path(), shape, ty);
         failures.extend(check_synth(
             &model,
-            &format!("smollm2-135m {ty}"),
-            &[1, 17, 512, 2048],
-            64,
+            &format!("{shape} {ty}"),
+            prompts,
+            decode,
         ));
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// The four types: on this shape (rows of 576) Q4_K falls back to
+/// Q5_0 wherever rows are not whole super-blocks, as llama-quantize does;
+/// ffn_down (rows of 1536) stays Q4_K.
+const SYNTH_TYPES: [FileType; 4] = [
+    FileType::All(GgmlType::Q4_0),
+    FileType::All(GgmlType::Q4_K),
+    FileType::All(GgmlType::Q8_0),
+    FileType::All(GgmlType::F16),
+];
+
 #[test]
-fn synth_1b_shape_gpu_matches_cpu() {
-    if test_device("synth_1b_shape_gpu_matches_cpu").is_none() {
+fn synth_smollm2_shape_gpu_matches_cpu() {
+    if test_device("synth_smollm2_shape_gpu_matches_cpu").is_none() {
         return;
+    }
+    check_shape("smollm2-135m", &SYNTH_TYPES, &[1, 17, 512, 2048], 64);
+}
+
+/// Whether a minutes-long test should run (`M40_GPU_LARGE=1`); prints why not.
+fn large(test: &str) -> bool {
+    if test_device(test).is_none() {
+        return false;
     }
     if std::env::var("M40_GPU_LARGE").is_err() {
-        println!("skipped: synth_1b_shape_gpu_matches_cpu: set M40_GPU_LARGE=1 (minutes of CPU reference)");
+        println!("skipped: {test}: set M40_GPU_LARGE=1 (minutes of CPU reference)");
+        return false;
+    }
+    true
+}
+
+#[test]
+fn synth_1b_shape_gpu_matches_cpu() {
+    if !large("synth_1b_shape_gpu_matches_cpu") {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let mut failures = Vec::new();
-    for ty in [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::F16] {
-        let model = synth(dir.path(), "llama-1b", ty);
-        failures.extend(check_synth(
-            &model,
-            &format!("llama-1b {ty}"),
-            &[1, 17, 512, 2048],
-            64,
-        ));
+    let mut types = SYNTH_TYPES.to_vec();
+    types.push(FileType::Q4KM);
+    check_shape("llama-1b", &types, &[1, 17, 512, 2048], 64);
+}
+
+/// The 8B shape, shorter (the CPU reference takes ~1 s a token there).
+#[test]
+fn synth_8b_shape_gpu_matches_cpu() {
+    if !large("synth_8b_shape_gpu_matches_cpu") {
+        return;
     }
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    let types = match std::env::var("M40_GPU_8B_TYPES") {
+        Ok(v) => v
+            .split(',')
+            .map(|t| FileType::parse(t).expect("M40_GPU_8B_TYPES: unknown type"))
+            .collect(),
+        Err(_) => SYNTH_TYPES.to_vec(),
+    };
+    check_shape("llama-8b", &types, &[1, 17], 16);
 }
 
 /// Sequences that grow over many pages, interleaved, freed, truncated and

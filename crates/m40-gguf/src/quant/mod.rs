@@ -123,6 +123,8 @@ pub fn quantize(ty: GgmlType, x: &[f32], out: &mut [u8]) -> Result<()> {
         GgmlType::Q4_1 => push_blocks(x, blocks::QK32, out, q::block_q4_1),
         GgmlType::Q5_0 => push_blocks(x, blocks::QK32, out, q::block_q5_0),
         GgmlType::Q5_1 => push_blocks(x, blocks::QK32, out, q::block_q5_1),
+        GgmlType::Q4_K => push_blocks(x, blocks::QK_K, out, q::block_q4_k),
+        GgmlType::Q6_K => push_blocks(x, blocks::QK_K, out, q::block_q6_k),
         other => {
             return Err(GgufError::UnsupportedType {
                 ty: other,
