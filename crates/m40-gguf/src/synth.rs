@@ -176,8 +176,7 @@ impl FileType {
             FileType::All(t) => *t,
             FileType::Q4KM => {
                 let n = hp.n_layer;
-                let more_bits =
-                    |i: usize| i < n / 8 || i >= 7 * n / 8 || (i >= n / 8 && (i - n / 8) % 3 == 2);
+                let more_bits = |i: usize| i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2;
                 let layer = name
                     .strip_prefix("blk.")
                     .and_then(|r| r.split('.').next())
@@ -194,8 +193,8 @@ impl FileType {
             }
         };
         match ty {
-            GgmlType::Q4_K if row_len % 256 != 0 => GgmlType::Q5_0,
-            GgmlType::Q6_K if row_len % 256 != 0 => GgmlType::Q8_0,
+            GgmlType::Q4_K if !row_len.is_multiple_of(256) => GgmlType::Q5_0,
+            GgmlType::Q6_K if !row_len.is_multiple_of(256) => GgmlType::Q8_0,
             t => t,
         }
     }
