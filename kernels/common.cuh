@@ -22,3 +22,19 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
     __syncthreads();
     return v;
 }
+
+// Where a matmul's output row r of token m goes when its weight rows are up
+// to three matrices stacked (fused Q/K/V, gate/up): rows [0, r1) to y0,
+// [r1, r2) to y1, [r2, n) to y2, each part (tokens, its rows) row-major.
+// One matrix: r1 = r2 = n, and y1, y2 are never used.
+struct RowParts {
+    float* y0;
+    float* y1;
+    float* y2;
+    int r1, r2, n;
+    __device__ __forceinline__ float* at(int m, int r) const {
+        if (r < r1) return y0 + (long long)m * r1 + r;
+        if (r < r2) return y1 + (long long)m * (r2 - r1) + (r - r1);
+        return y2 + (long long)m * (n - r2) + (r - r2);
+    }
+};

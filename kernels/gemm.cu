@@ -2,8 +2,10 @@
 // dequantized in the tile loader (never expanded in global memory).
 //
 // Layout: W (N rows, row_bytes each) in its GGUF format; X (M, K) FP32
-// row-major, 16-byte aligned; Y (M, N) FP32 row-major. K is a multiple of 32
-// (one sub-block per k-step).
+// row-major, 16-byte aligned; Y (M, N) FP32 row-major, or for stacked
+// matrices (fused Q/K/V, gate/up) one (M, rows) part per matrix (common.cuh
+// RowParts: Y, Y1, Y2 split at rows r1, r2). K is a multiple of 32 (one
+// sub-block per k-step).
 // Launch: grid (ceil(N / GEMM_BN), ceil(M / GEMM_BM)), block GEMM_THREADS.
 //
 // Why this shape on Maxwell: a block computes a GEMM_BM x GEMM_BN tile of Y
@@ -20,6 +22,7 @@
 // gemm_packed_<fmt>_f32: the same over weights in the packed layout of the
 // decode GEMV (packed.cuh; row_bytes unused), so a model whose formats have
 // a packed GEMV keeps only that copy of its weights.
+#include "common.cuh"
 #include "packed.cuh"
 
 #define GEMM_BM 64       // tokens (rows of X and Y) per block tile
@@ -103,7 +106,7 @@ __device__ __forceinline__ void gemm_store(const GemmStage& st, float (*Ws)[GEMM
 
 // One block's tile of Y = X W^T (+ Y when `accumulate`).
 template <class L>
-__device__ __forceinline__ void gemm_tile(const u8* __restrict__ W, const float* __restrict__ X, float* __restrict__ Y,
+__device__ __forceinline__ void gemm_tile(const u8* __restrict__ W, const float* __restrict__ X, const RowParts Y,
                                           int M, int N, int K, long long row_bytes, int accumulate, int m0, int n0) {
     __shared__ __align__(16) float Ws[GEMM_BK][GEMM_BN + GEMM_PAD];
     __shared__ __align__(16) float Xs[GEMM_BK][GEMM_BM + GEMM_PAD];
@@ -139,25 +142,29 @@ __device__ __forceinline__ void gemm_tile(const u8* __restrict__ W, const float*
     for (int i = 0; i < GEMM_TM; ++i) {
         const int m = m0 + ty * GEMM_TM + i;
         if (m >= M) break;
-        float* y = Y + (long long)m * N + n;
 #pragma unroll
-        for (int j = 0; j < GEMM_TN; ++j)
-            if (n + j < N) y[j] = accumulate ? y[j] + acc[i][j] : acc[i][j];
+        for (int j = 0; j < GEMM_TN; ++j) {
+            if (n + j >= N) break;
+            float* y = Y.at(m, n + j);
+            *y = accumulate ? *y + acc[i][j] : acc[i][j];
+        }
     }
 }
 
 #define GEMM_KERNEL(name, F)                                                                                 \
     extern "C" __global__ void __launch_bounds__(GEMM_THREADS) gemm_##name##_f32(                            \
-        const u8* W, const float* X, float* Y, int M, int N, int K, long long row_bytes, int accumulate) {   \
-        gemm_tile<RowMajor<F>>(W, X, Y, M, N, K, row_bytes, accumulate, blockIdx.y * GEMM_BM,              \
-                               blockIdx.x * GEMM_BN);                                                        \
+        const u8* W, const float* X, float* Y, float* Y1, float* Y2, int r1, int r2, int M, int N, int K,    \
+        long long row_bytes, int accumulate) {                                                               \
+        gemm_tile<RowMajor<F>>(W, X, RowParts{Y, Y1, Y2, r1, r2, N}, M, N, K, row_bytes, accumulate,       \
+                               blockIdx.y * GEMM_BM, blockIdx.x * GEMM_BN);                                  \
     }
 M40_FORMATS(GEMM_KERNEL)
 
 #define GEMM_PACKED_KERNEL(name, P)                                                                          \
     extern "C" __global__ void __launch_bounds__(GEMM_THREADS) gemm_packed_##name##_f32(                     \
-        const u8* W, const float* X, float* Y, int M, int N, int K, long long row_bytes, int accumulate) {   \
-        gemm_tile<Packed<P>>(W, X, Y, M, N, K, row_bytes, accumulate, blockIdx.y * GEMM_BM,                \
-                             blockIdx.x * GEMM_BN);                                                          \
+        const u8* W, const float* X, float* Y, float* Y1, float* Y2, int r1, int r2, int M, int N, int K,    \
+        long long row_bytes, int accumulate) {                                                               \
+        gemm_tile<Packed<P>>(W, X, RowParts{Y, Y1, Y2, r1, r2, N}, M, N, K, row_bytes, accumulate,         \
+                             blockIdx.y * GEMM_BM, blockIdx.x * GEMM_BN);                                    \
     }
 M40_PACKED_FORMATS(GEMM_PACKED_KERNEL)

@@ -260,7 +260,7 @@ struct PackQ4_K {
 
 template <class P>
 __device__ __forceinline__ void gemv_packed(const u8* __restrict__ W, const float* __restrict__ x,
-                                            float* __restrict__ y, int nrows, int nb, int ksplit) {
+                                            const RowParts y, int nrows, int nb, int ksplit) {
     __shared__ float red[PGEMV_WARPS][4];
     const int lane = threadIdx.x & 31, q = lane & 3, warp = threadIdx.x >> 5;
     const int sub = warp % ksplit, per_block = PGEMV_WARPS / ksplit;
@@ -301,7 +301,7 @@ __device__ __forceinline__ void gemv_packed(const u8* __restrict__ W, const floa
     // Lane j < 4 holds row j's sum (selects, not an indexed array: registers).
     const float mine = lane == 0 ? acc[0] : lane == 1 ? acc[1] : lane == 2 ? acc[2] : acc[3];
     if (ksplit == 1) {
-        if (lane < 4 && g < n_groups && 4 * g + lane < nrows) y[4 * g + lane] = mine;
+        if (lane < 4 && g < n_groups && 4 * g + lane < nrows) *y.at(0, 4 * g + lane) = mine;
         return;
     }
     if (lane < 4) red[warp][lane] = mine;
@@ -309,16 +309,19 @@ __device__ __forceinline__ void gemv_packed(const u8* __restrict__ W, const floa
     if (sub == 0 && lane < 4 && g < n_groups && 4 * g + lane < nrows) {
         float sum = red[warp][lane];
         for (int t = 1; t < ksplit; ++t) sum += red[warp + t][lane];
-        y[4 * g + lane] = sum;
+        *y.at(0, 4 * g + lane) = sum;
     }
 }
 
 // W: the packed layout above (nb: blocks of 32 weights per row; a multiple
-// of 8 for Q4_K and Q6_K); x (nb * 32) FP32, 16-byte aligned; y (nrows).
-#define PGEMV_KERNEL(name, P)                                                                     \
-    extern "C" __global__ void __launch_bounds__(32 * PGEMV_WARPS, 7)                              \
-        gemv_packed_##name##_f32(const u8* W, const float* x, float* y, int nrows, int nb, int ksplit) { \
-        gemv_packed<P>(W, x, y, nrows, nb, ksplit);                                               \
+// of 8 for Q4_K and Q6_K); x (nb * 32) FP32, 16-byte aligned; y (nrows), or
+// for stacked matrices y, y1, y2 split at rows r1, r2 (common.cuh RowParts;
+// one matrix: r1 = r2 = nrows).
+#define PGEMV_KERNEL(name, P)                                                                          \
+    extern "C" __global__ void __launch_bounds__(32 * PGEMV_WARPS, 7)                                   \
+        gemv_packed_##name##_f32(const u8* W, const float* x, float* y, float* y1, float* y2, int r1,   \
+                                 int r2, int nrows, int nb, int ksplit) {                               \
+        gemv_packed<P>(W, x, RowParts{y, y1, y2, r1, r2, nrows}, nrows, nb, ksplit);                   \
     }
 PGEMV_KERNEL(f16, PackF16)
 PGEMV_KERNEL(q8_0, PackQ8_0)

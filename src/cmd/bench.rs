@@ -57,6 +57,10 @@ pub struct Args {
     /// for the packed GEMV (to compare the two).
     #[arg(long)]
     pub gguf_layout: bool,
+    /// Keep Q, K, V and gate, up as separate matrices (one launch each)
+    /// instead of stacking them (to compare the two).
+    #[arg(long)]
+    pub no_fuse: bool,
     /// Do not run llama-bench even when it is on PATH.
     #[arg(long)]
     pub no_llama_bench: bool,
@@ -342,6 +346,7 @@ fn bench(path: &PathBuf, label: &str, a: &Args) -> Result<()> {
         GpuOptions {
             kv_tokens,
             packed: !a.gguf_layout,
+            fuse: !a.no_fuse,
             ..Default::default()
         },
     )?;
@@ -376,7 +381,8 @@ fn bench(path: &PathBuf, label: &str, a: &Args) -> Result<()> {
             "device": info.name,
             "ceilings": {"read_gbps": c.read_gbps, "fp32_tflops": c.fp32_tflops},
             "model": {"label": label, "path": path, "size_bytes": size, "params": params,
-                      "layout": if a.gguf_layout { "gguf" } else { "packed" }},
+                      "layout": if a.gguf_layout { "gguf" } else { "packed" },
+                      "stacked_qkv_gate_up": !a.gguf_layout && !a.no_fuse},
             "results": results.iter().map(|r| json!({
                 "test": r.name,
                 "tokens_per_s": r.tokens_per_s,
@@ -397,10 +403,10 @@ fn bench(path: &PathBuf, label: &str, a: &Args) -> Result<()> {
         "model: {label}: {:.2} GiB, {:.2} B params, weights {}\n",
         gib(size),
         params as f64 / 1e9,
-        if a.gguf_layout {
-            "in GGUF rows"
-        } else {
-            "packed"
+        match (a.gguf_layout, a.no_fuse) {
+            (true, _) => "in GGUF rows",
+            (false, true) => "packed",
+            (false, false) => "packed, Q/K/V and gate/up stacked",
         }
     );
     let has_lb = results.iter().any(|r| r.llama_cpp.is_some());

@@ -5,7 +5,7 @@ use m40_device::{DeviceBuffer, DeviceView, LaunchConfig, Stream};
 
 use crate::error::{KernelError, Result};
 use crate::format::KernelFormat;
-use crate::ops::{check_len, shape, to_i32, PackedMatrix, QMatrix, ELEMENTWISE_THREADS};
+use crate::ops::{check_len, shape, to_i32, PackedMatrix, QMatrix, RowSplit, ELEMENTWISE_THREADS};
 use crate::pack::PackFormat;
 use crate::{Kernels, MAX_SHARED_PER_BLOCK};
 
@@ -172,6 +172,10 @@ impl Kernels {
             k: w.cols,
             row_bytes,
         };
+        let y = RowSplit {
+            bufs: &mut [y],
+            rows: &[w.rows],
+        };
         self.gemm_launch(stream, g, x, y, m, accumulate)
     }
 
@@ -183,6 +187,23 @@ impl Kernels {
         w: &PackedMatrix<'_>,
         x: &DeviceView<'_, f32>,
         y: &mut DeviceBuffer<f32>,
+        m: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        let y = RowSplit {
+            bufs: &mut [y],
+            rows: &[w.rows],
+        };
+        self.gemm_packed_split(stream, w, x, y, m, accumulate)
+    }
+
+    /// [`Kernels::gemm_packed`] of stacked matrices into their own outputs.
+    pub fn gemm_packed_split(
+        &self,
+        stream: &Stream,
+        w: &PackedMatrix<'_>,
+        x: &DeviceView<'_, f32>,
+        y: RowSplit<'_, '_>,
         m: usize,
         accumulate: bool,
     ) -> Result<()> {
@@ -210,7 +231,7 @@ impl Kernels {
         stream: &Stream,
         w: GemmArgs<'_, '_>,
         x: &DeviceView<'_, f32>,
-        y: &mut DeviceBuffer<f32>,
+        mut y: RowSplit<'_, '_>,
         m: usize,
         accumulate: bool,
     ) -> Result<()> {
@@ -224,7 +245,7 @@ impl Kernels {
         }
         check_len(K, "weights", w.data.len(), w.need)?;
         check_len(K, "x", x.len(), m * k)?;
-        check_len(K, "y", y.len(), m * n)?;
+        let (r1, r2) = y.bounds(K, n, m)?;
         if !x.is_aligned(16) {
             return Err(shape(K, "x must start at a multiple of 16 bytes".into()));
         }
@@ -243,16 +264,15 @@ impl Kernels {
         let (mi, ni, ki) = (to_i32(K, "m", m)?, to_i32(K, "n", n)?, to_i32(K, "k", k)?);
         let (row_bytes, acc) = (w.row_bytes as i64, accumulate as i32);
         // SAFETY: gemm_<fmt>_f32 and gemm_packed_<fmt>_f32(const u8* W, const float* X,
-        // float* Y, int M, int N, int K, long long row_bytes, int accumulate): read rows
-        // < N of W (whole sub-blocks, K a multiple of 32; `need` bytes: N rows of
-        // row_bytes, or the packed size), X[..M*K] (16-byte loads, aligned), read and
-        // write Y[..M*N]; lengths checked above.
+        // float* Y, float* Y1, float* Y2, int r1, int r2, int M, int N, int K, long long
+        // row_bytes, int accumulate): read rows < N of W (whole sub-blocks, K a multiple
+        // of 32; `need` bytes: N rows of row_bytes, or the packed size), X[..M*K]
+        // (16-byte loads, aligned), read and write M rows of each output part (Y, Y1, Y2
+        // split at r1 <= r2 <= N); lengths checked above and by `bounds`.
         unsafe {
-            stream
-                .launch(&kernel)
-                .view(w.data)
-                .view(x)
-                .buf_mut(y)
+            y.push(stream.launch(&kernel).view(w.data).view(x))
+                .scalar(&r1)
+                .scalar(&r2)
                 .scalar(&mi)
                 .scalar(&ni)
                 .scalar(&ki)

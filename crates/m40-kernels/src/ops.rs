@@ -1,6 +1,6 @@
 //! One launcher per kernel: grid math and precondition checks.
 
-use m40_device::{DeviceBuffer, DeviceView, LaunchConfig, Stream};
+use m40_device::{DeviceBuffer, DeviceView, Launch, LaunchConfig, Stream};
 use m40_gguf::GgmlType;
 
 use crate::error::{KernelError, Result};
@@ -57,6 +57,58 @@ pub struct QMatrix<'a> {
     pub data: &'a DeviceView<'a, u8>,
     pub rows: usize,
     pub cols: usize,
+}
+
+/// Where a matmul's output goes when its weight rows are up to three
+/// matrices stacked (a fused Q/K/V or gate/up projection): part `i` takes
+/// the next `rows[i]` rows of every token, stored (tokens, rows[i])
+/// row-major in `bufs[i]`. One part is an ordinary matmul.
+pub struct RowSplit<'a, 'b> {
+    pub bufs: &'a mut [&'b mut DeviceBuffer<f32>],
+    pub rows: &'a [usize],
+}
+
+impl<'a, 'b> RowSplit<'a, 'b> {
+    /// The kernels' (r1, r2) part boundaries, after checking the parts
+    /// against a matrix of `n` rows and `m` tokens.
+    pub(crate) fn bounds(&self, kernel: &'static str, n: usize, m: usize) -> Result<(i32, i32)> {
+        let parts = self.rows.len();
+        if parts != self.bufs.len() || !(1..=3).contains(&parts) {
+            return Err(shape(
+                kernel,
+                format!(
+                    "{parts} row counts for {} output buffers (1 to 3 parts)",
+                    self.bufs.len()
+                ),
+            ));
+        }
+        let total: usize = self.rows.iter().sum();
+        if total != n {
+            return Err(shape(
+                kernel,
+                format!("output parts of {total} rows for a matrix of {n}"),
+            ));
+        }
+        for (b, &r) in self.bufs.iter().zip(self.rows) {
+            check_len(kernel, "y", b.len(), m * r)?;
+        }
+        let r1 = if parts == 1 { n } else { self.rows[0] };
+        let r2 = if parts == 3 { r1 + self.rows[1] } else { n };
+        Ok((to_i32(kernel, "rows", r1)?, to_i32(kernel, "rows", r2)?))
+    }
+
+    /// Push the kernels' `float* y0, float* y1, float* y2` (null where
+    /// there is no such part).
+    pub(crate) fn push<'l>(&'l mut self, mut l: Launch<'l>) -> Launch<'l> {
+        let parts = self.bufs.len();
+        for b in self.bufs.iter_mut() {
+            l = l.buf_mut(&mut **b);
+        }
+        for _ in parts..3 {
+            l = l.null();
+        }
+        l
+    }
 }
 
 /// A weight matrix on the device in the packed GEMV layout
@@ -469,6 +521,22 @@ impl Kernels {
         y: &mut DeviceBuffer<f32>,
         ksplit: Option<u32>,
     ) -> Result<u32> {
+        let out = RowSplit {
+            bufs: &mut [y],
+            rows: &[w.rows],
+        };
+        self.gemv_packed_split(stream, w, x, out, ksplit)
+    }
+
+    /// [`Kernels::gemv_packed`] of stacked matrices into their own outputs.
+    pub fn gemv_packed_split(
+        &self,
+        stream: &Stream,
+        w: &PackedMatrix<'_>,
+        x: &DeviceView<'_, f32>,
+        mut y: RowSplit<'_, '_>,
+        ksplit: Option<u32>,
+    ) -> Result<u32> {
         const K: &str = "gemv_packed";
         let f = PackFormat::checked(K, w.ty, w.cols)?;
         let (nrows, ncols) = (w.rows, w.cols);
@@ -477,7 +545,7 @@ impl Kernels {
         }
         check_len(K, "weights", w.data.len(), f.packed_bytes(nrows, ncols))?;
         check_len(K, "x", x.len(), ncols)?;
-        check_len(K, "y", y.len(), nrows)?;
+        let (r1, r2) = y.bounds(K, nrows, 1)?;
         if !x.is_aligned(16) || !w.data.is_aligned(16) {
             return Err(shape(
                 K,
@@ -502,15 +570,15 @@ impl Kernels {
             ks as i32,
         );
         // SAFETY: gemv_packed_<fmt>_f32(const u8* W, const float* x, float* y,
-        // int nrows, int nb, int ksplit): reads the packed groups of W (length
-        // checked: packed_bytes) and x[..nb * 32] with 16-byte loads (both
-        // aligned, checked), writes y[r] for r < nrows; ksplit in {1, 2, 4}.
+        // float* y1, float* y2, int r1, int r2, int nrows, int nb, int ksplit):
+        // reads the packed groups of W (length checked: packed_bytes) and
+        // x[..nb * 32] with 16-byte loads (both aligned, checked), writes row
+        // r < nrows to its part (y, y1, y2 split at r1 <= r2 <= nrows; each
+        // part's length checked by `bounds`); ksplit in {1, 2, 4}.
         unsafe {
-            stream
-                .launch(&kernel)
-                .view(w.data)
-                .view(x)
-                .buf_mut(y)
+            y.push(stream.launch(&kernel).view(w.data).view(x))
+                .scalar(&r1)
+                .scalar(&r2)
                 .scalar(&nrows)
                 .scalar(&nb)
                 .scalar(&ks)

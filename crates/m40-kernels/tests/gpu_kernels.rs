@@ -13,7 +13,7 @@ use m40_device::{Device, DeviceBuffer, DeviceView, Stream};
 use m40_gguf::GgmlType;
 use m40_kernels::{
     pack_gemv, KernelError, KernelFormat, Kernels, PackFormat, PackedMatrix, Penalties, QMatrix,
-    RopeParams, RopeStyle,
+    RopeParams, RopeStyle, RowSplit,
 };
 use m40_model::cpu::ops;
 
@@ -691,6 +691,109 @@ fn gemm_every_format_matches_cpu() {
         cols: 40,
     };
     assert!(k.gemm(&s, &qm, &x.view(), &mut y, 1, false).is_err());
+}
+
+/// Stacked matrices (a fused Q/K/V or gate/up) through the packed GEMV (one
+/// token) and GEMM (several): each part's rows land in its own buffer,
+/// every element checked against the CPU reference, the buffers poisoned
+/// before each launch and 16 floats past each part left untouched.
+#[test]
+fn stacked_matmuls_write_each_part() {
+    let Some((_dev, s, k, mut rng)) = setup("stacked_matmuls_write_each_part") else {
+        return;
+    };
+    const TAIL: usize = 16;
+    for f in PackFormat::ALL {
+        let cols = 2 * f.qk.max(64);
+        for parts in [&[24usize, 8, 8][..], &[36, 20], &[9, 3, 1]] {
+            let rows: usize = parts.iter().sum();
+            let w = random_weights(&mut rng, f.ty, rows, cols);
+            let packed = pack_gemv(f.ty, &w, rows, cols).unwrap();
+            let wg = s.upload(&packed, "w").unwrap();
+            let wv = wg.view();
+            let pm = PackedMatrix {
+                ty: f.ty,
+                data: &wv,
+                rows,
+                cols,
+            };
+            let wd = dequant(f.ty, &w, rows, cols);
+            for m in [1usize, 3, 70] {
+                let x = rng.vec(m * cols, -1.0, 1.0);
+                let xg = s.upload(&x, "x").unwrap();
+                let mut bufs: Vec<DeviceBuffer<f32>> = parts
+                    .iter()
+                    .map(|&r| s.alloc::<f32>(m * r + TAIL, "y").unwrap())
+                    .collect();
+                for b in bufs.iter_mut() {
+                    s.fill_bytes(b, 0xFF).unwrap();
+                }
+                let mut refs: Vec<&mut DeviceBuffer<f32>> = bufs.iter_mut().collect();
+                let out = RowSplit {
+                    bufs: &mut refs,
+                    rows: parts,
+                };
+                if m == 1 {
+                    k.gemv_packed_split(&s, &pm, &xg.view(), out, None).unwrap();
+                } else {
+                    k.gemm_packed_split(&s, &pm, &xg.view(), out, m, false)
+                        .unwrap();
+                }
+                let mut first = 0;
+                for (p, (&r, b)) in parts.iter().zip(&bufs).enumerate() {
+                    let got = s.download(b).unwrap();
+                    let (mut want, mut mag) = (vec![f32::NAN; m * r + TAIL], vec![0f64; m * r]);
+                    for t in 0..m {
+                        let xr = &x[t * cols..(t + 1) * cols];
+                        for j in 0..r {
+                            let wr = &wd[(first + j) * cols..(first + j + 1) * cols];
+                            let dot: f64 =
+                                xr.iter().zip(wr).map(|(a, b)| *a as f64 * *b as f64).sum();
+                            want[t * r + j] = dot as f32;
+                            mag[t * r + j] = xr
+                                .iter()
+                                .zip(wr)
+                                .map(|(a, b)| (*a as f64 * *b as f64).abs())
+                                .sum();
+                        }
+                    }
+                    let what = format!("stacked {} {parts:?} m {m} part {p}", f.ty);
+                    check(&what, &got[..m * r], &want[..m * r], |i| {
+                        1e-5 * mag[i] + 1e-30
+                    });
+                    assert!(
+                        got[m * r..].iter().all(|v| v.to_bits() == u32::MAX),
+                        "{what}: wrote past its part"
+                    );
+                    first += r;
+                }
+            }
+        }
+    }
+    // Parts that do not add up to the matrix are refused.
+    let wg = s
+        .alloc::<u8>(
+            PackFormat::of(GgmlType::F16).unwrap().packed_bytes(8, 64),
+            "w",
+        )
+        .unwrap();
+    let wv = wg.view();
+    let pm = PackedMatrix {
+        ty: GgmlType::F16,
+        data: &wv,
+        rows: 8,
+        cols: 64,
+    };
+    let x = s.alloc::<f32>(64, "x").unwrap();
+    let (mut a, mut b) = (
+        s.alloc::<f32>(4, "a").unwrap(),
+        s.alloc::<f32>(4, "b").unwrap(),
+    );
+    let out = RowSplit {
+        bufs: &mut [&mut a, &mut b],
+        rows: &[4, 3],
+    };
+    assert!(k.gemv_packed_split(&s, &pm, &x.view(), out, None).is_err());
 }
 
 /// The causal attention of one sequence in f64 from FP16-rounded K and V:

@@ -27,7 +27,8 @@ use m40_gguf::hparams::{RopeStyle as GgufRope, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
 use m40_gguf::{GgmlType, HyperParams};
 use m40_kernels::{
     pack_gemv, AttnPlan, AttnScratch, AttnShape, KernelFormat, Kernels, PackFormat, PackedMatrix,
-    Penalties, QMatrix, RopeParams, RopeStyle, KV_PAGE, MAX_HEAD_DIM, SELECT_MAX_K,
+    Penalties, QMatrix, RopeParams, RopeStyle, RowSplit, KV_PAGE, MAX_HEAD_DIM, PACK_ROWS,
+    SELECT_MAX_K,
 };
 
 use crate::cpu::ops::Rope;
@@ -49,6 +50,10 @@ pub struct GpuOptions {
     /// Q4_1, Q4_K, Q6_K) at upload: decode streams them at a higher share
     /// of the bandwidth, and prefill and the embedding read the same copy.
     pub packed: bool,
+    /// Stack Q, K and V, and gate and up, into one packed matrix each where
+    /// their formats match: one launch, each part written to its own
+    /// buffer (needs `packed`).
+    pub fuse: bool,
 }
 
 impl Default for GpuOptions {
@@ -59,6 +64,7 @@ impl Default for GpuOptions {
             progress: None,
             graphs: true,
             packed: true,
+            fuse: true,
         }
     }
 }
@@ -121,16 +127,23 @@ fn device_bytes(opts: &GpuOptions, t: &m40_gguf::TensorInfo) -> u64 {
     }
 }
 
+/// Matrices applied to the same input (Q, K, V; gate, up), stacked into
+/// one upload where they share a packed format: `parts` holds each one's
+/// rows in order, and each part is written to its own output buffer.
+struct Stack {
+    mat: Mat,
+    parts: Vec<usize>,
+}
+
 struct Layer {
     attn_norm: DeviceBuffer<f32>,
     ffn_norm: DeviceBuffer<f32>,
     bias: Option<[DeviceBuffer<f32>; 3]>,
-    wq: Mat,
-    wk: Mat,
-    wv: Mat,
+    /// Q, K, V in one to three stacks.
+    qkv: Vec<Stack>,
     wo: Mat,
-    gate: Mat,
-    up: Mat,
+    /// Gate and up in one or two stacks.
+    gate_up: Vec<Stack>,
     down: Mat,
 }
 
@@ -339,34 +352,80 @@ impl GpuBackend {
         let kernels = Kernels::new(device.clone());
         kernels.load_all()?;
         let mut done = 0u64;
-        let mut upload = |name: &str, may_pack: bool| -> Result<Mat> {
-            let t = model.tensor(name);
-            KernelFormat::of(t.info.ty, "gpu backend")?;
-            let (rows, cols) = (t.info.n_rows(), t.info.row_len());
-            let packed = may_pack && packs(&opts, t.info.ty, cols);
-            let data = if packed {
-                stream.upload(&pack_gemv(t.info.ty, t.data, rows, cols)?, name)?
+        // Upload `names` stacked into one matrix (rows concatenated, then
+        // packed when `may_pack` and the format allows).
+        let mut upload_rows = |names: &[&str], may_pack: bool| -> Result<Mat> {
+            let ts: Vec<_> = names.iter().map(|n| model.tensor(n)).collect();
+            let (ty, cols) = (ts[0].info.ty, ts[0].info.row_len());
+            KernelFormat::of(ty, "gpu backend")?;
+            let rows: usize = ts.iter().map(|t| t.info.n_rows()).sum();
+            let packed = may_pack && packs(&opts, ty, cols);
+            let what = names.join(" + ");
+            let joined;
+            let bytes: &[u8] = if ts.len() == 1 {
+                ts[0].data
             } else {
-                stream.upload(t.data, name)?
+                joined = ts
+                    .iter()
+                    .flat_map(|t| t.data.iter().copied())
+                    .collect::<Vec<u8>>();
+                &joined
+            };
+            let data = if packed {
+                stream.upload(&pack_gemv(ty, bytes, rows, cols)?, &what)?
+            } else {
+                stream.upload(bytes, &what)?
             };
             done = (done + data.len() as u64).min(w);
             if let Some(p) = &opts.progress {
                 p(done, w);
             }
             Ok(Mat {
-                ty: t.info.ty,
+                ty,
                 data,
                 rows,
                 cols,
                 packed,
             })
         };
+        // Matrices of one input, stacked in runs of the same packed format
+        // whose row counts keep the packed groups of 4 apart.
+        let fusable = |a: &str, b: &str| {
+            let (a, b) = (model.tensor(a).info, model.tensor(b).info);
+            opts.fuse
+                && a.ty == b.ty
+                && a.row_len() == b.row_len()
+                && packs(&opts, a.ty, a.row_len())
+                && a.n_rows().is_multiple_of(PACK_ROWS)
+                && b.n_rows().is_multiple_of(PACK_ROWS)
+        };
+        let mut stacks = |names: &[&str], may_pack: bool| -> Result<Vec<Stack>> {
+            let mut out = Vec::new();
+            let mut i = 0;
+            while i < names.len() {
+                let mut j = i + 1;
+                while may_pack && j < names.len() && fusable(names[i], names[j]) {
+                    j += 1;
+                }
+                out.push(Stack {
+                    mat: upload_rows(&names[i..j], may_pack)?,
+                    parts: names[i..j]
+                        .iter()
+                        .map(|n| model.tensor(n).info.n_rows())
+                        .collect(),
+                });
+                i = j;
+            }
+            Ok(out)
+        };
+        let one =
+            |s: Vec<Stack>| -> Mat { s.into_iter().next().expect("one matrix, one stack").mat };
         let f32s = |name: &str| -> Result<DeviceBuffer<f32>> {
             let v = model.tensor(name).to_f32()?;
             Ok(stream.upload(&v, name)?)
         };
         // The embedding is packed only when it is also the output matrix.
-        let embd = upload(TOKEN_EMBD, hp.tied_output)?;
+        let embd = one(stacks(&[TOKEN_EMBD], hp.tied_output)?);
         let mut layers = Vec::with_capacity(hp.n_layer);
         for l in 0..hp.n_layer {
             let n = model.layer(l);
@@ -379,19 +438,16 @@ impl GpuBackend {
                 attn_norm: f32s(&n.attn_norm)?,
                 ffn_norm: f32s(&n.ffn_norm)?,
                 bias,
-                wq: upload(&n.wq, true)?,
-                wk: upload(&n.wk, true)?,
-                wv: upload(&n.wv, true)?,
-                wo: upload(&n.wo, true)?,
-                gate: upload(&n.ffn_gate, true)?,
-                up: upload(&n.ffn_up, true)?,
-                down: upload(&n.ffn_down, true)?,
+                qkv: stacks(&[&n.wq, &n.wk, &n.wv], true)?,
+                wo: one(stacks(&[&n.wo], true)?),
+                gate_up: stacks(&[&n.ffn_gate, &n.ffn_up], true)?,
+                down: one(stacks(&[&n.ffn_down], true)?),
             });
         }
         let output = if hp.tied_output {
             None
         } else {
-            Some(upload(OUTPUT, true)?)
+            Some(one(stacks(&[OUTPUT], true)?))
         };
         let output_norm = f32s(OUTPUT_NORM)?;
         if let Some(p) = &opts.progress {
@@ -512,6 +568,40 @@ impl GpuBackend {
         n: usize,
     ) -> Result<()> {
         self.gemm_or_gemv(w, x, y, n, false)
+    }
+
+    /// The matrices of `stacks` applied to `n` rows of x, each matrix's
+    /// rows into the next buffer of `outs`.
+    fn matmul_stacks(
+        &self,
+        stacks: &[Stack],
+        x: &DeviceView<'_, f32>,
+        mut outs: &mut [&mut DeviceBuffer<f32>],
+        n: usize,
+    ) -> Result<()> {
+        let (k, s) = (&self.kernels, &self.stream);
+        for st in stacks {
+            let (mine, rest) = std::mem::take(&mut outs).split_at_mut(st.parts.len());
+            outs = rest;
+            if let [y] = mine {
+                self.matmul(&st.mat, x, y, n)?;
+                continue;
+            }
+            let data = st.mat.data.view();
+            let MatView::Packed(m) = st.mat.view(&data) else {
+                unreachable!("only packed matrices are stacked")
+            };
+            let y = RowSplit {
+                bufs: mine,
+                rows: &st.parts,
+            };
+            if n == 1 {
+                k.gemv_packed_split(s, &m, x, y, None)?;
+            } else {
+                k.gemm_packed_split(s, &m, x, y, n, false)?;
+            }
+        }
+        Ok(())
     }
 
     /// The residual connection x += W a for `n` rows of a. The GEMM
@@ -636,9 +726,7 @@ impl GpuBackend {
         for (l, layer) in self.layers.iter().enumerate() {
             self.norm(norm_bufs!(w), &layer.attn_norm, 0..n, pending)?;
             let hv = w.h.view();
-            self.matmul(&layer.wq, &hv, &mut w.q, n)?;
-            self.matmul(&layer.wk, &hv, &mut w.k, n)?;
-            self.matmul(&layer.wv, &hv, &mut w.v, n)?;
+            self.matmul_stacks(&layer.qkv, &hv, &mut [&mut w.q, &mut w.k, &mut w.v], n)?;
             if let Some([bq, bk, bv]) = &layer.bias {
                 k.add_rows(s, &mut w.q, &bq.view(), n)?;
                 k.add_rows(s, &mut w.k, &bk.view(), n)?;
@@ -685,8 +773,7 @@ impl GpuBackend {
 
             self.norm(norm_bufs!(w), &layer.ffn_norm, 0..n, pending)?;
             let hv = w.h.view();
-            self.matmul(&layer.gate, &hv, &mut w.gate, n)?;
-            self.matmul(&layer.up, &hv, &mut w.up, n)?;
+            self.matmul_stacks(&layer.gate_up, &hv, &mut [&mut w.gate, &mut w.up], n)?;
             k.swiglu(s, &mut w.gate, &w.up.view(), n * hp.n_ff)?;
             let gv = w.gate.view();
             pending = self.matmul_res(&layer.down, &gv, &mut w.x, &mut w.proj, n)?;

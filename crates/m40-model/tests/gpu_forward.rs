@@ -66,17 +66,19 @@ fn tokens(n: usize, n_vocab: usize, seed: u64) -> Vec<u32> {
 }
 
 fn gpu(model: &Arc<Model>, kv_tokens: usize, max_batch: usize) -> GpuBackend {
-    let dev = test_device("gpu backend").expect("checked by the caller");
-    GpuBackend::new(
-        dev,
-        model.clone(),
+    gpu_with(
+        model,
         GpuOptions {
             kv_tokens,
             max_batch,
             ..Default::default()
         },
     )
-    .unwrap()
+}
+
+fn gpu_with(model: &Arc<Model>, opts: GpuOptions) -> GpuBackend {
+    let dev = test_device("gpu backend").expect("checked by the caller");
+    GpuBackend::new(dev, model.clone(), opts).unwrap()
 }
 
 /// Per-position errors of `got` against `want` (rows of n_vocab); returns
@@ -176,13 +178,22 @@ fn zoo_gpu_logits_match_cpu() {
         let mut cc = cpu.new_cache(400).unwrap();
         let want = cpu.forward(&mut cc, &toks, Logits::All).unwrap();
         // All 300 at once (GEMM), then in steps of 64 with the last 20 one at
-        // a time (GEMV, decode attention), kernel by kernel; the greedy
-        // continuation below replays the captured decode graph.
+        // a time (GEMV, decode attention), kernel by kernel and with Q/K/V
+        // and gate/up as separate matrices; the greedy continuation below
+        // replays the captured decode graph (stacked matrices).
         let g = gpu(&model, 1024, 512);
         let mut gc = g.new_cache(400).unwrap();
         let all = g.forward(&mut gc, &toks, Logits::All).unwrap();
         let (w1, bad1) = compare_rows(&all, &want, n_vocab);
-        let g64 = gpu(&model, 1024, 64);
+        let g64 = gpu_with(
+            &model,
+            GpuOptions {
+                kv_tokens: 1024,
+                max_batch: 64,
+                fuse: false,
+                ..Default::default()
+            },
+        );
         g64.set_graphs(false);
         let mut gc = g64.new_cache(400).unwrap();
         let mut stepped = g64.forward(&mut gc, &toks[..280], Logits::All).unwrap();
