@@ -365,10 +365,9 @@ impl GpuBackend {
             let bytes: &[u8] = if ts.len() == 1 {
                 ts[0].data
             } else {
-                joined = ts
-                    .iter()
-                    .flat_map(|t| t.data.iter().copied())
-                    .collect::<Vec<u8>>();
+                let mut v = Vec::with_capacity(ts.iter().map(|t| t.data.len()).sum());
+                ts.iter().for_each(|t| v.extend_from_slice(t.data));
+                joined = v;
                 &joined
             };
             let data = if packed {
