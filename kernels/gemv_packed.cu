@@ -258,15 +258,30 @@ struct PackQ4_K {
     }
 };
 
-template <class P>
+// Blocks of loads in flight per lane: the format's U for one token; with
+// B tokens each block feeds B times the arithmetic, so fewer are needed.
+template <class P, int B> struct InFlight {
+    static constexpr int value = B == 1 ? P::U : (P::U / B > 1 ? P::U / B : 1);
+};
+
+// y[t][r] = sum_c W[r, c] x[t][c] for the m <= B tokens of x (m, nb * 32):
+// each weight is loaded once and used by every token.
+template <class P, int B>
 __device__ __forceinline__ void gemv_packed(const u8* __restrict__ W, const float* __restrict__ x,
-                                            const RowParts y, int nrows, int nb, int ksplit) {
-    __shared__ float red[PGEMV_WARPS][4];
+                                            const RowParts y, int nrows, int nb, int ksplit, int m) {
+    constexpr int U = InFlight<P, B>::value;
+    constexpr int OUT = 4 * B;  // sums per group: 4 rows x B tokens
+    __shared__ float red[PGEMV_WARPS][OUT];
     const int lane = threadIdx.x & 31, q = lane & 3, warp = threadIdx.x >> 5;
     const int sub = warp % ksplit, per_block = PGEMV_WARPS / ksplit;
     const int g = blockIdx.x * per_block + warp / ksplit;
     const int n_groups = (nrows + 3) >> 2;
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const long long ld = (long long)nb * 32;
+    float acc[B][4];
+#pragma unroll
+    for (int t = 0; t < B; ++t)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[t][j] = 0.0f;
     if (g < n_groups) {
         const typename P::Planes planes(W, g, nb, n_groups, q);
         typedef typename P::Planes::Item Item;
@@ -274,55 +289,85 @@ __device__ __forceinline__ void gemv_packed(const u8* __restrict__ W, const floa
         int b = run + 8 * sub;
         // While every lane of the warp has U blocks left (a warp-uniform
         // condition, so the whole warp reaches the __syncwarp).
-        for (; b - run + 7 + (P::U - 1) * step < nb; b += P::U * step) {
+        for (; b - run + 7 + (U - 1) * step < nb; b += U * step) {
             // The weights of U blocks in flight; x (an L1 hit after the
             // first warp) is loaded as each block is decoded. The
             // __syncwarp keeps ptxas from sinking each load to its block's
             // decode (it did, for sm_90: one block in flight per lane).
-            Item it[P::U];
+            Item it[U];
 #pragma unroll
-            for (int u = 0; u < P::U; ++u) it[u] = planes.load(b + u * step);
+            for (int u = 0; u < U; ++u) it[u] = planes.load(b + u * step);
             __syncwarp();
 #pragma unroll
-            for (int u = 0; u < P::U; ++u) {
-                float4 xa, xb;
-                P::x8(x + (b + u * step) * 32, q, xa, xb);
-                P::dot(it[u], q, xa, xb, acc);
-            }
+            for (int u = 0; u < U; ++u)
+#pragma unroll
+                for (int t = 0; t < B; ++t) {
+                    if (B > 1 && t >= m) break;
+                    float4 xa, xb;
+                    P::x8(x + t * ld + (b + u * step) * 32, q, xa, xb);
+                    P::dot(it[u], q, xa, xb, acc[t]);
+                }
         }
         for (; b < nb; b += step) {
-            float4 xa, xb;
-            P::x8(x + b * 32, q, xa, xb);
-            P::dot(planes.load(b), q, xa, xb, acc);
+            const Item it = planes.load(b);
+#pragma unroll
+            for (int t = 0; t < B; ++t) {
+                if (B > 1 && t >= m) break;
+                float4 xa, xb;
+                P::x8(x + t * ld + b * 32, q, xa, xb);
+                P::dot(it, q, xa, xb, acc[t]);
+            }
         }
     }
 #pragma unroll
-    for (int j = 0; j < 4; ++j) acc[j] = warp_sum(acc[j]);
-    // Lane j < 4 holds row j's sum (selects, not an indexed array: registers).
-    const float mine = lane == 0 ? acc[0] : lane == 1 ? acc[1] : lane == 2 ? acc[2] : acc[3];
-    if (ksplit == 1) {
-        if (lane < 4 && g < n_groups && 4 * g + lane < nrows) *y.at(0, 4 * g + lane) = mine;
-        return;
-    }
-    if (lane < 4) red[warp][lane] = mine;
-    __syncthreads();
-    if (sub == 0 && lane < 4 && g < n_groups && 4 * g + lane < nrows) {
-        float sum = red[warp][lane];
-        for (int t = 1; t < ksplit; ++t) sum += red[warp + t][lane];
-        *y.at(0, 4 * g + lane) = sum;
+    for (int t = 0; t < B; ++t)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[t][j] = warp_sum(acc[t][j]);
+    // Sum i = 4 t + j (token t, row j of the group) goes out through lane
+    // i % 32 in round i / 32 (selects, not an indexed array: registers).
+#pragma unroll
+    for (int r = 0; r < (OUT + 31) / 32; ++r) {
+        float mine = 0.0f;
+#pragma unroll
+        for (int i = 32 * r; i < OUT && i < 32 * r + 32; ++i)
+            if (lane == i - 32 * r) mine = acc[i >> 2][i & 3];
+        const int i = 32 * r + lane, t = i >> 2, row = 4 * g + (i & 3);
+        const bool out = i < OUT && (B == 1 || t < m) && g < n_groups && row < nrows;
+        if (ksplit == 1) {
+            if (out) *y.at(t, row) = mine;
+            continue;
+        }
+        if (i < OUT) red[warp][i] = mine;
+        __syncthreads();
+        if (sub == 0 && out) {
+            float sum = red[warp][i];
+            for (int k = 1; k < ksplit; ++k) sum += red[warp + k][i];
+            *y.at(t, row) = sum;
+        }
+        __syncthreads();
     }
 }
 
+// Blocks per SM the register cap must allow, by tokens per launch.
+template <int B> struct PgemvOccupancy { static constexpr int value = B == 1 ? 7 : B <= 4 ? 5 : B == 8 ? 4 : 2; };
+
 // W: the packed layout above (nb: blocks of 32 weights per row; a multiple
-// of 8 for Q4_K and Q6_K); x (nb * 32) FP32, 16-byte aligned; y (nrows), or
-// for stacked matrices y, y1, y2 split at rows r1, r2 (common.cuh RowParts;
-// one matrix: r1 = r2 = nrows).
-#define PGEMV_KERNEL(name, P)                                                                          \
-    extern "C" __global__ void __launch_bounds__(32 * PGEMV_WARPS, 7)                                   \
-        gemv_packed_##name##_f32(const u8* W, const float* x, float* y, float* y1, float* y2, int r1,   \
-                                 int r2, int nrows, int nb, int ksplit) {                               \
-        gemv_packed<P>(W, x, RowParts{y, y1, y2, r1, r2, nrows}, nrows, nb, ksplit);                   \
+// of 8 for Q4_K and Q6_K); x (m, nb * 32) FP32, 16-byte aligned; y (m,
+// nrows), or for stacked matrices y, y1, y2 split at rows r1, r2 (common.cuh
+// RowParts; one matrix: r1 = r2 = nrows). gemv_packed_<fmt>_f32 takes one
+// token, gemv_packed_<fmt>_f32_x<B> up to B (m of them).
+#define PGEMV_KERNEL_B(name, P, B, suffix)                                                              \
+    extern "C" __global__ void __launch_bounds__(32 * PGEMV_WARPS, PgemvOccupancy<B>::value)             \
+        gemv_packed_##name##_f32##suffix(const u8* W, const float* x, float* y, float* y1, float* y2,    \
+                                         int r1, int r2, int nrows, int nb, int ksplit, int m) {         \
+        gemv_packed<P, B>(W, x, RowParts{y, y1, y2, r1, r2, nrows}, nrows, nb, ksplit, m);              \
     }
+#define PGEMV_KERNEL(name, P)              \
+    PGEMV_KERNEL_B(name, P, 1, )           \
+    PGEMV_KERNEL_B(name, P, 2, _x2)        \
+    PGEMV_KERNEL_B(name, P, 4, _x4)        \
+    PGEMV_KERNEL_B(name, P, 8, _x8)        \
+    PGEMV_KERNEL_B(name, P, 16, _x16)
 PGEMV_KERNEL(f16, PackF16)
 PGEMV_KERNEL(q8_0, PackQ8_0)
 PGEMV_KERNEL(q4_0, PackQ4_0)

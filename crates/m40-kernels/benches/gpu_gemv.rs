@@ -14,8 +14,12 @@
 //! graph time with N forced. A second table times the packed layout
 //! (`Kernels::gemv_packed`) on the same shapes plus 4x4096 (a launch's fixed
 //! cost) and 57344x4096 (closer to the streaming rate);
-//! `M40_BENCH_PACKED_ONLY=1` runs only that one. `M40_BENCH_JSON=path` also
-//! writes both tables as JSON.
+//! `M40_BENCH_PACKED_ONLY=1` runs only that one. A third table times
+//! several tokens at once (1 to 16: several sequences decoding, a short
+//! prompt) through the batched packed GEMV (`Kernels::gemv_packed_batch`,
+//! each weight loaded once for all of them) against the packed GEMM
+//! (`Kernels::gemm_packed`); `M40_BENCH_BATCH_ONLY=1` runs only that one.
+//! `M40_BENCH_JSON=path` also writes the first two tables as JSON.
 //!
 //! Without a GPU it prints why and exits 0 (1 with M40_REQUIRE_GPU=1).
 
@@ -102,7 +106,12 @@ fn main() {
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let report = include_str!("../../../kernels/ptx/gemv.sm_52.txt");
     let mut json = Vec::new();
-    let row_major = std::env::var_os("M40_BENCH_PACKED_ONLY").is_none();
+    let batch_only = std::env::var_os("M40_BENCH_BATCH_ONLY").is_some();
+    let row_major = std::env::var_os("M40_BENCH_PACKED_ONLY").is_none() && !batch_only;
+    if batch_only {
+        batched(&s, &k, &big, info.l2_bytes, ceiling);
+        return;
+    }
     for f in KernelFormat::ALL.into_iter().filter(|_| row_major) {
         let regs = sm52_registers(report, f.gemv);
         // What the driver's JIT made of the same PTX for this GPU.
@@ -275,6 +284,73 @@ fn main() {
             json.join(",")
         );
         std::fs::write(&path, text).expect("write json");
+    }
+}
+
+/// The batched packed GEMV against the packed GEMM for 1 to 16 tokens: us
+/// per launch (graph replay, weights rotated past the L2), and the GEMV's
+/// weight bytes per second as a share of the read ceiling.
+fn batched(s: &Stream, k: &Kernels, big: &DeviceBuffer<u8>, l2_bytes: usize, ceiling: f64) {
+    println!(
+        "batched packed GEMV vs packed GEMM (us per launch; GEMV weight GB/s as % of read):\n"
+    );
+    println!(
+        "| format | rows x cols | tokens | GEMV us | GEMV % of read | GEMM us | GEMV / GEMM time |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for f in PackFormat::ALL {
+        for (rows, cols) in [(4096usize, 4096usize), (14336, 4096), (4096, 14336)] {
+            let wbytes = f.packed_bytes(rows, cols);
+            let views = weight_copies(big, wbytes, l2_bytes);
+            let copies = views.len();
+            for m in [1usize, 2, 4, 8, 16] {
+                let xs: Vec<f32> = (0..m * cols)
+                    .map(|i| ((i * 7919) % 2003) as f32 / 1001.0 - 1.0)
+                    .collect();
+                let x = s.upload(&xs, "x").expect("upload");
+                let xv = x.view();
+                let mut y = s.alloc::<f32>(m * rows, "y").expect("alloc");
+                let mut run = |gemv: bool| {
+                    let graph = s
+                        .capture(|s| {
+                            for i in 0..BATCH {
+                                let pm = PackedMatrix {
+                                    ty: f.ty,
+                                    data: &views[i % copies],
+                                    rows,
+                                    cols,
+                                };
+                                if gemv {
+                                    let out = m40_kernels::RowSplit {
+                                        bufs: &mut [&mut y],
+                                        rows: &[rows],
+                                    };
+                                    k.gemv_packed_batch(s, &pm, &xv, out, m, None)?;
+                                } else {
+                                    k.gemm_packed(s, &pm, &xv, &mut y, m, false)?;
+                                }
+                            }
+                            Ok::<(), m40_kernels::KernelError>(())
+                        })
+                        .expect("capture");
+                    // SAFETY: the weights, x and y the graph uses outlive it (dropped below).
+                    let ms = time_batches(s, || unsafe { graph.launch().expect("graph launch") });
+                    drop(graph);
+                    s.synchronize().expect("batched run");
+                    ms
+                };
+                let (gv, gm) = (run(true), run(false));
+                let gbs = wbytes as f64 / (gv * 1e-3) / 1e9;
+                println!(
+                    "| {} | {rows}x{cols} | {m} | {:.1} | {:.1}% | {:.1} | {:.2} |",
+                    f.ty,
+                    gv * 1e3,
+                    100.0 * gbs / ceiling,
+                    gm * 1e3,
+                    gv / gm
+                );
+            }
+        }
     }
 }
 

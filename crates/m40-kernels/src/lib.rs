@@ -24,7 +24,9 @@ use m40_device::{Device, Kernel, Module};
 pub use attention::{attn_shared_bytes, AttnPlan, AttnScratch, AttnShape, KV_PAGE, MAX_HEAD_DIM};
 pub use error::{KernelError, Result};
 pub use format::{gemv_chunk_blocks, gemv_shared_bytes, KernelFormat};
-pub use ops::{GemvPlan, PackedMatrix, QMatrix, RopeParams, RopeStyle, RowSplit};
+pub use ops::{
+    GemvPlan, PackedMatrix, QMatrix, RopeParams, RopeStyle, RowSplit, PACKED_GEMV_MAX_TOKENS,
+};
 pub use pack::{pack_gemv, PackFormat, PACK_ROWS};
 pub use sample::{Penalties, SELECT_MAX_K};
 

@@ -8,6 +8,9 @@ use crate::format::{gemv_chunk_blocks, gemv_shared_bytes, KernelFormat, GEMV_ROW
 use crate::pack::{PackFormat, PACK_ROWS};
 use crate::{Kernels, MAX_SHARED_PER_BLOCK};
 
+/// Tokens one packed GEMV launch takes at most ([`Kernels::gemv_packed_batch`]).
+pub const PACKED_GEMV_MAX_TOKENS: usize = 16;
+
 /// Threads per block of kernels/rmsnorm.cu.
 const RMSNORM_THREADS: u32 = 256;
 /// Threads per block of kernels/embed.cu (`EMBED_THREADS`).
@@ -534,25 +537,54 @@ impl Kernels {
         stream: &Stream,
         w: &PackedMatrix<'_>,
         x: &DeviceView<'_, f32>,
+        y: RowSplit<'_, '_>,
+        ksplit: Option<u32>,
+    ) -> Result<u32> {
+        self.gemv_packed_batch(stream, w, x, y, 1, ksplit)
+    }
+
+    /// Y = X W^T for `m` tokens (1 ..= [`PACKED_GEMV_MAX_TOKENS`]) of X
+    /// (m, cols), 16-byte aligned: every weight is loaded once and used for
+    /// all of them (several sequences decoding, a short prompt). Y: each
+    /// part (m, its rows). Returns the split launched.
+    pub fn gemv_packed_batch(
+        &self,
+        stream: &Stream,
+        w: &PackedMatrix<'_>,
+        x: &DeviceView<'_, f32>,
         mut y: RowSplit<'_, '_>,
+        m: usize,
         ksplit: Option<u32>,
     ) -> Result<u32> {
         const K: &str = "gemv_packed";
+        if !(1..=PACKED_GEMV_MAX_TOKENS).contains(&m) {
+            return Err(shape(
+                K,
+                format!("{m} tokens (1 to {PACKED_GEMV_MAX_TOKENS} per launch)"),
+            ));
+        }
         let f = PackFormat::checked(K, w.ty, w.cols)?;
         let (nrows, ncols) = (w.rows, w.cols);
         if nrows == 0 {
             return Ok(1);
         }
         check_len(K, "weights", w.data.len(), f.packed_bytes(nrows, ncols))?;
-        check_len(K, "x", x.len(), ncols)?;
-        let (r1, r2) = y.bounds(K, nrows, 1)?;
+        check_len(K, "x", x.len(), m * ncols)?;
+        let (r1, r2) = y.bounds(K, nrows, m)?;
         if !x.is_aligned(16) || !w.data.is_aligned(16) {
             return Err(shape(
                 K,
                 "weights and x must start at a multiple of 16 bytes".into(),
             ));
         }
-        let kernel = self.kernel("gemv_packed", f.gemv)?;
+        let name = match m {
+            1 => f.gemv,
+            2 => f.gemv_batch[0],
+            3..=4 => f.gemv_batch[1],
+            5..=8 => f.gemv_batch[2],
+            _ => f.gemv_batch[3],
+        };
+        let kernel = self.kernel("gemv_packed", name)?;
         let warps = PACKED_GEMV_WARPS as usize;
         let resident = self.resident_blocks(&kernel, 32 * PACKED_GEMV_WARPS)? * warps;
         let nb = ncols / 32;
@@ -564,17 +596,19 @@ impl Kernels {
             1,
             1,
         );
-        let (nrows, nb, ks) = (
+        let (nrows, nb, ks, mi) = (
             to_i32(K, "nrows", nrows)?,
             to_i32(K, "blocks", nb)?,
             ks as i32,
+            m as i32,
         );
-        // SAFETY: gemv_packed_<fmt>_f32(const u8* W, const float* x, float* y,
-        // float* y1, float* y2, int r1, int r2, int nrows, int nb, int ksplit):
-        // reads the packed groups of W (length checked: packed_bytes) and
-        // x[..nb * 32] with 16-byte loads (both aligned, checked), writes row
-        // r < nrows to its part (y, y1, y2 split at r1 <= r2 <= nrows; each
-        // part's length checked by `bounds`); ksplit in {1, 2, 4}.
+        // SAFETY: gemv_packed_<fmt>_f32[_x<B>](const u8* W, const float* x,
+        // float* y, float* y1, float* y2, int r1, int r2, int nrows, int nb,
+        // int ksplit, int m): reads the packed groups of W (length checked:
+        // packed_bytes) and x[..m * nb * 32] with 16-byte loads (both aligned,
+        // checked), writes row r < nrows of tokens t < m <= B to its part (y,
+        // y1, y2 split at r1 <= r2 <= nrows; each part's length checked by
+        // `bounds`); ksplit in {1, 2, 4}.
         unsafe {
             y.push(stream.launch(&kernel).view(w.data).view(x))
                 .scalar(&r1)
@@ -582,6 +616,7 @@ impl Kernels {
                 .scalar(&nrows)
                 .scalar(&nb)
                 .scalar(&ks)
+                .scalar(&mi)
                 .run(cfg(grid, 32 * PACKED_GEMV_WARPS))?
         };
         Ok(ks as u32)

@@ -13,7 +13,7 @@ use m40_device::{Device, DeviceBuffer, DeviceView, Stream};
 use m40_gguf::GgmlType;
 use m40_kernels::{
     pack_gemv, KernelError, KernelFormat, Kernels, PackFormat, PackedMatrix, Penalties, QMatrix,
-    RopeParams, RopeStyle, RowSplit,
+    RopeParams, RopeStyle, RowSplit, PACKED_GEMV_MAX_TOKENS,
 };
 use m40_model::cpu::ops;
 
@@ -693,19 +693,26 @@ fn gemm_every_format_matches_cpu() {
     assert!(k.gemm(&s, &qm, &x.view(), &mut y, 1, false).is_err());
 }
 
-/// Stacked matrices (a fused Q/K/V or gate/up) through the packed GEMV (one
-/// token) and GEMM (several): each part's rows land in its own buffer,
-/// every element checked against the CPU reference, the buffers poisoned
-/// before each launch and 16 floats past each part left untouched.
+/// Stacked matrices (a fused Q/K/V or gate/up) through the packed GEMV (1
+/// to 16 tokens, each split of a group's blocks over warps) and the GEMM (3
+/// and 70): each part's rows land in its own buffer, every element checked
+/// against the CPU reference, the buffers poisoned before each launch and 16
+/// floats past each part left untouched.
 #[test]
-fn stacked_matmuls_write_each_part() {
-    let Some((_dev, s, k, mut rng)) = setup("stacked_matmuls_write_each_part") else {
+fn stacked_and_batched_matmuls_write_each_part() {
+    let Some((_dev, s, k, mut rng)) = setup("stacked_and_batched_matmuls_write_each_part") else {
         return;
     };
     const TAIL: usize = 16;
     for f in PackFormat::ALL {
-        let cols = 2 * f.qk.max(64);
-        for parts in [&[24usize, 8, 8][..], &[36, 20], &[9, 3, 1]] {
+        let small = 2 * f.qk.max(64);
+        let cases: [(&[usize], usize); 4] = [
+            (&[24, 8, 8], small),
+            (&[36, 20], small),
+            (&[9, 3, 1], small),
+            (&[131], 4096),
+        ];
+        for (parts, cols) in cases {
             let rows: usize = parts.iter().sum();
             let w = random_weights(&mut rng, f.ty, rows, cols);
             let packed = pack_gemv(f.ty, &w, rows, cols).unwrap();
@@ -718,54 +725,73 @@ fn stacked_matmuls_write_each_part() {
                 cols,
             };
             let wd = dequant(f.ty, &w, rows, cols);
-            for m in [1usize, 3, 70] {
+            for m in [1usize, 2, 3, 5, 8, 13, 16, 70] {
                 let x = rng.vec(m * cols, -1.0, 1.0);
                 let xg = s.upload(&x, "x").unwrap();
                 let mut bufs: Vec<DeviceBuffer<f32>> = parts
                     .iter()
                     .map(|&r| s.alloc::<f32>(m * r + TAIL, "y").unwrap())
                     .collect();
-                for b in bufs.iter_mut() {
-                    s.fill_bytes(b, 0xFF).unwrap();
+                // Some(split): the GEMV (split None: the launcher's own),
+                // for up to 16 tokens; None: the GEMM, for 3 and 70.
+                let mut runs: Vec<Option<Option<u32>>> = Vec::new();
+                if m <= PACKED_GEMV_MAX_TOKENS {
+                    runs.extend([None, Some(1), Some(2), Some(4)].map(Some));
                 }
-                let mut refs: Vec<&mut DeviceBuffer<f32>> = bufs.iter_mut().collect();
-                let out = RowSplit {
-                    bufs: &mut refs,
-                    rows: parts,
-                };
-                if m == 1 {
-                    k.gemv_packed_split(&s, &pm, &xg.view(), out, None).unwrap();
-                } else {
-                    k.gemm_packed_split(&s, &pm, &xg.view(), out, m, false)
-                        .unwrap();
+                if m == 3 || m == 70 {
+                    runs.push(None);
                 }
-                let mut first = 0;
-                for (p, (&r, b)) in parts.iter().zip(&bufs).enumerate() {
-                    let got = s.download(b).unwrap();
-                    let (mut want, mut mag) = (vec![f32::NAN; m * r + TAIL], vec![0f64; m * r]);
-                    for t in 0..m {
-                        let xr = &x[t * cols..(t + 1) * cols];
-                        for j in 0..r {
-                            let wr = &wd[(first + j) * cols..(first + j + 1) * cols];
-                            let dot: f64 =
-                                xr.iter().zip(wr).map(|(a, b)| *a as f64 * *b as f64).sum();
-                            want[t * r + j] = dot as f32;
-                            mag[t * r + j] = xr
-                                .iter()
-                                .zip(wr)
-                                .map(|(a, b)| (*a as f64 * *b as f64).abs())
-                                .sum();
-                        }
+                for (li, run) in runs.iter().enumerate() {
+                    for b in bufs.iter_mut() {
+                        s.fill_bytes(b, 0xFF).unwrap();
                     }
-                    let what = format!("stacked {} {parts:?} m {m} part {p}", f.ty);
-                    check(&what, &got[..m * r], &want[..m * r], |i| {
-                        1e-5 * mag[i] + 1e-30
-                    });
-                    assert!(
-                        got[m * r..].iter().all(|v| v.to_bits() == u32::MAX),
-                        "{what}: wrote past its part"
-                    );
-                    first += r;
+                    let mut refs: Vec<&mut DeviceBuffer<f32>> = bufs.iter_mut().collect();
+                    let out = RowSplit {
+                        bufs: &mut refs,
+                        rows: parts,
+                    };
+                    let what = match run {
+                        Some(ks) => {
+                            let got = k
+                                .gemv_packed_batch(&s, &pm, &xg.view(), out, m, *ks)
+                                .unwrap();
+                            format!("gemv ksplit {got}")
+                        }
+                        None => {
+                            k.gemm_packed_split(&s, &pm, &xg.view(), out, m, false)
+                                .unwrap();
+                            "gemm".to_string()
+                        }
+                    };
+                    let mut first = 0;
+                    for (p, (&r, b)) in parts.iter().zip(&bufs).enumerate() {
+                        let got = s.download(b).unwrap();
+                        let (mut want, mut mag) = (vec![0f32; m * r], vec![0f64; m * r]);
+                        for t in 0..m {
+                            let xr = &x[t * cols..(t + 1) * cols];
+                            for j in 0..r {
+                                let wr = &wd[(first + j) * cols..(first + j + 1) * cols];
+                                want[t * r + j] =
+                                    xr.iter()
+                                        .zip(wr)
+                                        .map(|(a, b)| *a as f64 * *b as f64)
+                                        .sum::<f64>() as f32;
+                                mag[t * r + j] = xr
+                                    .iter()
+                                    .zip(wr)
+                                    .map(|(a, b)| (*a as f64 * *b as f64).abs())
+                                    .sum();
+                            }
+                        }
+                        let what =
+                            format!("{what} ({li}) {} {parts:?}x{cols} m {m} part {p}", f.ty);
+                        check(&what, &got[..m * r], &want, |i| 1e-5 * mag[i] + 1e-30);
+                        assert!(
+                            got[m * r..].iter().all(|v| v.to_bits() == u32::MAX),
+                            "{what}: wrote past its part"
+                        );
+                        first += r;
+                    }
                 }
             }
         }
@@ -794,6 +820,16 @@ fn stacked_matmuls_write_each_part() {
         rows: &[4, 3],
     };
     assert!(k.gemv_packed_split(&s, &pm, &x.view(), out, None).is_err());
+    // More tokens than one launch takes, or none, are refused.
+    for m in [0, PACKED_GEMV_MAX_TOKENS + 1] {
+        let out = RowSplit {
+            bufs: &mut [&mut a],
+            rows: &[8],
+        };
+        assert!(k
+            .gemv_packed_batch(&s, &pm, &x.view(), out, m, None)
+            .is_err());
+    }
 }
 
 /// The causal attention of one sequence in f64 from FP16-rounded K and V:

@@ -75,6 +75,11 @@ const SEL_PENALTIES: usize = 256;
 /// Rows of logits computed per output matmul when all are asked for.
 const LOGIT_ROWS: usize = 64;
 
+/// Tokens up to which a step runs packed matrices through the batched GEMV
+/// (each weight loaded once for all of them) rather than the GEMM tile
+/// (BENCHMARKS.md, the batched table).
+const GEMV_TOKENS: usize = 8;
+
 /// A weight matrix on the device: GGUF rows, or the packed layout.
 struct Mat {
     ty: GgmlType,
@@ -158,7 +163,8 @@ struct Workspace {
     k: DeviceBuffer<f32>,
     v: DeviceBuffer<f32>,
     att: DeviceBuffer<f32>,
-    /// One token's output projection before it joins the residual (decode).
+    /// The output projections of up to GEMV_TOKENS tokens before they join
+    /// the residual (decode, short steps).
     proj: DeviceBuffer<f32>,
     gate: DeviceBuffer<f32>,
     up: DeviceBuffer<f32>,
@@ -300,12 +306,12 @@ pub fn memory_needed(model: &Model, opts: &GpuOptions) -> (u64, u64, u64) {
         (hp.n_head * hp.head_dim) as u64,
         hp.n_ff as u64,
     );
-    // x, h, q, att, k, v, gate, up per token; one token's projection;
+    // x, h, q, att, k, v, gate, up per token; GEMV_TOKENS tokens' projections;
     // LOGIT_ROWS rows of logits; the step inputs (ids, positions, block
     // table); the token selection's penalties and results.
     let work = 4
         * (b * (2 * d + 2 * q + 2 * kv_dim + 2 * ff + 2)
-            + d
+            + b.min(GEMV_TOKENS as u64) * d
             + LOGIT_ROWS as u64 * hp.n_vocab as u64
             + pages
             + 2 * (SEL_PENALTIES + SELECT_MAX_K) as u64);
@@ -488,7 +494,7 @@ impl GpuBackend {
             k: a(b * kv_dim, "activations")?,
             v: a(b * kv_dim, "activations")?,
             att: a(b * q_dim, "activations")?,
-            proj: a(hp.n_embd, "activations")?,
+            proj: a(b.min(GEMV_TOKENS) * hp.n_embd, "activations")?,
             gate: a(b * hp.n_ff, "activations")?,
             up: a(b * hp.n_ff, "activations")?,
             logits: a(LOGIT_ROWS * hp.n_vocab, "logits")?,
@@ -536,8 +542,8 @@ impl GpuBackend {
         (self.n_pages, lock(&self.free).len())
     }
 
-    /// y = W x for `n` rows of x: GEMV for one, GEMM for more (y += W x
-    /// with `accumulate`, GEMM only).
+    /// y = W x for `n` rows of x: GEMV for one (packed: up to GEMV_TOKENS),
+    /// GEMM for more (y += W x with `accumulate`, GEMM only).
     fn gemm_or_gemv(
         &self,
         w: &Mat,
@@ -548,9 +554,16 @@ impl GpuBackend {
     ) -> Result<()> {
         let (k, s) = (&self.kernels, &self.stream);
         let data = w.data.view();
-        debug_assert!(n > 1 || !accumulate, "GEMV does not accumulate");
+        let gemv_rows = if w.packed { GEMV_TOKENS } else { 1 };
+        debug_assert!(n > gemv_rows || !accumulate, "GEMV does not accumulate");
         match w.view(&data) {
-            MatView::Packed(m) if n == 1 => k.gemv_packed(s, &m, x, y, None).map(drop)?,
+            MatView::Packed(m) if n <= GEMV_TOKENS => {
+                let y = RowSplit {
+                    bufs: &mut [y],
+                    rows: &[m.rows],
+                };
+                k.gemv_packed_batch(s, &m, x, y, n, None).map(drop)?
+            }
             MatView::Packed(m) => k.gemm_packed(s, &m, x, y, n, accumulate)?,
             MatView::Rows(m) if n == 1 => k.gemv(s, &m, x, y)?,
             MatView::Rows(m) => k.gemm(s, &m, x, y, n, accumulate)?,
@@ -594,8 +607,8 @@ impl GpuBackend {
                 bufs: mine,
                 rows: &st.parts,
             };
-            if n == 1 {
-                k.gemv_packed_split(s, &m, x, y, None)?;
+            if n <= GEMV_TOKENS {
+                k.gemv_packed_batch(s, &m, x, y, n, None)?;
             } else {
                 k.gemm_packed_split(s, &m, x, y, n, false)?;
             }
@@ -604,9 +617,10 @@ impl GpuBackend {
     }
 
     /// The residual connection x += W a for `n` rows of a. The GEMM
-    /// accumulates into x in place (returns false); one row goes through
-    /// GEMV into `w.proj` and is left pending (returns true): the next
-    /// [`Self::norm`] adds it as it normalizes.
+    /// accumulates into x in place (returns false); rows that go through
+    /// the GEMV (one; packed: up to GEMV_TOKENS) land in `w.proj` and are
+    /// left pending (returns true): the next [`Self::norm`] adds them as it
+    /// normalizes.
     fn matmul_res(
         &self,
         wt: &Mat,
@@ -615,8 +629,8 @@ impl GpuBackend {
         proj: &mut DeviceBuffer<f32>,
         n: usize,
     ) -> Result<bool> {
-        if n == 1 {
-            self.gemm_or_gemv(wt, a, proj, 1, false)?;
+        if n == 1 || (wt.packed && n <= GEMV_TOKENS) {
+            self.gemm_or_gemv(wt, a, proj, n, false)?;
             Ok(true)
         } else {
             self.gemm_or_gemv(wt, a, x, n, true)?;
@@ -625,7 +639,7 @@ impl GpuBackend {
     }
 
     /// h = rmsnorm(x rows `rows`) * weight, adding the pending residual
-    /// `w.proj` to x first (one row) when `pending`.
+    /// rows `w.proj` to x first when `pending` (rows then start at 0).
     fn norm(
         &self,
         w: Norm<'_>,
@@ -637,8 +651,8 @@ impl GpuBackend {
         let eps = self.model.hparams().rms_eps;
         let d = self.model.hparams().n_embd;
         if pending {
-            debug_assert_eq!(rows, 0..1, "a pending residual is one row");
-            k.add_rmsnorm(s, w.x, &w.proj.view(), &weight.view(), w.h, 1, eps)?;
+            debug_assert_eq!(rows.start, 0, "pending residual rows start at 0");
+            k.add_rmsnorm(s, w.x, &w.proj.view(), &weight.view(), w.h, rows.len(), eps)?;
         } else {
             let x = w.x.slice(rows.start * d..rows.end * d)?;
             k.rmsnorm(s, &x, &weight.view(), w.h, rows.len(), eps)?;
@@ -777,10 +791,12 @@ impl GpuBackend {
             let gv = w.gate.view();
             pending = self.matmul_res(&layer.down, &gv, &mut w.x, &mut w.proj, n)?;
         }
+        if pending && (n > 1 || !last_logits) {
+            k.add(s, &mut w.x, &w.proj.view(), n * hp.n_embd)?;
+            pending = false;
+        }
         if last_logits {
             self.logits(w, n - 1..n, pending)?;
-        } else if pending {
-            k.add(s, &mut w.x, &w.proj.view(), hp.n_embd)?;
         }
         Ok(())
     }

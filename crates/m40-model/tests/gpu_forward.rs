@@ -177,8 +177,8 @@ fn zoo_gpu_logits_match_cpu() {
         let toks = tokens(300, n_vocab, 7);
         let mut cc = cpu.new_cache(400).unwrap();
         let want = cpu.forward(&mut cc, &toks, Logits::All).unwrap();
-        // All 300 at once (GEMM), then in steps of 64 with the last 20 one at
-        // a time (GEMV, decode attention), kernel by kernel and with Q/K/V
+        // All 300 at once (GEMM), then in steps of 64 with the last 20 in
+        // steps of 1 to 8 (GEMV, decode attention), kernel by kernel and with Q/K/V
         // and gate/up as separate matrices; the greedy continuation below
         // replays the captured decode graph (stacked matrices).
         let g = gpu(&model, 1024, 512);
@@ -197,11 +197,20 @@ fn zoo_gpu_logits_match_cpu() {
         g64.set_graphs(false);
         let mut gc = g64.new_cache(400).unwrap();
         let mut stepped = g64.forward(&mut gc, &toks[..280], Logits::All).unwrap();
-        for &t in &toks[280..] {
-            stepped.extend(g64.forward(&mut gc, &[t], Logits::All).unwrap());
+        // The last 20 in steps of 1 (GEMV) and 2 to 8 (the batched GEMV).
+        let mut at = 280;
+        for n in [1, 2, 3, 5, 8, 1] {
+            stepped.extend(
+                g64.forward(&mut gc, &toks[at..at + n], Logits::All)
+                    .unwrap(),
+            );
+            at += n;
         }
+        assert_eq!(at, 300);
         let (w2, bad2) = compare_rows(&stepped, &want, n_vocab);
-        println!("{name}: max rel err {w1:.2e} (one batch), {w2:.2e} (steps of 64, then 1 by 1)");
+        println!(
+            "{name}: max rel err {w1:.2e} (one batch), {w2:.2e} (steps of 64, then of 1 to 8)"
+        );
         if !bad1.is_empty() || !bad2.is_empty() {
             failures.push(format!(
                 "{name}: positions over {TOL}: {:?} / {:?} (worst {w1:.2e} / {w2:.2e})",
@@ -307,7 +316,7 @@ fn synth_smollm2_shape_gpu_matches_cpu() {
     if test_device("synth_smollm2_shape_gpu_matches_cpu").is_none() {
         return;
     }
-    check_shape("smollm2-135m", &SYNTH_TYPES, &[1, 17, 512, 2048], 64);
+    check_shape("smollm2-135m", &SYNTH_TYPES, &[1, 5, 17, 512, 2048], 64);
 }
 
 /// Whether a minutes-long test should run (`M40_GPU_LARGE=1`); prints why not.
@@ -329,7 +338,7 @@ fn synth_1b_shape_gpu_matches_cpu() {
     }
     let mut types = SYNTH_TYPES.to_vec();
     types.push(FileType::Q4KM);
-    check_shape("llama-1b", &types, &[1, 17, 512, 2048], 64);
+    check_shape("llama-1b", &types, &[1, 5, 17, 512, 2048], 64);
 }
 
 /// The 8B shape, shorter (the CPU reference takes ~1 s a token there).
