@@ -264,11 +264,11 @@ template <class P, int B> struct InFlight {
     static constexpr int value = B == 1 ? P::U : (P::U / B > 1 ? P::U / B : 1);
 };
 
-// y[t][r] = sum_c W[r, c] x[t][c] for the m <= B tokens of x (m, nb * 32):
-// each weight is loaded once and used by every token.
+// y[t][r] = sum_c W[r, c] x[t][c] for tokens t0 .. t0 + m - 1 (m <= B) of
+// x (tokens, nb * 32): each weight is loaded once and used by every token.
 template <class P, int B>
 __device__ __forceinline__ void gemv_packed(const u8* __restrict__ W, const float* __restrict__ x,
-                                            const RowParts y, int nrows, int nb, int ksplit, int m) {
+                                            const RowParts y, int nrows, int nb, int ksplit, int t0, int m) {
     constexpr int U = InFlight<P, B>::value;
     constexpr int OUT = 4 * B;  // sums per group: 4 rows x B tokens
     __shared__ float red[PGEMV_WARPS][OUT];
@@ -277,6 +277,8 @@ __device__ __forceinline__ void gemv_packed(const u8* __restrict__ W, const floa
     const int g = blockIdx.x * per_block + warp / ksplit;
     const int n_groups = (nrows + 3) >> 2;
     const long long ld = (long long)nb * 32;
+    if (B == 1) t0 = 0;  // one token: the launcher passes 0 (a register saved)
+    x += t0 * ld;
     float acc[B][4];
 #pragma unroll
     for (int t = 0; t < B; ++t)
@@ -334,7 +336,7 @@ __device__ __forceinline__ void gemv_packed(const u8* __restrict__ W, const floa
         const int i = 32 * r + lane, t = i >> 2, row = 4 * g + (i & 3);
         const bool out = i < OUT && (B == 1 || t < m) && g < n_groups && row < nrows;
         if (ksplit == 1) {
-            if (out) *y.at(t, row) = mine;
+            if (out) *y.at(t0 + t, row) = mine;
             continue;
         }
         if (i < OUT) red[warp][i] = mine;
@@ -342,32 +344,33 @@ __device__ __forceinline__ void gemv_packed(const u8* __restrict__ W, const floa
         if (sub == 0 && out) {
             float sum = red[warp][i];
             for (int k = 1; k < ksplit; ++k) sum += red[warp + k][i];
-            *y.at(t, row) = sum;
+            *y.at(t0 + t, row) = sum;
         }
         __syncthreads();
     }
 }
 
 // Blocks per SM the register cap must allow, by tokens per launch.
-template <int B> struct PgemvOccupancy { static constexpr int value = B == 1 ? 7 : B <= 4 ? 5 : B == 8 ? 4 : 2; };
+template <int B> struct PgemvOccupancy { static constexpr int value = B == 1 ? 7 : B <= 4 ? 5 : 4; };
 
 // W: the packed layout above (nb: blocks of 32 weights per row; a multiple
 // of 8 for Q4_K and Q6_K); x (m, nb * 32) FP32, 16-byte aligned; y (m,
 // nrows), or for stacked matrices y, y1, y2 split at rows r1, r2 (common.cuh
 // RowParts; one matrix: r1 = r2 = nrows). gemv_packed_<fmt>_f32 takes one
-// token, gemv_packed_<fmt>_f32_x<B> up to B (m of them).
+// token, gemv_packed_<fmt>_f32_x<B> up to B: tokens t0 .. t0 + m - 1. (A
+// 16-token variant ran 3.4x slower than the 8-token one on an H100: its
+// accumulators cap occupancy at 2 blocks; the launcher runs 8 at a time.)
 #define PGEMV_KERNEL_B(name, P, B, suffix)                                                              \
     extern "C" __global__ void __launch_bounds__(32 * PGEMV_WARPS, PgemvOccupancy<B>::value)             \
         gemv_packed_##name##_f32##suffix(const u8* W, const float* x, float* y, float* y1, float* y2,    \
-                                         int r1, int r2, int nrows, int nb, int ksplit, int m) {         \
-        gemv_packed<P, B>(W, x, RowParts{y, y1, y2, r1, r2, nrows}, nrows, nb, ksplit, m);              \
+                                         int r1, int r2, int nrows, int nb, int ksplit, int t0, int m) { \
+        gemv_packed<P, B>(W, x, RowParts{y, y1, y2, r1, r2, nrows}, nrows, nb, ksplit, t0, m);          \
     }
 #define PGEMV_KERNEL(name, P)              \
     PGEMV_KERNEL_B(name, P, 1, )           \
     PGEMV_KERNEL_B(name, P, 2, _x2)        \
     PGEMV_KERNEL_B(name, P, 4, _x4)        \
-    PGEMV_KERNEL_B(name, P, 8, _x8)        \
-    PGEMV_KERNEL_B(name, P, 16, _x16)
+    PGEMV_KERNEL_B(name, P, 8, _x8)
 PGEMV_KERNEL(f16, PackF16)
 PGEMV_KERNEL(q8_0, PackQ8_0)
 PGEMV_KERNEL(q4_0, PackQ4_0)

@@ -3,8 +3,9 @@
 //! all with `M40_REQUIRE_GPU=1` and ends with the line `N passed, N failed`.
 //!
 //! GPU binaries are the integration tests and benches whose target name
-//! starts with `gpu` (e.g. crates/m40-kernels/tests/gpu_kernels.rs). The pack
-//! must stay under 64 MiB: the device tool carries at most that.
+//! starts with `gpu` (e.g. crates/m40-kernels/tests/gpu_kernels.rs). The
+//! device tool carries at most 64 MiB: the pack is also written as
+//! `target/gpu-pack.tgz` (about a third of the size), which must fit.
 //!
 //! `bin/m40-llm` is the release CLI, for `bin/m40-llm bench` there.
 //!
@@ -175,9 +176,29 @@ pub fn run() -> Result<()> {
         benches.len(),
         total as f64 / (1 << 20) as f64
     );
-    if total > LIMIT {
+    // The same pack as one gzip'd tar (binaries shrink ~3x): what the
+    // device tool carries once the folder itself is over its limit.
+    let tgz = pack.with_extension("tgz");
+    let status = Command::new("tar")
+        .arg("czf")
+        .arg(&tgz)
+        .arg("-C")
+        .arg(pack.parent().ok_or("pack has no parent")?)
+        .arg("gpu-pack")
+        .status()
+        .map_err(|e| format!("tar: {e}"))?;
+    if !status.success() {
+        return Err(format!("tar exited with {status}"));
+    }
+    let packed = std::fs::metadata(&tgz).map_err(|e| e.to_string())?.len();
+    eprintln!(
+        "{}: {:.1} MiB (carry it and run `tar xzf target/gpu-pack.tgz -C target && target/gpu-pack/run.sh`)",
+        tgz.display(),
+        packed as f64 / (1 << 20) as f64
+    );
+    if total.min(packed) > LIMIT {
         return Err(format!(
-            "the pack is {total} bytes; the device tool carries at most {LIMIT}"
+            "the pack is {total} bytes ({packed} gzip'd); the device tool carries at most {LIMIT}"
         ));
     }
     Ok(())

@@ -8,8 +8,11 @@ use crate::format::{gemv_chunk_blocks, gemv_shared_bytes, KernelFormat, GEMV_ROW
 use crate::pack::{PackFormat, PACK_ROWS};
 use crate::{Kernels, MAX_SHARED_PER_BLOCK};
 
-/// Tokens one packed GEMV launch takes at most ([`Kernels::gemv_packed_batch`]).
+/// Tokens one [`Kernels::gemv_packed_batch`] call takes at most.
 pub const PACKED_GEMV_MAX_TOKENS: usize = 16;
+
+/// Tokens one packed GEMV launch takes at most (more run as several).
+const GEMV_BATCH: usize = 8;
 
 /// Threads per block of kernels/rmsnorm.cu.
 const RMSNORM_THREADS: u32 = 256;
@@ -545,8 +548,9 @@ impl Kernels {
 
     /// Y = X W^T for `m` tokens (1 ..= [`PACKED_GEMV_MAX_TOKENS`]) of X
     /// (m, cols), 16-byte aligned: every weight is loaded once and used for
-    /// all of them (several sequences decoding, a short prompt). Y: each
-    /// part (m, its rows). Returns the split launched.
+    /// up to 8 of them (several sequences decoding, a short prompt; more
+    /// than 8 run as launches of 8). Y: each part (m, its rows). Returns the
+    /// split launched.
     pub fn gemv_packed_batch(
         &self,
         stream: &Stream,
@@ -577,14 +581,13 @@ impl Kernels {
                 "weights and x must start at a multiple of 16 bytes".into(),
             ));
         }
-        let name = match m {
+        let name = |m: usize| match m {
             1 => f.gemv,
             2 => f.gemv_batch[0],
             3..=4 => f.gemv_batch[1],
-            5..=8 => f.gemv_batch[2],
-            _ => f.gemv_batch[3],
+            _ => f.gemv_batch[2],
         };
-        let kernel = self.kernel("gemv_packed", name)?;
+        let kernel = self.kernel("gemv_packed", name(m.min(GEMV_BATCH)))?;
         let warps = PACKED_GEMV_WARPS as usize;
         let resident = self.resident_blocks(&kernel, 32 * PACKED_GEMV_WARPS)? * warps;
         let nb = ncols / 32;
@@ -596,29 +599,34 @@ impl Kernels {
             1,
             1,
         );
-        let (nrows, nb, ks, mi) = (
+        let (nrows, nb, ks) = (
             to_i32(K, "nrows", nrows)?,
             to_i32(K, "blocks", nb)?,
             ks as i32,
-            m as i32,
         );
-        // SAFETY: gemv_packed_<fmt>_f32[_x<B>](const u8* W, const float* x,
-        // float* y, float* y1, float* y2, int r1, int r2, int nrows, int nb,
-        // int ksplit, int m): reads the packed groups of W (length checked:
-        // packed_bytes) and x[..m * nb * 32] with 16-byte loads (both aligned,
-        // checked), writes row r < nrows of tokens t < m <= B to its part (y,
-        // y1, y2 split at r1 <= r2 <= nrows; each part's length checked by
-        // `bounds`); ksplit in {1, 2, 4}.
-        unsafe {
-            y.push(stream.launch(&kernel).view(w.data).view(x))
-                .scalar(&r1)
-                .scalar(&r2)
-                .scalar(&nrows)
-                .scalar(&nb)
-                .scalar(&ks)
-                .scalar(&mi)
-                .run(cfg(grid, 32 * PACKED_GEMV_WARPS))?
-        };
+        for t0 in (0..m).step_by(GEMV_BATCH) {
+            let (t0i, mi) = (t0 as i32, (m - t0).min(GEMV_BATCH) as i32);
+            // SAFETY: gemv_packed_<fmt>_f32[_x<B>](const u8* W, const float* x,
+            // float* y, float* y1, float* y2, int r1, int r2, int nrows, int nb,
+            // int ksplit, int t0, int m): reads the packed groups of W (length
+            // checked: packed_bytes) and rows t0 .. t0 + m of x (at most the
+            // checked m * nb * 32 floats) with 16-byte loads (both aligned,
+            // checked), writes row r < nrows of those tokens (m <= B: the
+            // kernel was picked for min(m, GEMV_BATCH)) to its part (y, y1, y2
+            // split at r1 <= r2 <= nrows; each part's length checked by
+            // `bounds` for all m tokens); ksplit in {1, 2, 4}.
+            unsafe {
+                y.push(stream.launch(&kernel).view(w.data).view(x))
+                    .scalar(&r1)
+                    .scalar(&r2)
+                    .scalar(&nrows)
+                    .scalar(&nb)
+                    .scalar(&ks)
+                    .scalar(&t0i)
+                    .scalar(&mi)
+                    .run(cfg(grid, 32 * PACKED_GEMV_WARPS))?
+            };
+        }
         Ok(ks as u32)
     }
 

@@ -24,9 +24,9 @@ pub struct PackFormat {
     pub ty: GgmlType,
     /// `gemv_packed_{symbol}_f32`.
     pub gemv: &'static str,
-    /// `gemv_packed_{symbol}_f32_x{2,4,8,16}`: the same for up to that many
+    /// `gemv_packed_{symbol}_f32_x{2,4,8}`: the same for up to that many
     /// tokens, each weight loaded once for all of them.
-    pub gemv_batch: [&'static str; 4],
+    pub gemv_batch: [&'static str; 3],
     /// `gemm_packed_{symbol}_f32` (prefill, kernels/gemm.cu).
     pub gemm: &'static str,
     /// `embed_packed_{symbol}_f32` (kernels/embed.cu).
@@ -53,7 +53,6 @@ macro_rules! pformat {
                 concat!("gemv_packed_", $sym, "_f32_x2"),
                 concat!("gemv_packed_", $sym, "_f32_x4"),
                 concat!("gemv_packed_", $sym, "_f32_x8"),
-                concat!("gemv_packed_", $sym, "_f32_x16"),
             ],
             gemm: concat!("gemm_packed_", $sym, "_f32"),
             embed: concat!("embed_packed_", $sym, "_f32"),

@@ -78,7 +78,7 @@ const LOGIT_ROWS: usize = 64;
 /// Tokens up to which a step runs packed matrices through the batched GEMV
 /// (each weight loaded once for all of them) rather than the GEMM tile
 /// (BENCHMARKS.md, the batched table).
-const GEMV_TOKENS: usize = 8;
+const GEMV_TOKENS: usize = m40_kernels::PACKED_GEMV_MAX_TOKENS;
 
 /// A weight matrix on the device: GGUF rows, or the packed layout.
 struct Mat {

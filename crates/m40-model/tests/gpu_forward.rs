@@ -178,7 +178,7 @@ fn zoo_gpu_logits_match_cpu() {
         let mut cc = cpu.new_cache(400).unwrap();
         let want = cpu.forward(&mut cc, &toks, Logits::All).unwrap();
         // All 300 at once (GEMM), then in steps of 64 with the last 20 in
-        // steps of 1 to 8 (GEMV, decode attention), kernel by kernel and with Q/K/V
+        // steps of 1, 3 and 16 (GEMV, decode attention), kernel by kernel and with Q/K/V
         // and gate/up as separate matrices; the greedy continuation below
         // replays the captured decode graph (stacked matrices).
         let g = gpu(&model, 1024, 512);
@@ -197,9 +197,9 @@ fn zoo_gpu_logits_match_cpu() {
         g64.set_graphs(false);
         let mut gc = g64.new_cache(400).unwrap();
         let mut stepped = g64.forward(&mut gc, &toks[..280], Logits::All).unwrap();
-        // The last 20 in steps of 1 (GEMV) and 2 to 8 (the batched GEMV).
+        // The last 20 in steps of 1 (GEMV) and 2 to 16 (the batched GEMV).
         let mut at = 280;
-        for n in [1, 2, 3, 5, 8, 1] {
+        for n in [1, 3, 16] {
             stepped.extend(
                 g64.forward(&mut gc, &toks[at..at + n], Logits::All)
                     .unwrap(),
@@ -209,7 +209,7 @@ fn zoo_gpu_logits_match_cpu() {
         assert_eq!(at, 300);
         let (w2, bad2) = compare_rows(&stepped, &want, n_vocab);
         println!(
-            "{name}: max rel err {w1:.2e} (one batch), {w2:.2e} (steps of 64, then of 1 to 8)"
+            "{name}: max rel err {w1:.2e} (one batch), {w2:.2e} (steps of 64, then of 1, 3 and 16)"
         );
         if !bad1.is_empty() || !bad2.is_empty() {
             failures.push(format!(
