@@ -189,10 +189,10 @@ fn bad_input_is_a_clear_error_not_a_panic() {
                 "--shape".into(),
                 "tiny".into(),
                 "--type".into(),
-                "Q4_K".into(),
+                "IQ2_XXS".into(),
                 "x.gguf".into(),
             ],
-            "cannot write type `Q4_K`",
+            "cannot write type `IQ2_XXS`",
         ),
         (
             vec!["show".into(), "/nonexistent/model.gguf".into()],
