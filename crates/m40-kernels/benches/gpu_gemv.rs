@@ -56,6 +56,23 @@ fn time_batches(s: &Stream, mut batch: impl FnMut()) -> f64 {
     median(times)
 }
 
+/// Milliseconds per launch of `launch(s, i)` for i in 0..BATCH captured in a
+/// CUDA graph and replayed (no launch gaps: the kernels themselves).
+fn replay_ms(
+    s: &Stream,
+    mut launch: impl FnMut(&Stream, usize) -> Result<(), m40_kernels::KernelError>,
+) -> f64 {
+    let graph = s
+        .capture(|s| (0..BATCH).try_for_each(|i| launch(s, i)))
+        .expect("capture");
+    // SAFETY: what the graph reads and writes was borrowed by `launch` from
+    // the caller, which outlives this function; the graph is dropped here.
+    let ms = time_batches(s, || unsafe { graph.launch().expect("graph launch") });
+    drop(graph);
+    s.synchronize().expect("replay");
+    ms
+}
+
 /// Milliseconds per call of `f` (`f(i)` for i = 0, 1, ...) queued one by one:
 /// batches of BATCH calls timed as by `time_batches`.
 fn time_ms(s: &Stream, mut f: impl FnMut(usize)) -> f64 {
@@ -143,24 +160,16 @@ fn main() {
             // a row has too few chunks for it); `us` is the launcher's own.
             let mut graph_ms = |ksplit: u32| {
                 let mut plan = None;
-                let graph = s
-                    .capture(|s| {
-                        for i in 0..BATCH {
-                            let m = QMatrix {
-                                ty: f.ty,
-                                data: &views[i % copies],
-                                rows,
-                                cols,
-                            };
-                            plan = Some(k.gemv_split(s, &m, &xv, &mut y, Some(ksplit))?);
-                        }
-                        Ok::<(), m40_kernels::KernelError>(())
-                    })
-                    .expect("capture");
-                // SAFETY: the weights, x and y the graph uses outlive it (dropped below).
-                let ms = time_batches(&s, || unsafe { graph.launch().expect("graph launch") });
-                drop(graph);
-                s.synchronize().expect("gemv run");
+                let ms = replay_ms(&s, |s, i| {
+                    let m = QMatrix {
+                        ty: f.ty,
+                        data: &views[i % copies],
+                        rows,
+                        cols,
+                    };
+                    plan = Some(k.gemv_split(s, &m, &xv, &mut y, Some(ksplit))?);
+                    Ok(())
+                });
                 let lowered = plan.expect("planned").ksplit != ksplit;
                 (!lowered).then_some(ms)
             };
@@ -229,24 +238,16 @@ fn main() {
             let mut y = s.alloc::<f32>(rows, "y").expect("alloc");
             let mut graph_ms = |ksplit: Option<u32>| {
                 let mut split = 0;
-                let graph = s
-                    .capture(|s| {
-                        for i in 0..BATCH {
-                            let m = PackedMatrix {
-                                ty: f.ty,
-                                data: &views[i % copies],
-                                rows,
-                                cols,
-                            };
-                            split = k.gemv_packed(s, &m, &xv, &mut y, ksplit)?;
-                        }
-                        Ok::<(), m40_kernels::KernelError>(())
-                    })
-                    .expect("capture");
-                // SAFETY: the weights, x and y the graph uses outlive it (dropped below).
-                let ms = time_batches(&s, || unsafe { graph.launch().expect("graph launch") });
-                drop(graph);
-                s.synchronize().expect("gemv run");
+                let ms = replay_ms(&s, |s, i| {
+                    let m = PackedMatrix {
+                        ty: f.ty,
+                        data: &views[i % copies],
+                        rows,
+                        cols,
+                    };
+                    split = k.gemv_packed(s, &m, &xv, &mut y, ksplit)?;
+                    Ok(())
+                });
                 (ms, split)
             };
             let (ms, split) = graph_ms(None);
@@ -311,33 +312,23 @@ fn batched(s: &Stream, k: &Kernels, big: &DeviceBuffer<u8>, l2_bytes: usize, cei
                 let xv = x.view();
                 let mut y = s.alloc::<f32>(m * rows, "y").expect("alloc");
                 let mut run = |gemv: bool| {
-                    let graph = s
-                        .capture(|s| {
-                            for i in 0..BATCH {
-                                let pm = PackedMatrix {
-                                    ty: f.ty,
-                                    data: &views[i % copies],
-                                    rows,
-                                    cols,
-                                };
-                                if gemv {
-                                    let out = m40_kernels::RowSplit {
-                                        bufs: &mut [&mut y],
-                                        rows: &[rows],
-                                    };
-                                    k.gemv_packed_batch(s, &pm, &xv, out, m, None)?;
-                                } else {
-                                    k.gemm_packed(s, &pm, &xv, &mut y, m, false)?;
-                                }
-                            }
-                            Ok::<(), m40_kernels::KernelError>(())
-                        })
-                        .expect("capture");
-                    // SAFETY: the weights, x and y the graph uses outlive it (dropped below).
-                    let ms = time_batches(s, || unsafe { graph.launch().expect("graph launch") });
-                    drop(graph);
-                    s.synchronize().expect("batched run");
-                    ms
+                    replay_ms(s, |s, i| {
+                        let pm = PackedMatrix {
+                            ty: f.ty,
+                            data: &views[i % copies],
+                            rows,
+                            cols,
+                        };
+                        if gemv {
+                            let out = m40_kernels::RowSplit {
+                                bufs: &mut [&mut y],
+                                rows: &[rows],
+                            };
+                            k.gemv_packed_batch(s, &pm, &xv, out, m, None).map(drop)
+                        } else {
+                            k.gemm_packed(s, &pm, &xv, &mut y, m, false)
+                        }
+                    })
                 };
                 let (gv, gm) = (run(true), run(false));
                 let gbs = wbytes as f64 / (gv * 1e-3) / 1e9;
