@@ -325,28 +325,25 @@ __device__ __forceinline__ void gemv_packed(const u8* __restrict__ W, const floa
     for (int t = 0; t < B; ++t)
 #pragma unroll
         for (int j = 0; j < 4; ++j) acc[t][j] = warp_sum(acc[t][j]);
-    // Sum i = 4 t + j (token t, row j of the group) goes out through lane
-    // i % 32 in round i / 32 (selects, not an indexed array: registers).
+    // Sum 4 t + j (token t, row j of the group) goes out through that lane
+    // (selects, not an indexed array: registers).
+    static_assert(OUT <= 32, "one lane per sum");
+    float mine = 0.0f;
 #pragma unroll
-    for (int r = 0; r < (OUT + 31) / 32; ++r) {
-        float mine = 0.0f;
-#pragma unroll
-        for (int i = 32 * r; i < OUT && i < 32 * r + 32; ++i)
-            if (lane == i - 32 * r) mine = acc[i >> 2][i & 3];
-        const int i = 32 * r + lane, t = i >> 2, row = 4 * g + (i & 3);
-        const bool out = i < OUT && (B == 1 || t < m) && g < n_groups && row < nrows;
-        if (ksplit == 1) {
-            if (out) *y.at(t0 + t, row) = mine;
-            continue;
-        }
-        if (i < OUT) red[warp][i] = mine;
-        __syncthreads();
-        if (sub == 0 && out) {
-            float sum = red[warp][i];
-            for (int k = 1; k < ksplit; ++k) sum += red[warp + k][i];
-            *y.at(t0 + t, row) = sum;
-        }
-        __syncthreads();
+    for (int i = 0; i < OUT; ++i)
+        if (lane == i) mine = acc[i >> 2][i & 3];
+    const int t = lane >> 2, row = 4 * g + (lane & 3);
+    const bool out = lane < OUT && (B == 1 || t < m) && g < n_groups && row < nrows;
+    if (ksplit == 1) {
+        if (out) *y.at(t0 + t, row) = mine;
+        return;
+    }
+    if (lane < OUT) red[warp][lane] = mine;
+    __syncthreads();
+    if (sub == 0 && out) {
+        float sum = red[warp][lane];
+        for (int k = 1; k < ksplit; ++k) sum += red[warp + k][lane];
+        *y.at(t0 + t, row) = sum;
     }
 }
 

@@ -531,26 +531,15 @@ impl Kernels {
             bufs: &mut [y],
             rows: &[w.rows],
         };
-        self.gemv_packed_split(stream, w, x, out, ksplit)
-    }
-
-    /// [`Kernels::gemv_packed`] of stacked matrices into their own outputs.
-    pub fn gemv_packed_split(
-        &self,
-        stream: &Stream,
-        w: &PackedMatrix<'_>,
-        x: &DeviceView<'_, f32>,
-        y: RowSplit<'_, '_>,
-        ksplit: Option<u32>,
-    ) -> Result<u32> {
-        self.gemv_packed_batch(stream, w, x, y, 1, ksplit)
+        self.gemv_packed_batch(stream, w, x, out, 1, ksplit)
     }
 
     /// Y = X W^T for `m` tokens (1 ..= [`PACKED_GEMV_MAX_TOKENS`]) of X
     /// (m, cols), 16-byte aligned: every weight is loaded once and used for
     /// up to 8 of them (several sequences decoding, a short prompt; more
     /// than 8 run as launches of 8). Y: each part (m, its rows). Returns the
-    /// split launched.
+    /// split launched. Stacked matrices (several parts) write each part to
+    /// its own buffer.
     pub fn gemv_packed_batch(
         &self,
         stream: &Stream,

@@ -819,7 +819,9 @@ fn stacked_and_batched_matmuls_write_each_part() {
         bufs: &mut [&mut a, &mut b],
         rows: &[4, 3],
     };
-    assert!(k.gemv_packed_split(&s, &pm, &x.view(), out, None).is_err());
+    assert!(k
+        .gemv_packed_batch(&s, &pm, &x.view(), out, 1, None)
+        .is_err());
     // More tokens than one launch takes, or none, are refused.
     for m in [0, PACKED_GEMV_MAX_TOKENS + 1] {
         let out = RowSplit {

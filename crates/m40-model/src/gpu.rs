@@ -90,6 +90,16 @@ struct Mat {
 }
 
 impl Mat {
+    /// Rows of x up to which a matmul runs through the GEMV (one; packed:
+    /// the batched GEMV's GEMV_TOKENS).
+    fn gemv_rows(&self) -> usize {
+        if self.packed {
+            GEMV_TOKENS
+        } else {
+            1
+        }
+    }
+
     /// The launchers' view of the matrix: packed, or GGUF rows.
     fn view<'a>(&self, data: &'a DeviceView<'a, u8>) -> MatView<'a> {
         let (ty, rows, cols) = (self.ty, self.rows, self.cols);
@@ -542,9 +552,42 @@ impl GpuBackend {
         (self.n_pages, lock(&self.free).len())
     }
 
-    /// y = W x for `n` rows of x: GEMV for one (packed: up to GEMV_TOKENS),
+    /// y = W x for `n` rows of x into the parts of `y` (several: a stacked
+    /// matrix, always packed): the GEMV for up to `w.gemv_rows()` rows, the
     /// GEMM for more (y += W x with `accumulate`, GEMM only).
     fn gemm_or_gemv(
+        &self,
+        w: &Mat,
+        x: &DeviceView<'_, f32>,
+        y: RowSplit<'_, '_>,
+        n: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        let (k, s) = (&self.kernels, &self.stream);
+        let data = w.data.view();
+        debug_assert!(n > w.gemv_rows() || !accumulate, "GEMV does not accumulate");
+        match w.view(&data) {
+            MatView::Packed(m) if n <= GEMV_TOKENS => {
+                k.gemv_packed_batch(s, &m, x, y, n, None).map(drop)?
+            }
+            MatView::Packed(m) => k.gemm_packed_split(s, &m, x, y, n, accumulate)?,
+            MatView::Rows(m) => {
+                let [y] = y.bufs else {
+                    unreachable!("only packed matrices are stacked")
+                };
+                if n == 1 {
+                    k.gemv(s, &m, x, y)?
+                } else {
+                    k.gemm(s, &m, x, y, n, accumulate)?
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// y = W x for `n` rows of x (y += W x with `accumulate`, past the
+    /// GEMV's rows only).
+    fn matmul(
         &self,
         w: &Mat,
         x: &DeviceView<'_, f32>,
@@ -552,34 +595,11 @@ impl GpuBackend {
         n: usize,
         accumulate: bool,
     ) -> Result<()> {
-        let (k, s) = (&self.kernels, &self.stream);
-        let data = w.data.view();
-        let gemv_rows = if w.packed { GEMV_TOKENS } else { 1 };
-        debug_assert!(n > gemv_rows || !accumulate, "GEMV does not accumulate");
-        match w.view(&data) {
-            MatView::Packed(m) if n <= GEMV_TOKENS => {
-                let y = RowSplit {
-                    bufs: &mut [y],
-                    rows: &[m.rows],
-                };
-                k.gemv_packed_batch(s, &m, x, y, n, None).map(drop)?
-            }
-            MatView::Packed(m) => k.gemm_packed(s, &m, x, y, n, accumulate)?,
-            MatView::Rows(m) if n == 1 => k.gemv(s, &m, x, y)?,
-            MatView::Rows(m) => k.gemm(s, &m, x, y, n, accumulate)?,
-        }
-        Ok(())
-    }
-
-    /// y = W x for `n` rows of x.
-    fn matmul(
-        &self,
-        w: &Mat,
-        x: &DeviceView<'_, f32>,
-        y: &mut DeviceBuffer<f32>,
-        n: usize,
-    ) -> Result<()> {
-        self.gemm_or_gemv(w, x, y, n, false)
+        let y = RowSplit {
+            bufs: &mut [y],
+            rows: &[w.rows],
+        };
+        self.gemm_or_gemv(w, x, y, n, accumulate)
     }
 
     /// The matrices of `stacks` applied to `n` rows of x, each matrix's
@@ -591,34 +611,21 @@ impl GpuBackend {
         mut outs: &mut [&mut DeviceBuffer<f32>],
         n: usize,
     ) -> Result<()> {
-        let (k, s) = (&self.kernels, &self.stream);
         for st in stacks {
             let (mine, rest) = std::mem::take(&mut outs).split_at_mut(st.parts.len());
             outs = rest;
-            if let [y] = mine {
-                self.matmul(&st.mat, x, y, n)?;
-                continue;
-            }
-            let data = st.mat.data.view();
-            let MatView::Packed(m) = st.mat.view(&data) else {
-                unreachable!("only packed matrices are stacked")
-            };
             let y = RowSplit {
                 bufs: mine,
                 rows: &st.parts,
             };
-            if n <= GEMV_TOKENS {
-                k.gemv_packed_batch(s, &m, x, y, n, None)?;
-            } else {
-                k.gemm_packed_split(s, &m, x, y, n, false)?;
-            }
+            self.gemm_or_gemv(&st.mat, x, y, n, false)?;
         }
         Ok(())
     }
 
     /// The residual connection x += W a for `n` rows of a. The GEMM
     /// accumulates into x in place (returns false); rows that go through
-    /// the GEMV (one; packed: up to GEMV_TOKENS) land in `w.proj` and are
+    /// the GEMV (up to `wt.gemv_rows()`) land in `w.proj` and are
     /// left pending (returns true): the next [`Self::norm`] adds them as it
     /// normalizes.
     fn matmul_res(
@@ -629,13 +636,13 @@ impl GpuBackend {
         proj: &mut DeviceBuffer<f32>,
         n: usize,
     ) -> Result<bool> {
-        if n == 1 || (wt.packed && n <= GEMV_TOKENS) {
-            self.gemm_or_gemv(wt, a, proj, n, false)?;
-            Ok(true)
+        let pending = n <= wt.gemv_rows();
+        if pending {
+            self.matmul(wt, a, proj, n, false)?;
         } else {
-            self.gemm_or_gemv(wt, a, x, n, true)?;
-            Ok(false)
+            self.matmul(wt, a, x, n, true)?;
         }
+        Ok(pending)
     }
 
     /// h = rmsnorm(x rows `rows`) * weight, adding the pending residual
@@ -807,7 +814,7 @@ impl GpuBackend {
         let n = rows.len();
         self.norm(norm_bufs!(w), &self.output_norm, rows, pending)?;
         let out_w = self.output.as_ref().unwrap_or(&self.embd);
-        self.matmul(out_w, &w.h.view(), &mut w.logits, n)
+        self.matmul(out_w, &w.h.view(), &mut w.logits, n, false)
     }
 
     /// Make sure the split scratch holds what `plan` needs for `shape`.
