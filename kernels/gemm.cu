@@ -6,18 +6,25 @@
 // matrices (fused Q/K/V, gate/up) one (M, rows) part per matrix (common.cuh
 // RowParts: Y, Y1, Y2 split at rows r1, r2). K is a multiple of 32 (one
 // sub-block per k-step).
-// Launch: grid (ceil(N / GEMM_BN), ceil(M / GEMM_BM)), block GEMM_THREADS.
+// Launch: grid (ceil(N / BN), ceil(M / BM)), block GEMM_THREADS, for the
+// tile of the kernel's name: gemm_* 128 x 128 (BM x BN), gemm_small_* 64 x 64
+// (prompts of at most 64 tokens, where the large tile would mostly compute
+// zeros).
 //
-// Why this shape on Maxwell: a block computes a GEMM_BM x GEMM_BN tile of Y
-// from k-steps of 32 (one quantized sub-block). Each thread holds a
-// GEMM_TM x GEMM_TN register tile and reads its operands from shared memory
-// as float4 (two 16-byte loads feed 32 FMAs); both tiles are stored k-major
-// so those loads are conflict-free. The next k-step's weights are
-// dequantized into registers (quant.cuh `part`: 4 weights per call, scales
-// applied once per 4) while the current step is computed, so global latency
-// hides behind the FMAs (double buffering through registers: the 2 x 16 KB
-// of shared memory of a second stage would halve the blocks an SM holds).
-// Each weight is dequantized once per block and used by GEMM_BM tokens.
+// Why this shape on Maxwell: a block computes a BM x BN tile of Y from
+// k-steps of 32 (one quantized sub-block). Each of its 256 threads holds a
+// TM x TN register tile (8 x 8 in the large tile: every float4 read from
+// shared memory feeds 32 FMAs, so the FMA units, not the shared-memory
+// port, set the pace) as float4 groups 64 apart, so the 16 threads of a
+// warp that read one k row of a tile read 256 contiguous bytes (no bank
+// conflicts); both tiles are stored k-major. The next k-step's weights and
+// X are loaded into registers while the current step is computed, so global
+// latency hides behind the FMAs (double buffering through registers: a
+// second shared stage would not fit the 48 KB a block may have). Packed
+// weights stay raw words (a few registers) until the step is stored, and
+// are dequantized then (packed.cuh fetch / decode: scales applied once per
+// 4 weights); GGUF-layout weights are dequantized as they load. Each weight
+// is dequantized once per block and used by BM tokens.
 //
 // gemm_packed_<fmt>_f32: the same over weights in the packed layout of the
 // decode GEMV (packed.cuh; row_bytes unused), so a model whose formats have
@@ -25,146 +32,182 @@
 #include "common.cuh"
 #include "packed.cuh"
 
-#define GEMM_BM 64       // tokens (rows of X and Y) per block tile
-#define GEMM_BN 64       // weight rows (columns of Y) per block tile
-#define GEMM_BK 32       // k per step: one sub-block
+#define GEMM_BK 32  // k per step: one sub-block
 #define GEMM_THREADS 256
-#define GEMM_TM 4        // tokens per thread
-#define GEMM_TN 4        // weight rows per thread
-#define GEMM_PAD 4       // floats of padding per shared row (keeps float4 alignment)
-
-// The register half of the double buffer: 2 parts of 4 weights and 2 float4 of X.
-struct GemmStage {
-    float w[2][4];
-    float4 x[2];
-};
 
 // The weights of a GGUF row-major matrix: parts q and q + 4 of 32-weight
-// sub-block sb of row n.
+// sub-block sb of row n, dequantized when fetched (quant.cuh has no raw
+// form of its formats).
 template <class F>
 struct RowMajor {
-    __device__ static void parts(const u8* W, long long row_bytes, int, int, int n, int sb, int q, float v0[4],
-                                 float v1[4]) {
+    struct Raw {
+        float v[2][4];
+    };
+    __device__ static void fetch(const u8* W, long long row_bytes, int, int, int n, int sb, int q, Raw& r) {
         const u8* blk = W + (long long)n * row_bytes + (long long)(sb / F::SUBS) * F::BYTES;
-        F::part(blk, sb % F::SUBS, q, v0);
-        F::part(blk, sb % F::SUBS, q + 4, v1);
+        F::part(blk, sb % F::SUBS, q, r.v[0]);
+        F::part(blk, sb % F::SUBS, q + 4, r.v[1]);
+    }
+    __device__ static void decode(const Raw& r, int, float v0[4], float v1[4]) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) v0[j] = r.v[0][j], v1[j] = r.v[1][j];
     }
 };
 
-// The weights of a packed matrix (packed.cuh).
+// The weights of a packed matrix (packed.cuh): the raw words are fetched
+// into the stage and decoded only when it is stored, so the loads are in
+// flight during the k-step's FMAs.
 template <class P>
 struct Packed {
-    __device__ static void parts(const u8* W, long long, int N, int K, int n, int sb, int q, float v0[4],
-                                 float v1[4]) {
-        P::parts(W, N, K, n, sb, q, v0, v1);
+    typedef typename P::Raw Raw;
+    __device__ static void fetch(const u8* W, long long, int N, int K, int n, int sb, int q, Raw& r) {
+        P::fetch(W, N, K, n, sb, q, r);
     }
+    __device__ static void decode(const Raw& r, int q, float v0[4], float v1[4]) { P::decode(r, q, v0, v1); }
 };
 
-// Load k-step `k0` of the tile at (m0, n0) into registers. Thread t takes
-// weight row n0 + (t & 63), parts (t >> 6) and (t >> 6) + 4 of the sub-block,
-// and token m0 + (t & 63), floats k0 + 4 (t >> 6) .. +3 and k0 + 16 + 4 (t >> 6) .. +3;
-// rows and tokens past the matrix load zeros.
-template <class L>
+// A BM x BN tile: TM x TN outputs per thread, as TM/4 x TN/4 float4 groups.
+template <int BM_, int BN_>
+struct Tile {
+    static constexpr int BM = BM_, BN = BN_;
+    static constexpr int TM = BM / 16, TN = BN / 16;
+    // Loader: thread t takes weight row t % BN, parts q = t / BN + c * QW
+    // (and q + 4), c < WC; token t % BM, float4s f = t / BM + c * QX, c < XC.
+    static constexpr int QW = GEMM_THREADS / BN, WC = 4 / QW;
+    static constexpr int QX = GEMM_THREADS / BM, XC = 8 / QX;
+    static_assert(TM % 4 == 0 && TN % 4 == 0 && QW * WC == 4 && QX * XC == 8, "tile shape");
+};
+
+// The register half of the double buffer: the loader's raw weight words
+// and the float4s of X.
+template <class T, class L>
+struct GemmStage {
+    typename L::Raw w[T::WC];
+    float4 x[T::XC];
+};
+
+// Load k-step `k0` of the tile at (m0, n0) into registers; rows and tokens
+// past the matrix load zeros.
+template <class T, class L>
 __device__ __forceinline__ void gemm_load(const u8* __restrict__ W, const float* __restrict__ X, int M, int N,
-                                          int K, long long row_bytes, int m0, int n0, int k0, GemmStage& st) {
-    const int t = threadIdx.x, r = t & 63, q = t >> 6;
-    const int n = n0 + r;
-    if (n < N) {
-        L::parts(W, row_bytes, N, K, n, k0 >> 5, q, st.w[0], st.w[1]);
-    } else {
+                                          int K, long long row_bytes, int m0, int n0, int k0, GemmStage<T, L>& st) {
+    const int t = threadIdx.x;
+    const int n = n0 + t % T::BN;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) st.w[0][j] = st.w[1][j] = 0.0f;
+    for (int c = 0; c < T::WC; ++c) {
+        if (n < N) {
+            L::fetch(W, row_bytes, N, K, n, k0 >> 5, t / T::BN + c * T::QW, st.w[c]);
+        } else {
+            st.w[c] = typename L::Raw{};
+        }
     }
-    const int m = m0 + r;
-    if (m < M) {
-        const float* xr = X + (long long)m * K + k0;
-        st.x[0] = ld_x4(xr + 4 * q);
-        st.x[1] = ld_x4(xr + 16 + 4 * q);
-    } else {
-        st.x[0] = st.x[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const int m = m0 + t % T::BM;
+    const float* xr = X + (long long)m * K + k0;
+#pragma unroll
+    for (int c = 0; c < T::XC; ++c)
+        st.x[c] = m < M ? ld_x4(xr + 4 * (t / T::BM + c * T::QX)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+}
+
+// Decode a stage and store it k-major: Ws[k][n], Xs[k][m] (consecutive
+// threads write consecutive n / m of one k row: no bank conflicts).
+template <class T, class L>
+__device__ __forceinline__ void gemm_store(const GemmStage<T, L>& st, float (*Ws)[T::BN], float (*Xs)[T::BM]) {
+    const int t = threadIdx.x, r = t % T::BN, m = t % T::BM;
+#pragma unroll
+    for (int c = 0; c < T::WC; ++c) {
+        const int q = t / T::BN + c * T::QW;
+        float v0[4], v1[4];
+        L::decode(st.w[c], q, v0, v1);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            Ws[4 * q + j][r] = v0[j];
+            Ws[16 + 4 * q + j][r] = v1[j];
+        }
+    }
+#pragma unroll
+    for (int c = 0; c < T::XC; ++c) {
+        const int f = t / T::BM + c * T::QX;
+        Xs[4 * f + 0][m] = st.x[c].x;
+        Xs[4 * f + 1][m] = st.x[c].y;
+        Xs[4 * f + 2][m] = st.x[c].z;
+        Xs[4 * f + 3][m] = st.x[c].w;
     }
 }
 
-// Store a stage k-major: Ws[k][n], Xs[k][m] (consecutive threads write
-// consecutive n / m of one k row: no bank conflicts).
-__device__ __forceinline__ void gemm_store(const GemmStage& st, float (*Ws)[GEMM_BN + GEMM_PAD],
-                                           float (*Xs)[GEMM_BM + GEMM_PAD]) {
-    const int t = threadIdx.x, r = t & 63, q = t >> 6;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        Ws[4 * q + j][r] = st.w[0][j];
-        Ws[16 + 4 * q + j][r] = st.w[1][j];
-    }
-    const float a[4] = {st.x[0].x, st.x[0].y, st.x[0].z, st.x[0].w};
-    const float c[4] = {st.x[1].x, st.x[1].y, st.x[1].z, st.x[1].w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        Xs[4 * q + j][r] = a[j];
-        Xs[16 + 4 * q + j][r] = c[j];
-    }
-}
-
-// One block's tile of Y = X W^T (+ Y when `accumulate`).
-template <class L>
+// One block's tile of Y = X W^T (+ Y when `accumulate`). Thread (tx, ty)
+// computes tokens g * 64 + 4 ty + i and weight rows g * 64 + 4 tx + j.
+template <class T, class L>
 __device__ __forceinline__ void gemm_tile(const u8* __restrict__ W, const float* __restrict__ X, const RowParts Y,
                                           int M, int N, int K, long long row_bytes, int accumulate, int m0, int n0) {
-    __shared__ __align__(16) float Ws[GEMM_BK][GEMM_BN + GEMM_PAD];
-    __shared__ __align__(16) float Xs[GEMM_BK][GEMM_BM + GEMM_PAD];
+    __shared__ __align__(16) float Ws[GEMM_BK][T::BN];
+    __shared__ __align__(16) float Xs[GEMM_BK][T::BM];
     const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
-    float acc[GEMM_TM][GEMM_TN];
+    float acc[T::TM][T::TN];
 #pragma unroll
-    for (int i = 0; i < GEMM_TM; ++i)
+    for (int i = 0; i < T::TM; ++i)
 #pragma unroll
-        for (int j = 0; j < GEMM_TN; ++j) acc[i][j] = 0.0f;
+        for (int j = 0; j < T::TN; ++j) acc[i][j] = 0.0f;
 
-    GemmStage st;
-    gemm_load<L>(W, X, M, N, K, row_bytes, m0, n0, 0, st);
+    GemmStage<T, L> st;
+    gemm_load<T, L>(W, X, M, N, K, row_bytes, m0, n0, 0, st);
     for (int k0 = 0; k0 < K; k0 += GEMM_BK) {
-        gemm_store(st, Ws, Xs);
+        gemm_store<T, L>(st, Ws, Xs);
         __syncthreads();
-        if (k0 + GEMM_BK < K) gemm_load<L>(W, X, M, N, K, row_bytes, m0, n0, k0 + GEMM_BK, st);
+        if (k0 + GEMM_BK < K) gemm_load<T, L>(W, X, M, N, K, row_bytes, m0, n0, k0 + GEMM_BK, st);
 #pragma unroll 8
         for (int k = 0; k < GEMM_BK; ++k) {
-            const float4 a = *(const float4*)&Xs[k][ty * GEMM_TM];
-            const float4 b = *(const float4*)&Ws[k][tx * GEMM_TN];
-            const float av[4] = {a.x, a.y, a.z, a.w};
-            const float bv[4] = {b.x, b.y, b.z, b.w};
+            float av[T::TM], bv[T::TN];
 #pragma unroll
-            for (int i = 0; i < GEMM_TM; ++i)
+            for (int g = 0; g < T::TM / 4; ++g) {
+                const float4 a = *(const float4*)&Xs[k][g * 64 + ty * 4];
+                av[4 * g] = a.x, av[4 * g + 1] = a.y, av[4 * g + 2] = a.z, av[4 * g + 3] = a.w;
+            }
 #pragma unroll
-                for (int j = 0; j < GEMM_TN; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+            for (int g = 0; g < T::TN / 4; ++g) {
+                const float4 b = *(const float4*)&Ws[k][g * 64 + tx * 4];
+                bv[4 * g] = b.x, bv[4 * g + 1] = b.y, bv[4 * g + 2] = b.z, bv[4 * g + 3] = b.w;
+            }
+#pragma unroll
+            for (int i = 0; i < T::TM; ++i)
+#pragma unroll
+                for (int j = 0; j < T::TN; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
         }
         __syncthreads();
     }
 
-    const int n = n0 + tx * GEMM_TN;
 #pragma unroll
-    for (int i = 0; i < GEMM_TM; ++i) {
-        const int m = m0 + ty * GEMM_TM + i;
-        if (m >= M) break;
+    for (int i = 0; i < T::TM; ++i) {
+        const int m = m0 + (i / 4) * 64 + ty * 4 + i % 4;
+        if (m >= M) continue;
 #pragma unroll
-        for (int j = 0; j < GEMM_TN; ++j) {
-            if (n + j >= N) break;
-            float* y = Y.at(m, n + j);
+        for (int j = 0; j < T::TN; ++j) {
+            const int n = n0 + (j / 4) * 64 + tx * 4 + j % 4;
+            if (n >= N) continue;
+            float* y = Y.at(m, n);
             *y = accumulate ? *y + acc[i][j] : acc[i][j];
         }
     }
 }
 
-#define GEMM_KERNEL(name, F)                                                                                 \
-    extern "C" __global__ void __launch_bounds__(GEMM_THREADS) gemm_##name##_f32(                            \
-        const u8* W, const float* X, float* Y, float* Y1, float* Y2, int r1, int r2, int M, int N, int K,    \
-        long long row_bytes, int accumulate) {                                                               \
-        gemm_tile<RowMajor<F>>(W, X, RowParts{Y, Y1, Y2, r1, r2, N}, M, N, K, row_bytes, accumulate,       \
-                               blockIdx.y * GEMM_BM, blockIdx.x * GEMM_BN);                                  \
+// The large tile is compiled for one block per SM: capped at 128 registers
+// for two, the packed kernels ran 10-20% slower on an H100 (BENCHMARKS.md,
+// prefill GEMM table); the small one keeps four (64 registers).
+typedef Tile<128, 128> Large;
+typedef Tile<64, 64> Small;
+
+#define GEMM_ENTRY(entry, T, L, blocks)                                                                      \
+    extern "C" __global__ void __launch_bounds__(GEMM_THREADS, blocks)                                       \
+        entry(const u8* W, const float* X, float* Y, float* Y1, float* Y2, int r1, int r2, int M, int N,     \
+              int K, long long row_bytes, int accumulate) {                                                  \
+        gemm_tile<T, L>(W, X, RowParts{Y, Y1, Y2, r1, r2, N}, M, N, K, row_bytes, accumulate,                \
+                        blockIdx.y * T::BM, blockIdx.x * T::BN);                                             \
     }
+#define GEMM_KERNEL(name, F)                                      \
+    GEMM_ENTRY(gemm_##name##_f32, Large, RowMajor<F>, 1)          \
+    GEMM_ENTRY(gemm_small_##name##_f32, Small, RowMajor<F>, 4)
 M40_FORMATS(GEMM_KERNEL)
 
-#define GEMM_PACKED_KERNEL(name, P)                                                                          \
-    extern "C" __global__ void __launch_bounds__(GEMM_THREADS) gemm_packed_##name##_f32(                     \
-        const u8* W, const float* X, float* Y, float* Y1, float* Y2, int r1, int r2, int M, int N, int K,    \
-        long long row_bytes, int accumulate) {                                                               \
-        gemm_tile<Packed<P>>(W, X, RowParts{Y, Y1, Y2, r1, r2, N}, M, N, K, row_bytes, accumulate,         \
-                             blockIdx.y * GEMM_BM, blockIdx.x * GEMM_BN);                                    \
-    }
+#define GEMM_PACKED_KERNEL(name, P)                               \
+    GEMM_ENTRY(gemm_packed_##name##_f32, Large, Packed<P>, 1)     \
+    GEMM_ENTRY(gemm_small_packed_##name##_f32, Small, Packed<P>, 4)
 M40_PACKED_FORMATS(GEMM_PACKED_KERNEL)

@@ -3,7 +3,8 @@
 // decode). The prefill GEMM's tile loader and the embedding gather read the
 // same copy of the weights through these, so a model keeps one copy.
 //
-// Each format: `parts(W, N, K, n, b, q, v0, v1)` dequantizes weights
+// Each format: `parts(W, N, K, n, b, q, v0, v1)` (= `fetch` + `decode`,
+// see PartsOf) dequantizes weights
 // 4q .. 4q+3 (v0) and 16+4q .. 16+4q+3 (v1), q < 4, of 32-weight block b of
 // row n < N, in a matrix of N rows and K columns (K / 32 blocks per row,
 // ceil(N / 4) groups of 4 rows). These two parts are what one 32-bit word
@@ -44,79 +45,133 @@ __device__ __forceinline__ void nibbles4(u32 w, int shift, float d, float c, flo
     for (int i = 0; i < 4; ++i) v[i] = fmaf(u2f_sub((w >> (8 * i + shift)) & 15, 0), d, c);
 }
 
-struct PartsQ4_0 {
+// The raw words behind one `parts` call, loaded by `fetch` and turned into
+// weights by `decode`, so a loader can issue its loads, do other work while
+// they are in flight, and decode them afterwards (the GEMM's tile loader).
+// A zeroed Raw decodes to zeros (every scale is 0). `parts` is the two
+// together.
+template <class Self>
+struct PartsOf {
     __device__ static void parts(const u8* W, int N, int K, int n, int b, int q, float v0[4], float v1[4]) {
-        const PackAt a(N, K, n, b);
-        const u32 w = ldw(W + ((a.gb * 4 + q) * 4 + a.j) * 4);
-        const float d = h2f(ld16(W + a.ng * a.nb * 64 + (a.gb * 4 + a.j) * 2));
-        nibbles4(w, 0, d, -8.0f * d, v0);
-        nibbles4(w, 4, d, -8.0f * d, v1);
+        typename Self::Raw r;
+        Self::fetch(W, N, K, n, b, q, r);
+        Self::decode(r, q, v0, v1);
     }
 };
 
-struct PartsQ4_1 {
-    __device__ static void parts(const u8* W, int N, int K, int n, int b, int q, float v0[4], float v1[4]) {
+struct PartsQ4_0 : PartsOf<PartsQ4_0> {
+    struct Raw {
+        u32 w, d;
+    };
+    __device__ static void fetch(const u8* W, int N, int K, int n, int b, int q, Raw& r) {
         const PackAt a(N, K, n, b);
-        const u32 w = ldw(W + ((a.gb * 4 + q) * 4 + a.j) * 4);
-        const u32 s = ldw(W + a.ng * a.nb * 64 + (a.gb * 4 + a.j) * 4);
-        const float d = h2f((u16)s), m = h2f((u16)(s >> 16));
-        nibbles4(w, 0, d, m, v0);
-        nibbles4(w, 4, d, m, v1);
+        r.w = ldw(W + ((a.gb * 4 + q) * 4 + a.j) * 4);
+        r.d = ld16(W + a.ng * a.nb * 64 + (a.gb * 4 + a.j) * 2);
+    }
+    __device__ static void decode(const Raw& r, int, float v0[4], float v1[4]) {
+        const float d = h2f((u16)r.d);
+        nibbles4(r.w, 0, d, -8.0f * d, v0);
+        nibbles4(r.w, 4, d, -8.0f * d, v1);
+    }
+};
+
+struct PartsQ4_1 : PartsOf<PartsQ4_1> {
+    struct Raw {
+        u32 w, s;
+    };
+    __device__ static void fetch(const u8* W, int N, int K, int n, int b, int q, Raw& r) {
+        const PackAt a(N, K, n, b);
+        r.w = ldw(W + ((a.gb * 4 + q) * 4 + a.j) * 4);
+        r.s = ldw(W + a.ng * a.nb * 64 + (a.gb * 4 + a.j) * 4);
+    }
+    __device__ static void decode(const Raw& r, int, float v0[4], float v1[4]) {
+        const float d = h2f((u16)r.s), m = h2f((u16)(r.s >> 16));
+        nibbles4(r.w, 0, d, m, v0);
+        nibbles4(r.w, 4, d, m, v1);
     }
 };
 
 // w = d sc v - dmin m.
-struct PartsQ4_K {
-    __device__ static void parts(const u8* W, int N, int K, int n, int b, int q, float v0[4], float v1[4]) {
+struct PartsQ4_K : PartsOf<PartsQ4_K> {
+    struct Raw {
+        u32 w, sm, dd;
+    };
+    __device__ static void fetch(const u8* W, int N, int K, int n, int b, int q, Raw& r) {
         const PackAt a(N, K, n, b);
-        const u32 w = ldw(W + ((a.gb * 4 + q) * 4 + a.j) * 4);
-        const u32 sm = ld16(W + a.ng * a.nb * 64 + a.gb * 8 + 2 * a.j);
-        const u32 dd = ldw(W + a.ng * a.nb * 72 + ((a.g * (a.nb >> 3) + (b >> 3)) * 4 + a.j) * 4);
-        const float d = h2f((u16)dd) * (float)(sm & 0xff), c = -h2f((u16)(dd >> 16)) * (float)(sm >> 8);
-        nibbles4(w, 0, d, c, v0);
-        nibbles4(w, 4, d, c, v1);
+        r.w = ldw(W + ((a.gb * 4 + q) * 4 + a.j) * 4);
+        r.sm = ld16(W + a.ng * a.nb * 64 + a.gb * 8 + 2 * a.j);
+        r.dd = ldw(W + a.ng * a.nb * 72 + ((a.g * (a.nb >> 3) + (b >> 3)) * 4 + a.j) * 4);
+    }
+    __device__ static void decode(const Raw& r, int, float v0[4], float v1[4]) {
+        const float d = h2f((u16)r.dd) * (float)(r.sm & 0xff), c = -h2f((u16)(r.dd >> 16)) * (float)(r.sm >> 8);
+        nibbles4(r.w, 0, d, c, v0);
+        nibbles4(r.w, 4, d, c, v1);
     }
 };
 
-struct PartsQ8_0 {
-    __device__ static void parts(const u8* W, int N, int K, int n, int b, int q, float v0[4], float v1[4]) {
+struct PartsQ8_0 : PartsOf<PartsQ8_0> {
+    struct Raw {
+        u32 w0, w1, d;
+    };
+    __device__ static void fetch(const u8* W, int N, int K, int n, int b, int q, Raw& r) {
         const PackAt a(N, K, n, b);
-        const float d = h2f(ld16(W + a.ng * a.nb * 128 + (a.gb * 4 + a.j) * 2));
+        r.d = ld16(W + a.ng * a.nb * 128 + (a.gb * 4 + a.j) * 2);
         const u8* e0 = W + ((a.gb * 4 + (q >> 1)) * 4 + a.j) * 8 + 4 * (q & 1);
-        const u32 w0 = ldw(e0), w1 = ldw(e0 + 2 * 4 * 8);  // eighth + 2: weights + 16
+        r.w0 = ldw(e0), r.w1 = ldw(e0 + 2 * 4 * 8);  // eighth + 2: weights + 16
+    }
+    __device__ static void decode(const Raw& r, int, float v0[4], float v1[4]) {
+        const float d = h2f((u16)r.d);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            v0[i] = u2f_sub(byte_of(w0, i), 128) * d;
-            v1[i] = u2f_sub(byte_of(w1, i), 128) * d;
+            v0[i] = u2f_sub(byte_of(r.w0, i), 128) * d;
+            v1[i] = u2f_sub(byte_of(r.w1, i), 128) * d;
         }
     }
 };
 
-struct PartsF16 {
-    __device__ static void parts(const u8* W, int N, int K, int n, int b, int q, float v0[4], float v1[4]) {
+struct PartsF16 : PartsOf<PartsF16> {
+    struct Raw {
+        uint2 h0, h1;
+    };
+    __device__ static void fetch(const u8* W, int N, int K, int n, int b, int q, Raw& r) {
         const PackAt a(N, K, n, b);
         const u8* e0 = W + ((a.gb * 4 + (q >> 1)) * 4 + a.j) * 16 + 8 * (q & 1);
-        const uint2 h0 = *(const uint2*)e0, h1 = *(const uint2*)(e0 + 2 * 4 * 16);
-        v0[0] = h2f((u16)h0.x), v0[1] = h2f((u16)(h0.x >> 16)), v0[2] = h2f((u16)h0.y), v0[3] = h2f((u16)(h0.y >> 16));
-        v1[0] = h2f((u16)h1.x), v1[1] = h2f((u16)(h1.x >> 16)), v1[2] = h2f((u16)h1.y), v1[3] = h2f((u16)(h1.y >> 16));
+        r.h0 = *(const uint2*)e0, r.h1 = *(const uint2*)(e0 + 2 * 4 * 16);
+    }
+    __device__ static void decode(const Raw& r, int, float v0[4], float v1[4]) {
+        v0[0] = h2f((u16)r.h0.x), v0[1] = h2f((u16)(r.h0.x >> 16));
+        v0[2] = h2f((u16)r.h0.y), v0[3] = h2f((u16)(r.h0.y >> 16));
+        v1[0] = h2f((u16)r.h1.x), v1[1] = h2f((u16)(r.h1.x >> 16));
+        v1[2] = h2f((u16)r.h1.y), v1[3] = h2f((u16)(r.h1.y >> 16));
     }
 };
 
-struct PartsQ6_K {
-    // Weights 8e + 4t .. +3 of row j: 6-bit values (low nibble | top 2 bits << 4).
-    __device__ static void q6(const u8* W, const PackAt& a, int e, int t, float ds, float v[4]) {
-        const u32 lo = ldw(W + ((a.gb * 4 + e) * 4 + a.j) * 4) >> (4 * t);
-        const u32 hi = ldw(W + a.ng * a.nb * 64 + (a.gb * 4 + e) * 8 + (a.j >> 1) * 4) >> (2 * (2 * (a.j & 1) + t));
+// Weights 8e + 4t .. +3 of row j: 6-bit values (low nibble | top 2 bits << 4),
+// e = q / 2 (v0) and 2 + q / 2 (v1), t = q % 2.
+struct PartsQ6_K : PartsOf<PartsQ6_K> {
+    struct Raw {
+        u32 lo0, lo1, hi0, hi1, sc, d;
+    };
+    __device__ static void fetch(const u8* W, int N, int K, int n, int b, int q, Raw& r) {
+        const PackAt a(N, K, n, b);
+        const int e = q >> 1, t = q & 1;
+        const u32 hs = 2 * (2 * (a.j & 1) + t);
+        r.lo0 = ldw(W + ((a.gb * 4 + e) * 4 + a.j) * 4) >> (4 * t);
+        r.lo1 = ldw(W + ((a.gb * 4 + e + 2) * 4 + a.j) * 4) >> (4 * t);
+        r.hi0 = ldw(W + a.ng * a.nb * 64 + (a.gb * 4 + e) * 8 + (a.j >> 1) * 4) >> hs;
+        r.hi1 = ldw(W + a.ng * a.nb * 64 + (a.gb * 4 + e + 2) * 8 + (a.j >> 1) * 4) >> hs;
+        r.sc = ld16(W + a.ng * a.nb * 96 + a.gb * 8 + 2 * a.j);
+        r.d = ld16(W + a.ng * a.nb * 104 + ((a.g * (a.nb >> 3) + (b >> 3)) * 4 + a.j) * 2);
+    }
+    __device__ static void q6(u32 lo, u32 hi, float ds, float v[4]) {
 #pragma unroll
         for (int i = 0; i < 4; ++i)
             v[i] = u2f_sub(((lo >> (8 * i)) & 15) | (((hi >> (8 * i)) & 3) << 4), 32) * ds;
     }
-    __device__ static void parts(const u8* W, int N, int K, int n, int b, int q, float v0[4], float v1[4]) {
-        const PackAt a(N, K, n, b);
-        const u8* sc = W + a.ng * a.nb * 96 + a.gb * 8 + 2 * a.j;
-        const float d = h2f(ld16(W + a.ng * a.nb * 104 + ((a.g * (a.nb >> 3) + (b >> 3)) * 4 + a.j) * 2));
-        q6(W, a, q >> 1, q & 1, d * (float)(signed char)sc[0], v0);
-        q6(W, a, 2 + (q >> 1), q & 1, d * (float)(signed char)sc[1], v1);
+    __device__ static void decode(const Raw& r, int, float v0[4], float v1[4]) {
+        const float d = h2f((u16)r.d);
+        q6(r.lo0, r.hi0, d * (float)(signed char)(r.sc & 0xff), v0);
+        q6(r.lo1, r.hi1, d * (float)(signed char)(r.sc >> 8), v1);
     }
 };
 

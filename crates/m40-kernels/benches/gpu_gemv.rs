@@ -19,6 +19,10 @@
 //! prompt) through the batched packed GEMV (`Kernels::gemv_packed_batch`,
 //! each weight loaded once for all of them) against the packed GEMM
 //! (`Kernels::gemm_packed`); `M40_BENCH_BATCH_ONLY=1` runs only that one.
+//! A fourth table times the prefill GEMM (`Kernels::gemm_packed`, 512 tokens
+//! and the 8B model's Q/K/V, o, gate/up and down shapes) in TFLOP/s against
+//! the FP32 FMA rate measured in the same run (`fma_probe`);
+//! `M40_BENCH_GEMM_ONLY=1` runs only that one.
 //! `M40_BENCH_JSON=path` also writes the first two tables as JSON.
 //!
 //! Without a GPU it prints why and exits 0 (1 with M40_REQUIRE_GPU=1).
@@ -127,6 +131,10 @@ fn main() {
     let row_major = std::env::var_os("M40_BENCH_PACKED_ONLY").is_none() && !batch_only;
     if batch_only {
         batched(&s, &k, &big, info.l2_bytes, ceiling);
+        return;
+    }
+    if std::env::var_os("M40_BENCH_GEMM_ONLY").is_some() {
+        prefill(&s, &k, &big, info.l2_bytes);
         return;
     }
     for f in KernelFormat::ALL.into_iter().filter(|_| row_major) {
@@ -341,6 +349,56 @@ fn batched(s: &Stream, k: &Kernels, big: &DeviceBuffer<u8>, l2_bytes: usize, cei
                     gv / gm
                 );
             }
+        }
+    }
+}
+
+/// The packed GEMM at prefill sizes: TFLOP/s (2 per multiply-add of the
+/// product) against the FMA ceiling (`fma_probe`, median of RUNS batches).
+fn prefill(s: &Stream, k: &Kernels, big: &DeviceBuffer<u8>, l2_bytes: usize) {
+    let mut out = s
+        .alloc::<f32>(k.probe_blocks() * 256, "fma out")
+        .expect("alloc");
+    let mut flops = 0;
+    let fma_ms = time_ms(s, |_| {
+        flops = k.fma_probe(s, &mut out, 4096).expect("fma probe")
+    });
+    let ceiling = flops as f64 / (fma_ms * 1e-3) / 1e12;
+    println!("FP32 FMA rate (fma_probe, median of {RUNS} batches): {ceiling:.1} TFLOP/s\n");
+    println!("| format | tokens | rows x cols | us | TFLOP/s | % of FMA rate |");
+    println!("|---|---|---|---|---|---|");
+    let m = 512;
+    for f in PackFormat::ALL {
+        for (rows, cols) in [
+            (6144usize, 4096usize),
+            (4096, 4096),
+            (28672, 4096),
+            (4096, 14336),
+        ] {
+            let views = weight_copies(big, f.packed_bytes(rows, cols), l2_bytes);
+            let copies = views.len();
+            let xs: Vec<f32> = (0..m * cols)
+                .map(|i| ((i * 7919) % 2003) as f32 / 1001.0 - 1.0)
+                .collect();
+            let x = s.upload(&xs, "x").expect("upload");
+            let xv = x.view();
+            let mut y = s.alloc::<f32>(m * rows, "y").expect("alloc");
+            let ms = replay_ms(s, |s, i| {
+                let pm = PackedMatrix {
+                    ty: f.ty,
+                    data: &views[i % copies],
+                    rows,
+                    cols,
+                };
+                k.gemm_packed(s, &pm, &xv, &mut y, m, false)
+            });
+            let tflops = 2.0 * (m * rows * cols) as f64 / (ms * 1e-3) / 1e12;
+            println!(
+                "| {} | {m} | {rows}x{cols} | {:.1} | {tflops:.1} | {:.1}% |",
+                f.ty,
+                ms * 1e3,
+                100.0 * tflops / ceiling
+            );
         }
     }
 }

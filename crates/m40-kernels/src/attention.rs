@@ -15,10 +15,14 @@ pub const KV_PAGE: usize = 32;
 pub const MAX_HEAD_DIM: usize = 256;
 /// `ATT_MAX_WARPS`: warps per attention block at most.
 const ATT_MAX_WARPS: usize = 8;
-/// kernels/gemm.cu: tile sizes and threads.
-const GEMM_BM: usize = 64;
-const GEMM_BN: usize = 64;
+/// kernels/gemm.cu: the tiles (tokens x weight rows) of `gemm_*` and
+/// `gemm_small_*`, and their threads.
+const GEMM_TILE: (usize, usize) = (128, 128);
+const GEMM_SMALL_TILE: (usize, usize) = (64, 64);
 const GEMM_THREADS: u32 = 256;
+/// Tokens up to which the small tile runs (the large one would mostly
+/// compute rows of zeros).
+const GEMM_SMALL_MAX_M: usize = 64;
 
 /// The shape of an attention launch: `n_tok` query tokens at positions
 /// `start..start + n_tok` of one sequence, each attending causally to the
@@ -165,7 +169,7 @@ impl Kernels {
             return Err(shape(K, "weights must start at an even byte".into()));
         }
         let g = GemmArgs {
-            kernel: gemm_name(&f),
+            kernels: gemm_names(&f),
             data: w.data,
             need: w.rows * row_bytes,
             n: w.rows,
@@ -216,7 +220,7 @@ impl Kernels {
             ));
         }
         let g = GemmArgs {
-            kernel: f.gemm,
+            kernels: [f.gemm, f.gemm_small],
             data: w.data,
             need: f.packed_bytes(w.rows, w.cols),
             n: w.rows,
@@ -249,10 +253,15 @@ impl Kernels {
         if !x.is_aligned(16) {
             return Err(shape(K, "x must start at a multiple of 16 bytes".into()));
         }
-        let kernel = self.kernel("gemm", w.kernel)?;
+        let (name, (bm, bn)) = if m <= GEMM_SMALL_MAX_M {
+            (w.kernels[1], GEMM_SMALL_TILE)
+        } else {
+            (w.kernels[0], GEMM_TILE)
+        };
+        let kernel = self.kernel("gemm", name)?;
         let grid = (
-            n.div_ceil(GEMM_BN) as u32,
-            u32::try_from(m.div_ceil(GEMM_BM)).map_err(|_| shape(K, format!("{m} rows")))?,
+            n.div_ceil(bn) as u32,
+            u32::try_from(m.div_ceil(bm)).map_err(|_| shape(K, format!("{m} rows")))?,
             1,
         );
         if grid.1 > 65535 {
@@ -475,7 +484,8 @@ impl Kernels {
 /// The weights of a GEMM launch: the kernel, its buffer and the bytes it
 /// reads.
 struct GemmArgs<'a, 'v> {
-    kernel: &'static str,
+    /// The large- and small-tile kernels.
+    kernels: [&'static str; 2],
     data: &'a DeviceView<'v, u8>,
     need: usize,
     n: usize,
@@ -483,7 +493,8 @@ struct GemmArgs<'a, 'v> {
     row_bytes: usize,
 }
 
-fn gemm_name(f: &KernelFormat) -> &'static str {
+/// The large- and small-tile GEMM kernels of a format.
+pub(crate) fn gemm_names(f: &KernelFormat) -> [&'static str; 2] {
     GEMM_KERNELS
         .iter()
         .find(|(ty, _)| *ty == f.symbol)
@@ -493,10 +504,10 @@ fn gemm_name(f: &KernelFormat) -> &'static str {
 
 macro_rules! gemm_names {
     ($($s:literal),*) => {
-        [$(($s, concat!("gemm_", $s, "_f32"))),*]
+        [$(($s, [concat!("gemm_", $s, "_f32"), concat!("gemm_small_", $s, "_f32")])),*]
     };
 }
-const GEMM_KERNELS: [(&str, &str); 15] = gemm_names!(
+const GEMM_KERNELS: [(&str, [&str; 2]); 15] = gemm_names!(
     "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k",
     "q6_k", "iq4_nl", "iq4_xs"
 );

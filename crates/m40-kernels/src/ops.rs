@@ -1030,6 +1030,17 @@ mod tests {
         for f in KernelFormat::ALL {
             assert!(has(f.gemv), "{}", f.gemv);
             assert!(has(f.embed), "{}", f.embed);
+            for n in crate::attention::gemm_names(&f) {
+                assert!(has(n), "{n}");
+            }
+        }
+        for f in PackFormat::ALL {
+            for n in [f.gemv, f.gemm, f.gemm_small, f.embed]
+                .iter()
+                .chain(&f.gemv_batch)
+            {
+                assert!(has(n), "{n}");
+            }
         }
         for n in [
             "read_probe",

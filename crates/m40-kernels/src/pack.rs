@@ -27,8 +27,10 @@ pub struct PackFormat {
     /// `gemv_packed_{symbol}_f32_x{2,4,8}`: the same for up to that many
     /// tokens, each weight loaded once for all of them.
     pub gemv_batch: [&'static str; 3],
-    /// `gemm_packed_{symbol}_f32` (prefill, kernels/gemm.cu).
+    /// `gemm_packed_{symbol}_f32` (prefill, kernels/gemm.cu) and its
+    /// small-tile twin for prompts of at most 64 tokens.
     pub gemm: &'static str,
+    pub gemm_small: &'static str,
     /// `embed_packed_{symbol}_f32` (kernels/embed.cu).
     pub embed: &'static str,
     /// Weights and GGUF bytes per block.
@@ -55,6 +57,7 @@ macro_rules! pformat {
                 concat!("gemv_packed_", $sym, "_f32_x8"),
             ],
             gemm: concat!("gemm_packed_", $sym, "_f32"),
+            gemm_small: concat!("gemm_small_packed_", $sym, "_f32"),
             embed: concat!("embed_packed_", $sym, "_f32"),
             qk: $qk,
             block_bytes: $bytes,

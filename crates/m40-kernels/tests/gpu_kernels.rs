@@ -570,7 +570,7 @@ fn graph_capture_replays_kernels() {
 
 /// gemm (prefill matmul, dequantizing in the tile loader) against the CPU
 /// dequantization in f64, for every format, with and without accumulation,
-/// on shapes that are not multiples of the 64 x 64 tile.
+/// through both tiles, on shapes that are not multiples of either.
 /// One GEMM case: random weights of `ty` (n x kk), X (m x kk); `launch`
 /// gets the uploaded weights (`prepare` turns the GGUF bytes into what the
 /// kernel reads), X, Y (poisoned, or holding y0 when accumulating) and the
@@ -626,11 +626,26 @@ fn gemm_every_format_matches_cpu() {
     let Some((_dev, s, k, mut rng)) = setup("gemm_every_format_matches_cpu") else {
         return;
     };
-    let shapes = |qk: usize| -> [(usize, usize, usize); 4] {
+    // Up to 64 tokens run the 64 x 64 tile, more the 128 x 128 one.
+    let shapes = |qk: usize| -> [(usize, usize, usize); 6] {
         if qk == 256 {
-            [(1, 1, 256), (2, 67, 512), (65, 130, 768), (200, 64, 256)]
+            [
+                (1, 1, 256),
+                (2, 67, 512),
+                (40, 200, 256),
+                (65, 130, 768),
+                (200, 64, 256),
+                (150, 300, 256),
+            ]
         } else {
-            [(1, 1, 32), (2, 67, 96), (65, 130, 256), (200, 64, 1024)]
+            [
+                (1, 1, 32),
+                (2, 67, 96),
+                (40, 200, 64),
+                (65, 130, 256),
+                (200, 64, 1024),
+                (150, 300, 96),
+            ]
         }
     };
     for f in KernelFormat::ALL {
