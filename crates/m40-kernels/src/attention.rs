@@ -21,7 +21,8 @@ const GEMM_TILE: (usize, usize) = (128, 128);
 const GEMM_SMALL_TILE: (usize, usize) = (64, 64);
 const GEMM_THREADS: u32 = 256;
 /// Tokens up to which the small tile runs (the large one would mostly
-/// compute rows of zeros).
+/// compute rows of zeros); matrices too small to give the large tile one
+/// block per two SMs take it too.
 const GEMM_SMALL_MAX_M: usize = 64;
 
 /// The shape of an attention launch: `n_tok` query tokens at positions
@@ -253,7 +254,12 @@ impl Kernels {
         if !x.is_aligned(16) {
             return Err(shape(K, "x must start at a multiple of 16 bytes".into()));
         }
-        let (name, (bm, bn)) = if m <= GEMM_SMALL_MAX_M {
+        // The large tile where it gives at least one block per two SMs
+        // (one runs per SM): on an H100, SmolLM2's 576-row matrices made 20
+        // large blocks for 132 SMs, and pp512 fell from 46k to 34k tokens/s.
+        let large_blocks = n.div_ceil(GEMM_TILE.1) * m.div_ceil(GEMM_TILE.0);
+        let sms = self.device().info().sm_count.max(1) as usize;
+        let (name, (bm, bn)) = if m <= GEMM_SMALL_MAX_M || 2 * large_blocks < sms {
             (w.kernels[1], GEMM_SMALL_TILE)
         } else {
             (w.kernels[0], GEMM_TILE)
