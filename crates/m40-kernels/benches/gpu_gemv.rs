@@ -313,10 +313,7 @@ fn batched(s: &Stream, k: &Kernels, big: &DeviceBuffer<u8>, l2_bytes: usize, cei
             let views = weight_copies(big, wbytes, l2_bytes);
             let copies = views.len();
             for m in [1usize, 2, 4, 8, 16] {
-                let xs: Vec<f32> = (0..m * cols)
-                    .map(|i| ((i * 7919) % 2003) as f32 / 1001.0 - 1.0)
-                    .collect();
-                let x = s.upload(&xs, "x").expect("upload");
+                let x = activations(s, m * cols);
                 let xv = x.view();
                 let mut y = s.alloc::<f32>(m * rows, "y").expect("alloc");
                 let mut run = |gemv: bool| {
@@ -377,10 +374,7 @@ fn prefill(s: &Stream, k: &Kernels, big: &DeviceBuffer<u8>, l2_bytes: usize) {
         ] {
             let views = weight_copies(big, f.packed_bytes(rows, cols), l2_bytes);
             let copies = views.len();
-            let xs: Vec<f32> = (0..m * cols)
-                .map(|i| ((i * 7919) % 2003) as f32 / 1001.0 - 1.0)
-                .collect();
-            let x = s.upload(&xs, "x").expect("upload");
+            let x = activations(s, m * cols);
             let xv = x.view();
             let mut y = s.alloc::<f32>(m * rows, "y").expect("alloc");
             let ms = replay_ms(s, |s, i| {
@@ -418,8 +412,8 @@ fn weight_copies(
 }
 
 /// Finite, varied activations of length `cols` (the weights are random bytes).
-fn activations(s: &Stream, cols: usize) -> DeviceBuffer<f32> {
-    let v: Vec<f32> = (0..cols)
+fn activations(s: &Stream, n: usize) -> DeviceBuffer<f32> {
+    let v: Vec<f32> = (0..n)
         .map(|i| ((i * 7919) % 2003) as f32 / 1001.0 - 1.0)
         .collect();
     s.upload(&v, "x").expect("upload")
