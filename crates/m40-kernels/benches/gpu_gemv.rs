@@ -411,7 +411,7 @@ fn weight_copies(
         .collect()
 }
 
-/// Finite, varied activations of length `cols` (the weights are random bytes).
+/// Finite, varied activations, `n` floats (the weights are random bytes).
 fn activations(s: &Stream, n: usize) -> DeviceBuffer<f32> {
     let v: Vec<f32> = (0..n)
         .map(|i| ((i * 7919) % 2003) as f32 / 1001.0 - 1.0)
