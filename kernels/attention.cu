@@ -26,7 +26,6 @@
 #include "quant.cuh"
 
 #define ATT_NEG_INF __int_as_float(0xff800000)
-#define KV_PAGE 32      // tokens per cache page (and keys per chunk)
 #define ATT_MAX_WARPS 8
 
 // k, v (n_tok, kv_dim) FP32 -> pools at positions pos[0] .. pos[0] + n_tok - 1
@@ -39,7 +38,7 @@ extern "C" __global__ void kv_append_f32(const float* k, const float* v, u16* kp
     for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (long long)gridDim.x * blockDim.x) {
         const int i = (int)(e / kv_dim), c = (int)(e % kv_dim);
         const int p = start + i;
-        const long long at = ((long long)table[p / KV_PAGE] * KV_PAGE + p % KV_PAGE) * kv_dim + c;
+        const long long at = kv_row(table, p) * kv_dim + c;
         kpool[at] = f2h(k[e]);
         vpool[at] = f2h(v[e]);
     }

@@ -23,6 +23,15 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
     return v;
 }
 
+// Tokens per page of the paged KV cache (attention.cu describes the pools):
+// position p of a sequence is row (table[p / KV_PAGE] * KV_PAGE + p %
+// KV_PAGE) of its pool.
+#define KV_PAGE 32
+
+__device__ __forceinline__ long long kv_row(const int* table, int p) {
+    return (long long)table[p / KV_PAGE] * KV_PAGE + p % KV_PAGE;
+}
+
 // Where a matmul's output row r of token m goes when its weight rows are up
 // to three matrices stacked (fused Q/K/V, gate/up): rows [0, r1) to y0,
 // [r1, r2) to y1, [r2, n) to y2, each part (tokens, its rows) row-major.

@@ -20,17 +20,17 @@
 // would pick) is off by ~1e-3; sincos on the double of the same FP32 theta
 // matches the CPU reference's sin_cos. One per (token, pair, block) is cheap
 // even at sm_52's FP64 rate.
+#include "common.cuh"
+#include "quant.cuh"
+
 #define ROPE_THREADS 256
 #define ROPE_MAX_HALF 128  // head_dim <= 256
 
-template <bool NEOX>
-__device__ __forceinline__ void rope(float* x, int n_head, float* x2, int n_head2, const int* pos,
-                                     const float* inv_freq, int head_dim, int n_rot, float pos_scale) {
-    __shared__ float cs[2][ROPE_MAX_HALF];
-    const int t = blockIdx.x;
-    const int half = n_rot / 2;
-    const int hpb = max(1, ROPE_THREADS / half);
-    const float p = (float)pos[t] * pos_scale;
+// The sin/cos of token position p's pairs into the block's table cs, then
+// a barrier.
+__device__ __forceinline__ void rope_table(float (*cs)[ROPE_MAX_HALF], int pos, const float* inv_freq, int half,
+                                           float pos_scale) {
+    const float p = (float)pos * pos_scale;
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         const float theta = p * inv_freq[i];
         double sd, cd;
@@ -39,13 +39,31 @@ __device__ __forceinline__ void rope(float* x, int n_head, float* x2, int n_head
         cs[1][i] = (float)cd;
     }
     __syncthreads();
+}
+
+// The dimensions (a, b) of pair i < n_rot / 2.
+template <bool NEOX>
+__device__ __forceinline__ void rope_pair(int i, int half, int* a, int* b) {
+    *a = NEOX ? i : 2 * i;
+    *b = NEOX ? i + half : 2 * i + 1;
+}
+
+template <bool NEOX>
+__device__ __forceinline__ void rope(float* x, int n_head, float* x2, int n_head2, const int* pos,
+                                     const float* inv_freq, int head_dim, int n_rot, float pos_scale) {
+    __shared__ float cs[2][ROPE_MAX_HALF];
+    const int t = blockIdx.x;
+    const int half = n_rot / 2;
+    const int hpb = max(1, ROPE_THREADS / half);
+    rope_table(cs, pos[t], inv_freq, half, pos_scale);
     const int h_end = min(n_head + n_head2, (blockIdx.y + 1) * hpb);
     for (int e = blockIdx.y * hpb * half + threadIdx.x; e < h_end * half; e += blockDim.x) {
         const int h = e / half, i = e % half;
         float* xh = h < n_head ? x + ((long long)t * n_head + h) * head_dim
                                : x2 + ((long long)t * n_head2 + (h - n_head)) * head_dim;
         const float s = cs[0][i], c = cs[1][i];
-        const int a = NEOX ? i : 2 * i, b = NEOX ? i + half : 2 * i + 1;
+        int a, b;
+        rope_pair<NEOX>(i, half, &a, &b);
         const float x0 = xh[a], x1 = xh[b];
         xh[a] = x0 * c - x1 * s;
         xh[b] = x0 * s + x1 * c;
@@ -60,4 +78,69 @@ extern "C" __global__ void rope_norm_f32(float* x, int n_head, float* x2, int n_
 extern "C" __global__ void rope_neox_f32(float* x, int n_head, float* x2, int n_head2, const int* pos,
                                          const float* inv_freq, int head_dim, int n_rot, float pos_scale) {
     rope<true>(x, n_head, x2, n_head2, pos, inv_freq, head_dim, n_rot, pos_scale);
+}
+
+// RoPE of the queries in place and of the keys on their way into the paged
+// FP16 KV cache, with the values beside them: one launch where rope_qk and
+// kv_append_f32 (attention.cu) took two. q (n_tok, n_head, head_dim) FP32,
+// roped in place; k, v (n_tok, n_head_kv, head_dim) FP32, read only; token
+// t goes to pool row kv_row(table, pos[t]). Grid (n_tok, ceil((n_head +
+// n_head_kv) / hpb)), block ROPE_THREADS, hpb = max(1, ROPE_THREADS /
+// (head_dim / 2)): each thread takes one pair of dimensions of one head
+// (the rotated pairs first, then the pass-through dimensions from n_rot
+// up, two by two); a K head's thread also moves the same two dimensions of
+// V.
+template <bool NEOX>
+__device__ __forceinline__ void rope_kv(float* q, int n_head, const float* k, const float* v, int n_head_kv,
+                                        const int* pos, const float* inv_freq, int head_dim, int n_rot,
+                                        float pos_scale, u16* kpool, u16* vpool, const int* table) {
+    __shared__ float cs[2][ROPE_MAX_HALF];
+    const int t = blockIdx.x;
+    const int half = n_rot / 2, slots = head_dim / 2;
+    const int hpb = max(1, ROPE_THREADS / slots);
+    const int p = pos[t];
+    rope_table(cs, p, inv_freq, half, pos_scale);
+    const long long row = kv_row(table, p) * n_head_kv * head_dim;
+    const int h_end = min(n_head + n_head_kv, (blockIdx.y + 1) * hpb);
+    for (int e = blockIdx.y * hpb * slots + threadIdx.x; e < h_end * slots; e += blockDim.x) {
+        const int h = e / slots, i = e % slots;
+        int a, b;
+        if (i < half) {
+            rope_pair<NEOX>(i, half, &a, &b);
+        } else {
+            a = n_rot + 2 * (i - half), b = a + 1;
+        }
+        if (h < n_head) {
+            if (i >= half) continue;  // pass-through: stays as it is
+            float* xh = q + ((long long)t * n_head + h) * head_dim;
+            const float s = cs[0][i], c = cs[1][i];
+            const float x0 = xh[a], x1 = xh[b];
+            xh[a] = x0 * c - x1 * s;
+            xh[b] = x0 * s + x1 * c;
+        } else {
+            const int kh = h - n_head;
+            const long long src = ((long long)t * n_head_kv + kh) * head_dim;
+            float x0 = k[src + a], x1 = k[src + b];
+            if (i < half) {
+                const float s = cs[0][i], c = cs[1][i];
+                const float r0 = x0 * c - x1 * s, r1 = x0 * s + x1 * c;
+                x0 = r0, x1 = r1;
+            }
+            const long long dst = row + (long long)kh * head_dim;
+            kpool[dst + a] = f2h(x0);
+            kpool[dst + b] = f2h(x1);
+            vpool[dst + a] = f2h(v[src + a]);
+            vpool[dst + b] = f2h(v[src + b]);
+        }
+    }
+}
+
+#define ROPE_KV_ARGS                                                                                         \
+    float *q, int n_head, const float *k, const float *v, int n_head_kv, const int *pos, const float *inv_freq, \
+        int head_dim, int n_rot, float pos_scale, u16 *kpool, u16 *vpool, const int *table
+extern "C" __global__ void rope_kv_norm_f32(ROPE_KV_ARGS) {
+    rope_kv<false>(q, n_head, k, v, n_head_kv, pos, inv_freq, head_dim, n_rot, pos_scale, kpool, vpool, table);
+}
+extern "C" __global__ void rope_kv_neox_f32(ROPE_KV_ARGS) {
+    rope_kv<true>(q, n_head, k, v, n_head_kv, pos, inv_freq, head_dim, n_rot, pos_scale, kpool, vpool, table);
 }

@@ -5,10 +5,15 @@
 // the seeded draw on those k (crates/m40-runtime/src/sampling.rs), in the
 // same f64 arithmetic as the CPU path, so both pick the same token.
 //
-// Layout: logits (n_vocab) FP32, penalized in place; pen (n_pen, 2) int32:
-// distinct token ids and their counts in the penalty window; out (2k): the
-// k ids, then the bits of their logits (one buffer: one copy to the host).
-// Launch: grid 1, block SAMPLE_THREADS, k <= SAMPLE_MAX_K and k <= n_vocab.
+// Layout: logits (n_vocab) FP32, penalized in place; args (SAMPLE_ARGS +
+// 2 pen_cap) int32: n_pen, k, the bits of the FP32 repeat, frequency and
+// presence penalties, padding, then n_pen (id, count) pairs: distinct token
+// ids and their counts in the penalty window. The arguments live in device
+// memory so that a captured decode step selects with each step's own; the
+// kernel clamps n_pen to 0 ..= pen_cap and k to 1 ..= k_cap (k_cap <=
+// SAMPLE_MAX_K, n_vocab and out's length / 2, checked by the launcher).
+// out (2k): the k ids, then the bits of their logits (one buffer: one copy
+// to the host). Launch: grid 1, block SAMPLE_THREADS.
 //
 // How: the logits map to unsigned keys that order like floats (IEEE total
 // order, as Rust's total_cmp). A radix select (4 passes of 8 bits, each a
@@ -28,6 +33,7 @@
 
 #define SAMPLE_THREADS 1024
 #define SAMPLE_MAX_K 1024
+#define SAMPLE_ARGS 8
 
 __device__ __forceinline__ u32 order_key(float f) {
     const u32 b = __float_as_uint(f);
@@ -92,8 +98,7 @@ __device__ __forceinline__ void for_each_logit(const float* logits, int n, F f) 
 }
 
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1)
-    select_top_k_f32(float* logits, int n_vocab, const int* pen, int n_pen, float repeat, float freq,
-                     float presence, int k, int* out) {
+    select_top_k_f32(float* logits, int n_vocab, const int* args, int pen_cap, int k_cap, int* out) {
     __shared__ u32 hist[256];
     __shared__ u32 s_need, s_bin, s_count, s_n;
     __shared__ u32 cand_key[SAMPLE_MAX_K];
@@ -101,6 +106,10 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1)
     __shared__ float red_v[32];
     __shared__ int red_i[32];
     const int tid = threadIdx.x;
+    const int n_pen = min(max(args[0], 0), pen_cap), k = min(max(args[1], 1), k_cap);
+    const float repeat = __int_as_float(args[2]), freq = __int_as_float(args[3]),
+                presence = __int_as_float(args[4]);
+    const int* pen = args + SAMPLE_ARGS;
 
     for (int i = tid; i < n_pen; i += blockDim.x) {
         const int id = pen[2 * i], c = pen[2 * i + 1];

@@ -28,7 +28,7 @@ pub use ops::{
     GemvPlan, PackedMatrix, QMatrix, RopeParams, RopeStyle, RowSplit, PACKED_GEMV_MAX_TOKENS,
 };
 pub use pack::{pack_gemv, PackFormat, PACK_ROWS};
-pub use sample::{Penalties, SELECT_MAX_K};
+pub use sample::{select_args, Penalties, SELECT_ARGS, SELECT_MAX_K};
 
 /// Shared memory a block may use on sm_52 (and without opt-in on any GPU).
 pub const MAX_SHARED_PER_BLOCK: usize = 48 * 1024;

@@ -10,6 +10,8 @@ use crate::Kernels;
 
 /// The most candidates one selection returns (`SAMPLE_MAX_K`).
 pub const SELECT_MAX_K: usize = 1024;
+/// Ints before the penalty pairs in a selection's arguments (`SAMPLE_ARGS`).
+pub const SELECT_ARGS: usize = 8;
 /// Threads of the selection block (`SAMPLE_THREADS`).
 const SAMPLE_THREADS: u32 = 1024;
 
@@ -23,56 +25,75 @@ pub struct Penalties {
     pub presence: f32,
 }
 
+/// A selection's arguments as [`Kernels::select_top_k`] reads them from
+/// device memory: n_pen, k, the bits of the three penalties, padding to
+/// [`SELECT_ARGS`], then the (id, count) pairs `pen` (ids distinct).
+pub fn select_args(k: usize, p: Penalties, pen: &[(u32, u32)]) -> Vec<i32> {
+    let mut v = Vec::with_capacity(SELECT_ARGS + 2 * pen.len());
+    v.extend([
+        pen.len().min(i32::MAX as usize) as i32,
+        k.min(i32::MAX as usize) as i32,
+        p.repeat.to_bits() as i32,
+        p.frequency.to_bits() as i32,
+        p.presence.to_bits() as i32,
+    ]);
+    v.resize(SELECT_ARGS, 0);
+    v.extend(pen.iter().flat_map(|&(id, c)| {
+        [
+            id.min(i32::MAX as u32) as i32,
+            c.min(i32::MAX as u32) as i32,
+        ]
+    }));
+    v
+}
+
 impl Kernels {
-    /// Penalize `logits[..n_vocab]` in place for the tokens of `pen`
-    /// ((id, count) pairs, ids distinct; `n_pen` of them), then write the
-    /// `k` highest logits, sorted (logit descending, id ascending on ties;
-    /// IEEE total order): their ids to `out[..k]` and the bits of their
-    /// logits to `out[k..2k]` (one buffer, one copy). k = 1 is argmax.
-    #[allow(clippy::too_many_arguments)]
+    /// Penalize `logits[..n_vocab]` in place, then write the k highest
+    /// logits, sorted (logit descending, id ascending on ties; IEEE total
+    /// order): their ids to `out[..k]` and the bits of their logits to
+    /// `out[k..2k]` (one buffer, one copy). k = 1 is argmax. k, the
+    /// penalties and their pairs are read on the device from `args` (see
+    /// [`select_args`]), so a captured graph selects with each replay's
+    /// own; the kernel clamps k to 1 ..= `k_max` and the pairs to what
+    /// `args` holds.
     pub fn select_top_k(
         &self,
         stream: &Stream,
         logits: &mut DeviceBuffer<f32>,
         n_vocab: usize,
-        pen: &DeviceView<'_, i32>,
-        n_pen: usize,
-        p: Penalties,
-        k: usize,
+        args: &DeviceView<'_, i32>,
+        k_max: usize,
         out: &mut DeviceBuffer<i32>,
     ) -> Result<()> {
         const K: &str = "select_top_k_f32";
-        if k == 0 || k > SELECT_MAX_K || k > n_vocab {
+        if k_max == 0 || k_max > SELECT_MAX_K || k_max > n_vocab {
             return Err(shape(
                 K,
-                format!("k = {k}: must be 1 ..= {SELECT_MAX_K} and at most the {n_vocab} tokens"),
+                format!(
+                    "k = {k_max}: must be 1 ..= {SELECT_MAX_K} and at most the {n_vocab} tokens"
+                ),
             ));
         }
         check_len(K, "logits", logits.len(), n_vocab)?;
-        check_len(K, "penalties", pen.len(), 2 * n_pen)?;
-        check_len(K, "out", out.len(), 2 * k)?;
+        check_len(K, "args", args.len(), SELECT_ARGS)?;
+        check_len(K, "out", out.len(), 2 * k_max)?;
         let kernel = self.kernel("sample", K)?;
-        let (nv, np, ki) = (
-            to_i32(K, "n_vocab", n_vocab)?,
-            to_i32(K, "n_pen", n_pen)?,
-            k as i32,
-        );
-        // SAFETY: select_top_k_f32(float* logits, int n_vocab, const int* pen, int n_pen,
-        // float repeat, float freq, float presence, int k, int* out_ids, float* out_logits):
-        // one block reads and writes logits[..n_vocab], reads pen[..2*n_pen], writes
-        // out_ids[..k] and out_logits[..k] (k <= SAMPLE_MAX_K, the shared arrays);
-        // lengths checked above.
+        let nv = to_i32(K, "n_vocab", n_vocab)?;
+        let pen_cap = to_i32(K, "penalties", (args.len() - SELECT_ARGS) / 2)?;
+        let k_cap = k_max as i32;
+        // SAFETY: select_top_k_f32(float* logits, int n_vocab, const int* args,
+        // int pen_cap, int k_cap, int* out): one block reads and writes
+        // logits[..n_vocab], reads args[..SELECT_ARGS + 2 * pen_cap] (n_pen
+        // clamped to pen_cap), writes out[..2k] with k clamped to k_cap
+        // (<= SAMPLE_MAX_K, the shared arrays); lengths checked above.
         unsafe {
             stream
                 .launch(&kernel)
                 .buf_mut(logits)
                 .scalar(&nv)
-                .view(pen)
-                .scalar(&np)
-                .scalar(&p.repeat)
-                .scalar(&p.frequency)
-                .scalar(&p.presence)
-                .scalar(&ki)
+                .view(args)
+                .scalar(&pen_cap)
+                .scalar(&k_cap)
                 .buf_mut(out)
                 .run(cfg((1, 1, 1), SAMPLE_THREADS))?
         };

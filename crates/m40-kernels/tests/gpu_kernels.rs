@@ -12,8 +12,9 @@ use m40_device::testing::test_device;
 use m40_device::{Device, DeviceBuffer, DeviceView, Stream};
 use m40_gguf::GgmlType;
 use m40_kernels::{
-    pack_gemv, KernelError, KernelFormat, Kernels, PackFormat, PackedMatrix, Penalties, QMatrix,
-    RopeParams, RopeStyle, RowSplit, PACKED_GEMV_MAX_TOKENS,
+    pack_gemv, select_args, KernelError, KernelFormat, Kernels, PackFormat, PackedMatrix,
+    Penalties, QMatrix, RopeParams, RopeStyle, RowSplit, PACKED_GEMV_MAX_TOKENS, SELECT_ARGS,
+    SELECT_MAX_K,
 };
 use m40_model::cpu::ops;
 
@@ -361,6 +362,118 @@ fn rope_both_styles_match_cpu() {
             check(&format!("{what} qk: k ({n_kv} heads)"), &gk, &kwant, |_| {
                 2e-6 * 2.0 + 1e-7
             });
+        }
+    }
+}
+
+/// RoPE of Q in place and of K into the paged FP16 cache with V, in one
+/// launch: q against the CPU rope, the pools against the FP16 of the CPU's
+/// roped K (within one FP16 step: the FP32 rotations may round apart) and
+/// of V (exact) at the pages of a shuffled table; every other pool row
+/// keeps its poison.
+#[test]
+fn rope_kv_append_matches_cpu() {
+    let Some((_dev, s, k, mut rng)) = setup("rope_kv_append_matches_cpu") else {
+        return;
+    };
+    use m40_gguf::RopeStyle as Cpu;
+    use m40_kernels::KV_PAGE;
+    for (style, cpu_style) in [
+        (RopeStyle::Normal, Cpu::Normal),
+        (RopeStyle::Neox, Cpu::Neox),
+    ] {
+        // (n_tok, n_head, n_kv, head_dim, n_rot, start)
+        let cases: [(usize, usize, usize, usize, usize, usize); 6] = [
+            (1, 32, 8, 128, 128, 4000),
+            (1, 9, 3, 64, 64, 31),
+            (17, 4, 4, 64, 32, 0),
+            (40, 14, 2, 64, 64, 100),
+            (3, 5, 1, 256, 256, 62),
+            (5, 8, 2, 80, 48, 7),
+        ];
+        for (n_tok, n_head, n_kv, hd, n_rot, start) in cases {
+            let rope = ops::Rope::new(cpu_style, n_rot, 10000.0, 1.0, None);
+            let kv_dim = n_kv * hd;
+            let pages = (start + n_tok).div_ceil(KV_PAGE);
+            let pool_pages = pages + 2;
+            let mut ids: Vec<i32> = (0..pool_pages as i32).collect();
+            for i in (1..ids.len()).rev() {
+                ids.swap(i, rng.below(i + 1));
+            }
+            let table: Vec<i32> = ids[..pages].to_vec();
+            let q = rng.vec(n_tok * n_head * hd, -2.0, 2.0);
+            let kx = rng.vec(n_tok * kv_dim, -2.0, 2.0);
+            let vx = rng.vec(n_tok * kv_dim, -2.0, 2.0);
+            let pos: Vec<i32> = (0..n_tok).map(|t| (start + t) as i32).collect();
+            let (mut want_q, mut want_k) = (q.clone(), kx.clone());
+            for t in 0..n_tok {
+                let p = start + t;
+                rope.apply(&mut want_q[t * n_head * hd..][..n_head * hd], hd, p);
+                rope.apply(&mut want_k[t * kv_dim..][..kv_dim], hd, p);
+            }
+            let mut qg = s.upload(&q, "q").unwrap();
+            let kg = s.upload(&kx, "k").unwrap();
+            let vg = s.upload(&vx, "v").unwrap();
+            let pg = s.upload(&pos, "pos").unwrap();
+            let tg = s.upload(&table, "table").unwrap();
+            let fg = s.upload(&rope.inv_freq, "inv_freq").unwrap();
+            let mut kpool = s.alloc::<u16>(pool_pages * KV_PAGE * kv_dim, "kp").unwrap();
+            let mut vpool = s.alloc::<u16>(pool_pages * KV_PAGE * kv_dim, "vp").unwrap();
+            s.fill_bytes(&mut kpool, 0xFF).unwrap();
+            s.fill_bytes(&mut vpool, 0xFF).unwrap();
+            let p = RopeParams {
+                style,
+                n_head,
+                head_dim: hd,
+                n_rot,
+                pos_scale: rope.pos_scale,
+            };
+            k.rope_kv_append(
+                &s,
+                &mut qg,
+                &kg.view(),
+                &vg.view(),
+                n_kv,
+                &pg.view(),
+                &fg.view(),
+                &p,
+                &mut kpool,
+                &mut vpool,
+                &tg.view(),
+                start,
+            )
+            .unwrap();
+            let what =
+                format!("rope_kv {style:?} {n_tok}x{n_head}/{n_kv}x{hd} rot {n_rot} at {start}");
+            let got_q = s.download(&qg).unwrap();
+            check(&format!("{what}: q"), &got_q, &want_q, |_| {
+                2e-6 * 2.0 + 1e-7
+            });
+            let (kp, vp) = (s.download(&kpool).unwrap(), s.download(&vpool).unwrap());
+            let mut rows = vec![None; pool_pages * KV_PAGE];
+            for t in 0..n_tok {
+                let p = start + t;
+                rows[table[p / KV_PAGE] as usize * KV_PAGE + p % KV_PAGE] = Some(t);
+            }
+            for (r, tok) in rows.iter().enumerate() {
+                for c in 0..kv_dim {
+                    let (gk, gv) = (kp[r * kv_dim + c], vp[r * kv_dim + c]);
+                    let Some(t) = *tok else {
+                        assert_eq!((gk, gv), (0xFFFF, 0xFFFF), "{what}: pool row {r} written");
+                        continue;
+                    };
+                    let wk = half::f16::from_f32(want_k[t * kv_dim + c]);
+                    let wv = half::f16::from_f32(vx[t * kv_dim + c]).to_bits();
+                    let gkf = half::f16::from_bits(gk).to_f32();
+                    let step = (wk.to_f32().abs() * 2f32.powi(-10)).max(2f32.powi(-24));
+                    assert!(
+                        (gkf - wk.to_f32()).abs() <= step,
+                        "{what}: k token {t} dim {c}: {gkf} want {}",
+                        wk.to_f32()
+                    );
+                    assert_eq!(gv, wv, "{what}: v token {t} dim {c}");
+                }
+            }
         }
     }
 }
@@ -1119,10 +1232,6 @@ fn select_top_k_matches_cpu() {
                 frequency: rng.uniform(0.0, 0.3),
                 presence: rng.uniform(0.0, 0.3),
             };
-            let flat: Vec<i32> = pen
-                .iter()
-                .flat_map(|&(i, c)| [i as i32, c as i32])
-                .collect();
             for kk in [1usize, 2, 40, 1000, 1024] {
                 if kk > n_vocab {
                     continue;
@@ -1130,10 +1239,19 @@ fn select_top_k_matches_cpu() {
                 let mut want_l = logits.clone();
                 let want = select_reference(&mut want_l, &pen, p, kk);
                 let mut lg = s.upload(&logits, "logits").unwrap();
-                let pg = s.upload(&flat, "pen").unwrap();
-                let mut out = s.alloc::<i32>(2 * kk, "out").unwrap();
+                // Room for more pairs than given: the kernel reads n_pen.
+                let mut args = select_args(kk, p, &pen);
+                args.resize(args.len() + 2 * rng.below(8), -1);
+                let ag = s.upload(&args, "args").unwrap();
+                // k_max above k (the kernel reads k), or exactly k.
+                let k_max = if style == 0 {
+                    SELECT_MAX_K.min(n_vocab)
+                } else {
+                    kk
+                };
+                let mut out = s.alloc::<i32>(2 * k_max, "out").unwrap();
                 s.fill_bytes(&mut out, 0xFF).unwrap();
-                k.select_top_k(&s, &mut lg, n_vocab, &pg.view(), n_pen, p, kk, &mut out)
+                k.select_top_k(&s, &mut lg, n_vocab, &ag.view(), k_max, &mut out)
                     .unwrap();
                 let what = format!("select n_vocab {n_vocab} style {style} k {kk}");
                 let got = s.download(&out).unwrap();
@@ -1141,7 +1259,7 @@ fn select_top_k_matches_cpu() {
                 assert_eq!(got_ids, want, "{what}: ids");
                 let want_top: Vec<u32> =
                     want.iter().map(|&i| want_l[i as usize].to_bits()).collect();
-                let got_top: Vec<u32> = got[kk..].iter().map(|&b| b as u32).collect();
+                let got_top: Vec<u32> = got[kk..2 * kk].iter().map(|&b| b as u32).collect();
                 assert_eq!(got_top, want_top, "{what}: logits");
                 let got_l = s.download(&lg).unwrap();
                 assert!(
@@ -1156,18 +1274,30 @@ fn select_top_k_matches_cpu() {
         }
     }
     eprintln!("select_top_k: {cases} cases, ids and logits bit-exact");
-    // k out of range is refused.
+    // k_max out of range is refused.
     let mut lg = s.alloc::<f32>(10, "l").unwrap();
-    let pg = s.alloc::<i32>(2, "p").unwrap();
+    let ag = s.upload(&select_args(1, p0(), &[]), "a").unwrap();
     let mut out = s.alloc::<i32>(4096, "o").unwrap();
-    let p = Penalties {
+    for bad in [0, 11, 2048] {
+        assert!(k
+            .select_top_k(&s, &mut lg, 10, &ag.view(), bad, &mut out)
+            .is_err());
+    }
+    // Arguments too short for their header, or out too short for k_max.
+    let short = s.alloc::<i32>(SELECT_ARGS - 1, "a").unwrap();
+    assert!(k
+        .select_top_k(&s, &mut lg, 10, &short.view(), 1, &mut out)
+        .is_err());
+    let mut small = s.alloc::<i32>(3, "o").unwrap();
+    assert!(k
+        .select_top_k(&s, &mut lg, 10, &ag.view(), 2, &mut small)
+        .is_err());
+}
+
+fn p0() -> Penalties {
+    Penalties {
         repeat: 1.0,
         frequency: 0.0,
         presence: 0.0,
-    };
-    for bad in [0, 11, 2048] {
-        assert!(k
-            .select_top_k(&s, &mut lg, 10, &pg.view(), 0, p, bad, &mut out)
-            .is_err());
     }
 }

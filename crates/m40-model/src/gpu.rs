@@ -26,9 +26,9 @@ use m40_device::{Device, DeviceBuffer, DeviceView, Stream};
 use m40_gguf::hparams::{RopeStyle as GgufRope, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
 use m40_gguf::{GgmlType, HyperParams};
 use m40_kernels::{
-    pack_gemv, AttnPlan, AttnScratch, AttnShape, KernelFormat, Kernels, PackFormat, PackedMatrix,
-    Penalties, QMatrix, RopeParams, RopeStyle, RowSplit, KV_PAGE, MAX_HEAD_DIM, PACK_ROWS,
-    SELECT_MAX_K,
+    pack_gemv, select_args, AttnPlan, AttnScratch, AttnShape, KernelFormat, Kernels, PackFormat,
+    PackedMatrix, Penalties, QMatrix, RopeParams, RopeStyle, RowSplit, KV_PAGE, MAX_HEAD_DIM,
+    PACK_ROWS, SELECT_ARGS, SELECT_MAX_K,
 };
 
 use crate::cpu::ops::Rope;
@@ -69,8 +69,14 @@ impl Default for GpuOptions {
     }
 }
 
-/// Penalty pairs the token selection holds before growing its buffer.
-const SEL_PENALTIES: usize = 256;
+/// A token selection to run after a step's logits: its encoded arguments
+/// (`select_args`) and k; the k ids and the bits of their logits land in
+/// `out`.
+struct Select<'a> {
+    args: &'a [i32],
+    k: usize,
+    out: &'a mut Vec<i32>,
+}
 
 /// Rows of logits computed per output matmul when all are asked for.
 const LOGIT_ROWS: usize = 64;
@@ -164,8 +170,9 @@ struct Layer {
 
 /// Activations for `max_batch` tokens, and the attention split scratch.
 struct Workspace {
-    /// A step's inputs: token ids (max_batch), positions (max_batch), then
-    /// the block table (the pool's page count), uploaded in one copy.
+    /// A step's inputs: token ids (max_batch), positions (max_batch), the
+    /// block table (the pool's page count), then a selection's arguments
+    /// (SELECT_ARGS + 2 n_vocab: see `select_args`), uploaded in one copy.
     inputs: DeviceBuffer<i32>,
     x: DeviceBuffer<f32>,
     h: DeviceBuffer<f32>,
@@ -179,9 +186,7 @@ struct Workspace {
     gate: DeviceBuffer<f32>,
     up: DeviceBuffer<f32>,
     logits: DeviceBuffer<f32>,
-    /// Token selection: the penalty pairs (grown on demand), the k ids and
-    /// the bits of their logits.
-    sel_pen: DeviceBuffer<i32>,
+    /// Token selection: the k ids and the bits of their logits.
     sel_out: DeviceBuffer<i32>,
     part: DeviceBuffer<f32>,
     part_ml: DeviceBuffer<f32>,
@@ -216,8 +221,8 @@ struct Pools {
 struct State {
     work: Workspace,
     pools: Pools,
-    /// The captured decode step, once built.
-    graph: Option<m40_device::Graph>,
+    /// The captured decode steps, once built: [logits, logits + selection].
+    graphs: [Option<m40_device::Graph>; 2],
 }
 
 /// The GPU backend over one model on one device.
@@ -318,13 +323,13 @@ pub fn memory_needed(model: &Model, opts: &GpuOptions) -> (u64, u64, u64) {
     );
     // x, h, q, att, k, v, gate, up per token; GEMV_TOKENS tokens' projections;
     // LOGIT_ROWS rows of logits; the step inputs (ids, positions, block
-    // table); the token selection's penalties and results.
+    // table, a selection's arguments); the token selection's results.
     let work = 4
         * (b * (2 * d + 2 * q + 2 * kv_dim + 2 * ff + 2)
             + b.min(GEMV_TOKENS as u64) * d
             + LOGIT_ROWS as u64 * hp.n_vocab as u64
             + pages
-            + 2 * (SEL_PENALTIES + SELECT_MAX_K) as u64);
+            + (SELECT_ARGS + 2 * hp.n_vocab + 2 * SELECT_MAX_K) as u64);
     (weights, kv, work)
 }
 
@@ -497,7 +502,10 @@ impl GpuBackend {
         let q_dim = hp.n_head * hp.head_dim;
         let a = |n: usize, what: &str| stream.alloc::<f32>(n.max(1), what);
         let work = Workspace {
-            inputs: stream.alloc_zeroed::<i32>(2 * b + n_pages, "step inputs")?,
+            inputs: stream.alloc_zeroed::<i32>(
+                2 * b + n_pages + SELECT_ARGS + 2 * hp.n_vocab,
+                "step inputs",
+            )?,
             x: a(b * hp.n_embd, "activations")?,
             h: a(b * hp.n_embd, "activations")?,
             q: a(b * q_dim, "activations")?,
@@ -508,7 +516,6 @@ impl GpuBackend {
             gate: a(b * hp.n_ff, "activations")?,
             up: a(b * hp.n_ff, "activations")?,
             logits: a(LOGIT_ROWS * hp.n_vocab, "logits")?,
-            sel_pen: stream.alloc::<i32>(2 * SEL_PENALTIES, "sampling penalties")?,
             sel_out: stream.alloc::<i32>(2 * SELECT_MAX_K, "token selection")?,
             part: a(1, "attention scratch")?,
             part_ml: a(1, "attention scratch")?,
@@ -532,7 +539,7 @@ impl GpuBackend {
             state: Mutex::new(State {
                 work,
                 pools,
-                graph: None,
+                graphs: [None, None],
             }),
         })
     }
@@ -686,13 +693,15 @@ impl GpuBackend {
         Ok(())
     }
 
-    /// Upload a step's token ids, positions and block table (one copy).
+    /// Upload a step's token ids, positions, block table and a selection's
+    /// arguments (one copy).
     fn upload_inputs(
         &self,
         w: &mut Workspace,
         tokens: &[u32],
         start: usize,
         pages: &[u32],
+        sel: Option<&[i32]>,
     ) -> Result<()> {
         let b = self.max_batch;
         let mut v = vec![0i32; 2 * b + pages.len()];
@@ -703,7 +712,31 @@ impl GpuBackend {
         for (i, &p) in pages.iter().enumerate() {
             v[2 * b + i] = p as i32;
         }
+        if let Some(args) = sel {
+            v.resize(self.sel_at(), 0);
+            v.extend_from_slice(args);
+        }
         self.stream.copy_to_device(&v, &mut w.inputs)?;
+        Ok(())
+    }
+
+    /// Where a selection's arguments start in the step inputs.
+    fn sel_at(&self) -> usize {
+        2 * self.max_batch + self.n_pages
+    }
+
+    /// Select on the device from the logits in `w.logits` (row 0) with the
+    /// arguments uploaded with the step's inputs (capturable).
+    fn select(&self, w: &mut Workspace) -> Result<()> {
+        let args = w.inputs.slice(self.sel_at()..w.inputs.len())?;
+        self.kernels.select_top_k(
+            &self.stream,
+            &mut w.logits,
+            self.model.hparams().n_vocab,
+            &args,
+            self.select_max_k(),
+            &mut w.sel_out,
+        )?;
         Ok(())
     }
 
@@ -752,26 +785,19 @@ impl GpuBackend {
                 k.add_rows(s, &mut w.k, &bk.view(), n)?;
                 k.add_rows(s, &mut w.v, &bv.view(), n)?;
             }
-            k.rope_qk(
+            k.rope_kv_append(
                 s,
                 &mut w.q,
-                &mut w.k,
+                &w.k.slice(0..n * kv_dim)?,
+                &w.v.slice(0..n * kv_dim)?,
                 hp.n_head_kv,
                 &pos_v,
                 &self.inv_freq.view(),
                 &self.rope,
-            )?;
-            k.kv_append(
-                s,
-                &w.k.slice(0..n * kv_dim)?,
-                &w.v.slice(0..n * kv_dim)?,
                 &mut pools.k[l],
                 &mut pools.v[l],
                 &table,
-                &pos_v,
                 max_start,
-                n,
-                kv_dim,
             )?;
             k.attention(
                 s,
@@ -829,7 +855,8 @@ impl GpuBackend {
         Ok(())
     }
 
-    /// One step of at most max_batch tokens at positions start..start+n.
+    /// One step of at most max_batch tokens at positions start..start+n;
+    /// with `sel` (and `want` Last), the selection from the last logits.
     fn step(
         &self,
         st: &mut State,
@@ -837,6 +864,7 @@ impl GpuBackend {
         tokens: &[u32],
         want: Logits,
         mut out: Option<&mut Vec<f32>>,
+        sel: Option<Select<'_>>,
     ) -> Result<()> {
         let hp = self.model.hparams();
         let n = tokens.len();
@@ -849,17 +877,20 @@ impl GpuBackend {
                 });
             }
         }
+        debug_assert!(sel.is_none() || want == Logits::Last);
         self.reserve(cache, start + n)?;
         let State {
             work: w,
             pools,
-            graph,
+            graphs,
         } = st;
-        self.upload_inputs(w, tokens, start, &cache.pages)?;
+        self.upload_inputs(w, tokens, start, &cache.pages, sel.as_ref().map(|s| s.args))?;
         let n_vocab = hp.n_vocab;
-        let graphs = self.graphs.load(std::sync::atomic::Ordering::Relaxed);
-        if n == 1 && graphs && want != Logits::None {
-            // The captured decode step: attention split for the pool's capacity.
+        let use_graphs = self.graphs.load(std::sync::atomic::Ordering::Relaxed);
+        if n == 1 && use_graphs && want != Logits::None {
+            // The captured decode step: attention split for the pool's
+            // capacity; one graph with the selection, one without.
+            let graph = &mut graphs[sel.is_some() as usize];
             if graph.is_none() {
                 let max_start = self.n_pages * KV_PAGE - 1;
                 let shape = AttnShape {
@@ -871,8 +902,13 @@ impl GpuBackend {
                 };
                 let plan = AttnPlan::new(&shape, self.device().info().sm_count as usize);
                 self.scratch(w, &plan, &shape)?;
+                let selects = sel.is_some();
                 *graph = Some(self.stream.capture(|_| -> Result<()> {
-                    self.enqueue(w, pools, 1, max_start, plan, true)
+                    self.enqueue(w, pools, 1, max_start, plan, true)?;
+                    if selects {
+                        self.select(w)?;
+                    }
+                    Ok(())
                 })?);
             }
             let g = graph.as_ref().expect("captured above");
@@ -881,6 +917,9 @@ impl GpuBackend {
             // is held, and the scratch is never reallocated smaller).
             unsafe { g.launch()? };
             cache.len = start + 1;
+            if let Some(sel) = sel {
+                return self.fetch_selection(w, sel);
+            }
             if let Some(out) = out {
                 let at = out.len();
                 out.resize(at + n_vocab, 0.0);
@@ -915,6 +954,18 @@ impl GpuBackend {
                     .copy_to_host(&w.logits.slice(0..(r1 - r0) * n_vocab)?, &mut out[at..])?;
             }
         }
+        if let Some(sel) = sel {
+            self.select(w)?;
+            return self.fetch_selection(w, sel);
+        }
+        Ok(())
+    }
+
+    /// Copy a finished selection's k ids and logit bits to `sel.out`.
+    fn fetch_selection(&self, w: &Workspace, sel: Select<'_>) -> Result<()> {
+        sel.out.resize(2 * sel.k, 0);
+        self.stream
+            .copy_to_host(&w.sel_out.slice(0..2 * sel.k)?, sel.out)?;
         Ok(())
     }
 }
@@ -938,7 +989,7 @@ impl Backend for GpuBackend {
     fn forward(&self, cache: &mut GpuCache, tokens: &[u32], want: Logits) -> Result<Vec<f32>> {
         let mut st = lock(&self.state);
         let mut out = Vec::new();
-        self.run(&mut st, cache, tokens, want, Some(&mut out))?;
+        self.run(&mut st, cache, tokens, want, Some(&mut out), None)?;
         Ok(out)
     }
 
@@ -963,41 +1014,27 @@ impl Backend for GpuBackend {
         if tokens.is_empty() {
             return Err(ModelError::Unsupported("a selection without tokens".into()));
         }
-        let mut st = lock(&self.state);
-        self.run(&mut st, cache, tokens, Logits::Last, None)?;
-        let w = &mut st.work;
-        let (s, k) = (&self.stream, &self.kernels);
-        let pen: Vec<i32> = sel
+        let pen: Vec<(u32, u32)> = sel
             .penalties
             .iter()
-            .filter(|&&(id, _)| (id as usize) < n_vocab)
-            .flat_map(|&(id, c)| [id as i32, c.min(i32::MAX as u32) as i32])
+            .copied()
+            .filter(|&(id, _)| (id as usize) < n_vocab)
+            .take(n_vocab) // the inputs' room; ids are distinct
             .collect();
-        if w.sel_pen.len() < pen.len() {
-            w.sel_pen = s.alloc::<i32>(pen.len(), "sampling penalties")?;
-        }
-        if !pen.is_empty() {
-            s.copy_to_device(&pen, &mut w.sel_pen)?;
-        }
         let p = Penalties {
             repeat: sel.repeat,
             frequency: sel.frequency,
             presence: sel.presence,
         };
-        let pv = w.sel_pen.slice(0..pen.len())?;
-        k.select_top_k(
-            s,
-            &mut w.logits,
-            n_vocab,
-            &pv,
-            pen.len() / 2,
-            p,
-            sel.k,
-            &mut w.sel_out,
-        )?;
-        let mut out = vec![0i32; 2 * sel.k];
-        s.copy_to_host(&w.sel_out.slice(0..2 * sel.k)?, &mut out)?;
-        s.synchronize()?;
+        let args = select_args(sel.k, p, &pen);
+        let mut out = Vec::new();
+        let mut st = lock(&self.state);
+        let select = Select {
+            args: &args,
+            k: sel.k,
+            out: &mut out,
+        };
+        self.run(&mut st, cache, tokens, Logits::Last, None, Some(select))?;
         let (ids, bits) = out.split_at(sel.k);
         Ok(ids
             .iter()
@@ -1017,6 +1054,7 @@ impl GpuBackend {
         tokens: &[u32],
         want: Logits,
         mut out: Option<&mut Vec<f32>>,
+        mut sel: Option<Select<'_>>,
     ) -> Result<()> {
         let n = tokens.len();
         if cache.len + n > cache.n_ctx {
@@ -1042,7 +1080,8 @@ impl GpuBackend {
                 Logits::Last if i < last => Logits::None,
                 w => w,
             };
-            if let Err(e) = self.step(st, cache, chunk, want_here, out.as_deref_mut()) {
+            let sel_here = if i == last { sel.take() } else { None };
+            if let Err(e) = self.step(st, cache, chunk, want_here, out.as_deref_mut(), sel_here) {
                 // A forward appends all of its tokens or none.
                 cache.truncate(before);
                 return Err(e);
