@@ -23,6 +23,9 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
     return v;
 }
 
+// SiLU(g) * u, the gate of SwiGLU.
+__device__ __forceinline__ float swiglu1(float g, float u) { return g / (1.0f + __expf(-g)) * u; }
+
 // Tokens per page of the paged KV cache (attention.cu describes the pools):
 // position p of a sequence is row (table[p / KV_PAGE] * KV_PAGE + p %
 // KV_PAGE) of its pool.

@@ -5,18 +5,26 @@
 // loops cover the rest), block ELEMENTWISE_THREADS. One read and one write per
 // element, coalesced: these are bound by memory bandwidth on any GPU and are
 // kept as separate kernels only until they are fused into their neighbours.
+#include "common.cuh"
 #include "quant.cuh"
 
 #define ELEMENTWISE_THREADS 256
-
-// SiLU(g) * u, the gate of SwiGLU. Building block for fused kernels.
-__device__ __forceinline__ float swiglu1(float g, float u) { return g / (1.0f + __expf(-g)) * u; }
 
 // g[i] = silu(g[i]) * u[i]; g, u (n) FP32 (g may be the output of the gate
 // projection, u of the up projection).
 extern "C" __global__ void swiglu_f32(float* g, const float* u, long long n) {
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
         g[i] = swiglu1(g[i], u[i]);
+}
+
+// SwiGLU of an interleaved gate/up projection (gemv_packed.cu's glu layout):
+// gu (m, 2f) holds per 4 columns gate 2i, gate 2i+1, up 2i, up 2i+1; out
+// (m, f)[2i + j] = silu(gate 2i+j) * up 2i+j. n = m * f / 2 pairs.
+extern "C" __global__ void swiglu_pairs_f32(const float* gu, float* out, long long n) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        const float2 g = ((const float2*)gu)[2 * i], u = ((const float2*)gu)[2 * i + 1];
+        ((float2*)out)[i] = make_float2(swiglu1(g.x, u.x), swiglu1(g.y, u.y));
+    }
 }
 
 // y[i] += x[i]: the residual connection. y, x (n) FP32.

@@ -268,7 +268,8 @@ template <class P, int B> struct InFlight {
 // x (tokens, nb * 32): each weight is loaded once and used by every token.
 template <class P, int B>
 __device__ __forceinline__ void gemv_packed(const u8* __restrict__ W, const float* __restrict__ x,
-                                            const RowParts y, int nrows, int nb, int ksplit, int t0, int m) {
+                                            const RowParts y, int nrows, int nb, int ksplit, int t0, int m,
+                                            bool glu) {
     constexpr int U = InFlight<P, B>::value;
     constexpr int OUT = 4 * B;  // sums per group: 4 rows x B tokens
     __shared__ float red[PGEMV_WARPS][OUT];
@@ -334,16 +335,31 @@ __device__ __forceinline__ void gemv_packed(const u8* __restrict__ W, const floa
         if (lane == i) mine = acc[i >> 2][i & 3];
     const int t = lane >> 2, row = 4 * g + (lane & 3);
     const bool out = lane < OUT && (B == 1 || t < m) && g < n_groups && row < nrows;
+    // With glu, group g is the rows (gate 2g, gate 2g+1, up 2g, up 2g+1) of
+    // an interleaved gate/up stack: lanes 4t and 4t+1 take the up sums of
+    // lanes 4t+2 and 4t+3 and write silu(gate) * up to y (m, nrows / 2).
+    // The whole warp calls this (the shuffle).
+    auto store = [&](float v) {
+        if (glu) {
+            const float u = __shfl_down_sync(0xffffffffu, v, 2);
+            if (out && (lane & 2) == 0) y.y0[(long long)(t0 + t) * (nrows >> 1) + 2 * g + (lane & 1)] = swiglu1(v, u);
+        } else if (out) {
+            *y.at(t0 + t, row) = v;
+        }
+    };
     if (ksplit == 1) {
-        if (out) *y.at(t0 + t, row) = mine;
+        store(mine);
         return;
     }
     if (lane < OUT) red[warp][lane] = mine;
     __syncthreads();
-    if (sub == 0 && out) {
-        float sum = red[warp][lane];
-        for (int k = 1; k < ksplit; ++k) sum += red[warp + k][lane];
-        *y.at(t0 + t, row) = sum;
+    if (sub == 0) {
+        float sum = 0.0f;
+        if (lane < OUT) {
+            sum = red[warp][lane];
+            for (int k = 1; k < ksplit; ++k) sum += red[warp + k][lane];
+        }
+        store(sum);
     }
 }
 
@@ -353,15 +369,18 @@ template <int B> struct PgemvOccupancy { static constexpr int value = B == 1 ? 7
 // W: the packed layout above (nb: blocks of 32 weights per row; a multiple
 // of 8 for Q4_K and Q6_K); x (m, nb * 32) FP32, 16-byte aligned; y (m,
 // nrows), or for stacked matrices y, y1, y2 split at rows r1, r2 (common.cuh
-// RowParts; one matrix: r1 = r2 = nrows). gemv_packed_<fmt>_f32 takes one
+// RowParts; one matrix: r1 = r2 = nrows); glu != 0: W is an interleaved
+// gate/up stack (rows g0, g1, u0, u1, g2, ...; nrows a multiple of 4) and y
+// (m, nrows / 2) gets silu(gate) * up. gemv_packed_<fmt>_f32 takes one
 // token, gemv_packed_<fmt>_f32_x<B> up to B: tokens t0 .. t0 + m - 1. (A
 // 16-token variant ran 3.4x slower than the 8-token one on an H100: its
 // accumulators cap occupancy at 2 blocks; the launcher runs 8 at a time.)
 #define PGEMV_KERNEL_B(name, P, B, suffix)                                                              \
     extern "C" __global__ void __launch_bounds__(32 * PGEMV_WARPS, PgemvOccupancy<B>::value)             \
         gemv_packed_##name##_f32##suffix(const u8* W, const float* x, float* y, float* y1, float* y2,    \
-                                         int r1, int r2, int nrows, int nb, int ksplit, int t0, int m) { \
-        gemv_packed<P, B>(W, x, RowParts{y, y1, y2, r1, r2, nrows}, nrows, nb, ksplit, t0, m);          \
+                                         int r1, int r2, int nrows, int nb, int ksplit, int t0, int m,   \
+                                         int glu) {                                                      \
+        gemv_packed<P, B>(W, x, RowParts{y, y1, y2, r1, r2, nrows}, nrows, nb, ksplit, t0, m, glu != 0); \
     }
 #define PGEMV_KERNEL(name, P)              \
     PGEMV_KERNEL_B(name, P, 1, )           \

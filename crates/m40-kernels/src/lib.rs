@@ -27,7 +27,7 @@ pub use format::{gemv_chunk_blocks, gemv_shared_bytes, KernelFormat};
 pub use ops::{
     GemvPlan, PackedMatrix, QMatrix, RopeParams, RopeStyle, RowSplit, PACKED_GEMV_MAX_TOKENS,
 };
-pub use pack::{pack_gemv, PackFormat, PACK_ROWS};
+pub use pack::{interleave_glu, pack_gemv, PackFormat, PACK_ROWS};
 pub use sample::{select_args, Penalties, SELECT_ARGS, SELECT_MAX_K};
 
 /// Shared memory a block may use on sm_52 (and without opt-in on any GPU).

@@ -118,6 +118,13 @@ impl<'a, 'b> RowSplit<'a, 'b> {
     }
 }
 
+/// Where the packed GEMV writes: the parts of a stack, or SwiGLU of an
+/// interleaved gate/up stack.
+enum GemvOut<'a, 'b, 'c> {
+    Parts(RowSplit<'a, 'b>),
+    Glu(&'c mut DeviceBuffer<f32>),
+}
+
 /// A weight matrix on the device in the packed GEMV layout
 /// ([`crate::pack_gemv`]): `rows` x `cols` weights of `ty`.
 #[derive(Clone, Copy)]
@@ -561,7 +568,36 @@ impl Kernels {
         stream: &Stream,
         w: &PackedMatrix<'_>,
         x: &DeviceView<'_, f32>,
-        mut y: RowSplit<'_, '_>,
+        y: RowSplit<'_, '_>,
+        m: usize,
+        ksplit: Option<u32>,
+    ) -> Result<u32> {
+        self.gemv_packed_out(stream, w, x, GemvOut::Parts(y), m, ksplit)
+    }
+
+    /// SwiGLU through the packed GEMV: `w` is a gate/up stack interleaved
+    /// by [`crate::interleave_glu`] (2f rows: gate 0, gate 1, up 0, up 1,
+    /// gate 2, ...), and y (m, f) = silu(gate x) * up x for the m tokens of
+    /// x, the gate and up sums never leaving registers. As
+    /// [`Self::gemv_packed_batch`] otherwise.
+    pub fn gemv_packed_glu(
+        &self,
+        stream: &Stream,
+        w: &PackedMatrix<'_>,
+        x: &DeviceView<'_, f32>,
+        y: &mut DeviceBuffer<f32>,
+        m: usize,
+        ksplit: Option<u32>,
+    ) -> Result<u32> {
+        self.gemv_packed_out(stream, w, x, GemvOut::Glu(y), m, ksplit)
+    }
+
+    fn gemv_packed_out(
+        &self,
+        stream: &Stream,
+        w: &PackedMatrix<'_>,
+        x: &DeviceView<'_, f32>,
+        mut out: GemvOut<'_, '_, '_>,
         m: usize,
         ksplit: Option<u32>,
     ) -> Result<u32> {
@@ -579,7 +615,23 @@ impl Kernels {
         }
         check_len(K, "weights", w.data.len(), f.packed_bytes(nrows, ncols))?;
         check_len(K, "x", x.len(), m * ncols)?;
-        let (r1, r2) = y.bounds(K, nrows, m)?;
+        let (r1, r2, glu) = match &out {
+            GemvOut::Parts(y) => {
+                let (r1, r2) = y.bounds(K, nrows, m)?;
+                (r1, r2, 0i32)
+            }
+            GemvOut::Glu(y) => {
+                if !nrows.is_multiple_of(4) {
+                    return Err(shape(
+                        K,
+                        format!("{nrows} rows: a gate/up stack holds groups of 4"),
+                    ));
+                }
+                check_len(K, "y", y.len(), m * nrows / 2)?;
+                let r = to_i32(K, "rows", nrows)?;
+                (r, r, 1i32)
+            }
+        };
         if !x.is_aligned(16) || !w.data.is_aligned(16) {
             return Err(shape(
                 K,
@@ -613,22 +665,28 @@ impl Kernels {
             let (t0i, mi) = (t0 as i32, (m - t0).min(GEMV_BATCH) as i32);
             // SAFETY: gemv_packed_<fmt>_f32[_x<B>](const u8* W, const float* x,
             // float* y, float* y1, float* y2, int r1, int r2, int nrows, int nb,
-            // int ksplit, int t0, int m): reads the packed groups of W (length
-            // checked: packed_bytes) and rows t0 .. t0 + m of x (at most the
-            // checked m * nb * 32 floats) with 16-byte loads (both aligned,
+            // int ksplit, int t0, int m, int glu): reads the packed groups of W
+            // (length checked: packed_bytes) and rows t0 .. t0 + m of x (at most
+            // the checked m * nb * 32 floats) with 16-byte loads (both aligned,
             // checked), writes row r < nrows of those tokens (m <= B: the
             // kernel was picked for min(m, GEMV_BATCH)) to its part (y, y1, y2
             // split at r1 <= r2 <= nrows; each part's length checked by
-            // `bounds` for all m tokens); ksplit in {1, 2, 4}.
+            // `bounds` for all m tokens), or with glu row r / 2 of y (m,
+            // nrows / 2; checked above); ksplit in {1, 2, 4}.
             unsafe {
-                y.push(stream.launch(&kernel).view(w.data).view(x))
-                    .scalar(&r1)
+                let l = stream.launch(&kernel).view(w.data).view(x);
+                let l = match &mut out {
+                    GemvOut::Parts(y) => y.push(l),
+                    GemvOut::Glu(y) => l.buf_mut(&mut **y).null().null(),
+                };
+                l.scalar(&r1)
                     .scalar(&r2)
                     .scalar(&nrows)
                     .scalar(&nb)
                     .scalar(&ks)
                     .scalar(&t0i)
                     .scalar(&mi)
+                    .scalar(&glu)
                     .run(cfg(grid, 32 * PACKED_GEMV_WARPS))?
             };
         }
@@ -835,6 +893,45 @@ impl Kernels {
         n: usize,
     ) -> Result<()> {
         self.in_place("swiglu_f32", stream, g, u, n)
+    }
+
+    /// SwiGLU of an interleaved gate/up projection gu (m, 2f) (the rows of a
+    /// stack from [`crate::interleave_glu`]): out (m, f) = silu(gate) * up.
+    pub fn swiglu_pairs(
+        &self,
+        stream: &Stream,
+        gu: &DeviceView<'_, f32>,
+        out: &mut DeviceBuffer<f32>,
+        m: usize,
+        f: usize,
+    ) -> Result<()> {
+        const K: &str = "swiglu_pairs_f32";
+        if !f.is_multiple_of(2) {
+            return Err(shape(K, format!("{f} columns: pairs")));
+        }
+        check_len(K, "gu", gu.len(), 2 * m * f)?;
+        check_len(K, "out", out.len(), m * f)?;
+        if !gu.is_aligned(8) {
+            return Err(shape(K, "gu must start at a multiple of 8 bytes".into()));
+        }
+        let pairs = m * f / 2;
+        if pairs == 0 {
+            return Ok(());
+        }
+        let kernel = self.kernel("elementwise", K)?;
+        let n = pairs as i64;
+        // SAFETY: swiglu_pairs_f32(const float* gu, float* out, long long n):
+        // reads gu[..4n] and writes out[..2n] as float2 (gu 8-byte aligned,
+        // checked; out a buffer's start); lengths checked above.
+        unsafe {
+            stream
+                .launch(&kernel)
+                .view(gu)
+                .buf_mut(out)
+                .scalar(&n)
+                .run(cfg((self.flat_grid(pairs), 1, 1), ELEMENTWISE_THREADS))?
+        };
+        Ok(())
     }
 
     /// y += x over the first `n` elements (the residual connection).

@@ -107,6 +107,37 @@ impl PackFormat {
     }
 }
 
+/// A gate and an up matrix of the same format and shape (GGUF rows, `rows`
+/// each) as one stack for the SwiGLU GEMV ([`crate::Kernels::gemv_packed_glu`]):
+/// rows gate 0, gate 1, up 0, up 1, gate 2, gate 3, up 2, ... (`rows` even),
+/// so that each packed group of 4 holds both halves of two outputs.
+pub fn interleave_glu(gate: &[u8], up: &[u8], rows: usize) -> Result<Vec<u8>> {
+    const K: &str = "interleave_glu";
+    if gate.len() != up.len() || !rows.is_multiple_of(2) || rows == 0 {
+        return Err(KernelError::Shape {
+            kernel: K,
+            what: format!(
+                "gate of {} bytes, up of {}, {rows} rows each (even, same sizes)",
+                gate.len(),
+                up.len()
+            ),
+        });
+    }
+    if !gate.len().is_multiple_of(rows) {
+        return Err(KernelError::Shape {
+            kernel: K,
+            what: format!("{} bytes are not {rows} rows", gate.len()),
+        });
+    }
+    let pair = 2 * (gate.len() / rows);
+    let mut out = Vec::with_capacity(2 * gate.len());
+    for (g, u) in gate.chunks_exact(pair).zip(up.chunks_exact(pair)) {
+        out.extend_from_slice(g);
+        out.extend_from_slice(u);
+    }
+    Ok(out)
+}
+
 /// `data` (GGUF rows of `ty`, `rows` x `cols`) in the packed layout.
 pub fn pack_gemv(ty: GgmlType, data: &[u8], rows: usize, cols: usize) -> Result<Vec<u8>> {
     const K: &str = "pack_gemv";

@@ -12,9 +12,9 @@ use m40_device::testing::test_device;
 use m40_device::{Device, DeviceBuffer, DeviceView, Stream};
 use m40_gguf::GgmlType;
 use m40_kernels::{
-    pack_gemv, select_args, KernelError, KernelFormat, Kernels, PackFormat, PackedMatrix,
-    Penalties, QMatrix, RopeParams, RopeStyle, RowSplit, PACKED_GEMV_MAX_TOKENS, SELECT_ARGS,
-    SELECT_MAX_K,
+    interleave_glu, pack_gemv, select_args, KernelError, KernelFormat, Kernels, PackFormat,
+    PackedMatrix, Penalties, QMatrix, RopeParams, RopeStyle, RowSplit, PACKED_GEMV_MAX_TOKENS,
+    SELECT_ARGS, SELECT_MAX_K,
 };
 use m40_model::cpu::ops;
 
@@ -828,6 +828,99 @@ fn gemm_every_format_matches_cpu() {
 /// and 70): each part's rows land in its own buffer, every element checked
 /// against the CPU reference, the buffers poisoned before each launch and 16
 /// floats past each part left untouched.
+/// SwiGLU of an interleaved gate/up stack: the GEMV's fused epilogue (1 to
+/// 16 tokens, every split) and the GEMM followed by swiglu_pairs (more
+/// tokens), against silu(gate x) * up x in f64 from the dequantized rows;
+/// outputs poisoned, every element checked, nothing written past y.
+#[test]
+fn glu_gemv_and_gemm_match_cpu() {
+    let Some((_dev, s, k, mut rng)) = setup("glu_gemv_and_gemm_match_cpu") else {
+        return;
+    };
+    const TAIL: usize = 16;
+    for f in PackFormat::ALL {
+        for (ff, cols) in [(2usize, 2 * f.qk.max(64)), (50, 512), (132, 4096)] {
+            let gate = random_weights(&mut rng, f.ty, ff, cols);
+            let up = random_weights(&mut rng, f.ty, ff, cols);
+            let stack = interleave_glu(&gate, &up, ff).unwrap();
+            let wg = s
+                .upload(&pack_gemv(f.ty, &stack, 2 * ff, cols).unwrap(), "w")
+                .unwrap();
+            let wv = wg.view();
+            let pm = PackedMatrix {
+                ty: f.ty,
+                data: &wv,
+                rows: 2 * ff,
+                cols,
+            };
+            let (gd, ud) = (dequant(f.ty, &gate, ff, cols), dequant(f.ty, &up, ff, cols));
+            for m in [1usize, 2, 5, 8, 16, 20, 70] {
+                let x = rng.vec(m * cols, -1.0, 1.0);
+                let xg = s.upload(&x, "x").unwrap();
+                let (mut want, mut tol) = (vec![0f32; m * ff], vec![0f64; m * ff]);
+                for t in 0..m {
+                    let xr = &x[t * cols..(t + 1) * cols];
+                    for j in 0..ff {
+                        let dot = |w: &[f32]| {
+                            let wr = &w[j * cols..(j + 1) * cols];
+                            let v: f64 =
+                                xr.iter().zip(wr).map(|(a, b)| *a as f64 * *b as f64).sum();
+                            let mag: f64 = xr
+                                .iter()
+                                .zip(wr)
+                                .map(|(a, b)| (*a as f64 * *b as f64).abs())
+                                .sum();
+                            (v, mag)
+                        };
+                        let ((g, mg), (u, mu)) = (dot(&gd), dot(&ud));
+                        let silu = g / (1.0 + (-g).exp());
+                        want[t * ff + j] = (silu * u) as f32;
+                        tol[t * ff + j] = 1e-5 * (1.1 * u.abs() * mg + silu.abs() * mu)
+                            + 1e-5 * (silu * u).abs()
+                            + 1e-30;
+                    }
+                }
+                let mut y = s.alloc::<f32>(m * ff + TAIL, "y").unwrap();
+                let mut runs: Vec<Option<u32>> = vec![None];
+                if m <= PACKED_GEMV_MAX_TOKENS {
+                    runs.extend([Some(1), Some(2), Some(4)]);
+                }
+                for ks in runs {
+                    s.fill_bytes(&mut y, 0xFF).unwrap();
+                    let what = if m <= PACKED_GEMV_MAX_TOKENS {
+                        let got = k
+                            .gemv_packed_glu(&s, &pm, &xg.view(), &mut y, m, ks)
+                            .unwrap();
+                        format!("glu gemv ksplit {got}")
+                    } else {
+                        let mut gu = s.alloc::<f32>(m * 2 * ff, "gu").unwrap();
+                        s.fill_bytes(&mut gu, 0xFF).unwrap();
+                        let mut refs = [&mut gu];
+                        let rows = [2 * ff];
+                        let out = RowSplit {
+                            bufs: &mut refs,
+                            rows: &rows,
+                        };
+                        k.gemm_packed_split(&s, &pm, &xg.view(), out, m, false)
+                            .unwrap();
+                        k.swiglu_pairs(&s, &gu.view(), &mut y, m, ff).unwrap();
+                        "glu gemm + swiglu_pairs".to_string()
+                    };
+                    let what = format!("{what} {} {ff}x{cols} m {m}", f.ty);
+                    let got = s.download(&y).unwrap();
+                    check(&what, &got[..m * ff], &want, |i| tol[i]);
+                    assert!(
+                        got[m * ff..].iter().all(|v| v.to_bits() == u32::MAX),
+                        "{what}: wrote past y"
+                    );
+                }
+            }
+        }
+    }
+    // Odd row counts are refused.
+    assert!(interleave_glu(&[0; 6], &[0; 6], 3).is_err());
+}
+
 #[test]
 fn stacked_and_batched_matmuls_write_each_part() {
     let Some((_dev, s, k, mut rng)) = setup("stacked_and_batched_matmuls_write_each_part") else {

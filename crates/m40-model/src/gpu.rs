@@ -26,9 +26,9 @@ use m40_device::{Device, DeviceBuffer, DeviceView, Stream};
 use m40_gguf::hparams::{RopeStyle as GgufRope, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
 use m40_gguf::{GgmlType, HyperParams};
 use m40_kernels::{
-    pack_gemv, select_args, AttnPlan, AttnScratch, AttnShape, KernelFormat, Kernels, PackFormat,
-    PackedMatrix, Penalties, QMatrix, RopeParams, RopeStyle, RowSplit, KV_PAGE, MAX_HEAD_DIM,
-    PACK_ROWS, SELECT_ARGS, SELECT_MAX_K,
+    interleave_glu, pack_gemv, select_args, AttnPlan, AttnScratch, AttnShape, KernelFormat,
+    Kernels, PackFormat, PackedMatrix, Penalties, QMatrix, RopeParams, RopeStyle, RowSplit,
+    KV_PAGE, MAX_HEAD_DIM, PACK_ROWS, SELECT_ARGS, SELECT_MAX_K,
 };
 
 use crate::cpu::ops::Rope;
@@ -154,6 +154,9 @@ fn device_bytes(opts: &GpuOptions, t: &m40_gguf::TensorInfo) -> u64 {
 struct Stack {
     mat: Mat,
     parts: Vec<usize>,
+    /// A gate/up pair interleaved for SwiGLU (`interleave_glu`): one
+    /// output of half the rows, silu(gate) * up.
+    glu: bool,
 }
 
 struct Layer {
@@ -321,11 +324,12 @@ pub fn memory_needed(model: &Model, opts: &GpuOptions) -> (u64, u64, u64) {
         (hp.n_head * hp.head_dim) as u64,
         hp.n_ff as u64,
     );
-    // x, h, q, att, k, v, gate, up per token; GEMV_TOKENS tokens' projections;
+    // x, h, q, att, k, v, gate, up (twice: a gate/up stack's output) per
+    // token; GEMV_TOKENS tokens' projections;
     // LOGIT_ROWS rows of logits; the step inputs (ids, positions, block
     // table, a selection's arguments); the token selection's results.
     let work = 4
-        * (b * (2 * d + 2 * q + 2 * kv_dim + 2 * ff + 2)
+        * (b * (2 * d + 2 * q + 2 * kv_dim + 3 * ff + 2)
             + b.min(GEMV_TOKENS as u64) * d
             + LOGIT_ROWS as u64 * hp.n_vocab as u64
             + pages
@@ -375,7 +379,7 @@ impl GpuBackend {
         let mut done = 0u64;
         // Upload `names` stacked into one matrix (rows concatenated, then
         // packed when `may_pack` and the format allows).
-        let mut upload_rows = |names: &[&str], may_pack: bool| -> Result<Mat> {
+        let mut upload_rows = |names: &[&str], may_pack: bool, glu: bool| -> Result<Mat> {
             let ts: Vec<_> = names.iter().map(|n| model.tensor(n)).collect();
             let (ty, cols) = (ts[0].info.ty, ts[0].info.row_len());
             KernelFormat::of(ty, "gpu backend")?;
@@ -385,6 +389,9 @@ impl GpuBackend {
             let joined;
             let bytes: &[u8] = if ts.len() == 1 {
                 ts[0].data
+            } else if glu {
+                joined = interleave_glu(ts[0].data, ts[1].data, ts[0].info.n_rows())?;
+                &joined
             } else {
                 let mut v = Vec::with_capacity(ts.iter().map(|t| t.data.len()).sum());
                 ts.iter().for_each(|t| v.extend_from_slice(t.data));
@@ -419,7 +426,9 @@ impl GpuBackend {
                 && a.n_rows().is_multiple_of(PACK_ROWS)
                 && b.n_rows().is_multiple_of(PACK_ROWS)
         };
-        let mut stacks = |names: &[&str], may_pack: bool| -> Result<Vec<Stack>> {
+        // `glu`: names are a gate and an up matrix; stacked, they are
+        // interleaved for the SwiGLU GEMV.
+        let mut stacks = |names: &[&str], may_pack: bool, glu: bool| -> Result<Vec<Stack>> {
             let mut out = Vec::new();
             let mut i = 0;
             while i < names.len() {
@@ -427,12 +436,15 @@ impl GpuBackend {
                 while may_pack && j < names.len() && fusable(names[i], names[j]) {
                     j += 1;
                 }
+                let rows: Vec<usize> = names[i..j]
+                    .iter()
+                    .map(|n| model.tensor(n).info.n_rows())
+                    .collect();
+                let glu = glu && j - i == 2;
                 out.push(Stack {
-                    mat: upload_rows(&names[i..j], may_pack)?,
-                    parts: names[i..j]
-                        .iter()
-                        .map(|n| model.tensor(n).info.n_rows())
-                        .collect(),
+                    mat: upload_rows(&names[i..j], may_pack, glu)?,
+                    parts: if glu { vec![rows[0] + rows[1]] } else { rows },
+                    glu,
                 });
                 i = j;
             }
@@ -445,7 +457,7 @@ impl GpuBackend {
             Ok(stream.upload(&v, name)?)
         };
         // The embedding is packed only when it is also the output matrix.
-        let embd = one(stacks(&[TOKEN_EMBD], hp.tied_output)?);
+        let embd = one(stacks(&[TOKEN_EMBD], hp.tied_output, false)?);
         let mut layers = Vec::with_capacity(hp.n_layer);
         for l in 0..hp.n_layer {
             let n = model.layer(l);
@@ -458,16 +470,16 @@ impl GpuBackend {
                 attn_norm: f32s(&n.attn_norm)?,
                 ffn_norm: f32s(&n.ffn_norm)?,
                 bias,
-                qkv: stacks(&[&n.wq, &n.wk, &n.wv], true)?,
-                wo: one(stacks(&[&n.wo], true)?),
-                gate_up: stacks(&[&n.ffn_gate, &n.ffn_up], true)?,
-                down: one(stacks(&[&n.ffn_down], true)?),
+                qkv: stacks(&[&n.wq, &n.wk, &n.wv], true, false)?,
+                wo: one(stacks(&[&n.wo], true, false)?),
+                gate_up: stacks(&[&n.ffn_gate, &n.ffn_up], true, true)?,
+                down: one(stacks(&[&n.ffn_down], true, false)?),
             });
         }
         let output = if hp.tied_output {
             None
         } else {
-            Some(one(stacks(&[OUTPUT], true)?))
+            Some(one(stacks(&[OUTPUT], true, false)?))
         };
         let output_norm = f32s(OUTPUT_NORM)?;
         if let Some(p) = &opts.progress {
@@ -514,7 +526,7 @@ impl GpuBackend {
             att: a(b * q_dim, "activations")?,
             proj: a(b.min(GEMV_TOKENS) * hp.n_embd, "activations")?,
             gate: a(b * hp.n_ff, "activations")?,
-            up: a(b * hp.n_ff, "activations")?,
+            up: a(2 * b * hp.n_ff, "activations")?,
             logits: a(LOGIT_ROWS * hp.n_vocab, "logits")?,
             sel_out: stream.alloc::<i32>(2 * SELECT_MAX_K, "token selection")?,
             part: a(1, "attention scratch")?,
@@ -626,6 +638,40 @@ impl GpuBackend {
                 rows: &st.parts,
             };
             self.gemm_or_gemv(&st.mat, x, y, n, false)?;
+        }
+        Ok(())
+    }
+
+    /// gate = silu(gate h) * up h for `n` rows of h: through the SwiGLU
+    /// GEMV, or the GEMM into `up` (2 n_ff per row) and swiglu_pairs, for an
+    /// interleaved stack; else the two projections and swiglu.
+    fn gate_up(
+        &self,
+        stacks: &[Stack],
+        h: &DeviceView<'_, f32>,
+        gate: &mut DeviceBuffer<f32>,
+        up: &mut DeviceBuffer<f32>,
+        n: usize,
+    ) -> Result<()> {
+        let (k, s) = (&self.kernels, &self.stream);
+        let n_ff = self.model.hparams().n_ff;
+        match stacks {
+            [st] if st.glu => {
+                let data = st.mat.data.view();
+                match st.mat.view(&data) {
+                    MatView::Packed(m) if n <= GEMV_TOKENS => {
+                        k.gemv_packed_glu(s, &m, h, gate, n, None).map(drop)?
+                    }
+                    _ => {
+                        self.matmul(&st.mat, h, up, n, false)?;
+                        k.swiglu_pairs(s, &up.view(), gate, n, n_ff)?;
+                    }
+                }
+            }
+            _ => {
+                self.matmul_stacks(stacks, h, &mut [&mut *gate, &mut *up], n)?;
+                k.swiglu(s, gate, &up.view(), n * n_ff)?;
+            }
         }
         Ok(())
     }
@@ -819,8 +865,7 @@ impl GpuBackend {
 
             self.norm(norm_bufs!(w), &layer.ffn_norm, 0..n, pending)?;
             let hv = w.h.view();
-            self.matmul_stacks(&layer.gate_up, &hv, &mut [&mut w.gate, &mut w.up], n)?;
-            k.swiglu(s, &mut w.gate, &w.up.view(), n * hp.n_ff)?;
+            self.gate_up(&layer.gate_up, &hv, &mut w.gate, &mut w.up, n)?;
             let gv = w.gate.view();
             pending = self.matmul_res(&layer.down, &gv, &mut w.x, &mut w.proj, n)?;
         }
