@@ -20,6 +20,7 @@
 //!   computed before anything is allocated; a GPU without that much free
 //!   memory is an [`ModelError::GpuMemory`] error, not a failure halfway.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use m40_device::{Device, DeviceBuffer, DeviceView, Stream};
@@ -68,6 +69,9 @@ impl Default for GpuOptions {
         }
     }
 }
+
+/// The smallest context a decode graph plans its attention for (tokens).
+const GRAPH_MIN_CONTEXT: usize = 512;
 
 /// A token selection to run after a step's logits: its encoded arguments
 /// (`select_args`) and k; the k ids and the bits of their logits land in
@@ -224,8 +228,9 @@ struct Pools {
 struct State {
     work: Workspace,
     pools: Pools,
-    /// The captured decode steps, once built: [logits, logits + selection].
-    graphs: [Option<m40_device::Graph>; 2],
+    /// The captured decode steps, by (with the selection, the context
+    /// bucket: the largest position their attention plan covers).
+    graphs: HashMap<(bool, usize), m40_device::Graph>,
 }
 
 /// The GPU backend over one model on one device.
@@ -551,7 +556,7 @@ impl GpuBackend {
             state: Mutex::new(State {
                 work,
                 pools,
-                graphs: [None, None],
+                graphs: HashMap::new(),
             }),
         })
     }
@@ -889,8 +894,19 @@ impl GpuBackend {
     }
 
     /// Make sure the split scratch holds what `plan` needs for `shape`.
-    fn scratch(&self, w: &mut Workspace, plan: &AttnPlan, shape: &AttnShape) -> Result<()> {
+    /// A larger scratch is a new buffer: the graphs captured with the old
+    /// one are dropped with it.
+    fn scratch(
+        &self,
+        w: &mut Workspace,
+        graphs: &mut HashMap<(bool, usize), m40_device::Graph>,
+        plan: &AttnPlan,
+        shape: &AttnShape,
+    ) -> Result<()> {
         let (np, nml) = plan.scratch_len(shape);
+        if w.part.len() < np || w.part_ml.len() < nml {
+            graphs.clear();
+        }
         if w.part.len() < np {
             w.part = self.stream.alloc::<f32>(np, "attention scratch")?;
         }
@@ -898,6 +914,19 @@ impl GpuBackend {
             w.part_ml = self.stream.alloc::<f32>(nml, "attention scratch")?;
         }
         Ok(())
+    }
+
+    /// The largest position a decode graph for a step at `start` plans its
+    /// attention for: powers of two from GRAPH_MIN_CONTEXT tokens up to the
+    /// pool's capacity, so short contexts run few key splits (a plan for
+    /// the whole pool costs 8B Q4_0 ~9% of its tg128 at position ~100).
+    fn graph_bucket(&self, start: usize) -> usize {
+        let cap = self.n_pages * KV_PAGE;
+        (start + 1)
+            .next_power_of_two()
+            .max(GRAPH_MIN_CONTEXT)
+            .min(cap)
+            - 1
     }
 
     /// One step of at most max_batch tokens at positions start..start+n;
@@ -933,33 +962,43 @@ impl GpuBackend {
         let n_vocab = hp.n_vocab;
         let use_graphs = self.graphs.load(std::sync::atomic::Ordering::Relaxed);
         if n == 1 && use_graphs && want != Logits::None {
-            // The captured decode step: attention split for the pool's
-            // capacity; one graph with the selection, one without.
-            let graph = &mut graphs[sel.is_some() as usize];
-            if graph.is_none() {
-                let max_start = self.n_pages * KV_PAGE - 1;
-                let shape = AttnShape {
+            // The captured decode step: attention split for the context
+            // bucket; graphs with the selection and without.
+            let max_start = self.graph_bucket(start);
+            let key = (sel.is_some(), max_start);
+            if !graphs.contains_key(&key) {
+                // The scratch for the whole pool first, so that no later
+                // bucket's capture reallocates it under this one.
+                let sm = self.device().info().sm_count as usize;
+                let full = AttnShape {
                     n_tok: 1,
-                    start: max_start,
+                    start: self.n_pages * KV_PAGE - 1,
                     n_head: hp.n_head,
                     n_head_kv: hp.n_head_kv,
                     head_dim: hp.head_dim,
                 };
-                let plan = AttnPlan::new(&shape, self.device().info().sm_count as usize);
-                self.scratch(w, &plan, &shape)?;
+                self.scratch(w, graphs, &AttnPlan::new(&full, sm), &full)?;
+                let shape = AttnShape {
+                    start: max_start,
+                    ..full
+                };
+                let plan = AttnPlan::new(&shape, sm);
+                self.scratch(w, graphs, &plan, &shape)?;
                 let selects = sel.is_some();
-                *graph = Some(self.stream.capture(|_| -> Result<()> {
+                let g = self.stream.capture(|_| -> Result<()> {
                     self.enqueue(w, pools, 1, max_start, plan, true)?;
                     if selects {
                         self.select(w)?;
                     }
                     Ok(())
-                })?);
+                })?;
+                graphs.insert(key, g);
             }
-            let g = graph.as_ref().expect("captured above");
+            let g = &graphs[&key];
             // SAFETY: the graph uses the workspace, pools, weights and inputs
             // of this backend, which live as long as it does (the state mutex
-            // is held, and the scratch is never reallocated smaller).
+            // is held), and the attention scratch it was captured with (a
+            // larger scratch drops every graph: see `scratch`).
             unsafe { g.launch()? };
             cache.len = start + 1;
             if let Some(sel) = sel {
@@ -981,7 +1020,7 @@ impl GpuBackend {
             head_dim: hp.head_dim,
         };
         let plan = AttnPlan::new(&shape, self.device().info().sm_count as usize);
-        self.scratch(w, &plan, &shape)?;
+        self.scratch(w, graphs, &plan, &shape)?;
         self.enqueue(w, pools, n, start, plan, false)?;
         cache.len = start + n;
         let rows = match want {
