@@ -67,6 +67,10 @@ impl AttnShape {
     }
 }
 
+/// Blocks per SM below which attention splits the keys. 8B decode at
+/// depth 4096 on an H100: 2 per SM gave 33 splits of 4-5 pages.
+const SPLIT_BLOCKS_PER_SM: usize = 8;
+
 /// How an attention launch divides the work (see kernels/attention.cu).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AttnPlan {
@@ -83,8 +87,10 @@ pub struct AttnPlan {
 impl AttnPlan {
     /// The plan for `s` on a GPU of `sm_count` SMs: one warp per (token,
     /// head), up to ATT_MAX_WARPS per block, the heads of a KV head together;
-    /// keys split only when there are fewer blocks than twice the SMs and
-    /// at least two pages of keys per split (decode over long contexts).
+    /// keys split when there are fewer blocks than SPLIT_BLOCKS_PER_SM per
+    /// SM, keeping at least two pages of keys per split (decode over long
+    /// contexts: each block walks its pages one after another, so the
+    /// pages per block set the latency).
     pub fn new(s: &AttnShape, sm_count: usize) -> AttnPlan {
         let group = s.n_head / s.n_head_kv;
         let gw = group.min(ATT_MAX_WARPS);
@@ -93,7 +99,9 @@ impl AttnPlan {
         let blocks = s.n_tok.div_ceil(tpb) * s.n_head_kv * hparts;
         let keys = s.start + s.n_tok;
         let pages = keys.div_ceil(KV_PAGE).max(1);
-        let want = (2 * sm_count.max(1)).div_ceil(blocks).max(1);
+        let want = (SPLIT_BLOCKS_PER_SM * sm_count.max(1))
+            .div_ceil(blocks)
+            .max(1);
         let splits = want.min(pages / 2).max(1);
         let split_len = pages.div_ceil(splits) * KV_PAGE;
         AttnPlan {
@@ -550,7 +558,8 @@ mod tests {
                 }
             }
         }
-        // Decode at depth 4096 with 8 KV heads on 132 SMs: split to fill the GPU.
+        // Decode at depth 4096 with 8 KV heads on 132 SMs: split to fill the
+        // GPU, down to two pages per split (128 pages: 64 splits).
         let s = AttnShape {
             n_tok: 1,
             start: 4095,
@@ -558,7 +567,10 @@ mod tests {
             n_head_kv: 8,
             head_dim: 128,
         };
-        assert_eq!(AttnPlan::new(&s, 132).splits, 32);
+        assert_eq!(AttnPlan::new(&s, 132).splits, 64);
+        // On an M40's 24 SMs: 8 * 24 / 8 = 24 splits of 6 pages.
+        let p = AttnPlan::new(&s, 24);
+        assert_eq!((p.splits, p.split_len), (22, 6 * KV_PAGE));
     }
 
     #[test]
