@@ -66,13 +66,41 @@ __device__ __forceinline__ float warp_max(float v) {
 
 // Stage keys j0 .. j0 + KV_PAGE - 1 of KV head g (page table[j0 / KV_PAGE];
 // keys at or past `end` are zeros) into Ks (rows of hd/2 + 1 words) and Vs
-// (rows of hd/2 words).
+// (rows of hd/2 words). When hd is a multiple of 8 (16-byte rows), each
+// thread issues all of its 16-byte loads (up to ATT_STAGE_U of K and of V)
+// before it stores any: one memory round trip per page, where a loop of
+// 4-byte loads and stores was one per iteration (8B decode at depth 4096
+// spent most of its attention time there).
+#define ATT_STAGE_U 4
 __device__ __forceinline__ void attn_stage(const AttnArgs& a, int g, int j0, int end, u32* Ks, u32* Vs) {
     const int hw = a.hd >> 1, kv_dim = a.n_head_kv * a.hd;
     const long long page = a.table[j0 / KV_PAGE];
     const u32* kp = (const u32*)(a.kpool + page * KV_PAGE * kv_dim + (long long)g * a.hd);
     const u32* vp = (const u32*)(a.vpool + page * KV_PAGE * kv_dim + (long long)g * a.hd);
     const int row_words = kv_dim >> 1;
+    if ((a.hd & 7) == 0) {
+        const int hq = a.hd >> 3, n = KV_PAGE * hq;  // 16-byte vectors per row, per page
+        for (int e0 = threadIdx.x; e0 < n; e0 += ATT_STAGE_U * blockDim.x) {
+            uint4 kv[ATT_STAGE_U], vv[ATT_STAGE_U];
+#pragma unroll
+            for (int u = 0; u < ATT_STAGE_U; ++u) {
+                const int e = e0 + u * blockDim.x, jj = e / hq, w = e % hq;
+                const bool ok = e < n && j0 + jj < end;
+                kv[u] = ok ? *(const uint4*)(kp + jj * row_words + 4 * w) : make_uint4(0, 0, 0, 0);
+                vv[u] = ok ? *(const uint4*)(vp + jj * row_words + 4 * w) : make_uint4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (int u = 0; u < ATT_STAGE_U; ++u) {
+                const int e = e0 + u * blockDim.x, jj = e / hq, w = e % hq;
+                if (e < n) {
+                    u32* kr = Ks + jj * (hw + 1) + 4 * w;
+                    kr[0] = kv[u].x, kr[1] = kv[u].y, kr[2] = kv[u].z, kr[3] = kv[u].w;
+                    *(uint4*)(Vs + jj * hw + 4 * w) = vv[u];
+                }
+            }
+        }
+        return;
+    }
     for (int e = threadIdx.x; e < KV_PAGE * hw; e += blockDim.x) {
         const int jj = e / hw, w = e % hw;
         const bool ok = j0 + jj < end;
@@ -190,20 +218,53 @@ ATTN_KERNEL(8)
 // Merge the partials of `splits` splits: out[row] = sum_z acc_z 2^(m_z - M) /
 // sum_z l_z 2^(m_z - M), M = max m_z (splits with no keys have m = -inf, l = 0).
 // part: (rows, splits, hd); part_ml: (rows, splits, 2); out: (rows, hd).
-// Grid (rows), block 32.
-extern "C" __global__ void attn_combine_f32(const float* part, const float* part_ml, float* out, int splits, int hd) {
+// Grid (rows), block ATT_COMBINE_THREADS; splits <= ATT_MAX_SPLITS. The
+// threads first turn the (m, l) pairs into weights in shared memory, then
+// thread (c, d) sums dimension d over the splits c, c + nc, ... (nc =
+// blockDim / hd column groups, independent loads in flight), and the groups'
+// sums meet in shared memory in a fixed order.
+#define ATT_COMBINE_THREADS 512
+#define ATT_MAX_SPLITS 1024
+extern "C" __global__ void __launch_bounds__(ATT_COMBINE_THREADS)
+    attn_combine_f32(const float* part, const float* part_ml, float* out, int splits, int hd) {
+    __shared__ float wz[ATT_MAX_SPLITS];
+    __shared__ float red[ATT_COMBINE_THREADS];
+    __shared__ float scratch[32];
     const long long row = blockIdx.x;
     const float* ml = part_ml + row * splits * 2;
     float M = ATT_NEG_INF;
-    for (int z = 0; z < splits; ++z) M = fmaxf(M, ml[2 * z]);
+    for (int z = threadIdx.x; z < splits; z += blockDim.x) M = fmaxf(M, ml[2 * z]);
+    M = warp_max(M);
+    if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = M;
+    __syncthreads();
+    M = ATT_NEG_INF;
+    for (int w = 0; w < (int)(blockDim.x >> 5); ++w) M = fmaxf(M, scratch[w]);
+    __syncthreads();
     float L = 0.0f;
-    for (int z = 0; z < splits; ++z)
-        if (ml[2 * z + 1] > 0.0f) L += ml[2 * z + 1] * exp2f(ml[2 * z] - M);
+    for (int z = threadIdx.x; z < splits; z += blockDim.x) {
+        const float l = ml[2 * z + 1];
+        const float w = l > 0.0f ? exp2f(ml[2 * z] - M) : 0.0f;
+        wz[z] = w;
+        L += l > 0.0f ? l * w : 0.0f;
+    }
+    L = block_sum(L, scratch);  // (its barriers also publish wz)
     const float inv = L > 0.0f ? 1.0f / L : 0.0f;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    const int nc = max(1, (int)blockDim.x / hd);
+    const int c = threadIdx.x / hd, d0 = threadIdx.x % hd;
+    for (int d = d0; d < hd; d += blockDim.x) {
+        // One dimension per thread when hd <= blockDim; groups c < nc.
         float s = 0.0f;
-        for (int z = 0; z < splits; ++z)
-            if (ml[2 * z + 1] > 0.0f) s += part[(row * splits + z) * hd + d] * exp2f(ml[2 * z] - M);
-        out[row * hd + d] = s * inv;
+        if (c < nc) {
+#pragma unroll 8
+            for (int z = c; z < splits; z += nc) s += part[(row * splits + z) * hd + d] * wz[z];
+        }
+        if (c < nc) red[threadIdx.x] = s;
+        __syncthreads();
+        if (c == 0) {
+            float t = 0.0f;
+            for (int k = 0; k < nc; ++k) t += red[k * hd + d0];
+            out[row * hd + d] = t * inv;
+        }
+        __syncthreads();
     }
 }

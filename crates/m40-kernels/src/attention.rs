@@ -67,6 +67,11 @@ impl AttnShape {
     }
 }
 
+/// Most key splits attn_combine_f32 merges (`ATT_MAX_SPLITS`), and its
+/// threads (`ATT_COMBINE_THREADS`).
+const ATT_MAX_SPLITS: usize = 1024;
+const ATT_COMBINE_THREADS: u32 = 512;
+
 /// Blocks per SM below which attention splits the keys. 8B decode at
 /// depth 4096 on an H100: 2 per SM gave 33 splits of 4-5 pages.
 const SPLIT_BLOCKS_PER_SM: usize = 8;
@@ -102,7 +107,7 @@ impl AttnPlan {
         let want = (SPLIT_BLOCKS_PER_SM * sm_count.max(1))
             .div_ceil(blocks)
             .max(1);
-        let splits = want.min(pages / 2).max(1);
+        let splits = want.min(pages / 2).clamp(1, ATT_MAX_SPLITS);
         let split_len = pages.div_ceil(splits) * KV_PAGE;
         AttnPlan {
             tpb,
@@ -474,6 +479,12 @@ impl Kernels {
             check_len(K, "part", sc.part.len(), np)?;
             check_len(K, "part_ml", sc.part_ml.len(), nml)?;
             launch(sc.part, Some(sc.part_ml))?;
+            if plan.splits > ATT_MAX_SPLITS {
+                return Err(shape(
+                    K,
+                    format!("{} key splits (at most {ATT_MAX_SPLITS})", plan.splits),
+                ));
+            }
             let kernel = self.kernel("attention", "attn_combine_f32")?;
             let (splits, hd_i) = (plan.splits as i32, hd as i32);
             // SAFETY: attn_combine_f32(const float* part, const float* part_ml,
@@ -488,7 +499,7 @@ impl Kernels {
                     .buf_mut(out)
                     .scalar(&splits)
                     .scalar(&hd_i)
-                    .run(cfg((rows as u32, 1, 1), 32, 0))?
+                    .run(cfg((rows as u32, 1, 1), ATT_COMBINE_THREADS, 0))?
             };
         }
         Ok(plan)
