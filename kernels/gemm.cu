@@ -48,7 +48,7 @@ struct RowMajor {
         F::part(blk, sb % F::SUBS, q, r.v[0]);
         F::part(blk, sb % F::SUBS, q + 4, r.v[1]);
     }
-    __device__ static void decode(const Raw& r, int, float v0[4], float v1[4]) {
+    __device__ static void decode(const Raw& r, float v0[4], float v1[4]) {
 #pragma unroll
         for (int j = 0; j < 4; ++j) v0[j] = r.v[0][j], v1[j] = r.v[1][j];
     }
@@ -63,7 +63,7 @@ struct Packed {
     __device__ static void fetch(const u8* W, long long, int N, int K, int n, int sb, int q, Raw& r) {
         P::fetch(W, N, K, n, sb, q, r);
     }
-    __device__ static void decode(const Raw& r, int q, float v0[4], float v1[4]) { P::decode(r, q, v0, v1); }
+    __device__ static void decode(const Raw& r, float v0[4], float v1[4]) { P::decode(r, v0, v1); }
 };
 
 // A BM x BN tile: TM x TN outputs per thread, as TM/4 x TN/4 float4 groups.
@@ -117,7 +117,7 @@ __device__ __forceinline__ void gemm_store(const GemmStage<T, L>& st, float (*Ws
     for (int c = 0; c < T::WC; ++c) {
         const int q = t / T::BN + c * T::QW;
         float v0[4], v1[4];
-        L::decode(st.w[c], q, v0, v1);
+        L::decode(st.w[c], v0, v1);
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             Ws[4 * q + j][r] = v0[j];

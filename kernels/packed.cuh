@@ -55,7 +55,7 @@ struct PartsOf {
     __device__ static void parts(const u8* W, int N, int K, int n, int b, int q, float v0[4], float v1[4]) {
         typename Self::Raw r;
         Self::fetch(W, N, K, n, b, q, r);
-        Self::decode(r, q, v0, v1);
+        Self::decode(r, v0, v1);
     }
 };
 
@@ -68,7 +68,7 @@ struct PartsQ4_0 : PartsOf<PartsQ4_0> {
         r.w = ldw(W + ((a.gb * 4 + q) * 4 + a.j) * 4);
         r.d = ld16(W + a.ng * a.nb * 64 + (a.gb * 4 + a.j) * 2);
     }
-    __device__ static void decode(const Raw& r, int, float v0[4], float v1[4]) {
+    __device__ static void decode(const Raw& r, float v0[4], float v1[4]) {
         const float d = h2f((u16)r.d);
         nibbles4(r.w, 0, d, -8.0f * d, v0);
         nibbles4(r.w, 4, d, -8.0f * d, v1);
@@ -84,7 +84,7 @@ struct PartsQ4_1 : PartsOf<PartsQ4_1> {
         r.w = ldw(W + ((a.gb * 4 + q) * 4 + a.j) * 4);
         r.s = ldw(W + a.ng * a.nb * 64 + (a.gb * 4 + a.j) * 4);
     }
-    __device__ static void decode(const Raw& r, int, float v0[4], float v1[4]) {
+    __device__ static void decode(const Raw& r, float v0[4], float v1[4]) {
         const float d = h2f((u16)r.s), m = h2f((u16)(r.s >> 16));
         nibbles4(r.w, 0, d, m, v0);
         nibbles4(r.w, 4, d, m, v1);
@@ -102,7 +102,7 @@ struct PartsQ4_K : PartsOf<PartsQ4_K> {
         r.sm = ld16(W + a.ng * a.nb * 64 + a.gb * 8 + 2 * a.j);
         r.dd = ldw(W + a.ng * a.nb * 72 + ((a.g * (a.nb >> 3) + (b >> 3)) * 4 + a.j) * 4);
     }
-    __device__ static void decode(const Raw& r, int, float v0[4], float v1[4]) {
+    __device__ static void decode(const Raw& r, float v0[4], float v1[4]) {
         const float d = h2f((u16)r.dd) * (float)(r.sm & 0xff), c = -h2f((u16)(r.dd >> 16)) * (float)(r.sm >> 8);
         nibbles4(r.w, 0, d, c, v0);
         nibbles4(r.w, 4, d, c, v1);
@@ -119,7 +119,7 @@ struct PartsQ8_0 : PartsOf<PartsQ8_0> {
         const u8* e0 = W + ((a.gb * 4 + (q >> 1)) * 4 + a.j) * 8 + 4 * (q & 1);
         r.w0 = ldw(e0), r.w1 = ldw(e0 + 2 * 4 * 8);  // eighth + 2: weights + 16
     }
-    __device__ static void decode(const Raw& r, int, float v0[4], float v1[4]) {
+    __device__ static void decode(const Raw& r, float v0[4], float v1[4]) {
         const float d = h2f((u16)r.d);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
@@ -138,7 +138,7 @@ struct PartsF16 : PartsOf<PartsF16> {
         const u8* e0 = W + ((a.gb * 4 + (q >> 1)) * 4 + a.j) * 16 + 8 * (q & 1);
         r.h0 = *(const uint2*)e0, r.h1 = *(const uint2*)(e0 + 2 * 4 * 16);
     }
-    __device__ static void decode(const Raw& r, int, float v0[4], float v1[4]) {
+    __device__ static void decode(const Raw& r, float v0[4], float v1[4]) {
         v0[0] = h2f((u16)r.h0.x), v0[1] = h2f((u16)(r.h0.x >> 16));
         v0[2] = h2f((u16)r.h0.y), v0[3] = h2f((u16)(r.h0.y >> 16));
         v1[0] = h2f((u16)r.h1.x), v1[1] = h2f((u16)(r.h1.x >> 16));
@@ -168,7 +168,7 @@ struct PartsQ6_K : PartsOf<PartsQ6_K> {
         for (int i = 0; i < 4; ++i)
             v[i] = u2f_sub(((lo >> (8 * i)) & 15) | (((hi >> (8 * i)) & 3) << 4), 32) * ds;
     }
-    __device__ static void decode(const Raw& r, int, float v0[4], float v1[4]) {
+    __device__ static void decode(const Raw& r, float v0[4], float v1[4]) {
         const float d = h2f((u16)r.d);
         q6(r.lo0, r.hi0, d * (float)(signed char)(r.sc & 0xff), v0);
         q6(r.lo1, r.hi1, d * (float)(signed char)(r.sc >> 8), v1);
