@@ -1,6 +1,6 @@
-// Attention over the paged FP16 KV cache: KV append, causal attention with
-// an online softmax (prefill and decode), and the combine step of split-K
-// ("flash decoding").
+// Attention over the paged FP16 KV cache: causal attention with an online
+// softmax (prefill and decode), and the combine step of split-K ("flash
+// decoding"). Tokens enter the cache through rope_kv_*_f32 (rope.cu).
 //
 // The cache of one layer is two pools, K and V, of pages of KV_PAGE tokens:
 // pool[(page * KV_PAGE + slot) * kv_dim + head * hd + d], FP16. A sequence's
@@ -13,7 +13,7 @@
 // warps). A block serves tpb consecutive query tokens and gw of the query
 // heads that share one KV head (GQA); warp w takes token w / gw and head
 // w % gw. Keys go through shared memory in chunks of KV_PAGE (one page): the
-// block stages the chunk's K and V once (coalesced 4-byte loads) and every
+// block stages the chunk's K and V once (coalesced loads) and every
 // warp uses it, so a page is read once per block, not per head or token
 // (the prefill tiling). In a chunk, lane l scores key l (K rows padded to an
 // odd number of words: conflict-free), the warp updates its running max and
@@ -27,22 +27,6 @@
 
 #define ATT_NEG_INF __int_as_float(0xff800000)
 #define ATT_MAX_WARPS 8
-
-// k, v (n_tok, kv_dim) FP32 -> pools at positions pos[0] .. pos[0] + n_tok - 1
-// (positions come from device memory, so a captured decode step replays at
-// every position).
-extern "C" __global__ void kv_append_f32(const float* k, const float* v, u16* kpool, u16* vpool, const int* table,
-                                         const int* pos, int n_tok, int kv_dim) {
-    const long long n = (long long)n_tok * kv_dim;
-    const int start = pos[0];
-    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (long long)gridDim.x * blockDim.x) {
-        const int i = (int)(e / kv_dim), c = (int)(e % kv_dim);
-        const int p = start + i;
-        const long long at = kv_row(table, p) * kv_dim + c;
-        kpool[at] = f2h(k[e]);
-        vpool[at] = f2h(v[e]);
-    }
-}
 
 struct AttnArgs {
     const float* q;      // (n_tok, n_head, hd)

@@ -1,19 +1,14 @@
-// Rotary position embedding, in place: for each token t, head h and pair i <
-// n_rot / 2, rotate (x[a], x[b]) by theta = pos[t] * pos_scale * inv_freq[i],
-// where (a, b) = (2i, 2i+1) for the normal style (llama) and (i, i + n_rot/2)
-// for NeoX (qwen2). Dimensions from n_rot up pass through.
-//
-// Layout: x (n_tok, n_head, head_dim) FP32 and, in the same launch, x2
-// (n_tok, n_head2, head_dim) (the keys beside the queries; n_head2 = 0 for
-// none); pos (n_tok) int32; inv_freq (n_rot / 2) FP32 (base^(-2i/n_rot),
-// divided by any per-dimension factors).
-// Launch: grid (n_tok, ceil((n_head + n_head2) / hpb)), block ROPE_THREADS,
-// hpb = max(1, ROPE_THREADS / (n_rot / 2)) heads per block. The block first
-// computes the sin/cos of its token's pairs into shared memory (once per
-// block, not per head), then each thread rotates one (head, pair): every
+// Rotary position embedding: for each token t, head h and pair i < n_rot /
+// 2, rotate (x[a], x[b]) by theta = pos[t] * pos_scale * inv_freq[i], where
+// (a, b) = (2i, 2i+1) for the normal style (llama) and (i, i + n_rot/2) for
+// NeoX (qwen2). Dimensions from n_rot up pass through. inv_freq (n_rot / 2)
+// FP32: base^(-2i/n_rot), divided by any per-dimension factors. The queries
+// are rotated in place and the keys on their way into the KV cache
+// (rope_kv_*_f32 below, one launch with the values beside them). Each block
+// first computes the sin/cos of its token's pairs into shared memory (once
+// per block, not per head), then each thread takes one (head, pair): every
 // load of the block is independent, so a decode step (one token, a few
-// dozen heads) is one memory round trip over a few blocks instead of a
-// loop over the heads.
+// dozen heads) is one memory round trip over a few blocks.
 //
 // Why double-precision sincos: theta reaches thousands of radians at long
 // positions, where the fast single-precision __sinf (which --use_fast_math
@@ -48,41 +43,9 @@ __device__ __forceinline__ void rope_pair(int i, int half, int* a, int* b) {
     *b = NEOX ? i + half : 2 * i + 1;
 }
 
-template <bool NEOX>
-__device__ __forceinline__ void rope(float* x, int n_head, float* x2, int n_head2, const int* pos,
-                                     const float* inv_freq, int head_dim, int n_rot, float pos_scale) {
-    __shared__ float cs[2][ROPE_MAX_HALF];
-    const int t = blockIdx.x;
-    const int half = n_rot / 2;
-    const int hpb = max(1, ROPE_THREADS / half);
-    rope_table(cs, pos[t], inv_freq, half, pos_scale);
-    const int h_end = min(n_head + n_head2, (blockIdx.y + 1) * hpb);
-    for (int e = blockIdx.y * hpb * half + threadIdx.x; e < h_end * half; e += blockDim.x) {
-        const int h = e / half, i = e % half;
-        float* xh = h < n_head ? x + ((long long)t * n_head + h) * head_dim
-                               : x2 + ((long long)t * n_head2 + (h - n_head)) * head_dim;
-        const float s = cs[0][i], c = cs[1][i];
-        int a, b;
-        rope_pair<NEOX>(i, half, &a, &b);
-        const float x0 = xh[a], x1 = xh[b];
-        xh[a] = x0 * c - x1 * s;
-        xh[b] = x0 * s + x1 * c;
-    }
-}
-
-extern "C" __global__ void rope_norm_f32(float* x, int n_head, float* x2, int n_head2, const int* pos,
-                                         const float* inv_freq, int head_dim, int n_rot, float pos_scale) {
-    rope<false>(x, n_head, x2, n_head2, pos, inv_freq, head_dim, n_rot, pos_scale);
-}
-
-extern "C" __global__ void rope_neox_f32(float* x, int n_head, float* x2, int n_head2, const int* pos,
-                                         const float* inv_freq, int head_dim, int n_rot, float pos_scale) {
-    rope<true>(x, n_head, x2, n_head2, pos, inv_freq, head_dim, n_rot, pos_scale);
-}
-
 // RoPE of the queries in place and of the keys on their way into the paged
-// FP16 KV cache, with the values beside them: one launch where rope_qk and
-// kv_append_f32 (attention.cu) took two. q (n_tok, n_head, head_dim) FP32,
+// FP16 KV cache (attention.cu's layout), with the values beside them. q
+// (n_tok, n_head, head_dim) FP32,
 // roped in place; k, v (n_tok, n_head_kv, head_dim) FP32, read only; token
 // t goes to pool row kv_row(table, pos[t]). Grid (n_tok, ceil((n_head +
 // n_head_kv) / hpb)), block ROPE_THREADS, hpb = max(1, ROPE_THREADS /

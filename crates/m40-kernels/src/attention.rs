@@ -5,7 +5,7 @@ use m40_device::{DeviceBuffer, DeviceView, LaunchConfig, Stream};
 
 use crate::error::{KernelError, Result};
 use crate::format::KernelFormat;
-use crate::ops::{check_len, shape, to_i32, PackedMatrix, QMatrix, RowSplit, ELEMENTWISE_THREADS};
+use crate::ops::{check_len, shape, to_i32, PackedMatrix, QMatrix, RowSplit};
 use crate::pack::PackFormat;
 use crate::{Kernels, MAX_SHARED_PER_BLOCK};
 
@@ -307,61 +307,6 @@ impl Kernels {
                 .scalar(&row_bytes)
                 .scalar(&acc)
                 .run(cfg(grid, GEMM_THREADS, 0))?
-        };
-        Ok(())
-    }
-
-    /// Store `n_tok` tokens' K and V rows (n_tok, kv_dim) FP32 as FP16 at
-    /// positions `pos[0]..pos[0] + n_tok` of a sequence whose pages are
-    /// `table` (pools of KV_PAGE x kv_dim pages); pos[0] is read on the
-    /// device, `max_start` is the largest it will be (for the checks).
-    #[allow(clippy::too_many_arguments)]
-    pub fn kv_append(
-        &self,
-        stream: &Stream,
-        k: &DeviceView<'_, f32>,
-        v: &DeviceView<'_, f32>,
-        kpool: &mut DeviceBuffer<u16>,
-        vpool: &mut DeviceBuffer<u16>,
-        table: &DeviceView<'_, i32>,
-        pos: &DeviceView<'_, i32>,
-        max_start: usize,
-        n_tok: usize,
-        kv_dim: usize,
-    ) -> Result<()> {
-        let start = max_start;
-        const K: &str = "kv_append_f32";
-        if n_tok == 0 {
-            return Ok(());
-        }
-        check_len(K, "k", k.len(), n_tok * kv_dim)?;
-        check_len(K, "v", v.len(), n_tok * kv_dim)?;
-        check_len(K, "table", table.len(), (start + n_tok).div_ceil(KV_PAGE))?;
-        let pages = kpool.len() / (KV_PAGE * kv_dim).max(1);
-        check_len(K, "vpool", vpool.len(), pages * KV_PAGE * kv_dim)?;
-        check_len(K, "pos", pos.len(), 1)?;
-        let kernel = self.kernel("attention", K)?;
-        let grid = (self.flat_grid(n_tok * kv_dim), 1, 1);
-        to_i32(K, "start", start)?;
-        let (n_tok, kv_dim) = (to_i32(K, "n_tok", n_tok)?, to_i32(K, "kv_dim", kv_dim)?);
-        // SAFETY: kv_append_f32(const float* k, const float* v, u16* kpool, u16* vpool,
-        // const int* table, const int* pos, int n_tok, int kv_dim): reads k, v[..n_tok*kv_dim],
-        // pos[0] (<= max_start, the caller's promise) and table[..ceil((pos[0]+n_tok)/KV_PAGE)]
-        // (lengths checked for max_start); writes pool rows of the pages the table
-        // names, which the caller keeps below the pool's page count (the table is
-        // built from the pool's free list).
-        unsafe {
-            stream
-                .launch(&kernel)
-                .view(k)
-                .view(v)
-                .buf_mut(kpool)
-                .buf_mut(vpool)
-                .view(table)
-                .view(pos)
-                .scalar(&n_tok)
-                .scalar(&kv_dim)
-                .run(cfg(grid, ELEMENTWISE_THREADS, 0))?
         };
         Ok(())
     }

@@ -228,21 +228,6 @@ pub(crate) fn check_len(kernel: &'static str, name: &str, len: usize, need: usiz
     Ok(())
 }
 
-/// RoPE parameters every rope kernel can take.
-fn rope_check(kernel: &'static str, p: &RopeParams) -> Result<()> {
-    let (n_rot, head_dim) = (p.n_rot, p.head_dim);
-    if n_rot == 0 || !n_rot.is_multiple_of(2) || n_rot > head_dim || n_rot > 2 * ROPE_MAX_HALF {
-        return Err(shape(
-            kernel,
-            format!(
-                "n_rot {n_rot} must be even, positive and at most head_dim {head_dim} and {}",
-                2 * ROPE_MAX_HALF
-            ),
-        ));
-    }
-    Ok(())
-}
-
 pub(crate) fn to_i32(kernel: &'static str, name: &str, v: usize) -> Result<i32> {
     i32::try_from(v).map_err(|_| shape(kernel, format!("{name} = {v} exceeds i32")))
 }
@@ -693,108 +678,12 @@ impl Kernels {
         Ok(ks as u32)
     }
 
-    /// RoPE in place. x: (n_tok, n_head, head_dim); pos: (n_tok); inv_freq:
-    /// (n_rot / 2), base^(-2i/n_rot) with any per-dimension factors applied.
-    pub fn rope(
-        &self,
-        stream: &Stream,
-        x: &mut DeviceBuffer<f32>,
-        pos: &DeviceView<'_, i32>,
-        inv_freq: &DeviceView<'_, f32>,
-        p: &RopeParams,
-    ) -> Result<()> {
-        self.rope_launch(stream, x, None, pos, inv_freq, p)
-    }
-
-    /// RoPE of the queries q (n_tok, p.n_head, head_dim) and the keys k
-    /// (n_tok, n_head_kv, head_dim) of the same tokens, in one launch.
-    #[allow(clippy::too_many_arguments)]
-    pub fn rope_qk(
-        &self,
-        stream: &Stream,
-        q: &mut DeviceBuffer<f32>,
-        k: &mut DeviceBuffer<f32>,
-        n_head_kv: usize,
-        pos: &DeviceView<'_, i32>,
-        inv_freq: &DeviceView<'_, f32>,
-        p: &RopeParams,
-    ) -> Result<()> {
-        self.rope_launch(stream, q, Some((k, n_head_kv)), pos, inv_freq, p)
-    }
-
-    fn rope_launch(
-        &self,
-        stream: &Stream,
-        x: &mut DeviceBuffer<f32>,
-        x2: Option<(&mut DeviceBuffer<f32>, usize)>,
-        pos: &DeviceView<'_, i32>,
-        inv_freq: &DeviceView<'_, f32>,
-        p: &RopeParams,
-    ) -> Result<()> {
-        const K: &str = "rope";
-        let RopeParams {
-            style,
-            n_head,
-            head_dim,
-            n_rot,
-            pos_scale,
-        } = *p;
-        let n_tok = pos.len();
-        if n_tok == 0 {
-            return Ok(());
-        }
-        rope_check(K, p)?;
-        check_len(K, "x", x.len(), n_tok * n_head * head_dim)?;
-        let n_head2 = x2.as_ref().map_or(0, |(_, h)| *h);
-        if let Some((x2, h)) = &x2 {
-            check_len(K, "x2", x2.len(), n_tok * h * head_dim)?;
-        }
-        check_len(K, "inv_freq", inv_freq.len(), n_rot / 2)?;
-        let name = match style {
-            RopeStyle::Normal => "rope_norm_f32",
-            RopeStyle::Neox => "rope_neox_f32",
-        };
-        let kernel = self.kernel("rope", name)?;
-        let heads_per_block = (ROPE_THREADS as usize / (n_rot / 2)).max(1);
-        let grid = (
-            to_i32(K, "n_tok", n_tok)? as u32,
-            (n_head + n_head2).div_ceil(heads_per_block) as u32,
-            1,
-        );
-        let (n_head, n_head2, head_dim, n_rot) = (
-            to_i32(K, "n_head", n_head)?,
-            to_i32(K, "n_head2", n_head2)?,
-            to_i32(K, "head_dim", head_dim)?,
-            to_i32(K, "n_rot", n_rot)?,
-        );
-        // SAFETY: rope_*_f32(float* x, int n_head, float* x2, int n_head2, const int* pos,
-        // const float* inv_freq, int head_dim, int n_rot, float pos_scale): block (t, c)
-        // touches heads c*hpb .. of token t in x[t*n_head*head_dim..][..n_head*head_dim]
-        // and x2[t*n_head2*head_dim..][..n_head2*head_dim] (null and untouched when
-        // n_head2 = 0), reads pos[t] and inv_freq[..n_rot/2] (n_rot/2 <= ROPE_MAX_HALF,
-        // the shared table); lengths checked above.
-        unsafe {
-            let l = stream.launch(&kernel).buf_mut(x).scalar(&n_head);
-            let l = match x2 {
-                Some((x2, _)) => l.buf_mut(x2),
-                None => l.null(),
-            };
-            l.scalar(&n_head2)
-                .view(pos)
-                .view(inv_freq)
-                .scalar(&head_dim)
-                .scalar(&n_rot)
-                .scalar(&pos_scale)
-                .run(cfg(grid, ROPE_THREADS))?
-        };
-        Ok(())
-    }
-
     /// RoPE of the queries q (n_tok, p.n_head, head_dim) in place, and of
     /// the keys k (n_tok, n_head_kv, head_dim) into the FP16 pool `kpool`
-    /// with the values v beside them into `vpool`: token t at position
-    /// pos[t] of the sequence whose pages are `table` (kv_append's layout;
-    /// k and v are left as they were). One launch for rope_qk + kv_append.
+    /// with the values v beside them into `vpool` (the layout of
+    /// kernels/attention.cu): token t at position pos[t] of the sequence
+    /// whose pages are `table`; k and v are left as they were. inv_freq:
+    /// (n_rot / 2), base^(-2i/n_rot) with any per-dimension factors applied.
     /// pos is read on the device: `max_start` bounds pos[0], positions
     /// after it follow on (pos[t] = pos[0] + t).
     #[allow(clippy::too_many_arguments)]
@@ -814,7 +703,16 @@ impl Kernels {
         max_start: usize,
     ) -> Result<()> {
         const K: &str = "rope_kv_append";
-        rope_check(K, p)?;
+        let (n_rot, head_dim) = (p.n_rot, p.head_dim);
+        if n_rot == 0 || !n_rot.is_multiple_of(2) || n_rot > head_dim || n_rot > 2 * ROPE_MAX_HALF {
+            return Err(shape(
+                K,
+                format!(
+                    "n_rot {n_rot} must be even, positive and at most head_dim {head_dim} and {}",
+                    2 * ROPE_MAX_HALF
+                ),
+            ));
+        }
         let n_tok = pos.len();
         if n_tok == 0 {
             return Ok(());
@@ -1246,13 +1144,14 @@ mod tests {
             "fill_random",
             "fma_probe",
             "rmsnorm_f32",
-            "rope_norm_f32",
-            "rope_neox_f32",
+            "rope_kv_norm_f32",
+            "rope_kv_neox_f32",
             "swiglu_f32",
+            "swiglu_pairs_f32",
             "add_f32",
             "add_rows_f32",
             "f32_to_f16",
-            "kv_append_f32",
+            "select_top_k_f32",
             "attn_combine_f32",
             "attn_f32_r4",
             "gemm_q4_k_f32",
