@@ -70,6 +70,17 @@ impl Default for GpuOptions {
     }
 }
 
+/// The attention of one token at position `start`.
+fn decode_shape(hp: &HyperParams, start: usize) -> AttnShape {
+    AttnShape {
+        n_tok: 1,
+        start,
+        n_head: hp.n_head,
+        n_head_kv: hp.n_head_kv,
+        head_dim: hp.head_dim,
+    }
+}
+
 /// The smallest context a decode graph plans its attention for (tokens).
 const GRAPH_MIN_CONTEXT: usize = 512;
 
@@ -518,6 +529,13 @@ impl GpuBackend {
         let b = max_batch;
         let q_dim = hp.n_head * hp.head_dim;
         let a = |n: usize, what: &str| stream.alloc::<f32>(n.max(1), what);
+        // The attention scratch of a one-token step at the pool's last
+        // position: the most any decode graph's plan needs, so captures
+        // never reallocate it (see `scratch`).
+        let (dec_part, dec_ml) = {
+            let full = decode_shape(&hp, n_pages * KV_PAGE - 1);
+            AttnPlan::new(&full, device.info().sm_count as usize).scratch_len(&full)
+        };
         let work = Workspace {
             inputs: stream.alloc_zeroed::<i32>(
                 2 * b + n_pages + SELECT_ARGS + 2 * hp.n_vocab,
@@ -534,8 +552,8 @@ impl GpuBackend {
             up: a(2 * b * hp.n_ff, "activations")?,
             logits: a(LOGIT_ROWS * hp.n_vocab, "logits")?,
             sel_out: stream.alloc::<i32>(2 * SELECT_MAX_K, "token selection")?,
-            part: a(1, "attention scratch")?,
-            part_ml: a(1, "attention scratch")?,
+            part: a(dec_part, "attention scratch")?,
+            part_ml: a(dec_ml, "attention scratch")?,
         };
         stream.synchronize()?;
         let free = Arc::new(Mutex::new((0..n_pages as u32).rev().collect()));
@@ -967,22 +985,9 @@ impl GpuBackend {
             let max_start = self.graph_bucket(start);
             let key = (sel.is_some(), max_start);
             if !graphs.contains_key(&key) {
-                // The scratch for the whole pool first, so that no later
-                // bucket's capture reallocates it under this one.
-                let sm = self.device().info().sm_count as usize;
-                let full = AttnShape {
-                    n_tok: 1,
-                    start: self.n_pages * KV_PAGE - 1,
-                    n_head: hp.n_head,
-                    n_head_kv: hp.n_head_kv,
-                    head_dim: hp.head_dim,
-                };
-                self.scratch(w, graphs, &AttnPlan::new(&full, sm), &full)?;
-                let shape = AttnShape {
-                    start: max_start,
-                    ..full
-                };
-                let plan = AttnPlan::new(&shape, sm);
+                // (The workspace's scratch already holds this plan's.)
+                let shape = decode_shape(hp, max_start);
+                let plan = AttnPlan::new(&shape, self.device().info().sm_count as usize);
                 self.scratch(w, graphs, &plan, &shape)?;
                 let selects = sel.is_some();
                 let g = self.stream.capture(|_| -> Result<()> {
