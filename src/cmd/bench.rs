@@ -253,23 +253,40 @@ fn tg_test(
     })
 }
 
+/// llama-bench's arguments for the tests `a` runs on the file at `path`:
+/// all layers on the GPU and flash attention on (as the issue's llama.cpp
+/// figures were taken), JSON out; depth 0 and `a.depth` when it is set.
+fn llama_bench_args(path: &Path, a: &Args) -> Vec<std::ffi::OsString> {
+    let mut v: Vec<std::ffi::OsString> = vec!["-m".into(), path.into()];
+    for (flag, val) in [
+        ("-p", a.n_prompt.to_string()),
+        ("-n", a.n_gen.to_string()),
+        ("-r", a.reps.to_string()),
+        ("-ngl", "99".into()),
+        ("-fa", "1".into()),
+        ("-o", "json".into()),
+    ] {
+        v.push(flag.into());
+        v.push(val.into());
+    }
+    if a.depth > 0 {
+        v.push("-d".into());
+        v.push(format!("0,{}", a.depth).into());
+    }
+    v
+}
+
 /// llama-bench's figures for the same tests, if it is on PATH and runs.
 fn llama_bench(path: &Path, a: &Args) -> Option<Vec<(String, f64)>> {
-    let mut cmd = Command::new("llama-bench");
-    cmd.arg("-m")
-        .arg(path)
-        .args(["-p", &a.n_prompt.to_string()])
-        .args(["-n", &a.n_gen.to_string()])
-        .args(["-r", &a.reps.to_string()])
-        .args(["-o", "json"]);
-    if a.depth > 0 {
-        cmd.args(["-d", &format!("0,{}", a.depth)]);
-    }
-    let out = match cmd.output() {
+    let out = match Command::new("llama-bench")
+        .args(llama_bench_args(path, a))
+        .output()
+    {
         Ok(o) if o.status.success() => o,
         Ok(o) => {
             eprintln!(
-                "llama-bench failed: {}",
+                "llama-bench failed ({}): {}",
+                o.status,
                 String::from_utf8_lossy(&o.stderr)
                     .lines()
                     .last()
@@ -279,7 +296,18 @@ fn llama_bench(path: &Path, a: &Args) -> Option<Vec<(String, f64)>> {
         }
         Err(_) => return None, // not on PATH
     };
-    let v: Value = serde_json::from_slice(&out.stdout).ok()?;
+    let res = parse_llama_bench(&out.stdout);
+    if res.is_none() {
+        eprintln!("llama-bench printed no JSON results this bench could read");
+    }
+    res
+}
+
+/// (test name as this bench names it, avg t/s) from llama-bench's `-o json`
+/// output: pp<P> (depth 0), tg<N>, tg<N> @ d<D>; other tests (a prompt at
+/// depth) are left out. None if it is not that JSON.
+fn parse_llama_bench(json: &[u8]) -> Option<Vec<(String, f64)>> {
+    let v: Value = serde_json::from_slice(json).ok()?;
     let mut res = Vec::new();
     for r in v.as_array()? {
         let (p, n) = (r["n_prompt"].as_u64()?, r["n_gen"].as_u64()?);
@@ -411,9 +439,23 @@ fn bench(path: &PathBuf, label: &str, a: &Args) -> Result<()> {
     );
     let has_lb = results.iter().any(|r| r.llama_cpp.is_some());
     print!("| test               |       t/s |        achieved | share of ceiling |");
-    println!("{}", if has_lb { " llama.cpp t/s |" } else { "" });
+    println!(
+        "{}",
+        if has_lb {
+            " llama.cpp t/s | ratio |"
+        } else {
+            ""
+        }
+    );
     print!("| ------------------ | --------: | --------------: | ---------------: |");
-    println!("{}", if has_lb { " ------------: |" } else { "" });
+    println!(
+        "{}",
+        if has_lb {
+            " ------------: | ----: |"
+        } else {
+            ""
+        }
+    );
     for r in &results {
         print!(
             "| {:<18} | {:>9.1} | {:>7.2} {:<7} | {:>15.1}% |",
@@ -425,11 +467,87 @@ fn bench(path: &PathBuf, label: &str, a: &Args) -> Result<()> {
         );
         if has_lb {
             match r.llama_cpp {
-                Some(t) => print!(" {t:>13.1} |"),
-                None => print!(" {:>13} |", "-"),
+                Some(t) => print!(" {t:>13.1} | {:>5.2} |", r.tokens_per_s / t),
+                None => print!(" {:>13} | {:>5} |", "-", "-"),
             }
         }
         println!();
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        a: Args,
+    }
+
+    #[test]
+    fn llama_bench_json_is_read_by_test_name() {
+        // llama-bench -o json's shape (fields this bench does not read cut).
+        let json = br#"[
+          {"model_type": "llama 8B Q4_0", "n_prompt": 512, "n_gen": 0, "n_depth": 0,
+           "avg_ns": 208000000, "avg_ts": 2461.5, "stddev_ts": 3.2},
+          {"model_type": "llama 8B Q4_0", "n_prompt": 0, "n_gen": 128, "n_depth": 0,
+           "avg_ts": 336.25, "stddev_ts": 0.4},
+          {"model_type": "llama 8B Q4_0", "n_prompt": 512, "n_gen": 0, "n_depth": 4096,
+           "avg_ts": 1900.0, "stddev_ts": 2.0},
+          {"model_type": "llama 8B Q4_0", "n_prompt": 0, "n_gen": 128, "n_depth": 4096,
+           "avg_ts": 290.5, "stddev_ts": 0.3}
+        ]"#;
+        let got = parse_llama_bench(json).unwrap();
+        let want = [
+            ("pp512", 2461.5),
+            ("tg128", 336.25),
+            ("tg128 @ d4096", 290.5),
+        ];
+        assert_eq!(got.len(), want.len(), "{got:?}");
+        for ((n, t), (wn, wt)) in got.iter().zip(want) {
+            assert_eq!((n.as_str(), *t), (wn, wt));
+        }
+        // Older builds print no n_depth: depth 0.
+        let old = br#"[{"n_prompt": 0, "n_gen": 64, "avg_ts": 10.0}]"#;
+        assert_eq!(
+            parse_llama_bench(old).unwrap(),
+            vec![("tg64".to_string(), 10.0)]
+        );
+        // Not its JSON: nothing, and the table goes without the column.
+        for bad in [&b"| model | size |"[..], b"{}", br#"[{"n_gen": 1}]"#] {
+            assert!(parse_llama_bench(bad).is_none());
+        }
+    }
+
+    #[test]
+    fn llama_bench_runs_the_same_tests() {
+        let args = |v: &[&str]| {
+            let cli = Cli::parse_from(["bench"].iter().chain(v));
+            llama_bench_args(Path::new("/m/x.gguf"), &cli.a)
+                .into_iter()
+                .map(|s| s.into_string().unwrap())
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        let a = args(&[
+            "/m/x.gguf",
+            "-p",
+            "256",
+            "-n",
+            "32",
+            "-d",
+            "1024",
+            "-r",
+            "2",
+        ]);
+        assert_eq!(
+            a,
+            "-m /m/x.gguf -p 256 -n 32 -r 2 -ngl 99 -fa 1 -o json -d 0,1024"
+        );
+        let a = args(&["/m/x.gguf", "-d", "0"]);
+        assert!(!a.contains(" -d "), "{a}");
+    }
 }
