@@ -264,12 +264,45 @@ template <class P, int B> struct InFlight {
     static constexpr int value = B == 1 ? P::U : (P::U / B > 1 ? P::U / B : 1);
 };
 
+// Where a GEMV's sums go (`mode`): stored, SwiGLU of gate/up pairs, or
+// added to y (the residual connection: each element is read and written by
+// the one lane that owns it).
+#define PGEMV_STORE 0
+#define PGEMV_GLU 1
+#define PGEMV_ADD 2
+
+// The RMSNorm between a residual GEMV and the GEMVs that read its result,
+// folded into both (one token; `fold`):
+// - FOLD_EMIT (the o and down projections, mode PGEMV_ADD): as each lane
+//   adds its row to the residual x, it also writes h[r] = x[r] * nw[r] (nw:
+//   the next norm's weight), and the block writes the sum of its rows' x^2
+//   to part[blockIdx.x];
+// - FOLD_TAKE (Q/K/V, gate/up, the output: x = that h): the block adds the
+//   producer's n_part partial sums in a fixed order (no atomics: the same
+//   bits every run) and scales its sums by 1 / sqrt(sum / n + eps) (a dot
+//   product is linear in x). The partials are loaded before the weights, so
+//   their latency hides under the main loop.
+// This removes the norm's launch and its dependent round trips, and no
+// block reads more than n_part floats for it.
+struct Fold {
+    const float* nw;  // FOLD_EMIT: the next norm's weight (nrows)
+    float* h;         // FOLD_EMIT: x * nw (nrows)
+    float* part;      // FOLD_EMIT: out, one per block; FOLD_TAKE: in
+    int n_part;       // FOLD_TAKE: partial sums to add
+    float eps;        // FOLD_TAKE
+};
+#define FOLD_NONE 0
+#define FOLD_TAKE 1
+#define FOLD_EMIT 2
+#define FOLD_PART_U 4
+
 // y[t][r] = sum_c W[r, c] x[t][c] for tokens t0 .. t0 + m - 1 (m <= B) of
 // x (tokens, nb * 32): each weight is loaded once and used by every token.
-template <class P, int B>
+template <class P, int B, int FOLD>
 __device__ __forceinline__ void gemv_packed(const u8* __restrict__ W, const float* __restrict__ x,
                                             const RowParts y, int nrows, int nb, int ksplit, int t0, int m,
-                                            bool glu) {
+                                            int mode, const Fold fold) {
+    static_assert(FOLD == FOLD_NONE || B == 1, "the folded norm takes one token");
     constexpr int U = InFlight<P, B>::value;
     constexpr int OUT = 4 * B;  // sums per group: 4 rows x B tokens
     __shared__ float red[PGEMV_WARPS][OUT];
@@ -285,6 +318,16 @@ __device__ __forceinline__ void gemv_packed(const u8* __restrict__ W, const floa
     for (int t = 0; t < B; ++t)
 #pragma unroll
         for (int j = 0; j < 4; ++j) acc[t][j] = 0.0f;
+    // FOLD_TAKE: this thread's share of the partial sums, in flight now.
+    float pss = 0.0f;
+    if (FOLD == FOLD_TAKE) {
+#pragma unroll
+        for (int u = 0; u < FOLD_PART_U; ++u) {
+            const int i = threadIdx.x + u * blockDim.x;
+            if (i < fold.n_part) pss += fold.part[i];
+        }
+        for (int i = threadIdx.x + FOLD_PART_U * blockDim.x; i < fold.n_part; i += blockDim.x) pss += fold.part[i];
+    }
     if (g < n_groups) {
         const typename P::Planes planes(W, g, nb, n_groups, q);
         typedef typename P::Planes::Item Item;
@@ -335,31 +378,42 @@ __device__ __forceinline__ void gemv_packed(const u8* __restrict__ W, const floa
         if (lane == i) mine = acc[i >> 2][i & 3];
     const int t = lane >> 2, row = 4 * g + (lane & 3);
     const bool out = lane < OUT && (B == 1 || t < m) && g < n_groups && row < nrows;
+    // The group's sums: lane 4 t + j (< OUT) holds token t, row j, in every
+    // warp when ksplit is 1, in the sub 0 warp after the reduction otherwise.
+    if (ksplit > 1) {
+        if (lane < OUT) red[warp][lane] = mine;
+        __syncthreads();
+        if (sub == 0 && lane < OUT)
+            for (int k = 1; k < ksplit; ++k) mine += red[warp + k][lane];
+    }
+    const bool owns = ksplit == 1 || sub == 0;
+    if (FOLD == FOLD_TAKE) {
+        __shared__ float scratch[32];
+        const float ss = block_sum(pss, scratch);
+        mine *= rsqrtf(ss / (float)(nb * 32) + fold.eps);
+    }
     // With glu, group g is the rows (gate 2g, gate 2g+1, up 2g, up 2g+1) of
     // an interleaved gate/up stack: lanes 4t and 4t+1 take the up sums of
     // lanes 4t+2 and 4t+3 and write silu(gate) * up to y (m, nrows / 2).
-    // The whole warp calls this (the shuffle).
-    auto store = [&](float v) {
-        if (glu) {
-            const float u = __shfl_down_sync(0xffffffffu, v, 2);
-            if (out && (lane & 2) == 0) y.y0[(long long)(t0 + t) * (nrows >> 1) + 2 * g + (lane & 1)] = swiglu1(v, u);
-        } else if (out) {
-            *y.at(t0 + t, row) = v;
+    // The whole warp takes part (the shuffle).
+    float sq = 0.0f;
+    if (mode == PGEMV_GLU) {
+        const float u = __shfl_down_sync(0xffffffffu, mine, 2);
+        if (owns && out && (lane & 2) == 0)
+            y.y0[(long long)(t0 + t) * (nrows >> 1) + 2 * g + (lane & 1)] = swiglu1(mine, u);
+    } else if (owns && out) {
+        float* p = y.at(t0 + t, row);
+        const float v = mode == PGEMV_ADD ? *p + mine : mine;
+        *p = v;
+        if (FOLD == FOLD_EMIT) {
+            fold.h[row] = v * fold.nw[row];
+            sq = v * v;
         }
-    };
-    if (ksplit == 1) {
-        store(mine);
-        return;
     }
-    if (lane < OUT) red[warp][lane] = mine;
-    __syncthreads();
-    if (sub == 0) {
-        float sum = 0.0f;
-        if (lane < OUT) {
-            sum = red[warp][lane];
-            for (int k = 1; k < ksplit; ++k) sum += red[warp + k][lane];
-        }
-        store(sum);
+    if (FOLD == FOLD_EMIT) {
+        __shared__ float scratch[32];
+        sq = block_sum(sq, scratch);
+        if (threadIdx.x == 0) fold.part[blockIdx.x] = sq;
     }
 }
 
@@ -369,24 +423,31 @@ template <int B> struct PgemvOccupancy { static constexpr int value = B == 1 ? 7
 // W: the packed layout above (nb: blocks of 32 weights per row; a multiple
 // of 8 for Q4_K and Q6_K); x (m, nb * 32) FP32, 16-byte aligned; y (m,
 // nrows), or for stacked matrices y, y1, y2 split at rows r1, r2 (common.cuh
-// RowParts; one matrix: r1 = r2 = nrows); glu != 0: W is an interleaved
-// gate/up stack (rows g0, g1, u0, u1, g2, ...; nrows a multiple of 4) and y
-// (m, nrows / 2) gets silu(gate) * up. gemv_packed_<fmt>_f32 takes one
-// token, gemv_packed_<fmt>_f32_x<B> up to B: tokens t0 .. t0 + m - 1. (A
-// 16-token variant ran 3.4x slower than the 8-token one on an H100: its
-// accumulators cap occupancy at 2 blocks; the launcher runs 8 at a time.)
-#define PGEMV_KERNEL_B(name, P, B, suffix)                                                              \
-    extern "C" __global__ void __launch_bounds__(32 * PGEMV_WARPS, PgemvOccupancy<B>::value)             \
-        gemv_packed_##name##_f32##suffix(const u8* W, const float* x, float* y, float* y1, float* y2,    \
-                                         int r1, int r2, int nrows, int nb, int ksplit, int t0, int m,   \
-                                         int glu) {                                                      \
-        gemv_packed<P, B>(W, x, RowParts{y, y1, y2, r1, r2, nrows}, nrows, nb, ksplit, t0, m, glu != 0); \
+// RowParts; one matrix: r1 = r2 = nrows). mode: PGEMV_STORE; PGEMV_ADD (y
+// += W x); PGEMV_GLU: W is an interleaved gate/up stack (rows g0, g1, u0,
+// u1, g2, ...; nrows a multiple of 4) and y (m, nrows / 2) gets silu(gate) *
+// up. gemv_packed_<fmt>_f32 takes one token, gemv_packed_<fmt>_f32_x<B> up
+// to B: tokens t0 .. t0 + m - 1. (A 16-token variant ran 3.4x slower than
+// the 8-token one on an H100: its accumulators cap occupancy at 2 blocks;
+// the launcher runs 8 at a time.) gemv_packed_<fmt>_f32_take and _emit: one
+// token, the two halves of a folded RMSNorm (`Fold`; the other kernels
+// ignore nw, h, part, n_part and eps).
+#define PGEMV_KERNEL_B(name, P, B, FOLD, suffix)                                                          \
+    extern "C" __global__ void __launch_bounds__(32 * PGEMV_WARPS, PgemvOccupancy<B>::value)               \
+        gemv_packed_##name##_f32##suffix(const u8* W, const float* x, float* y, float* y1, float* y2,      \
+                                         int r1, int r2, int nrows, int nb, int ksplit, int t0, int m,     \
+                                         int mode, const float* nw, float* h, float* part, int n_part,     \
+                                         float eps) {                                                      \
+        gemv_packed<P, B, FOLD>(W, x, RowParts{y, y1, y2, r1, r2, nrows}, nrows, nb, ksplit, t0, m, mode,  \
+                                Fold{nw, h, part, n_part, eps});                                           \
     }
-#define PGEMV_KERNEL(name, P)              \
-    PGEMV_KERNEL_B(name, P, 1, )           \
-    PGEMV_KERNEL_B(name, P, 2, _x2)        \
-    PGEMV_KERNEL_B(name, P, 4, _x4)        \
-    PGEMV_KERNEL_B(name, P, 8, _x8)
+#define PGEMV_KERNEL(name, P)                       \
+    PGEMV_KERNEL_B(name, P, 1, FOLD_NONE, )         \
+    PGEMV_KERNEL_B(name, P, 1, FOLD_TAKE, _take)    \
+    PGEMV_KERNEL_B(name, P, 1, FOLD_EMIT, _emit)    \
+    PGEMV_KERNEL_B(name, P, 2, FOLD_NONE, _x2)      \
+    PGEMV_KERNEL_B(name, P, 4, FOLD_NONE, _x4)      \
+    PGEMV_KERNEL_B(name, P, 8, FOLD_NONE, _x8)
 PGEMV_KERNEL(f16, PackF16)
 PGEMV_KERNEL(q8_0, PackQ8_0)
 PGEMV_KERNEL(q4_0, PackQ4_0)

@@ -118,11 +118,41 @@ impl<'a, 'b> RowSplit<'a, 'b> {
     }
 }
 
-/// Where the packed GEMV writes: the parts of a stack, or SwiGLU of an
-/// interleaved gate/up stack.
-enum GemvOut<'a, 'b, 'c> {
+/// Where the packed GEMV writes: the parts of a stack, SwiGLU of an
+/// interleaved gate/up stack (y (m, rows / 2)), or added to y (m, rows):
+/// the residual connection.
+pub enum GemvOut<'a, 'b, 'c> {
     Parts(RowSplit<'a, 'b>),
     Glu(&'c mut DeviceBuffer<f32>),
+    Add(&'c mut DeviceBuffer<f32>),
+}
+
+/// An RMSNorm folded into two one-token packed GEMVs (kernels/gemv_packed.cu
+/// `Fold`): the residual GEMV before it emits, the GEMVs after it take.
+pub enum Fold<'a, 'b> {
+    /// With [`GemvOut::Add`]: also write h = x * weight (x the updated
+    /// residual row, `rows` long) and, per block of the launch, the sum of
+    /// its rows' x^2 to `part` (as many as [`GemvLaunch::blocks`]).
+    Emit {
+        weight: &'a DeviceView<'a, f32>,
+        h: &'b mut DeviceBuffer<f32>,
+        part: &'b mut DeviceBuffer<f32>,
+    },
+    /// x is such an h: the result is scaled by 1 / sqrt(sum(part[..n_part])
+    /// / cols + eps), which makes it W (rmsnorm(residual) * weight).
+    Take {
+        part: &'a DeviceView<'a, f32>,
+        n_part: usize,
+        eps: f32,
+    },
+}
+
+/// What a packed GEMV launched: warps per row group and blocks (per launch
+/// of up to 8 tokens).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemvLaunch {
+    pub ksplit: u32,
+    pub blocks: usize,
 }
 
 /// A weight matrix on the device in the packed GEMV layout
@@ -557,7 +587,8 @@ impl Kernels {
         m: usize,
         ksplit: Option<u32>,
     ) -> Result<u32> {
-        self.gemv_packed_out(stream, w, x, GemvOut::Parts(y), m, ksplit)
+        self.gemv_packed_to(stream, w, x, None, GemvOut::Parts(y), m, ksplit)
+            .map(|l| l.ksplit)
     }
 
     /// SwiGLU through the packed GEMV: `w` is a gate/up stack interleaved
@@ -574,18 +605,24 @@ impl Kernels {
         m: usize,
         ksplit: Option<u32>,
     ) -> Result<u32> {
-        self.gemv_packed_out(stream, w, x, GemvOut::Glu(y), m, ksplit)
+        self.gemv_packed_to(stream, w, x, None, GemvOut::Glu(y), m, ksplit)
+            .map(|l| l.ksplit)
     }
 
-    fn gemv_packed_out(
+    /// The packed GEMV in full: `m` tokens of x written as `out` says, and
+    /// with `fold` (one token) one half of a folded RMSNorm ([`Fold`]). As
+    /// [`Self::gemv_packed_batch`] otherwise.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemv_packed_to(
         &self,
         stream: &Stream,
         w: &PackedMatrix<'_>,
         x: &DeviceView<'_, f32>,
+        mut fold: Option<Fold<'_, '_>>,
         mut out: GemvOut<'_, '_, '_>,
         m: usize,
         ksplit: Option<u32>,
-    ) -> Result<u32> {
+    ) -> Result<GemvLaunch> {
         const K: &str = "gemv_packed";
         if !(1..=PACKED_GEMV_MAX_TOKENS).contains(&m) {
             return Err(shape(
@@ -593,17 +630,28 @@ impl Kernels {
                 format!("{m} tokens (1 to {PACKED_GEMV_MAX_TOKENS} per launch)"),
             ));
         }
+        if fold.is_some() && m != 1 {
+            return Err(shape(K, format!("a folded norm takes 1 token, not {m}")));
+        }
         let f = PackFormat::checked(K, w.ty, w.cols)?;
         let (nrows, ncols) = (w.rows, w.cols);
         if nrows == 0 {
-            return Ok(1);
+            return Ok(GemvLaunch {
+                ksplit: 1,
+                blocks: 0,
+            });
         }
         check_len(K, "weights", w.data.len(), f.packed_bytes(nrows, ncols))?;
         check_len(K, "x", x.len(), m * ncols)?;
-        let (r1, r2, glu) = match &out {
+        let (r1, r2, mode) = match &out {
             GemvOut::Parts(y) => {
                 let (r1, r2) = y.bounds(K, nrows, m)?;
                 (r1, r2, 0i32)
+            }
+            GemvOut::Add(y) => {
+                check_len(K, "y", y.len(), m * nrows)?;
+                let r = to_i32(K, "rows", nrows)?;
+                (r, r, 2i32)
             }
             GemvOut::Glu(y) => {
                 if !nrows.is_multiple_of(4) {
@@ -623,10 +671,12 @@ impl Kernels {
                 "weights and x must start at a multiple of 16 bytes".into(),
             ));
         }
-        let name = |m: usize| match m {
-            1 => f.gemv,
-            2 => f.gemv_batch[0],
-            3..=4 => f.gemv_batch[1],
+        let name = |m: usize| match (m, &fold) {
+            (1, Some(Fold::Emit { .. })) => f.gemv_emit,
+            (1, Some(Fold::Take { .. })) => f.gemv_take,
+            (1, None) => f.gemv,
+            (2, _) => f.gemv_batch[0],
+            (3..=4, _) => f.gemv_batch[1],
             _ => f.gemv_batch[2],
         };
         let kernel = self.kernel("gemv_packed", name(m.min(GEMV_BATCH)))?;
@@ -636,6 +686,33 @@ impl Kernels {
         let groups = nrows.div_ceil(PACK_ROWS);
         let ks = packed_split(groups, nb, resident, ksplit);
         let blocks = groups.div_ceil(warps / ks);
+        match &fold {
+            Some(Fold::Emit { weight, h, part }) => {
+                if !matches!(out, GemvOut::Add(_)) {
+                    return Err(shape(
+                        K,
+                        "a folded norm is emitted by a residual (Add) GEMV".into(),
+                    ));
+                }
+                check_len(K, "norm weight", weight.len(), nrows)?;
+                check_len(K, "h", h.len(), nrows)?;
+                check_len(K, "norm partial sums", part.len(), blocks)?;
+            }
+            Some(Fold::Take { part, n_part, .. }) => {
+                if *n_part == 0 {
+                    return Err(shape(
+                        K,
+                        "a folded norm takes at least 1 partial sum".into(),
+                    ));
+                }
+                check_len(K, "norm partial sums", part.len(), *n_part)?;
+            }
+            None => {}
+        }
+        let n_part_i = match &fold {
+            Some(Fold::Take { n_part, .. }) => to_i32(K, "partial sums", *n_part)?,
+            _ => 0,
+        };
         let grid = (
             u32::try_from(blocks).map_err(|_| shape(K, format!("{nrows} rows")))?,
             1,
@@ -648,34 +725,55 @@ impl Kernels {
         );
         for t0 in (0..m).step_by(GEMV_BATCH) {
             let (t0i, mi) = (t0 as i32, (m - t0).min(GEMV_BATCH) as i32);
-            // SAFETY: gemv_packed_<fmt>_f32[_x<B>](const u8* W, const float* x,
-            // float* y, float* y1, float* y2, int r1, int r2, int nrows, int nb,
-            // int ksplit, int t0, int m, int glu): reads the packed groups of W
-            // (length checked: packed_bytes) and rows t0 .. t0 + m of x (at most
-            // the checked m * nb * 32 floats) with 16-byte loads (both aligned,
-            // checked), writes row r < nrows of those tokens (m <= B: the
-            // kernel was picked for min(m, GEMV_BATCH)) to its part (y, y1, y2
-            // split at r1 <= r2 <= nrows; each part's length checked by
-            // `bounds` for all m tokens), or with glu row r / 2 of y (m,
-            // nrows / 2; checked above); ksplit in {1, 2, 4}.
+            // SAFETY: gemv_packed_<fmt>_f32[_x<B>|_take|_emit](const u8* W,
+            // const float* x, float* y, float* y1, float* y2, int r1, int r2,
+            // int nrows, int nb, int ksplit, int t0, int m, int mode, const
+            // float* nw, float* h, float* part, int n_part, float eps): reads the
+            // packed groups of W (length checked: packed_bytes) and rows t0 ..
+            // t0 + m of x (at most the checked m * nb * 32 floats) with 16-byte
+            // loads (both aligned, checked), writes row r < nrows of those
+            // tokens (m <= B: the kernel was picked for min(m, GEMV_BATCH)) to
+            // its part (y, y1, y2 split at r1 <= r2 <= nrows; each part's
+            // length checked by `bounds` for all m tokens), or adds it to y (m,
+            // nrows; checked), or with glu writes row r / 2 of y (m, nrows / 2;
+            // checked above); ksplit in {1, 2, 4}. _emit (m = 1) also reads nw
+            // and writes h at rows < nrows and part at blocks < grid (lengths
+            // checked); _take reads part[0 .. n_part) (checked); the others
+            // get null pointers and never touch them.
             unsafe {
                 let l = stream.launch(&kernel).view(w.data).view(x);
                 let l = match &mut out {
                     GemvOut::Parts(y) => y.push(l),
-                    GemvOut::Glu(y) => l.buf_mut(&mut **y).null().null(),
+                    GemvOut::Glu(y) | GemvOut::Add(y) => l.buf_mut(&mut **y).null().null(),
                 };
-                l.scalar(&r1)
+                let l = l
+                    .scalar(&r1)
                     .scalar(&r2)
                     .scalar(&nrows)
                     .scalar(&nb)
                     .scalar(&ks)
                     .scalar(&t0i)
                     .scalar(&mi)
-                    .scalar(&glu)
-                    .run(cfg(grid, 32 * PACKED_GEMV_WARPS))?
+                    .scalar(&mode);
+                let l = match &mut fold {
+                    Some(Fold::Emit { weight, h, part }) => l
+                        .view(weight)
+                        .buf_mut(&mut **h)
+                        .buf_mut(&mut **part)
+                        .scalar(&0i32)
+                        .scalar(&0.0f32),
+                    Some(Fold::Take { part, eps, .. }) => {
+                        l.null().null().view(part).scalar(&n_part_i).scalar(eps)
+                    }
+                    None => l.null().null().null().scalar(&0i32).scalar(&0.0f32),
+                };
+                l.run(cfg(grid, 32 * PACKED_GEMV_WARPS))?
             };
         }
-        Ok(ks as u32)
+        Ok(GemvLaunch {
+            ksplit: ks as u32,
+            blocks,
+        })
     }
 
     /// RoPE of the queries q (n_tok, p.n_head, head_dim) in place, and of

@@ -24,6 +24,10 @@ pub struct PackFormat {
     pub ty: GgmlType,
     /// `gemv_packed_{symbol}_f32`.
     pub gemv: &'static str,
+    /// `gemv_packed_{symbol}_f32_take`, `_emit`: one token, the two halves
+    /// of a folded RMSNorm (`Fold`).
+    pub gemv_take: &'static str,
+    pub gemv_emit: &'static str,
     /// `gemv_packed_{symbol}_f32_x{2,4,8}`: the same for up to that many
     /// tokens, each weight loaded once for all of them.
     pub gemv_batch: [&'static str; 3],
@@ -51,6 +55,8 @@ macro_rules! pformat {
         PackFormat {
             ty: GgmlType::$ty,
             gemv: concat!("gemv_packed_", $sym, "_f32"),
+            gemv_take: concat!("gemv_packed_", $sym, "_f32_take"),
+            gemv_emit: concat!("gemv_packed_", $sym, "_f32_emit"),
             gemv_batch: [
                 concat!("gemv_packed_", $sym, "_f32_x2"),
                 concat!("gemv_packed_", $sym, "_f32_x4"),

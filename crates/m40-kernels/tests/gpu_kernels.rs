@@ -12,9 +12,9 @@ use m40_device::testing::test_device;
 use m40_device::{Device, DeviceBuffer, DeviceView, Stream};
 use m40_gguf::GgmlType;
 use m40_kernels::{
-    interleave_glu, pack_gemv, select_args, KernelError, KernelFormat, Kernels, PackFormat,
-    PackedMatrix, Penalties, QMatrix, RopeParams, RopeStyle, RowSplit, PACKED_GEMV_MAX_TOKENS,
-    SELECT_ARGS, SELECT_MAX_K,
+    interleave_glu, pack_gemv, select_args, Fold, GemvOut, KernelError, KernelFormat, Kernels,
+    PackFormat, PackedMatrix, Penalties, QMatrix, RopeParams, RopeStyle, RowSplit,
+    PACKED_GEMV_MAX_TOKENS, SELECT_ARGS, SELECT_MAX_K,
 };
 use m40_model::cpu::ops;
 
@@ -181,6 +181,249 @@ fn packed_gemv_matches_cpu() {
                 let ks = k.gemv_packed(&s, &m, xv, y, ksplit).unwrap();
                 format!("packed gemv {} {rows}x{cols} ksplit {ks}", f.ty)
             });
+        }
+    }
+}
+
+/// Per row of `w` (rows x cols, dequantized) the dot with x in f64 and the
+/// sum of |w x| (the scale of a correct FP32 kernel's rounding).
+fn dots(w: &[f32], x: &[f64]) -> Vec<(f64, f64)> {
+    w.chunks_exact(x.len())
+        .map(|r| {
+            let it = r.iter().zip(x).map(|(a, b)| *a as f64 * b);
+            (it.clone().sum(), it.map(f64::abs).sum())
+        })
+        .collect()
+}
+
+/// The residual GEMV (y += W a) and an RMSNorm folded across it and the
+/// GEMVs after it, every split: the residual GEMV emits h = x * nw and its
+/// blocks' partial sums of x^2, and a consumer GEMV (plain, and the SwiGLU
+/// of a gate/up stack) takes them: its result must be W (rmsnorm(x) * nw)
+/// of the CPU's x. Outputs poisoned (or random, to add to), nothing written
+/// past them; bad combinations refused.
+#[test]
+fn packed_gemv_folded_norm_matches_cpu() {
+    let Some((_dev, s, k, mut rng)) = setup("packed_gemv_folded_norm_matches_cpu") else {
+        return;
+    };
+    const TAIL: usize = 16;
+    let eps = 1e-5f32;
+    for f in PackFormat::ALL {
+        for (d, c, r) in [
+            (f.qk.max(64), 2 * f.qk, 4099),
+            (4096, 4 * f.qk.max(128), 132),
+        ] {
+            // The residual GEMV: x (d) += Wp (d x c) a.
+            let wp = random_weights(&mut rng, f.ty, d, c);
+            let wpd = dequant(f.ty, &wp, d, c);
+            let wpg = s
+                .upload(&pack_gemv(f.ty, &wp, d, c).unwrap(), "wp")
+                .unwrap();
+            let (wpv, a, x0, nw) = (
+                wpg.view(),
+                rng.vec(c, -1.0, 1.0),
+                rng.vec(d + TAIL, -2.0, 2.0),
+                rng.vec(d, 0.5, 1.5),
+            );
+            let pm = PackedMatrix {
+                ty: f.ty,
+                data: &wpv,
+                rows: d,
+                cols: c,
+            };
+            let a64: Vec<f64> = a.iter().map(|&v| v as f64).collect();
+            let pd = dots(&wpd, &a64);
+            let x_cpu: Vec<f64> = (0..d).map(|i| x0[i] as f64 + pd[i].0).collect();
+            let x_tol: Vec<f64> = (0..d)
+                .map(|i| 2e-5 * pd[i].1 + 1e-6 * x_cpu[i].abs())
+                .collect();
+            // The consumer: Wc (r x d), and a gate/up stack of r / 2 pairs.
+            let wc = random_weights(&mut rng, f.ty, r, d);
+            let wcd = dequant(f.ty, &wc, r, d);
+            let wcg = s
+                .upload(&pack_gemv(f.ty, &wc, r, d).unwrap(), "wc")
+                .unwrap();
+            let ff = 66;
+            let (gate, up) = (
+                random_weights(&mut rng, f.ty, ff, d),
+                random_weights(&mut rng, f.ty, ff, d),
+            );
+            let stack = interleave_glu(&gate, &up, ff).unwrap();
+            let wgg = s
+                .upload(&pack_gemv(f.ty, &stack, 2 * ff, d).unwrap(), "wg")
+                .unwrap();
+            let (gd, ud) = (dequant(f.ty, &gate, ff, d), dequant(f.ty, &up, ff, d));
+            let rms =
+                1.0 / (x_cpu.iter().map(|v| v * v).sum::<f64>() / d as f64 + eps as f64).sqrt();
+            let hn: Vec<f64> = (0..d).map(|i| x_cpu[i] * rms * nw[i] as f64).collect();
+            let (cw, gw, uw) = (dots(&wcd, &hn), dots(&gd, &hn), dots(&ud, &hn));
+            // Rounding of x and of the scale reach the result through every
+            // term: 1e-5 of the magnitude on top.
+            let (ag, xg) = (s.upload(&a, "a").unwrap(), s.upload(&x0, "x").unwrap());
+            let nwg = s.upload(&nw, "nw").unwrap();
+            let nwv = nwg.view();
+            let mut x = s.alloc::<f32>(d + TAIL, "x").unwrap();
+            let mut h = s.alloc::<f32>(d + TAIL, "h").unwrap();
+            let n_groups = d.div_ceil(4);
+            let mut part = s.alloc::<f32>(n_groups + TAIL, "part").unwrap();
+            let mut y = s.alloc::<f32>(r + TAIL, "y").unwrap();
+            for ks in [None, Some(1), Some(2), Some(4)] {
+                s.copy_device(&xg.view(), &mut x).unwrap();
+                s.fill_bytes(&mut h, 0xFF).unwrap();
+                s.fill_bytes(&mut part, 0xFF).unwrap();
+                let fold = Fold::Emit {
+                    weight: &nwv,
+                    h: &mut h,
+                    part: &mut part,
+                };
+                let l = k
+                    .gemv_packed_to(&s, &pm, &ag.view(), Some(fold), GemvOut::Add(&mut x), 1, ks)
+                    .unwrap();
+                let what = format!("emit {} {d}x{c} {l:?}", f.ty);
+                let (xr, hr, pr) = (
+                    s.download(&x).unwrap(),
+                    s.download(&h).unwrap(),
+                    s.download(&part).unwrap(),
+                );
+                let xw: Vec<f32> = x_cpu.iter().map(|&v| v as f32).collect();
+                check(&what, &xr[..d], &xw, |i| x_tol[i]);
+                assert_eq!(&xr[d..], &x0[d..], "{what}: wrote past x");
+                let hw: Vec<f32> = (0..d).map(|i| (x_cpu[i] * nw[i] as f64) as f32).collect();
+                check(&format!("{what} h"), &hr[..d], &hw, |i| {
+                    1.5 * x_tol[i] * nw[i] as f64 + 1e-30
+                });
+                assert!(
+                    hr[d..].iter().all(|v| v.to_bits() == u32::MAX),
+                    "{what}: wrote past h"
+                );
+                assert!(l.blocks <= n_groups, "{what}");
+                let ss: f64 = pr[..l.blocks].iter().map(|&v| v as f64).sum();
+                let ss_cpu: f64 = x_cpu.iter().map(|v| v * v).sum();
+                let ss_tol: f64 =
+                    (0..d).map(|i| 2.0 * x_cpu[i].abs() * x_tol[i]).sum::<f64>() + 1e-6 * ss_cpu;
+                assert!(
+                    (ss - ss_cpu).abs() <= ss_tol,
+                    "{what}: sum of squares {ss} vs {ss_cpu}"
+                );
+                assert!(
+                    pr[l.blocks..].iter().all(|v| v.to_bits() == u32::MAX),
+                    "{what}: wrote past part"
+                );
+                // The consumers take the norm from h and the partial sums.
+                let pv = part.view();
+                let take = || Fold::Take {
+                    part: &pv,
+                    n_part: l.blocks,
+                    eps,
+                };
+                let wcv = wcg.view();
+                let cm = PackedMatrix {
+                    ty: f.ty,
+                    data: &wcv,
+                    rows: r,
+                    cols: d,
+                };
+                for kc in [None, Some(1), Some(2), Some(4)] {
+                    s.fill_bytes(&mut y, 0xFF).unwrap();
+                    let out = GemvOut::Parts(RowSplit {
+                        bufs: &mut [&mut y],
+                        rows: &[r],
+                    });
+                    let lc = k
+                        .gemv_packed_to(&s, &cm, &h.view(), Some(take()), out, 1, kc)
+                        .unwrap();
+                    let what = format!("{what} take {r}x{d} {lc:?}");
+                    let want: Vec<f32> = cw.iter().map(|v| v.0 as f32).collect();
+                    let g = s.download(&y).unwrap();
+                    check(&what, &g[..r], &want, |i| {
+                        2e-5 * cw[i].1 + 1e-5 * cw[i].0.abs() + 1e-30
+                    });
+                    assert!(
+                        g[r..].iter().all(|v| v.to_bits() == u32::MAX),
+                        "{what}: wrote past y"
+                    );
+                }
+                let wgv = wgg.view();
+                let gm = PackedMatrix {
+                    ty: f.ty,
+                    data: &wgv,
+                    rows: 2 * ff,
+                    cols: d,
+                };
+                s.fill_bytes(&mut y, 0xFF).unwrap();
+                let lc = k
+                    .gemv_packed_to(
+                        &s,
+                        &gm,
+                        &h.view(),
+                        Some(take()),
+                        GemvOut::Glu(&mut y),
+                        1,
+                        ks,
+                    )
+                    .unwrap();
+                let what = format!("{what} take + glu {ff}x{d} {lc:?}");
+                let (mut want, mut tol) = (vec![0f32; ff], vec![0f64; ff]);
+                for j in 0..ff {
+                    let ((g, mg), (u, mu)) = (gw[j], uw[j]);
+                    let silu = g / (1.0 + (-g).exp());
+                    want[j] = (silu * u) as f32;
+                    tol[j] = 2e-5 * (1.1 * u.abs() * mg + silu.abs() * mu)
+                        + 2e-5 * (silu * u).abs()
+                        + 1e-30;
+                }
+                let g = s.download(&y).unwrap();
+                check(&what, &g[..ff], &want, |i| tol[i]);
+                assert!(
+                    g[ff..].iter().all(|v| v.to_bits() == u32::MAX),
+                    "{what}: wrote past y"
+                );
+            }
+            // Refused: an emit that does not add, one with too few partial
+            // sums, a fold of 2 tokens, a take of none or of more than part
+            // holds.
+            let mut small = s.alloc::<f32>(1, "part").unwrap();
+            let pv = part.view();
+            let av = ag.view();
+            let take = |n_part| {
+                Some(Fold::Take {
+                    part: &pv,
+                    n_part,
+                    eps,
+                })
+            };
+            let mut bad = vec![];
+            let emit = Fold::Emit {
+                weight: &nwv,
+                h: &mut h,
+                part: &mut small,
+            };
+            bad.push(k.gemv_packed_to(&s, &pm, &av, Some(emit), GemvOut::Add(&mut x), 1, None));
+            let mut h2 = s.alloc::<f32>(d, "h").unwrap();
+            let mut p2 = s.alloc::<f32>(n_groups, "part").unwrap();
+            let emit = Fold::Emit {
+                weight: &nwv,
+                h: &mut h2,
+                part: &mut p2,
+            };
+            let out = GemvOut::Parts(RowSplit {
+                bufs: &mut [&mut y],
+                rows: &[d],
+            });
+            bad.push(k.gemv_packed_to(&s, &pm, &av, Some(emit), out, 1, None));
+            bad.push(k.gemv_packed_to(&s, &pm, &av, take(1), GemvOut::Add(&mut x), 2, None));
+            bad.push(k.gemv_packed_to(&s, &pm, &av, take(0), GemvOut::Add(&mut x), 1, None));
+            bad.push(k.gemv_packed_to(
+                &s,
+                &pm,
+                &av,
+                take(n_groups + TAIL + 1),
+                GemvOut::Add(&mut x),
+                1,
+                None,
+            ));
+            assert!(bad.iter().all(|r| r.is_err()));
         }
     }
 }

@@ -27,9 +27,9 @@ use m40_device::{Device, DeviceBuffer, DeviceView, Stream};
 use m40_gguf::hparams::{RopeStyle as GgufRope, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
 use m40_gguf::{GgmlType, HyperParams};
 use m40_kernels::{
-    interleave_glu, pack_gemv, select_args, AttnPlan, AttnScratch, AttnShape, KernelFormat,
-    Kernels, PackFormat, PackedMatrix, Penalties, QMatrix, RopeParams, RopeStyle, RowSplit,
-    KV_PAGE, MAX_HEAD_DIM, PACK_ROWS, SELECT_ARGS, SELECT_MAX_K,
+    interleave_glu, pack_gemv, select_args, AttnPlan, AttnScratch, AttnShape, Fold, GemvOut,
+    KernelFormat, Kernels, PackFormat, PackedMatrix, Penalties, QMatrix, RopeParams, RopeStyle,
+    RowSplit, KV_PAGE, MAX_HEAD_DIM, PACK_ROWS, SELECT_ARGS, SELECT_MAX_K,
 };
 
 use crate::cpu::ops::Rope;
@@ -53,7 +53,10 @@ pub struct GpuOptions {
     pub packed: bool,
     /// Stack Q, K and V, and gate and up, into one packed matrix each where
     /// their formats match: one launch, each part written to its own
-    /// buffer (needs `packed`).
+    /// buffer; and in one-token steps, add the output projections to the
+    /// residual stream in their GEMV and fold the RMSNorm after them into
+    /// that GEMV and the ones that read it (kernels/gemv_packed.cu `Fold`)
+    /// where all of them are packed (needs `packed`).
     pub fuse: bool,
 }
 
@@ -142,6 +145,32 @@ impl Mat {
     }
 }
 
+/// What a matmul multiplies: rows of x, or (one token, packed GEMV only)
+/// the h = x * weight of a folded RMSNorm, whose scale the GEMV computes
+/// from the `n` partial sums of squares in `part` (see [`Residual`]).
+#[derive(Clone, Copy)]
+enum Input<'a> {
+    Rows(&'a DeviceView<'a, f32>),
+    Folded {
+        h: &'a DeviceView<'a, f32>,
+        part: &'a DeviceView<'a, f32>,
+        n: usize,
+    },
+}
+
+/// How a residual connection x += W a was left (`matmul_res`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Residual {
+    /// Added to x.
+    Done,
+    /// In `w.proj`: the next norm adds it (`add_rmsnorm`).
+    Pending,
+    /// Added to x by the GEMV, which also wrote h = x * (the next norm's
+    /// weight) and its blocks' n partial sums of x^2 to `w.norm_part`: the
+    /// next GEMVs take the norm from there (`Input::Folded`).
+    Folded(usize),
+}
+
 /// A [`Mat`]'s launcher view.
 enum MatView<'a> {
     Packed(PackedMatrix<'a>),
@@ -201,6 +230,9 @@ struct Workspace {
     /// The output projections of up to GEMV_TOKENS tokens before they join
     /// the residual (decode, short steps).
     proj: DeviceBuffer<f32>,
+    /// A folded norm's partial sums of squares, one per block of the
+    /// residual GEMV that emits them (at most n_embd / 4).
+    norm_part: DeviceBuffer<f32>,
     gate: DeviceBuffer<f32>,
     up: DeviceBuffer<f32>,
     logits: DeviceBuffer<f32>,
@@ -230,6 +262,27 @@ struct Norm<'a> {
     h: &'a mut DeviceBuffer<f32>,
 }
 
+/// The buffers of a residual connection: the residual stream x, the
+/// pending projection, a folded norm's h and partial sums (a macro builds
+/// it: it borrows four fields, not the whole workspace).
+struct Res<'a> {
+    x: &'a mut DeviceBuffer<f32>,
+    proj: &'a mut DeviceBuffer<f32>,
+    h: &'a mut DeviceBuffer<f32>,
+    part: &'a mut DeviceBuffer<f32>,
+}
+
+macro_rules! res_bufs {
+    ($w:expr) => {
+        Res {
+            x: &mut $w.x,
+            proj: &mut $w.proj,
+            h: &mut $w.h,
+            part: &mut $w.norm_part,
+        }
+    };
+}
+
 /// The K and V pages of every layer.
 struct Pools {
     k: Vec<DeviceBuffer<u16>>,
@@ -257,6 +310,9 @@ pub struct GpuBackend {
     rope: RopeParams,
     max_batch: usize,
     n_pages: usize,
+    /// `GpuOptions::fuse`: one-token steps add the output projections to x
+    /// in their GEMV and fold the norms after them.
+    fuse: bool,
     graphs: std::sync::atomic::AtomicBool,
     free: Arc<Mutex<Vec<u32>>>,
     state: Mutex<State>,
@@ -341,12 +397,13 @@ pub fn memory_needed(model: &Model, opts: &GpuOptions) -> (u64, u64, u64) {
         hp.n_ff as u64,
     );
     // x, h, q, att, k, v, gate, up (twice: a gate/up stack's output) per
-    // token; GEMV_TOKENS tokens' projections;
+    // token; GEMV_TOKENS tokens' projections; a folded norm's partial sums;
     // LOGIT_ROWS rows of logits; the step inputs (ids, positions, block
     // table, a selection's arguments); the token selection's results.
     let work = 4
         * (b * (2 * d + 2 * q + 2 * kv_dim + 3 * ff + 2)
             + b.min(GEMV_TOKENS as u64) * d
+            + d.div_ceil(PACK_ROWS as u64)
             + LOGIT_ROWS as u64 * hp.n_vocab as u64
             + pages
             + (SELECT_ARGS + 2 * hp.n_vocab + 2 * SELECT_MAX_K) as u64);
@@ -548,6 +605,7 @@ impl GpuBackend {
             v: a(b * kv_dim, "activations")?,
             att: a(b * q_dim, "activations")?,
             proj: a(b.min(GEMV_TOKENS) * hp.n_embd, "activations")?,
+            norm_part: a(hp.n_embd.div_ceil(PACK_ROWS), "activations")?,
             gate: a(b * hp.n_ff, "activations")?,
             up: a(2 * b * hp.n_ff, "activations")?,
             logits: a(LOGIT_ROWS * hp.n_vocab, "logits")?,
@@ -569,6 +627,7 @@ impl GpuBackend {
             rope,
             max_batch,
             n_pages,
+            fuse: opts.fuse,
             graphs: opts.graphs.into(),
             free,
             state: Mutex::new(State {
@@ -600,18 +659,30 @@ impl GpuBackend {
     fn gemm_or_gemv(
         &self,
         w: &Mat,
-        x: &DeviceView<'_, f32>,
+        x: Input<'_>,
         y: RowSplit<'_, '_>,
         n: usize,
         accumulate: bool,
     ) -> Result<()> {
         let (k, s) = (&self.kernels, &self.stream);
         let data = w.data.view();
-        debug_assert!(n > w.gemv_rows() || !accumulate, "GEMV does not accumulate");
+        debug_assert!(
+            w.packed || n > 1 || !accumulate,
+            "the row GEMV does not accumulate"
+        );
+        if let (MatView::Packed(m), true) = (w.view(&data), n <= GEMV_TOKENS) {
+            let (x, fold) = self.fold_in(x);
+            let out = match y.bufs {
+                [y] if accumulate => GemvOut::Add(y),
+                _ => GemvOut::Parts(y),
+            };
+            k.gemv_packed_to(s, &m, x, fold, out, n, None)?;
+            return Ok(());
+        }
+        let Input::Rows(x) = x else {
+            unreachable!("a folded norm goes to packed GEMVs only (see `folds`)")
+        };
         match w.view(&data) {
-            MatView::Packed(m) if n <= GEMV_TOKENS => {
-                k.gemv_packed_batch(s, &m, x, y, n, None).map(drop)?
-            }
             MatView::Packed(m) => k.gemm_packed_split(s, &m, x, y, n, accumulate)?,
             MatView::Rows(m) => {
                 let [y] = y.bufs else {
@@ -627,12 +698,30 @@ impl GpuBackend {
         Ok(())
     }
 
-    /// y = W x for `n` rows of x (y += W x with `accumulate`, past the
-    /// GEMV's rows only).
+    /// The GEMV's x, and the half of a folded norm it takes, for `x`.
+    fn fold_in<'a>(&self, x: Input<'a>) -> (&'a DeviceView<'a, f32>, Option<Fold<'a, 'a>>) {
+        match x {
+            Input::Rows(x) => (x, None),
+            Input::Folded { h, part, n } => {
+                let eps = self.model.hparams().rms_eps;
+                (
+                    h,
+                    Some(Fold::Take {
+                        part,
+                        n_part: n,
+                        eps,
+                    }),
+                )
+            }
+        }
+    }
+
+    /// y = W x for `n` rows of x (y += W x with `accumulate`; not through
+    /// the GEMV of GGUF rows).
     fn matmul(
         &self,
         w: &Mat,
-        x: &DeviceView<'_, f32>,
+        x: Input<'_>,
         y: &mut DeviceBuffer<f32>,
         n: usize,
         accumulate: bool,
@@ -649,7 +738,7 @@ impl GpuBackend {
     fn matmul_stacks(
         &self,
         stacks: &[Stack],
-        x: &DeviceView<'_, f32>,
+        x: Input<'_>,
         mut outs: &mut [&mut DeviceBuffer<f32>],
         n: usize,
     ) -> Result<()> {
@@ -671,7 +760,7 @@ impl GpuBackend {
     fn gate_up(
         &self,
         stacks: &[Stack],
-        h: &DeviceView<'_, f32>,
+        h: Input<'_>,
         gate: &mut DeviceBuffer<f32>,
         up: &mut DeviceBuffer<f32>,
         n: usize,
@@ -683,7 +772,8 @@ impl GpuBackend {
                 let data = st.mat.data.view();
                 match st.mat.view(&data) {
                     MatView::Packed(m) if n <= GEMV_TOKENS => {
-                        k.gemv_packed_glu(s, &m, h, gate, n, None).map(drop)?
+                        let (h, fold) = self.fold_in(h);
+                        k.gemv_packed_to(s, &m, h, fold, GemvOut::Glu(gate), n, None)?;
                     }
                     _ => {
                         self.matmul(&st.mat, h, up, n, false)?;
@@ -699,26 +789,55 @@ impl GpuBackend {
         Ok(())
     }
 
-    /// The residual connection x += W a for `n` rows of a. The GEMM
-    /// accumulates into x in place (returns false); rows that go through
-    /// the GEMV (up to `wt.gemv_rows()`) land in `w.proj` and are
-    /// left pending (returns true): the next [`Self::norm`] adds them as it
-    /// normalizes.
+    /// The residual connection x += W a for `n` rows of a. The GEMM, and
+    /// with `fuse` the packed GEMV, accumulate into x in place; with
+    /// `next_norm` (the weight of the norm that follows, when its GEMVs
+    /// take a folded norm: see `folds`) the one-token GEMV also emits that
+    /// norm's h and partial sums. Otherwise rows that go through the GEMV
+    /// (up to `wt.gemv_rows()`) land in `w.proj` and are left pending: the
+    /// next [`Self::norm`] adds them as it normalizes.
     fn matmul_res(
         &self,
         wt: &Mat,
         a: &DeviceView<'_, f32>,
-        x: &mut DeviceBuffer<f32>,
-        proj: &mut DeviceBuffer<f32>,
+        w: Res<'_>,
         n: usize,
-    ) -> Result<bool> {
-        let pending = n <= wt.gemv_rows();
-        if pending {
-            self.matmul(wt, a, proj, n, false)?;
-        } else {
-            self.matmul(wt, a, x, n, true)?;
+        next_norm: Option<&DeviceBuffer<f32>>,
+    ) -> Result<Residual> {
+        let data = wt.data.view();
+        if let (Some(nw), MatView::Packed(m)) = (next_norm, wt.view(&data)) {
+            debug_assert!(self.fuse && n == 1);
+            let nv = nw.view();
+            let fold = Fold::Emit {
+                weight: &nv,
+                h: w.h,
+                part: w.part,
+            };
+            let l = self.kernels.gemv_packed_to(
+                &self.stream,
+                &m,
+                a,
+                Some(fold),
+                GemvOut::Add(w.x),
+                1,
+                None,
+            )?;
+            return Ok(Residual::Folded(l.blocks));
         }
-        Ok(pending)
+        if n <= wt.gemv_rows() && !(wt.packed && self.fuse) {
+            self.matmul(wt, Input::Rows(a), w.proj, n, false)?;
+            Ok(Residual::Pending)
+        } else {
+            self.matmul(wt, Input::Rows(a), w.x, n, true)?;
+            Ok(Residual::Done)
+        }
+    }
+
+    /// Whether the norm before `mats` folds into their GEMVs (and the
+    /// residual GEMV before it, `producer`): one token, `fuse`, and every
+    /// one of them packed.
+    fn folds<'m>(&self, producer: &Mat, mut mats: impl Iterator<Item = &'m Mat>, n: usize) -> bool {
+        self.fuse && n == 1 && producer.packed && mats.all(|m| m.packed)
     }
 
     /// h = rmsnorm(x rows `rows`) * weight, adding the pending residual
@@ -843,12 +962,30 @@ impl GpuBackend {
             n_head_kv: hp.n_head_kv,
             head_dim: hd,
         };
-        // The one-row residual not yet added to x (see matmul_res).
-        let mut pending = false;
+        // How the last residual connection was left (see matmul_res).
+        let mut res = Residual::Done;
+        let out_w = self.output.as_ref().unwrap_or(&self.embd);
         for (l, layer) in self.layers.iter().enumerate() {
-            self.norm(norm_bufs!(w), &layer.attn_norm, 0..n, pending)?;
-            let hv = w.h.view();
-            self.matmul_stacks(&layer.qkv, &hv, &mut [&mut w.q, &mut w.k, &mut w.v], n)?;
+            // Q, K, V of the attention norm: folded into their GEMV, or run.
+            if let Residual::Folded(np) = res {
+                let (hv, pv) = (w.h.view(), w.norm_part.view());
+                let xin = Input::Folded {
+                    h: &hv,
+                    part: &pv,
+                    n: np,
+                };
+                self.matmul_stacks(&layer.qkv, xin, &mut [&mut w.q, &mut w.k, &mut w.v], n)?;
+            } else {
+                let pending = res == Residual::Pending;
+                self.norm(norm_bufs!(w), &layer.attn_norm, 0..n, pending)?;
+                let hv = w.h.view();
+                self.matmul_stacks(
+                    &layer.qkv,
+                    Input::Rows(&hv),
+                    &mut [&mut w.q, &mut w.k, &mut w.v],
+                    n,
+                )?;
+            }
             if let Some([bq, bk, bv]) = &layer.bias {
                 k.add_rows(s, &mut w.q, &bq.view(), n)?;
                 k.add_rows(s, &mut w.k, &bk.view(), n)?;
@@ -884,31 +1021,69 @@ impl GpuBackend {
                 Some(plan),
             )?;
             let av = w.att.view();
-            pending = self.matmul_res(&layer.wo, &av, &mut w.x, &mut w.proj, n)?;
+            let ffn = layer.gate_up.iter().map(|s| &s.mat);
+            let emit = self.folds(&layer.wo, ffn, n).then_some(&layer.ffn_norm);
+            res = self.matmul_res(&layer.wo, &av, res_bufs!(w), n, emit)?;
 
-            self.norm(norm_bufs!(w), &layer.ffn_norm, 0..n, pending)?;
-            let hv = w.h.view();
-            self.gate_up(&layer.gate_up, &hv, &mut w.gate, &mut w.up, n)?;
+            if let Residual::Folded(np) = res {
+                let (hv, pv) = (w.h.view(), w.norm_part.view());
+                let xin = Input::Folded {
+                    h: &hv,
+                    part: &pv,
+                    n: np,
+                };
+                self.gate_up(&layer.gate_up, xin, &mut w.gate, &mut w.up, n)?;
+            } else {
+                let pending = res == Residual::Pending;
+                self.norm(norm_bufs!(w), &layer.ffn_norm, 0..n, pending)?;
+                let hv = w.h.view();
+                self.gate_up(&layer.gate_up, Input::Rows(&hv), &mut w.gate, &mut w.up, n)?;
+            }
             let gv = w.gate.view();
-            pending = self.matmul_res(&layer.down, &gv, &mut w.x, &mut w.proj, n)?;
+            // The norm after the down projection: the next layer's, or the
+            // output norm when this step's logits follow.
+            let emit = match self.layers.get(l + 1) {
+                Some(next) => {
+                    let qkv = next.qkv.iter().map(|s| &s.mat);
+                    self.folds(&layer.down, qkv, n).then_some(&next.attn_norm)
+                }
+                None => (last_logits && self.folds(&layer.down, std::iter::once(out_w), n))
+                    .then_some(&self.output_norm),
+            };
+            res = self.matmul_res(&layer.down, &gv, res_bufs!(w), n, emit)?;
         }
-        if pending && (n > 1 || !last_logits) {
+        if res == Residual::Pending && (n > 1 || !last_logits) {
             k.add(s, &mut w.x, &w.proj.view(), n * hp.n_embd)?;
-            pending = false;
+            res = Residual::Done;
         }
         if last_logits {
-            self.logits(w, n - 1..n, pending)?;
+            self.logits(w, n - 1..n, res)?;
         }
         Ok(())
     }
 
     /// Rows `rows` (at most LOGIT_ROWS) of the final norm and output matmul
     /// into `w.logits`; `pending`: see [`Self::norm`].
-    fn logits(&self, w: &mut Workspace, rows: std::ops::Range<usize>, pending: bool) -> Result<()> {
+    fn logits(&self, w: &mut Workspace, rows: std::ops::Range<usize>, res: Residual) -> Result<()> {
         let n = rows.len();
-        self.norm(norm_bufs!(w), &self.output_norm, rows, pending)?;
         let out_w = self.output.as_ref().unwrap_or(&self.embd);
-        self.matmul(out_w, &w.h.view(), &mut w.logits, n, false)
+        if let Residual::Folded(np) = res {
+            debug_assert_eq!(rows, 0..1, "a folded norm is one token's");
+            let (hv, pv) = (w.h.view(), w.norm_part.view());
+            let xin = Input::Folded {
+                h: &hv,
+                part: &pv,
+                n: np,
+            };
+            return self.matmul(out_w, xin, &mut w.logits, 1, false);
+        }
+        self.norm(
+            norm_bufs!(w),
+            &self.output_norm,
+            rows,
+            res == Residual::Pending,
+        )?;
+        self.matmul(out_w, Input::Rows(&w.h.view()), &mut w.logits, n, false)
     }
 
     /// Make sure the split scratch holds what `plan` needs for `shape`.
@@ -1035,7 +1210,7 @@ impl GpuBackend {
         };
         for r0 in rows.clone().step_by(LOGIT_ROWS) {
             let r1 = (r0 + LOGIT_ROWS).min(rows.end);
-            self.logits(w, r0..r1, false)?;
+            self.logits(w, r0..r1, Residual::Done)?;
             if let Some(out) = out.as_deref_mut() {
                 let at = out.len();
                 out.resize(at + (r1 - r0) * n_vocab, 0.0);
