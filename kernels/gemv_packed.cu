@@ -318,15 +318,15 @@ __device__ __forceinline__ void gemv_packed(const u8* __restrict__ W, const floa
     for (int t = 0; t < B; ++t)
 #pragma unroll
         for (int j = 0; j < 4; ++j) acc[t][j] = 0.0f;
-    // FOLD_TAKE: this thread's share of the partial sums, in flight now.
-    float pss = 0.0f;
+    // FOLD_TAKE: this thread's share of the partial sums, loaded now and
+    // added after the main loop (their latency hides under it).
+    float pv[FOLD_PART_U];
     if (FOLD == FOLD_TAKE) {
 #pragma unroll
         for (int u = 0; u < FOLD_PART_U; ++u) {
             const int i = threadIdx.x + u * blockDim.x;
-            if (i < fold.n_part) pss += fold.part[i];
+            pv[u] = i < fold.n_part ? fold.part[i] : 0.0f;
         }
-        for (int i = threadIdx.x + FOLD_PART_U * blockDim.x; i < fold.n_part; i += blockDim.x) pss += fold.part[i];
     }
     if (g < n_groups) {
         const typename P::Planes planes(W, g, nb, n_groups, q);
@@ -389,6 +389,10 @@ __device__ __forceinline__ void gemv_packed(const u8* __restrict__ W, const floa
     const bool owns = ksplit == 1 || sub == 0;
     if (FOLD == FOLD_TAKE) {
         __shared__ float scratch[32];
+        float pss = 0.0f;
+#pragma unroll
+        for (int u = 0; u < FOLD_PART_U; ++u) pss += pv[u];
+        for (int i = threadIdx.x + FOLD_PART_U * blockDim.x; i < fold.n_part; i += blockDim.x) pss += fold.part[i];
         const float ss = block_sum(pss, scratch);
         mine *= rsqrtf(ss / (float)(nb * 32) + fold.eps);
     }
