@@ -291,6 +291,24 @@ struct Fold {
     int n_part;       // FOLD_TAKE: partial sums to add
     float eps;        // FOLD_TAKE
 };
+// RoPE and the KV append folded into a one-token Q/K/V stack (parts y0 = q,
+// rows [0, r1); K rows [r1, r2); V rows [r2, n)), for the normal (llama)
+// style, whose pairs (2i, 2i+1) are rows 4g, 4g+1 and 4g+2, 4g+3 of one
+// group: the two lanes of a pair swap sums (one shuffle), rotate, and
+// write q (FP32, rotated), K (FP16, rotated) and V (FP16) straight to q and
+// the KV pools at token row kv_row(table, pos[0]). rope.cu's rotation: the
+// same double-precision sincos and the same FP32 products. Off (kpool
+// null) for everything else.
+struct RopeKvFold {
+    const int* pos;
+    const float* inv_freq;  // n_rot / 2
+    const int* table;
+    u16* kpool;
+    u16* vpool;
+    int head_dim, n_rot;
+    float pos_scale;
+};
+
 #define FOLD_NONE 0
 #define FOLD_TAKE 1
 #define FOLD_EMIT 2
@@ -301,7 +319,7 @@ struct Fold {
 template <class P, int B, int FOLD>
 __device__ __forceinline__ void gemv_packed(const u8* __restrict__ W, const float* __restrict__ x,
                                             const RowParts y, int nrows, int nb, int ksplit, int t0, int m,
-                                            int mode, const Fold fold) {
+                                            int mode, const Fold fold, const RopeKvFold rk) {
     static_assert(FOLD == FOLD_NONE || B == 1, "the folded norm takes one token");
     constexpr int U = InFlight<P, B>::value;
     constexpr int OUT = 4 * B;  // sums per group: 4 rows x B tokens
@@ -401,7 +419,30 @@ __device__ __forceinline__ void gemv_packed(const u8* __restrict__ W, const floa
     // lanes 4t+2 and 4t+3 and write silu(gate) * up to y (m, nrows / 2).
     // The whole warp takes part (the shuffle).
     float sq = 0.0f;
-    if (mode == PGEMV_GLU) {
+    if (B == 1 && rk.kpool != nullptr) {
+        const float other = __shfl_xor_sync(0xffffffffu, mine, 1);  // the pair's other sum
+        if (owns && out) {
+            if (row < y.r2) {  // Q or K: rotate the pair
+                const int e = row < y.r1 ? row : row - y.r1;
+                const int d = e % rk.head_dim, i = d >> 1;
+                float v = mine;
+                if (i < (rk.n_rot >> 1)) {
+                    const float theta = (float)rk.pos[0] * rk.pos_scale * rk.inv_freq[i];
+                    double sd, cd;
+                    sincos((double)theta, &sd, &cd);
+                    const float sn = (float)sd, cs = (float)cd;
+                    const float x0 = (d & 1) ? other : mine, x1 = (d & 1) ? mine : other;
+                    v = (d & 1) ? x0 * sn + x1 * cs : x0 * cs - x1 * sn;
+                }
+                if (row < y.r1)
+                    y.y0[row] = v;
+                else
+                    rk.kpool[kv_row(rk.table, rk.pos[0]) * (y.r2 - y.r1) + e] = f2h(v);
+            } else {
+                rk.vpool[kv_row(rk.table, rk.pos[0]) * (y.n - y.r2) + (row - y.r2)] = f2h(mine);
+            }
+        }
+    } else if (mode == PGEMV_GLU) {
         const float u = __shfl_down_sync(0xffffffffu, mine, 2);
         if (owns && out && (lane & 2) == 0)
             y.y0[(long long)(t0 + t) * (nrows >> 1) + 2 * g + (lane & 1)] = swiglu1(mine, u);
@@ -435,15 +476,20 @@ template <int B> struct PgemvOccupancy { static constexpr int value = B == 1 ? 7
 // the 8-token one on an H100: its accumulators cap occupancy at 2 blocks;
 // the launcher runs 8 at a time.) gemv_packed_<fmt>_f32_take and _emit: one
 // token, the two halves of a folded RMSNorm (`Fold`; the other kernels
-// ignore nw, h, part, n_part and eps).
+// ignore nw, h, part, n_part and eps). With kpool non-null (one token, a
+// Q/K/V stack, mode PGEMV_STORE), RoPE and the KV append ride along
+// (`RopeKvFold`): q gets the rotated queries, y1 and y2 are not written.
 #define PGEMV_KERNEL_B(name, P, B, FOLD, suffix)                                                          \
     extern "C" __global__ void __launch_bounds__(32 * PGEMV_WARPS, PgemvOccupancy<B>::value)               \
         gemv_packed_##name##_f32##suffix(const u8* W, const float* x, float* y, float* y1, float* y2,      \
                                          int r1, int r2, int nrows, int nb, int ksplit, int t0, int m,     \
                                          int mode, const float* nw, float* h, float* part, int n_part,     \
-                                         float eps) {                                                      \
+                                         float eps, const int* pos, const float* inv_freq,                 \
+                                         const int* table, u16* kpool, u16* vpool, int head_dim,           \
+                                         int n_rot, float pos_scale) {                                     \
         gemv_packed<P, B, FOLD>(W, x, RowParts{y, y1, y2, r1, r2, nrows}, nrows, nb, ksplit, t0, m, mode,  \
-                                Fold{nw, h, part, n_part, eps});                                           \
+                                Fold{nw, h, part, n_part, eps},                                            \
+                                RopeKvFold{pos, inv_freq, table, kpool, vpool, head_dim, n_rot, pos_scale}); \
     }
 #define PGEMV_KERNEL(name, P)                       \
     PGEMV_KERNEL_B(name, P, 1, FOLD_NONE, )         \

@@ -25,8 +25,8 @@ pub use attention::{attn_shared_bytes, AttnPlan, AttnScratch, AttnShape, KV_PAGE
 pub use error::{KernelError, Result};
 pub use format::{gemv_chunk_blocks, gemv_shared_bytes, KernelFormat};
 pub use ops::{
-    Fold, GemvLaunch, GemvOut, GemvPlan, PackedMatrix, QMatrix, RopeParams, RopeStyle, RowSplit,
-    PACKED_GEMV_MAX_TOKENS,
+    Fold, GemvLaunch, GemvOut, GemvPlan, PackedMatrix, QMatrix, RopeKv, RopeParams, RopeStyle,
+    RowSplit, PACKED_GEMV_MAX_TOKENS,
 };
 pub use pack::{interleave_glu, pack_gemv, PackFormat, PACK_ROWS};
 pub use sample::{select_args, Penalties, SELECT_ARGS, SELECT_MAX_K};

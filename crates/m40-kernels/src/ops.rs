@@ -125,6 +125,25 @@ pub enum GemvOut<'a, 'b, 'c> {
     Parts(RowSplit<'a, 'b>),
     Glu(&'c mut DeviceBuffer<f32>),
     Add(&'c mut DeviceBuffer<f32>),
+    /// A Q/K/V stack of one token (rows: q_dim, then K and V of n_head_kv
+    /// heads each), with RoPE and the KV append folded in: the rotated
+    /// queries to `q`, K (rotated) and V to the pools as
+    /// [`Kernels::rope_kv_append`] would. The normal (llama) style only.
+    RopeKv(RopeKv<'a, 'c>),
+}
+
+/// The destinations and parameters of [`GemvOut::RopeKv`].
+pub struct RopeKv<'a, 'c> {
+    pub q: &'c mut DeviceBuffer<f32>,
+    pub n_head_kv: usize,
+    /// pos[0]: the token's position (read on the device, at most `max_start`).
+    pub pos: &'a DeviceView<'a, i32>,
+    pub inv_freq: &'a DeviceView<'a, f32>,
+    pub p: &'a RopeParams,
+    pub kpool: &'c mut DeviceBuffer<u16>,
+    pub vpool: &'c mut DeviceBuffer<u16>,
+    pub table: &'a DeviceView<'a, i32>,
+    pub max_start: usize,
 }
 
 /// An RMSNorm folded into two one-token packed GEMVs (kernels/gemv_packed.cu
@@ -653,6 +672,52 @@ impl Kernels {
                 let r = to_i32(K, "rows", nrows)?;
                 (r, r, 2i32)
             }
+            GemvOut::RopeKv(r) => {
+                let (p, hd) = (r.p, r.p.head_dim);
+                let (q_dim, kv_dim) = (p.n_head * hd, r.n_head_kv * hd);
+                if m != 1 || p.style != RopeStyle::Normal {
+                    return Err(shape(
+                        K,
+                        format!("RoPE folds into one token's GEMV of the normal style, not {m} tokens, {:?}", p.style),
+                    ));
+                }
+                if nrows != q_dim + 2 * kv_dim {
+                    return Err(shape(
+                        K,
+                        format!("{nrows} rows are not Q {q_dim} + K, V {kv_dim}"),
+                    ));
+                }
+                if !hd.is_multiple_of(2)
+                    || p.n_rot == 0
+                    || !p.n_rot.is_multiple_of(2)
+                    || p.n_rot > hd
+                {
+                    return Err(shape(
+                        K,
+                        format!(
+                            "head_dim {hd}, n_rot {}: both even, n_rot in 2..=head_dim",
+                            p.n_rot
+                        ),
+                    ));
+                }
+                check_len(K, "q", r.q.len(), q_dim)?;
+                check_len(K, "pos", r.pos.len(), 1)?;
+                check_len(K, "inv_freq", r.inv_freq.len(), p.n_rot / 2)?;
+                check_len(
+                    K,
+                    "table",
+                    r.table.len(),
+                    (r.max_start + 1).div_ceil(KV_PAGE),
+                )?;
+                to_i32(K, "positions", r.max_start + 1)?;
+                let pages = r.kpool.len() / (KV_PAGE * kv_dim).max(1);
+                check_len(K, "vpool", r.vpool.len(), pages * KV_PAGE * kv_dim)?;
+                (
+                    to_i32(K, "rows", q_dim)?,
+                    to_i32(K, "rows", q_dim + kv_dim)?,
+                    0i32,
+                )
+            }
             GemvOut::Glu(y) => {
                 if !nrows.is_multiple_of(4) {
                     return Err(shape(
@@ -709,6 +774,10 @@ impl Kernels {
             }
             None => {}
         }
+        let (rope_i, rope_scale) = match &out {
+            GemvOut::RopeKv(r) => ([r.p.head_dim as i32, r.p.n_rot as i32], r.p.pos_scale),
+            _ => ([0, 0], 0.0f32),
+        };
         let n_part_i = match &fold {
             Some(Fold::Take { n_part, .. }) => to_i32(K, "partial sums", *n_part)?,
             _ => 0,
@@ -739,12 +808,37 @@ impl Kernels {
             // checked above); ksplit in {1, 2, 4}. _emit (m = 1) also reads nw
             // and writes h at rows < nrows and part at blocks < grid (lengths
             // checked); _take reads part[0 .. n_part) (checked); the others
-            // get null pointers and never touch them.
+            // get null pointers and never touch them. With kpool non-null (the
+            // RopeKv output, m = 1, checked): the kernel writes q rows < r1
+            // (q_dim, checked), reads pos[0] (<= max_start, the caller's
+            // promise), table[pos[0] / KV_PAGE] (length checked for max_start)
+            // and inv_freq[..n_rot / 2] (checked), and writes row
+            // kv_row(table, pos[0]) of both pools (pages below the pool's
+            // count, kept so by the caller; vpool as long as kpool: checked).
+            // Then const int* pos, const float* inv_freq, const int* table,
+            // u16* kpool, u16* vpool, int head_dim, int n_rot, float pos_scale
+            // (null and zeros otherwise).
             unsafe {
                 let l = stream.launch(&kernel).view(w.data).view(x);
-                let l = match &mut out {
-                    GemvOut::Parts(y) => y.push(l),
-                    GemvOut::Glu(y) | GemvOut::Add(y) => l.buf_mut(&mut **y).null().null(),
+                let (l, rk) = match &mut out {
+                    GemvOut::Parts(y) => (y.push(l), None),
+                    GemvOut::Glu(y) | GemvOut::Add(y) => (l.buf_mut(&mut **y).null().null(), None),
+                    GemvOut::RopeKv(r) => {
+                        let RopeKv {
+                            q,
+                            pos,
+                            inv_freq,
+                            table,
+                            kpool,
+                            vpool,
+                            ..
+                        } = r;
+                        let l = l.buf_mut(&mut **q).null().null();
+                        (
+                            l,
+                            Some((*pos, *inv_freq, *table, &mut **kpool, &mut **vpool)),
+                        )
+                    }
                 };
                 let l = l
                     .scalar(&r1)
@@ -767,6 +861,16 @@ impl Kernels {
                     }
                     None => l.null().null().null().scalar(&0i32).scalar(&0.0f32),
                 };
+                let l = match rk {
+                    Some((pos, inv_freq, table, kpool, vpool)) => l
+                        .view(pos)
+                        .view(inv_freq)
+                        .view(table)
+                        .buf_mut(kpool)
+                        .buf_mut(vpool),
+                    None => l.null().null().null().null().null(),
+                };
+                let l = l.scalar(&rope_i[0]).scalar(&rope_i[1]).scalar(&rope_scale);
                 l.run(cfg(grid, 32 * PACKED_GEMV_WARPS))?
             };
         }

@@ -428,6 +428,196 @@ fn packed_gemv_folded_norm_matches_cpu() {
     }
 }
 
+/// The one-token Q/K/V GEMV with RoPE and the KV append folded in
+/// (GemvOut::RopeKv) against the same GEMV into q, k, v followed by
+/// rope_kv_append (both checked against the CPU by their own tests): q
+/// within FP32 rounding, every K element within one FP16 step, V equal,
+/// every other pool row still poisoned; every packed format and split,
+/// full and partial rotation, GQA, scaled positions, shuffled pages.
+#[test]
+fn qkv_gemv_with_rope_kv_matches_the_unfolded_path() {
+    let Some((_dev, s, k, mut rng)) = setup("qkv_gemv_with_rope_kv_matches_the_unfolded_path")
+    else {
+        return;
+    };
+    use m40_kernels::{RopeKv, KV_PAGE};
+    // (n_head, n_kv, head_dim, n_rot, position, pos_scale)
+    let cases = [
+        (4usize, 2usize, 64usize, 64usize, 37usize, 1.0f32),
+        (8, 2, 128, 128, 3001, 1.0),
+        (3, 1, 64, 32, 500, 0.25),
+        (6, 6, 80, 48, 95, 1.0),
+    ];
+    for f in PackFormat::ALL {
+        for (n_head, n_kv, hd, n_rot, start, pos_scale) in cases {
+            let cols = 2 * f.qk.max(128);
+            let (q_dim, kv_dim) = (n_head * hd, n_kv * hd);
+            let rows = q_dim + 2 * kv_dim;
+            let w = random_weights(&mut rng, f.ty, rows, cols);
+            let wg = s
+                .upload(&pack_gemv(f.ty, &w, rows, cols).unwrap(), "w")
+                .unwrap();
+            let wv = wg.view();
+            let pm = PackedMatrix {
+                ty: f.ty,
+                data: &wv,
+                rows,
+                cols,
+            };
+            let x = s.upload(&rng.vec(cols, -1.0, 1.0), "x").unwrap();
+            let pages = (start + 1).div_ceil(KV_PAGE);
+            let pool_pages = pages + 2;
+            let mut ids: Vec<i32> = (0..pool_pages as i32).collect();
+            for i in (1..ids.len()).rev() {
+                ids.swap(i, rng.below(i + 1));
+            }
+            let table = s.upload(&ids[..pages], "table").unwrap();
+            let pos = s.upload(&[start as i32], "pos").unwrap();
+            let inv: Vec<f32> = (0..n_rot / 2)
+                .map(|i| 10000f32.powf(-2.0 * i as f32 / n_rot as f32))
+                .collect();
+            let inv = s.upload(&inv, "inv_freq").unwrap();
+            let p = RopeParams {
+                style: RopeStyle::Normal,
+                n_head,
+                head_dim: hd,
+                n_rot,
+                pos_scale,
+            };
+            let pool = pool_pages * KV_PAGE * kv_dim;
+            let row = ids[start / KV_PAGE] as usize * KV_PAGE + start % KV_PAGE;
+            for ks in [None, Some(1), Some(2), Some(4)] {
+                // The unfolded path, with the same split (the sums' order).
+                let mut q = s.alloc::<f32>(q_dim, "q").unwrap();
+                let mut kb = s.alloc::<f32>(kv_dim, "k").unwrap();
+                let mut vb = s.alloc::<f32>(kv_dim, "v").unwrap();
+                let (mut kp0, mut vp0) = (
+                    s.alloc::<u16>(pool, "kp").unwrap(),
+                    s.alloc::<u16>(pool, "vp").unwrap(),
+                );
+                s.fill_bytes(&mut kp0, 0xFF).unwrap();
+                s.fill_bytes(&mut vp0, 0xFF).unwrap();
+                let out = RowSplit {
+                    bufs: &mut [&mut q, &mut kb, &mut vb],
+                    rows: &[q_dim, kv_dim, kv_dim],
+                };
+                k.gemv_packed_batch(&s, &pm, &x.view(), out, 1, ks).unwrap();
+                k.rope_kv_append(
+                    &s,
+                    &mut q,
+                    &kb.view(),
+                    &vb.view(),
+                    n_kv,
+                    &pos.view(),
+                    &inv.view(),
+                    &p,
+                    &mut kp0,
+                    &mut vp0,
+                    &table.view(),
+                    start,
+                )
+                .unwrap();
+                let (want_q, want_k, want_v) = (
+                    s.download(&q).unwrap(),
+                    s.download(&kp0).unwrap(),
+                    s.download(&vp0).unwrap(),
+                );
+                let mut q2 = s.alloc::<f32>(q_dim + 8, "q").unwrap();
+                let (mut kp, mut vp) = (
+                    s.alloc::<u16>(pool, "kp").unwrap(),
+                    s.alloc::<u16>(pool, "vp").unwrap(),
+                );
+                s.fill_bytes(&mut q2, 0xFF).unwrap();
+                s.fill_bytes(&mut kp, 0xFF).unwrap();
+                s.fill_bytes(&mut vp, 0xFF).unwrap();
+                let (iv, pv, tv) = (inv.view(), pos.view(), table.view());
+                let out = GemvOut::RopeKv(RopeKv {
+                    q: &mut q2,
+                    n_head_kv: n_kv,
+                    pos: &pv,
+                    inv_freq: &iv,
+                    p: &p,
+                    kpool: &mut kp,
+                    vpool: &mut vp,
+                    table: &tv,
+                    max_start: start,
+                });
+                let l = k
+                    .gemv_packed_to(&s, &pm, &x.view(), None, out, 1, ks)
+                    .unwrap();
+                let what = format!("{} {n_head}/{n_kv}x{hd} rot {n_rot} at {start} {l:?}", f.ty);
+                let (gq, gk, gv) = (
+                    s.download(&q2).unwrap(),
+                    s.download(&kp).unwrap(),
+                    s.download(&vp).unwrap(),
+                );
+                // The pair's magnitude bounds a rotation's rounding (the two
+                // kernels may contract its products differently).
+                check(&what, &gq[..q_dim], &want_q, |i| {
+                    1e-6 * (want_q[i].abs() + want_q[i ^ 1].abs()) as f64 + 1e-30
+                });
+                assert!(
+                    gq[q_dim..].iter().all(|v| v.to_bits() == u32::MAX),
+                    "{what}: wrote past q"
+                );
+                for i in 0..pool {
+                    let in_row = i / kv_dim == row;
+                    if !in_row {
+                        assert!(
+                            gk[i] == 0xFFFF && gv[i] == 0xFFFF,
+                            "{what}: pool element {i} outside the token's row written"
+                        );
+                        continue;
+                    }
+                    let (a, b) = (
+                        half::f16::from_bits(gk[i]).to_f32(),
+                        half::f16::from_bits(want_k[i]).to_f32(),
+                    );
+                    let pair = half::f16::from_bits(want_k[i ^ 1]).to_f32();
+                    let tol = b.abs() / 1024.0 + 1e-6 * (b.abs() + pair.abs()) + 1e-7;
+                    assert!((a - b).abs() <= tol, "{what}: K[{i}] {a} vs {b}");
+                    assert_eq!(gv[i], want_v[i], "{what}: V[{i}]");
+                }
+            }
+            // Refused: NeoX, two tokens, rows that are not Q + 2 KV.
+            for (style, m, nh) in [
+                (RopeStyle::Neox, 1, n_head),
+                (RopeStyle::Normal, 2, n_head),
+                (RopeStyle::Normal, 1, n_head + 1),
+            ] {
+                let p = RopeParams {
+                    style,
+                    n_head: nh,
+                    ..p
+                };
+                let (iv, pv, tv) = (inv.view(), pos.view(), table.view());
+                let (mut kp, mut vp) = (
+                    s.alloc::<u16>(pool, "kp").unwrap(),
+                    s.alloc::<u16>(pool, "vp").unwrap(),
+                );
+                let mut q2 = s.alloc::<f32>(2 * (q_dim + hd), "q").unwrap();
+                let x2 = s.alloc::<f32>(2 * cols, "x").unwrap();
+                let out = GemvOut::RopeKv(RopeKv {
+                    q: &mut q2,
+                    n_head_kv: n_kv,
+                    pos: &pv,
+                    inv_freq: &iv,
+                    p: &p,
+                    kpool: &mut kp,
+                    vpool: &mut vp,
+                    table: &tv,
+                    max_start: start,
+                });
+                assert!(
+                    k.gemv_packed_to(&s, &pm, &x2.view(), None, out, m, None)
+                        .is_err(),
+                    "{style:?} m {m} heads {nh}"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn embed_every_format_matches_cpu() {
     let Some((_dev, s, k, mut rng)) = setup("embed_every_format_matches_cpu") else {

@@ -28,8 +28,8 @@ use m40_gguf::hparams::{RopeStyle as GgufRope, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
 use m40_gguf::{GgmlType, HyperParams};
 use m40_kernels::{
     interleave_glu, pack_gemv, select_args, AttnPlan, AttnScratch, AttnShape, Fold, GemvOut,
-    KernelFormat, Kernels, PackFormat, PackedMatrix, Penalties, QMatrix, RopeParams, RopeStyle,
-    RowSplit, KV_PAGE, MAX_HEAD_DIM, PACK_ROWS, SELECT_ARGS, SELECT_MAX_K,
+    KernelFormat, Kernels, PackFormat, PackedMatrix, Penalties, QMatrix, RopeKv, RopeParams,
+    RopeStyle, RowSplit, KV_PAGE, MAX_HEAD_DIM, PACK_ROWS, SELECT_ARGS, SELECT_MAX_K,
 };
 
 use crate::cpu::ops::Rope;
@@ -966,45 +966,75 @@ impl GpuBackend {
         let mut res = Residual::Done;
         let out_w = self.output.as_ref().unwrap_or(&self.embd);
         for (l, layer) in self.layers.iter().enumerate() {
-            // Q, K, V of the attention norm: folded into their GEMV, or run.
-            if let Residual::Folded(np) = res {
-                let (hv, pv) = (w.h.view(), w.norm_part.view());
-                let xin = Input::Folded {
+            // Q, K, V of the attention norm (folded into their GEMV, or run
+            // here into h).
+            if !matches!(res, Residual::Folded(_)) {
+                let pending = res == Residual::Pending;
+                self.norm(norm_bufs!(w), &layer.attn_norm, 0..n, pending)?;
+            }
+            let (hv, pv) = (w.h.view(), w.norm_part.view());
+            let xin = match res {
+                Residual::Folded(np) => Input::Folded {
                     h: &hv,
                     part: &pv,
                     n: np,
+                },
+                _ => Input::Rows(&hv),
+            };
+            let inv_freq = self.inv_freq.view();
+            // One token through a packed Q/K/V stack, no bias, llama's RoPE
+            // style: the GEMV rotates and appends to the cache itself.
+            let rope_folded = match layer.qkv.as_slice() {
+                [st] => {
+                    self.fuse
+                        && n == 1
+                        && st.mat.packed
+                        && st.parts.len() == 3
+                        && layer.bias.is_none()
+                        && self.rope.style == RopeStyle::Normal
+                }
+                _ => false,
+            };
+            if rope_folded {
+                let data = layer.qkv[0].mat.data.view();
+                let MatView::Packed(m) = layer.qkv[0].mat.view(&data) else {
+                    unreachable!("rope_folded: packed")
                 };
-                self.matmul_stacks(&layer.qkv, xin, &mut [&mut w.q, &mut w.k, &mut w.v], n)?;
+                let (x, fold) = self.fold_in(xin);
+                let out = GemvOut::RopeKv(RopeKv {
+                    q: &mut w.q,
+                    n_head_kv: hp.n_head_kv,
+                    pos: &pos_v,
+                    inv_freq: &inv_freq,
+                    p: &self.rope,
+                    kpool: &mut pools.k[l],
+                    vpool: &mut pools.v[l],
+                    table: &table,
+                    max_start,
+                });
+                k.gemv_packed_to(s, &m, x, fold, out, 1, None)?;
             } else {
-                let pending = res == Residual::Pending;
-                self.norm(norm_bufs!(w), &layer.attn_norm, 0..n, pending)?;
-                let hv = w.h.view();
-                self.matmul_stacks(
-                    &layer.qkv,
-                    Input::Rows(&hv),
-                    &mut [&mut w.q, &mut w.k, &mut w.v],
-                    n,
+                self.matmul_stacks(&layer.qkv, xin, &mut [&mut w.q, &mut w.k, &mut w.v], n)?;
+                if let Some([bq, bk, bv]) = &layer.bias {
+                    k.add_rows(s, &mut w.q, &bq.view(), n)?;
+                    k.add_rows(s, &mut w.k, &bk.view(), n)?;
+                    k.add_rows(s, &mut w.v, &bv.view(), n)?;
+                }
+                k.rope_kv_append(
+                    s,
+                    &mut w.q,
+                    &w.k.slice(0..n * kv_dim)?,
+                    &w.v.slice(0..n * kv_dim)?,
+                    hp.n_head_kv,
+                    &pos_v,
+                    &inv_freq,
+                    &self.rope,
+                    &mut pools.k[l],
+                    &mut pools.v[l],
+                    &table,
+                    max_start,
                 )?;
             }
-            if let Some([bq, bk, bv]) = &layer.bias {
-                k.add_rows(s, &mut w.q, &bq.view(), n)?;
-                k.add_rows(s, &mut w.k, &bk.view(), n)?;
-                k.add_rows(s, &mut w.v, &bv.view(), n)?;
-            }
-            k.rope_kv_append(
-                s,
-                &mut w.q,
-                &w.k.slice(0..n * kv_dim)?,
-                &w.v.slice(0..n * kv_dim)?,
-                hp.n_head_kv,
-                &pos_v,
-                &self.inv_freq.view(),
-                &self.rope,
-                &mut pools.k[l],
-                &mut pools.v[l],
-                &table,
-                max_start,
-            )?;
             k.attention(
                 s,
                 &shape,
@@ -1025,20 +1055,20 @@ impl GpuBackend {
             let emit = self.folds(&layer.wo, ffn, n).then_some(&layer.ffn_norm);
             res = self.matmul_res(&layer.wo, &av, res_bufs!(w), n, emit)?;
 
-            if let Residual::Folded(np) = res {
-                let (hv, pv) = (w.h.view(), w.norm_part.view());
-                let xin = Input::Folded {
+            if !matches!(res, Residual::Folded(_)) {
+                let pending = res == Residual::Pending;
+                self.norm(norm_bufs!(w), &layer.ffn_norm, 0..n, pending)?;
+            }
+            let (hv, pv) = (w.h.view(), w.norm_part.view());
+            let xin = match res {
+                Residual::Folded(np) => Input::Folded {
                     h: &hv,
                     part: &pv,
                     n: np,
-                };
-                self.gate_up(&layer.gate_up, xin, &mut w.gate, &mut w.up, n)?;
-            } else {
-                let pending = res == Residual::Pending;
-                self.norm(norm_bufs!(w), &layer.ffn_norm, 0..n, pending)?;
-                let hv = w.h.view();
-                self.gate_up(&layer.gate_up, Input::Rows(&hv), &mut w.gate, &mut w.up, n)?;
-            }
+                },
+                _ => Input::Rows(&hv),
+            };
+            self.gate_up(&layer.gate_up, xin, &mut w.gate, &mut w.up, n)?;
             let gv = w.gate.view();
             // The norm after the down projection: the next layer's, or the
             // output norm when this step's logits follow.
