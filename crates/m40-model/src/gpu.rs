@@ -171,6 +171,17 @@ enum Residual {
     Folded(usize),
 }
 
+impl Residual {
+    /// What the matmuls after the next norm read: h as that norm left it
+    /// (run into h, or folded: h = x * weight and the partial sums `part`).
+    fn input<'a>(self, h: &'a DeviceView<'a, f32>, part: &'a DeviceView<'a, f32>) -> Input<'a> {
+        match self {
+            Residual::Folded(n) => Input::Folded { h, part, n },
+            _ => Input::Rows(h),
+        }
+    }
+}
+
 /// A [`Mat`]'s launcher view.
 enum MatView<'a> {
     Packed(PackedMatrix<'a>),
@@ -862,6 +873,21 @@ impl GpuBackend {
         Ok(())
     }
 
+    /// The norm after a residual connection left as `res`, over `n` rows
+    /// into h, unless it was folded into the GEMVs.
+    fn norm_after(
+        &self,
+        w: Norm<'_>,
+        weight: &DeviceBuffer<f32>,
+        n: usize,
+        res: Residual,
+    ) -> Result<()> {
+        if matches!(res, Residual::Folded(_)) {
+            return Ok(());
+        }
+        self.norm(w, weight, 0..n, res == Residual::Pending)
+    }
+
     /// Take pages so that `cache` holds `len` tokens.
     fn reserve(&self, cache: &mut GpuCache, len: usize) -> Result<()> {
         let need = len.div_ceil(KV_PAGE);
@@ -968,19 +994,9 @@ impl GpuBackend {
         for (l, layer) in self.layers.iter().enumerate() {
             // Q, K, V of the attention norm (folded into their GEMV, or run
             // here into h).
-            if !matches!(res, Residual::Folded(_)) {
-                let pending = res == Residual::Pending;
-                self.norm(norm_bufs!(w), &layer.attn_norm, 0..n, pending)?;
-            }
+            self.norm_after(norm_bufs!(w), &layer.attn_norm, n, res)?;
             let (hv, pv) = (w.h.view(), w.norm_part.view());
-            let xin = match res {
-                Residual::Folded(np) => Input::Folded {
-                    h: &hv,
-                    part: &pv,
-                    n: np,
-                },
-                _ => Input::Rows(&hv),
-            };
+            let xin = res.input(&hv, &pv);
             let inv_freq = self.inv_freq.view();
             // One token through a packed Q/K/V stack, no bias, llama's RoPE
             // style: the GEMV rotates and appends to the cache itself.
@@ -1055,19 +1071,9 @@ impl GpuBackend {
             let emit = self.folds(&layer.wo, ffn, n).then_some(&layer.ffn_norm);
             res = self.matmul_res(&layer.wo, &av, res_bufs!(w), n, emit)?;
 
-            if !matches!(res, Residual::Folded(_)) {
-                let pending = res == Residual::Pending;
-                self.norm(norm_bufs!(w), &layer.ffn_norm, 0..n, pending)?;
-            }
+            self.norm_after(norm_bufs!(w), &layer.ffn_norm, n, res)?;
             let (hv, pv) = (w.h.view(), w.norm_part.view());
-            let xin = match res {
-                Residual::Folded(np) => Input::Folded {
-                    h: &hv,
-                    part: &pv,
-                    n: np,
-                },
-                _ => Input::Rows(&hv),
-            };
+            let xin = res.input(&hv, &pv);
             self.gate_up(&layer.gate_up, xin, &mut w.gate, &mut w.up, n)?;
             let gv = w.gate.view();
             // The norm after the down projection: the next layer's, or the
@@ -1097,15 +1103,10 @@ impl GpuBackend {
     fn logits(&self, w: &mut Workspace, rows: std::ops::Range<usize>, res: Residual) -> Result<()> {
         let n = rows.len();
         let out_w = self.output.as_ref().unwrap_or(&self.embd);
-        if let Residual::Folded(np) = res {
+        if let Residual::Folded(_) = res {
             debug_assert_eq!(rows, 0..1, "a folded norm is one token's");
             let (hv, pv) = (w.h.view(), w.norm_part.view());
-            let xin = Input::Folded {
-                h: &hv,
-                part: &pv,
-                n: np,
-            };
-            return self.matmul(out_w, xin, &mut w.logits, 1, false);
+            return self.matmul(out_w, res.input(&hv, &pv), &mut w.logits, 1, false);
         }
         self.norm(
             norm_bufs!(w),
