@@ -26,6 +26,22 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
 // SiLU(g) * u, the gate of SwiGLU.
 __device__ __forceinline__ float swiglu1(float g, float u) { return g / (1.0f + __expf(-g)) * u; }
 
+// RoPE's angle for a rotary pair: theta = p * inv_freq in FP32 (p = the
+// position times pos_scale), its sine and cosine in double precision
+// (theta reaches thousands of radians, where --use_fast_math's __sinf is
+// off by ~1e-3; this matches the CPU reference's sin_cos).
+__device__ __forceinline__ void rope_sin_cos(float p, float inv_freq, float* s, float* c) {
+    const float theta = p * inv_freq;
+    double sd, cd;
+    sincos((double)theta, &sd, &cd);
+    *s = (float)sd;
+    *c = (float)cd;
+}
+
+// The pair (x0, x1) rotated by the angle whose sine and cosine are s, c.
+__device__ __forceinline__ float rope_rot0(float x0, float x1, float s, float c) { return x0 * c - x1 * s; }
+__device__ __forceinline__ float rope_rot1(float x0, float x1, float s, float c) { return x0 * s + x1 * c; }
+
 // Tokens per page of the paged KV cache (attention.cu describes the pools):
 // position p of a sequence is row (table[p / KV_PAGE] * KV_PAGE + p %
 // KV_PAGE) of its pool.

@@ -296,9 +296,9 @@ struct Fold {
 // style, whose pairs (2i, 2i+1) are rows 4g, 4g+1 and 4g+2, 4g+3 of one
 // group: the two lanes of a pair swap sums (one shuffle), rotate, and
 // write q (FP32, rotated), K (FP16, rotated) and V (FP16) straight to q and
-// the KV pools at token row kv_row(table, pos[0]). rope.cu's rotation: the
-// same double-precision sincos and the same FP32 products. Off (kpool
-// null) for everything else.
+// the KV pools at token row kv_row(table, pos[0]), with rope.cu's angles
+// and rotation (common.cuh rope_sin_cos, rope_rot0/1). Off (kpool null)
+// for everything else.
 struct RopeKvFold {
     const int* pos;
     const float* inv_freq;  // n_rot / 2
@@ -427,12 +427,10 @@ __device__ __forceinline__ void gemv_packed(const u8* __restrict__ W, const floa
                 const int d = e % rk.head_dim, i = d >> 1;
                 float v = mine;
                 if (i < (rk.n_rot >> 1)) {
-                    const float theta = (float)rk.pos[0] * rk.pos_scale * rk.inv_freq[i];
-                    double sd, cd;
-                    sincos((double)theta, &sd, &cd);
-                    const float sn = (float)sd, cs = (float)cd;
+                    float sn, cs;
+                    rope_sin_cos((float)rk.pos[0] * rk.pos_scale, rk.inv_freq[i], &sn, &cs);
                     const float x0 = (d & 1) ? other : mine, x1 = (d & 1) ? mine : other;
-                    v = (d & 1) ? x0 * sn + x1 * cs : x0 * cs - x1 * sn;
+                    v = (d & 1) ? rope_rot1(x0, x1, sn, cs) : rope_rot0(x0, x1, sn, cs);
                 }
                 if (row < y.r1)
                     y.y0[row] = v;

@@ -10,11 +10,9 @@
 // load of the block is independent, so a decode step (one token, a few
 // dozen heads) is one memory round trip over a few blocks.
 //
-// Why double-precision sincos: theta reaches thousands of radians at long
-// positions, where the fast single-precision __sinf (which --use_fast_math
-// would pick) is off by ~1e-3; sincos on the double of the same FP32 theta
-// matches the CPU reference's sin_cos. One per (token, pair, block) is cheap
-// even at sm_52's FP64 rate.
+// The angles come from common.cuh's rope_sin_cos (double-precision sincos:
+// see there); one per (token, pair, block) is cheap even at sm_52's FP64
+// rate. gemv_packed.cu's folded RoPE uses the same helpers.
 #include "common.cuh"
 #include "quant.cuh"
 
@@ -27,11 +25,10 @@ __device__ __forceinline__ void rope_table(float (*cs)[ROPE_MAX_HALF], int pos, 
                                            float pos_scale) {
     const float p = (float)pos * pos_scale;
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        const float theta = p * inv_freq[i];
-        double sd, cd;
-        sincos((double)theta, &sd, &cd);
-        cs[0][i] = (float)sd;
-        cs[1][i] = (float)cd;
+        float sn, c;
+        rope_sin_cos(p, inv_freq[i], &sn, &c);
+        cs[0][i] = sn;
+        cs[1][i] = c;
     }
     __syncthreads();
 }
@@ -78,15 +75,15 @@ __device__ __forceinline__ void rope_kv(float* q, int n_head, const float* k, co
             float* xh = q + ((long long)t * n_head + h) * head_dim;
             const float s = cs[0][i], c = cs[1][i];
             const float x0 = xh[a], x1 = xh[b];
-            xh[a] = x0 * c - x1 * s;
-            xh[b] = x0 * s + x1 * c;
+            xh[a] = rope_rot0(x0, x1, s, c);
+            xh[b] = rope_rot1(x0, x1, s, c);
         } else {
             const int kh = h - n_head;
             const long long src = ((long long)t * n_head_kv + kh) * head_dim;
             float x0 = k[src + a], x1 = k[src + b];
             if (i < half) {
                 const float s = cs[0][i], c = cs[1][i];
-                const float r0 = x0 * c - x1 * s, r1 = x0 * s + x1 * c;
+                const float r0 = rope_rot0(x0, x1, s, c), r1 = rope_rot1(x0, x1, s, c);
                 x0 = r0, x1 = r1;
             }
             const long long dst = row + (long long)kh * head_dim;
