@@ -61,6 +61,11 @@ pub struct Args {
     /// instead of stacking them (to compare the two).
     #[arg(long)]
     pub no_fuse: bool,
+    /// Run each decode step's GEMVs and attention as one launch of the
+    /// persistent decode kernel instead of a launch per kernel inside the
+    /// step's graph (to compare the two).
+    #[arg(long)]
+    pub persistent: bool,
     /// Do not run llama-bench even when it is on PATH.
     #[arg(long)]
     pub no_llama_bench: bool,
@@ -375,6 +380,7 @@ fn bench(path: &PathBuf, label: &str, a: &Args) -> Result<()> {
             kv_tokens,
             packed: !a.gguf_layout,
             fuse: !a.no_fuse,
+            persistent: a.persistent,
             ..Default::default()
         },
     )?;
@@ -410,7 +416,8 @@ fn bench(path: &PathBuf, label: &str, a: &Args) -> Result<()> {
             "ceilings": {"read_gbps": c.read_gbps, "fp32_tflops": c.fp32_tflops},
             "model": {"label": label, "path": path, "size_bytes": size, "params": params,
                       "layout": if a.gguf_layout { "gguf" } else { "packed" },
-                      "stacked_qkv_gate_up": !a.gguf_layout && !a.no_fuse},
+                      "stacked_qkv_gate_up": !a.gguf_layout && !a.no_fuse,
+                      "persistent_decode": a.persistent},
             "results": results.iter().map(|r| json!({
                 "test": r.name,
                 "tokens_per_s": r.tokens_per_s,
@@ -428,13 +435,17 @@ fn bench(path: &PathBuf, label: &str, a: &Args) -> Result<()> {
         info.name, info.sm_count, c.read_gbps, c.fp32_tflops
     );
     println!(
-        "model: {label}: {:.2} GiB, {:.2} B params, weights {}\n",
+        "model: {label}: {:.2} GiB, {:.2} B params, weights {}; decode graph: {}\n",
         gib(size),
         params as f64 / 1e9,
         match (a.gguf_layout, a.no_fuse) {
             (true, _) => "in GGUF rows",
             (false, true) => "packed",
             (false, false) => "packed, Q/K/V and gate/up stacked",
+        },
+        match a.persistent {
+            false => "a launch per kernel",
+            true => "the persistent decode kernel",
         }
     );
     let has_lb = results.iter().any(|r| r.llama_cpp.is_some());

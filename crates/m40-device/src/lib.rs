@@ -16,6 +16,7 @@
 //!   addressed by kernels directly.
 //! - [`Module`] / [`Kernel`]: PTX loaded into a device.
 
+mod args;
 mod device;
 mod error;
 mod memory;
@@ -23,6 +24,7 @@ mod module;
 mod stream;
 pub mod testing;
 
+pub use args::{ArgBlock, DevicePtr, KernelArgs};
 pub use device::{Device, DeviceInfo, DeviceOptions};
 pub use error::{DeviceError, Result, MIN_DRIVER_VERSION};
 pub use memory::{DeviceBuffer, DeviceView, MappedBuffer, PinnedBuffer, TAIL_SLACK};

@@ -72,8 +72,22 @@ impl Kernel {
     /// How many blocks of `block_threads` threads (no dynamic shared memory)
     /// one SM holds at once, by the driver's occupancy calculator.
     pub fn max_active_blocks_per_sm(&self, block_threads: u32) -> Result<u32> {
+        self.max_active_blocks_per_sm_with(block_threads, 0)
+    }
+
+    /// [`Self::max_active_blocks_per_sm`] with `shared_bytes` of dynamic
+    /// shared memory per block.
+    pub fn max_active_blocks_per_sm_with(
+        &self,
+        block_threads: u32,
+        shared_bytes: u32,
+    ) -> Result<u32> {
         self.func
-            .occupancy_max_active_blocks_per_multiprocessor(block_threads, 0, None)
+            .occupancy_max_active_blocks_per_multiprocessor(
+                block_threads,
+                shared_bytes as usize,
+                None,
+            )
             .map_err(|source| DeviceError::Driver {
                 op: "cuOccupancyMaxActiveBlocksPerMultiprocessor",
                 source,

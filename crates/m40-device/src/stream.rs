@@ -361,6 +361,12 @@ impl<'a> Launch<'a> {
         self
     }
 
+    /// A device address ([`DevicePtr`]).
+    pub fn ptr(mut self, p: &'a crate::DevicePtr) -> Self {
+        self.args.arg(p.raw());
+        self
+    }
+
     /// A null pointer, for a kernel's optional buffer argument.
     pub fn null(mut self) -> Self {
         static NULL: u64 = 0;

@@ -1,8 +1,9 @@
 //! Launchers of the prefill matmul (kernels/gemm.cu) and of attention over
 //! the paged KV cache (kernels/attention.cu).
 
-use m40_device::{DeviceBuffer, DeviceView, LaunchConfig, Stream};
+use m40_device::{ArgBlock, DeviceBuffer, DeviceView, KernelArgs, LaunchConfig, Stream};
 
+use crate::decode::{DecodeOp, DecodeOpHead, DEC_MAX_HEAD_DIM, DEC_THREADS};
 use crate::error::{KernelError, Result};
 use crate::format::KernelFormat;
 use crate::ops::{check_len, shape, to_i32, PackedMatrix, QMatrix, RowSplit};
@@ -132,13 +133,10 @@ impl AttnPlan {
 }
 
 /// Bytes of dynamic shared memory of `attn_f32_r*` for head dimension `hd`.
-pub fn attn_shared_bytes(hd: usize) -> usize {
+pub const fn attn_shared_bytes(hd: usize) -> usize {
     let hw = hd / 2;
     4 * (ATT_MAX_WARPS * hd + KV_PAGE * (hw + 1) + KV_PAGE * hw)
 }
-
-/// A null `float*` argument.
-const NULL_PTR: u64 = 0;
 
 const ATTN_KERNELS: [&str; 8] = [
     "attn_f32_r1",
@@ -365,7 +363,6 @@ impl Kernels {
         {
             return Err(shape(K, format!("plan {plan:?} does not cover {s:?}")));
         }
-        let kernel = self.kernel("attention", ATTN_KERNELS[hd.div_ceil(32) - 1])?;
         let grid = (
             to_i32(K, "blocks", s.n_tok.div_ceil(plan.tpb))? as u32,
             to_i32(K, "heads", s.n_head_kv * plan.hparts)? as u32,
@@ -374,65 +371,114 @@ impl Kernels {
         if grid.1 > 65535 || grid.2 > 65535 {
             return Err(shape(K, format!("grid {grid:?} too large")));
         }
-        let threads = (32 * plan.tpb * plan.gw) as u32;
+        if plan.splits > ATT_MAX_SPLITS {
+            return Err(shape(
+                K,
+                format!("{} key splits (at most {ATT_MAX_SPLITS})", plan.splits),
+            ));
+        }
+        let warps = plan.tpb * plan.gw;
+        let threads = (32 * warps) as u32;
         let scale_log2 = std::f32::consts::LOG2_E / (hd as f32).sqrt();
         let i = |name, v| to_i32(K, name, v);
         i("start", s.start)?;
-        let args = [
-            i("n_tok", s.n_tok)?,
-            i("n_head", s.n_head)?,
-            i("n_head_kv", s.n_head_kv)?,
-            i("head_dim", hd)?,
-            plan.tpb as i32,
-            plan.gw as i32,
-            plan.hparts as i32,
-            i("split_len", plan.split_len)?,
-        ];
-        let launch = |o: &mut DeviceBuffer<f32>, ml: Option<&mut DeviceBuffer<f32>>| {
-            let l = stream
-                .launch(&kernel)
-                .view(q)
-                .view(kpool)
-                .view(vpool)
-                .view(table);
-            let l = l.buf_mut(o);
-            let l = match ml {
-                Some(ml) => l.buf_mut(ml),
-                None => l.scalar(&NULL_PTR),
-            };
-            let mut l = l.view(pos);
-            for a in &args {
-                l = l.scalar(a);
-            }
-            // SAFETY: attn_f32_r<R>(const float* q, const u16* kpool, const u16* vpool,
-            // const int* table, float* out, float* part_ml, const int* pos, int n_tok,
-            // int n_head, int n_head_kv, int hd, int tpb, int gw, int hparts,
-            // int split_len, float scale_log2) with R = ceil(hd / 32): reads pos[0]
-            // (at most s.start, the caller's promise), q and table within the
-            // lengths checked above and pool rows of the pages the
-            // table names (below the pool's page count, kept so by the caller);
-            // writes out rows < n_tok * n_head (or the split partials, sized by the
-            // caller from scratch_len, checked below); part_ml is untouched when
-            // splits == 1 (a null pointer then). Shared memory: attn_shared_bytes.
-            unsafe { l.scalar(&scale_log2).run(cfg(grid, threads, smem as u32)) }
+        let args = AttnScalars {
+            ints: [
+                i("n_tok", s.n_tok)?,
+                i("n_head", s.n_head)?,
+                i("n_head_kv", s.n_head_kv)?,
+                i("head_dim", hd)?,
+                plan.tpb as i32,
+                plan.gw as i32,
+                plan.hparts as i32,
+                i("split_len", plan.split_len)?,
+            ],
+            scale_log2,
         };
-        if plan.splits == 1 {
-            launch(out, None)?;
-        } else {
-            let sc = scratch
-                .ok_or_else(|| shape(K, format!("{} key splits need scratch", plan.splits)))?;
-            let (np, nml) = plan.scratch_len(s);
-            check_len(K, "part", sc.part.len(), np)?;
-            check_len(K, "part_ml", sc.part_ml.len(), nml)?;
-            launch(sc.part, Some(sc.part_ml))?;
-            if plan.splits > ATT_MAX_SPLITS {
-                return Err(shape(
-                    K,
-                    format!("{} key splits (at most {ATT_MAX_SPLITS})", plan.splits),
-                ));
+        let ptrs = AttnPtrs {
+            q,
+            kpool,
+            vpool,
+            table,
+            pos,
+        };
+        // While a decode program records: ops of the persistent kernel
+        // where its blocks hold the plan (4 warps, head dims up to 128).
+        let record =
+            self.recording() && warps <= (DEC_THREADS / 32) as usize && hd <= DEC_MAX_HEAD_DIM;
+        let (np, nml) = plan.scratch_len(s);
+        let mut scratch = match (plan.splits, scratch) {
+            (1, _) => None,
+            (_, Some(sc)) => {
+                check_len(K, "part", sc.part.len(), np)?;
+                check_len(K, "part_ml", sc.part_ml.len(), nml)?;
+                Some(sc)
             }
+            (n, None) => return Err(shape(K, format!("{n} key splits need scratch"))),
+        };
+        let (splits, hd_i) = (plan.splits as i32, hd as i32);
+        if record {
+            let head = DecodeOpHead {
+                kind: DecodeOp::Attn,
+                blocks: (grid.0 * grid.1 * grid.2) as usize,
+                variant: hd.div_ceil(32) as i32,
+                fold: 0,
+                grid: [grid.0, grid.1, grid.2],
+            };
+            let a = match &mut scratch {
+                None => push_attn(ArgBlock::new(stream), &ptrs, out, None, &args),
+                Some(sc) => push_attn(
+                    ArgBlock::new(stream),
+                    &ptrs,
+                    sc.part,
+                    Some(sc.part_ml),
+                    &args,
+                ),
+            };
+            self.record_op(head, a.into_bytes())?;
+            if let Some(sc) = scratch {
+                let head = DecodeOpHead {
+                    kind: DecodeOp::Combine,
+                    blocks: rows,
+                    variant: 0,
+                    fold: 0,
+                    grid: [0; 3],
+                };
+                let a = ArgBlock::new(stream)
+                    .buf(sc.part)
+                    .buf(sc.part_ml)
+                    .buf_mut(out)
+                    .scalar(&splits)
+                    .scalar(&hd_i);
+                self.record_op(head, a.into_bytes())?;
+            }
+            return Ok(plan);
+        }
+        let kernel = self.kernel("attention", ATTN_KERNELS[hd.div_ceil(32) - 1])?;
+        // SAFETY: attn_f32_r<R> (see push_attn for its parameters) with R =
+        // ceil(hd / 32): reads pos[0] (at most s.start, the caller's
+        // promise), q and table within the lengths checked above and pool
+        // rows of the pages the table names (below the pool's page count,
+        // kept so by the caller); writes out rows < n_tok * n_head (or the
+        // split partials, sized by the caller from scratch_len, checked
+        // above); part_ml is untouched when splits == 1 (a null pointer
+        // then). Shared memory: attn_shared_bytes.
+        let c = cfg(grid, threads, smem as u32);
+        match &mut scratch {
+            None => unsafe { push_attn(stream.launch(&kernel), &ptrs, out, None, &args).run(c)? },
+            Some(sc) => unsafe {
+                push_attn(
+                    stream.launch(&kernel),
+                    &ptrs,
+                    sc.part,
+                    Some(sc.part_ml),
+                    &args,
+                )
+                .run(c)?
+            },
+        }
+        if let Some(sc) = scratch {
             let kernel = self.kernel("attention", "attn_combine_f32")?;
-            let (splits, hd_i) = (plan.splits as i32, hd as i32);
             // SAFETY: attn_combine_f32(const float* part, const float* part_ml,
             // float* out, int splits, int hd): block r reads part[(r*splits..)*hd],
             // part_ml[r*splits*2..] and writes out[r*hd..][..hd], r < rows; lengths
@@ -450,6 +496,51 @@ impl Kernels {
         }
         Ok(plan)
     }
+}
+
+/// The buffers attention reads.
+struct AttnPtrs<'x, 'v> {
+    q: &'x DeviceView<'v, f32>,
+    kpool: &'x DeviceView<'v, u16>,
+    vpool: &'x DeviceView<'v, u16>,
+    table: &'x DeviceView<'v, i32>,
+    pos: &'x DeviceView<'v, i32>,
+}
+
+/// Attention's scalar parameters: n_tok, n_head, n_head_kv, hd, tpb, gw,
+/// hparts, split_len; scale_log2.
+struct AttnScalars {
+    ints: [i32; 8],
+    scale_log2: f32,
+}
+
+/// The parameters of attn_f32_r<R> (kernels/attention.cu; decode.cu's
+/// `DecAttn` has the same fields): const float* q, const u16* kpool, const
+/// u16* vpool, const int* table, float* out, float* part_ml, const int* pos,
+/// int n_tok, int n_head, int n_head_kv, int hd, int tpb, int gw, int
+/// hparts, int split_len, float scale_log2.
+fn push_attn<'l, A: KernelArgs<'l>>(
+    l: A,
+    p: &'l AttnPtrs<'_, '_>,
+    out: &'l mut DeviceBuffer<f32>,
+    part_ml: Option<&'l mut DeviceBuffer<f32>>,
+    sc: &'l AttnScalars,
+) -> A {
+    let l = l
+        .view(p.q)
+        .view(p.kpool)
+        .view(p.vpool)
+        .view(p.table)
+        .buf_mut(out);
+    let l = match part_ml {
+        Some(ml) => l.buf_mut(ml),
+        None => l.null(),
+    };
+    let mut l = l.view(p.pos);
+    for v in &sc.ints {
+        l = l.scalar(v);
+    }
+    l.scalar(&sc.scale_log2)
 }
 
 /// The weights of a GEMM launch: the kernel, its buffer and the bytes it

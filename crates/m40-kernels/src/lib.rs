@@ -10,6 +10,7 @@
 //! models: shapes come in as numbers.
 
 mod attention;
+mod decode;
 mod error;
 mod format;
 mod ops;
@@ -22,6 +23,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use m40_device::{Device, Kernel, Module};
 
 pub use attention::{attn_shared_bytes, AttnPlan, AttnScratch, AttnShape, KV_PAGE, MAX_HEAD_DIM};
+pub use decode::DecodeProgram;
 pub use error::{KernelError, Result};
 pub use format::{gemv_chunk_blocks, gemv_shared_bytes, KernelFormat};
 pub use ops::{
@@ -35,12 +37,13 @@ pub use sample::{select_args, Penalties, SELECT_ARGS, SELECT_MAX_K};
 pub const MAX_SHARED_PER_BLOCK: usize = 48 * 1024;
 
 /// The PTX modules: (name, text), one per `kernels/*.cu`.
-pub const MODULES: [(&str, &str); 10] = [
+pub const MODULES: [(&str, &str); 11] = [
     (
         "attention",
         include_str!("../../../kernels/ptx/attention.ptx"),
     ),
     ("bench", include_str!("../../../kernels/ptx/bench.ptx")),
+    ("decode", include_str!("../../../kernels/ptx/decode.ptx")),
     (
         "elementwise",
         include_str!("../../../kernels/ptx/elementwise.ptx"),
@@ -65,6 +68,8 @@ pub struct Kernels {
     handles: Mutex<HashMap<&'static str, Kernel>>,
     /// Blocks of a kernel the whole GPU holds at once, by kernel name.
     resident: Mutex<HashMap<&'static str, usize>>,
+    /// The decode program being recorded, if any (decode.rs).
+    recorder: Mutex<Option<decode::Recorder>>,
 }
 
 impl Kernels {
@@ -74,6 +79,7 @@ impl Kernels {
             modules: Default::default(),
             handles: Mutex::new(HashMap::new()),
             resident: Mutex::new(HashMap::new()),
+            recorder: Mutex::new(None),
         }
     }
 
@@ -81,8 +87,16 @@ impl Kernels {
         &self.device
     }
 
-    /// Kernel `name` of module `module` (loading the module if needed).
+    /// Kernel `name` of module `module` (loading the module if needed), to
+    /// launch now: while a decode program records, the ops recorded so far
+    /// are launched first (they come before this launch).
     pub fn kernel(&self, module: &'static str, name: &'static str) -> Result<Kernel> {
+        self.flush_recorded()?;
+        self.handle(module, name)
+    }
+
+    /// Kernel `name` of module `module`, looked up once.
+    pub(crate) fn handle(&self, module: &'static str, name: &'static str) -> Result<Kernel> {
         let mut handles = self.handles.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(k) = handles.get(name) {
             return Ok(k.clone());

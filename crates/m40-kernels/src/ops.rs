@@ -1,9 +1,10 @@
 //! One launcher per kernel: grid math and precondition checks.
 
-use m40_device::{DeviceBuffer, DeviceView, Launch, LaunchConfig, Stream};
+use m40_device::{ArgBlock, DeviceBuffer, DeviceView, KernelArgs, LaunchConfig, Stream};
 use m40_gguf::GgmlType;
 
 use crate::attention::KV_PAGE;
+use crate::decode::{DecodeOp, DecodeOpHead, FOLD_EMIT, FOLD_NONE, FOLD_TAKE};
 use crate::error::{KernelError, Result};
 use crate::format::{gemv_chunk_blocks, gemv_shared_bytes, KernelFormat, GEMV_ROWS, GEMV_WARPS};
 use crate::pack::{PackFormat, PACK_ROWS};
@@ -106,7 +107,7 @@ impl<'a, 'b> RowSplit<'a, 'b> {
 
     /// Push the kernels' `float* y0, float* y1, float* y2` (null where
     /// there is no such part).
-    pub(crate) fn push<'l>(&'l mut self, mut l: Launch<'l>) -> Launch<'l> {
+    pub(crate) fn push<'l, A: KernelArgs<'l>>(&'l mut self, mut l: A) -> A {
         let parts = self.bufs.len();
         for b in self.bufs.iter_mut() {
             l = l.buf_mut(&mut **b);
@@ -164,6 +165,94 @@ pub enum Fold<'a, 'b> {
         n_part: usize,
         eps: f32,
     },
+}
+
+/// The scalar parameters of a packed GEMV launch (see [`push_gemv`]).
+struct GemvScalars {
+    r1: i32,
+    r2: i32,
+    nrows: i32,
+    nb: i32,
+    ks: i32,
+    t0: i32,
+    m: i32,
+    mode: i32,
+    n_part: i32,
+    rope: [i32; 2],
+    rope_scale: f32,
+}
+
+/// Zeros for the parameters a GEMV launch does not use.
+const ZERO_I32: i32 = 0;
+const ZERO_F32: f32 = 0.0;
+
+/// The parameters of gemv_packed_<fmt>_f32[_x<B>|_take|_emit]
+/// (kernels/gemv_packed.cu; decode.cu's `DecGemv` has the same fields):
+/// const u8* W, const float* x, float* y, float* y1, float* y2, int r1, int
+/// r2, int nrows, int nb, int ksplit, int t0, int m, int mode, const float*
+/// nw, float* h, float* part, int n_part, float eps, const int* pos, const
+/// float* inv_freq, const int* table, u16* kpool, u16* vpool, int head_dim,
+/// int n_rot, float pos_scale (null and zeros where unused); `l` holds W
+/// and x already.
+fn push_gemv<'l, A: KernelArgs<'l>>(
+    l: A,
+    out: &'l mut GemvOut<'_, '_, '_>,
+    fold: &'l mut Option<Fold<'_, '_>>,
+    sc: &'l GemvScalars,
+) -> A {
+    let (l, rk) = match out {
+        GemvOut::Parts(y) => (y.push(l), None),
+        GemvOut::Glu(y) | GemvOut::Add(y) => (l.buf_mut(&mut **y).null().null(), None),
+        GemvOut::RopeKv(r) => {
+            let RopeKv {
+                q,
+                pos,
+                inv_freq,
+                table,
+                kpool,
+                vpool,
+                ..
+            } = r;
+            let l = l.buf_mut(&mut **q).null().null();
+            (
+                l,
+                Some((*pos, *inv_freq, *table, &mut **kpool, &mut **vpool)),
+            )
+        }
+    };
+    let l = l
+        .scalar(&sc.r1)
+        .scalar(&sc.r2)
+        .scalar(&sc.nrows)
+        .scalar(&sc.nb)
+        .scalar(&sc.ks)
+        .scalar(&sc.t0)
+        .scalar(&sc.m)
+        .scalar(&sc.mode);
+    let l = match fold {
+        Some(Fold::Emit { weight, h, part }) => l
+            .view(weight)
+            .buf_mut(&mut **h)
+            .buf_mut(&mut **part)
+            .scalar(&ZERO_I32)
+            .scalar(&ZERO_F32),
+        Some(Fold::Take { part, eps, .. }) => {
+            l.null().null().view(part).scalar(&sc.n_part).scalar(eps)
+        }
+        None => l.null().null().null().scalar(&ZERO_I32).scalar(&ZERO_F32),
+    };
+    let l = match rk {
+        Some((pos, inv_freq, table, kpool, vpool)) => l
+            .view(pos)
+            .view(inv_freq)
+            .view(table)
+            .buf_mut(kpool)
+            .buf_mut(vpool),
+        None => l.null().null().null().null().null(),
+    };
+    l.scalar(&sc.rope[0])
+        .scalar(&sc.rope[1])
+        .scalar(&sc.rope_scale)
 }
 
 /// What a packed GEMV launched: warps per row group and blocks (per launch
@@ -744,9 +833,18 @@ impl Kernels {
             (3..=4, _) => f.gemv_batch[1],
             _ => f.gemv_batch[2],
         };
-        let kernel = self.kernel("gemv_packed", name(m.min(GEMV_BATCH)))?;
+        // One token while a decode program records (crate::decode): an op
+        // of the persistent kernel, planned for its resident blocks.
+        let record = m == 1 && self.recording();
+        let kernel = match record {
+            true => None,
+            false => Some(self.kernel("gemv_packed", name(m.min(GEMV_BATCH)))?),
+        };
         let warps = PACKED_GEMV_WARPS as usize;
-        let resident = self.resident_blocks(&kernel, 32 * PACKED_GEMV_WARPS)? * warps;
+        let resident = match &kernel {
+            Some(k) => self.resident_blocks(k, 32 * PACKED_GEMV_WARPS)? * warps,
+            None => self.decode_resident()? * warps,
+        };
         let nb = ncols / 32;
         let groups = nrows.div_ceil(PACK_ROWS);
         let ks = packed_split(groups, nb, resident, ksplit);
@@ -792,12 +890,45 @@ impl Kernels {
             to_i32(K, "blocks", nb)?,
             ks as i32,
         );
+        let fold_kind = match &fold {
+            Some(Fold::Emit { .. }) => FOLD_EMIT,
+            Some(Fold::Take { .. }) => FOLD_TAKE,
+            None => FOLD_NONE,
+        };
         for t0 in (0..m).step_by(GEMV_BATCH) {
-            let (t0i, mi) = (t0 as i32, (m - t0).min(GEMV_BATCH) as i32);
-            // SAFETY: gemv_packed_<fmt>_f32[_x<B>|_take|_emit](const u8* W,
-            // const float* x, float* y, float* y1, float* y2, int r1, int r2,
-            // int nrows, int nb, int ksplit, int t0, int m, int mode, const
-            // float* nw, float* h, float* part, int n_part, float eps): reads the
+            let sc = GemvScalars {
+                r1,
+                r2,
+                nrows,
+                nb,
+                ks,
+                t0: t0 as i32,
+                m: (m - t0).min(GEMV_BATCH) as i32,
+                mode,
+                n_part: n_part_i,
+                rope: rope_i,
+                rope_scale,
+            };
+            let Some(kernel) = &kernel else {
+                // Recorded: the same arguments as the kernel's, in memory.
+                let head = DecodeOpHead {
+                    kind: DecodeOp::Gemv,
+                    blocks,
+                    variant: f.decode_index(),
+                    fold: fold_kind,
+                    grid: [0; 3],
+                };
+                let args = push_gemv(
+                    ArgBlock::new(stream).view(w.data).view(x),
+                    &mut out,
+                    &mut fold,
+                    &sc,
+                );
+                self.record_op(head, args.into_bytes())?;
+                break;
+            };
+            // SAFETY: gemv_packed_<fmt>_f32[_x<B>|_take|_emit] (see push_gemv
+            // for the parameters): reads the
             // packed groups of W (length checked: packed_bytes) and rows t0 ..
             // t0 + m of x (at most the checked m * nb * 32 floats) with 16-byte
             // loads (both aligned, checked), writes row r < nrows of those
@@ -815,63 +946,14 @@ impl Kernels {
             // and inv_freq[..n_rot / 2] (checked), and writes row
             // kv_row(table, pos[0]) of both pools (pages below the pool's
             // count, kept so by the caller; vpool as long as kpool: checked).
-            // Then const int* pos, const float* inv_freq, const int* table,
-            // u16* kpool, u16* vpool, int head_dim, int n_rot, float pos_scale
-            // (null and zeros otherwise).
             unsafe {
-                let l = stream.launch(&kernel).view(w.data).view(x);
-                let (l, rk) = match &mut out {
-                    GemvOut::Parts(y) => (y.push(l), None),
-                    GemvOut::Glu(y) | GemvOut::Add(y) => (l.buf_mut(&mut **y).null().null(), None),
-                    GemvOut::RopeKv(r) => {
-                        let RopeKv {
-                            q,
-                            pos,
-                            inv_freq,
-                            table,
-                            kpool,
-                            vpool,
-                            ..
-                        } = r;
-                        let l = l.buf_mut(&mut **q).null().null();
-                        (
-                            l,
-                            Some((*pos, *inv_freq, *table, &mut **kpool, &mut **vpool)),
-                        )
-                    }
-                };
-                let l = l
-                    .scalar(&r1)
-                    .scalar(&r2)
-                    .scalar(&nrows)
-                    .scalar(&nb)
-                    .scalar(&ks)
-                    .scalar(&t0i)
-                    .scalar(&mi)
-                    .scalar(&mode);
-                let l = match &mut fold {
-                    Some(Fold::Emit { weight, h, part }) => l
-                        .view(weight)
-                        .buf_mut(&mut **h)
-                        .buf_mut(&mut **part)
-                        .scalar(&0i32)
-                        .scalar(&0.0f32),
-                    Some(Fold::Take { part, eps, .. }) => {
-                        l.null().null().view(part).scalar(&n_part_i).scalar(eps)
-                    }
-                    None => l.null().null().null().scalar(&0i32).scalar(&0.0f32),
-                };
-                let l = match rk {
-                    Some((pos, inv_freq, table, kpool, vpool)) => l
-                        .view(pos)
-                        .view(inv_freq)
-                        .view(table)
-                        .buf_mut(kpool)
-                        .buf_mut(vpool),
-                    None => l.null().null().null().null().null(),
-                };
-                let l = l.scalar(&rope_i[0]).scalar(&rope_i[1]).scalar(&rope_scale);
-                l.run(cfg(grid, 32 * PACKED_GEMV_WARPS))?
+                push_gemv(
+                    stream.launch(kernel).view(w.data).view(x),
+                    &mut out,
+                    &mut fold,
+                    &sc,
+                )
+                .run(cfg(grid, 32 * PACKED_GEMV_WARPS))?
             };
         }
         Ok(GemvLaunch {

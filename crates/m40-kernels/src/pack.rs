@@ -101,6 +101,15 @@ impl PackFormat {
         Ok(f)
     }
 
+    /// The format's number in the persistent decode kernel
+    /// (kernels/decode.cu `DEC_FMT_*`): its place in [`Self::ALL`].
+    pub(crate) fn decode_index(&self) -> i32 {
+        Self::ALL
+            .iter()
+            .position(|f| f.ty == self.ty)
+            .expect("a packed format") as i32
+    }
+
     /// The packed format of `ty`, if it has one.
     pub fn of(ty: GgmlType) -> Option<PackFormat> {
         Self::ALL.iter().copied().find(|f| f.ty == ty)

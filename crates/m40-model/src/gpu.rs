@@ -27,9 +27,9 @@ use m40_device::{Device, DeviceBuffer, DeviceView, Stream};
 use m40_gguf::hparams::{RopeStyle as GgufRope, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
 use m40_gguf::{GgmlType, HyperParams};
 use m40_kernels::{
-    interleave_glu, pack_gemv, select_args, AttnPlan, AttnScratch, AttnShape, Fold, GemvOut,
-    KernelFormat, Kernels, PackFormat, PackedMatrix, Penalties, QMatrix, RopeKv, RopeParams,
-    RopeStyle, RowSplit, KV_PAGE, MAX_HEAD_DIM, PACK_ROWS, SELECT_ARGS, SELECT_MAX_K,
+    interleave_glu, pack_gemv, select_args, AttnPlan, AttnScratch, AttnShape, DecodeProgram, Fold,
+    GemvOut, KernelFormat, Kernels, PackFormat, PackedMatrix, Penalties, QMatrix, RopeKv,
+    RopeParams, RopeStyle, RowSplit, KV_PAGE, MAX_HEAD_DIM, PACK_ROWS, SELECT_ARGS, SELECT_MAX_K,
 };
 
 use crate::cpu::ops::Rope;
@@ -58,6 +58,12 @@ pub struct GpuOptions {
     /// that GEMV and the ones that read it (kernels/gemv_packed.cu `Fold`)
     /// where all of them are packed (needs `packed`).
     pub fuse: bool,
+    /// Run a captured decode step's one-token GEMVs and attention as one
+    /// launch of the persistent decode kernel (kernels/decode.cu), ordered
+    /// by grid barriers instead of a launch each (needs `graphs`). Off by
+    /// default: on an H100 it decodes 8B Q4_0 at 348 tokens/s against 451
+    /// with a launch per kernel (BENCHMARKS.md); not yet measured on an M40.
+    pub persistent: bool,
 }
 
 impl Default for GpuOptions {
@@ -69,6 +75,7 @@ impl Default for GpuOptions {
             graphs: true,
             packed: true,
             fuse: true,
+            persistent: false,
         }
     }
 }
@@ -300,12 +307,20 @@ struct Pools {
     v: Vec<DeviceBuffer<u16>>,
 }
 
+/// A captured decode step, and the program its persistent decode kernel
+/// launches run (`GpuOptions::persistent`): the graph holds the program's
+/// device address, so the two live and die together.
+struct StepGraph {
+    graph: m40_device::Graph,
+    _program: Option<DecodeProgram>,
+}
+
 struct State {
     work: Workspace,
     pools: Pools,
     /// The captured decode steps, by (with the selection, the context
     /// bucket: the largest position their attention plan covers).
-    graphs: HashMap<(bool, usize), m40_device::Graph>,
+    graphs: HashMap<(bool, usize), StepGraph>,
 }
 
 /// The GPU backend over one model on one device.
@@ -324,6 +339,8 @@ pub struct GpuBackend {
     /// `GpuOptions::fuse`: one-token steps add the output projections to x
     /// in their GEMV and fold the norms after them.
     fuse: bool,
+    /// `GpuOptions::persistent`.
+    persistent: bool,
     graphs: std::sync::atomic::AtomicBool,
     free: Arc<Mutex<Vec<u32>>>,
     state: Mutex<State>,
@@ -639,6 +656,7 @@ impl GpuBackend {
             max_batch,
             n_pages,
             fuse: opts.fuse,
+            persistent: opts.persistent,
             graphs: opts.graphs.into(),
             free,
             state: Mutex::new(State {
@@ -1123,7 +1141,7 @@ impl GpuBackend {
     fn scratch(
         &self,
         w: &mut Workspace,
-        graphs: &mut HashMap<(bool, usize), m40_device::Graph>,
+        graphs: &mut HashMap<(bool, usize), StepGraph>,
         plan: &AttnPlan,
         shape: &AttnShape,
     ) -> Result<()> {
@@ -1196,16 +1214,35 @@ impl GpuBackend {
                 let plan = AttnPlan::new(&shape, self.device().info().sm_count as usize);
                 self.scratch(w, graphs, &plan, &shape)?;
                 let selects = sel.is_some();
-                let g = self.stream.capture(|_| -> Result<()> {
-                    self.enqueue(w, pools, 1, max_start, plan, true)?;
-                    if selects {
-                        self.select(w)?;
+                let mut program = match self.persistent {
+                    true => Some(DecodeProgram::new(&self.stream, self.decode_ops())?),
+                    false => None,
+                };
+                let graph = self.stream.capture(|_| -> Result<()> {
+                    let mut body = || -> Result<()> {
+                        self.enqueue(w, pools, 1, max_start, plan, true)?;
+                        if selects {
+                            self.select(w)?;
+                        }
+                        Ok(())
+                    };
+                    match &mut program {
+                        Some(p) => self.kernels.record_decode(&self.stream, p, body),
+                        None => body(),
                     }
-                    Ok(())
                 })?;
-                graphs.insert(key, g);
+                if let Some(p) = &mut program {
+                    p.upload(&self.stream)?;
+                }
+                graphs.insert(
+                    key,
+                    StepGraph {
+                        graph,
+                        _program: program,
+                    },
+                );
             }
-            let g = &graphs[&key];
+            let g = &graphs[&key].graph;
             // SAFETY: the graph uses the workspace, pools, weights and inputs
             // of this backend, which live as long as it does (the state mutex
             // is held), and the attention scratch it was captured with (a
@@ -1254,6 +1291,13 @@ impl GpuBackend {
             return self.fetch_selection(w, sel);
         }
         Ok(())
+    }
+
+    /// Ops a decode step's program holds at most: a layer records at most
+    /// 6 (Q/K/V, attention, combine, o, gate/up, down; more only where
+    /// matrices are not stacked), and the output GEMV.
+    fn decode_ops(&self) -> usize {
+        self.layers.len() * 12 + 4
     }
 
     /// Copy a finished selection's k ids and logit bits to `sel.out`.

@@ -319,6 +319,63 @@ fn synth_smollm2_shape_gpu_matches_cpu() {
     check_shape("smollm2-135m", &SYNTH_TYPES, &[1, 5, 17, 512, 2048], 64);
 }
 
+/// The persistent decode kernel (`GpuOptions::persistent`) gives the
+/// logits of the launch-per-kernel graph: SmolLM2's shape (3 query heads
+/// per KV head, head dim 64) in Q4_0, Q8_0, F16 (every op in the program)
+/// and Q4_K (its Q5_0 matrices have no packed GEMV: the program is cut
+/// around their launches), over 48 decode steps after prompts of 40 tokens
+/// (the 512-key graph bucket) and 600 (the 1024-key one: more key splits).
+#[test]
+fn persistent_decode_matches_kernel_by_kernel() {
+    if test_device("persistent_decode_matches_kernel_by_kernel").is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut failures = Vec::new();
+    for ty in [
+        GgmlType::Q4_0,
+        GgmlType::Q8_0,
+        GgmlType::F16,
+        GgmlType::Q4_K,
+    ] {
+        let model = synth(dir.path(), "smollm2-135m", ty);
+        let opts = |persistent| GpuOptions {
+            kv_tokens: 1024,
+            max_batch: 512,
+            persistent,
+            ..Default::default()
+        };
+        let (a, b) = (gpu_with(&model, opts(false)), gpu_with(&model, opts(true)));
+        let n_vocab = a.hparams().n_vocab;
+        for prompt in [40, 600] {
+            let toks = tokens(prompt, n_vocab, 5);
+            let (mut ca, mut cb) = (a.new_cache(700).unwrap(), b.new_cache(700).unwrap());
+            let mut la = a.forward(&mut ca, &toks, Logits::Last).unwrap();
+            b.forward(&mut cb, &toks, Logits::Last).unwrap();
+            let (mut worst, mut agree) = (0.0f64, 0);
+            for _ in 0..48 {
+                let t = argmax(&la);
+                la = a.forward(&mut ca, &[t], Logits::Last).unwrap();
+                let lb = b.forward(&mut cb, &[t], Logits::Last).unwrap();
+                let e = rel_err(&lb, &la);
+                worst = if e.is_nan() {
+                    f64::INFINITY
+                } else {
+                    worst.max(e)
+                };
+                agree += (argmax(&lb) == argmax(&la) || margin(&la) < 1e-3) as usize;
+            }
+            println!("{ty} prompt {prompt}: persistent vs per kernel, worst rel err {worst:.2e} over 48 steps, argmax agrees {agree}/48");
+            if worst > 1e-4 || agree != 48 {
+                failures.push(format!(
+                    "{ty} prompt {prompt}: rel err {worst:.2e}, argmax {agree}/48"
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 /// Whether a minutes-long test should run (`M40_GPU_LARGE=1`); prints why not.
 fn large(test: &str) -> bool {
     if test_device(test).is_none() {
