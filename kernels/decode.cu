@@ -8,7 +8,9 @@
 // kernel (gemv_packed.cuh, attention.cuh); between two ops every block
 // waits at a grid barrier (a counter in global memory), which orders the
 // ops as the launches did, without a launch's start, first round trip and
-// drain between them.
+// drain between them. Measured on an H100, a barrier costs more than the
+// launch it replaces (8B Q4_0: 353 against 451 tokens/s, BENCHMARKS.md),
+// so the backend uses it only when asked (GpuOptions::persistent).
 //
 // Program: n_ops records of DEC_OP_BYTES in device memory (written by the
 // host, crates/m40-kernels/src/decode.rs), each a DecOpHead and the op's
