@@ -416,7 +416,7 @@ impl Kernels {
             }
             (n, None) => return Err(shape(K, format!("{n} key splits need scratch"))),
         };
-        let (splits, hd_i) = (plan.splits as i32, hd as i32);
+        let comb = [plan.splits as i32, hd as i32];
         if record {
             let head = DecodeOpHead {
                 kind: DecodeOp::Attn,
@@ -444,12 +444,7 @@ impl Kernels {
                     fold: 0,
                     grid: [0; 3],
                 };
-                let a = ArgBlock::new(stream)
-                    .buf(sc.part)
-                    .buf(sc.part_ml)
-                    .buf_mut(out)
-                    .scalar(&splits)
-                    .scalar(&hd_i);
+                let a = push_combine(ArgBlock::new(stream), &sc, out, &comb);
                 self.record_op(head, a.into_bytes())?;
             }
             return Ok(plan);
@@ -484,14 +479,11 @@ impl Kernels {
             // part_ml[r*splits*2..] and writes out[r*hd..][..hd], r < rows; lengths
             // checked above.
             unsafe {
-                stream
-                    .launch(&kernel)
-                    .buf(sc.part)
-                    .buf(sc.part_ml)
-                    .buf_mut(out)
-                    .scalar(&splits)
-                    .scalar(&hd_i)
-                    .run(cfg((rows as u32, 1, 1), ATT_COMBINE_THREADS, 0))?
+                push_combine(stream.launch(&kernel), &sc, out, &comb).run(cfg(
+                    (rows as u32, 1, 1),
+                    ATT_COMBINE_THREADS,
+                    0,
+                ))?
             };
         }
         Ok(plan)
@@ -514,8 +506,8 @@ struct AttnScalars {
     scale_log2: f32,
 }
 
-/// The parameters of attn_f32_r<R> (kernels/attention.cu; decode.cu's
-/// `DecAttn` has the same fields): const float* q, const u16* kpool, const
+/// The parameters of attn_f32_r<R> (kernels/attention.cu; attention.cuh's
+/// `AttnArgs`, which decode.cu reads from memory, has the same fields): const float* q, const u16* kpool, const
 /// u16* vpool, const int* table, float* out, float* part_ml, const int* pos,
 /// int n_tok, int n_head, int n_head_kv, int hd, int tpb, int gw, int
 /// hparts, int split_len, float scale_log2.
@@ -541,6 +533,22 @@ fn push_attn<'l, A: KernelArgs<'l>>(
         l = l.scalar(v);
     }
     l.scalar(&sc.scale_log2)
+}
+
+/// The parameters of attn_combine_f32 (kernels/attention.cu; decode.cu's
+/// `DecCombine`): const float* part, const float* part_ml, float* out, int
+/// splits, int hd (`sc`).
+fn push_combine<'l, A: KernelArgs<'l>>(
+    l: A,
+    s: &'l AttnScratch<'_>,
+    out: &'l mut DeviceBuffer<f32>,
+    sc: &'l [i32; 2],
+) -> A {
+    l.buf(s.part)
+        .buf(s.part_ml)
+        .buf_mut(out)
+        .scalar(&sc[0])
+        .scalar(&sc[1])
 }
 
 /// The weights of a GEMM launch: the kernel, its buffer and the bytes it

@@ -77,15 +77,6 @@ impl DecodeProgram {
         })
     }
 
-    /// Ops recorded by the last [`Kernels::record_decode`].
-    pub fn len(&self) -> usize {
-        self.recorded.len() / DEC_OP_BYTES
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.recorded.is_empty()
-    }
-
     /// Copy the recorded ops to the device (stream-ordered: before any
     /// later launch on `stream` that runs them).
     pub fn upload(&mut self, stream: &Stream) -> Result<()> {
@@ -156,20 +147,7 @@ impl Kernels {
     /// Blocks of the persistent kernel the GPU holds at once (its grid).
     pub(crate) fn decode_resident(&self) -> Result<usize> {
         let k = self.handle("decode", "decode_program")?;
-        let mut resident = self.resident.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(&n) = resident.get(k.name()) {
-            return Ok(n);
-        }
-        let per_sm = k.max_active_blocks_per_sm_with(DEC_THREADS, DEC_SHARED as u32)? as usize;
-        if per_sm == 0 {
-            return Err(KernelError::Shape {
-                kernel: "decode_program",
-                what: "no block fits on an SM".into(),
-            });
-        }
-        let n = per_sm * self.device().info().sm_count.max(1) as usize;
-        resident.insert(k.name(), n);
-        Ok(n)
+        self.resident_blocks(&k, DEC_THREADS, DEC_SHARED as u32)
     }
 
     /// Append an op (its head and `args`, the C layout of its struct).

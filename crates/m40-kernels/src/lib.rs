@@ -106,14 +106,22 @@ impl Kernels {
         Ok(k)
     }
 
-    /// Blocks of `threads` threads of `kernel` that the GPU holds at once
-    /// (SMs x the occupancy calculator's blocks per SM), looked up once.
-    pub(crate) fn resident_blocks(&self, kernel: &Kernel, threads: u32) -> Result<usize> {
+    /// Blocks of `threads` threads of `kernel`, each with `shared_bytes` of
+    /// dynamic shared memory, that the GPU holds at once (SMs x the
+    /// occupancy calculator's blocks per SM), looked up once.
+    pub(crate) fn resident_blocks(
+        &self,
+        kernel: &Kernel,
+        threads: u32,
+        shared_bytes: u32,
+    ) -> Result<usize> {
         let mut resident = self.resident.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(&n) = resident.get(kernel.name()) {
             return Ok(n);
         }
-        let per_sm = kernel.max_active_blocks_per_sm(threads)?.max(1) as usize;
+        let per_sm = kernel
+            .max_active_blocks_per_sm_with(threads, shared_bytes)?
+            .max(1) as usize;
         let n = per_sm * self.device.info().sm_count.max(1) as usize;
         resident.insert(kernel.name(), n);
         Ok(n)

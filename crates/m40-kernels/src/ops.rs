@@ -187,7 +187,8 @@ const ZERO_I32: i32 = 0;
 const ZERO_F32: f32 = 0.0;
 
 /// The parameters of gemv_packed_<fmt>_f32[_x<B>|_take|_emit]
-/// (kernels/gemv_packed.cu; decode.cu's `DecGemv` has the same fields):
+/// (kernels/gemv_packed.cu; gemv_packed.cuh's `GemvArgs`, which decode.cu
+/// reads from memory, has the same fields):
 /// const u8* W, const float* x, float* y, float* y1, float* y2, int r1, int
 /// r2, int nrows, int nb, int ksplit, int t0, int m, int mode, const float*
 /// nw, float* h, float* part, int n_part, float eps, const int* pos, const
@@ -629,7 +630,7 @@ impl Kernels {
             });
         }
         let kernel = self.kernel("gemv", f.gemv)?;
-        let resident = self.resident_blocks(&kernel, 32 * GEMV_WARPS)?;
+        let resident = self.resident_blocks(&kernel, 32 * GEMV_WARPS, 0)?;
         let plan = GemvPlan::new(&f, nrows, ncols, resident, ksplit);
         let grid = (plan.blocks, 1, 1);
         let (cb, ks) = (plan.chunk_blocks as i32, plan.ksplit as i32);
@@ -842,7 +843,7 @@ impl Kernels {
         };
         let warps = PACKED_GEMV_WARPS as usize;
         let resident = match &kernel {
-            Some(k) => self.resident_blocks(k, 32 * PACKED_GEMV_WARPS)? * warps,
+            Some(k) => self.resident_blocks(k, 32 * PACKED_GEMV_WARPS, 0)? * warps,
             None => self.decode_resident()? * warps,
         };
         let nb = ncols / 32;
