@@ -26,6 +26,13 @@
 // 4 weights); GGUF-layout weights are dequantized as they load. Each weight
 // is dequantized once per block and used by BM tokens.
 //
+// Split over K: with gridDim.z = S > 1, block z computes the k-steps of its
+// S-th of K and writes its partial tile to plane z of Y (S planes (M, N),
+// one part, accumulate 0); gemm_reduce_f32 then adds the planes in order
+// into the real outputs. The launcher splits where the tiles would fill
+// the GPU's block slots badly (an H100: 192 tiles of the 8B Q/K/V stack at
+// 512 tokens on 132 slots ran as 1.45 waves at 47% of the FMA rate).
+//
 // gemm_packed_<fmt>_f32: the same over weights in the packed layout of the
 // decode GEMV (packed.cuh; row_bytes unused), so a model whose formats have
 // a packed GEMV keeps only that copy of its weights.
@@ -134,6 +141,31 @@ __device__ __forceinline__ void gemm_store(const GemmStage<T, L>& st, float (*Ws
     }
 }
 
+// Row k of the stored tiles: thread (tx, ty)'s TM tokens and TN weight
+// rows, as float4 groups 64 apart.
+template <class T>
+__device__ __forceinline__ void gemm_frag(const float (*Xs)[T::BM], const float (*Ws)[T::BN], int k, int tx, int ty,
+                                          float* av, float* bv) {
+#pragma unroll
+    for (int g = 0; g < T::TM / 4; ++g) {
+        const float4 a = *(const float4*)&Xs[k][g * 64 + ty * 4];
+        av[4 * g] = a.x, av[4 * g + 1] = a.y, av[4 * g + 2] = a.z, av[4 * g + 3] = a.w;
+    }
+#pragma unroll
+    for (int g = 0; g < T::TN / 4; ++g) {
+        const float4 b = *(const float4*)&Ws[k][g * 64 + tx * 4];
+        bv[4 * g] = b.x, bv[4 * g + 1] = b.y, bv[4 * g + 2] = b.z, bv[4 * g + 3] = b.w;
+    }
+}
+
+template <class T>
+__device__ __forceinline__ void gemm_fma(const float* av, const float* bv, float (*acc)[T::TN]) {
+#pragma unroll
+    for (int i = 0; i < T::TM; ++i)
+#pragma unroll
+        for (int j = 0; j < T::TN; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+}
+
 // One block's tile of Y = X W^T (+ Y when `accumulate`). Thread (tx, ty)
 // computes tokens g * 64 + 4 ty + i and weight rows g * 64 + 4 tx + j.
 template <class T, class L>
@@ -142,35 +174,38 @@ __device__ __forceinline__ void gemm_tile(const u8* __restrict__ W, const float*
     __shared__ __align__(16) float Ws[GEMM_BK][T::BN];
     __shared__ __align__(16) float Xs[GEMM_BK][T::BM];
     const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
+    // Split over K: split z's partial tile goes to its own (M, N) plane
+    // of Y (one part), summed by gemm_reduce_f32.
+    const long long part = gridDim.z > 1 ? (long long)blockIdx.z * M * N : 0;
     float acc[T::TM][T::TN];
 #pragma unroll
     for (int i = 0; i < T::TM; ++i)
 #pragma unroll
         for (int j = 0; j < T::TN; ++j) acc[i][j] = 0.0f;
 
+    // Split over K (gridDim.z > 1): this block's share of the k-steps.
+    const int steps = K / GEMM_BK, per = (steps + gridDim.z - 1) / gridDim.z;
+    const int k_lo = blockIdx.z * per * GEMM_BK, k_hi = min(K, k_lo + per * GEMM_BK);
     GemmStage<T, L> st;
-    gemm_load<T, L>(W, X, M, N, K, row_bytes, m0, n0, 0, st);
-    for (int k0 = 0; k0 < K; k0 += GEMM_BK) {
+    if (k_lo < k_hi) gemm_load<T, L>(W, X, M, N, K, row_bytes, m0, n0, k_lo, st);
+    for (int k0 = k_lo; k0 < k_hi; k0 += GEMM_BK) {
         gemm_store<T, L>(st, Ws, Xs);
         __syncthreads();
-        if (k0 + GEMM_BK < K) gemm_load<T, L>(W, X, M, N, K, row_bytes, m0, n0, k0 + GEMM_BK, st);
-#pragma unroll 8
-        for (int k = 0; k < GEMM_BK; ++k) {
-            float av[T::TM], bv[T::TN];
-#pragma unroll
-            for (int g = 0; g < T::TM / 4; ++g) {
-                const float4 a = *(const float4*)&Xs[k][g * 64 + ty * 4];
-                av[4 * g] = a.x, av[4 * g + 1] = a.y, av[4 * g + 2] = a.z, av[4 * g + 3] = a.w;
-            }
-#pragma unroll
-            for (int g = 0; g < T::TN / 4; ++g) {
-                const float4 b = *(const float4*)&Ws[k][g * 64 + tx * 4];
-                bv[4 * g] = b.x, bv[4 * g + 1] = b.y, bv[4 * g + 2] = b.z, bv[4 * g + 3] = b.w;
-            }
-#pragma unroll
-            for (int i = 0; i < T::TM; ++i)
-#pragma unroll
-                for (int j = 0; j < T::TN; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+        if (k0 + GEMM_BK < k_hi) gemm_load<T, L>(W, X, M, N, K, row_bytes, m0, n0, k0 + GEMM_BK, st);
+        // The k-step's fragments double-buffered in registers: the
+        // shared-memory loads of row k + 1 are issued before the FMAs of
+        // row k (an H100 profile of the single-buffered loop had the warps
+        // stalled mostly on these loads; this measured 3-6% faster there).
+        // Two k rows an iteration, unrolled 4 times: the whole step
+        // unrolled (16 times) measured 7% slower than before, not faster.
+        float a0[T::TM], b0[T::TN], a1[T::TM], b1[T::TN];
+        gemm_frag<T>(Xs, Ws, 0, tx, ty, a0, b0);
+#pragma unroll 4
+        for (int k = 0; k < GEMM_BK; k += 2) {
+            gemm_frag<T>(Xs, Ws, k + 1, tx, ty, a1, b1);
+            gemm_fma<T>(a0, b0, acc);
+            if (k + 2 < GEMM_BK) gemm_frag<T>(Xs, Ws, k + 2, tx, ty, a0, b0);
+            gemm_fma<T>(a1, b1, acc);
         }
         __syncthreads();
     }
@@ -183,7 +218,7 @@ __device__ __forceinline__ void gemm_tile(const u8* __restrict__ W, const float*
         for (int j = 0; j < T::TN; ++j) {
             const int n = n0 + (j / 4) * 64 + tx * 4 + j % 4;
             if (n >= N) continue;
-            float* y = Y.at(m, n);
+            float* y = Y.at(m, n) + part;
             *y = accumulate ? *y + acc[i][j] : acc[i][j];
         }
     }
@@ -211,3 +246,19 @@ M40_FORMATS(GEMM_KERNEL)
     GEMM_ENTRY(gemm_packed_##name##_f32, Large, Packed<P>, 1)     \
     GEMM_ENTRY(gemm_small_packed_##name##_f32, Small, Packed<P>, 4)
 M40_PACKED_FORMATS(GEMM_PACKED_KERNEL)
+
+// Y (+)= the sum of the S planes (M, N) of P, planes added in order (the
+// same bits every run): the end of a GEMM split over K. Grid-stride over
+// the M * N elements.
+extern "C" __global__ void gemm_reduce_f32(const float* __restrict__ P, int S, float* Y, float* Y1, float* Y2, int r1,
+                                           int r2, int M, int N, int accumulate) {
+    const RowParts out{Y, Y1, Y2, r1, r2, N};
+    const long long total = (long long)M * N;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        float sum = P[i];
+        for (int z = 1; z < S; ++z) sum += P[z * total + i];
+        float* y = out.at((int)(i / N), (int)(i % N));
+        *y = accumulate ? *y + sum : sum;
+    }
+}

@@ -331,7 +331,7 @@ fn batched(s: &Stream, k: &Kernels, big: &DeviceBuffer<u8>, l2_bytes: usize, cei
                             };
                             k.gemv_packed_batch(s, &pm, &xv, out, m, None).map(drop)
                         } else {
-                            k.gemm_packed(s, &pm, &xv, &mut y, m, false)
+                            k.gemm_packed(s, &pm, &xv, &mut y, m, false, None)
                         }
                     })
                 };
@@ -362,8 +362,10 @@ fn prefill(s: &Stream, k: &Kernels, big: &DeviceBuffer<u8>, l2_bytes: usize) {
     });
     let ceiling = flops as f64 / (fma_ms * 1e-3) / 1e12;
     println!("FP32 FMA rate (fma_probe, median of {RUNS} batches): {ceiling:.1} TFLOP/s\n");
-    println!("| format | tokens | rows x cols | us | TFLOP/s | % of FMA rate |");
-    println!("|---|---|---|---|---|---|");
+    println!(
+        "| format | tokens | rows x cols | us | TFLOP/s | % of FMA rate | splits over K | us unsplit |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
     let m = 512;
     for f in PackFormat::ALL {
         for (rows, cols) in [
@@ -377,18 +379,34 @@ fn prefill(s: &Stream, k: &Kernels, big: &DeviceBuffer<u8>, l2_bytes: usize) {
             let x = activations(s, m * cols);
             let xv = x.view();
             let mut y = s.alloc::<f32>(m * rows, "y").expect("alloc");
-            let ms = replay_ms(s, |s, i| {
-                let pm = PackedMatrix {
-                    ty: f.ty,
-                    data: &views[i % copies],
-                    rows,
-                    cols,
-                };
-                k.gemm_packed(s, &pm, &xv, &mut y, m, false)
-            });
+            let sms = s.device().info().sm_count as usize;
+            let mut part = s
+                .alloc::<f32>(
+                    m40_kernels::gemm_scratch_len(m, rows, cols, sms).max(1),
+                    "scratch",
+                )
+                .expect("alloc");
+            let mut run = |split: bool| {
+                replay_ms(s, |s, i| {
+                    let pm = PackedMatrix {
+                        ty: f.ty,
+                        data: &views[i % copies],
+                        rows,
+                        cols,
+                    };
+                    let part = if split { Some(&mut part) } else { None };
+                    k.gemm_packed(s, &pm, &xv, &mut y, m, false, part)
+                })
+            };
+            let splits = k.gemm_splits(m, rows, cols);
+            let (ms, unsplit) = if splits > 1 {
+                (run(true), format!("{:.1}", run(false) * 1e3))
+            } else {
+                (run(false), "-".into())
+            };
             let tflops = 2.0 * (m * rows * cols) as f64 / (ms * 1e-3) / 1e12;
             println!(
-                "| {} | {m} | {rows}x{cols} | {:.1} | {tflops:.1} | {:.1}% |",
+                "| {} | {m} | {rows}x{cols} | {:.1} | {tflops:.1} | {:.1}% | {splits} | {unsplit} |",
                 f.ty,
                 ms * 1e3,
                 100.0 * tflops / ceiling

@@ -25,6 +25,51 @@ const GEMM_THREADS: u32 = 256;
 /// compute rows of zeros); matrices too small to give the large tile one
 /// block per two SMs take it too.
 const GEMM_SMALL_MAX_M: usize = 64;
+/// Splits over K at most, and k-steps (of 32) a split keeps at least.
+const GEMM_MAX_SPLITS: usize = 4;
+const GEMM_MIN_SPLIT_STEPS: usize = 16;
+
+/// The splits over K of a prefill GEMM of `m` tokens by a matrix of `n`
+/// rows and `k` columns, on a GPU of `sms` SMs: 1 (no split) unless the
+/// large tile's blocks would fill the SMs' block slots badly and a split
+/// fills them better by a tenth of the slots. The large tile runs one
+/// block per SM on every GPU (`__launch_bounds__(256, 1)`, 32 KB of shared
+/// memory, over 128 registers on sm_52: no room for a second one in 64K
+/// registers), so a launch's waves are its blocks over the SMs. Example,
+/// an H100 (132 SMs) at 512 tokens: 8B's Q/K/V stack (6144 rows) makes 192
+/// tiles, 1.45 waves (73% of the slots busy); split in 2, 384 blocks fill
+/// 97%. The M40 (24 SMs) runs the same 192 tiles as 8 full waves.
+pub fn gemm_k_splits(m: usize, n: usize, k: usize, sms: usize) -> usize {
+    let tiles = n.div_ceil(GEMM_TILE.1) * m.div_ceil(GEMM_TILE.0);
+    let sms = sms.max(1);
+    if m <= GEMM_SMALL_MAX_M || 2 * tiles < sms {
+        return 1; // the small tile
+    }
+    let fill = |s: usize| {
+        let blocks = tiles * s;
+        blocks as f64 / (blocks.div_ceil(sms) * sms) as f64
+    };
+    let mut best = 1;
+    for s in 2..=GEMM_MAX_SPLITS {
+        if k / 32 / s < GEMM_MIN_SPLIT_STEPS {
+            break;
+        }
+        if fill(s) > fill(best) + 0.1 {
+            best = s;
+        }
+    }
+    best
+}
+
+/// Floats of scratch the GEMM of `m` tokens by an `n` x `k` matrix takes
+/// on a GPU of `sms` SMs ([`Kernels::gemm_packed_split`]'s `scratch`): one
+/// (m, n) plane per split, none unsplit.
+pub fn gemm_scratch_len(m: usize, n: usize, k: usize, sms: usize) -> usize {
+    match gemm_k_splits(m, n, k, sms) {
+        1 => 0,
+        s => s * m * n,
+    }
+}
 
 /// The shape of an attention launch: `n_tok` query tokens at positions
 /// `start..start + n_tok` of one sequence, each attending causally to the
@@ -165,7 +210,11 @@ fn cfg(grid: (u32, u32, u32), block: u32, shared_bytes: u32) -> LaunchConfig {
 impl Kernels {
     /// Y = X W^T, or Y += X W^T with `accumulate`: W (n rows x k cols) in its
     /// format, X (m, k) FP32 16-byte aligned, Y (m, n) FP32. k must be a
-    /// multiple of 32.
+    /// multiple of 32. With `scratch` of at least [`gemm_scratch_len`]
+    /// floats, a launch that would fill the GPU badly is split over K (the
+    /// partial tiles summed in a fixed order: the same bits every run);
+    /// without it, or with less, it is not.
+    #[allow(clippy::too_many_arguments)]
     pub fn gemm(
         &self,
         stream: &Stream,
@@ -174,6 +223,7 @@ impl Kernels {
         y: &mut DeviceBuffer<f32>,
         m: usize,
         accumulate: bool,
+        scratch: Option<&mut DeviceBuffer<f32>>,
     ) -> Result<()> {
         const K: &str = "gemm";
         let f = KernelFormat::of(w.ty, K)?;
@@ -193,11 +243,12 @@ impl Kernels {
             bufs: &mut [y],
             rows: &[w.rows],
         };
-        self.gemm_launch(stream, g, x, y, m, accumulate)
+        self.gemm_launch(stream, g, x, y, m, accumulate, scratch)
     }
 
     /// [`Kernels::gemm`] over weights in the packed layout
     /// ([`crate::pack_gemv`]): the prefill reads the decode GEMV's copy.
+    #[allow(clippy::too_many_arguments)]
     pub fn gemm_packed(
         &self,
         stream: &Stream,
@@ -206,15 +257,17 @@ impl Kernels {
         y: &mut DeviceBuffer<f32>,
         m: usize,
         accumulate: bool,
+        scratch: Option<&mut DeviceBuffer<f32>>,
     ) -> Result<()> {
         let y = RowSplit {
             bufs: &mut [y],
             rows: &[w.rows],
         };
-        self.gemm_packed_split(stream, w, x, y, m, accumulate)
+        self.gemm_packed_split(stream, w, x, y, m, accumulate, scratch)
     }
 
     /// [`Kernels::gemm_packed`] of stacked matrices into their own outputs.
+    #[allow(clippy::too_many_arguments)]
     pub fn gemm_packed_split(
         &self,
         stream: &Stream,
@@ -223,6 +276,7 @@ impl Kernels {
         y: RowSplit<'_, '_>,
         m: usize,
         accumulate: bool,
+        scratch: Option<&mut DeviceBuffer<f32>>,
     ) -> Result<()> {
         const K: &str = "gemm_packed";
         let f = PackFormat::checked(K, w.ty, w.cols)?;
@@ -240,9 +294,15 @@ impl Kernels {
             k: w.cols,
             row_bytes: 0,
         };
-        self.gemm_launch(stream, g, x, y, m, accumulate)
+        self.gemm_launch(stream, g, x, y, m, accumulate, scratch)
     }
 
+    /// [`gemm_k_splits`] on this device.
+    pub fn gemm_splits(&self, m: usize, n: usize, k: usize) -> usize {
+        gemm_k_splits(m, n, k, self.device().info().sm_count as usize)
+    }
+
+    #[allow(clippy::too_many_arguments)]
     fn gemm_launch(
         &self,
         stream: &Stream,
@@ -251,6 +311,7 @@ impl Kernels {
         mut y: RowSplit<'_, '_>,
         m: usize,
         accumulate: bool,
+        scratch: Option<&mut DeviceBuffer<f32>>,
     ) -> Result<()> {
         const K: &str = "gemm";
         let (n, k) = (w.n, w.k);
@@ -277,10 +338,17 @@ impl Kernels {
             (w.kernels[0], GEMM_TILE)
         };
         let kernel = self.kernel("gemm", name)?;
+        let splits = match scratch {
+            Some(p) if p.len() >= gemm_scratch_len(m, n, k, sms) => {
+                Some((p, gemm_k_splits(m, n, k, sms)))
+            }
+            _ => None,
+        }
+        .filter(|&(_, s)| s > 1);
         let grid = (
             n.div_ceil(bn) as u32,
             u32::try_from(m.div_ceil(bm)).map_err(|_| shape(K, format!("{m} rows")))?,
-            1,
+            splits.as_ref().map_or(1, |&(_, s)| s as u32),
         );
         if grid.1 > 65535 {
             return Err(shape(
@@ -289,23 +357,66 @@ impl Kernels {
             ));
         }
         let (mi, ni, ki) = (to_i32(K, "m", m)?, to_i32(K, "n", n)?, to_i32(K, "k", k)?);
-        let (row_bytes, acc) = (w.row_bytes as i64, accumulate as i32);
-        // SAFETY: gemm_<fmt>_f32 and gemm_packed_<fmt>_f32(const u8* W, const float* X,
-        // float* Y, float* Y1, float* Y2, int r1, int r2, int M, int N, int K, long long
-        // row_bytes, int accumulate): read rows < N of W (whole sub-blocks, K a multiple
-        // of 32; `need` bytes: N rows of row_bytes, or the packed size), X[..M*K]
-        // (16-byte loads, aligned), read and write M rows of each output part (Y, Y1, Y2
-        // split at r1 <= r2 <= N); lengths checked above and by `bounds`.
+        let row_bytes = w.row_bytes as i64;
+        let Some((p, s)) = splits else {
+            let acc = accumulate as i32;
+            // SAFETY: gemm_<fmt>_f32 and gemm_packed_<fmt>_f32(const u8* W, const float* X,
+            // float* Y, float* Y1, float* Y2, int r1, int r2, int M, int N, int K, long
+            // long row_bytes, int accumulate): read rows < N of W (whole sub-blocks, K a
+            // multiple of 32; `need` bytes: N rows of row_bytes, or the packed size),
+            // X[..M*K] (16-byte loads, aligned), read and write M rows of each output
+            // part (Y, Y1, Y2 split at r1 <= r2 <= N); lengths checked above and by
+            // `bounds`.
+            unsafe {
+                y.push(stream.launch(&kernel).view(w.data).view(x))
+                    .scalar(&r1)
+                    .scalar(&r2)
+                    .scalar(&mi)
+                    .scalar(&ni)
+                    .scalar(&ki)
+                    .scalar(&row_bytes)
+                    .scalar(&acc)
+                    .run(cfg(grid, GEMM_THREADS, 0))?
+            };
+            return Ok(());
+        };
+        let (zero, si) = (0i32, s as i32);
+        // SAFETY: as above, with gridDim.z = s splits writing plane z of the one part
+        // Y = p (r1 = r2 = N: rows of N floats), s * M * N floats: p holds at least
+        // gemm_scratch_len(m, n, k) = s * m * n (checked above); accumulate 0.
         unsafe {
-            y.push(stream.launch(&kernel).view(w.data).view(x))
-                .scalar(&r1)
-                .scalar(&r2)
+            stream
+                .launch(&kernel)
+                .view(w.data)
+                .view(x)
+                .buf_mut(&mut *p)
+                .null()
+                .null()
+                .scalar(&ni)
+                .scalar(&ni)
                 .scalar(&mi)
                 .scalar(&ni)
                 .scalar(&ki)
                 .scalar(&row_bytes)
-                .scalar(&acc)
+                .scalar(&zero)
                 .run(cfg(grid, GEMM_THREADS, 0))?
+        };
+        let reduce = self.kernel("gemm", "gemm_reduce_f32")?;
+        let total = m * n;
+        let blocks = total.div_ceil(256).min(sms * 8) as u32;
+        let acc = accumulate as i32;
+        // SAFETY: gemm_reduce_f32(const float* P, int S, float* Y, float* Y1, float* Y2,
+        // int r1, int r2, int M, int N, int accumulate): reads s planes of M * N floats
+        // of P (written above, s * m * n <= p.len()), reads and writes M rows of each
+        // output part, as the GEMM would (checked by `bounds`).
+        unsafe {
+            y.push(stream.launch(&reduce).view(&p.view()).scalar(&si))
+                .scalar(&r1)
+                .scalar(&r2)
+                .scalar(&mi)
+                .scalar(&ni)
+                .scalar(&acc)
+                .run(cfg((blocks, 1, 1), 256, 0))?
         };
         Ok(())
     }
@@ -632,5 +743,30 @@ mod tests {
     #[test]
     fn attention_shared_memory_fits() {
         assert!(attn_shared_bytes(MAX_HEAD_DIM) <= MAX_SHARED_PER_BLOCK);
+    }
+
+    #[test]
+    fn gemm_splits_over_k_where_the_tiles_fill_the_sms_badly() {
+        // An H100 (132 SMs), 512 tokens, 8B: the Q/K/V stack's 192 tiles
+        // are 1.45 waves (73% busy), split in 2: 97%.
+        assert_eq!(gemm_k_splits(512, 6144, 4096, 132), 2);
+        assert_eq!(gemm_scratch_len(512, 6144, 4096, 132), 2 * 512 * 6144);
+        // gate/up (896 tiles, 97%) and o / down (128 tiles) stay whole.
+        assert_eq!(gemm_k_splits(512, 28672, 4096, 132), 1);
+        assert_eq!(gemm_k_splits(512, 4096, 4096, 132), 1);
+        assert_eq!(gemm_k_splits(512, 4096, 14336, 132), 1);
+        assert_eq!(gemm_scratch_len(512, 4096, 14336, 132), 0);
+        // The M40 (24 SMs) runs the 192 tiles as 8 full waves.
+        assert_eq!(gemm_k_splits(512, 6144, 4096, 24), 1);
+        // 1B's Q/K/V (96 tiles on 132 SMs, 73%): 4 splits (384 blocks, 97%),
+        // each of 16 k-steps.
+        assert_eq!(gemm_k_splits(512, 3072, 2048, 132), 4);
+        // Too few k-steps to split (16 per split at least).
+        assert_eq!(gemm_k_splits(512, 6144, 512, 132), 1);
+        assert_eq!(gemm_k_splits(512, 6144, 1024, 132), 2);
+        // Small prompts and small grids take the 64 x 64 tile: never split.
+        assert_eq!(gemm_k_splits(64, 6144, 4096, 132), 1);
+        assert_eq!(gemm_k_splits(512, 512, 4096, 132), 1);
+        assert_eq!(gemm_k_splits(512, 6144, 4096, 0), 1);
     }
 }

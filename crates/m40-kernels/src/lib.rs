@@ -22,7 +22,10 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use m40_device::{Device, Kernel, Module};
 
-pub use attention::{attn_shared_bytes, AttnPlan, AttnScratch, AttnShape, KV_PAGE, MAX_HEAD_DIM};
+pub use attention::{
+    attn_shared_bytes, gemm_k_splits, gemm_scratch_len, AttnPlan, AttnScratch, AttnShape, KV_PAGE,
+    MAX_HEAD_DIM,
+};
 pub use decode::DecodeProgram;
 pub use error::{KernelError, Result};
 pub use format::{gemv_chunk_blocks, gemv_shared_bytes, KernelFormat};

@@ -12,9 +12,9 @@ use m40_device::testing::test_device;
 use m40_device::{Device, DeviceBuffer, DeviceView, Stream};
 use m40_gguf::GgmlType;
 use m40_kernels::{
-    interleave_glu, pack_gemv, select_args, Fold, GemvOut, KernelError, KernelFormat, Kernels,
-    PackFormat, PackedMatrix, Penalties, QMatrix, RopeParams, RopeStyle, RowSplit,
-    PACKED_GEMV_MAX_TOKENS, SELECT_ARGS, SELECT_MAX_K,
+    gemm_scratch_len, interleave_glu, pack_gemv, select_args, Fold, GemvOut, KernelError,
+    KernelFormat, Kernels, PackFormat, PackedMatrix, Penalties, QMatrix, RopeParams, RopeStyle,
+    RowSplit, PACKED_GEMV_MAX_TOKENS, SELECT_ARGS, SELECT_MAX_K,
 };
 use m40_model::cpu::ops;
 
@@ -1159,7 +1159,7 @@ fn gemm_every_format_matches_cpu() {
                         rows: n,
                         cols: kk,
                     };
-                    k.gemm(&s, &qm, xv, y, m, acc).unwrap();
+                    k.gemm(&s, &qm, xv, y, m, acc, None).unwrap();
                 },
             );
         }
@@ -1183,10 +1183,120 @@ fn gemm_every_format_matches_cpu() {
                         rows: n,
                         cols: kk,
                     };
-                    k.gemm_packed(&s, &pm, xv, y, m, acc).unwrap();
+                    k.gemm_packed(&s, &pm, xv, y, m, acc, None).unwrap();
                 },
             );
         }
+    }
+    // Split over K: 130 tokens (two tiles, the second partial) and rows (not
+    // a multiple of 4) whose large tiles fill this GPU's SMs badly, found
+    // with the launcher's own rule, so the launch splits; the scratch
+    // poisoned first. The row-major GEMM shares the launcher: one format.
+    let (m, kk) = (130, 1024);
+    let n = (1..512)
+        .map(|t| 128 * t - 3)
+        .find(|&n| k.gemm_splits(m, n, kk) > 1)
+        .expect("a shape that splits over K");
+    let splits = k.gemm_splits(m, n, kk);
+    println!("split over K: {m}x{n}x{kk} in {splits}");
+    let sms = s.device().info().sm_count as usize;
+    let len = gemm_scratch_len(m, n, kk, sms);
+    assert_eq!(len, splits * m * n);
+    let part = std::cell::RefCell::new(s.alloc::<f32>(len, "scratch").unwrap());
+    let poisoned = |p: &mut DeviceBuffer<f32>| s.fill_bytes(p, 0xFF).unwrap();
+    for f in PackFormat::ALL {
+        let prepare = |w: &[u8]| pack_gemv(f.ty, w, n, kk).unwrap();
+        gemm_case(
+            &s,
+            &mut rng,
+            f.ty,
+            (m, n, kk),
+            "gemm_packed split",
+            prepare,
+            |wv, xv, y, acc| {
+                let pm = PackedMatrix {
+                    ty: f.ty,
+                    data: wv,
+                    rows: n,
+                    cols: kk,
+                };
+                let mut p = part.borrow_mut();
+                poisoned(&mut p);
+                k.gemm_packed(&s, &pm, xv, y, m, acc, Some(&mut p)).unwrap();
+            },
+        );
+    }
+    gemm_case(
+        &s,
+        &mut rng,
+        GgmlType::Q5_K,
+        (m, n, kk),
+        "gemm split",
+        |w| w.to_vec(),
+        |wv, xv, y, acc| {
+            let qm = QMatrix {
+                ty: GgmlType::Q5_K,
+                data: wv,
+                rows: n,
+                cols: kk,
+            };
+            let mut p = part.borrow_mut();
+            poisoned(&mut p);
+            k.gemm(&s, &qm, xv, y, m, acc, Some(&mut p)).unwrap();
+        },
+    );
+    // The split's reduce into stacked parts: the same bits as into one
+    // output (checked above), nothing written past a part.
+    let ty = GgmlType::Q4_0;
+    let w = random_weights(&mut rng, ty, n, kk);
+    let wg = s.upload(&pack_gemv(ty, &w, n, kk).unwrap(), "w").unwrap();
+    let wv = wg.view();
+    let pm = PackedMatrix {
+        ty,
+        data: &wv,
+        rows: n,
+        cols: kk,
+    };
+    let x = s.upload(&rng.vec(m * kk, -1.0, 1.0), "x").unwrap();
+    let mut one = s.alloc::<f32>(m * n, "y").unwrap();
+    let mut p = part.borrow_mut();
+    k.gemm_packed(&s, &pm, &x.view(), &mut one, m, false, Some(&mut p))
+        .unwrap();
+    let one = s.download(&one).unwrap();
+    const TAIL: usize = 16;
+    let rows = [n - 300, 150, 150];
+    let mut bufs: Vec<DeviceBuffer<f32>> = rows
+        .iter()
+        .map(|&r| s.alloc::<f32>(m * r + TAIL, "y").unwrap())
+        .collect();
+    for b in bufs.iter_mut() {
+        s.fill_bytes(b, 0xFF).unwrap();
+    }
+    let mut refs: Vec<&mut DeviceBuffer<f32>> = bufs.iter_mut().collect();
+    let out = RowSplit {
+        bufs: &mut refs,
+        rows: &rows,
+    };
+    k.gemm_packed_split(&s, &pm, &x.view(), out, m, false, Some(&mut p))
+        .unwrap();
+    let mut first = 0;
+    for (i, (&r, b)) in rows.iter().zip(&bufs).enumerate() {
+        let got = s.download(b).unwrap();
+        for t in 0..m {
+            for j in 0..r {
+                let (g, o) = (got[t * r + j], one[t * n + first + j]);
+                assert_eq!(
+                    g.to_bits(),
+                    o.to_bits(),
+                    "split part {i} token {t} row {j}: {g} vs {o}"
+                );
+            }
+        }
+        assert!(
+            got[m * r..].iter().all(|v| v.to_bits() == u32::MAX),
+            "split part {i}: wrote past its part"
+        );
+        first += r;
     }
     // Columns that are not whole sub-blocks are refused.
     let w = s.alloc::<u8>(64 * 40, "w").unwrap();
@@ -1199,7 +1309,7 @@ fn gemm_every_format_matches_cpu() {
         rows: 1,
         cols: 40,
     };
-    assert!(k.gemm(&s, &qm, &x.view(), &mut y, 1, false).is_err());
+    assert!(k.gemm(&s, &qm, &x.view(), &mut y, 1, false, None).is_err());
 }
 
 /// Stacked matrices (a fused Q/K/V or gate/up) through the packed GEMV (1
@@ -1280,7 +1390,7 @@ fn glu_gemv_and_gemm_match_cpu() {
                             bufs: &mut refs,
                             rows: &rows,
                         };
-                        k.gemm_packed_split(&s, &pm, &xg.view(), out, m, false)
+                        k.gemm_packed_split(&s, &pm, &xg.view(), out, m, false, None)
                             .unwrap();
                         k.swiglu_pairs(&s, &gu.view(), &mut y, m, ff).unwrap();
                         "glu gemm + swiglu_pairs".to_string()
@@ -1360,7 +1470,7 @@ fn stacked_and_batched_matmuls_write_each_part() {
                             format!("gemv ksplit {got}")
                         }
                         None => {
-                            k.gemm_packed_split(&s, &pm, &xg.view(), out, m, false)
+                            k.gemm_packed_split(&s, &pm, &xg.view(), out, m, false, None)
                                 .unwrap();
                             "gemm".to_string()
                         }

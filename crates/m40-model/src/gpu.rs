@@ -27,9 +27,10 @@ use m40_device::{Device, DeviceBuffer, DeviceView, Stream};
 use m40_gguf::hparams::{RopeStyle as GgufRope, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
 use m40_gguf::{GgmlType, HyperParams};
 use m40_kernels::{
-    interleave_glu, pack_gemv, select_args, AttnPlan, AttnScratch, AttnShape, DecodeProgram, Fold,
-    GemvOut, KernelFormat, Kernels, PackFormat, PackedMatrix, Penalties, QMatrix, RopeKv,
-    RopeParams, RopeStyle, RowSplit, KV_PAGE, MAX_HEAD_DIM, PACK_ROWS, SELECT_ARGS, SELECT_MAX_K,
+    gemm_scratch_len, interleave_glu, pack_gemv, select_args, AttnPlan, AttnScratch, AttnShape,
+    DecodeProgram, Fold, GemvOut, KernelFormat, Kernels, PackFormat, PackedMatrix, Penalties,
+    QMatrix, RopeKv, RopeParams, RopeStyle, RowSplit, KV_PAGE, MAX_HEAD_DIM, PACK_ROWS,
+    SELECT_ARGS, SELECT_MAX_K,
 };
 
 use crate::cpu::ops::Rope;
@@ -344,6 +345,8 @@ pub struct GpuBackend {
     graphs: std::sync::atomic::AtomicBool,
     free: Arc<Mutex<Vec<u32>>>,
     state: Mutex<State>,
+    /// The partial tiles of prefill GEMMs split over K (`gemm_scratch`).
+    gemm_part: Mutex<DeviceBuffer<f32>>,
 }
 
 /// A sequence's KV cache: its pages of the backend's pool.
@@ -395,9 +398,40 @@ fn gib(b: u64) -> String {
     format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
 }
 
-/// Device memory a [`GpuBackend`] for `model` with `opts` allocates, bytes:
-/// (weights, KV pool, workspace).
-pub fn memory_needed(model: &Model, opts: &GpuOptions) -> (u64, u64, u64) {
+/// Floats of scratch the prefill GEMMs of `hp`'s matrices take split over
+/// K (m40_kernels::gemm_scratch_len) on a GPU of `sms` SMs, for any step of
+/// up to `max_batch` tokens (the GEMV takes steps of GEMV_TOKENS or fewer;
+/// the output matrix, LOGIT_ROWS rows at most).
+fn gemm_scratch(hp: &HyperParams, max_batch: usize, sms: usize) -> usize {
+    let (d, q, kv, ff) = (
+        hp.n_embd,
+        hp.n_head * hp.head_dim,
+        hp.n_head_kv * hp.head_dim,
+        hp.n_ff,
+    );
+    // (rows, cols, most tokens): Q/K/V stacked or not, o, gate/up stacked
+    // or not, down, the output.
+    let mats = [
+        (q + 2 * kv, d, max_batch),
+        (q, d, max_batch),
+        (kv, d, max_batch),
+        (d, q, max_batch),
+        (2 * ff, d, max_batch),
+        (ff, d, max_batch),
+        (d, ff, max_batch),
+        (hp.n_vocab, d, LOGIT_ROWS.min(max_batch)),
+    ];
+    mats.iter()
+        .flat_map(|&(n, k, most)| {
+            (GEMV_TOKENS + 1..=most).map(move |m| gemm_scratch_len(m, n, k, sms))
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// Device memory a [`GpuBackend`] for `model` with `opts` allocates on a
+/// GPU of `sms` SMs, bytes: (weights, KV pool, workspace).
+pub fn memory_needed(model: &Model, opts: &GpuOptions, sms: usize) -> (u64, u64, u64) {
     let hp = model.hparams();
     let file = model.file();
     let weights: u64 = hp
@@ -434,7 +468,8 @@ pub fn memory_needed(model: &Model, opts: &GpuOptions) -> (u64, u64, u64) {
             + d.div_ceil(PACK_ROWS as u64)
             + LOGIT_ROWS as u64 * hp.n_vocab as u64
             + pages
-            + (SELECT_ARGS + 2 * hp.n_vocab + 2 * SELECT_MAX_K) as u64);
+            + (SELECT_ARGS + 2 * hp.n_vocab + 2 * SELECT_MAX_K) as u64
+            + gemm_scratch(hp, opts.max_batch.max(1), sms) as u64);
     (weights, kv, work)
 }
 
@@ -455,7 +490,8 @@ impl GpuBackend {
             )));
         }
         let max_batch = opts.max_batch.max(1);
-        let (w, kv, work) = memory_needed(&model, &opts);
+        let sms = device.info().sm_count as usize;
+        let (w, kv, work) = memory_needed(&model, &opts, sms);
         let need = w + kv + work;
         let (free, total) = device.memory()?;
         let limit = (device.budget_left() as u64).min(free as u64);
@@ -641,6 +677,7 @@ impl GpuBackend {
             part: a(dec_part, "attention scratch")?,
             part_ml: a(dec_ml, "attention scratch")?,
         };
+        let gemm_part = a(gemm_scratch(&hp, max_batch, sms), "GEMM split scratch")?;
         stream.synchronize()?;
         let free = Arc::new(Mutex::new((0..n_pages as u32).rev().collect()));
         Ok(Self {
@@ -664,6 +701,7 @@ impl GpuBackend {
                 pools,
                 graphs: HashMap::new(),
             }),
+            gemm_part: Mutex::new(gemm_part),
         })
     }
 
@@ -711,8 +749,11 @@ impl GpuBackend {
         let Input::Rows(x) = x else {
             unreachable!("a folded norm goes to packed GEMVs only (see `folds`)")
         };
+        let mut part = lock(&self.gemm_part);
         match w.view(&data) {
-            MatView::Packed(m) => k.gemm_packed_split(s, &m, x, y, n, accumulate)?,
+            MatView::Packed(m) => {
+                k.gemm_packed_split(s, &m, x, y, n, accumulate, Some(&mut part))?
+            }
             MatView::Rows(m) => {
                 let [y] = y.bufs else {
                     unreachable!("only packed matrices are stacked")
@@ -720,7 +761,7 @@ impl GpuBackend {
                 if n == 1 {
                     k.gemv(s, &m, x, y)?
                 } else {
-                    k.gemm(s, &m, x, y, n, accumulate)?
+                    k.gemm(s, &m, x, y, n, accumulate, Some(&mut part))?
                 }
             }
         }
