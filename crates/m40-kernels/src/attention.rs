@@ -32,7 +32,10 @@ const GEMM_MIN_SPLIT_STEPS: usize = 16;
 /// The splits over K of a prefill GEMM of `m` tokens by a matrix of `n`
 /// rows and `k` columns, on a GPU of `sms` SMs: 1 (no split) unless the
 /// large tile's blocks would fill the SMs' block slots badly and a split
-/// fills them better by a tenth of the slots. The large tile runs one
+/// fills them better by a tenth of the slots. Grids of fewer large tiles
+/// than half the SMs split only where that keeps three quarters of them
+/// busy (the launcher then takes the large tile, not the small one: 1B's
+/// o and down at 512 tokens, 64 tiles, run as 128 blocks). The large tile runs one
 /// block per SM on every GPU (`__launch_bounds__(256, 1)`, 32 KB of shared
 /// memory, over 128 registers on sm_52: no room for a second one in 64K
 /// registers), so a launch's waves are its blocks over the SMs. Example,
@@ -42,7 +45,7 @@ const GEMM_MIN_SPLIT_STEPS: usize = 16;
 pub fn gemm_k_splits(m: usize, n: usize, k: usize, sms: usize) -> usize {
     let tiles = n.div_ceil(GEMM_TILE.1) * m.div_ceil(GEMM_TILE.0);
     let sms = sms.max(1);
-    if m <= GEMM_SMALL_MAX_M || 2 * tiles < sms {
+    if m <= GEMM_SMALL_MAX_M {
         return 1; // the small tile
     }
     let fill = |s: usize| {
@@ -57,6 +60,11 @@ pub fn gemm_k_splits(m: usize, n: usize, k: usize, sms: usize) -> usize {
         if fill(s) > fill(best) + 0.1 {
             best = s;
         }
+    }
+    // Under one large block per two SMs the small tile runs unless a split
+    // keeps three quarters of the SMs busy with the large one.
+    if 2 * tiles < sms && fill(best) < 0.75 {
+        return 1;
     }
     best
 }
@@ -328,16 +336,11 @@ impl Kernels {
             return Err(shape(K, "x must start at a multiple of 16 bytes".into()));
         }
         // The large tile where it gives at least one block per two SMs
-        // (one runs per SM): on an H100, SmolLM2's 576-row matrices made 20
-        // large blocks for 132 SMs, and pp512 fell from 46k to 34k tokens/s.
-        let large_blocks = n.div_ceil(GEMM_TILE.1) * m.div_ceil(GEMM_TILE.0);
+        // (one runs per SM), or where a split over K fills the SMs with it
+        // (gemm_k_splits); else the small one: on an H100, SmolLM2's
+        // 576-row matrices made 20 large blocks for 132 SMs, and pp512 fell
+        // from 46k to 34k tokens/s.
         let sms = self.device().info().sm_count.max(1) as usize;
-        let (name, (bm, bn)) = if m <= GEMM_SMALL_MAX_M || 2 * large_blocks < sms {
-            (w.kernels[1], GEMM_SMALL_TILE)
-        } else {
-            (w.kernels[0], GEMM_TILE)
-        };
-        let kernel = self.kernel("gemm", name)?;
         let splits = match scratch {
             Some(p) if p.len() >= gemm_scratch_len(m, n, k, sms) => {
                 Some((p, gemm_k_splits(m, n, k, sms)))
@@ -345,6 +348,14 @@ impl Kernels {
             _ => None,
         }
         .filter(|&(_, s)| s > 1);
+        let large_blocks = n.div_ceil(GEMM_TILE.1) * m.div_ceil(GEMM_TILE.0);
+        let small = m <= GEMM_SMALL_MAX_M || (2 * large_blocks < sms && splits.is_none());
+        let (name, (bm, bn)) = if small {
+            (w.kernels[1], GEMM_SMALL_TILE)
+        } else {
+            (w.kernels[0], GEMM_TILE)
+        };
+        let kernel = self.kernel("gemm", name)?;
         let grid = (
             n.div_ceil(bn) as u32,
             u32::try_from(m.div_ceil(bm)).map_err(|_| shape(K, format!("{m} rows")))?,
@@ -764,9 +775,16 @@ mod tests {
         // Too few k-steps to split (16 per split at least).
         assert_eq!(gemm_k_splits(512, 6144, 512, 132), 1);
         assert_eq!(gemm_k_splits(512, 6144, 1024, 132), 2);
-        // Small prompts and small grids take the 64 x 64 tile: never split.
+        // Small prompts take the 64 x 64 tile: never split.
         assert_eq!(gemm_k_splits(64, 6144, 4096, 132), 1);
+        // Under half the SMs' worth of tiles: split where that fills three
+        // quarters (1B's o and down, 64 tiles: 2 splits, 97%), else the
+        // small tile (16 tiles: 4 splits would fill 48%; SmolLM2's 576
+        // columns are too few k-steps to split).
+        assert_eq!(gemm_k_splits(512, 2048, 2048, 132), 2);
+        assert_eq!(gemm_k_splits(512, 2048, 8192, 132), 2);
         assert_eq!(gemm_k_splits(512, 512, 4096, 132), 1);
+        assert_eq!(gemm_k_splits(512, 576, 576, 132), 1);
         assert_eq!(gemm_k_splits(512, 6144, 4096, 0), 1);
     }
 }

@@ -1190,42 +1190,54 @@ fn gemm_every_format_matches_cpu() {
     }
     // Split over K: 130 tokens (two tiles, the second partial) and rows (not
     // a multiple of 4) whose large tiles fill this GPU's SMs badly, found
-    // with the launcher's own rule, so the launch splits; the scratch
-    // poisoned first. The row-major GEMM shares the launcher: one format.
+    // with the launcher's own rule, so the launch splits: fewer tiles than
+    // half the SMs (the large tile only because it splits), then at least
+    // that many. The scratch poisoned first. The row-major GEMM shares the
+    // launcher: one format.
     let (m, kk) = (130, 1024);
-    let n = (1..512)
-        .map(|t| 128 * t - 3)
-        .find(|&n| k.gemm_splits(m, n, kk) > 1)
-        .expect("a shape that splits over K");
-    let splits = k.gemm_splits(m, n, kk);
-    println!("split over K: {m}x{n}x{kk} in {splits}");
     let sms = s.device().info().sm_count as usize;
-    let len = gemm_scratch_len(m, n, kk, sms);
-    assert_eq!(len, splits * m * n);
-    let part = std::cell::RefCell::new(s.alloc::<f32>(len, "scratch").unwrap());
+    let splitting = |few: bool| {
+        (1..512)
+            .map(|t| 128 * t - 3)
+            .find(|&n| k.gemm_splits(m, n, kk) > 1 && (4 * n.div_ceil(128) < sms) == few)
+            .expect("a shape that splits over K")
+    };
+    let shapes = [splitting(true), splitting(false)];
+    let most = shapes
+        .iter()
+        .map(|&n| gemm_scratch_len(m, n, kk, sms))
+        .max()
+        .unwrap();
+    let part = std::cell::RefCell::new(s.alloc::<f32>(most, "scratch").unwrap());
     let poisoned = |p: &mut DeviceBuffer<f32>| s.fill_bytes(p, 0xFF).unwrap();
-    for f in PackFormat::ALL {
-        let prepare = |w: &[u8]| pack_gemv(f.ty, w, n, kk).unwrap();
-        gemm_case(
-            &s,
-            &mut rng,
-            f.ty,
-            (m, n, kk),
-            "gemm_packed split",
-            prepare,
-            |wv, xv, y, acc| {
-                let pm = PackedMatrix {
-                    ty: f.ty,
-                    data: wv,
-                    rows: n,
-                    cols: kk,
-                };
-                let mut p = part.borrow_mut();
-                poisoned(&mut p);
-                k.gemm_packed(&s, &pm, xv, y, m, acc, Some(&mut p)).unwrap();
-            },
-        );
+    for n in shapes {
+        let splits = k.gemm_splits(m, n, kk);
+        println!("split over K: {m}x{n}x{kk} in {splits}");
+        assert_eq!(gemm_scratch_len(m, n, kk, sms), splits * m * n);
+        for f in PackFormat::ALL {
+            let prepare = |w: &[u8]| pack_gemv(f.ty, w, n, kk).unwrap();
+            gemm_case(
+                &s,
+                &mut rng,
+                f.ty,
+                (m, n, kk),
+                "gemm_packed split",
+                prepare,
+                |wv, xv, y, acc| {
+                    let pm = PackedMatrix {
+                        ty: f.ty,
+                        data: wv,
+                        rows: n,
+                        cols: kk,
+                    };
+                    let mut p = part.borrow_mut();
+                    poisoned(&mut p);
+                    k.gemm_packed(&s, &pm, xv, y, m, acc, Some(&mut p)).unwrap();
+                },
+            );
+        }
     }
+    let n = shapes[1];
     gemm_case(
         &s,
         &mut rng,
