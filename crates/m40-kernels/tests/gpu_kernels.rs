@@ -1113,6 +1113,38 @@ fn gemm_case(
     });
 }
 
+/// [`gemm_case`] for the packed GEMM of `ty`; with `part`, a split-K
+/// scratch, poisoned before each launch.
+fn packed_gemm_case(
+    s: &Stream,
+    k: &Kernels,
+    rng: &mut Rng,
+    ty: GgmlType,
+    (m, n, kk): (usize, usize, usize),
+    part: Option<&std::cell::RefCell<DeviceBuffer<f32>>>,
+) {
+    let prepare = |w: &[u8]| pack_gemv(ty, w, n, kk).unwrap();
+    let what = if part.is_some() {
+        "gemm_packed split"
+    } else {
+        "gemm_packed"
+    };
+    gemm_case(s, rng, ty, (m, n, kk), what, prepare, |wv, xv, y, acc| {
+        let pm = PackedMatrix {
+            ty,
+            data: wv,
+            rows: n,
+            cols: kk,
+        };
+        let mut p = part.map(|p| p.borrow_mut());
+        if let Some(p) = p.as_deref_mut() {
+            s.fill_bytes(p, 0xFF).unwrap();
+        }
+        k.gemm_packed(s, &pm, xv, y, m, acc, p.as_deref_mut())
+            .unwrap();
+    });
+}
+
 #[test]
 fn gemm_every_format_matches_cpu() {
     let Some((_dev, s, k, mut rng)) = setup("gemm_every_format_matches_cpu") else {
@@ -1167,25 +1199,7 @@ fn gemm_every_format_matches_cpu() {
     // The packed layout (rows not a multiple of 4: a padded group).
     for f in PackFormat::ALL {
         for mnk in shapes(f.qk) {
-            let (m, n, kk) = mnk;
-            let prepare = |w: &[u8]| pack_gemv(f.ty, w, n, kk).unwrap();
-            gemm_case(
-                &s,
-                &mut rng,
-                f.ty,
-                mnk,
-                "gemm_packed",
-                prepare,
-                |wv, xv, y, acc| {
-                    let pm = PackedMatrix {
-                        ty: f.ty,
-                        data: wv,
-                        rows: n,
-                        cols: kk,
-                    };
-                    k.gemm_packed(&s, &pm, xv, y, m, acc, None).unwrap();
-                },
-            );
+            packed_gemm_case(&s, &k, &mut rng, f.ty, mnk, None);
         }
     }
     // Split over K: 130 tokens (two tiles, the second partial) and rows (not
@@ -1215,26 +1229,7 @@ fn gemm_every_format_matches_cpu() {
         println!("split over K: {m}x{n}x{kk} in {splits}");
         assert_eq!(gemm_scratch_len(m, n, kk, sms), splits * m * n);
         for f in PackFormat::ALL {
-            let prepare = |w: &[u8]| pack_gemv(f.ty, w, n, kk).unwrap();
-            gemm_case(
-                &s,
-                &mut rng,
-                f.ty,
-                (m, n, kk),
-                "gemm_packed split",
-                prepare,
-                |wv, xv, y, acc| {
-                    let pm = PackedMatrix {
-                        ty: f.ty,
-                        data: wv,
-                        rows: n,
-                        cols: kk,
-                    };
-                    let mut p = part.borrow_mut();
-                    poisoned(&mut p);
-                    k.gemm_packed(&s, &pm, xv, y, m, acc, Some(&mut p)).unwrap();
-                },
-            );
+            packed_gemm_case(&s, &k, &mut rng, f.ty, (m, n, kk), Some(&part));
         }
     }
     let n = shapes[1];
