@@ -43,7 +43,7 @@ const GEMM_MIN_SPLIT_STEPS: usize = 16;
 /// tiles, 1.45 waves (73% of the slots busy); split in 2, 384 blocks fill
 /// 97%. The M40 (24 SMs) runs the same 192 tiles as 8 full waves.
 pub fn gemm_k_splits(m: usize, n: usize, k: usize, sms: usize) -> usize {
-    let tiles = n.div_ceil(GEMM_TILE.1) * m.div_ceil(GEMM_TILE.0);
+    let tiles = gemm_large_tiles(m, n);
     let sms = sms.max(1);
     if m <= GEMM_SMALL_MAX_M {
         return 1; // the small tile
@@ -67,6 +67,11 @@ pub fn gemm_k_splits(m: usize, n: usize, k: usize, sms: usize) -> usize {
         return 1;
     }
     best
+}
+
+/// Large tiles of a GEMM of `m` tokens by a matrix of `n` rows.
+fn gemm_large_tiles(m: usize, n: usize) -> usize {
+    n.div_ceil(GEMM_TILE.1) * m.div_ceil(GEMM_TILE.0)
 }
 
 /// Floats of scratch the GEMM of `m` tokens by an `n` x `k` matrix takes
@@ -341,15 +346,11 @@ impl Kernels {
         // 576-row matrices made 20 large blocks for 132 SMs, and pp512 fell
         // from 46k to 34k tokens/s.
         let sms = self.device().info().sm_count.max(1) as usize;
-        let splits = match scratch {
-            Some(p) if p.len() >= gemm_scratch_len(m, n, k, sms) => {
-                Some((p, gemm_k_splits(m, n, k, sms)))
-            }
-            _ => None,
-        }
-        .filter(|&(_, s)| s > 1);
-        let large_blocks = n.div_ceil(GEMM_TILE.1) * m.div_ceil(GEMM_TILE.0);
-        let small = m <= GEMM_SMALL_MAX_M || (2 * large_blocks < sms && splits.is_none());
+        let s = gemm_k_splits(m, n, k, sms);
+        let splits = scratch
+            .filter(|p| s > 1 && p.len() >= s * m * n)
+            .map(|p| (p, s));
+        let small = m <= GEMM_SMALL_MAX_M || (2 * gemm_large_tiles(m, n) < sms && splits.is_none());
         let (name, (bm, bn)) = if small {
             (w.kernels[1], GEMM_SMALL_TILE)
         } else {
@@ -394,7 +395,7 @@ impl Kernels {
         let (zero, si) = (0i32, s as i32);
         // SAFETY: as above, with gridDim.z = s splits writing plane z of the one part
         // Y = p (r1 = r2 = N: rows of N floats), s * M * N floats: p holds at least
-        // gemm_scratch_len(m, n, k) = s * m * n (checked above); accumulate 0.
+        // s * m * n (checked above); accumulate 0.
         unsafe {
             stream
                 .launch(&kernel)
