@@ -6,32 +6,36 @@
 // matrices (fused Q/K/V, gate/up) one (M, rows) part per matrix (common.cuh
 // RowParts: Y, Y1, Y2 split at rows r1, r2). K is a multiple of 32 (one
 // sub-block per k-step).
-// Launch: grid (ceil(N / BN), ceil(M / BM)), block GEMM_THREADS, for the
-// tile of the kernel's name: gemm_* 128 x 128 (BM x BN), gemm_small_* 64 x 64
-// (prompts of at most 64 tokens, where the large tile would mostly compute
-// zeros).
+// Launch: grid (ceil(N / BN), ceil(M / BM)), block Tile::THREADS, for the
+// tile of the kernel's name: gemm_* 64 x 128 (BM tokens x BN weight rows,
+// 128 threads), gemm_small_* 64 x 64 (256 threads; prompts of at most 64
+// tokens, and matrices too small to fill the GPU with the large tile).
 //
 // Why this shape on Maxwell: a block computes a BM x BN tile of Y from
-// k-steps of 32 (one quantized sub-block). Each of its 256 threads holds a
-// TM x TN register tile (8 x 8 in the large tile: every float4 read from
-// shared memory feeds 32 FMAs, so the FMA units, not the shared-memory
-// port, set the pace) as float4 groups 64 apart, so the 16 threads of a
-// warp that read one k row of a tile read 256 contiguous bytes (no bank
-// conflicts); both tiles are stored k-major. The next k-step's weights and
-// X are loaded into registers while the current step is computed, so global
-// latency hides behind the FMAs (double buffering through registers: a
-// second shared stage would not fit the 48 KB a block may have). Packed
-// weights stay raw words (a few registers) until the step is stored, and
-// are dequantized then (packed.cuh fetch / decode: scales applied once per
-// 4 weights); GGUF-layout weights are dequantized as they load. Each weight
-// is dequantized once per block and used by BM tokens.
+// k-steps of 32 (one quantized sub-block). Each thread holds a TM x TN
+// register tile (8 x 8 in the large tile: every float4 read from shared
+// memory feeds 32 FMAs, so the FMA units, not the shared-memory port, set
+// the pace) as float4 groups, so the threads of a warp that read one k row
+// of a tile read contiguous bytes (no bank conflicts); both tiles are
+// stored k-major. Two shared stages (48 KB in the large tile, the most a
+// block may have): the next k-step's weights and X are loaded into
+// registers as a step starts and stored to the other stage halfway through
+// its FMAs, so global latency, the decode and the stores hide behind the
+// FMAs, with one barrier a step. Packed weights stay raw words (a few
+// registers) until they are stored, and are dequantized then (packed.cuh
+// fetch / decode: scales applied once per 4 weights); GGUF-layout weights
+// are dequantized as they load. Each weight is dequantized once per block
+// and used by BM tokens. The large tile's 128 threads (147-167 registers
+// on sm_52) run 3 blocks per SM where shared memory allows (the H100;
+// the M40's 96 KB a SM holds 2): a barrier stalls a third of an SM's
+// warps, not all of them (an H100 profile of the 128 x 128 tile, one
+// 256-thread block per SM, had them waiting at its two barriers a step).
 //
 // Split over K: with gridDim.z = S > 1, block z computes the k-steps of its
 // S-th of K and writes its partial tile to plane z of Y (S planes (M, N),
 // one part, accumulate 0); gemm_reduce_f32 then adds the planes in order
 // into the real outputs. The launcher splits where the tiles would fill
-// the GPU's block slots badly (an H100: 192 tiles of the 8B Q/K/V stack at
-// 512 tokens on 132 slots ran as 1.45 waves at 47% of the FMA rate).
+// the GPU's block slots badly (gemm_k_splits).
 //
 // gemm_packed_<fmt>_f32: the same over weights in the packed layout of the
 // decode GEMV (packed.cuh; row_bytes unused), so a model whose formats have
@@ -40,7 +44,6 @@
 #include "packed.cuh"
 
 #define GEMM_BK 32  // k per step: one sub-block
-#define GEMM_THREADS 256
 
 // The weights of a GGUF row-major matrix: parts q and q + 4 of 32-weight
 // sub-block sb of row n, dequantized when fetched (quant.cuh has no raw
@@ -73,15 +76,17 @@ struct Packed {
     __device__ static void decode(const Raw& r, float v0[4], float v1[4]) { P::decode(r, v0, v1); }
 };
 
-// A BM x BN tile: TM x TN outputs per thread, as TM/4 x TN/4 float4 groups.
-template <int BM_, int BN_>
+// A BM x BN tile: TM x TN outputs per thread, as TM/4 x TN/4 float4 groups;
+// (BM / TM) x (BN / TN) threads, thread t at tx = t % (BN / TN) along the
+// weight rows and ty = t / (BN / TN) along the tokens.
+template <int BM_, int BN_, int TM_, int TN_>
 struct Tile {
-    static constexpr int BM = BM_, BN = BN_;
-    static constexpr int TM = BM / 16, TN = BN / 16;
+    static constexpr int BM = BM_, BN = BN_, TM = TM_, TN = TN_;
+    static constexpr int NX = BN / TN, NY = BM / TM, THREADS = NX * NY;
     // Loader: thread t takes weight row t % BN, parts q = t / BN + c * QW
     // (and q + 4), c < WC; token t % BM, float4s f = t / BM + c * QX, c < XC.
-    static constexpr int QW = GEMM_THREADS / BN, WC = 4 / QW;
-    static constexpr int QX = GEMM_THREADS / BM, XC = 8 / QX;
+    static constexpr int QW = THREADS / BN, WC = 4 / QW;
+    static constexpr int QX = THREADS / BM, XC = 8 / QX;
     static_assert(TM % 4 == 0 && TN % 4 == 0 && QW * WC == 4 && QX * XC == 8, "tile shape");
 };
 
@@ -142,18 +147,18 @@ __device__ __forceinline__ void gemm_store(const GemmStage<T, L>& st, float (*Ws
 }
 
 // Row k of the stored tiles: thread (tx, ty)'s TM tokens and TN weight
-// rows, as float4 groups 64 apart.
+// rows, as float4 groups 4 NY (tokens) and 4 NX (rows) apart.
 template <class T>
 __device__ __forceinline__ void gemm_frag(const float (*Xs)[T::BM], const float (*Ws)[T::BN], int k, int tx, int ty,
                                           float* av, float* bv) {
 #pragma unroll
     for (int g = 0; g < T::TM / 4; ++g) {
-        const float4 a = *(const float4*)&Xs[k][g * 64 + ty * 4];
+        const float4 a = *(const float4*)&Xs[k][(g * T::NY + ty) * 4];
         av[4 * g] = a.x, av[4 * g + 1] = a.y, av[4 * g + 2] = a.z, av[4 * g + 3] = a.w;
     }
 #pragma unroll
     for (int g = 0; g < T::TN / 4; ++g) {
-        const float4 b = *(const float4*)&Ws[k][g * 64 + tx * 4];
+        const float4 b = *(const float4*)&Ws[k][(g * T::NX + tx) * 4];
         bv[4 * g] = b.x, bv[4 * g + 1] = b.y, bv[4 * g + 2] = b.z, bv[4 * g + 3] = b.w;
     }
 }
@@ -167,13 +172,18 @@ __device__ __forceinline__ void gemm_fma(const float* av, const float* bv, float
 }
 
 // One block's tile of Y = X W^T (+ Y when `accumulate`). Thread (tx, ty)
-// computes tokens g * 64 + 4 ty + i and weight rows g * 64 + 4 tx + j.
+// computes tokens 4 (g NY + ty) + i and weight rows 4 (g NX + tx) + j.
 template <class T, class L>
 __device__ __forceinline__ void gemm_tile(const u8* __restrict__ W, const float* __restrict__ X, const RowParts Y,
                                           int M, int N, int K, long long row_bytes, int accumulate, int m0, int n0) {
-    __shared__ __align__(16) float Ws[GEMM_BK][T::BN];
-    __shared__ __align__(16) float Xs[GEMM_BK][T::BM];
-    const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
+    // Two shared stages: step i computes from stage i & 1 while the next
+    // step's tiles (loaded into registers as the step starts) are stored to
+    // the other one halfway through it, so the loads' latency, the decode
+    // and the stores hide behind the FMAs of the other warps, and a step
+    // has one barrier.
+    __shared__ __align__(16) float Ws[2][GEMM_BK][T::BN];
+    __shared__ __align__(16) float Xs[2][GEMM_BK][T::BM];
+    const int tx = threadIdx.x % T::NX, ty = threadIdx.x / T::NX;
     // Split over K: split z's partial tile goes to its own (M, N) plane
     // of Y (one part), summed by gemm_reduce_f32.
     const long long part = gridDim.z > 1 ? (long long)blockIdx.z * M * N : 0;
@@ -187,24 +197,33 @@ __device__ __forceinline__ void gemm_tile(const u8* __restrict__ W, const float*
     const int steps = K / GEMM_BK, per = (steps + gridDim.z - 1) / gridDim.z;
     const int k_lo = blockIdx.z * per * GEMM_BK, k_hi = min(K, k_lo + per * GEMM_BK);
     GemmStage<T, L> st;
-    if (k_lo < k_hi) gemm_load<T, L>(W, X, M, N, K, row_bytes, m0, n0, k_lo, st);
-    for (int k0 = k_lo; k0 < k_hi; k0 += GEMM_BK) {
-        gemm_store<T, L>(st, Ws, Xs);
-        __syncthreads();
-        if (k0 + GEMM_BK < k_hi) gemm_load<T, L>(W, X, M, N, K, row_bytes, m0, n0, k0 + GEMM_BK, st);
+    if (k_lo < k_hi) {
+        gemm_load<T, L>(W, X, M, N, K, row_bytes, m0, n0, k_lo, st);
+        gemm_store<T, L>(st, Ws[0], Xs[0]);
+    }
+    __syncthreads();
+    for (int k0 = k_lo, cur = 0; k0 < k_hi; k0 += GEMM_BK, cur ^= 1) {
+        const bool next = k0 + GEMM_BK < k_hi;
+        if (next) gemm_load<T, L>(W, X, M, N, K, row_bytes, m0, n0, k0 + GEMM_BK, st);
         // The k-step's fragments double-buffered in registers: the
         // shared-memory loads of row k + 1 are issued before the FMAs of
         // row k (an H100 profile of the single-buffered loop had the warps
         // stalled mostly on these loads; this measured 3-6% faster there).
-        // Two k rows an iteration, unrolled 4 times: the whole step
-        // unrolled (16 times) measured 7% slower than before, not faster.
         float a0[T::TM], b0[T::TN], a1[T::TM], b1[T::TN];
-        gemm_frag<T>(Xs, Ws, 0, tx, ty, a0, b0);
+        gemm_frag<T>(Xs[cur], Ws[cur], 0, tx, ty, a0, b0);
 #pragma unroll 4
-        for (int k = 0; k < GEMM_BK; k += 2) {
-            gemm_frag<T>(Xs, Ws, k + 1, tx, ty, a1, b1);
+        for (int k = 0; k < GEMM_BK / 2; k += 2) {
+            gemm_frag<T>(Xs[cur], Ws[cur], k + 1, tx, ty, a1, b1);
             gemm_fma<T>(a0, b0, acc);
-            if (k + 2 < GEMM_BK) gemm_frag<T>(Xs, Ws, k + 2, tx, ty, a0, b0);
+            gemm_frag<T>(Xs[cur], Ws[cur], k + 2, tx, ty, a0, b0);
+            gemm_fma<T>(a1, b1, acc);
+        }
+        if (next) gemm_store<T, L>(st, Ws[cur ^ 1], Xs[cur ^ 1]);
+#pragma unroll 4
+        for (int k = GEMM_BK / 2; k < GEMM_BK; k += 2) {
+            gemm_frag<T>(Xs[cur], Ws[cur], k + 1, tx, ty, a1, b1);
+            gemm_fma<T>(a0, b0, acc);
+            if (k + 2 < GEMM_BK) gemm_frag<T>(Xs[cur], Ws[cur], k + 2, tx, ty, a0, b0);
             gemm_fma<T>(a1, b1, acc);
         }
         __syncthreads();
@@ -212,11 +231,11 @@ __device__ __forceinline__ void gemm_tile(const u8* __restrict__ W, const float*
 
 #pragma unroll
     for (int i = 0; i < T::TM; ++i) {
-        const int m = m0 + (i / 4) * 64 + ty * 4 + i % 4;
+        const int m = m0 + ((i / 4) * T::NY + ty) * 4 + i % 4;
         if (m >= M) continue;
 #pragma unroll
         for (int j = 0; j < T::TN; ++j) {
-            const int n = n0 + (j / 4) * 64 + tx * 4 + j % 4;
+            const int n = n0 + ((j / 4) * T::NX + tx) * 4 + j % 4;
             if (n >= N) continue;
             float* y = Y.at(m, n) + part;
             *y = accumulate ? *y + acc[i][j] : acc[i][j];
@@ -224,26 +243,27 @@ __device__ __forceinline__ void gemm_tile(const u8* __restrict__ W, const float*
     }
 }
 
-// The large tile is compiled for one block per SM: capped at 128 registers
-// for two, the packed kernels ran 10-20% slower on an H100 (BENCHMARKS.md,
-// prefill GEMM table); the small one keeps four (64 registers).
-typedef Tile<128, 128> Large;
-typedef Tile<64, 64> Small;
+// The large tile is compiled for three blocks per SM (at most 170
+// registers on sm_52; 128 x 64 ran 8-23% slower than 64 x 128 on an H100:
+// BENCHMARKS.md, prefill GEMM); the small one for four (64 registers).
+typedef Tile<64, 128, 8, 8> Large;
+typedef Tile<64, 64, 4, 4> Small;
+#define GEMM_LARGE_BLOCKS 3
 
 #define GEMM_ENTRY(entry, T, L, blocks)                                                                      \
-    extern "C" __global__ void __launch_bounds__(GEMM_THREADS, blocks)                                       \
+    extern "C" __global__ void __launch_bounds__(T::THREADS, blocks)                                          \
         entry(const u8* W, const float* X, float* Y, float* Y1, float* Y2, int r1, int r2, int M, int N,     \
               int K, long long row_bytes, int accumulate) {                                                  \
         gemm_tile<T, L>(W, X, RowParts{Y, Y1, Y2, r1, r2, N}, M, N, K, row_bytes, accumulate,                \
                         blockIdx.y * T::BM, blockIdx.x * T::BN);                                             \
     }
 #define GEMM_KERNEL(name, F)                                      \
-    GEMM_ENTRY(gemm_##name##_f32, Large, RowMajor<F>, 1)          \
+    GEMM_ENTRY(gemm_##name##_f32, Large, RowMajor<F>, GEMM_LARGE_BLOCKS) \
     GEMM_ENTRY(gemm_small_##name##_f32, Small, RowMajor<F>, 4)
 M40_FORMATS(GEMM_KERNEL)
 
 #define GEMM_PACKED_KERNEL(name, P)                               \
-    GEMM_ENTRY(gemm_packed_##name##_f32, Large, Packed<P>, 1)     \
+    GEMM_ENTRY(gemm_packed_##name##_f32, Large, Packed<P>, GEMM_LARGE_BLOCKS) \
     GEMM_ENTRY(gemm_small_packed_##name##_f32, Small, Packed<P>, 4)
 M40_PACKED_FORMATS(GEMM_PACKED_KERNEL)
 

@@ -22,7 +22,8 @@
 //! A fourth table times the prefill GEMM (`Kernels::gemm_packed`, 512 tokens
 //! and the 8B model's Q/K/V, o, gate/up and down shapes) in TFLOP/s against
 //! the FP32 FMA rate measured in the same run (`fma_probe`);
-//! `M40_BENCH_GEMM_ONLY=1` runs only that one.
+//! `M40_BENCH_GEMM_ONLY=1` runs only that one; `M40_BENCH_GEMM_SHAPE=28672x4096`
+//! and `M40_BENCH_FORMAT=Q4_0` narrow it to one shape and format.
 //! `M40_BENCH_JSON=path` also writes the first two tables as JSON.
 //!
 //! Without a GPU it prints why and exits 0 (1 with M40_REQUIRE_GPU=1).
@@ -367,22 +368,35 @@ fn prefill(s: &Stream, k: &Kernels, big: &DeviceBuffer<u8>, l2_bytes: usize) {
     );
     println!("|---|---|---|---|---|---|---|---|");
     let m = 512;
+    // `M40_BENCH_GEMM_SHAPE=ROWSxCOLS` and `M40_BENCH_FORMAT=T` narrow the
+    // table to one shape and format (a profiler's run).
+    let shape = std::env::var("M40_BENCH_GEMM_SHAPE").ok();
+    let format = std::env::var("M40_BENCH_FORMAT").ok();
     for f in PackFormat::ALL {
+        if format.as_ref().is_some_and(|t| *t != f.ty.to_string()) {
+            continue;
+        }
         for (rows, cols) in [
             (6144usize, 4096usize),
             (4096, 4096),
             (28672, 4096),
             (4096, 14336),
         ] {
+            if shape
+                .as_ref()
+                .is_some_and(|s| *s != format!("{rows}x{cols}"))
+            {
+                continue;
+            }
             let views = weight_copies(big, f.packed_bytes(rows, cols), l2_bytes);
             let copies = views.len();
             let x = activations(s, m * cols);
             let xv = x.view();
             let mut y = s.alloc::<f32>(m * rows, "y").expect("alloc");
-            let sms = s.device().info().sm_count as usize;
+            let gpu = k.gemm_slots().expect("occupancy");
             let mut part = s
                 .alloc::<f32>(
-                    m40_kernels::gemm_scratch_len(m, rows, cols, sms).max(1),
+                    m40_kernels::gemm_scratch_len(m, rows, cols, gpu).max(1),
                     "scratch",
                 )
                 .expect("alloc");
@@ -398,7 +412,7 @@ fn prefill(s: &Stream, k: &Kernels, big: &DeviceBuffer<u8>, l2_bytes: usize) {
                     k.gemm_packed(s, &pm, &xv, &mut y, m, false, part)
                 })
             };
-            let splits = k.gemm_splits(m, rows, cols);
+            let splits = k.gemm_splits(m, rows, cols).expect("occupancy");
             let (ms, unsplit) = if splits > 1 {
                 (run(true), format!("{:.1}", run(false) * 1e3))
             } else {

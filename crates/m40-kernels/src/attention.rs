@@ -17,10 +17,16 @@ pub const MAX_HEAD_DIM: usize = 256;
 /// `ATT_MAX_WARPS`: warps per attention block at most.
 const ATT_MAX_WARPS: usize = 8;
 /// kernels/gemm.cu: the tiles (tokens x weight rows) of `gemm_*` and
-/// `gemm_small_*`, and their threads.
-const GEMM_TILE: (usize, usize) = (128, 128);
+/// `gemm_small_*`, and their threads (8 x 8 outputs each in the large tile,
+/// 4 x 4 in the small one).
+const GEMM_TILE: (usize, usize) = (64, 128);
 const GEMM_SMALL_TILE: (usize, usize) = (64, 64);
-const GEMM_THREADS: u32 = 256;
+const GEMM_THREADS: u32 = (GEMM_TILE.0 * GEMM_TILE.1 / 64) as u32;
+const GEMM_SMALL_THREADS: u32 = 256;
+/// The large-tile kernel whose occupancy [`Kernels::gemm_slots`] reads
+/// (every large-tile kernel has the same shared memory and 147-167
+/// registers on sm_52, all under the 170 that three blocks per SM allow).
+const GEMM_SLOTS_KERNEL: &str = "gemm_packed_q4_0_f32";
 /// Tokens up to which the small tile runs (the large one would mostly
 /// compute rows of zeros); matrices too small to give the large tile one
 /// block per two SMs take it too.
@@ -29,28 +35,43 @@ const GEMM_SMALL_MAX_M: usize = 64;
 const GEMM_MAX_SPLITS: usize = 4;
 const GEMM_MIN_SPLIT_STEPS: usize = 16;
 
+/// Where a prefill GEMM's large tile runs: the GPU's SMs and the
+/// large-tile blocks one SM holds at once (the occupancy calculator's
+/// figure; [`Kernels::gemm_slots`]). The H100: 132 x 3 (registers); the
+/// M40: 24 x 2 (its 96 KB of shared memory a SM, 48 KB a block).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemmSlots {
+    pub sms: usize,
+    pub per_sm: usize,
+}
+
+impl GemmSlots {
+    /// Large-tile blocks the whole GPU holds at once.
+    pub fn blocks(&self) -> usize {
+        self.sms.max(1) * self.per_sm.max(1)
+    }
+}
+
 /// The splits over K of a prefill GEMM of `m` tokens by a matrix of `n`
-/// rows and `k` columns, on a GPU of `sms` SMs: 1 (no split) unless the
-/// large tile's blocks would fill the SMs' block slots badly and a split
-/// fills them better by a tenth of the slots. Grids of fewer large tiles
-/// than half the SMs split only where that keeps three quarters of them
-/// busy (the launcher then takes the large tile, not the small one: 1B's
-/// o and down at 512 tokens, 64 tiles, run as 128 blocks). The large tile runs one
-/// block per SM on every GPU (`__launch_bounds__(256, 1)`, 32 KB of shared
-/// memory, over 128 registers on sm_52: no room for a second one in 64K
-/// registers), so a launch's waves are its blocks over the SMs. Example,
-/// an H100 (132 SMs) at 512 tokens: 8B's Q/K/V stack (6144 rows) makes 192
-/// tiles, 1.45 waves (73% of the slots busy); split in 2, 384 blocks fill
-/// 97%. The M40 (24 SMs) runs the same 192 tiles as 8 full waves.
-pub fn gemm_k_splits(m: usize, n: usize, k: usize, sms: usize) -> usize {
+/// rows and `k` columns on `gpu`: 1 (no split) unless the large tile's
+/// blocks would fill the GPU's block slots badly and a split fills them
+/// better by a tenth of the slots. Grids of fewer large tiles than half the
+/// SMs split only where that keeps three quarters of the slots busy (the
+/// launcher then takes the large tile, not the small one). A launch's
+/// waves are its blocks over the slots. Example, an H100 (132 SMs, 3
+/// blocks each) at 512 tokens: 8B's Q/K/V stack (6144 rows) makes 384
+/// tiles of 64 x 128, 97% of the 396 slots: no split; its o (4096 rows,
+/// 256 tiles, 65%) splits in 3 (768 blocks, 97%). The M40 (24 SMs, 2
+/// blocks each) runs the Q/K/V's 384 tiles as 8 full waves.
+pub fn gemm_k_splits(m: usize, n: usize, k: usize, gpu: GemmSlots) -> usize {
     let tiles = gemm_large_tiles(m, n);
-    let sms = sms.max(1);
+    let (sms, slots) = (gpu.sms.max(1), gpu.blocks());
     if m <= GEMM_SMALL_MAX_M {
         return 1; // the small tile
     }
     let fill = |s: usize| {
         let blocks = tiles * s;
-        blocks as f64 / (blocks.div_ceil(sms) * sms) as f64
+        blocks as f64 / (blocks.div_ceil(slots) * slots) as f64
     };
     let mut best = 1;
     for s in 2..=GEMM_MAX_SPLITS {
@@ -62,7 +83,7 @@ pub fn gemm_k_splits(m: usize, n: usize, k: usize, sms: usize) -> usize {
         }
     }
     // Under one large block per two SMs the small tile runs unless a split
-    // keeps three quarters of the SMs busy with the large one.
+    // keeps three quarters of the slots busy with the large one.
     if 2 * tiles < sms && fill(best) < 0.75 {
         return 1;
     }
@@ -70,15 +91,15 @@ pub fn gemm_k_splits(m: usize, n: usize, k: usize, sms: usize) -> usize {
 }
 
 /// Large tiles of a GEMM of `m` tokens by a matrix of `n` rows.
-fn gemm_large_tiles(m: usize, n: usize) -> usize {
+pub fn gemm_large_tiles(m: usize, n: usize) -> usize {
     n.div_ceil(GEMM_TILE.1) * m.div_ceil(GEMM_TILE.0)
 }
 
 /// Floats of scratch the GEMM of `m` tokens by an `n` x `k` matrix takes
-/// on a GPU of `sms` SMs ([`Kernels::gemm_packed_split`]'s `scratch`): one
-/// (m, n) plane per split, none unsplit.
-pub fn gemm_scratch_len(m: usize, n: usize, k: usize, sms: usize) -> usize {
-    match gemm_k_splits(m, n, k, sms) {
+/// on `gpu` ([`Kernels::gemm_packed_split`]'s `scratch`): one (m, n) plane
+/// per split, none unsplit.
+pub fn gemm_scratch_len(m: usize, n: usize, k: usize, gpu: GemmSlots) -> usize {
+    match gemm_k_splits(m, n, k, gpu) {
         1 => 0,
         s => s * m * n,
     }
@@ -311,8 +332,20 @@ impl Kernels {
     }
 
     /// [`gemm_k_splits`] on this device.
-    pub fn gemm_splits(&self, m: usize, n: usize, k: usize) -> usize {
-        gemm_k_splits(m, n, k, self.device().info().sm_count as usize)
+    pub fn gemm_splits(&self, m: usize, n: usize, k: usize) -> Result<usize> {
+        Ok(gemm_k_splits(m, n, k, self.gemm_slots()?))
+    }
+
+    /// This device's SMs and the large GEMM tile's blocks per SM (the
+    /// occupancy calculator's, looked up once).
+    pub fn gemm_slots(&self) -> Result<GemmSlots> {
+        let sms = self.device().info().sm_count.max(1) as usize;
+        let kernel = self.handle("gemm", GEMM_SLOTS_KERNEL)?;
+        let blocks = self.resident_blocks(&kernel, GEMM_THREADS, 0)?;
+        Ok(GemmSlots {
+            sms,
+            per_sm: (blocks / sms).max(1),
+        })
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -345,16 +378,17 @@ impl Kernels {
         // (gemm_k_splits); else the small one: on an H100, SmolLM2's
         // 576-row matrices made 20 large blocks for 132 SMs, and pp512 fell
         // from 46k to 34k tokens/s.
-        let sms = self.device().info().sm_count.max(1) as usize;
-        let s = gemm_k_splits(m, n, k, sms);
+        let gpu = self.gemm_slots()?;
+        let s = gemm_k_splits(m, n, k, gpu);
         let splits = scratch
             .filter(|p| s > 1 && p.len() >= s * m * n)
             .map(|p| (p, s));
-        let small = m <= GEMM_SMALL_MAX_M || (2 * gemm_large_tiles(m, n) < sms && splits.is_none());
-        let (name, (bm, bn)) = if small {
-            (w.kernels[1], GEMM_SMALL_TILE)
+        let small =
+            m <= GEMM_SMALL_MAX_M || (2 * gemm_large_tiles(m, n) < gpu.sms && splits.is_none());
+        let (name, (bm, bn), threads) = if small {
+            (w.kernels[1], GEMM_SMALL_TILE, GEMM_SMALL_THREADS)
         } else {
-            (w.kernels[0], GEMM_TILE)
+            (w.kernels[0], GEMM_TILE, GEMM_THREADS)
         };
         let kernel = self.kernel("gemm", name)?;
         let grid = (
@@ -388,7 +422,7 @@ impl Kernels {
                     .scalar(&ki)
                     .scalar(&row_bytes)
                     .scalar(&acc)
-                    .run(cfg(grid, GEMM_THREADS, 0))?
+                    .run(cfg(grid, threads, 0))?
             };
             return Ok(());
         };
@@ -411,11 +445,11 @@ impl Kernels {
                 .scalar(&ki)
                 .scalar(&row_bytes)
                 .scalar(&zero)
-                .run(cfg(grid, GEMM_THREADS, 0))?
+                .run(cfg(grid, threads, 0))?
         };
         let reduce = self.kernel("gemm", "gemm_reduce_f32")?;
         let total = m * n;
-        let blocks = total.div_ceil(256).min(sms * 8) as u32;
+        let blocks = total.div_ceil(256).min(gpu.sms * 8) as u32;
         let acc = accumulate as i32;
         // SAFETY: gemm_reduce_f32(const float* P, int S, float* Y, float* Y1, float* Y2,
         // int r1, int r2, int M, int N, int accumulate): reads s planes of M * N floats
@@ -759,33 +793,45 @@ mod tests {
 
     #[test]
     fn gemm_splits_over_k_where_the_tiles_fill_the_sms_badly() {
-        // An H100 (132 SMs), 512 tokens, 8B: the Q/K/V stack's 192 tiles
-        // are 1.45 waves (73% busy), split in 2: 97%.
-        assert_eq!(gemm_k_splits(512, 6144, 4096, 132), 2);
-        assert_eq!(gemm_scratch_len(512, 6144, 4096, 132), 2 * 512 * 6144);
-        // gate/up (896 tiles, 97%) and o / down (128 tiles) stay whole.
-        assert_eq!(gemm_k_splits(512, 28672, 4096, 132), 1);
-        assert_eq!(gemm_k_splits(512, 4096, 4096, 132), 1);
-        assert_eq!(gemm_k_splits(512, 4096, 14336, 132), 1);
-        assert_eq!(gemm_scratch_len(512, 4096, 14336, 132), 0);
-        // The M40 (24 SMs) runs the 192 tiles as 8 full waves.
-        assert_eq!(gemm_k_splits(512, 6144, 4096, 24), 1);
-        // 1B's Q/K/V (96 tiles on 132 SMs, 73%): 4 splits (384 blocks, 97%),
-        // each of 16 k-steps.
-        assert_eq!(gemm_k_splits(512, 3072, 2048, 132), 4);
-        // Too few k-steps to split (16 per split at least).
-        assert_eq!(gemm_k_splits(512, 6144, 512, 132), 1);
-        assert_eq!(gemm_k_splits(512, 6144, 1024, 132), 2);
+        const H100: GemmSlots = GemmSlots {
+            sms: 132,
+            per_sm: 3,
+        };
+        const M40: GemmSlots = GemmSlots { sms: 24, per_sm: 2 };
+        // An H100 (396 slots), 512 tokens, 8B: the Q/K/V stack's 384 tiles
+        // fill 97%; o and down (256 tiles, 65%) split in 3 (768 blocks,
+        // 97%); gate/up (1792 tiles, 90%) stays whole (3 splits: 97%, not
+        // a tenth more).
+        assert_eq!(gemm_k_splits(512, 6144, 4096, H100), 1);
+        assert_eq!(gemm_scratch_len(512, 6144, 4096, H100), 0);
+        assert_eq!(gemm_k_splits(512, 4096, 4096, H100), 3);
+        assert_eq!(gemm_scratch_len(512, 4096, 4096, H100), 3 * 512 * 4096);
+        assert_eq!(gemm_k_splits(512, 4096, 14336, H100), 3);
+        assert_eq!(gemm_k_splits(512, 28672, 4096, H100), 1);
+        // The M40 (48 slots) runs the Q/K/V's 384 tiles as 8 full waves;
+        // o's 256 are 5.3 waves (89%), in 3 splits 16 full ones.
+        assert_eq!(gemm_k_splits(512, 6144, 4096, M40), 1);
+        assert_eq!(gemm_k_splits(512, 4096, 4096, M40), 3);
+        // 1B's Q/K/V (192 tiles, 48%): 2 splits (384 blocks, 97%); its o
+        // (128 tiles, 32%): 3 (97%; 4 would be 65%).
+        assert_eq!(gemm_k_splits(512, 3072, 2048, H100), 2);
+        assert_eq!(gemm_k_splits(512, 2048, 2048, H100), 3);
+        // Too few k-steps to split (16 per split at least): 512 columns
+        // none, 1024 columns 2 at most.
+        assert_eq!(gemm_k_splits(512, 2048, 512, H100), 1);
+        assert_eq!(gemm_k_splits(512, 2048, 1024, H100), 2);
         // Small prompts take the 64 x 64 tile: never split.
-        assert_eq!(gemm_k_splits(64, 6144, 4096, 132), 1);
-        // Under half the SMs' worth of tiles: split where that fills three
-        // quarters (1B's o and down, 64 tiles: 2 splits, 97%), else the
-        // small tile (16 tiles: 4 splits would fill 48%; SmolLM2's 576
-        // columns are too few k-steps to split).
-        assert_eq!(gemm_k_splits(512, 2048, 2048, 132), 2);
-        assert_eq!(gemm_k_splits(512, 2048, 8192, 132), 2);
-        assert_eq!(gemm_k_splits(512, 512, 4096, 132), 1);
-        assert_eq!(gemm_k_splits(512, 576, 576, 132), 1);
-        assert_eq!(gemm_k_splits(512, 6144, 4096, 0), 1);
+        assert_eq!(gemm_k_splits(64, 4096, 4096, H100), 1);
+        // Under half the SMs' worth of tiles: split only where that fills
+        // three quarters of the slots, else the small tile. On the H100 no
+        // such grid fills them (32 tiles: 3 splits fill 24%); on the M40,
+        // 10 tiles in 4 splits fill 83%, 8 tiles 67%. SmolLM2's 576 columns
+        // are too few k-steps to split.
+        assert_eq!(gemm_k_splits(512, 512, 4096, H100), 1);
+        assert_eq!(gemm_k_splits(128, 640, 4096, M40), 4);
+        assert_eq!(gemm_k_splits(128, 512, 4096, M40), 1);
+        assert_eq!(gemm_k_splits(512, 576, 576, H100), 1);
+        let none = GemmSlots { sms: 0, per_sm: 0 };
+        assert_eq!(gemm_k_splits(512, 6144, 4096, none), 1);
     }
 }

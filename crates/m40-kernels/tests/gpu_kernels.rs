@@ -12,9 +12,9 @@ use m40_device::testing::test_device;
 use m40_device::{Device, DeviceBuffer, DeviceView, Stream};
 use m40_gguf::GgmlType;
 use m40_kernels::{
-    gemm_scratch_len, interleave_glu, pack_gemv, select_args, Fold, GemvOut, KernelError,
-    KernelFormat, Kernels, PackFormat, PackedMatrix, Penalties, QMatrix, RopeParams, RopeStyle,
-    RowSplit, PACKED_GEMV_MAX_TOKENS, SELECT_ARGS, SELECT_MAX_K,
+    gemm_large_tiles, gemm_scratch_len, interleave_glu, pack_gemv, select_args, Fold, GemvOut,
+    KernelError, KernelFormat, Kernels, PackFormat, PackedMatrix, Penalties, QMatrix, RopeParams,
+    RopeStyle, RowSplit, PACKED_GEMV_MAX_TOKENS, SELECT_ARGS, SELECT_MAX_K,
 };
 use m40_model::cpu::ops;
 
@@ -1209,30 +1209,42 @@ fn gemm_every_format_matches_cpu() {
     // that many. The scratch poisoned first. The row-major GEMM shares the
     // launcher: one format.
     let (m, kk) = (130, 1024);
-    let sms = s.device().info().sm_count as usize;
+    let gpu = k.gemm_slots().unwrap();
+    println!(
+        "GEMM slots: {} SMs x {} large-tile blocks",
+        gpu.sms, gpu.per_sm
+    );
     let splitting = |few: bool| {
-        (1..512)
-            .map(|t| 128 * t - 3)
-            .find(|&n| k.gemm_splits(m, n, kk) > 1 && (4 * n.div_ceil(128) < sms) == few)
-            .expect("a shape that splits over K")
+        (1..512).map(|t| 128 * t - 3).find(|&n| {
+            k.gemm_splits(m, n, kk).unwrap() > 1 && (2 * gemm_large_tiles(m, n) < gpu.sms) == few
+        })
     };
-    let shapes = [splitting(true), splitting(false)];
+    // Grids under half the SMs split only where that fills three quarters
+    // of the slots: none can where an SM holds 3 or more large blocks.
+    let few = splitting(true);
+    if few.is_none() {
+        println!("no grid of fewer large tiles than half the SMs splits on this GPU");
+    }
+    let shapes: Vec<usize> = few
+        .into_iter()
+        .chain(Some(splitting(false).expect("a shape that splits over K")))
+        .collect();
     let most = shapes
         .iter()
-        .map(|&n| gemm_scratch_len(m, n, kk, sms))
+        .map(|&n| gemm_scratch_len(m, n, kk, gpu))
         .max()
         .unwrap();
     let part = std::cell::RefCell::new(s.alloc::<f32>(most, "scratch").unwrap());
     let poisoned = |p: &mut DeviceBuffer<f32>| s.fill_bytes(p, 0xFF).unwrap();
-    for n in shapes {
-        let splits = k.gemm_splits(m, n, kk);
+    for &n in &shapes {
+        let splits = k.gemm_splits(m, n, kk).unwrap();
         println!("split over K: {m}x{n}x{kk} in {splits}");
-        assert_eq!(gemm_scratch_len(m, n, kk, sms), splits * m * n);
+        assert_eq!(gemm_scratch_len(m, n, kk, gpu), splits * m * n);
         for f in PackFormat::ALL {
             packed_gemm_case(&s, &k, &mut rng, f.ty, (m, n, kk), Some(&part));
         }
     }
-    let n = shapes[1];
+    let n = *shapes.last().unwrap();
     gemm_case(
         &s,
         &mut rng,

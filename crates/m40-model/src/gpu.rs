@@ -28,8 +28,8 @@ use m40_gguf::hparams::{RopeStyle as GgufRope, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
 use m40_gguf::{GgmlType, HyperParams};
 use m40_kernels::{
     gemm_scratch_len, interleave_glu, pack_gemv, select_args, AttnPlan, AttnScratch, AttnShape,
-    DecodeProgram, Fold, GemvOut, KernelFormat, Kernels, PackFormat, PackedMatrix, Penalties,
-    QMatrix, RopeKv, RopeParams, RopeStyle, RowSplit, KV_PAGE, MAX_HEAD_DIM, PACK_ROWS,
+    DecodeProgram, Fold, GemmSlots, GemvOut, KernelFormat, Kernels, PackFormat, PackedMatrix,
+    Penalties, QMatrix, RopeKv, RopeParams, RopeStyle, RowSplit, KV_PAGE, MAX_HEAD_DIM, PACK_ROWS,
     SELECT_ARGS, SELECT_MAX_K,
 };
 
@@ -399,10 +399,10 @@ fn gib(b: u64) -> String {
 }
 
 /// Floats of scratch the prefill GEMMs of `hp`'s matrices take split over
-/// K (m40_kernels::gemm_scratch_len) on a GPU of `sms` SMs, for any step of
+/// K (m40_kernels::gemm_scratch_len) on `gpu`, for any step of
 /// up to `max_batch` tokens (the GEMV takes steps of GEMV_TOKENS or fewer;
 /// the output matrix, LOGIT_ROWS rows at most).
-fn gemm_scratch(hp: &HyperParams, max_batch: usize, sms: usize) -> usize {
+fn gemm_scratch(hp: &HyperParams, max_batch: usize, gpu: GemmSlots) -> usize {
     let (d, q, kv, ff) = (
         hp.n_embd,
         hp.n_head * hp.head_dim,
@@ -423,15 +423,16 @@ fn gemm_scratch(hp: &HyperParams, max_batch: usize, sms: usize) -> usize {
     ];
     mats.iter()
         .flat_map(|&(n, k, most)| {
-            (GEMV_TOKENS + 1..=most).map(move |m| gemm_scratch_len(m, n, k, sms))
+            (GEMV_TOKENS + 1..=most).map(move |m| gemm_scratch_len(m, n, k, gpu))
         })
         .max()
         .unwrap_or(0)
 }
 
-/// Device memory a [`GpuBackend`] for `model` with `opts` allocates on a
-/// GPU of `sms` SMs, bytes: (weights, KV pool, workspace).
-pub fn memory_needed(model: &Model, opts: &GpuOptions, sms: usize) -> (u64, u64, u64) {
+/// Device memory a [`GpuBackend`] for `model` with `opts` allocates on
+/// `gpu` (its GEMM slots size the split-K scratch), bytes: (weights, KV
+/// pool, workspace).
+pub fn memory_needed(model: &Model, opts: &GpuOptions, gpu: GemmSlots) -> (u64, u64, u64) {
     let hp = model.hparams();
     let file = model.file();
     let weights: u64 = hp
@@ -469,7 +470,7 @@ pub fn memory_needed(model: &Model, opts: &GpuOptions, sms: usize) -> (u64, u64,
             + LOGIT_ROWS as u64 * hp.n_vocab as u64
             + pages
             + (SELECT_ARGS + 2 * hp.n_vocab + 2 * SELECT_MAX_K) as u64
-            + gemm_scratch(hp, opts.max_batch.max(1), sms) as u64);
+            + gemm_scratch(hp, opts.max_batch.max(1), gpu) as u64);
     (weights, kv, work)
 }
 
@@ -490,8 +491,10 @@ impl GpuBackend {
             )));
         }
         let max_batch = opts.max_batch.max(1);
-        let sms = device.info().sm_count as usize;
-        let (w, kv, work) = memory_needed(&model, &opts, sms);
+        let kernels = Kernels::new(device.clone());
+        kernels.load_all()?;
+        let gpu = kernels.gemm_slots()?;
+        let (w, kv, work) = memory_needed(&model, &opts, gpu);
         let need = w + kv + work;
         let (free, total) = device.memory()?;
         let limit = (device.budget_left() as u64).min(free as u64);
@@ -511,8 +514,6 @@ impl GpuBackend {
         }
 
         let stream = device.new_stream()?;
-        let kernels = Kernels::new(device.clone());
-        kernels.load_all()?;
         let mut done = 0u64;
         // Upload `names` stacked into one matrix (rows concatenated, then
         // packed when `may_pack` and the format allows).
@@ -677,7 +678,7 @@ impl GpuBackend {
             part: a(dec_part, "attention scratch")?,
             part_ml: a(dec_ml, "attention scratch")?,
         };
-        let gemm_part = a(gemm_scratch(&hp, max_batch, sms), "GEMM split scratch")?;
+        let gemm_part = a(gemm_scratch(&hp, max_batch, gpu), "GEMM split scratch")?;
         stream.synchronize()?;
         let free = Arc::new(Mutex::new((0..n_pages as u32).rev().collect()));
         Ok(Self {
