@@ -31,9 +31,11 @@ const GEMM_SLOTS_KERNEL: &str = "gemm_packed_q4_0_f32";
 /// compute rows of zeros); matrices too small to give the large tile one
 /// block per two SMs take it too.
 const GEMM_SMALL_MAX_M: usize = 64;
-/// Splits over K at most, and k-steps (of 32) a split keeps at least.
+/// Splits over K at most, and k-steps (of 32) a split keeps at least: 16,
+/// or 128 where the unsplit grid fills half the slots already.
 const GEMM_MAX_SPLITS: usize = 4;
 const GEMM_MIN_SPLIT_STEPS: usize = 16;
+const GEMM_MIN_SPLIT_STEPS_FULL: usize = 128;
 
 /// Where a prefill GEMM's large tile runs: the GPU's SMs and the
 /// large-tile blocks one SM holds at once (the occupancy calculator's
@@ -55,14 +57,16 @@ impl GemmSlots {
 /// The splits over K of a prefill GEMM of `m` tokens by a matrix of `n`
 /// rows and `k` columns on `gpu`: 1 (no split) unless the large tile's
 /// blocks would fill the GPU's block slots badly and a split fills them
-/// better by a tenth of the slots. Grids of fewer large tiles than half the
+/// better by a tenth of the slots. A launch's waves are its blocks over the
+/// slots; where an SM holds several blocks and the grid fills half of
+/// them, a split must keep 128 k-steps. Grids of fewer large tiles than half the
 /// SMs split only where that keeps three quarters of the slots busy (the
-/// launcher then takes the large tile, not the small one). A launch's
-/// waves are its blocks over the slots. Example, an H100 (132 SMs, 3
-/// blocks each) at 512 tokens: 8B's Q/K/V stack (6144 rows) makes 384
-/// tiles of 64 x 128, 97% of the 396 slots: no split; its o (4096 rows,
-/// 256 tiles, 65%) splits in 3 (768 blocks, 97%). The M40 (24 SMs, 2
-/// blocks each) runs the Q/K/V's 384 tiles as 8 full waves.
+/// launcher then takes the large tile, not the small one). Examples at 512
+/// tokens: an H100 (132 SMs, 3 blocks each) runs 8B's Q/K/V whole (384
+/// tiles of 64 x 128, 97% of the 396 slots) and o (256 tiles, 65%; 128
+/// k-steps), splits its down (256 tiles, 448 k-steps) in 3 (97%) and 1B's
+/// o (128 tiles, 32%) in 3; the M40 (24 SMs, 2 blocks each) runs 8B's
+/// Q/K/V as 8 full waves.
 pub fn gemm_k_splits(m: usize, n: usize, k: usize, gpu: GemmSlots) -> usize {
     let tiles = gemm_large_tiles(m, n);
     let (sms, slots) = (gpu.sms.max(1), gpu.blocks());
@@ -73,9 +77,20 @@ pub fn gemm_k_splits(m: usize, n: usize, k: usize, gpu: GemmSlots) -> usize {
         let blocks = tiles * s;
         blocks as f64 / (blocks.div_ceil(slots) * slots) as f64
     };
+    // Where an SM holds several large blocks, one with a block fewer still
+    // runs near its full rate, and a grid over half the slots splits only
+    // where K is long enough for the reduce to cost little (the H100 at 512
+    // tokens, 256 tiles on 396 slots, 65%: 4096x4096 in 3 splits of 43
+    // k-steps ran 1% slower than whole, 4096x14336 in 3 of 149, 2-4%
+    // faster).
+    let min_steps = if gpu.per_sm > 1 && fill(1) >= 0.5 {
+        GEMM_MIN_SPLIT_STEPS_FULL
+    } else {
+        GEMM_MIN_SPLIT_STEPS
+    };
     let mut best = 1;
     for s in 2..=GEMM_MAX_SPLITS {
-        if k / 32 / s < GEMM_MIN_SPLIT_STEPS {
+        if k / 32 / s < min_steps {
             break;
         }
         if fill(s) > fill(best) + 0.1 {
@@ -799,23 +814,35 @@ mod tests {
         };
         const M40: GemmSlots = GemmSlots { sms: 24, per_sm: 2 };
         // An H100 (396 slots), 512 tokens, 8B: the Q/K/V stack's 384 tiles
-        // fill 97%; o and down (256 tiles, 65%) split in 3 (768 blocks,
-        // 97%); gate/up (1792 tiles, 90%) stays whole (3 splits: 97%, not
-        // a tenth more).
+        // fill 97%; o and down (256 tiles, 65%: over half) split only with
+        // 128 k-steps a split: down's 448 in 3 (97%), not o's 128; gate/up
+        // (1792 tiles, 90%; 3 splits: 97%, of 42 steps) stays whole.
         assert_eq!(gemm_k_splits(512, 6144, 4096, H100), 1);
         assert_eq!(gemm_scratch_len(512, 6144, 4096, H100), 0);
-        assert_eq!(gemm_k_splits(512, 4096, 4096, H100), 3);
-        assert_eq!(gemm_scratch_len(512, 4096, 4096, H100), 3 * 512 * 4096);
+        assert_eq!(gemm_k_splits(512, 4096, 4096, H100), 1);
         assert_eq!(gemm_k_splits(512, 4096, 14336, H100), 3);
+        assert_eq!(gemm_scratch_len(512, 4096, 14336, H100), 3 * 512 * 4096);
         assert_eq!(gemm_k_splits(512, 28672, 4096, H100), 1);
-        // The M40 (48 slots) runs the Q/K/V's 384 tiles as 8 full waves;
-        // o's 256 are 5.3 waves (89%), in 3 splits 16 full ones.
+        // The M40 (48 slots) runs the Q/K/V's 384 tiles as 8 full waves,
+        // o's 256 as 5.3 (89%; down's split in 3 would fill 100%).
         assert_eq!(gemm_k_splits(512, 6144, 4096, M40), 1);
-        assert_eq!(gemm_k_splits(512, 4096, 4096, M40), 3);
+        assert_eq!(gemm_k_splits(512, 4096, 4096, M40), 1);
+        assert_eq!(gemm_k_splits(512, 4096, 14336, M40), 3);
         // 1B's Q/K/V (192 tiles, 48%): 2 splits (384 blocks, 97%); its o
-        // (128 tiles, 32%): 3 (97%; 4 would be 65%).
+        // (128 tiles, 32%): 3 (97%; 4 would be 65%); gate/up (1024 tiles,
+        // 86%) stays whole.
         assert_eq!(gemm_k_splits(512, 3072, 2048, H100), 2);
+        assert_eq!(gemm_scratch_len(512, 3072, 2048, H100), 2 * 512 * 3072);
         assert_eq!(gemm_k_splits(512, 2048, 2048, H100), 3);
+        assert_eq!(gemm_k_splits(512, 16384, 2048, H100), 1);
+        // One block per SM: 192 tiles on 132 slots fill 73%, split in 2
+        // 97%.
+        let one = GemmSlots {
+            sms: 132,
+            per_sm: 1,
+        };
+        assert_eq!(gemm_k_splits(512, 3072, 4096, one), 2);
+        assert_eq!(gemm_k_splits(512, 4096, 4096, one), 1);
         // Too few k-steps to split (16 per split at least): 512 columns
         // none, 1024 columns 2 at most.
         assert_eq!(gemm_k_splits(512, 2048, 512, H100), 1);
