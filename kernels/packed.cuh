@@ -39,6 +39,25 @@ struct PackAt {
 
 __device__ __forceinline__ u32 ldw(const u8* p) { return *(const u32*)p; }
 
+// The quad interface (the prefill GEMM's large-tile loader; Q6_K only, the
+// one format it measured faster for: BENCHMARKS.md): eighth e < 4
+// of block b of group g (rows 4g .. 4g+3), the packed layout's own unit.
+// `fetch_quad` loads its raw words (16-byte loads of the 4 rows side by
+// side, the scales of the 4 rows in one load); `decode_quad(r, e, v)`
+// gives v[i] = the 4 rows' weights at column `quad_k(e, i)` of the block,
+// i < 8. A zeroed Quad decodes to zeros. Group-block gb = g * nb + b.
+struct QuadAt {
+    long long gb, ng, nb;
+    __device__ QuadAt(int N, int K, int g, int b)
+        : gb((long long)g * (K >> 5) + b), ng((N + 3) >> 2), nb(K >> 5) {}
+};
+// The eighth e of a format whose eighths are runs: weights 8e .. 8e+7.
+__device__ __forceinline__ int run_k(int e, int i) { return 8 * e + i; }
+__device__ __forceinline__ u32 word_of(const uint4& v, int j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }
+__device__ __forceinline__ float half_of(const uint2& v, int j) {
+    return h2f((u16)((j < 2 ? v.x : v.y) >> (16 * (j & 1))));
+}
+
 // v = ((w >> shift) & 15) * d + c for the 4 bytes of w.
 __device__ __forceinline__ void nibbles4(u32 w, int shift, float d, float c, float v[4]) {
 #pragma unroll
@@ -173,6 +192,39 @@ struct PartsQ6_K : PartsOf<PartsQ6_K> {
         q6(r.lo0, r.hi0, d * (float)(signed char)(r.sc & 0xff), v0);
         q6(r.lo1, r.hi1, d * (float)(signed char)(r.sc >> 8), v1);
     }
+    // Eighth e (weights 8e .. 8e+7, in 16-weight half e / 2): lo the 4
+    // rows' words, hi words for rows (0, 1) and (2, 3), sc the 4 rows'
+    // scale pairs, d their f16 super-block scales.
+    struct Quad {
+        uint4 lo;
+        uint2 hi, sc, d;
+    };
+    __device__ static void fetch_quad(const u8* W, int N, int K, int g, int b, int e, Quad& r) {
+        const QuadAt a(N, K, g, b);
+        r.lo = *(const uint4*)(W + (a.gb * 4 + e) * 16);
+        r.hi = *(const uint2*)(W + a.ng * a.nb * 64 + (a.gb * 4 + e) * 8);
+        r.sc = *(const uint2*)(W + a.ng * a.nb * 96 + a.gb * 8);
+        r.d = *(const uint2*)(W + a.ng * a.nb * 104 + ((long long)g * (a.nb >> 3) + (b >> 3)) * 8);
+    }
+    __device__ static void decode_quad(const Quad& r, int e, float4 v[8]) {
+        float o[8][4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const u32 lo = word_of(r.lo, j), hi = (j < 2 ? r.hi.x : r.hi.y) >> (4 * (j & 1));
+            const u32 scw = (j < 2 ? r.sc.x : r.sc.y) >> (16 * (j & 1) + 8 * (e >> 1));
+            const float ds = half_of(r.d, j) * (float)(signed char)(scw & 0xff);
+            // Weight 4t + k: low bits at lo >> (8k + 4t), top bits at
+            // hi >> (8k + 2t) (m = 2 (j % 2) + t, the j part shifted above).
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const int t = i >> 2, k = i & 3;
+                o[i][j] = u2f_sub(((lo >> (8 * k + 4 * t)) & 15) | (((hi >> (8 * k + 2 * t)) & 3) << 4), 32) * ds;
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = make_float4(o[i][0], o[i][1], o[i][2], o[i][3]);
+    }
+    __device__ static int quad_k(int e, int i) { return run_k(e, i); }
 };
 
 #define M40_PACKED_FORMATS(X) \
