@@ -27,6 +27,8 @@ const GEMM_SMALL_THREADS: u32 = 256;
 /// (every large-tile kernel has the same shared memory and 147-167
 /// registers on sm_52, all under the 170 that three blocks per SM allow).
 const GEMM_SLOTS_KERNEL: &str = "gemm_packed_q4_0_f32";
+/// The same for the small tile (63-64 registers, 32 KB of shared memory).
+const GEMM_SMALL_SLOTS_KERNEL: &str = "gemm_small_packed_q4_0_f32";
 /// Tokens up to which the small tile runs (the large one would mostly
 /// compute rows of zeros); matrices too small to give the large tile one
 /// block per two SMs take it too.
@@ -37,14 +39,16 @@ const GEMM_MAX_SPLITS: usize = 4;
 const GEMM_MIN_SPLIT_STEPS: usize = 16;
 const GEMM_MIN_SPLIT_STEPS_FULL: usize = 128;
 
-/// Where a prefill GEMM's large tile runs: the GPU's SMs and the
-/// large-tile blocks one SM holds at once (the occupancy calculator's
-/// figure; [`Kernels::gemm_slots`]). The H100: 132 x 3 (registers); the
-/// M40: 24 x 2 (its 96 KB of shared memory a SM, 48 KB a block).
+/// Where a prefill GEMM's tiles run: the GPU's SMs and the blocks of the
+/// large and of the small tile one SM holds at once (the occupancy
+/// calculator's figures; [`Kernels::gemm_slots`]). The H100: 132 x 3
+/// large (registers), x 4 small; the M40: 24 x 2 large (its 96 KB of
+/// shared memory a SM, 48 KB a block), x 3 small.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GemmSlots {
     pub sms: usize,
     pub per_sm: usize,
+    pub small_per_sm: usize,
 }
 
 impl GemmSlots {
@@ -55,35 +59,51 @@ impl GemmSlots {
 }
 
 /// The splits over K of a prefill GEMM of `m` tokens by a matrix of `n`
-/// rows and `k` columns on `gpu`: 1 (no split) unless the large tile's
-/// blocks would fill the GPU's block slots badly and a split fills them
-/// better by a tenth of the slots. A launch's waves are its blocks over the
-/// slots; where an SM holds several blocks and the grid fills half of
-/// them, a split must keep 128 k-steps. Grids of fewer large tiles than half the
-/// SMs split only where that keeps three quarters of the slots busy (the
-/// launcher then takes the large tile, not the small one). Examples at 512
-/// tokens: an H100 (132 SMs, 3 blocks each) runs 8B's Q/K/V whole (384
-/// tiles of 64 x 128, 97% of the 396 slots) and o (256 tiles, 65%; 128
-/// k-steps), splits its down (256 tiles, 448 k-steps) in 3 (97%) and 1B's
-/// o (128 tiles, 32%) in 3; the M40 (24 SMs, 2 blocks each) runs 8B's
-/// Q/K/V as 8 full waves.
+/// rows and `k` columns on `gpu`: 1 (no split) unless the tile's blocks
+/// would fill the GPU's block slots badly and a split fills them better by
+/// a tenth of the slots. A launch's waves are its blocks over the slots;
+/// where an SM holds several blocks and the grid fills half of them, a
+/// split must keep 128 k-steps. Prompts of up to 64 tokens take the small
+/// tile, split over its own slots. Grids of fewer large tiles than half
+/// the SMs split only where that keeps three quarters of the slots busy
+/// (the launcher then takes the large tile, not the small one). Examples
+/// at 512 tokens: an H100 (132 SMs, 3 large blocks each) runs 8B's Q/K/V
+/// whole (384 tiles of 64 x 128, 97% of the 396 slots) and o (256 tiles,
+/// 65%; 128 k-steps), splits its down (256 tiles, 448 k-steps) in 3 (97%)
+/// and 1B's o (128 tiles, 32%) in 3; the M40 (24 SMs, 2 blocks each) runs
+/// 8B's Q/K/V as 8 full waves. At 40 tokens the H100 splits 8B's Q/K/V
+/// (96 small tiles on 528 slots, 18%) in 4.
 pub fn gemm_k_splits(m: usize, n: usize, k: usize, gpu: GemmSlots) -> usize {
-    let tiles = gemm_large_tiles(m, n);
-    let (sms, slots) = (gpu.sms.max(1), gpu.blocks());
+    let sms = gpu.sms.max(1);
     if m <= GEMM_SMALL_MAX_M {
-        return 1; // the small tile
+        let per_sm = gpu.small_per_sm.max(1);
+        let tiles = n.div_ceil(GEMM_SMALL_TILE.1) * m.div_ceil(GEMM_SMALL_TILE.0);
+        return best_split(tiles, k, sms * per_sm, per_sm).0;
     }
+    let tiles = gemm_large_tiles(m, n);
+    let (best, fill) = best_split(tiles, k, gpu.blocks(), gpu.per_sm);
+    // Under one large block per two SMs the small tile runs unless a split
+    // keeps three quarters of the slots busy with the large one.
+    if 2 * tiles < sms && fill < 0.75 {
+        return 1;
+    }
+    best
+}
+
+/// The splits (and the share of `slots` they fill) of `tiles` blocks over
+/// K = `k`, on a GPU of `per_sm` blocks an SM.
+fn best_split(tiles: usize, k: usize, slots: usize, per_sm: usize) -> (usize, f64) {
     let fill = |s: usize| {
         let blocks = tiles * s;
         blocks as f64 / (blocks.div_ceil(slots) * slots) as f64
     };
-    // Where an SM holds several large blocks, one with a block fewer still
-    // runs near its full rate, and a grid over half the slots splits only
-    // where K is long enough for the reduce to cost little (the H100 at 512
+    // Where an SM holds several blocks, one with a block fewer still runs
+    // near its full rate, and a grid over half the slots splits only where
+    // K is long enough for the reduce to cost little (the H100 at 512
     // tokens, 256 tiles on 396 slots, 65%: 4096x4096 in 3 splits of 43
     // k-steps ran 1% slower than whole, 4096x14336 in 3 of 149, 2-4%
     // faster).
-    let min_steps = if gpu.per_sm > 1 && fill(1) >= 0.5 {
+    let min_steps = if per_sm > 1 && fill(1) >= 0.5 {
         GEMM_MIN_SPLIT_STEPS_FULL
     } else {
         GEMM_MIN_SPLIT_STEPS
@@ -97,12 +117,7 @@ pub fn gemm_k_splits(m: usize, n: usize, k: usize, gpu: GemmSlots) -> usize {
             best = s;
         }
     }
-    // Under one large block per two SMs the small tile runs unless a split
-    // keeps three quarters of the slots busy with the large one.
-    if 2 * tiles < sms && fill(best) < 0.75 {
-        return 1;
-    }
-    best
+    (best, fill(best))
 }
 
 /// Large tiles of a GEMM of `m` tokens by a matrix of `n` rows.
@@ -351,15 +366,18 @@ impl Kernels {
         Ok(gemm_k_splits(m, n, k, self.gemm_slots()?))
     }
 
-    /// This device's SMs and the large GEMM tile's blocks per SM (the
-    /// occupancy calculator's, looked up once).
+    /// This device's SMs and the GEMM tiles' blocks per SM (the occupancy
+    /// calculator's, looked up once).
     pub fn gemm_slots(&self) -> Result<GemmSlots> {
         let sms = self.device().info().sm_count.max(1) as usize;
-        let kernel = self.handle("gemm", GEMM_SLOTS_KERNEL)?;
-        let blocks = self.resident_blocks(&kernel, GEMM_THREADS, 0)?;
+        let per_sm = |name, threads| -> Result<usize> {
+            let kernel = self.handle("gemm", name)?;
+            Ok((self.resident_blocks(&kernel, threads, 0)? / sms).max(1))
+        };
         Ok(GemmSlots {
             sms,
-            per_sm: (blocks / sms).max(1),
+            per_sm: per_sm(GEMM_SLOTS_KERNEL, GEMM_THREADS)?,
+            small_per_sm: per_sm(GEMM_SMALL_SLOTS_KERNEL, GEMM_SMALL_THREADS)?,
         })
     }
 
@@ -811,8 +829,13 @@ mod tests {
         const H100: GemmSlots = GemmSlots {
             sms: 132,
             per_sm: 3,
+            small_per_sm: 4,
         };
-        const M40: GemmSlots = GemmSlots { sms: 24, per_sm: 2 };
+        const M40: GemmSlots = GemmSlots {
+            sms: 24,
+            per_sm: 2,
+            small_per_sm: 3,
+        };
         // An H100 (396 slots), 512 tokens, 8B: the Q/K/V stack's 384 tiles
         // fill 97%; o and down (256 tiles, 65%: over half) split only with
         // 128 k-steps a split: down's 448 in 3 (97%), not o's 128; gate/up
@@ -840,6 +863,7 @@ mod tests {
         let one = GemmSlots {
             sms: 132,
             per_sm: 1,
+            small_per_sm: 1,
         };
         assert_eq!(gemm_k_splits(512, 3072, 4096, one), 2);
         assert_eq!(gemm_k_splits(512, 4096, 4096, one), 1);
@@ -847,8 +871,14 @@ mod tests {
         // none, 1024 columns 2 at most.
         assert_eq!(gemm_k_splits(512, 2048, 512, H100), 1);
         assert_eq!(gemm_k_splits(512, 2048, 1024, H100), 2);
-        // Small prompts take the 64 x 64 tile: never split.
-        assert_eq!(gemm_k_splits(64, 4096, 4096, H100), 1);
+        // Prompts of up to 64 tokens take the 64 x 64 tile, split over its
+        // slots (528 on the H100): 8B's Q/K/V at 40 tokens, 96 tiles (18%)
+        // in 4 (73%); gate/up, 448 tiles (85%), whole; SmolLM2's Q/K/V
+        // (960 rows, 576 columns: 18 k-steps) cannot split.
+        assert_eq!(gemm_k_splits(40, 6144, 4096, H100), 4);
+        assert_eq!(gemm_scratch_len(40, 6144, 4096, H100), 4 * 40 * 6144);
+        assert_eq!(gemm_k_splits(64, 28672, 4096, H100), 1);
+        assert_eq!(gemm_k_splits(40, 960, 576, H100), 1);
         // Under half the SMs' worth of tiles: split only where that fills
         // three quarters of the slots, else the small tile. On the H100 no
         // such grid fills them (32 tiles: 3 splits fill 24%); on the M40,
@@ -858,7 +888,11 @@ mod tests {
         assert_eq!(gemm_k_splits(128, 640, 4096, M40), 4);
         assert_eq!(gemm_k_splits(128, 512, 4096, M40), 1);
         assert_eq!(gemm_k_splits(512, 576, 576, H100), 1);
-        let none = GemmSlots { sms: 0, per_sm: 0 };
+        let none = GemmSlots {
+            sms: 0,
+            per_sm: 0,
+            small_per_sm: 0,
+        };
         assert_eq!(gemm_k_splits(512, 6144, 4096, none), 1);
     }
 }

@@ -1211,32 +1211,41 @@ fn gemm_every_format_matches_cpu() {
     let (m, kk) = (130, 1024);
     let gpu = k.gemm_slots().unwrap();
     println!(
-        "GEMM slots: {} SMs x {} large-tile blocks",
-        gpu.sms, gpu.per_sm
+        "GEMM slots: {} SMs x {} large-tile / {} small-tile blocks",
+        gpu.sms, gpu.per_sm, gpu.small_per_sm
     );
-    let splitting = |few: bool| {
+    let splitting = |m: usize, few: bool| {
         (1..512).map(|t| 128 * t - 3).find(|&n| {
             k.gemm_splits(m, n, kk).unwrap() > 1 && (2 * gemm_large_tiles(m, n) < gpu.sms) == few
         })
     };
     // Grids under half the SMs split only where that fills three quarters
     // of the slots: none can where an SM holds 3 or more large blocks.
-    let few = splitting(true);
+    let few = splitting(m, true);
     if few.is_none() {
         println!("no grid of fewer large tiles than half the SMs splits on this GPU");
     }
-    let shapes: Vec<usize> = few
+    // (tokens, rows): the large tile's split shapes, then the small tile's
+    // (40 tokens: a short prompt).
+    let shapes: Vec<(usize, usize)> = few
         .into_iter()
-        .chain(Some(splitting(false).expect("a shape that splits over K")))
+        .chain(Some(
+            splitting(m, false).expect("a shape that splits over K"),
+        ))
+        .map(|n| (m, n))
+        .chain(Some((
+            40,
+            splitting(40, true).expect("a small-tile shape that splits"),
+        )))
         .collect();
     let most = shapes
         .iter()
-        .map(|&n| gemm_scratch_len(m, n, kk, gpu))
+        .map(|&(m, n)| gemm_scratch_len(m, n, kk, gpu))
         .max()
         .unwrap();
     let part = std::cell::RefCell::new(s.alloc::<f32>(most, "scratch").unwrap());
     let poisoned = |p: &mut DeviceBuffer<f32>| s.fill_bytes(p, 0xFF).unwrap();
-    for &n in &shapes {
+    for &(m, n) in &shapes {
         let splits = k.gemm_splits(m, n, kk).unwrap();
         println!("split over K: {m}x{n}x{kk} in {splits}");
         assert_eq!(gemm_scratch_len(m, n, kk, gpu), splits * m * n);
@@ -1244,7 +1253,8 @@ fn gemm_every_format_matches_cpu() {
             packed_gemm_case(&s, &k, &mut rng, f.ty, (m, n, kk), Some(&part));
         }
     }
-    let n = *shapes.last().unwrap();
+    // The large tile's last split shape.
+    let n = shapes[shapes.len() - 2].1;
     gemm_case(
         &s,
         &mut rng,
