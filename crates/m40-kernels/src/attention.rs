@@ -65,8 +65,8 @@ impl GemmSlots {
 /// where an SM holds several blocks and the grid fills half of them, a
 /// split must keep 128 k-steps. Prompts of up to 64 tokens take the small
 /// tile, split over its own slots. Grids of fewer large tiles than half
-/// the SMs split only where that keeps three quarters of the slots busy
-/// (the launcher then takes the large tile, not the small one). Examples
+/// the SMs take the large tile only where a split keeps three quarters of
+/// its slots busy, else the small one, split over its slots ([`gemm_plan`]). Examples
 /// at 512 tokens: an H100 (132 SMs, 3 large blocks each) runs 8B's Q/K/V
 /// whole (384 tiles of 64 x 128, 97% of the 396 slots) and o (256 tiles,
 /// 65%; 128 k-steps), splits its down (256 tiles, 448 k-steps) in 3 (97%)
@@ -74,20 +74,45 @@ impl GemmSlots {
 /// 8B's Q/K/V as 8 full waves. At 40 tokens the H100 splits 8B's Q/K/V
 /// (96 small tiles on 528 slots, 18%) in 4.
 pub fn gemm_k_splits(m: usize, n: usize, k: usize, gpu: GemmSlots) -> usize {
+    gemm_plan(m, n, k, gpu).splits
+}
+
+/// A prefill GEMM's tile and splits over K ([`gemm_k_splits`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemmPlan {
+    /// The 64 x 64 tile (else the large one).
+    pub small: bool,
+    pub splits: usize,
+}
+
+/// The tile and splits of a GEMM of `m` tokens by an `n` x `k` matrix on
+/// `gpu`: the small tile for up to 64 tokens, and where the large tile's
+/// grid is under half the SMs and no split fills three quarters of its
+/// slots; each split over its own tile's slots.
+pub fn gemm_plan(m: usize, n: usize, k: usize, gpu: GemmSlots) -> GemmPlan {
     let sms = gpu.sms.max(1);
-    if m <= GEMM_SMALL_MAX_M {
+    let small = || {
         let per_sm = gpu.small_per_sm.max(1);
         let tiles = n.div_ceil(GEMM_SMALL_TILE.1) * m.div_ceil(GEMM_SMALL_TILE.0);
-        return best_split(tiles, k, sms * per_sm, per_sm).0;
+        GemmPlan {
+            small: true,
+            splits: best_split(tiles, k, sms * per_sm, per_sm).0,
+        }
+    };
+    if m <= GEMM_SMALL_MAX_M {
+        return small();
     }
     let tiles = gemm_large_tiles(m, n);
-    let (best, fill) = best_split(tiles, k, gpu.blocks(), gpu.per_sm);
+    let (splits, fill) = best_split(tiles, k, gpu.blocks(), gpu.per_sm);
     // Under one large block per two SMs the small tile runs unless a split
     // keeps three quarters of the slots busy with the large one.
     if 2 * tiles < sms && fill < 0.75 {
-        return 1;
+        return small();
     }
-    best
+    GemmPlan {
+        small: false,
+        splits,
+    }
 }
 
 /// The splits (and the share of `slots` they fill) of `tiles` blocks over
@@ -412,12 +437,14 @@ impl Kernels {
         // 576-row matrices made 20 large blocks for 132 SMs, and pp512 fell
         // from 46k to 34k tokens/s.
         let gpu = self.gemm_slots()?;
-        let s = gemm_k_splits(m, n, k, gpu);
+        let plan = gemm_plan(m, n, k, gpu);
+        let s = plan.splits;
         let splits = scratch
             .filter(|p| s > 1 && p.len() >= s * m * n)
             .map(|p| (p, s));
-        let small =
-            m <= GEMM_SMALL_MAX_M || (2 * gemm_large_tiles(m, n) < gpu.sms && splits.is_none());
+        // Without the scratch, a large tile chosen for its split falls back
+        // to the small one.
+        let small = plan.small || (splits.is_none() && 2 * gemm_large_tiles(m, n) < gpu.sms);
         let (name, (bm, bn), threads) = if small {
             (w.kernels[1], GEMM_SMALL_TILE, GEMM_SMALL_THREADS)
         } else {
@@ -879,15 +906,21 @@ mod tests {
         assert_eq!(gemm_scratch_len(40, 6144, 4096, H100), 4 * 40 * 6144);
         assert_eq!(gemm_k_splits(64, 28672, 4096, H100), 1);
         assert_eq!(gemm_k_splits(40, 960, 576, H100), 1);
-        // Under half the SMs' worth of tiles: split only where that fills
-        // three quarters of the slots, else the small tile. On the H100 no
-        // such grid fills them (32 tiles: 3 splits fill 24%); on the M40,
-        // 10 tiles in 4 splits fill 83%, 8 tiles 67%. SmolLM2's 576 columns
-        // are too few k-steps to split.
-        assert_eq!(gemm_k_splits(512, 512, 4096, H100), 1);
-        assert_eq!(gemm_k_splits(128, 640, 4096, M40), 4);
-        assert_eq!(gemm_k_splits(128, 512, 4096, M40), 1);
-        assert_eq!(gemm_k_splits(512, 576, 576, H100), 1);
+        // Under half the SMs' worth of large tiles: the large tile only
+        // where a split fills three quarters of its slots, else the small
+        // tile, split over its own. On the H100 no such large grid fills
+        // them: 512 rows at 512 tokens, 32 large tiles (3 splits: 24%), run
+        // as 64 small ones in 4 splits (48%); 8B's o at 128 tokens, 64
+        // large tiles, as 128 small ones in 4 (97%). On the M40, 10 large
+        // tiles in 4 splits fill 83%; 8 (67%) run as 16 small ones in 4
+        // (89% of 72). SmolLM2's 576 columns are too few k-steps to split.
+        let plan = |small, splits| GemmPlan { small, splits };
+        assert_eq!(gemm_plan(512, 512, 4096, H100), plan(true, 4));
+        assert_eq!(gemm_plan(128, 4096, 4096, H100), plan(true, 4));
+        assert_eq!(gemm_plan(128, 640, 4096, M40), plan(false, 4));
+        assert_eq!(gemm_plan(128, 512, 4096, M40), plan(true, 4));
+        assert_eq!(gemm_plan(512, 576, 576, H100), plan(true, 1));
+        assert_eq!(gemm_plan(512, 6144, 4096, H100), plan(false, 1));
         let none = GemmSlots {
             sms: 0,
             per_sm: 0,

@@ -23,8 +23,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use m40_device::{Device, Kernel, Module};
 
 pub use attention::{
-    attn_shared_bytes, gemm_k_splits, gemm_large_tiles, gemm_scratch_len, AttnPlan, AttnScratch,
-    AttnShape, GemmSlots, KV_PAGE, MAX_HEAD_DIM,
+    attn_shared_bytes, gemm_k_splits, gemm_large_tiles, gemm_plan, gemm_scratch_len, AttnPlan,
+    AttnScratch, AttnShape, GemmPlan, GemmSlots, KV_PAGE, MAX_HEAD_DIM,
 };
 pub use decode::DecodeProgram;
 pub use error::{KernelError, Result};
