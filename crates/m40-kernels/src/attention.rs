@@ -431,11 +431,11 @@ impl Kernels {
         if !x.is_aligned(16) {
             return Err(shape(K, "x must start at a multiple of 16 bytes".into()));
         }
-        // The large tile where it gives at least one block per two SMs
-        // (one runs per SM), or where a split over K fills the SMs with it
-        // (gemm_k_splits); else the small one: on an H100, SmolLM2's
-        // 576-row matrices made 20 large blocks for 132 SMs, and pp512 fell
-        // from 46k to 34k tokens/s.
+        // The tile and splits of `gemm_plan`: the large tile where it gives
+        // at least one block per two SMs, or where a split over K fills its
+        // slots; else the small one (on an H100 SmolLM2's 576-row matrices
+        // made 20 large 128x128 blocks for 132 SMs, and pp512 fell from 46k
+        // to 34k tokens/s).
         let gpu = self.gemm_slots()?;
         let plan = gemm_plan(m, n, k, gpu);
         let s = plan.splits;
