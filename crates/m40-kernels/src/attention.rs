@@ -33,9 +33,11 @@ const GEMM_SMALL_SLOTS_KERNEL: &str = "gemm_small_packed_q4_0_f32";
 /// compute rows of zeros); matrices too small to give the large tile one
 /// block per two SMs take it too.
 const GEMM_SMALL_MAX_M: usize = 64;
-/// Splits over K at most, and k-steps (of 32) a split keeps at least: 16,
-/// or 128 where the unsplit grid fills half the slots already.
-const GEMM_MAX_SPLITS: usize = 4;
+/// Splits over K at most (8: short and medium prompts' small grids; at 4,
+/// 8B Q4_0 pp128 measured 12% slower on an H100: BENCHMARKS.md), and
+/// k-steps (of 32) a split keeps at least: 16, or 128 where the unsplit
+/// grid fills half the slots already.
+const GEMM_MAX_SPLITS: usize = 8;
 const GEMM_MIN_SPLIT_STEPS: usize = 16;
 const GEMM_MIN_SPLIT_STEPS_FULL: usize = 128;
 
@@ -72,7 +74,7 @@ impl GemmSlots {
 /// 65%; 128 k-steps), splits its down (256 tiles, 448 k-steps) in 3 (97%)
 /// and 1B's o (128 tiles, 32%) in 3; the M40 (24 SMs, 2 blocks each) runs
 /// 8B's Q/K/V as 8 full waves. At 40 tokens the H100 splits 8B's Q/K/V
-/// (96 small tiles on 528 slots, 18%) in 4.
+/// (96 small tiles on 528 slots, 18%) in 5 (91%).
 pub fn gemm_k_splits(m: usize, n: usize, k: usize, gpu: GemmSlots) -> usize {
     gemm_plan(m, n, k, gpu).splits
 }
@@ -900,25 +902,28 @@ mod tests {
         assert_eq!(gemm_k_splits(512, 2048, 1024, H100), 2);
         // Prompts of up to 64 tokens take the 64 x 64 tile, split over its
         // slots (528 on the H100): 8B's Q/K/V at 40 tokens, 96 tiles (18%)
-        // in 4 (73%); gate/up, 448 tiles (85%), whole; SmolLM2's Q/K/V
-        // (960 rows, 576 columns: 18 k-steps) cannot split.
-        assert_eq!(gemm_k_splits(40, 6144, 4096, H100), 4);
-        assert_eq!(gemm_scratch_len(40, 6144, 4096, H100), 4 * 40 * 6144);
+        // in 5 (91%); its o, 64 tiles, in 8 (97%); gate/up, 448 tiles
+        // (85%), whole; SmolLM2's Q/K/V (960 rows, 576 columns: 18 k-steps)
+        // cannot split.
+        assert_eq!(gemm_k_splits(40, 6144, 4096, H100), 5);
+        assert_eq!(gemm_scratch_len(40, 6144, 4096, H100), 5 * 40 * 6144);
+        assert_eq!(gemm_k_splits(40, 4096, 4096, H100), 8);
         assert_eq!(gemm_k_splits(64, 28672, 4096, H100), 1);
         assert_eq!(gemm_k_splits(40, 960, 576, H100), 1);
         // Under half the SMs' worth of large tiles: the large tile only
         // where a split fills three quarters of its slots, else the small
-        // tile, split over its own. On the H100 no such large grid fills
-        // them: 512 rows at 512 tokens, 32 large tiles (3 splits: 24%), run
-        // as 64 small ones in 4 splits (48%); 8B's o at 128 tokens, 64
-        // large tiles, as 128 small ones in 4 (97%). On the M40, 10 large
-        // tiles in 4 splits fill 83%; 8 (67%) run as 16 small ones in 4
-        // (89% of 72). SmolLM2's 576 columns are too few k-steps to split.
+        // tile, split over its own. On the H100: 8B's o at 128 tokens, 64
+        // large tiles, in 6 splits (97%); 512 rows at 512 tokens, 32 large
+        // tiles (7 splits: 57%), run as 64 small ones in 8 (97%). On the
+        // M40, 10 large tiles in 4 splits fill 83%, 8 in 6 all 48 slots; 4
+        // (7 splits: 58%) run as 8 small ones in 8 (89% of 72). SmolLM2's
+        // 576 columns are too few k-steps to split.
         let plan = |small, splits| GemmPlan { small, splits };
-        assert_eq!(gemm_plan(512, 512, 4096, H100), plan(true, 4));
-        assert_eq!(gemm_plan(128, 4096, 4096, H100), plan(true, 4));
+        assert_eq!(gemm_plan(128, 4096, 4096, H100), plan(false, 6));
+        assert_eq!(gemm_plan(512, 512, 4096, H100), plan(true, 8));
         assert_eq!(gemm_plan(128, 640, 4096, M40), plan(false, 4));
-        assert_eq!(gemm_plan(128, 512, 4096, M40), plan(true, 4));
+        assert_eq!(gemm_plan(128, 512, 4096, M40), plan(false, 6));
+        assert_eq!(gemm_plan(128, 256, 4096, M40), plan(true, 8));
         assert_eq!(gemm_plan(512, 576, 576, H100), plan(true, 1));
         assert_eq!(gemm_plan(512, 6144, 4096, H100), plan(false, 1));
         let none = GemmSlots {

@@ -12,7 +12,7 @@ use m40_device::testing::test_device;
 use m40_device::{Device, DeviceBuffer, DeviceView, Stream};
 use m40_gguf::GgmlType;
 use m40_kernels::{
-    gemm_large_tiles, gemm_scratch_len, interleave_glu, pack_gemv, select_args, Fold, GemvOut,
+    gemm_large_tiles, gemm_plan, gemm_scratch_len, interleave_glu, pack_gemv, select_args, Fold, GemvOut,
     KernelError, KernelFormat, Kernels, PackFormat, PackedMatrix, Penalties, QMatrix, RopeParams,
     RopeStyle, RowSplit, PACKED_GEMV_MAX_TOKENS, SELECT_ARGS, SELECT_MAX_K,
 };
@@ -1238,9 +1238,26 @@ fn gemm_every_format_matches_cpu() {
             splitting(40, true).expect("a small-tile shape that splits"),
         )))
         .collect();
+    // Deep splits (5 to 8) need long rows: 4096 columns (128 k-steps), the
+    // 8B model's o at 128 tokens (large tile) and at 40 (small tile).
+    let deep = 4096;
+    let deep_shapes: Vec<(usize, usize)> = [(128, false), (40, true)]
+        .into_iter()
+        .filter_map(|(m, small)| {
+            let n = (1..64).map(|t| 128 * t - 3).find(|&n| {
+                let plan = gemm_plan(m, n, deep, gpu);
+                plan.small == small && plan.splits >= 5
+            });
+            if n.is_none() {
+                println!("no {m}-token shape of {deep} columns splits 5 ways or more on this GPU");
+            }
+            n.map(|n| (m, n))
+        })
+        .collect();
     let most = shapes
         .iter()
         .map(|&(m, n)| gemm_scratch_len(m, n, kk, gpu))
+        .chain(deep_shapes.iter().map(|&(m, n)| gemm_scratch_len(m, n, deep, gpu)))
         .max()
         .unwrap();
     let part = std::cell::RefCell::new(s.alloc::<f32>(most, "scratch").unwrap());
@@ -1251,6 +1268,14 @@ fn gemm_every_format_matches_cpu() {
         assert_eq!(gemm_scratch_len(m, n, kk, gpu), splits * m * n);
         for f in PackFormat::ALL {
             packed_gemm_case(&s, &k, &mut rng, f.ty, (m, n, kk), Some(&part));
+        }
+    }
+    for &(m, n) in &deep_shapes {
+        let splits = k.gemm_splits(m, n, deep).unwrap();
+        println!("split over K: {m}x{n}x{deep} in {splits}");
+        assert!(splits >= 5);
+        for f in PackFormat::ALL {
+            packed_gemm_case(&s, &k, &mut rng, f.ty, (m, n, deep), Some(&part));
         }
     }
     // The large tile's last split shape.
