@@ -29,3 +29,23 @@ extern "C" __global__ void __launch_bounds__(ATT_COMBINE_THREADS)
     __shared__ float scratch[32];
     attn_combine_row(part, part_ml, out, splits, hd, blockIdx.x, wz, red, scratch);
 }
+
+// attn_tile_f32_d<DPT>: prefill in register tiles, head dimension 16 DPT
+// (attention.cuh). Grid (ceil(n_tok / (32 / group)), n_head_kv), block
+// ATT_TILE_THREADS, dynamic shared memory attn_tile_shared_bytes(hd); the
+// parameters of attn_f32_r<R> (tpb, gw, hparts and split_len unused: one
+// split). Blocks per SM the registers must allow: 4 (hd 64), 3 (hd 128:
+// at 4, 128 registers spill 36 bytes on sm_52); on the M40 shared memory
+// allows 2 of hd 128 (36 KB each of 96 KB).
+#define ATTN_TILE_KERNEL(DPT, MIN_BLOCKS)                                                                          \
+    extern "C" __global__ void __launch_bounds__(ATT_TILE_THREADS, MIN_BLOCKS)                                     \
+        attn_tile_f32_d##DPT(const float* q, const u16* kpool, const u16* vpool, const int* table, float* out,     \
+                             float* part_ml, const int* pos, int n_tok, int n_head, int n_head_kv, int hd, int tpb, \
+                             int gw, int hparts, int split_len, float scale_log2) {                               \
+        extern __shared__ __align__(16) float att_smem[];                                                          \
+        const AttnArgs a = {q,         kpool,  vpool,  table,     out, part_ml, pos, n_tok, n_head, n_head_kv,    \
+                            hd,        tpb,    gw,     hparts,    split_len, scale_log2};                         \
+        attn_tile_block<DPT>(a, att_smem, gridDim.x - 1 - blockIdx.x, blockIdx.y);                               \
+    }
+ATTN_TILE_KERNEL(4, 4)
+ATTN_TILE_KERNEL(8, 3)

@@ -233,3 +233,193 @@ __device__ __forceinline__ void attn_combine_row(const float* part, const float*
         __syncthreads();
     }
 }
+
+// Prefill attention in register tiles (attn_tile_f32_d<DPT>, head
+// dimensions hd = 16 DPT, DPT 4 or 8: hd 64 or 128). A block of
+// ATT_TILE_THREADS threads takes 32 query rows, row r = (token tok0 + r /
+// group, query head r % group of KV head g), tpb = 32 / group tokens (rows
+// past tpb * group idle), and walks the keys a page (KV_PAGE = 32 keys) at a
+// time up to its last token's position:
+// - S = Q K^T over the page: thread t holds rows 4 (t / 16) .. +3 and keys
+//   2 (t % 16), +1 (8 scores), from Qs (hd x 32, Q transposed, scaled by
+//   scale_log2) and Ks (hd x 32, the page's K transposed, FP32): per
+//   dimension one 16-byte and one 8-byte shared load for 8 FMAs;
+// - the online softmax in base 2 (row max and sum over the 16 threads of a
+//   row group: shuffles inside a half-warp), P to Ps (32 keys x 32 rows);
+// - O += P V: the same thread holds the same 4 rows and DPT dimensions
+//   (chunks of 4 at 64 c + 4 (t % 16)), from Ps and Vs (32 x hd, the page's
+//   V, FP32, in the buffer K used): per key one 16-byte P load and DPT / 4
+//   V loads for 4 DPT FMAs.
+// The next page's K and this page's V are loaded into registers before the
+// FMAs that precede their stores (their latency hides under them). Blocks
+// run last tokens first (the causal mask gives them the most keys). Shared
+// memory: attn_tile_shared_bytes (Qs, the K/V buffer, Ps).
+#define ATT_TILE_THREADS 128
+#define ATT_TILE_ROWS 32
+// 16-byte vectors of one page's K (or V) per thread: 32 keys x hd / 8.
+#define ATT_TILE_VECS(DPT) (KV_PAGE * 2 * (DPT) / ATT_TILE_THREADS)
+
+template <int DPT>
+struct AttnTilePage {
+    uint4 v[ATT_TILE_VECS(DPT)];
+};
+
+// Load page j0 / KV_PAGE of KV head g from `pool` (keys at or past `end`:
+// zeros). Vector e (thread t, e = t + 128 u): key e % 32, dimensions 8 (e /
+// 32) .. +7 (`transposed`: the store is Ks[d][key], conflict-free across a
+// warp's 32 keys) or key e / (hd / 8), dimensions 8 (e % (hd / 8)) .. +7.
+template <int DPT>
+__device__ __forceinline__ void attn_tile_load(const AttnArgs& a, const u16* pool, int g, int j0, int end,
+                                               bool transposed, AttnTilePage<DPT>& p) {
+    constexpr int HD = 16 * DPT, HV = HD / 8;
+    const int kv_dim = a.n_head_kv * HD;
+    const long long page = a.table[j0 / KV_PAGE];
+    const u16* base = pool + page * KV_PAGE * kv_dim + (long long)g * HD;
+#pragma unroll
+    for (int u = 0; u < ATT_TILE_VECS(DPT); ++u) {
+        const int e = threadIdx.x + u * ATT_TILE_THREADS;
+        const int key = transposed ? e % KV_PAGE : e / HV, w = transposed ? e / KV_PAGE : e % HV;
+        p.v[u] = j0 + key < end ? __ldg((const uint4*)(base + (long long)key * kv_dim) + w) : make_uint4(0, 0, 0, 0);
+    }
+}
+
+__device__ __forceinline__ void attn_tile_h8(uint4 v, float f[8]) {
+    const u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) f[2 * i] = h2f((u16)(w[i] & 0xffff)), f[2 * i + 1] = h2f((u16)(w[i] >> 16));
+}
+
+// Store a page loaded by attn_tile_load as FP32: Ks[d * 32 + key]
+// (transposed) or Vs[key * hd + d].
+template <int DPT>
+__device__ __forceinline__ void attn_tile_store(const AttnTilePage<DPT>& p, bool transposed, float* buf) {
+    constexpr int HD = 16 * DPT, HV = HD / 8;
+#pragma unroll
+    for (int u = 0; u < ATT_TILE_VECS(DPT); ++u) {
+        const int e = threadIdx.x + u * ATT_TILE_THREADS;
+        float f[8];
+        attn_tile_h8(p.v[u], f);
+        if (transposed) {
+            const int key = e % KV_PAGE, d0 = 8 * (e / KV_PAGE);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) buf[(d0 + i) * KV_PAGE + key] = f[i];
+        } else {
+            float* o = buf + (e / HV) * HD + 8 * (e % HV);
+            *(float4*)o = make_float4(f[0], f[1], f[2], f[3]);
+            *(float4*)(o + 4) = make_float4(f[4], f[5], f[6], f[7]);
+        }
+    }
+}
+
+template <int DPT>
+__device__ __forceinline__ void attn_tile_block(const AttnArgs& a, float* smem, int bx, int g) {
+    constexpr int HD = 16 * DPT, NC = DPT / 4;
+    const int t = threadIdx.x, rg = t >> 4, kg = t & 15;
+    const int group = a.n_head / a.n_head_kv, tpb = ATT_TILE_ROWS / group;
+    const int tok0 = bx * tpb, start = a.pos[0];
+    float* Qs = smem;                      // [HD][32]
+    float* KV = Qs + HD * ATT_TILE_ROWS;   // [HD][32] (K) or [32][HD] (V)
+    float* Ps = KV + HD * KV_PAGE;         // [32 keys][32 rows]
+
+    // Q, transposed and scaled: lane = row (conflict-free stores; the rows'
+    // loads meet in L1 across the dimension loop).
+    for (int e = t; e < HD * ATT_TILE_ROWS; e += ATT_TILE_THREADS) {
+        const int r = e % ATT_TILE_ROWS, d = e / ATT_TILE_ROWS;
+        const int i = tok0 + r / group;
+        float v = 0.0f;
+        if (r < tpb * group && i < a.n_tok) v = a.q[((long long)i * a.n_head + g * group + r % group) * HD + d] * a.scale_log2;
+        Qs[d * ATT_TILE_ROWS + r] = v;
+    }
+    // This thread's rows: the last key each may see (-1: no row).
+    int lim[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int r = 4 * rg + i, tok = tok0 + r / group;
+        lim[i] = r < tpb * group && tok < a.n_tok ? start + tok : -1;
+    }
+    const int end = start + min(tok0 + tpb, a.n_tok);  // keys of the block: [0, end)
+    float m[4], l[4], o[4][DPT];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        m[i] = ATT_NEG_INF, l[i] = 0.0f;
+#pragma unroll
+        for (int d = 0; d < DPT; ++d) o[i][d] = 0.0f;
+    }
+    AttnTilePage<DPT> kn, vn;
+    attn_tile_load<DPT>(a, a.kpool, g, 0, end, true, kn);
+    for (int j0 = 0; j0 < end; j0 += KV_PAGE) {
+        __syncthreads();  // the previous page's V and P are consumed (and Qs is written)
+        attn_tile_store<DPT>(kn, true, KV);
+        attn_tile_load<DPT>(a, a.vpool, g, j0, end, false, vn);
+        __syncthreads();
+        float s[4][2];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s[i][0] = s[i][1] = 0.0f;
+#pragma unroll 4
+        for (int d = 0; d < HD; ++d) {
+            const float4 q = *(const float4*)(Qs + d * ATT_TILE_ROWS + 4 * rg);
+            const float2 k = *(const float2*)(KV + d * KV_PAGE + 2 * kg);
+            s[0][0] = fmaf(q.x, k.x, s[0][0]), s[0][1] = fmaf(q.x, k.y, s[0][1]);
+            s[1][0] = fmaf(q.y, k.x, s[1][0]), s[1][1] = fmaf(q.y, k.y, s[1][1]);
+            s[2][0] = fmaf(q.z, k.x, s[2][0]), s[2][1] = fmaf(q.z, k.y, s[2][1]);
+            s[3][0] = fmaf(q.w, k.x, s[3][0]), s[3][1] = fmaf(q.w, k.y, s[3][1]);
+        }
+        float p[4][2], corr[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+#pragma unroll
+            for (int c = 0; c < 2; ++c)
+                if (j0 + 2 * kg + c > lim[i]) s[i][c] = ATT_NEG_INF;
+            float mx = fmaxf(s[i][0], s[i][1]);
+#pragma unroll
+            for (int off = 8; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+            const float mn = fmaxf(m[i], mx);
+            corr[i] = mn == ATT_NEG_INF ? 1.0f : exp2f(m[i] - mn);
+#pragma unroll
+            for (int c = 0; c < 2; ++c) p[i][c] = s[i][c] == ATT_NEG_INF ? 0.0f : exp2f(s[i][c] - mn);
+            float sum = p[i][0] + p[i][1];
+#pragma unroll
+            for (int off = 8; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+            l[i] = l[i] * corr[i] + sum;
+            m[i] = mn;
+        }
+#pragma unroll
+        for (int c = 0; c < 2; ++c)
+            *(float4*)(Ps + (2 * kg + c) * ATT_TILE_ROWS + 4 * rg) = make_float4(p[0][c], p[1][c], p[2][c], p[3][c]);
+        __syncthreads();  // K is consumed, P is written
+        attn_tile_store<DPT>(vn, false, KV);
+        if (j0 + KV_PAGE < end) attn_tile_load<DPT>(a, a.kpool, g, j0 + KV_PAGE, end, true, kn);
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int d = 0; d < DPT; ++d) o[i][d] *= corr[i];
+        const int n_keys = min(KV_PAGE, end - j0);
+        for (int j = 0; j < n_keys; ++j) {
+            const float4 pj = *(const float4*)(Ps + j * ATT_TILE_ROWS + 4 * rg);
+            const float pv[4] = {pj.x, pj.y, pj.z, pj.w};
+#pragma unroll
+            for (int c = 0; c < NC; ++c) {
+                const float4 v = *(const float4*)(KV + j * HD + 64 * c + 4 * kg);
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    o[i][4 * c] = fmaf(pv[i], v.x, o[i][4 * c]);
+                    o[i][4 * c + 1] = fmaf(pv[i], v.y, o[i][4 * c + 1]);
+                    o[i][4 * c + 2] = fmaf(pv[i], v.z, o[i][4 * c + 2]);
+                    o[i][4 * c + 3] = fmaf(pv[i], v.w, o[i][4 * c + 3]);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        if (lim[i] < 0) continue;
+        const int r = 4 * rg + i, tok = tok0 + r / group;
+        const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+        float* out = a.out + ((long long)tok * a.n_head + g * group + r % group) * HD;
+#pragma unroll
+        for (int c = 0; c < NC; ++c)
+            *(float4*)(out + 64 * c + 4 * kg) =
+                make_float4(o[i][4 * c] * inv, o[i][4 * c + 1] * inv, o[i][4 * c + 2] * inv, o[i][4 * c + 3] * inv);
+    }
+}

@@ -224,6 +224,10 @@ pub struct AttnPlan {
     /// Key ranges (a multiple of KV_PAGE keys each) and their count.
     pub split_len: usize,
     pub splits: usize,
+    /// Prefill in register tiles (`attn_tile_f32_d*`: 32 query rows a
+    /// block, head dimensions 64 and 128) where the plan has one split;
+    /// `tpb`, `gw` and `hparts` are then the other kernel's, unused.
+    pub tile: bool,
 }
 
 impl AttnPlan {
@@ -242,6 +246,16 @@ impl AttnPlan {
         let blocks = s.n_tok.div_ceil(tpb) * s.n_head_kv * hparts;
         let keys = s.start + s.n_tok;
         let pages = keys.div_ceil(KV_PAGE).max(1);
+        if s.n_tok >= ATT_TILE_MIN_TOKENS && attn_tile_fits(s) {
+            return AttnPlan {
+                tpb,
+                gw,
+                hparts,
+                split_len: pages * KV_PAGE,
+                splits: 1,
+                tile: true,
+            };
+        }
         let want = (SPLIT_BLOCKS_PER_SM * sm_count.max(1))
             .div_ceil(blocks)
             .max(1);
@@ -253,6 +267,7 @@ impl AttnPlan {
             hparts,
             split_len,
             splits: keys.div_ceil(split_len),
+            tile: false,
         }
     }
 
@@ -272,6 +287,26 @@ impl AttnPlan {
 pub const fn attn_shared_bytes(hd: usize) -> usize {
     let hw = hd / 2;
     4 * (ATT_MAX_WARPS * hd + KV_PAGE * (hw + 1) + KV_PAGE * hw)
+}
+
+/// Query tokens from which a step's attention runs in register tiles
+/// (`AttnPlan::tile`); decode steps and short prompts keep the warp per
+/// (token, head) kernel and its key splits.
+const ATT_TILE_MIN_TOKENS: usize = 32;
+/// Threads and query rows (token, head) of a tile block.
+const ATT_TILE_THREADS: u32 = 128;
+const ATT_TILE_ROWS: usize = 32;
+
+/// Whether `s` suits the tile kernel: head dimension 64 or 128, at most 32
+/// query heads per KV head.
+fn attn_tile_fits(s: &AttnShape) -> bool {
+    matches!(s.head_dim, 64 | 128) && s.n_head / s.n_head_kv <= ATT_TILE_ROWS
+}
+
+/// Bytes of dynamic shared memory of `attn_tile_f32_d*` for head dimension
+/// `hd`: Q (hd x 32), one page of K or V (32 x hd), P (32 x 32), FP32.
+pub const fn attn_tile_shared_bytes(hd: usize) -> usize {
+    4 * (2 * hd * ATT_TILE_ROWS + KV_PAGE * ATT_TILE_ROWS)
 }
 
 const ATTN_KERNELS: [&str; 8] = [
@@ -574,6 +609,48 @@ impl Kernels {
             });
         }
         let group = s.n_head / s.n_head_kv;
+        if plan.tile && plan.splits == 1 && !self.recording() {
+            if !attn_tile_fits(s) {
+                return Err(shape(K, format!("plan {plan:?}: no tile kernel for {s:?}")));
+            }
+            let tpb = ATT_TILE_ROWS / group;
+            let grid = (
+                to_i32(K, "blocks", s.n_tok.div_ceil(tpb))? as u32,
+                to_i32(K, "heads", s.n_head_kv)? as u32,
+                1,
+            );
+            if grid.1 > 65535 {
+                return Err(shape(K, format!("grid {grid:?} too large")));
+            }
+            let args = attn_scalars(s, &plan)?;
+            let ptrs = AttnPtrs {
+                q,
+                kpool,
+                vpool,
+                table,
+                pos,
+            };
+            let name = if hd == 64 {
+                "attn_tile_f32_d4"
+            } else {
+                "attn_tile_f32_d8"
+            };
+            let kernel = self.kernel("attention", name)?;
+            // SAFETY: attn_tile_f32_d<hd / 16> (the parameters of
+            // attn_f32_r<R>, push_attn): reads pos[0] (at most s.start, the
+            // caller's promise), q and table within the lengths checked
+            // above and pool rows of the pages the table names; writes out
+            // rows < n_tok * n_head; part_ml unused (null). Shared memory:
+            // attn_tile_shared_bytes, under 48 KB for hd <= 128.
+            unsafe {
+                push_attn(stream.launch(&kernel), &ptrs, out, None, &args).run(cfg(
+                    grid,
+                    ATT_TILE_THREADS,
+                    attn_tile_shared_bytes(hd) as u32,
+                ))?
+            };
+            return Ok(plan);
+        }
         if plan.gw * plan.hparts < group
             || plan.tpb * plan.gw > ATT_MAX_WARPS
             || !plan.split_len.is_multiple_of(KV_PAGE)
@@ -598,22 +675,7 @@ impl Kernels {
         }
         let warps = plan.tpb * plan.gw;
         let threads = (32 * warps) as u32;
-        let scale_log2 = std::f32::consts::LOG2_E / (hd as f32).sqrt();
-        let i = |name, v| to_i32(K, name, v);
-        i("start", s.start)?;
-        let args = AttnScalars {
-            ints: [
-                i("n_tok", s.n_tok)?,
-                i("n_head", s.n_head)?,
-                i("n_head_kv", s.n_head_kv)?,
-                i("head_dim", hd)?,
-                plan.tpb as i32,
-                plan.gw as i32,
-                plan.hparts as i32,
-                i("split_len", plan.split_len)?,
-            ],
-            scale_log2,
-        };
+        let args = attn_scalars(s, &plan)?;
         let ptrs = AttnPtrs {
             q,
             kpool,
@@ -707,6 +769,26 @@ impl Kernels {
         }
         Ok(plan)
     }
+}
+
+/// Attention's scalar parameters for `s` under `plan`.
+fn attn_scalars(s: &AttnShape, plan: &AttnPlan) -> Result<AttnScalars> {
+    const K: &str = "attention";
+    let i = |name, v| to_i32(K, name, v);
+    i("start", s.start)?;
+    Ok(AttnScalars {
+        ints: [
+            i("n_tok", s.n_tok)?,
+            i("n_head", s.n_head)?,
+            i("n_head_kv", s.n_head_kv)?,
+            i("head_dim", s.head_dim)?,
+            plan.tpb as i32,
+            plan.gw as i32,
+            plan.hparts as i32,
+            i("split_len", plan.split_len)?,
+        ],
+        scale_log2: std::f32::consts::LOG2_E / (s.head_dim as f32).sqrt(),
+    })
 }
 
 /// The buffers attention reads.
@@ -851,6 +933,7 @@ mod tests {
     #[test]
     fn attention_shared_memory_fits() {
         assert!(attn_shared_bytes(MAX_HEAD_DIM) <= MAX_SHARED_PER_BLOCK);
+        assert!(attn_tile_shared_bytes(128) <= MAX_SHARED_PER_BLOCK);
     }
 
     #[test]

@@ -12,9 +12,9 @@ use m40_device::testing::test_device;
 use m40_device::{Device, DeviceBuffer, DeviceView, Stream};
 use m40_gguf::GgmlType;
 use m40_kernels::{
-    gemm_large_tiles, gemm_plan, gemm_scratch_len, interleave_glu, pack_gemv, select_args, Fold, GemvOut,
-    KernelError, KernelFormat, Kernels, PackFormat, PackedMatrix, Penalties, QMatrix, RopeParams,
-    RopeStyle, RowSplit, PACKED_GEMV_MAX_TOKENS, SELECT_ARGS, SELECT_MAX_K,
+    gemm_large_tiles, gemm_plan, gemm_scratch_len, interleave_glu, pack_gemv, select_args, Fold,
+    GemvOut, KernelError, KernelFormat, Kernels, PackFormat, PackedMatrix, Penalties, QMatrix,
+    RopeParams, RopeStyle, RowSplit, PACKED_GEMV_MAX_TOKENS, SELECT_ARGS, SELECT_MAX_K,
 };
 use m40_model::cpu::ops;
 
@@ -1257,7 +1257,11 @@ fn gemm_every_format_matches_cpu() {
     let most = shapes
         .iter()
         .map(|&(m, n)| gemm_scratch_len(m, n, kk, gpu))
-        .chain(deep_shapes.iter().map(|&(m, n)| gemm_scratch_len(m, n, deep, gpu)))
+        .chain(
+            deep_shapes
+                .iter()
+                .map(|&(m, n)| gemm_scratch_len(m, n, deep, gpu)),
+        )
         .max()
         .unwrap();
     let part = std::cell::RefCell::new(s.alloc::<f32>(most, "scratch").unwrap());
@@ -1657,7 +1661,10 @@ fn paged_attention_matches_cpu() {
     use m40_kernels::{AttnPlan, AttnScratch, AttnShape, KV_PAGE};
     // (n_head, n_kv, hd, start, n_tok)
     // hd 68 and 36 are not multiples of 8: the 4-byte staging path.
-    let cases: [(usize, usize, usize, usize, usize); 12] = [
+    // Prompts of 32 tokens or more with head dimension 64 or 128 run the
+    // tile kernel (groups of 3, 4, 1, 8, 32: 30, 32, 32, 32, 32 rows a
+    // block; a last block of fewer tokens; keys before the prompt).
+    let cases: [(usize, usize, usize, usize, usize); 16] = [
         (4, 2, 64, 0, 1),
         (6, 2, 68, 50, 5),
         (4, 1, 36, 90, 1),
@@ -1670,7 +1677,12 @@ fn paged_attention_matches_cpu() {
         (4, 4, 256, 63, 2),
         (14, 2, 32, 100, 3),
         (8, 2, 96, 33, 31),
+        (32, 8, 128, 300, 100),
+        (8, 8, 64, 17, 64),
+        (16, 2, 128, 0, 33),
+        (32, 1, 64, 5, 40),
     ];
+    let mut tiled = 0;
     for (n_head, n_kv, hd, start, n_tok) in cases {
         let kv_dim = n_kv * hd;
         let n_keys = start + n_tok;
@@ -1744,6 +1756,7 @@ fn paged_attention_matches_cpu() {
                 )
                 .unwrap();
             let got = s.download(&out).unwrap();
+            tiled += launched.tile as usize;
             check(
                 &format!("attention {shape:?} {launched:?}"),
                 &got,
@@ -1752,6 +1765,8 @@ fn paged_attention_matches_cpu() {
             );
         }
     }
+    // The 6 cases of 32 or more tokens, under the launcher's plan.
+    assert!(tiled >= 6, "{tiled} launches of the tile kernel");
 }
 
 #[test]
