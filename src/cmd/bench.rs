@@ -44,6 +44,11 @@ pub struct Args {
     /// Context depth of the second tg test (0 skips it).
     #[arg(short = 'd', long, default_value_t = 4096)]
     pub depth: usize,
+    /// KV cache size in tokens (0: what the tests need). A server's
+    /// context (e.g. 8192) makes the decode steps plan their attention as
+    /// they would there.
+    #[arg(long, default_value_t = 0)]
+    pub ctx: usize,
     /// Timed repetitions per test (the median is reported).
     #[arg(short = 'r', long, default_value_t = 5)]
     pub reps: usize,
@@ -370,7 +375,11 @@ fn bench(path: &PathBuf, label: &str, a: &Args) -> Result<()> {
     eprintln!("measuring the ceilings of {} ...", info.name);
     let c = ceilings(&dev)?;
     let model = std::sync::Arc::new(Model::open(path)?);
-    let kv_tokens = a.n_prompt.max(a.depth + a.n_gen + 1).max(a.n_gen + 1);
+    let kv_tokens = a
+        .n_prompt
+        .max(a.depth + a.n_gen + 1)
+        .max(a.n_gen + 1)
+        .max(a.ctx);
     eprintln!("loading {label} ...");
     let t0 = Instant::now();
     let g = GpuBackend::new(

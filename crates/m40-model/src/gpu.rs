@@ -97,6 +97,13 @@ fn decode_shape(hp: &HyperParams, start: usize) -> AttnShape {
 /// (and no combine launch). 8B Q4_0 tg128 on an H100, same binary: 453.1 /
 /// 452.9 t/s from 512, 451.0 / 452.4 from 128, 456.4 / 458.3 from 32.
 const GRAPH_MIN_CONTEXT: usize = 32;
+/// Past this context, decode graphs' buckets grow by this many tokens, not
+/// to the next power of two: a step at position 4096 plans attention for
+/// 5120 keys (80 splits of 2 pages on an H100, 65 of them with keys), not
+/// 8192 (129 splits, half of them past the context, and a combine over all
+/// 129). With a 16384-token pool (`m40-llm bench --ctx 16384`), H100, same
+/// call: tg128 @ d4096 8B Q4_0 355.9 -> 375.7 t/s, 1B 1242.8 -> 1304.0.
+const GRAPH_LINEAR_CONTEXT: usize = 1024;
 
 /// A token selection to run after a step's logits: its encoded arguments
 /// (`select_args`) and k; the k ids and the bits of their logits land in
@@ -1204,16 +1211,19 @@ impl GpuBackend {
     }
 
     /// The largest position a decode graph for a step at `start` plans its
-    /// attention for: powers of two from GRAPH_MIN_CONTEXT tokens up to the
-    /// pool's capacity, so short contexts run few key splits (a plan for
-    /// the whole pool costs 8B Q4_0 ~9% of its tg128 at position ~100).
+    /// attention for: powers of two from GRAPH_MIN_CONTEXT tokens, then
+    /// multiples of GRAPH_LINEAR_CONTEXT, up to the pool's capacity, so
+    /// contexts run few empty key splits (a plan for the whole pool costs
+    /// 8B Q4_0 ~9% of its tg128 at position ~100).
     fn graph_bucket(&self, start: usize) -> usize {
         let cap = self.n_pages * KV_PAGE;
-        (start + 1)
-            .next_power_of_two()
-            .max(GRAPH_MIN_CONTEXT)
-            .min(cap)
-            - 1
+        let need = start + 1;
+        let bucket = if need <= GRAPH_LINEAR_CONTEXT {
+            need.next_power_of_two().max(GRAPH_MIN_CONTEXT)
+        } else {
+            need.next_multiple_of(GRAPH_LINEAR_CONTEXT)
+        };
+        bucket.min(cap) - 1
     }
 
     /// One step of at most max_batch tokens at positions start..start+n;
