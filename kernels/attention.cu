@@ -27,7 +27,8 @@ extern "C" __global__ void __launch_bounds__(ATT_COMBINE_THREADS)
     __shared__ float wz[ATT_MAX_SPLITS];
     __shared__ float red[ATT_COMBINE_THREADS];
     __shared__ float scratch[32];
-    attn_combine_row(part, part_ml, out, splits, hd, blockIdx.x, wz, red, scratch);
+    const int per = (hd + gridDim.y - 1) / gridDim.y, d_lo = blockIdx.y * per;
+    attn_combine_row(part, part_ml, out, splits, hd, blockIdx.x, d_lo, min(hd, d_lo + per), wz, red, scratch);
 }
 
 // attn_tile_f32_d<DPT>: prefill in register tiles, head dimension 16 DPT

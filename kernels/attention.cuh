@@ -185,17 +185,20 @@ __device__ __forceinline__ void attn_block(const AttnArgs& a, float* smem, int b
 // Merge the partials of `splits` splits: out[row] = sum_z acc_z 2^(m_z - M) /
 // sum_z l_z 2^(m_z - M), M = max m_z (splits with no keys have m = -inf, l = 0).
 // part: (rows, splits, hd); part_ml: (rows, splits, 2); out: (rows, hd).
-// Grid (rows), block ATT_COMBINE_THREADS; splits <= ATT_MAX_SPLITS. The
-// threads first turn the (m, l) pairs into weights in shared memory, then
-// thread (c, d) sums dimension d over the splits c, c + nc, ... (nc =
-// blockDim / hd column groups, independent loads in flight), and the groups'
-// sums meet in shared memory in a fixed order.
+// Grid (rows, parts), block ATT_COMBINE_THREADS; splits <= ATT_MAX_SPLITS.
+// Block (row, y) merges dimensions [d_lo, d_hi) of its row, the y-th of
+// `parts` even slices (more blocks read a long context's partials at once).
+// The threads first turn the (m, l) pairs into weights in shared memory,
+// then thread (c, d) sums dimension d over the splits c, c + nc, ... (nc =
+// blockDim / (d_hi - d_lo) column groups, independent loads in flight), and
+// the groups' sums meet in shared memory in a fixed order.
 #define ATT_COMBINE_THREADS 512
 #define ATT_MAX_SPLITS 1024
-// Row `row`; wz: splits floats, red: blockDim floats, scratch: 32 floats of
-// shared memory.
+// Row `row`, dimensions [d_lo, d_hi); wz: splits floats, red: blockDim
+// floats, scratch: 32 floats of shared memory.
 __device__ __forceinline__ void attn_combine_row(const float* part, const float* part_ml, float* out, int splits,
-                                                 int hd, long long row, float* wz, float* red, float* scratch) {
+                                                 int hd, long long row, int d_lo, int d_hi, float* wz, float* red,
+                                                 float* scratch) {
     const float* ml = part_ml + row * splits * 2;
     float M = ATT_NEG_INF;
     for (int z = threadIdx.x; z < splits; z += blockDim.x) M = fmaxf(M, ml[2 * z]);
@@ -214,10 +217,10 @@ __device__ __forceinline__ void attn_combine_row(const float* part, const float*
     }
     L = block_sum(L, scratch);  // (its barriers also publish wz)
     const float inv = L > 0.0f ? 1.0f / L : 0.0f;
-    const int nc = max(1, (int)blockDim.x / hd);
-    const int c = threadIdx.x / hd, d0 = threadIdx.x % hd;
-    for (int d = d0; d < hd; d += blockDim.x) {
-        // One dimension per thread when hd <= blockDim; groups c < nc.
+    const int nd = d_hi - d_lo, nc = max(1, (int)blockDim.x / nd);
+    const int c = threadIdx.x / nd, d0 = threadIdx.x % nd;
+    for (int d = d_lo + d0; d < d_hi; d += blockDim.x) {
+        // One dimension per thread when nd <= blockDim; groups c < nc.
         float s = 0.0f;
         if (c < nc) {
 #pragma unroll 8
@@ -227,7 +230,7 @@ __device__ __forceinline__ void attn_combine_row(const float* part, const float*
         __syncthreads();
         if (c == 0) {
             float t = 0.0f;
-            for (int k = 0; k < nc; ++k) t += red[k * hd + d0];
+            for (int k = 0; k < nc; ++k) t += red[k * nd + d0];
             out[row * hd + d] = t * inv;
         }
         __syncthreads();

@@ -142,7 +142,7 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, DEC_MIN_BLOCKS)
                 dec_attn(*(const AttnArgs*)args, hd, dec_smem, vb);
             } else if (hd.kind == DEC_OP_COMBINE) {
                 const DecCombine& c = *(const DecCombine*)args;
-                attn_combine_row(c.part, c.part_ml, c.out, c.splits, c.hd, vb, dec_smem + DEC_THREADS, dec_smem,
+                attn_combine_row(c.part, c.part_ml, c.out, c.splits, c.hd, vb, 0, c.hd, dec_smem + DEC_THREADS, dec_smem,
                                  scratch);
             }
             __syncthreads();  // shared memory is free for the next virtual block

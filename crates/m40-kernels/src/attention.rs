@@ -208,6 +208,9 @@ impl AttnShape {
 /// threads (`ATT_COMBINE_THREADS`).
 const ATT_MAX_SPLITS: usize = 1024;
 const ATT_COMBINE_THREADS: u32 = 512;
+/// Splits from which the combine takes a block per 32 dimensions of a row,
+/// not one per row.
+const ATT_COMBINE_PARTS_FROM: usize = 16;
 
 /// Blocks per SM below which attention splits the keys. 8B decode at
 /// depth 4096 on an H100: 2 per SM gave 33 splits of 4-5 pages.
@@ -755,13 +758,20 @@ impl Kernels {
         }
         if let Some(sc) = scratch {
             let kernel = self.kernel("attention", "attn_combine_f32")?;
+            // Many splits (a long context): a block per row and 32
+            // dimensions, so more SMs read the partials at once.
+            let parts = match plan.splits >= ATT_COMBINE_PARTS_FROM {
+                true => hd.div_ceil(32) as u32,
+                false => 1,
+            };
             // SAFETY: attn_combine_f32(const float* part, const float* part_ml,
-            // float* out, int splits, int hd): block r reads part[(r*splits..)*hd],
-            // part_ml[r*splits*2..] and writes out[r*hd..][..hd], r < rows; lengths
+            // float* out, int splits, int hd): block (r, y) reads
+            // part[(r*splits..)*hd], part_ml[r*splits*2..] and writes its
+            // slice of out[r*hd..][..hd], r < rows, y < parts <= hd; lengths
             // checked above.
             unsafe {
                 push_combine(stream.launch(&kernel), &sc, out, &comb).run(cfg(
-                    (rows as u32, 1, 1),
+                    (rows as u32, parts, 1),
                     ATT_COMBINE_THREADS,
                     0,
                 ))?
