@@ -612,6 +612,14 @@ impl Kernels {
             });
         }
         let group = s.n_head / s.n_head_kv;
+        let args = attn_scalars(s, &plan)?;
+        let ptrs = AttnPtrs {
+            q,
+            kpool,
+            vpool,
+            table,
+            pos,
+        };
         if plan.tile && plan.splits == 1 && !self.recording() {
             if !attn_tile_fits(s) {
                 return Err(shape(K, format!("plan {plan:?}: no tile kernel for {s:?}")));
@@ -625,14 +633,6 @@ impl Kernels {
             if grid.1 > 65535 {
                 return Err(shape(K, format!("grid {grid:?} too large")));
             }
-            let args = attn_scalars(s, &plan)?;
-            let ptrs = AttnPtrs {
-                q,
-                kpool,
-                vpool,
-                table,
-                pos,
-            };
             let name = if hd == 64 {
                 "attn_tile_f32_d4"
             } else {
@@ -678,14 +678,6 @@ impl Kernels {
         }
         let warps = plan.tpb * plan.gw;
         let threads = (32 * warps) as u32;
-        let args = attn_scalars(s, &plan)?;
-        let ptrs = AttnPtrs {
-            q,
-            kpool,
-            vpool,
-            table,
-            pos,
-        };
         // While a decode program records: ops of the persistent kernel
         // where its blocks hold the plan (4 warps, head dims up to 128).
         let record =
