@@ -249,7 +249,15 @@ impl AttnPlan {
         let blocks = s.n_tok.div_ceil(tpb) * s.n_head_kv * hparts;
         let keys = s.start + s.n_tok;
         let pages = keys.div_ceil(KV_PAGE).max(1);
-        if s.n_tok >= ATT_TILE_MIN_TOKENS && attn_tile_fits(s) {
+        let want = (SPLIT_BLOCKS_PER_SM * sm_count.max(1))
+            .div_ceil(blocks)
+            .max(1);
+        // The tile kernel walks all of a block's keys in one split: where
+        // the warp kernel would split them (few query blocks) over many
+        // pages (a short step deep in a context: a chat turn after a long
+        // history), its blocks would each walk the whole context.
+        let tile_ok = want == 1 || pages <= ATT_TILE_MAX_SPLIT_PAGES;
+        if s.n_tok >= ATT_TILE_MIN_TOKENS && attn_tile_fits(s) && tile_ok {
             return AttnPlan {
                 tpb,
                 gw,
@@ -259,9 +267,6 @@ impl AttnPlan {
                 tile: true,
             };
         }
-        let want = (SPLIT_BLOCKS_PER_SM * sm_count.max(1))
-            .div_ceil(blocks)
-            .max(1);
         let splits = want.min(pages).clamp(1, ATT_MAX_SPLITS);
         let split_len = pages.div_ceil(splits) * KV_PAGE;
         AttnPlan {
@@ -296,6 +301,10 @@ pub const fn attn_shared_bytes(hd: usize) -> usize {
 /// (`AttnPlan::tile`); decode steps and short prompts keep the warp per
 /// (token, head) kernel and its key splits.
 const ATT_TILE_MIN_TOKENS: usize = 32;
+/// Pages of keys up to which a step whose warp-kernel plan would split the
+/// keys still takes the tile kernel (SmolLM2's 512-token prompt: 3 KV heads,
+/// 768 warp-kernel blocks on an H100, 16 pages).
+const ATT_TILE_MAX_SPLIT_PAGES: usize = 32;
 /// Threads and query rows (token, head) of a tile block.
 const ATT_TILE_THREADS: u32 = 128;
 const ATT_TILE_ROWS: usize = 32;
@@ -930,6 +939,27 @@ mod tests {
         // On an M40's 24 SMs: 8 * 24 / 8 = 24 splits of 6 pages.
         let p = AttnPlan::new(&s, 24);
         assert_eq!((p.splits, p.split_len), (22, 6 * KV_PAGE));
+        // Prefill in register tiles: 512-token prompts (8B on an H100: no
+        // split; SmolLM2: 16 pages), a 512-token chunk at 1536; not a
+        // 50-token turn after 4000 tokens (the warp kernel splits its 127
+        // pages), nor decode.
+        let tile = |n_head, n_head_kv, head_dim, start, n_tok| {
+            let s = AttnShape {
+                n_tok,
+                start,
+                n_head,
+                n_head_kv,
+                head_dim,
+            };
+            AttnPlan::new(&s, 132).tile
+        };
+        assert!(tile(32, 8, 128, 0, 512));
+        assert!(tile(32, 8, 128, 1536, 512));
+        assert!(tile(9, 3, 64, 0, 512));
+        assert!(tile(32, 8, 64, 0, 40));
+        assert!(!tile(32, 8, 128, 4000, 50));
+        assert!(!tile(32, 8, 128, 4095, 1));
+        assert!(!tile(32, 8, 96, 0, 512));
     }
 
     #[test]
