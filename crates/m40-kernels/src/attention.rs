@@ -228,8 +228,9 @@ pub struct AttnPlan {
     pub split_len: usize,
     pub splits: usize,
     /// Prefill in register tiles (`attn_tile_f32_d*`: 32 query rows a
-    /// block, head dimensions 64 and 128) where the plan has one split;
-    /// `tpb`, `gw` and `hparts` are then the other kernel's, unused.
+    /// block, head dimensions 64 and 128; one split). `tpb`, `gw` and
+    /// `hparts` are then the other kernel's, used only where a decode
+    /// program records (the persistent kernel has no tile op).
     pub tile: bool,
 }
 
@@ -629,10 +630,10 @@ impl Kernels {
             table,
             pos,
         };
-        if plan.tile && plan.splits == 1 && !self.recording() {
-            if !attn_tile_fits(s) {
-                return Err(shape(K, format!("plan {plan:?}: no tile kernel for {s:?}")));
-            }
+        if plan.tile && (plan.splits != 1 || !attn_tile_fits(s)) {
+            return Err(shape(K, format!("plan {plan:?}: no tile kernel for {s:?}")));
+        }
+        if plan.tile && !self.recording() {
             let tpb = ATT_TILE_ROWS / group;
             let grid = (
                 to_i32(K, "blocks", s.n_tok.div_ceil(tpb))? as u32,

@@ -1727,6 +1727,7 @@ fn paged_attention_matches_cpu() {
             plans.push(Some(AttnPlan {
                 split_len,
                 splits: n_keys.div_ceil(split_len),
+                tile: false,
                 ..auto
             }));
         }
