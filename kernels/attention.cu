@@ -50,3 +50,28 @@ extern "C" __global__ void __launch_bounds__(ATT_COMBINE_THREADS)
     }
 ATTN_TILE_KERNEL(4, 4)
 ATTN_TILE_KERNEL(8, 3)
+
+// attn_dec_f32_d<DPT>_g<G>: decode (one query token), head dimension 32
+// DPT, at most G query heads per KV head (attention.cuh). Grid (n_head_kv,
+// splits), 32 to 32 ATT_DEC_MAX_WARPS threads, dynamic shared memory
+// attn_dec_shared_bytes(hd, G); the parameters of attn_f32_r<R> (tpb, gw,
+// hparts unused).
+#define ATTN_DEC_KERNEL(DPT, G)                                                                                    \
+    extern "C" __global__ void __launch_bounds__(32 * ATT_DEC_MAX_WARPS)                                          \
+        attn_dec_f32_d##DPT##_g##G(const float* q, const u16* kpool, const u16* vpool, const int* table,          \
+                                   float* out, float* part_ml, const int* pos, int n_tok, int n_head,             \
+                                   int n_head_kv, int hd, int tpb, int gw, int hparts, int split_len,             \
+                                   float scale_log2) {                                                            \
+        extern __shared__ __align__(16) float att_smem[];                                                          \
+        const AttnArgs a = {q,         kpool,  vpool,  table,     out, part_ml, pos, n_tok, n_head, n_head_kv,    \
+                            hd,        tpb,    gw,     hparts,    split_len, scale_log2};                         \
+        attn_dec_block<DPT, G>(a, att_smem, blockIdx.x, blockIdx.y, gridDim.y);                                   \
+    }
+ATTN_DEC_KERNEL(2, 1)
+ATTN_DEC_KERNEL(2, 2)
+ATTN_DEC_KERNEL(2, 4)
+ATTN_DEC_KERNEL(2, 8)
+ATTN_DEC_KERNEL(4, 1)
+ATTN_DEC_KERNEL(4, 2)
+ATTN_DEC_KERNEL(4, 4)
+ATTN_DEC_KERNEL(4, 8)

@@ -232,6 +232,12 @@ pub struct AttnPlan {
     /// `hparts` are then the other kernel's, used only where a decode
     /// program records (the persistent kernel has no tile op).
     pub tile: bool,
+    /// Decode (one query token) in `attn_dec_f32_*`: warps a block (1 to
+    /// 8; 0: not that kernel), each taking 16 keys a pass for every query
+    /// head of its KV head; a block per (KV head, split). As with `tile`,
+    /// `tpb`, `gw` and `hparts` are the warp kernel's, for a decode
+    /// program's record.
+    pub dec_warps: usize,
 }
 
 impl AttnPlan {
@@ -266,10 +272,27 @@ impl AttnPlan {
                 split_len: pages * KV_PAGE,
                 splits: 1,
                 tile: true,
+                dec_warps: 0,
             };
         }
-        let splits = want.min(pages).clamp(1, ATT_MAX_SPLITS);
-        let split_len = pages.div_ceil(splits) * KV_PAGE;
+        let (splits, dec_warps) = match attn_dec_group(s) {
+            // Decode: no split while the block's warps take every key in
+            // ATT_DEC_MAX_PASSES passes; else splits toward
+            // ATT_DEC_BLOCKS_PER_SM blocks an SM, a pass per warp at least.
+            Some(_) => {
+                let passes = keys.div_ceil(ATT_DEC_KEYS);
+                let warps = passes.min(ATT_DEC_MAX_WARPS);
+                let splits = match passes <= ATT_DEC_MAX_WARPS * ATT_DEC_MAX_PASSES {
+                    true => 1,
+                    false => (ATT_DEC_BLOCKS_PER_SM * sm_count.max(1))
+                        .div_ceil(s.n_head_kv)
+                        .min(passes / ATT_DEC_MAX_WARPS),
+                };
+                (splits, warps)
+            }
+            None => (want.min(pages), 0),
+        };
+        let split_len = pages.div_ceil(splits.clamp(1, ATT_MAX_SPLITS)) * KV_PAGE;
         AttnPlan {
             tpb,
             gw,
@@ -277,6 +300,7 @@ impl AttnPlan {
             split_len,
             splits: keys.div_ceil(split_len),
             tile: false,
+            dec_warps,
         }
     }
 
@@ -290,6 +314,49 @@ impl AttnPlan {
         let rows = s.n_tok * s.n_head * self.splits;
         (rows * s.head_dim, rows * 2)
     }
+}
+
+/// Keys a warp of the decode kernel takes a pass (`ATT_DEC_KEYS`), its
+/// warps a block at most (`ATT_DEC_MAX_WARPS`), the passes a warp takes
+/// before the keys split, and the blocks an SM the splits aim at.
+const ATT_DEC_KEYS: usize = 16;
+const ATT_DEC_MAX_WARPS: usize = 8;
+const ATT_DEC_MAX_PASSES: usize = 2;
+const ATT_DEC_BLOCKS_PER_SM: usize = 2;
+
+/// The query heads per KV head (`G`) of the decode kernel for `s`: one
+/// query token, head dimension 64 or 128, at most 8 query heads per KV
+/// head (the smallest of 1, 2, 4, 8 that holds them); None where the warp
+/// kernel runs.
+fn attn_dec_group(s: &AttnShape) -> Option<usize> {
+    let group = s.n_head / s.n_head_kv.max(1);
+    match s.n_tok == 1 && matches!(s.head_dim, 64 | 128) && (1..=8).contains(&group) {
+        true => Some(group.next_power_of_two()),
+        false => None,
+    }
+}
+
+/// The decode kernel for `s` and its `G` ([`attn_dec_group`]).
+fn attn_dec_kernel(s: &AttnShape) -> Option<(&'static str, usize)> {
+    let g = attn_dec_group(s)?;
+    let name = match (s.head_dim, g) {
+        (64, 1) => "attn_dec_f32_d2_g1",
+        (64, 2) => "attn_dec_f32_d2_g2",
+        (64, 4) => "attn_dec_f32_d2_g4",
+        (64, _) => "attn_dec_f32_d2_g8",
+        (_, 1) => "attn_dec_f32_d4_g1",
+        (_, 2) => "attn_dec_f32_d4_g2",
+        (_, 4) => "attn_dec_f32_d4_g4",
+        _ => "attn_dec_f32_d4_g8",
+    };
+    Some((name, g))
+}
+
+/// Bytes of dynamic shared memory of `attn_dec_f32_*` for head dimension
+/// `hd` and `g` heads: q (g x hd), P (8 warps x 16 keys x g), the warps'
+/// maxima and sums (2 x 8 x g) and outputs (8 x g x hd), FP32.
+pub const fn attn_dec_shared_bytes(hd: usize, g: usize) -> usize {
+    4 * g * (hd + ATT_DEC_MAX_WARPS * ATT_DEC_KEYS + 2 * ATT_DEC_MAX_WARPS + ATT_DEC_MAX_WARPS * hd)
 }
 
 /// Bytes of dynamic shared memory of `attn_f32_r*` for head dimension `hd`.
@@ -735,16 +802,38 @@ impl Kernels {
             }
             return Ok(plan);
         }
-        let kernel = self.kernel("attention", ATTN_KERNELS[hd.div_ceil(32) - 1])?;
+        let (kernel, c) = match plan.dec_warps {
+            0 => (
+                self.kernel("attention", ATTN_KERNELS[hd.div_ceil(32) - 1])?,
+                cfg(grid, threads, smem as u32),
+            ),
+            warps => {
+                let (name, g) = attn_dec_kernel(s)
+                    .filter(|_| warps <= ATT_DEC_MAX_WARPS)
+                    .ok_or_else(|| {
+                        shape(K, format!("plan {plan:?}: no decode kernel for {s:?}"))
+                    })?;
+                if !q.is_aligned(16) {
+                    return Err(shape(K, "q must start at a multiple of 16 bytes".into()));
+                }
+                let grid = (s.n_head_kv as u32, grid.2, 1);
+                (
+                    self.kernel("attention", name)?,
+                    cfg(grid, 32 * warps as u32, attn_dec_shared_bytes(hd, g) as u32),
+                )
+            }
+        };
         // SAFETY: attn_f32_r<R> (see push_attn for its parameters) with R =
-        // ceil(hd / 32): reads pos[0] (at most s.start, the caller's
-        // promise), q and table within the lengths checked above and pool
-        // rows of the pages the table names (below the pool's page count,
-        // kept so by the caller); writes out rows < n_tok * n_head (or the
-        // split partials, sized by the caller from scratch_len, checked
-        // above); part_ml is untouched when splits == 1 (a null pointer
-        // then). Shared memory: attn_shared_bytes.
-        let c = cfg(grid, threads, smem as u32);
+        // ceil(hd / 32), or attn_dec_f32_d<hd / 32>_g<G> (G >= the query
+        // heads per KV head, one query token; grid (n_head_kv, splits)):
+        // reads pos[0] (at most s.start, the caller's promise), q and table
+        // within the lengths checked above and pool rows of the pages the
+        // table names (below the pool's page count, kept so by the caller);
+        // writes out rows < n_tok * n_head (or the split partials, sized by
+        // the caller from scratch_len, checked above); part_ml is untouched
+        // when splits == 1 (a null pointer then). Shared memory:
+        // attn_shared_bytes, or attn_dec_shared_bytes (under 48 KB).
+
         match &mut scratch {
             None => unsafe { push_attn(stream.launch(&kernel), &ptrs, out, None, &args).run(c)? },
             Some(sc) => unsafe {
@@ -927,8 +1016,9 @@ mod tests {
                 }
             }
         }
-        // Decode at depth 4096 with 8 KV heads on 132 SMs: split to fill the
-        // GPU, down to one page per split (128 pages: 128 splits).
+        // Decode at depth 4096 with 8 KV heads on 132 SMs: the decode
+        // kernel's 8 warps a block, splits toward 2 blocks an SM (33) but
+        // a pass of 16 keys for each warp at least: 32 splits of 4 pages.
         let s = AttnShape {
             n_tok: 1,
             start: 4095,
@@ -936,10 +1026,33 @@ mod tests {
             n_head_kv: 8,
             head_dim: 128,
         };
-        assert_eq!(AttnPlan::new(&s, 132).splits, 128);
-        // On an M40's 24 SMs: 8 * 24 / 8 = 24 splits of 6 pages.
+        let p = AttnPlan::new(&s, 132);
+        assert_eq!((p.splits, p.split_len, p.dec_warps), (32, 4 * KV_PAGE, 8));
+        // On an M40's 24 SMs: 2 * 24 / 8 = 6 splits of 22 pages.
         let p = AttnPlan::new(&s, 24);
-        assert_eq!((p.splits, p.split_len), (22, 6 * KV_PAGE));
+        assert_eq!((p.splits, p.split_len), (6, 22 * KV_PAGE));
+        // Up to 256 keys the warps of one block take them all (2 passes
+        // each at most): no split, no combine; a context of 40 keys takes
+        // 3 warps.
+        let at = |start| AttnPlan::new(&AttnShape { start, ..s }, 132);
+        assert_eq!((at(255).splits, at(255).dec_warps), (1, 8));
+        assert_eq!((at(39).splits, at(39).dec_warps), (1, 3));
+        assert_eq!(at(256).splits, 2);
+        // Head dimension 96, or 16 query heads a KV head: the warp kernel.
+        let warp = |n_head, head_dim| {
+            let p = AttnPlan::new(
+                &AttnShape {
+                    n_head,
+                    head_dim,
+                    ..s
+                },
+                132,
+            );
+            p.dec_warps == 0 && !p.tile
+        };
+        assert!(warp(32, 96));
+        assert!(warp(128, 128));
+        assert!(!warp(64, 128));
         // Prefill in register tiles: 512-token prompts (8B on an H100: no
         // split; SmolLM2: 16 pages), a 512-token chunk at 1536; not a
         // 50-token turn after 4000 tokens (the warp kernel splits its 127
@@ -967,6 +1080,7 @@ mod tests {
     fn attention_shared_memory_fits() {
         assert!(attn_shared_bytes(MAX_HEAD_DIM) <= MAX_SHARED_PER_BLOCK);
         assert!(attn_tile_shared_bytes(128) <= MAX_SHARED_PER_BLOCK);
+        assert!(attn_dec_shared_bytes(128, 8) <= MAX_SHARED_PER_BLOCK);
     }
 
     #[test]

@@ -780,6 +780,10 @@ fn rope_kv_append_matches_cpu() {
                 ids.swap(i, rng.below(i + 1));
             }
             let table: Vec<i32> = ids[..pages].to_vec();
+            // Past the keys (a bucket's plan covers them): pages no pool has.
+            let bucket_start = start + 500;
+            let mut table_ext = table.clone();
+            table_ext.resize((bucket_start + n_tok).div_ceil(KV_PAGE), i32::MAX / 64);
             let q = rng.vec(n_tok * n_head * hd, -2.0, 2.0);
             let kx = rng.vec(n_tok * kv_dim, -2.0, 2.0);
             let vx = rng.vec(n_tok * kv_dim, -2.0, 2.0);
@@ -794,7 +798,7 @@ fn rope_kv_append_matches_cpu() {
             let kg = s.upload(&kx, "k").unwrap();
             let vg = s.upload(&vx, "v").unwrap();
             let pg = s.upload(&pos, "pos").unwrap();
-            let tg = s.upload(&table, "table").unwrap();
+            let tg = s.upload(&table_ext, "table").unwrap();
             let fg = s.upload(&rope.inv_freq, "inv_freq").unwrap();
             let mut kpool = s.alloc::<u16>(pool_pages * KV_PAGE * kv_dim, "kp").unwrap();
             let mut vpool = s.alloc::<u16>(pool_pages * KV_PAGE * kv_dim, "vp").unwrap();
@@ -1664,7 +1668,11 @@ fn paged_attention_matches_cpu() {
     // Prompts of 32 tokens or more with head dimension 64 or 128 run the
     // tile kernel (groups of 3, 4, 1, 8, 32: 30, 32, 32, 32, 32 rows a
     // block; a last block of fewer tokens; keys before the prompt).
-    let cases: [(usize, usize, usize, usize, usize); 16] = [
+    // One-token steps with head dimension 64 or 128 and at most 8 query
+    // heads per KV head run the decode kernel (groups of 2, 3, 4, 8, 1, 6:
+    // its G of 2, 4, 4, 8, 1, 8), also under a plan made for a later
+    // position (a captured decode step's bucket).
+    let cases: [(usize, usize, usize, usize, usize); 20] = [
         (4, 2, 64, 0, 1),
         (6, 2, 68, 50, 5),
         (4, 1, 36, 90, 1),
@@ -1681,8 +1689,12 @@ fn paged_attention_matches_cpu() {
         (8, 8, 64, 17, 64),
         (16, 2, 128, 0, 33),
         (32, 1, 64, 5, 40),
+        (16, 2, 128, 200, 1),
+        (8, 8, 128, 5, 1),
+        (12, 2, 64, 300, 1),
+        (4, 4, 64, 31, 1),
     ];
-    let mut tiled = 0;
+    let (mut tiled, mut decoded) = (0, 0);
     for (n_head, n_kv, hd, start, n_tok) in cases {
         let kv_dim = n_kv * hd;
         let n_keys = start + n_tok;
@@ -1694,6 +1706,10 @@ fn paged_attention_matches_cpu() {
             ids.swap(i, rng.below(i + 1));
         }
         let table: Vec<i32> = ids[..pages].to_vec();
+        // Past the keys (a bucket's plan covers them): pages no pool has.
+        let bucket_start = start + 500;
+        let mut table_ext = table.clone();
+        table_ext.resize((bucket_start + n_tok).div_ceil(KV_PAGE), i32::MAX / 64);
         let kk = rng.vec(n_keys * kv_dim, -1.0, 1.0);
         let vv = rng.vec(n_keys * kv_dim, -1.0, 1.0);
         let q = rng.vec(n_tok * n_head * hd, -1.0, 1.0);
@@ -1709,7 +1725,7 @@ fn paged_attention_matches_cpu() {
         }
         let kpool = s.upload(&kp, "kpool").unwrap();
         let vpool = s.upload(&vp, "vpool").unwrap();
-        let tg = s.upload(&table, "table").unwrap();
+        let tg = s.upload(&table_ext, "table").unwrap();
         let want = attention_reference(&q, &kk, &vv, n_tok, start, n_head, n_kv, hd);
         let shape = AttnShape {
             n_tok,
@@ -1721,17 +1737,55 @@ fn paged_attention_matches_cpu() {
         let qg = s.upload(&q, "q").unwrap();
         let pos = s.upload(&[start as i32], "pos").unwrap();
         let auto = AttnPlan::new(&shape, 132);
-        let mut plans = vec![None];
+        let bucket = AttnShape {
+            start: bucket_start,
+            ..shape
+        };
+        let mut plans = vec![(shape, None)];
         for split_pages in [1, 2] {
             let split_len = split_pages * KV_PAGE;
-            plans.push(Some(AttnPlan {
+            let forced = AttnPlan {
                 split_len,
                 splits: n_keys.div_ceil(split_len),
                 tile: false,
                 ..auto
-            }));
+            };
+            plans.push((shape, Some(forced)));
+            if auto.dec_warps > 0 {
+                // The warp kernel on the same splits; the decode kernel
+                // with one warp a block.
+                plans.push((
+                    shape,
+                    Some(AttnPlan {
+                        dec_warps: 0,
+                        ..forced
+                    }),
+                ));
+                plans.push((
+                    shape,
+                    Some(AttnPlan {
+                        dec_warps: 1,
+                        ..forced
+                    }),
+                ));
+            }
         }
-        for plan in plans {
+        if auto.dec_warps > 0 {
+            // Three warps taking every key in turn, and plans for a later
+            // position: the device's, and an M40's 24 SMs.
+            plans.push((
+                shape,
+                Some(AttnPlan {
+                    dec_warps: 3,
+                    split_len: pages * KV_PAGE,
+                    splits: 1,
+                    ..auto
+                }),
+            ));
+            plans.push((bucket, None));
+            plans.push((bucket, Some(AttnPlan::new(&bucket, 24))));
+        }
+        for (shape, plan) in plans {
             let mut out = s.alloc::<f32>(n_tok * n_head * hd, "out").unwrap();
             s.fill_bytes(&mut out, 0xFF).unwrap();
             let p = plan.unwrap_or_else(|| AttnPlan::new(&shape, _dev.info().sm_count as usize));
@@ -1758,6 +1812,7 @@ fn paged_attention_matches_cpu() {
                 .unwrap();
             let got = s.download(&out).unwrap();
             tiled += launched.tile as usize;
+            decoded += (launched.dec_warps > 0) as usize;
             check(
                 &format!("attention {shape:?} {launched:?}"),
                 &got,
@@ -1768,6 +1823,8 @@ fn paged_attention_matches_cpu() {
     }
     // The 6 cases of 32 or more tokens, under the launcher's plan.
     assert!(tiled >= 6, "{tiled} launches of the tile kernel");
+    // 7 one-token cases, 8 launches each but for the warp kernel's 2.
+    assert!(decoded >= 7 * 6, "{decoded} launches of the decode kernel");
 }
 
 #[test]
