@@ -49,6 +49,31 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// Shared-memory loads of 16 and 8 bytes through inline PTX, for the tile
+// and decode kernels' inner loops: NVRTC 11.8's vectorizer split and merged
+// their plain float4/float2 shared loads differently from one compilation
+// to the next (the same source gave different PTX about one time in ten,
+// so the committed PTX could not be checked); an asm statement is one
+// ld.shared.v4 / .v2 every time. Volatile with a memory clobber: each
+// stays between the barriers and the stores around it.
+__device__ __forceinline__ float4 attn_lds4(const float* p) {
+    float4 v;
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "r"((u32)__cvta_generic_to_shared(p))
+                 : "memory");
+    return v;
+}
+
+__device__ __forceinline__ float2 attn_lds2(const float* p) {
+    float2 v;
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];"
+                 : "=f"(v.x), "=f"(v.y)
+                 : "r"((u32)__cvta_generic_to_shared(p))
+                 : "memory");
+    return v;
+}
+
 // Stage keys j0 .. j0 + KV_PAGE - 1 of KV head g (page table[j0 / KV_PAGE];
 // keys at or past `end` are zeros) into Ks (rows of hd/2 + 1 words) and Vs
 // (rows of hd/2 words). When hd is a multiple of 8 (16-byte rows), each
@@ -360,8 +385,8 @@ __device__ __forceinline__ void attn_tile_block(const AttnArgs& a, float* smem, 
         for (int i = 0; i < 4; ++i) s[i][0] = s[i][1] = 0.0f;
 #pragma unroll 4
         for (int d = 0; d < HD; ++d) {
-            const float4 q = *(const float4*)(Qs + d * ATT_TILE_ROWS + 4 * rg);
-            const float2 k = *(const float2*)(KV + d * KV_PAGE + 2 * kg);
+            const float4 q = attn_lds4(Qs + d * ATT_TILE_ROWS + 4 * rg);
+            const float2 k = attn_lds2(KV + d * KV_PAGE + 2 * kg);
             s[0][0] = fmaf(q.x, k.x, s[0][0]), s[0][1] = fmaf(q.x, k.y, s[0][1]);
             s[1][0] = fmaf(q.y, k.x, s[1][0]), s[1][1] = fmaf(q.y, k.y, s[1][1]);
             s[2][0] = fmaf(q.z, k.x, s[2][0]), s[2][1] = fmaf(q.z, k.y, s[2][1]);
@@ -399,11 +424,11 @@ __device__ __forceinline__ void attn_tile_block(const AttnArgs& a, float* smem, 
             for (int d = 0; d < DPT; ++d) o[i][d] *= corr[i];
         const int n_keys = min(KV_PAGE, end - j0);
         for (int j = 0; j < n_keys; ++j) {
-            const float4 pj = *(const float4*)(Ps + j * ATT_TILE_ROWS + 4 * rg);
+            const float4 pj = attn_lds4(Ps + j * ATT_TILE_ROWS + 4 * rg);
             const float pv[4] = {pj.x, pj.y, pj.z, pj.w};
 #pragma unroll
             for (int c = 0; c < NC; ++c) {
-                const float4 v = *(const float4*)(KV + j * HD + 64 * c + 4 * kg);
+                const float4 v = attn_lds4(KV + j * HD + 64 * c + 4 * kg);
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
                     o[i][4 * c] = fmaf(pv[i], v.x, o[i][4 * c]);
@@ -530,7 +555,7 @@ __device__ __forceinline__ void attn_dec_block(const AttnArgs& a, float* smem, i
 #pragma unroll
             for (int h = 0; h < G; ++h) {
                 const float* qh = Qs + h * HD + half * (HD / 2) + 8 * c;
-                const float4 q0 = *(const float4*)qh, q1 = *(const float4*)(qh + 4);
+                const float4 q0 = attn_lds4(qh), q1 = attn_lds4(qh + 4);
                 s[h] = fmaf(q0.x, f[0], s[h]), s[h] = fmaf(q0.y, f[1], s[h]);
                 s[h] = fmaf(q0.z, f[2], s[h]), s[h] = fmaf(q0.w, f[3], s[h]);
                 s[h] = fmaf(q1.x, f[4], s[h]), s[h] = fmaf(q1.y, f[5], s[h]);
@@ -559,7 +584,7 @@ __device__ __forceinline__ void attn_dec_block(const AttnArgs& a, float* smem, i
             if (G % 4 == 0) {
 #pragma unroll
                 for (int h4 = 0; h4 < G; h4 += 4) {
-                    const float4 p4 = *(const float4*)(ps + j * G + h4);
+                    const float4 p4 = attn_lds4(ps + j * G + h4);
                     pj[h4] = p4.x, pj[h4 + 1] = p4.y, pj[h4 + 2] = p4.z, pj[h4 + 3] = p4.w;
                 }
             } else {

@@ -2,7 +2,12 @@
 //! `compute_52` into `kernels/ptx/NAME.ptx`, and write `ptxas -arch=sm_52 -v`'s
 //! resource report (registers, spills, shared memory) to
 //! `kernels/ptx/NAME.sm_52.txt`. `--check` regenerates into memory and fails
-//! if anything differs from what is committed.
+//! if anything differs from what is committed. Without `--check`, each
+//! source is compiled REPRO_RUNS more times after all of them, and a source
+//! whose PTX differs between compilations is an error: the check could not
+//! pass reliably (NVRTC 11.8's vectorizer chose differently from run to run
+//! for plain float4 shared loads in attention.cuh's unrolled loops; see
+//! `attn_lds4` there).
 //!
 //! The toolchain comes from PyPI, installed into `target/cuda-tools` on first
 //! use: NVRTC 11.8 (`nvidia-cuda-nvrtc-cu11`, PTX ISA 7.8, which drivers from
@@ -19,6 +24,8 @@ const PACKAGES: &[&str] = &[
     "nvidia-cuda-nvcc-cu12==12.9.86",
 ];
 const ARCH: &str = "compute_52";
+/// Extra compilations of each source that must give the same PTX.
+const REPRO_RUNS: usize = 2;
 
 type Result<T> = std::result::Result<T, String>;
 
@@ -183,6 +190,29 @@ fn ptxas_report(tools: &Path, ptx: &Path) -> Result<String> {
         .collect())
 }
 
+/// The function (`.entry` name) of the first line where two compilations'
+/// PTX differ, ignoring the call-sequence numbers in comments; None if they
+/// agree.
+fn first_difference(a: &str, b: &str) -> Option<String> {
+    let norm = |l: &str| match l.find("// callseq") {
+        Some(i) => l[..i].to_string(),
+        None => l.to_string(),
+    };
+    let mut entry = String::from("the module header");
+    let (mut la, mut lb) = (a.lines(), b.lines());
+    loop {
+        match (la.next(), lb.next()) {
+            (None, None) => return None,
+            (Some(x), Some(y)) if norm(x) == norm(y) => {
+                if let Some(name) = x.strip_prefix(".visible .entry ") {
+                    entry = name.trim_end_matches('(').to_string();
+                }
+            }
+            _ => return Some(entry),
+        }
+    }
+}
+
 pub fn run(check: bool) -> Result<()> {
     let root = root();
     let kernels = root.join("kernels");
@@ -209,10 +239,14 @@ pub fn run(check: bool) -> Result<()> {
     let tmp = root.join("target/ptx-check");
     std::fs::create_dir_all(&tmp).map_err(|e| e.to_string())?;
     let mut stale = Vec::new();
+    let mut compiled = Vec::new();
     for src in &sources {
         let stem = src.file_stem().unwrap().to_string_lossy().into_owned();
         let code = std::fs::read_to_string(src).map_err(|e| format!("{}: {e}", src.display()))?;
         let ptx = nvrtc.compile_to_ptx(&code, &format!("{stem}.cu"), &options)?;
+        if !check {
+            compiled.push((stem.clone(), code.clone(), ptx.clone()));
+        }
         let scratch = tmp.join(format!("{stem}.ptx"));
         std::fs::write(&scratch, &ptx).map_err(|e| e.to_string())?;
         let report = ptxas_report(&tools, &scratch)?;
@@ -238,6 +272,21 @@ pub fn run(check: bool) -> Result<()> {
             stale.join(", ")
         ));
     }
+    // After every first compilation (NVRTC numbers its call sequences across
+    // the compilations of a process, so these come last and that number is
+    // left out of the comparison).
+    for (stem, code, ptx) in &compiled {
+        for _ in 0..REPRO_RUNS {
+            let again = nvrtc.compile_to_ptx(code, &format!("{stem}.cu"), &options)?;
+            if let Some(f) = first_difference(ptx, &again) {
+                return Err(format!(
+                    "NVRTC gave kernels/{stem}.cu different PTX in two compilations (in {f}): \
+                     `--check` could not pass reliably; give the loads it vectorizes a fixed \
+                     shape (attention.cuh's attn_lds4)"
+                ));
+            }
+        }
+    }
     eprintln!(
         "{} kernel source(s) {}",
         sources.len(),
@@ -248,4 +297,22 @@ pub fn run(check: bool) -> Result<()> {
         }
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::first_difference;
+
+    #[test]
+    fn first_difference_names_the_function_and_skips_call_sequences() {
+        let a = ".version 7.8\n.visible .entry f(\n{ // callseq 1, 0\nld.shared.f32 %f1, [%r1];\n}\n.visible .entry g(\nadd.f32 %f1, %f2, %f3;\n";
+        let same = a.replace("callseq 1, 0", "callseq 7, 0");
+        assert_eq!(first_difference(a, &same), None);
+        let other = a.replace("add.f32 %f1", "add.f32 %f4");
+        assert_eq!(first_difference(a, &other).as_deref(), Some("g"));
+        assert_eq!(
+            first_difference(a, &a[..20]).as_deref(),
+            Some("the module header")
+        );
+    }
 }
