@@ -2,16 +2,23 @@
 // and the device code are described there).
 #include "attention.cuh"
 
+// Every attention kernel's parameters (AttnArgs' fields, in order; the
+// launcher's push_attn), and the AttnArgs and dynamic shared memory they
+// make.
+#define ATTN_PARAMS                                                                                               \
+    const float *q, const u16 *kpool, const u16 *vpool, const int *table, float *out, float *part_ml,             \
+        const int *pos, int n_tok, int n_head, int n_head_kv, int hd, int tpb, int gw, int hparts, int split_len, \
+        float scale_log2
+#define ATTN_ARGS                                                                                                 \
+    extern __shared__ __align__(16) float att_smem[];                                                             \
+    const AttnArgs a = {q, kpool, vpool, table, out, part_ml, pos, n_tok, n_head, n_head_kv, hd, tpb, gw, hparts, \
+                        split_len, scale_log2}
+
 // attn_f32_r<R>: head dimensions up to 32 R (each lane holds R of the output).
-#define ATTN_KERNEL(R)                                                                                             \
-    extern "C" __global__ void attn_f32_r##R(const float* q, const u16* kpool, const u16* vpool, const int* table, \
-                                             float* out, float* part_ml, const int* pos, int n_tok, int n_head,    \
-                                             int n_head_kv, int hd, int tpb, int gw, int hparts, int split_len,    \
-                                             float scale_log2) {                                                   \
-        extern __shared__ __align__(16) float att_smem[];                                                          \
-        const AttnArgs a = {q,         kpool,  vpool,  table,     out, part_ml, pos, n_tok, n_head, n_head_kv,    \
-                            hd,        tpb,    gw,     hparts,    split_len, scale_log2};                         \
-        attn_block<R>(a, att_smem, blockIdx.x, blockIdx.y, blockIdx.z, gridDim.z);                               \
+#define ATTN_KERNEL(R)                                                             \
+    extern "C" __global__ void attn_f32_r##R(ATTN_PARAMS) {                        \
+        ATTN_ARGS;                                                                 \
+        attn_block<R>(a, att_smem, blockIdx.x, blockIdx.y, blockIdx.z, gridDim.z); \
     }
 ATTN_KERNEL(1)
 ATTN_KERNEL(2)
@@ -39,14 +46,9 @@ extern "C" __global__ void __launch_bounds__(ATT_COMBINE_THREADS)
 // at 4, 128 registers spill 36 bytes on sm_52); on the M40 shared memory
 // allows 2 of hd 128 (36 KB each of 96 KB).
 #define ATTN_TILE_KERNEL(DPT, MIN_BLOCKS)                                                                          \
-    extern "C" __global__ void __launch_bounds__(ATT_TILE_THREADS, MIN_BLOCKS)                                     \
-        attn_tile_f32_d##DPT(const float* q, const u16* kpool, const u16* vpool, const int* table, float* out,     \
-                             float* part_ml, const int* pos, int n_tok, int n_head, int n_head_kv, int hd, int tpb, \
-                             int gw, int hparts, int split_len, float scale_log2) {                               \
-        extern __shared__ __align__(16) float att_smem[];                                                          \
-        const AttnArgs a = {q,         kpool,  vpool,  table,     out, part_ml, pos, n_tok, n_head, n_head_kv,    \
-                            hd,        tpb,    gw,     hparts,    split_len, scale_log2};                         \
-        attn_tile_block<DPT>(a, att_smem, gridDim.x - 1 - blockIdx.x, blockIdx.y);                               \
+    extern "C" __global__ void __launch_bounds__(ATT_TILE_THREADS, MIN_BLOCKS) attn_tile_f32_d##DPT(ATTN_PARAMS) { \
+        ATTN_ARGS;                                                                                                 \
+        attn_tile_block<DPT>(a, att_smem, gridDim.x - 1 - blockIdx.x, blockIdx.y);                                 \
     }
 ATTN_TILE_KERNEL(4, 4)
 ATTN_TILE_KERNEL(8, 3)
@@ -57,15 +59,9 @@ ATTN_TILE_KERNEL(8, 3)
 // attn_dec_shared_bytes(hd, G); the parameters of attn_f32_r<R> (tpb, gw,
 // hparts unused).
 #define ATTN_DEC_KERNEL(DPT, G)                                                                                    \
-    extern "C" __global__ void __launch_bounds__(32 * ATT_DEC_MAX_WARPS)                                          \
-        attn_dec_f32_d##DPT##_g##G(const float* q, const u16* kpool, const u16* vpool, const int* table,          \
-                                   float* out, float* part_ml, const int* pos, int n_tok, int n_head,             \
-                                   int n_head_kv, int hd, int tpb, int gw, int hparts, int split_len,             \
-                                   float scale_log2) {                                                            \
-        extern __shared__ __align__(16) float att_smem[];                                                          \
-        const AttnArgs a = {q,         kpool,  vpool,  table,     out, part_ml, pos, n_tok, n_head, n_head_kv,    \
-                            hd,        tpb,    gw,     hparts,    split_len, scale_log2};                         \
-        attn_dec_block<DPT, G>(a, att_smem, blockIdx.x, blockIdx.y, gridDim.y);                                   \
+    extern "C" __global__ void __launch_bounds__(32 * ATT_DEC_MAX_WARPS) attn_dec_f32_d##DPT##_g##G(ATTN_PARAMS) { \
+        ATTN_ARGS;                                                                                                 \
+        attn_dec_block<DPT, G>(a, att_smem, blockIdx.x, blockIdx.y, gridDim.y);                                    \
     }
 ATTN_DEC_KERNEL(2, 1)
 ATTN_DEC_KERNEL(2, 2)
