@@ -71,6 +71,10 @@ pub struct Args {
     /// step's graph (to compare the two).
     #[arg(long)]
     pub persistent: bool,
+    /// Decode attention in the warp kernel with its key splits instead of
+    /// the decode kernel (to compare the two).
+    #[arg(long)]
+    pub warp_attention: bool,
     /// Do not run llama-bench even when it is on PATH.
     #[arg(long)]
     pub no_llama_bench: bool,
@@ -390,6 +394,7 @@ fn bench(path: &PathBuf, label: &str, a: &Args) -> Result<()> {
             packed: !a.gguf_layout,
             fuse: !a.no_fuse,
             persistent: a.persistent,
+            decode_attention: !a.warp_attention,
             ..Default::default()
         },
     )?;
@@ -426,7 +431,8 @@ fn bench(path: &PathBuf, label: &str, a: &Args) -> Result<()> {
             "model": {"label": label, "path": path, "size_bytes": size, "params": params,
                       "layout": if a.gguf_layout { "gguf" } else { "packed" },
                       "stacked_qkv_gate_up": !a.gguf_layout && !a.no_fuse,
-                      "persistent_decode": a.persistent},
+                      "persistent_decode": a.persistent,
+                      "decode_attention": if a.warp_attention { "warp" } else { "decode" }},
             "results": results.iter().map(|r| json!({
                 "test": r.name,
                 "tokens_per_s": r.tokens_per_s,
@@ -452,9 +458,10 @@ fn bench(path: &PathBuf, label: &str, a: &Args) -> Result<()> {
             (false, true) => "packed",
             (false, false) => "packed, Q/K/V and gate/up stacked",
         },
-        match a.persistent {
-            false => "a launch per kernel",
-            true => "the persistent decode kernel",
+        match (a.persistent, a.warp_attention) {
+            (false, false) => "a launch per kernel",
+            (false, true) => "a launch per kernel, attention in the warp kernel",
+            (true, _) => "the persistent decode kernel",
         }
     );
     let has_lb = results.iter().any(|r| r.llama_cpp.is_some());

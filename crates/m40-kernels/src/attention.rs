@@ -249,6 +249,12 @@ impl AttnPlan {
     /// 8B Q4_0 on an H100, at least 2 pages a split -> 1: tg128 423 -> 431
     /// t/s, at depth 4096 360 -> 368).
     pub fn new(s: &AttnShape, sm_count: usize) -> AttnPlan {
+        AttnPlan::choose(s, sm_count, true)
+    }
+
+    /// [`AttnPlan::new`], with one-token steps in the warp kernel where
+    /// `decode_kernel` is false (to compare the two).
+    pub fn choose(s: &AttnShape, sm_count: usize, decode_kernel: bool) -> AttnPlan {
         let group = s.n_head / s.n_head_kv;
         let gw = group.min(ATT_MAX_WARPS);
         let hparts = group.div_ceil(gw);
@@ -275,7 +281,7 @@ impl AttnPlan {
                 dec_warps: 0,
             };
         }
-        let (splits, dec_warps) = match attn_dec_group(s) {
+        let (splits, dec_warps) = match attn_dec_group(s).filter(|_| decode_kernel) {
             // Decode: no split while the block's warps take every key in
             // ATT_DEC_MAX_PASSES passes; else splits toward
             // ATT_DEC_BLOCKS_PER_SM blocks an SM, a pass per warp at least.
@@ -1028,6 +1034,9 @@ mod tests {
         };
         let p = AttnPlan::new(&s, 132);
         assert_eq!((p.splits, p.split_len, p.dec_warps), (32, 4 * KV_PAGE, 8));
+        // Without the decode kernel: the warp kernel's 128 splits of a page.
+        let w = AttnPlan::choose(&s, 132, false);
+        assert_eq!((w.splits, w.split_len, w.dec_warps), (128, KV_PAGE, 0));
         // On an M40's 24 SMs: 2 * 24 / 8 = 6 splits of 22 pages.
         let p = AttnPlan::new(&s, 24);
         assert_eq!((p.splits, p.split_len), (6, 22 * KV_PAGE));

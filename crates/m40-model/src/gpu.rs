@@ -65,6 +65,12 @@ pub struct GpuOptions {
     /// default: on an H100 it decodes 8B Q4_0 at 348 tokens/s against 451
     /// with a launch per kernel (BENCHMARKS.md); not yet measured on an M40.
     pub persistent: bool,
+    /// One-token steps' attention in `attn_dec_f32_*` (a block of up to 8
+    /// warps per KV head, no split up to 256 keys); false: the warp kernel
+    /// and its key splits, as before it (to compare the two; the decode
+    /// kernel measured 2% faster for 8B Q4_0 tg128 and 7% for 1B on an
+    /// H100, BENCHMARKS.md).
+    pub decode_attention: bool,
 }
 
 impl Default for GpuOptions {
@@ -77,6 +83,7 @@ impl Default for GpuOptions {
             packed: true,
             fuse: true,
             persistent: false,
+            decode_attention: true,
         }
     }
 }
@@ -352,6 +359,8 @@ pub struct GpuBackend {
     fuse: bool,
     /// `GpuOptions::persistent`.
     persistent: bool,
+    /// `GpuOptions::decode_attention`.
+    decode_attention: bool,
     graphs: std::sync::atomic::AtomicBool,
     free: Arc<Mutex<Vec<u32>>>,
     state: Mutex<State>,
@@ -666,7 +675,12 @@ impl GpuBackend {
         // never reallocate it (see `scratch`).
         let (dec_part, dec_ml) = {
             let full = decode_shape(&hp, n_pages * KV_PAGE - 1);
-            AttnPlan::new(&full, device.info().sm_count as usize).scratch_len(&full)
+            AttnPlan::choose(
+                &full,
+                device.info().sm_count as usize,
+                opts.decode_attention,
+            )
+            .scratch_len(&full)
         };
         let work = Workspace {
             inputs: stream.alloc_zeroed::<i32>(
@@ -705,6 +719,7 @@ impl GpuBackend {
             n_pages,
             fuse: opts.fuse,
             persistent: opts.persistent,
+            decode_attention: opts.decode_attention,
             graphs: opts.graphs.into(),
             free,
             state: Mutex::new(State {
@@ -1187,6 +1202,13 @@ impl GpuBackend {
         self.matmul(out_w, Input::Rows(&w.h.view()), &mut w.logits, n, false)
     }
 
+    /// The attention plan of `shape` on this device
+    /// (`GpuOptions::decode_attention`).
+    fn attn_plan(&self, shape: &AttnShape) -> AttnPlan {
+        let sm = self.device().info().sm_count as usize;
+        AttnPlan::choose(shape, sm, self.decode_attention)
+    }
+
     /// Make sure the split scratch holds what `plan` needs for `shape`.
     /// A larger scratch is a new buffer: the graphs captured with the old
     /// one are dropped with it.
@@ -1266,7 +1288,7 @@ impl GpuBackend {
             if !graphs.contains_key(&key) {
                 // (The workspace's scratch already holds this plan's.)
                 let shape = decode_shape(hp, max_start);
-                let plan = AttnPlan::new(&shape, self.device().info().sm_count as usize);
+                let plan = self.attn_plan(&shape);
                 self.scratch(w, graphs, &plan, &shape)?;
                 let selects = sel.is_some();
                 let mut program = match self.persistent {
@@ -1322,7 +1344,7 @@ impl GpuBackend {
             n_head_kv: hp.n_head_kv,
             head_dim: hp.head_dim,
         };
-        let plan = AttnPlan::new(&shape, self.device().info().sm_count as usize);
+        let plan = self.attn_plan(&shape);
         self.scratch(w, graphs, &plan, &shape)?;
         self.enqueue(w, pools, n, start, plan, false)?;
         cache.len = start + n;

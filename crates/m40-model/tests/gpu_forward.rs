@@ -376,6 +376,58 @@ fn persistent_decode_matches_kernel_by_kernel() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// One-token steps' attention in the decode kernel (`attn_dec_f32_*`, the
+/// default) gives the warp kernel's logits (`decode_attention: false`):
+/// SmolLM2's shape (3 query heads a KV head, head dimension 64), 48 decode
+/// steps after prompts of 40 tokens (one block a KV head, no split), 240
+/// (crossing 256 keys, where the decode kernel starts to split) and 600
+/// (split, with the combine).
+#[test]
+fn decode_attention_kernel_matches_warp_kernel() {
+    if test_device("decode_attention_kernel_matches_warp_kernel").is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut failures = Vec::new();
+    for ty in [GgmlType::Q8_0, GgmlType::F16] {
+        let model = synth(dir.path(), "smollm2-135m", ty);
+        let opts = |decode_attention| GpuOptions {
+            kv_tokens: 1024,
+            max_batch: 512,
+            decode_attention,
+            ..Default::default()
+        };
+        let (a, b) = (gpu_with(&model, opts(false)), gpu_with(&model, opts(true)));
+        let n_vocab = a.hparams().n_vocab;
+        for prompt in [40, 240, 600] {
+            let toks = tokens(prompt, n_vocab, 7);
+            let (mut ca, mut cb) = (a.new_cache(700).unwrap(), b.new_cache(700).unwrap());
+            let mut la = a.forward(&mut ca, &toks, Logits::Last).unwrap();
+            b.forward(&mut cb, &toks, Logits::Last).unwrap();
+            let (mut worst, mut agree) = (0.0f64, 0);
+            for _ in 0..48 {
+                let t = argmax(&la);
+                la = a.forward(&mut ca, &[t], Logits::Last).unwrap();
+                let lb = b.forward(&mut cb, &[t], Logits::Last).unwrap();
+                let e = rel_err(&lb, &la);
+                worst = if e.is_nan() {
+                    f64::INFINITY
+                } else {
+                    worst.max(e)
+                };
+                agree += (argmax(&lb) == argmax(&la) || margin(&la) < 1e-3) as usize;
+            }
+            println!("{ty} prompt {prompt}: decode vs warp attention kernel, worst rel err {worst:.2e} over 48 steps, argmax agrees {agree}/48");
+            if worst > 1e-4 || agree != 48 {
+                failures.push(format!(
+                    "{ty} prompt {prompt}: rel err {worst:.2e}, argmax {agree}/48"
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 /// Whether a minutes-long test should run (`M40_GPU_LARGE=1`); prints why not.
 fn large(test: &str) -> bool {
     if test_device(test).is_none() {
