@@ -839,7 +839,6 @@ impl Kernels {
         // the caller from scratch_len, checked above); part_ml is untouched
         // when splits == 1 (a null pointer then). Shared memory:
         // attn_shared_bytes, or attn_dec_shared_bytes (under 48 KB).
-
         match &mut scratch {
             None => unsafe { push_attn(stream.launch(&kernel), &ptrs, out, None, &args).run(c)? },
             Some(sc) => unsafe {

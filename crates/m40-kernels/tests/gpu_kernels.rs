@@ -780,10 +780,6 @@ fn rope_kv_append_matches_cpu() {
                 ids.swap(i, rng.below(i + 1));
             }
             let table: Vec<i32> = ids[..pages].to_vec();
-            // Past the keys (a bucket's plan covers them): pages no pool has.
-            let bucket_start = start + 500;
-            let mut table_ext = table.clone();
-            table_ext.resize((bucket_start + n_tok).div_ceil(KV_PAGE), i32::MAX / 64);
             let q = rng.vec(n_tok * n_head * hd, -2.0, 2.0);
             let kx = rng.vec(n_tok * kv_dim, -2.0, 2.0);
             let vx = rng.vec(n_tok * kv_dim, -2.0, 2.0);
@@ -798,7 +794,7 @@ fn rope_kv_append_matches_cpu() {
             let kg = s.upload(&kx, "k").unwrap();
             let vg = s.upload(&vx, "v").unwrap();
             let pg = s.upload(&pos, "pos").unwrap();
-            let tg = s.upload(&table_ext, "table").unwrap();
+            let tg = s.upload(&table, "table").unwrap();
             let fg = s.upload(&rope.inv_freq, "inv_freq").unwrap();
             let mut kpool = s.alloc::<u16>(pool_pages * KV_PAGE * kv_dim, "kp").unwrap();
             let mut vpool = s.alloc::<u16>(pool_pages * KV_PAGE * kv_dim, "vp").unwrap();

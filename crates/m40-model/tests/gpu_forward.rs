@@ -346,34 +346,51 @@ fn persistent_decode_matches_kernel_by_kernel() {
             ..Default::default()
         };
         let (a, b) = (gpu_with(&model, opts(false)), gpu_with(&model, opts(true)));
-        let n_vocab = a.hparams().n_vocab;
-        for prompt in [40, 600] {
-            let toks = tokens(prompt, n_vocab, 5);
-            let (mut ca, mut cb) = (a.new_cache(700).unwrap(), b.new_cache(700).unwrap());
-            let mut la = a.forward(&mut ca, &toks, Logits::Last).unwrap();
-            b.forward(&mut cb, &toks, Logits::Last).unwrap();
-            let (mut worst, mut agree) = (0.0f64, 0);
-            for _ in 0..48 {
-                let t = argmax(&la);
-                la = a.forward(&mut ca, &[t], Logits::Last).unwrap();
-                let lb = b.forward(&mut cb, &[t], Logits::Last).unwrap();
-                let e = rel_err(&lb, &la);
-                worst = if e.is_nan() {
-                    f64::INFINITY
-                } else {
-                    worst.max(e)
-                };
-                agree += (argmax(&lb) == argmax(&la) || margin(&la) < 1e-3) as usize;
-            }
-            println!("{ty} prompt {prompt}: persistent vs per kernel, worst rel err {worst:.2e} over 48 steps, argmax agrees {agree}/48");
-            if worst > 1e-4 || agree != 48 {
-                failures.push(format!(
-                    "{ty} prompt {prompt}: rel err {worst:.2e}, argmax {agree}/48"
-                ));
-            }
-        }
+        let what = format!("{ty}: persistent vs per kernel");
+        failures.extend(decode_agreement(&a, &b, &[40, 600], 5, &what));
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Backends `a` (the reference) and `b` decode 48 greedy steps (`a`'s
+/// choices) after each of `prompts` (random tokens from `seed`): the worst
+/// relative error of `b`'s logits must stay within 1e-4 and the argmax
+/// agree wherever `a`'s top two are not nearly tied. Returns the failures.
+fn decode_agreement(
+    a: &GpuBackend,
+    b: &GpuBackend,
+    prompts: &[usize],
+    seed: u64,
+    what: &str,
+) -> Vec<String> {
+    let mut failures = Vec::new();
+    let n_vocab = a.hparams().n_vocab;
+    for &prompt in prompts {
+        let toks = tokens(prompt, n_vocab, seed);
+        let (mut ca, mut cb) = (a.new_cache(700).unwrap(), b.new_cache(700).unwrap());
+        let mut la = a.forward(&mut ca, &toks, Logits::Last).unwrap();
+        b.forward(&mut cb, &toks, Logits::Last).unwrap();
+        let (mut worst, mut agree) = (0.0f64, 0);
+        for _ in 0..48 {
+            let t = argmax(&la);
+            la = a.forward(&mut ca, &[t], Logits::Last).unwrap();
+            let lb = b.forward(&mut cb, &[t], Logits::Last).unwrap();
+            let e = rel_err(&lb, &la);
+            worst = if e.is_nan() {
+                f64::INFINITY
+            } else {
+                worst.max(e)
+            };
+            agree += (argmax(&lb) == argmax(&la) || margin(&la) < 1e-3) as usize;
+        }
+        println!("{what}, prompt {prompt}: worst rel err {worst:.2e} over 48 steps, argmax agrees {agree}/48");
+        if worst > 1e-4 || agree != 48 {
+            failures.push(format!(
+                "{what}, prompt {prompt}: rel err {worst:.2e}, argmax {agree}/48"
+            ));
+        }
+    }
+    failures
 }
 
 /// One-token steps' attention in the decode kernel (`attn_dec_f32_*`, the
@@ -398,32 +415,8 @@ fn decode_attention_kernel_matches_warp_kernel() {
             ..Default::default()
         };
         let (a, b) = (gpu_with(&model, opts(false)), gpu_with(&model, opts(true)));
-        let n_vocab = a.hparams().n_vocab;
-        for prompt in [40, 240, 600] {
-            let toks = tokens(prompt, n_vocab, 7);
-            let (mut ca, mut cb) = (a.new_cache(700).unwrap(), b.new_cache(700).unwrap());
-            let mut la = a.forward(&mut ca, &toks, Logits::Last).unwrap();
-            b.forward(&mut cb, &toks, Logits::Last).unwrap();
-            let (mut worst, mut agree) = (0.0f64, 0);
-            for _ in 0..48 {
-                let t = argmax(&la);
-                la = a.forward(&mut ca, &[t], Logits::Last).unwrap();
-                let lb = b.forward(&mut cb, &[t], Logits::Last).unwrap();
-                let e = rel_err(&lb, &la);
-                worst = if e.is_nan() {
-                    f64::INFINITY
-                } else {
-                    worst.max(e)
-                };
-                agree += (argmax(&lb) == argmax(&la) || margin(&la) < 1e-3) as usize;
-            }
-            println!("{ty} prompt {prompt}: decode vs warp attention kernel, worst rel err {worst:.2e} over 48 steps, argmax agrees {agree}/48");
-            if worst > 1e-4 || agree != 48 {
-                failures.push(format!(
-                    "{ty} prompt {prompt}: rel err {worst:.2e}, argmax {agree}/48"
-                ));
-            }
-        }
+        let what = format!("{ty}: decode vs warp attention kernel");
+        failures.extend(decode_agreement(&a, &b, &[40, 240, 600], 7, &what));
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
