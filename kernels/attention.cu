@@ -54,14 +54,14 @@ ATTN_TILE_KERNEL(4, 4)
 ATTN_TILE_KERNEL(8, 3)
 
 // attn_dec_f32_d<DPT>_g<G>: decode (one query token), head dimension 32
-// DPT, at most G query heads per KV head (attention.cuh). Grid (n_head_kv,
-// splits), 32 to 32 ATT_DEC_MAX_WARPS threads, dynamic shared memory
-// attn_dec_shared_bytes(hd, G); the parameters of attn_f32_r<R> (tpb, gw,
-// hparts unused).
+// DPT, G query heads a block (attention.cuh). Grid (n_head_kv, splits,
+// ceil(query heads per KV head / G)), 32 to 32 ATT_DEC_MAX_WARPS threads,
+// dynamic shared memory attn_dec_shared_bytes(hd, G); the parameters of
+// attn_f32_r<R> (tpb, gw, hparts unused).
 #define ATTN_DEC_KERNEL(DPT, G)                                                                                    \
     extern "C" __global__ void __launch_bounds__(32 * ATT_DEC_MAX_WARPS) attn_dec_f32_d##DPT##_g##G(ATTN_PARAMS) { \
         ATTN_ARGS;                                                                                                 \
-        attn_dec_block<DPT, G>(a, att_smem, blockIdx.x, blockIdx.y, gridDim.y);                                    \
+        attn_dec_block<DPT, G>(a, att_smem, blockIdx.x, blockIdx.y, gridDim.y, G * blockIdx.z);                    \
     }
 ATTN_DEC_KERNEL(2, 1)
 ATTN_DEC_KERNEL(2, 2)

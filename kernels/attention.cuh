@@ -454,10 +454,13 @@ __device__ __forceinline__ void attn_tile_block(const AttnArgs& a, float* smem, 
 
 // Decode attention (one query token) for head dimensions hd = 32 DPT (DPT
 // 2 or 4: hd 64 or 128) and up to G (1, 2, 4 or 8) query heads per KV head:
-// attn_dec_f32_d<DPT>_g<G>. Grid (n_head_kv, splits), blocks of 1 to
-// ATT_DEC_MAX_WARPS warps; block (g, z) takes KV head g's keys [z *
-// split_len, min((z + 1) * split_len, pos[0] + 1)) in passes of
-// ATT_DEC_KEYS (half a page), warp w the passes w, w + warps, ... A pass:
+// attn_dec_f32_d<DPT>_g<G>. Grid (n_head_kv, splits, head parts), blocks
+// of 1 to ATT_DEC_MAX_WARPS warps; block (g, z, p) takes query heads h0 =
+// p G .. min(h0 + G, group) - 1 of KV head g and its keys [z * split_len,
+// min((z + 1) * split_len, pos[0] + 1)) in passes of ATT_DEC_KEYS (half a
+// page), warp w the passes w, w + warps, ... (Several head parts, each
+// block reading the same K and V, where there are too few (KV head, split)
+// blocks to keep the GPU's latency hidden: short contexts.) A pass:
 // - lane l scores key l % 16 over half of the dimensions (l / 16) for every
 //   query head of the KV head: all of the pass's K (hd / 16 16-byte loads a
 //   lane) and V (16 keys x DPT dimensions a lane) are loaded first (plain
@@ -475,10 +478,11 @@ __device__ __forceinline__ void attn_tile_block(const AttnArgs& a, float* smem, 
 #define ATT_DEC_MAX_WARPS 8
 
 template <int DPT, int G>
-__device__ __forceinline__ void attn_dec_block(const AttnArgs& a, float* smem, int g, int z, int splits) {
+__device__ __forceinline__ void attn_dec_block(const AttnArgs& a, float* smem, int g, int z, int splits, int h0) {
     constexpr int HD = 32 * DPT, KC = HD / 16;  // 16-byte K loads a lane: half a row
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
     const int group = a.n_head / a.n_head_kv, kv_dim = a.n_head_kv * HD;
+    const int heads = min(group - h0, G);  // this block's: h0 .. h0 + heads - 1
     float* Qs = smem;                              // [G][HD], scaled by scale_log2
     float* Ps = Qs + G * HD;                       // [warps][16 keys][G]
     float* Ms = Ps + ATT_DEC_MAX_WARPS * ATT_DEC_KEYS * G;  // [warps][G] maxima, then sums
@@ -489,13 +493,13 @@ __device__ __forceinline__ void attn_dec_block(const AttnArgs& a, float* smem, i
     // before its stores: one round trip for up to 4 float4s a thread.
     {
         constexpr int QV = G * HD / 4;
-        const float4* q4 = (const float4*)(a.q + (long long)g * group * HD);
+        const float4* q4 = (const float4*)(a.q + ((long long)g * group + h0) * HD);
         for (int e0 = threadIdx.x; e0 < QV; e0 += 4 * blockDim.x) {
             float4 v[4];
 #pragma unroll
             for (int u = 0; u < 4; ++u) {
                 const int e = e0 + u * blockDim.x;
-                v[u] = e < QV && 4 * e / HD < group ? q4[e] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                v[u] = e < QV && 4 * e / HD < heads ? q4[e] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             }
 #pragma unroll
             for (int u = 0; u < 4; ++u) {
@@ -614,7 +618,6 @@ __device__ __forceinline__ void attn_dec_block(const AttnArgs& a, float* smem, i
         for (int d = 0; d < DPT; ++d) Os[(warp * G + h) * HD + DPT * lane + d] = acc[h][d];
     }
     __syncthreads();
-    const int heads = min(group, G);
     for (int e = threadIdx.x; e < heads * HD; e += blockDim.x) {
         const int h = e / HD, d = e % HD;
         float M = ATT_NEG_INF;
@@ -629,7 +632,7 @@ __device__ __forceinline__ void attn_dec_block(const AttnArgs& a, float* smem, i
                 L = fmaf(Ls[w * G + h], wt, L);
             }
         }
-        const long long row = g * group + h;
+        const long long row = g * group + h0 + h;
         if (splits == 1) {
             a.out[row * HD + d] = L > 0.0f ? o / L : 0.0f;
         } else {

@@ -238,6 +238,11 @@ pub struct AttnPlan {
     /// `tpb`, `gw` and `hparts` are the warp kernel's, for a decode
     /// program's record.
     pub dec_warps: usize,
+    /// The decode kernel's query heads a block (its `G`: 1, 2, 4 or 8): all
+    /// of the KV head's (the next power of two) or, where the keys are not
+    /// split, fewer, in blocks of their own (more blocks at once for a
+    /// latency-bound short context).
+    pub dec_heads: usize,
 }
 
 impl AttnPlan {
@@ -279,13 +284,14 @@ impl AttnPlan {
                 splits: 1,
                 tile: true,
                 dec_warps: 0,
+                dec_heads: 0,
             };
         }
-        let (splits, dec_warps) = match attn_dec_group(s).filter(|_| decode_kernel) {
+        let (splits, dec_warps, dec_heads) = match attn_dec_group(s).filter(|_| decode_kernel) {
             // Decode: no split while the block's warps take every key in
             // ATT_DEC_MAX_PASSES passes; else splits toward
             // ATT_DEC_BLOCKS_PER_SM blocks an SM, a pass per warp at least.
-            Some(_) => {
+            Some(g) => {
                 let passes = keys.div_ceil(ATT_DEC_KEYS);
                 let warps = passes.min(ATT_DEC_MAX_WARPS);
                 let splits = match passes <= ATT_DEC_MAX_WARPS * ATT_DEC_MAX_PASSES {
@@ -294,9 +300,13 @@ impl AttnPlan {
                         .div_ceil(s.n_head_kv)
                         .min(passes / ATT_DEC_MAX_WARPS),
                 };
-                (splits, warps)
+                let heads = match splits {
+                    1 => ATT_DEC_SHORT_HEADS.min(g),
+                    _ => g,
+                };
+                (splits, warps, heads)
             }
-            None => (want.min(pages), 0),
+            None => (want.min(pages), 0, 0),
         };
         let split_len = pages.div_ceil(splits.clamp(1, ATT_MAX_SPLITS)) * KV_PAGE;
         AttnPlan {
@@ -307,6 +317,7 @@ impl AttnPlan {
             splits: keys.div_ceil(split_len),
             tile: false,
             dec_warps,
+            dec_heads,
         }
     }
 
@@ -329,6 +340,10 @@ const ATT_DEC_KEYS: usize = 16;
 const ATT_DEC_MAX_WARPS: usize = 8;
 const ATT_DEC_MAX_PASSES: usize = 2;
 const ATT_DEC_BLOCKS_PER_SM: usize = 2;
+/// The decode kernel's query heads a block where the keys are not split:
+/// one (8B Q4_0 tg128 on an H100: 8 blocks of 4 heads 465.7 / 464.4 t/s,
+/// 16 of 2 474.3, 32 of 1 477.0 / 474.6; BENCHMARKS.md).
+const ATT_DEC_SHORT_HEADS: usize = 1;
 
 /// The query heads per KV head (`G`) of the decode kernel for `s`: one
 /// query token, head dimension 64 or 128, at most 8 query heads per KV
@@ -342,9 +357,13 @@ fn attn_dec_group(s: &AttnShape) -> Option<usize> {
     }
 }
 
-/// The decode kernel for `s` and its `G` ([`attn_dec_group`]).
-fn attn_dec_kernel(s: &AttnShape) -> Option<(&'static str, usize)> {
-    let g = attn_dec_group(s)?;
+/// The decode kernel for `s` with `g` query heads a block (at most
+/// [`attn_dec_group`]'s, a power of two).
+fn attn_dec_kernel(s: &AttnShape, g: usize) -> Option<&'static str> {
+    let max = attn_dec_group(s)?;
+    if !g.is_power_of_two() || g > max {
+        return None;
+    }
     let name = match (s.head_dim, g) {
         (64, 1) => "attn_dec_f32_d2_g1",
         (64, 2) => "attn_dec_f32_d2_g2",
@@ -355,7 +374,7 @@ fn attn_dec_kernel(s: &AttnShape) -> Option<(&'static str, usize)> {
         (_, 4) => "attn_dec_f32_d4_g4",
         _ => "attn_dec_f32_d4_g8",
     };
-    Some((name, g))
+    Some(name)
 }
 
 /// Bytes of dynamic shared memory of `attn_dec_f32_*` for head dimension
@@ -814,7 +833,8 @@ impl Kernels {
                 cfg(grid, threads, smem as u32),
             ),
             warps => {
-                let (name, g) = attn_dec_kernel(s)
+                let g = plan.dec_heads;
+                let name = attn_dec_kernel(s, g)
                     .filter(|_| warps <= ATT_DEC_MAX_WARPS)
                     .ok_or_else(|| {
                         shape(K, format!("plan {plan:?}: no decode kernel for {s:?}"))
@@ -822,7 +842,8 @@ impl Kernels {
                 if !q.is_aligned(16) {
                     return Err(shape(K, "q must start at a multiple of 16 bytes".into()));
                 }
-                let grid = (s.n_head_kv as u32, grid.2, 1);
+                let parts = (s.n_head / s.n_head_kv).div_ceil(g);
+                let grid = (s.n_head_kv as u32, grid.2, parts as u32);
                 (
                     self.kernel("attention", name)?,
                     cfg(grid, 32 * warps as u32, attn_dec_shared_bytes(hd, g) as u32),
@@ -831,7 +852,8 @@ impl Kernels {
         };
         // SAFETY: attn_f32_r<R> (see push_attn for its parameters) with R =
         // ceil(hd / 32), or attn_dec_f32_d<hd / 32>_g<G> (G >= the query
-        // heads per KV head, one query token; grid (n_head_kv, splits)):
+        // heads per KV head in its head parts, one query token; grid
+        // (n_head_kv, splits, ceil(heads per KV head / G))):
         // reads pos[0] (at most s.start, the caller's promise), q and table
         // within the lengths checked above and pool rows of the pages the
         // table names (below the pool's page count, kept so by the caller);
@@ -1033,6 +1055,8 @@ mod tests {
         };
         let p = AttnPlan::new(&s, 132);
         assert_eq!((p.splits, p.split_len, p.dec_warps), (32, 4 * KV_PAGE, 8));
+        // Split keys: a block takes all 4 query heads of its KV head.
+        assert_eq!(p.dec_heads, 4);
         // Without the decode kernel: the warp kernel's 128 splits of a page.
         let w = AttnPlan::choose(&s, 132, false);
         assert_eq!((w.splits, w.split_len, w.dec_warps), (128, KV_PAGE, 0));
@@ -1045,6 +1069,8 @@ mod tests {
         let at = |start| AttnPlan::new(&AttnShape { start, ..s }, 132);
         assert_eq!((at(255).splits, at(255).dec_warps), (1, 8));
         assert_eq!((at(39).splits, at(39).dec_warps), (1, 3));
+        // Not split: a block a query head (32 blocks, not 8).
+        assert_eq!((at(255).dec_heads, at(39).dec_heads), (1, 1));
         assert_eq!(at(256).splits, 2);
         // Head dimension 96, or 16 query heads a KV head: the warp kernel.
         let warp = |n_head, head_dim| {

@@ -1748,6 +1748,18 @@ fn paged_attention_matches_cpu() {
             };
             plans.push((shape, Some(forced)));
             if auto.dec_warps > 0 {
+                // The decode kernel with every query head of a KV head in
+                // one block, and with one head a block (head parts).
+                let g = (n_head / n_kv).next_power_of_two();
+                for dec_heads in [1, g] {
+                    plans.push((
+                        shape,
+                        Some(AttnPlan {
+                            dec_heads,
+                            ..forced
+                        }),
+                    ));
+                }
                 // The warp kernel on the same splits; the decode kernel
                 // with one warp a block.
                 plans.push((
@@ -1769,12 +1781,16 @@ fn paged_attention_matches_cpu() {
         if auto.dec_warps > 0 {
             // Three warps taking every key in turn, and plans for a later
             // position: the device's, and an M40's 24 SMs.
+            // (with 2 heads a block where a KV head has more).
             plans.push((
                 shape,
                 Some(AttnPlan {
                     dec_warps: 3,
                     split_len: pages * KV_PAGE,
                     splits: 1,
+                    dec_heads: auto
+                        .dec_heads
+                        .max((n_head / n_kv).next_power_of_two().min(2)),
                     ..auto
                 }),
             ));
