@@ -462,7 +462,7 @@ __device__ __forceinline__ void attn_tile_block(const AttnArgs& a, float* smem, 
 // block reading the same K and V, where there are too few (KV head, split)
 // blocks to keep the GPU's latency hidden: short contexts.) A pass:
 // - lane l scores key l % 16 over half of the dimensions (l / 16) for every
-//   query head of the KV head: all of the pass's K (hd / 16 16-byte loads a
+//   query head of the block: all of the pass's K (hd / 16 16-byte loads a
 //   lane) and V (16 keys x DPT dimensions a lane) are loaded first (plain
 //   loads, a __syncwarp after them so ptxas keeps them together), so a
 //   pass is one memory round trip; each FP16 value is converted once and

@@ -234,7 +234,8 @@ pub struct AttnPlan {
     pub tile: bool,
     /// Decode (one query token) in `attn_dec_f32_*`: warps a block (1 to
     /// 8; 0: not that kernel), each taking 16 keys a pass for every query
-    /// head of its KV head; a block per (KV head, split). As with `tile`,
+    /// head of its block; a block per (KV head, split, head part: see
+    /// `dec_heads`). As with `tile`,
     /// `tpb`, `gw` and `hparts` are the warp kernel's, for a decode
     /// program's record.
     pub dec_warps: usize,

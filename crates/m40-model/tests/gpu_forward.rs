@@ -339,30 +339,35 @@ fn persistent_decode_matches_kernel_by_kernel() {
         GgmlType::Q4_K,
     ] {
         let model = synth(dir.path(), "smollm2-135m", ty);
-        let opts = |persistent| GpuOptions {
-            kv_tokens: 1024,
-            max_batch: 512,
-            persistent,
-            ..Default::default()
-        };
-        let (a, b) = (gpu_with(&model, opts(false)), gpu_with(&model, opts(true)));
         let what = format!("{ty}: persistent vs per kernel");
-        failures.extend(decode_agreement(&a, &b, &[40, 600], 5, &what));
+        let set = |o: &mut GpuOptions, on| o.persistent = on;
+        failures.extend(decode_agreement(&model, set, &[40, 600], 5, &what));
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// Backends `a` (the reference) and `b` decode 48 greedy steps (`a`'s
-/// choices) after each of `prompts` (random tokens from `seed`): the worst
-/// relative error of `b`'s logits must stay within 1e-4 and the argmax
-/// agree wherever `a`'s top two are not nearly tied. Returns the failures.
+/// Two backends over `model`, `set` switching an option off in `a` (the
+/// reference) and on in `b`, decode 48 greedy steps (`a`'s choices) after
+/// each of `prompts` (random tokens from `seed`): the worst relative error
+/// of `b`'s logits must stay within 1e-4 and the argmax agree wherever
+/// `a`'s top two are not nearly tied. Returns the failures.
 fn decode_agreement(
-    a: &GpuBackend,
-    b: &GpuBackend,
+    model: &Arc<Model>,
+    set: impl Fn(&mut GpuOptions, bool),
     prompts: &[usize],
     seed: u64,
     what: &str,
 ) -> Vec<String> {
+    let opts = |on| {
+        let mut o = GpuOptions {
+            kv_tokens: 1024,
+            max_batch: 512,
+            ..Default::default()
+        };
+        set(&mut o, on);
+        o
+    };
+    let (a, b) = (gpu_with(model, opts(false)), gpu_with(model, opts(true)));
     let mut failures = Vec::new();
     let n_vocab = a.hparams().n_vocab;
     for &prompt in prompts {
@@ -396,7 +401,7 @@ fn decode_agreement(
 /// One-token steps' attention in the decode kernel (`attn_dec_f32_*`, the
 /// default) gives the warp kernel's logits (`decode_attention: false`):
 /// SmolLM2's shape (3 query heads a KV head, head dimension 64), 48 decode
-/// steps after prompts of 40 tokens (one block a KV head, no split), 240
+/// steps after prompts of 40 tokens (no split: a block a query head), 240
 /// (crossing 256 keys, where the decode kernel starts to split) and 600
 /// (split, with the combine).
 #[test]
@@ -408,15 +413,9 @@ fn decode_attention_kernel_matches_warp_kernel() {
     let mut failures = Vec::new();
     for ty in [GgmlType::Q8_0, GgmlType::F16] {
         let model = synth(dir.path(), "smollm2-135m", ty);
-        let opts = |decode_attention| GpuOptions {
-            kv_tokens: 1024,
-            max_batch: 512,
-            decode_attention,
-            ..Default::default()
-        };
-        let (a, b) = (gpu_with(&model, opts(false)), gpu_with(&model, opts(true)));
         let what = format!("{ty}: decode vs warp attention kernel");
-        failures.extend(decode_agreement(&a, &b, &[40, 240, 600], 7, &what));
+        let set = |o: &mut GpuOptions, on| o.decode_attention = on;
+        failures.extend(decode_agreement(&model, set, &[40, 240, 600], 7, &what));
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
