@@ -69,12 +69,12 @@ struct DecCombine {
 template <int FOLD>
 __device__ __forceinline__ void dec_gemv(const GemvArgs& a, int fmt, int vb) {
     switch (fmt) {
-        case DEC_FMT_F16: gemv_packed<PackF16, 1, FOLD>(a, vb); break;
-        case DEC_FMT_Q8_0: gemv_packed<PackQ8_0, 1, FOLD>(a, vb); break;
-        case DEC_FMT_Q4_0: gemv_packed<PackQ4_0, 1, FOLD>(a, vb); break;
-        case DEC_FMT_Q4_1: gemv_packed<PackQ4_1, 1, FOLD>(a, vb); break;
-        case DEC_FMT_Q4_K: gemv_packed<PackQ4_K, 1, FOLD>(a, vb); break;
-        case DEC_FMT_Q6_K: gemv_packed<PackQ6_K, 1, FOLD>(a, vb); break;
+        case DEC_FMT_F16: gemv_packed<PackF16, 1, FOLD, false>(a, vb); break;
+        case DEC_FMT_Q8_0: gemv_packed<PackQ8_0, 1, FOLD, false>(a, vb); break;
+        case DEC_FMT_Q4_0: gemv_packed<PackQ4_0, 1, FOLD, false>(a, vb); break;
+        case DEC_FMT_Q4_1: gemv_packed<PackQ4_1, 1, FOLD, false>(a, vb); break;
+        case DEC_FMT_Q4_K: gemv_packed<PackQ4_K, 1, FOLD, false>(a, vb); break;
+        case DEC_FMT_Q6_K: gemv_packed<PackQ6_K, 1, FOLD, false>(a, vb); break;
     }
 }
 

@@ -2,8 +2,17 @@
 // and the device code are described there).
 #include "gemv_packed.cuh"
 
-// Blocks per SM the register cap must allow, by tokens per launch.
-template <int B> struct PgemvOccupancy { static constexpr int value = B == 1 ? 7 : B <= 4 ? 5 : 4; };
+// The launch bounds by format and tokens per launch: threads per block at
+// most, and blocks per SM the register cap must allow. One token of a
+// SPLIT3 format: blocks of up to 6 warps (a 3-way split) at the register
+// cap of 7 blocks of 4 warps (28 warps an SM: 72 registers).
+template <class P, int B> struct PgemvBounds {
+    static constexpr bool s3 = B == 1 && P::SPLIT3;
+    static constexpr int threads = s3 ? 224 : 32 * PGEMV_WARPS;
+    static constexpr int blocks = s3 ? 4 : B == 1 ? 7 : B <= 4 ? 5 : 4;
+    static_assert(!s3 || threads >= 32 * PGEMV_MAX_WARPS, "a 3-way split's block fits");
+    static_assert(threads * blocks == 32 * PGEMV_WARPS * (B == 1 ? 7 : blocks), "the same register cap");
+};
 
 // W: the packed layout above (nb: blocks of 32 weights per row; a multiple
 // of 8 for Q4_K and Q6_K); x (m, nb * 32) FP32, 16-byte aligned; y (m,
@@ -20,7 +29,7 @@ template <int B> struct PgemvOccupancy { static constexpr int value = B == 1 ? 7
 // Q/K/V stack, mode PGEMV_STORE), RoPE and the KV append ride along
 // (`RopeKvFold`): q gets the rotated queries, y1 and y2 are not written.
 #define PGEMV_KERNEL_B(name, P, B, FOLD, suffix)                                                          \
-    extern "C" __global__ void __launch_bounds__(32 * PGEMV_WARPS, PgemvOccupancy<B>::value)               \
+    extern "C" __global__ void __launch_bounds__(PgemvBounds<P, B>::threads, PgemvBounds<P, B>::blocks)     \
         gemv_packed_##name##_f32##suffix(const u8* W, const float* x, float* y, float* y1, float* y2,      \
                                          int r1, int r2, int nrows, int nb, int ksplit, int t0, int m,     \
                                          int mode, const float* nw, float* h, float* part, int n_part,     \

@@ -23,16 +23,20 @@
 // byte is loaded once into the register that decodes it, x is loaded once
 // per 4 rows, and a warp keeps U items of loads in flight.
 //
-// Launch: block 32 * PGEMV_WARPS; grid ceil(groups / (PGEMV_WARPS / ksplit)).
-// Warp w of (virtual) block vb takes group vb * (PGEMV_WARPS / ksplit) +
-// w / ksplit and every ksplit-th run of 8 blocks of it (lane: eighth lane & 3
-// of block lane >> 2 of the run); the ksplit partial sums of a group meet in
-// shared memory, added in a fixed order.
+// Launch: blocks of w warps (w = PGEMV_WARPS, ksplit 1, 2 or 4; one token
+// of a SPLIT3 format with a 3-way split: PGEMV_MAX_WARPS); grid
+// ceil(groups / (w / ksplit)).
+// Warp i of (virtual) block vb takes group vb * (w / ksplit) + i / ksplit
+// and every ksplit-th run of 8 blocks of it (lane: eighth lane & 3 of block
+// lane >> 2 of the run); the ksplit partial sums of a group meet in shared
+// memory, added in a fixed order.
 #pragma once
 #include "common.cuh"
 #include "quant.cuh"
 
 #define PGEMV_WARPS 4
+// One token only: a 3-way split runs in blocks of 2 groups (6 warps).
+#define PGEMV_MAX_WARPS 6
 
 // A block's scales for the 4 rows of a group: SB bytes per row (0: none).
 template <int SB> struct Scales;
@@ -77,14 +81,16 @@ __device__ __forceinline__ float lo_half(u32 w) { return h2f((u16)w); }
 __device__ __forceinline__ float hi_half(u32 w) { return h2f((u16)(w >> 16)); }
 
 // Each format: Planes (its lane's loads of one block: an Item), U blocks of
-// loads in flight per lane, x8 (quant.cuh), and dot(), which adds the 4
-// rows' sums over eighth q of the item's block to acc.
+// loads in flight per lane, SPLIT3 (see gemv_packed below), x8 (quant.cuh),
+// and dot(), which adds the 4 rows' sums over eighth q of the item's block
+// to acc.
 
 // Q4_0: eighth q is the low and high nibbles of qs[4q .. 4q+3] (weights
 // 4q .. 4q+3 and 16+4q .. 16+4q+3), one 32-bit word per row.
 struct PackQ4_0 {
     typedef QuantScalePlanes<1, 2> Planes;
     static constexpr int U = 4;
+    static constexpr bool SPLIT3 = false;
     X8_NIBBLE_SPLIT
     __device__ static void dot(const Planes::Item& it, int, float4 x, float4 y, float* acc) {
         const uint4 qv = it.q[0];
@@ -104,6 +110,7 @@ struct PackQ4_0 {
 struct PackQ4_1 {
     typedef QuantScalePlanes<1, 4> Planes;
     static constexpr int U = 4;
+    static constexpr bool SPLIT3 = false;
     X8_NIBBLE_SPLIT
     __device__ static void dot(const Planes::Item& it, int, float4 x, float4 y, float* acc) {
         const uint4 qv = it.q[0], sv = it.s;
@@ -124,6 +131,7 @@ struct PackQ4_1 {
 struct PackQ8_0 {
     typedef QuantScalePlanes<2, 2> Planes;
     static constexpr int U = 2;
+    static constexpr bool SPLIT3 = true;
     X8_CONSECUTIVE
     __device__ static void dot(const Planes::Item& it, int, float4 x, float4 y, float* acc) {
         const uint4* qv = it.q;
@@ -141,6 +149,7 @@ struct PackQ8_0 {
 struct PackF16 {
     typedef QuantScalePlanes<4, 0> Planes;
     static constexpr int U = 1;
+    static constexpr bool SPLIT3 = true;
     X8_CONSECUTIVE
     __device__ static void dot(const Planes::Item& it, int, float4 x, float4 y, float* acc) {
         const uint4* qv = it.q;
@@ -192,6 +201,7 @@ struct Q6KPlanes {
 struct PackQ6_K {
     typedef Q6KPlanes Planes;
     static constexpr int U = 2;
+    static constexpr bool SPLIT3 = true;
     X8_CONSECUTIVE
     __device__ static void dot(const Planes::Item& it, int q, float4 x, float4 y, float* acc) {
         const float X96 = -96.0f * hsum8(x, y);
@@ -243,6 +253,7 @@ struct Q4KPlanes {
 struct PackQ4_K {
     typedef Q4KPlanes Planes;
     static constexpr int U = 2;
+    static constexpr bool SPLIT3 = true;
     X8_NIBBLE_SPLIT
     __device__ static void dot(const Planes::Item& it, int, float4 x, float4 y, float* acc) {
         const float X = hsum8(x, y);
@@ -328,7 +339,14 @@ struct GemvArgs {
 // vb: the block's index in the launch's grid (the persistent decode kernel,
 // decode.cu, runs several per block; its x is written by the same kernel's
 // earlier phases, so x is not __restrict__: no non-coherent loads).
-template <class P, int B, int FOLD>
+//
+// S3 (one token, the formats with P::SPLIT3; decode.cu passes false): the
+// launcher may split a group over 3 warps in blocks of PGEMV_MAX_WARPS, and
+// a lane's last blocks (fewer than U) are loaded together, not one round
+// trip each. Measured per format on an H100 (BENCHMARKS.md): faster for
+// Q4_K, Q6_K and Q8_0 (U = 2), slower for Q4_0 (the same code compiles to
+// a slower main loop there), so Q4_0 and Q4_1 keep the plain code.
+template <class P, int B, int FOLD, bool S3 = B == 1 && P::SPLIT3>
 __device__ __forceinline__ void gemv_packed(const GemvArgs& a, int vb) {
     const u8* __restrict__ W = a.W;
     const float* x = a.x;
@@ -337,10 +355,11 @@ __device__ __forceinline__ void gemv_packed(const GemvArgs& a, int vb) {
     static_assert(FOLD == FOLD_NONE || B == 1, "the folded norm takes one token");
     constexpr int U = InFlight<P, B>::value;
     constexpr int OUT = 4 * B;  // sums per group: 4 rows x B tokens
-    __shared__ float red[PGEMV_WARPS][OUT];
+    static_assert(!S3 || B == 1, "a 3-way split takes one token");
+    __shared__ float red[S3 ? PGEMV_MAX_WARPS : PGEMV_WARPS][OUT];
     const int lane = threadIdx.x & 31, q = lane & 3, warp = threadIdx.x >> 5;
-    const int sub = warp % ksplit, per_block = PGEMV_WARPS / ksplit;
-    const int g = vb * per_block + warp / ksplit;
+    const int sub = warp % ksplit, per_block = (S3 ? (int)(blockDim.x >> 5) : PGEMV_WARPS) / ksplit;
+    const int g = vb * per_block + warp / ksplit;  // the block's warps: a multiple of ksplit
     const int n_groups = (nrows + 3) >> 2;
     const long long ld = (long long)nb * 32;
     if (B == 1) t0 = 0;  // one token: the launcher passes 0 (a register saved)
@@ -386,14 +405,33 @@ __device__ __forceinline__ void gemv_packed(const GemvArgs& a, int vb) {
                     P::dot(it[u], q, xa, xb, acc[t]);
                 }
         }
-        for (; b < nb; b += step) {
-            const Item it = planes.load(b);
+        if (S3) {
+            // The rest (at most U blocks a lane, fewer for the lanes of
+            // later runs) in flight together: one round trip.
+            if (b - run < nb) {
+                Item it[U];
 #pragma unroll
-            for (int t = 0; t < B; ++t) {
-                if (B > 1 && t >= m) break;
-                float4 xa, xb;
-                P::x8(x + t * ld + b * 32, q, xa, xb);
-                P::dot(it, q, xa, xb, acc[t]);
+                for (int u = 0; u < U; ++u)
+                    if (b + u * step < nb) it[u] = planes.load(b + u * step);
+                __syncwarp();
+#pragma unroll
+                for (int u = 0; u < U; ++u)
+                    if (b + u * step < nb) {
+                        float4 xa, xb;
+                        P::x8(x + (b + u * step) * 32, q, xa, xb);
+                        P::dot(it[u], q, xa, xb, acc[0]);
+                    }
+            }
+        } else {
+            for (; b < nb; b += step) {
+                const Item it = planes.load(b);
+#pragma unroll
+                for (int t = 0; t < B; ++t) {
+                    if (B > 1 && t >= m) break;
+                    float4 xa, xb;
+                    P::x8(x + t * ld + b * 32, q, xa, xb);
+                    P::dot(it, q, xa, xb, acc[t]);
+                }
             }
         }
     }

@@ -11,7 +11,8 @@
 //! launches queued on the stream one by one, median over 30 batches (what a
 //! caller that launches kernels one at a time sees). Bytes counted: weights,
 //! x and y. `split`: warps per row group the launcher chose; `us k=N`: the
-//! graph time with N forced. A second table times the packed layout
+//! graph time with N forced (3: the formats with a 3-way split, in blocks of
+//! 6 warps; "-" where the launcher lowered it). A second table times the packed layout
 //! (`Kernels::gemv_packed`) on the same shapes plus 4x4096 (a launch's fixed
 //! cost) and 57344x4096 (closer to the streaming rate);
 //! `M40_BENCH_PACKED_ONLY=1` runs only that one. A third table times
@@ -219,8 +220,8 @@ fn main() {
     // as packed groups (every shape's rows are a multiple of 4, so the byte
     // count is the GGUF one).
     println!("\npacked layout (weights repacked at upload):\n");
-    println!("| format | rows x cols | us | GB/s | % of read | split | us k=1 | us k=2 | us k=4 | regs sm_52 | regs here |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("| format | rows x cols | us | GB/s | % of read | split | us k=1 | us k=2 | us k=3 | us k=4 | regs sm_52 | regs here |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     let report = include_str!("../../../kernels/ptx/gemv_packed.sm_52.txt");
     // Two more shapes show what the launch costs: 4 rows (about the fixed
     // cost of a launch: start, first loads' latency, drain) and 57344x4096
@@ -260,7 +261,7 @@ fn main() {
                 (ms, split)
             };
             let (ms, split) = graph_ms(None);
-            let splits = [1, 2, 4].map(|ks| {
+            let splits = [1, 2, 3, 4].map(|ks| {
                 let (t, got) = graph_ms(Some(ks));
                 if got == ks {
                     format!("{:.1}", t * 1e3)
@@ -271,13 +272,14 @@ fn main() {
             let bytes = (wbytes + cols * 4 + rows * 4) as f64;
             let gbs = bytes / (ms * 1e-3) / 1e9;
             println!(
-                "| {} | {rows}x{cols} | {:.1} | {gbs:.0} | {:.1}% | {split} | {} | {} | {} | {regs} | {regs_here} |",
+                "| {} | {rows}x{cols} | {:.1} | {gbs:.0} | {:.1}% | {split} | {} | {} | {} | {} | {regs} | {regs_here} |",
                 f.ty,
                 ms * 1e3,
                 100.0 * gbs / ceiling,
                 splits[0],
                 splits[1],
                 splits[2],
+                splits[3],
             );
             json.push(format!(
                 "{{\"format\":\"{} packed\",\"rows\":{rows},\"cols\":{cols},\"us\":{:.2},\"gbs\":{gbs:.1},\"share\":{:.4}}}",

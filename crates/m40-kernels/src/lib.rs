@@ -69,8 +69,9 @@ pub struct Kernels {
     device: Arc<Device>,
     modules: [OnceLock<Module>; MODULES.len()],
     handles: Mutex<HashMap<&'static str, Kernel>>,
-    /// Blocks of a kernel the whole GPU holds at once, by kernel name.
-    resident: Mutex<HashMap<&'static str, usize>>,
+    /// Blocks of a kernel the whole GPU holds at once, by kernel name,
+    /// threads per block and dynamic shared memory.
+    resident: Mutex<HashMap<(&'static str, u32, u32), usize>>,
     /// The decode program being recorded, if any (decode.rs).
     recorder: Mutex<Option<decode::Recorder>>,
 }
@@ -119,14 +120,15 @@ impl Kernels {
         shared_bytes: u32,
     ) -> Result<usize> {
         let mut resident = self.resident.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(&n) = resident.get(kernel.name()) {
+        let key = (kernel.name(), threads, shared_bytes);
+        if let Some(&n) = resident.get(&key) {
             return Ok(n);
         }
         let per_sm = kernel
             .max_active_blocks_per_sm_with(threads, shared_bytes)?
             .max(1) as usize;
         let n = per_sm * self.device.info().sm_count.max(1) as usize;
-        resident.insert(kernel.name(), n);
+        resident.insert(key, n);
         Ok(n)
     }
 

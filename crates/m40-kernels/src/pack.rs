@@ -48,10 +48,17 @@ pub struct PackFormat {
     eighth_bytes: usize,
     /// XORed into every quant byte (Q8_0: signed to biased unsigned).
     bias: u8,
+    /// Blocks of loads a lane of the one-token GEMV keeps in flight
+    /// (kernels/gemv_packed.cuh `Pack*::U`).
+    pub(crate) in_flight: usize,
+    /// Whether its one-token GEMV can split a row group over 3 warps
+    /// (`Pack*::SPLIT3`: blocks of 6 warps, the last blocks of a lane in
+    /// flight together).
+    pub(crate) split3: bool,
 }
 
 macro_rules! pformat {
-    ($ty:ident, $sym:literal, $qk:expr, $bytes:expr, $packed:expr, $sb:expr, $eb:expr, $bias:expr) => {
+    ($ty:ident, $sym:literal, $qk:expr, $bytes:expr, $packed:expr, $sb:expr, $eb:expr, $bias:expr, $u:expr, $s3:expr) => {
         PackFormat {
             ty: GgmlType::$ty,
             gemv: concat!("gemv_packed_", $sym, "_f32"),
@@ -71,18 +78,20 @@ macro_rules! pformat {
             scale_bytes: $sb,
             eighth_bytes: $eb,
             bias: $bias,
+            in_flight: $u,
+            split3: $s3,
         }
     };
 }
 
 impl PackFormat {
     pub const ALL: [PackFormat; 6] = [
-        pformat!(F16, "f16", 32, 64, 64, 0, 16, 0),
-        pformat!(Q8_0, "q8_0", 32, 34, 34, 2, 8, 0x80),
-        pformat!(Q4_0, "q4_0", 32, 18, 18, 2, 4, 0),
-        pformat!(Q4_1, "q4_1", 32, 20, 20, 4, 4, 0),
-        pformat!(Q4_K, "q4_k", 256, 144, 148, 0, 0, 0),
-        pformat!(Q6_K, "q6_k", 256, 210, 210, 0, 0, 0),
+        pformat!(F16, "f16", 32, 64, 64, 0, 16, 0, 1, true),
+        pformat!(Q8_0, "q8_0", 32, 34, 34, 2, 8, 0x80, 2, true),
+        pformat!(Q4_0, "q4_0", 32, 18, 18, 2, 4, 0, 4, false),
+        pformat!(Q4_1, "q4_1", 32, 20, 20, 4, 4, 0, 4, false),
+        pformat!(Q4_K, "q4_k", 256, 144, 148, 0, 0, 0, 2, true),
+        pformat!(Q6_K, "q6_k", 256, 210, 210, 0, 0, 0, 2, true),
     ];
 
     /// The packed format of `ty` for rows of `cols` weights, or the error
@@ -341,6 +350,33 @@ fn pack_q4_k<'a>(p: &mut [&mut [u8]], rows: impl Iterator<Item = &'a [u8]>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn in_flight_and_split3_match_the_kernels() {
+        // Each format's `static constexpr int U = n;` and `bool SPLIT3 = b;`
+        // in its Pack struct.
+        let src = include_str!("../../../kernels/gemv_packed.cuh");
+        for (f, name) in PackFormat::ALL.iter().zip([
+            "PackF16", "PackQ8_0", "PackQ4_0", "PackQ4_1", "PackQ4_K", "PackQ6_K",
+        ]) {
+            let at = src
+                .find(&format!("struct {name} {{"))
+                .unwrap_or_else(|| panic!("{name} in gemv_packed.cuh"));
+            let body = &src[at..];
+            let u = body[body.find("int U = ").expect("U") + 8..]
+                .split(';')
+                .next()
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .expect("U's value");
+            assert_eq!(f.in_flight, u, "{name}");
+            let s3 = body[body.find("bool SPLIT3 = ").expect("SPLIT3") + 14..]
+                .split(';')
+                .next()
+                .map(str::trim)
+                .expect("SPLIT3's value");
+            assert_eq!(f.split3.to_string(), s3, "{name}");
+        }
+    }
 
     /// Byte offset of plane `i` (of sizes `per_block[..]` bytes per group and
     /// 32-weight block) in a packed matrix of `groups * nb` group-blocks.

@@ -105,7 +105,7 @@ fn check_every_split(
     let wg = s.upload(upload, "weights").unwrap();
     let xg = s.upload(x, "x").unwrap();
     let mut y = s.alloc::<f32>(rows, "y").unwrap();
-    for ksplit in [None, Some(1), Some(2), Some(4)] {
+    for ksplit in [None, Some(1), Some(2), Some(3), Some(4)] {
         s.fill_bytes(&mut y, 0xFF).unwrap();
         let what = launch(&wg.view(), &xg.view(), &mut y, ksplit);
         let got = s.download(&y).unwrap();
@@ -123,7 +123,8 @@ fn gemv_every_format_matches_cpu() {
             let w = random_weights(&mut rng, f.ty, rows, cols);
             let x = rng.vec(cols, -1.0, 1.0);
             // The launcher's own plan, then each split of a row's chunks over
-            // 1, 2 and 4 warps (lowered where a row has fewer chunks).
+            // 1, 2, 3 and 4 warps (lowered where a row has fewer chunks, and
+            // 3 to 2 where the kernel has no 3-way split).
             check_every_split(&s, f.ty, &w, &w, &x, rows, |wv, xv, y, ksplit| {
                 let m = QMatrix {
                     ty: f.ty,
@@ -268,7 +269,7 @@ fn packed_gemv_folded_norm_matches_cpu() {
             let n_groups = d.div_ceil(4);
             let mut part = s.alloc::<f32>(n_groups + TAIL, "part").unwrap();
             let mut y = s.alloc::<f32>(r + TAIL, "y").unwrap();
-            for ks in [None, Some(1), Some(2), Some(4)] {
+            for ks in [None, Some(1), Some(2), Some(3), Some(4)] {
                 s.copy_device(&xg.view(), &mut x).unwrap();
                 s.fill_bytes(&mut h, 0xFF).unwrap();
                 s.fill_bytes(&mut part, 0xFF).unwrap();
@@ -324,7 +325,7 @@ fn packed_gemv_folded_norm_matches_cpu() {
                     rows: r,
                     cols: d,
                 };
-                for kc in [None, Some(1), Some(2), Some(4)] {
+                for kc in [None, Some(1), Some(2), Some(3), Some(4)] {
                     s.fill_bytes(&mut y, 0xFF).unwrap();
                     let out = GemvOut::Parts(RowSplit {
                         bufs: &mut [&mut y],
@@ -486,7 +487,7 @@ fn qkv_gemv_with_rope_kv_matches_the_unfolded_path() {
             };
             let pool = pool_pages * KV_PAGE * kv_dim;
             let row = ids[start / KV_PAGE] as usize * KV_PAGE + start % KV_PAGE;
-            for ks in [None, Some(1), Some(2), Some(4)] {
+            for ks in [None, Some(1), Some(2), Some(3), Some(4)] {
                 // The unfolded path, with the same split (the sums' order).
                 let mut q = s.alloc::<f32>(q_dim, "q").unwrap();
                 let mut kb = s.alloc::<f32>(kv_dim, "k").unwrap();
@@ -1430,7 +1431,7 @@ fn glu_gemv_and_gemm_match_cpu() {
                 let mut y = s.alloc::<f32>(m * ff + TAIL, "y").unwrap();
                 let mut runs: Vec<Option<u32>> = vec![None];
                 if m <= PACKED_GEMV_MAX_TOKENS {
-                    runs.extend([Some(1), Some(2), Some(4)]);
+                    runs.extend([Some(1), Some(2), Some(3), Some(4)]);
                 }
                 for ks in runs {
                     s.fill_bytes(&mut y, 0xFF).unwrap();
@@ -1506,7 +1507,7 @@ fn stacked_and_batched_matmuls_write_each_part() {
                 // for up to 16 tokens; None: the GEMM, for 3 and 70.
                 let mut runs: Vec<Option<Option<u32>>> = Vec::new();
                 if m <= PACKED_GEMV_MAX_TOKENS {
-                    runs.extend([None, Some(1), Some(2), Some(4)].map(Some));
+                    runs.extend([None, Some(1), Some(2), Some(3), Some(4)].map(Some));
                 }
                 if m == 3 || m == 70 {
                     runs.push(None);
