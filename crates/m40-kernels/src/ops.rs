@@ -1439,6 +1439,23 @@ mod tests {
     }
 
     #[test]
+    fn packed_gemv_block_sizes_match_the_kernels() {
+        // `#define NAME n` in gemv_packed.cuh.
+        let src = include_str!("../../../kernels/gemv_packed.cuh");
+        let define = |name: &str| {
+            let at = src.find(&format!("#define {name} ")).expect(name) + name.len() + 9;
+            src[at..]
+                .lines()
+                .next()
+                .and_then(|v| v.trim().parse::<usize>().ok())
+        };
+        assert_eq!(define("PGEMV_WARPS"), Some(PACKED_GEMV_WARPS as usize));
+        assert_eq!(define("PGEMV_MAX_WARPS"), Some(PACKED_GEMV_SPLIT3_WARPS));
+        // A 3-way split's block holds whole groups of 3 warps.
+        assert_eq!(PACKED_GEMV_SPLIT3_WARPS % 3, 0);
+    }
+
+    #[test]
     fn packed_splits_fill_the_gpu_within_the_row() {
         // H100 (132 SMs; 7 blocks of 4 warps or 4 of 6 an SM).
         let h100 = [Some(924), Some(528)];
