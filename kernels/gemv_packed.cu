@@ -11,7 +11,7 @@ template <class P, int B> struct PgemvBounds {
     static constexpr int threads = s3 ? 224 : 32 * PGEMV_WARPS;
     static constexpr int blocks = s3 ? 4 : B == 1 ? 7 : B <= 4 ? 5 : 4;
     static_assert(!s3 || threads >= 32 * PGEMV_MAX_WARPS, "a 3-way split's block fits");
-    static_assert(threads * blocks == 32 * PGEMV_WARPS * (B == 1 ? 7 : blocks), "the same register cap");
+    static_assert(!s3 || threads * blocks == 32 * PGEMV_WARPS * 7, "the register cap of 7 blocks of 4 warps");
 };
 
 // W: the packed layout above (nb: blocks of 32 weights per row; a multiple

@@ -338,26 +338,28 @@ impl GemvPlan {
 const PACKED_GEMV_SPLIT3_WARPS: usize = 6;
 
 /// How a packed GEMV launch spreads its row groups: `ksplit` warps per
-/// group (each taking every ksplit-th run of 8 blocks of the row) in blocks
-/// of `warps` warps (4; 6 for a 3-way split).
+/// group (each taking every ksplit-th run of 8 blocks of the row).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct PackedSplit {
     ksplit: usize,
-    warps: usize,
 }
 
 impl PackedSplit {
     fn of(ksplit: usize) -> Self {
-        let warps = match ksplit {
+        Self { ksplit }
+    }
+
+    /// Warps a block: 4, or 6 for a 3-way split.
+    fn warps(self) -> usize {
+        match self.ksplit {
             3 => PACKED_GEMV_SPLIT3_WARPS,
             _ => PACKED_GEMV_WARPS as usize,
-        };
-        Self { ksplit, warps }
+        }
     }
 
     /// Blocks for `groups` row groups.
     fn blocks(self, groups: usize) -> usize {
-        groups.div_ceil(self.warps / self.ksplit)
+        groups.div_ceil(self.warps() / self.ksplit)
     }
 
     /// Rounds of loads a lane waits for over a row of `runs` runs of 8
@@ -907,21 +909,23 @@ impl Kernels {
             false => Some(self.kernel("gemv_packed", name(m.min(GEMV_BATCH)))?),
         };
         let slots = match &kernel {
-            Some(k) => [
-                Some(self.resident_blocks(k, 32 * PACKED_GEMV_WARPS, 0)?),
-                match m == 1 && f.split3 {
-                    true => {
-                        Some(self.resident_blocks(k, 32 * PACKED_GEMV_SPLIT3_WARPS as u32, 0)?)
-                    }
-                    false => None,
-                },
-            ],
+            Some(k) => {
+                let split3 = if m == 1 && f.split3 {
+                    Some(self.resident_blocks(k, 32 * PACKED_GEMV_SPLIT3_WARPS as u32, 0)?)
+                } else {
+                    None
+                };
+                [
+                    Some(self.resident_blocks(k, 32 * PACKED_GEMV_WARPS, 0)?),
+                    split3,
+                ]
+            }
             None => [Some(self.decode_resident()?), None],
         };
         let nb = ncols / 32;
         let groups = nrows.div_ceil(PACK_ROWS);
         let split = packed_split(groups, nb, f.in_flight, slots, ksplit);
-        let (ks, block_threads) = (split.ksplit, 32 * split.warps as u32);
+        let (ks, block_threads) = (split.ksplit, 32 * split.warps() as u32);
         let blocks = split.blocks(groups);
         match &fold {
             Some(Fold::Emit { weight, h, part }) => {
@@ -1461,7 +1465,7 @@ mod tests {
         let h100 = [Some(924), Some(528)];
         let split = |g, nb, u, slots: [Option<usize>; 2], k| {
             let p = packed_split(g, nb, u, slots, k);
-            assert_eq!(p.warps, if p.ksplit == 3 { 6 } else { 4 });
+            assert_eq!(p.warps(), if p.ksplit == 3 { 6 } else { 4 });
             p.ksplit
         };
         // 14336 rows (3584 groups) fill one wave unsplit.
