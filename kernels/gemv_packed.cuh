@@ -298,9 +298,10 @@ template <class P, int B> struct InFlight {
 // block reads more than n_part floats for it.
 //
 // RoPE and the KV append folded into a one-token Q/K/V stack (parts y0 = q,
-// rows [0, r1); K rows [r1, r2); V rows [r2, n)), for the normal (llama)
-// style, whose pairs (2i, 2i+1) are rows 4g, 4g+1 and 4g+2, 4g+3 of one
-// group: the two lanes of a pair swap sums (one shuffle), rotate, and
+// rows [0, r1); K rows [r1, r2); V rows [r2, n); a stack of some of them:
+// r1 = 0 without Q, r2 = r1 without K, n = r2 without V), for the normal
+// (llama) style, whose pairs (2i, 2i+1) are rows 4g, 4g+1 and 4g+2, 4g+3 of
+// one group: the two lanes of a pair swap sums (one shuffle), rotate, and
 // write q (FP32, rotated), K (FP16, rotated) and V (FP16) straight to q and
 // the KV pools at token row kv_row(table, pos[0]), with rope.cu's angles
 // and rotation (common.cuh rope_sin_cos, rope_rot0/1). Off (kpool null)

@@ -127,14 +127,20 @@ pub enum GemvOut<'a, 'b, 'c> {
     Glu(&'c mut DeviceBuffer<f32>),
     Add(&'c mut DeviceBuffer<f32>),
     /// A Q/K/V stack of one token (rows: q_dim, then K and V of n_head_kv
-    /// heads each), with RoPE and the KV append folded in: the rotated
-    /// queries to `q`, K (rotated) and V to the pools as
-    /// [`Kernels::rope_kv_append`] would. The normal (llama) style only.
+    /// heads each), or the part of one that [`RopeKv::parts`] names, with
+    /// RoPE and the KV append folded in: the rotated queries to `q`, K
+    /// (rotated) and V to the pools as [`Kernels::rope_kv_append`] would.
+    /// The normal (llama) style only.
     RopeKv(RopeKv<'a, 'c>),
 }
 
 /// The destinations and parameters of [`GemvOut::RopeKv`].
 pub struct RopeKv<'a, 'c> {
+    /// Which of Q, K, V (0, 1, 2) the matrix's rows are, in that order:
+    /// `0..3` for a whole stack, or a run of them where Q, K and V are not
+    /// one stack (a model whose V has another format: `0..2` and `2..3`).
+    pub parts: std::ops::Range<usize>,
+    /// The queries (written only when `parts` holds Q).
     pub q: &'c mut DeviceBuffer<f32>,
     pub n_head_kv: usize,
     /// pos[0]: the token's position (read on the device, at most `max_start`).
@@ -838,12 +844,22 @@ impl Kernels {
                         format!("RoPE folds into one token's GEMV of the normal style, not {m} tokens, {:?}", p.style),
                     ));
                 }
-                if nrows != q_dim + 2 * kv_dim {
+                let dims = [q_dim, kv_dim, kv_dim];
+                let parts = &r.parts;
+                if parts.is_empty() || parts.end > 3 {
+                    return Err(shape(K, format!("parts {parts:?} of Q, K, V (0..3)")));
+                }
+                let want: usize = dims[parts.clone()].iter().sum();
+                if nrows != want {
                     return Err(shape(
                         K,
-                        format!("{nrows} rows are not Q {q_dim} + K, V {kv_dim}"),
+                        format!("{nrows} rows are not parts {parts:?} of Q {q_dim}, K, V {kv_dim}"),
                     ));
                 }
+                // The kernel's row classes: Q below r1, K below r2, V after.
+                let has = |i: usize| parts.contains(&i);
+                let r1 = if has(0) { q_dim } else { 0 };
+                let r2 = r1 + if has(1) { kv_dim } else { 0 };
                 if !hd.is_multiple_of(2)
                     || p.n_rot == 0
                     || !p.n_rot.is_multiple_of(2)
@@ -857,7 +873,7 @@ impl Kernels {
                         ),
                     ));
                 }
-                check_len(K, "q", r.q.len(), q_dim)?;
+                check_len(K, "q", r.q.len(), r1)?;
                 check_len(K, "pos", r.pos.len(), 1)?;
                 check_len(K, "inv_freq", r.inv_freq.len(), p.n_rot / 2)?;
                 check_len(
@@ -869,11 +885,7 @@ impl Kernels {
                 to_i32(K, "positions", r.max_start + 1)?;
                 let pages = r.kpool.len() / (KV_PAGE * kv_dim).max(1);
                 check_len(K, "vpool", r.vpool.len(), pages * KV_PAGE * kv_dim)?;
-                (
-                    to_i32(K, "rows", q_dim)?,
-                    to_i32(K, "rows", q_dim + kv_dim)?,
-                    0i32,
-                )
+                (to_i32(K, "rows", r1)?, to_i32(K, "rows", r2)?, 0i32)
             }
             GemvOut::Glu(y) => {
                 if !nrows.is_multiple_of(4) {
@@ -1020,11 +1032,13 @@ impl Kernels {
             // checked); _take reads part[0 .. n_part) (checked); the others
             // get null pointers and never touch them. With kpool non-null (the
             // RopeKv output, m = 1, checked): the kernel writes q rows < r1
-            // (q_dim, checked), reads pos[0] (<= max_start, the caller's
-            // promise), table[pos[0] / KV_PAGE] (length checked for max_start)
-            // and inv_freq[..n_rot / 2] (checked), and writes row
-            // kv_row(table, pos[0]) of both pools (pages below the pool's
-            // count, kept so by the caller; vpool as long as kpool: checked).
+            // (q_dim or 0, checked), reads pos[0] (<= max_start, the
+            // caller's promise), table[pos[0] / KV_PAGE] (length checked for
+            // max_start) and inv_freq[..n_rot / 2] (checked), and writes
+            // rows r1 .. r2 (K) and r2 .. nrows (V; kv_dim each or none,
+            // checked) to row kv_row(table, pos[0]) of the pools (pages below
+            // the pool's count, kept so by the caller; vpool as long as
+            // kpool: checked).
             unsafe {
                 push_gemv(
                     stream.launch(kernel).view(w.data).view(x),

@@ -432,9 +432,12 @@ fn packed_gemv_folded_norm_matches_cpu() {
 /// The one-token Q/K/V GEMV with RoPE and the KV append folded in
 /// (GemvOut::RopeKv) against the same GEMV into q, k, v followed by
 /// rope_kv_append (both checked against the CPU by their own tests): q
-/// within FP32 rounding, every K element within one FP16 step, V equal,
-/// every other pool row still poisoned; every packed format and split,
-/// full and partial rotation, GQA, scaled positions, shuffled pages.
+/// within FP32 rounding, every K element within one FP16 step, V equal
+/// (within one FP16 step where V is a matrix of its own, whose launch may
+/// split its rows differently), every other pool row still poisoned; every
+/// packed format and split, full and partial rotation, GQA, scaled
+/// positions, shuffled pages; the whole stack and the runs of Q, K, V a
+/// model with several formats has (Q/K and V, Q and K/V, each alone).
 #[test]
 fn qkv_gemv_with_rope_kv_matches_the_unfolded_path() {
     let Some((_dev, s, k, mut rng)) = setup("qkv_gemv_with_rope_kv_matches_the_unfolded_path")
@@ -465,6 +468,26 @@ fn qkv_gemv_with_rope_kv_matches_the_unfolded_path() {
                 rows,
                 cols,
             };
+            // Runs of parts Q, K, V (0, 1, 2) as matrices of their own.
+            let dims = [q_dim, kv_dim, kv_dim];
+            let row_bytes = f.ty.row_bytes(cols as u64).unwrap() as usize;
+            #[allow(clippy::single_range_in_vec_init)]
+            let layouts = [
+                vec![0..3],
+                vec![0..2, 2..3],
+                vec![0..1, 1..3],
+                vec![0..1, 1..2, 2..3],
+            ];
+            let mut runs = Vec::new();
+            for r in layouts.iter().flatten() {
+                let from: usize = dims[..r.start].iter().sum();
+                let n: usize = dims[r.clone()].iter().sum();
+                let bytes = &w[from * row_bytes..(from + n) * row_bytes];
+                let g = s
+                    .upload(&pack_gemv(f.ty, bytes, n, cols).unwrap(), "w run")
+                    .unwrap();
+                runs.push((r.clone(), n, g));
+            }
             let x = s.upload(&rng.vec(cols, -1.0, 1.0), "x").unwrap();
             let pages = (start + 1).div_ceil(KV_PAGE);
             let pool_pages = pages + 2;
@@ -523,68 +546,94 @@ fn qkv_gemv_with_rope_kv_matches_the_unfolded_path() {
                     s.download(&kp0).unwrap(),
                     s.download(&vp0).unwrap(),
                 );
-                let mut q2 = s.alloc::<f32>(q_dim + 8, "q").unwrap();
-                let (mut kp, mut vp) = (
-                    s.alloc::<u16>(pool, "kp").unwrap(),
-                    s.alloc::<u16>(pool, "vp").unwrap(),
-                );
-                s.fill_bytes(&mut q2, 0xFF).unwrap();
-                s.fill_bytes(&mut kp, 0xFF).unwrap();
-                s.fill_bytes(&mut vp, 0xFF).unwrap();
-                let (iv, pv, tv) = (inv.view(), pos.view(), table.view());
-                let out = GemvOut::RopeKv(RopeKv {
-                    q: &mut q2,
-                    n_head_kv: n_kv,
-                    pos: &pv,
-                    inv_freq: &iv,
-                    p: &p,
-                    kpool: &mut kp,
-                    vpool: &mut vp,
-                    table: &tv,
-                    max_start: start,
-                });
-                let l = k
-                    .gemv_packed_to(&s, &pm, &x.view(), None, out, 1, ks)
-                    .unwrap();
-                let what = format!("{} {n_head}/{n_kv}x{hd} rot {n_rot} at {start} {l:?}", f.ty);
-                let (gq, gk, gv) = (
-                    s.download(&q2).unwrap(),
-                    s.download(&kp).unwrap(),
-                    s.download(&vp).unwrap(),
-                );
-                // The pair's magnitude bounds a rotation's rounding (the two
-                // kernels may contract its products differently).
-                check(&what, &gq[..q_dim], &want_q, |i| {
-                    1e-6 * (want_q[i].abs() + want_q[i ^ 1].abs()) as f64 + 1e-30
-                });
-                assert!(
-                    gq[q_dim..].iter().all(|v| v.to_bits() == u32::MAX),
-                    "{what}: wrote past q"
-                );
-                for i in 0..pool {
-                    let in_row = i / kv_dim == row;
-                    if !in_row {
-                        assert!(
-                            gk[i] == 0xFFFF && gv[i] == 0xFFFF,
-                            "{what}: pool element {i} outside the token's row written"
-                        );
-                        continue;
-                    }
-                    let (a, b) = (
-                        half::f16::from_bits(gk[i]).to_f32(),
-                        half::f16::from_bits(want_k[i]).to_f32(),
+                for layout in &layouts {
+                    let mut q2 = s.alloc::<f32>(q_dim + 8, "q").unwrap();
+                    let (mut kp, mut vp) = (
+                        s.alloc::<u16>(pool, "kp").unwrap(),
+                        s.alloc::<u16>(pool, "vp").unwrap(),
                     );
-                    let pair = half::f16::from_bits(want_k[i ^ 1]).to_f32();
-                    let tol = b.abs() / 1024.0 + 1e-6 * (b.abs() + pair.abs()) + 1e-7;
-                    assert!((a - b).abs() <= tol, "{what}: K[{i}] {a} vs {b}");
-                    assert_eq!(gv[i], want_v[i], "{what}: V[{i}]");
+                    s.fill_bytes(&mut q2, 0xFF).unwrap();
+                    s.fill_bytes(&mut kp, 0xFF).unwrap();
+                    s.fill_bytes(&mut vp, 0xFF).unwrap();
+                    let (iv, pv, tv) = (inv.view(), pos.view(), table.view());
+                    let mut launches = Vec::new();
+                    for parts in layout {
+                        let (_, n, g) = runs.iter().find(|(r, ..)| r == parts).unwrap();
+                        let gv = g.view();
+                        let pm = PackedMatrix {
+                            ty: f.ty,
+                            data: &gv,
+                            rows: *n,
+                            cols,
+                        };
+                        let out = GemvOut::RopeKv(RopeKv {
+                            parts: parts.clone(),
+                            q: &mut q2,
+                            n_head_kv: n_kv,
+                            pos: &pv,
+                            inv_freq: &iv,
+                            p: &p,
+                            kpool: &mut kp,
+                            vpool: &mut vp,
+                            table: &tv,
+                            max_start: start,
+                        });
+                        let l = k
+                            .gemv_packed_to(&s, &pm, &x.view(), None, out, 1, ks)
+                            .unwrap();
+                        launches.push(l);
+                    }
+                    let what = format!(
+                        "{} {n_head}/{n_kv}x{hd} rot {n_rot} at {start} parts {layout:?} {launches:?}",
+                        f.ty
+                    );
+                    let (gq, gk, gv) = (
+                        s.download(&q2).unwrap(),
+                        s.download(&kp).unwrap(),
+                        s.download(&vp).unwrap(),
+                    );
+                    // The pair's magnitude bounds a rotation's rounding (the
+                    // two kernels may contract its products differently).
+                    check(&what, &gq[..q_dim], &want_q, |i| {
+                        1e-6 * (want_q[i].abs() + want_q[i ^ 1].abs()) as f64 + 1e-30
+                    });
+                    assert!(
+                        gq[q_dim..].iter().all(|v| v.to_bits() == u32::MAX),
+                        "{what}: wrote past q"
+                    );
+                    let v_exact = layout.len() == 1;
+                    for i in 0..pool {
+                        let in_row = i / kv_dim == row;
+                        if !in_row {
+                            assert!(
+                                gk[i] == 0xFFFF && gv[i] == 0xFFFF,
+                                "{what}: pool element {i} outside the token's row written"
+                            );
+                            continue;
+                        }
+                        let f16 = |b: u16| half::f16::from_bits(b).to_f32();
+                        let (a, b, pair) = (f16(gk[i]), f16(want_k[i]), f16(want_k[i ^ 1]));
+                        let tol = b.abs() / 1024.0 + 1e-6 * (b.abs() + pair.abs()) + 1e-7;
+                        assert!((a - b).abs() <= tol, "{what}: K[{i}] {a} vs {b}");
+                        if v_exact {
+                            assert_eq!(gv[i], want_v[i], "{what}: V[{i}]");
+                        } else {
+                            let (a, b) = (f16(gv[i]), f16(want_v[i]));
+                            let tol = b.abs() / 1024.0 + 1e-7;
+                            assert!((a - b).abs() <= tol, "{what}: V[{i}] {a} vs {b}");
+                        }
+                    }
                 }
             }
-            // Refused: NeoX, two tokens, rows that are not Q + 2 KV.
-            for (style, m, nh) in [
-                (RopeStyle::Neox, 1, n_head),
-                (RopeStyle::Normal, 2, n_head),
-                (RopeStyle::Normal, 1, n_head + 1),
+            // Refused: NeoX, two tokens, rows that are not Q + 2 KV, rows
+            // that are not the parts named, no parts, parts past V.
+            for (style, m, nh, parts) in [
+                (RopeStyle::Neox, 1, n_head, 0..3),
+                (RopeStyle::Normal, 2, n_head, 0..3),
+                (RopeStyle::Normal, 1, n_head + 1, 0..3),
+                (RopeStyle::Normal, 1, n_head, 0..2),
+                (RopeStyle::Normal, 1, n_head, 1..1),
+                (RopeStyle::Normal, 1, n_head, 1..4),
             ] {
                 let p = RopeParams {
                     style,
@@ -599,6 +648,7 @@ fn qkv_gemv_with_rope_kv_matches_the_unfolded_path() {
                 let mut q2 = s.alloc::<f32>(2 * (q_dim + hd), "q").unwrap();
                 let x2 = s.alloc::<f32>(2 * cols, "x").unwrap();
                 let out = GemvOut::RopeKv(RopeKv {
+                    parts: parts.clone(),
                     q: &mut q2,
                     n_head_kv: n_kv,
                     pos: &pv,
@@ -612,7 +662,7 @@ fn qkv_gemv_with_rope_kv_matches_the_unfolded_path() {
                 assert!(
                     k.gemv_packed_to(&s, &pm, &x2.view(), None, out, m, None)
                         .is_err(),
-                    "{style:?} m {m} heads {nh}"
+                    "{style:?} m {m} heads {nh} parts {parts:?}"
                 );
             }
         }

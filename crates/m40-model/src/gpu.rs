@@ -1083,37 +1083,39 @@ impl GpuBackend {
             let (hv, pv) = (w.h.view(), w.norm_part.view());
             let xin = res.input(&hv, &pv);
             let inv_freq = self.inv_freq.view();
-            // One token through a packed Q/K/V stack, no bias, llama's RoPE
-            // style: the GEMV rotates and appends to the cache itself.
-            let rope_folded = match layer.qkv.as_slice() {
-                [st] => {
-                    self.fuse
-                        && n == 1
-                        && st.mat.packed
-                        && st.parts.len() == 3
-                        && layer.bias.is_none()
-                        && self.rope.style == RopeStyle::Normal
-                }
-                _ => false,
-            };
+            // One token through packed Q/K/V stacks (one, or a run of them
+            // per format: a Q4_K_M layer's Q/K and its Q6_K V), no bias,
+            // llama's RoPE style: the GEMVs rotate and append to the cache
+            // themselves.
+            let rope_folded = self.fuse
+                && n == 1
+                && layer.qkv.iter().all(|st| st.mat.packed)
+                && layer.bias.is_none()
+                && self.rope.style == RopeStyle::Normal;
             if rope_folded {
-                let data = layer.qkv[0].mat.data.view();
-                let MatView::Packed(m) = layer.qkv[0].mat.view(&data) else {
-                    unreachable!("rope_folded: packed")
-                };
-                let (x, fold) = self.fold_in(xin);
-                let out = GemvOut::RopeKv(RopeKv {
-                    q: &mut w.q,
-                    n_head_kv: hp.n_head_kv,
-                    pos: &pos_v,
-                    inv_freq: &inv_freq,
-                    p: &self.rope,
-                    kpool: &mut pools.k[l],
-                    vpool: &mut pools.v[l],
-                    table: &table,
-                    max_start,
-                });
-                k.gemv_packed_to(s, &m, x, fold, out, 1, None)?;
+                let mut first = 0;
+                for st in &layer.qkv {
+                    let data = st.mat.data.view();
+                    let MatView::Packed(m) = st.mat.view(&data) else {
+                        unreachable!("rope_folded: packed")
+                    };
+                    let (x, fold) = self.fold_in(xin);
+                    let parts = first..first + st.parts.len();
+                    first = parts.end;
+                    let out = GemvOut::RopeKv(RopeKv {
+                        parts,
+                        q: &mut w.q,
+                        n_head_kv: hp.n_head_kv,
+                        pos: &pos_v,
+                        inv_freq: &inv_freq,
+                        p: &self.rope,
+                        kpool: &mut pools.k[l],
+                        vpool: &mut pools.v[l],
+                        table: &table,
+                        max_start,
+                    });
+                    k.gemv_packed_to(s, &m, x, fold, out, 1, None)?;
+                }
             } else {
                 self.matmul_stacks(&layer.qkv, xin, &mut [&mut w.q, &mut w.k, &mut w.v], n)?;
                 if let Some([bq, bk, bv]) = &layer.bias {

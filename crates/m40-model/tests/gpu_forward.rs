@@ -319,6 +319,18 @@ fn synth_smollm2_shape_gpu_matches_cpu() {
     check_shape("smollm2-135m", &SYNTH_TYPES, &[1, 5, 17, 512, 2048], 64);
 }
 
+/// llama-quantize's Q4_K_M mix on the tiny shape (rows of 256: nothing
+/// falls back): layer 1's V and down projection are Q6_K, so its Q/K stack
+/// and its V are two one-token GEMVs, each rotating and appending its rows
+/// to the KV cache itself; layer 0 is one Q4_K stack.
+#[test]
+fn synth_tiny_q4_k_m_gpu_matches_cpu() {
+    if test_device("synth_tiny_q4_k_m_gpu_matches_cpu").is_none() {
+        return;
+    }
+    check_shape("tiny", &[FileType::Q4KM], &[1, 5, 17, 512], 64);
+}
+
 /// The persistent decode kernel (`GpuOptions::persistent`) gives the
 /// logits of the launch-per-kernel graph: SmolLM2's shape (3 query heads
 /// per KV head, head dim 64) in Q4_0, Q8_0, F16 (every op in the program)
