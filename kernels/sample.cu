@@ -13,7 +13,16 @@
 // kernel clamps n_pen to 0 ..= pen_cap and k to 1 ..= k_cap (k_cap <=
 // SAMPLE_MAX_K, n_vocab and out's length / 2, checked by the launcher).
 // out (2k): the k ids, then the bits of their logits (one buffer: one copy
-// to the host). Launch: grid 1, block SAMPLE_THREADS.
+// to the host). Launch: grid G (1 ..= SAMPLE_MAX_BLOCKS, at most the blocks
+// the GPU holds at once), block SAMPLE_THREADS; scratch (SAMPLE_SCRATCH
+// ints) zero before the first launch and left zero after each.
+//
+// Greedy without penalties (k = 1, n_pen = 0; what a benchmark and a
+// temperature-0 request run): every block takes the argmax of its slice of
+// the row, and the last block to finish (an arrival counter in scratch)
+// takes the argmax of theirs: a row of 128k logits is one round trip per
+// SM instead of 128 loads in a row by one block. Otherwise block 0 alone
+// does the work below and the others return at once.
 //
 // How: the logits map to unsigned keys that order like floats (IEEE total
 // order, as Rust's total_cmp). A radix select (4 passes of 8 bits, each a
@@ -34,6 +43,10 @@
 #define SAMPLE_THREADS 1024
 #define SAMPLE_MAX_K 1024
 #define SAMPLE_ARGS 8
+#define SAMPLE_MAX_BLOCKS 256
+// scratch: SAMPLE_MAX_BLOCKS (logit bits, id) pairs, then the arrival
+// counter on a line of its own.
+#define SAMPLE_SCRATCH (2 * SAMPLE_MAX_BLOCKS + 32)
 
 __device__ __forceinline__ u32 order_key(float f) {
     const u32 b = __float_as_uint(f);
@@ -76,8 +89,8 @@ __device__ __forceinline__ void find_bin(const u32* hist, u32* need, u32* bin, u
     }
 }
 
-// f(i, logits[i]) for the block's share of the row, SAMPLE_U loads issued
-// before any is used (one block walks the whole row: latency, not
+// f(i, logits[i]) for the block's share of logits[..n], SAMPLE_U loads
+// issued before any is used (one block walks the whole row: latency, not
 // bandwidth, is its cost), each thread's indices in ascending order.
 #define SAMPLE_U 8
 template <class F>
@@ -97,8 +110,42 @@ __device__ __forceinline__ void for_each_logit(const float* logits, int n, F f) 
     }
 }
 
+// The better of two (logit, id) candidates: the larger logit, the smaller
+// id on ties (NaN never wins: it compares false).
+__device__ __forceinline__ void argmax_merge(float& bv, int& bi, float v, int i) {
+    if (v > bv || (v == bv && i < bi)) bv = v, bi = i;
+}
+
+// The block's best (bv, bi) over its threads' candidates; the result in
+// thread 0. red_v, red_i: 32 each.
+__device__ __forceinline__ void argmax_block(float& bv, int& bi, float* red_v, int* red_i) {
+    const int tid = threadIdx.x;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        argmax_merge(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
+    if ((tid & 31) == 0) red_v[tid >> 5] = bv, red_i[tid >> 5] = bi;
+    __syncthreads();
+    if (tid < 32) {
+        const int nw = blockDim.x >> 5;
+        bv = tid < nw ? red_v[tid] : __int_as_float(0xff800000);
+        bi = tid < nw ? red_i[tid] : 0x7fffffff;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+            argmax_merge(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
+    }
+}
+
+// out[0] = the argmax id (0 when no logit beats -inf: bi = n_vocab), out[1]
+// its logit's bits.
+__device__ __forceinline__ void argmax_out(const float* logits, int n_vocab, int bi, int* out) {
+    const int id = bi >= n_vocab ? 0 : bi;
+    out[0] = id;
+    out[1] = __float_as_int(logits[id]);
+}
+
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1)
-    select_top_k_f32(float* logits, int n_vocab, const int* args, int pen_cap, int k_cap, int* out) {
+    select_top_k_f32(float* logits, int n_vocab, const int* args, int pen_cap, int k_cap, int* out,
+                     int* scratch) {
     __shared__ u32 hist[256];
     __shared__ u32 s_need, s_bin, s_count, s_n;
     __shared__ u32 cand_key[SAMPLE_MAX_K];
@@ -110,6 +157,39 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1)
     const float repeat = __int_as_float(args[2]), freq = __int_as_float(args[3]),
                 presence = __int_as_float(args[4]);
     const int* pen = args + SAMPLE_ARGS;
+
+    if (k == 1 && n_pen == 0 && gridDim.x > 1) {
+        // Block b's slice: logits [b * chunk, (b + 1) * chunk).
+        const int chunk = (n_vocab + gridDim.x - 1) / gridDim.x, lo = blockIdx.x * chunk;
+        float bv = __int_as_float(0xff800000);
+        int bi = n_vocab;
+        for_each_logit(logits + lo, max(min(n_vocab - lo, chunk), 0), [&](int i, float v) {
+            if (v > bv) bv = v, bi = lo + i;
+        });
+        argmax_block(bv, bi, red_v, red_i);
+        __shared__ bool last;
+        if (tid == 0) {
+            scratch[2 * blockIdx.x] = __float_as_int(bv);
+            scratch[2 * blockIdx.x + 1] = bi;
+            __threadfence();  // the pair is visible before the arrival
+            last = atomicAdd((unsigned*)scratch + 2 * SAMPLE_MAX_BLOCKS, 1u) == gridDim.x - 1;
+        }
+        __syncthreads();
+        if (!last) return;
+        // The last block: every other block's pair is out (its fence came
+        // before its arrival); volatile loads, never a stale line.
+        __threadfence();
+        bv = __int_as_float(0xff800000), bi = n_vocab;
+        if (tid < gridDim.x)
+            bv = __int_as_float(((volatile int*)scratch)[2 * tid]), bi = ((volatile int*)scratch)[2 * tid + 1];
+        argmax_block(bv, bi, red_v, red_i);
+        if (tid == 0) {
+            argmax_out(logits, n_vocab, bi, out);
+            scratch[2 * SAMPLE_MAX_BLOCKS] = 0;  // for the next launch (stream-ordered)
+        }
+        return;
+    }
+    if (blockIdx.x > 0) return;
 
     for (int i = tid; i < n_pen; i += blockDim.x) {
         const int id = pen[2 * i], c = pen[2 * i + 1];
@@ -128,30 +208,8 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1)
         for_each_logit(logits, n_vocab, [&](int i, float v) {
             if (v > bv) bv = v, bi = i;
         });
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float v = __shfl_xor_sync(0xffffffffu, bv, o);
-            const int i = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (v > bv || (v == bv && i < bi)) bv = v, bi = i;
-        }
-        if ((tid & 31) == 0) red_v[tid >> 5] = bv, red_i[tid >> 5] = bi;
-        __syncthreads();
-        if (tid < 32) {
-            const int nw = blockDim.x >> 5;
-            bv = tid < nw ? red_v[tid] : __int_as_float(0xff800000);
-            bi = tid < nw ? red_i[tid] : n_vocab;
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) {
-                const float v = __shfl_xor_sync(0xffffffffu, bv, o);
-                const int i = __shfl_xor_sync(0xffffffffu, bi, o);
-                if (v > bv || (v == bv && i < bi)) bv = v, bi = i;
-            }
-            if (tid == 0) {
-                const int id = bi == n_vocab ? 0 : bi;
-                out[0] = id;
-                out[1] = __float_as_int(logits[id]);
-            }
-        }
+        argmax_block(bv, bi, red_v, red_i);
+        if (tid == 0) argmax_out(logits, n_vocab, bi, out);
         return;
     }
 

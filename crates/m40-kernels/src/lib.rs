@@ -34,7 +34,7 @@ pub use ops::{
     RowSplit, PACKED_GEMV_MAX_TOKENS,
 };
 pub use pack::{interleave_glu, pack_gemv, PackFormat, PACK_ROWS};
-pub use sample::{select_args, Penalties, SELECT_ARGS, SELECT_MAX_K};
+pub use sample::{select_args, Penalties, SELECT_ARGS, SELECT_MAX_K, SELECT_SCRATCH};
 
 /// Shared memory a block may use on sm_52 (and without opt-in on any GPU).
 pub const MAX_SHARED_PER_BLOCK: usize = 48 * 1024;

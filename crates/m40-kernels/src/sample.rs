@@ -14,6 +14,14 @@ pub const SELECT_MAX_K: usize = 1024;
 pub const SELECT_ARGS: usize = 8;
 /// Threads of the selection block (`SAMPLE_THREADS`).
 const SAMPLE_THREADS: u32 = 1024;
+/// The most blocks a selection launches (`SAMPLE_MAX_BLOCKS`).
+const SAMPLE_MAX_BLOCKS: usize = 256;
+/// Logits a block of a greedy selection takes (one load per thread and
+/// round: 4 rounds in flight at once).
+const SAMPLE_BLOCK_LOGITS: usize = 4 * SAMPLE_THREADS as usize;
+/// Length of a selection's scratch (`SAMPLE_SCRATCH`): zeroed once, left
+/// zero by every selection.
+pub const SELECT_SCRATCH: usize = 2 * SAMPLE_MAX_BLOCKS + 32;
 
 /// llama.cpp's penalties, as the CPU sampler applies them: a logit l of a
 /// token seen c times in the window becomes (l > 0 ? l / repeat : l *
@@ -55,7 +63,10 @@ impl Kernels {
     /// penalties and their pairs are read on the device from `args` (see
     /// [`select_args`]), so a captured graph selects with each replay's
     /// own; the kernel clamps k to 1 ..= `k_max` and the pairs to what
-    /// `args` holds.
+    /// `args` holds. `scratch` ([`SELECT_SCRATCH`] ints, zeroed before its
+    /// first selection and left zero by each) lets a greedy selection
+    /// without penalties run on many blocks; one scratch per stream.
+    #[allow(clippy::too_many_arguments)]
     pub fn select_top_k(
         &self,
         stream: &Stream,
@@ -64,6 +75,7 @@ impl Kernels {
         args: &DeviceView<'_, i32>,
         k_max: usize,
         out: &mut DeviceBuffer<i32>,
+        scratch: &mut DeviceBuffer<i32>,
     ) -> Result<()> {
         const K: &str = "select_top_k_f32";
         if k_max == 0 || k_max > SELECT_MAX_K || k_max > n_vocab {
@@ -77,15 +89,25 @@ impl Kernels {
         check_len(K, "logits", logits.len(), n_vocab)?;
         check_len(K, "args", args.len(), SELECT_ARGS)?;
         check_len(K, "out", out.len(), 2 * k_max)?;
+        check_len(K, "scratch", scratch.len(), SELECT_SCRATCH)?;
         let kernel = self.kernel("sample", K)?;
+        // A block per SAMPLE_BLOCK_LOGITS logits, at most one wave (more
+        // would only queue).
+        let blocks = n_vocab
+            .div_ceil(SAMPLE_BLOCK_LOGITS)
+            .min(self.resident_blocks(&kernel, SAMPLE_THREADS, 0)?)
+            .clamp(1, SAMPLE_MAX_BLOCKS);
         let nv = to_i32(K, "n_vocab", n_vocab)?;
         let pen_cap = to_i32(K, "penalties", (args.len() - SELECT_ARGS) / 2)?;
         let k_cap = k_max as i32;
         // SAFETY: select_top_k_f32(float* logits, int n_vocab, const int* args,
-        // int pen_cap, int k_cap, int* out): one block reads and writes
-        // logits[..n_vocab], reads args[..SELECT_ARGS + 2 * pen_cap] (n_pen
-        // clamped to pen_cap), writes out[..2k] with k clamped to k_cap
-        // (<= SAMPLE_MAX_K, the shared arrays); lengths checked above.
+        // int pen_cap, int k_cap, int* out, int* scratch): the blocks read
+        // logits[..n_vocab] (block 0 alone writes them: penalties), read
+        // args[..SELECT_ARGS + 2 * pen_cap] (n_pen clamped to pen_cap),
+        // write out[..2k] with k clamped to k_cap (<= SAMPLE_MAX_K, the
+        // shared arrays) and scratch[..SELECT_SCRATCH] (pairs of the
+        // blocks, at most SAMPLE_MAX_BLOCKS, and the counter); lengths
+        // checked above.
         unsafe {
             stream
                 .launch(&kernel)
@@ -95,7 +117,8 @@ impl Kernels {
                 .scalar(&pen_cap)
                 .scalar(&k_cap)
                 .buf_mut(out)
-                .run(cfg((1, 1, 1), SAMPLE_THREADS))?
+                .buf_mut(scratch)
+                .run(cfg((blocks as u32, 1, 1), SAMPLE_THREADS))?
         };
         Ok(())
     }

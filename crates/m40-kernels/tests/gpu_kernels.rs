@@ -15,6 +15,7 @@ use m40_kernels::{
     gemm_large_tiles, gemm_plan, gemm_scratch_len, interleave_glu, pack_gemv, select_args, Fold,
     GemvOut, KernelError, KernelFormat, Kernels, PackFormat, PackedMatrix, Penalties, QMatrix,
     RopeParams, RopeStyle, RowSplit, PACKED_GEMV_MAX_TOKENS, SELECT_ARGS, SELECT_MAX_K,
+    SELECT_SCRATCH,
 };
 use m40_model::cpu::ops;
 
@@ -1944,7 +1945,9 @@ fn select_top_k_matches_cpu() {
         return;
     };
     let mut cases = 0;
-    for n_vocab in [1usize, 7, 1000, 32000, 49152, 128256, 151936] {
+    // One scratch for every selection: each leaves it zero for the next.
+    let mut scratch = s.alloc_zeroed::<i32>(SELECT_SCRATCH, "scratch").unwrap();
+    for n_vocab in [1usize, 7, 1000, 4097, 32000, 49152, 128256, 151936] {
         // Distinct values, heavy ties (a few levels), and -inf entries.
         for style in 0..3 {
             let mut logits: Vec<f32> = rng.vec(n_vocab, -12.0, 12.0);
@@ -1958,7 +1961,13 @@ fn select_top_k_matches_cpu() {
                     *l = f32::NEG_INFINITY;
                 }
             }
-            let n_pen = rng.below(65.min(n_vocab) + 1).min(n_vocab);
+            // Greedy selections without penalties (style 0 and every
+            // third other case) take the many-block argmax.
+            let n_pen = if style == 0 || rng.below(3) == 0 {
+                0
+            } else {
+                rng.below(65.min(n_vocab) + 1).min(n_vocab)
+            };
             let mut pen_ids: Vec<u32> = (0..n_vocab as u32).collect();
             for i in 0..n_pen {
                 let j = i + rng.below(n_vocab - i);
@@ -1992,8 +2001,16 @@ fn select_top_k_matches_cpu() {
                 };
                 let mut out = s.alloc::<i32>(2 * k_max, "out").unwrap();
                 s.fill_bytes(&mut out, 0xFF).unwrap();
-                k.select_top_k(&s, &mut lg, n_vocab, &ag.view(), k_max, &mut out)
-                    .unwrap();
+                k.select_top_k(
+                    &s,
+                    &mut lg,
+                    n_vocab,
+                    &ag.view(),
+                    k_max,
+                    &mut out,
+                    &mut scratch,
+                )
+                .unwrap();
                 let what = format!("select n_vocab {n_vocab} style {style} k {kk}");
                 let got = s.download(&out).unwrap();
                 let got_ids: Vec<u32> = got[..kk].iter().map(|&i| i as u32).collect();
@@ -2015,23 +2032,71 @@ fn select_top_k_matches_cpu() {
         }
     }
     eprintln!("select_top_k: {cases} cases, ids and logits bit-exact");
+    // Greedy over many blocks: the first of equal maxima in different
+    // blocks' slices wins, a row of -inf gives id 0, and each launch
+    // leaves the scratch as it found it (the same answer twice in a row).
+    let n_vocab = 128256;
+    let greedy = s.upload(&select_args(1, p0(), &[]), "a").unwrap();
+    let mut out = s.alloc::<i32>(2, "o").unwrap();
+    let mut row = vec![f32::NEG_INFINITY; n_vocab];
+    for (ids, want) in [
+        (vec![], 0),
+        (vec![n_vocab - 1], n_vocab - 1),
+        (vec![n_vocab - 1, 70000, 4096], 4096),
+        (vec![5000, 4095], 4095),
+    ] {
+        for &i in &ids {
+            row[i] = 3.5;
+        }
+        let mut lg = s.upload(&row, "logits").unwrap();
+        for _ in 0..2 {
+            s.fill_bytes(&mut out, 0xFF).unwrap();
+            k.select_top_k(
+                &s,
+                &mut lg,
+                n_vocab,
+                &greedy.view(),
+                1,
+                &mut out,
+                &mut scratch,
+            )
+            .unwrap();
+            let got = s.download(&out).unwrap();
+            assert_eq!(got[0] as usize, want, "argmax of 3.5 at {ids:?}");
+            assert_eq!(got[1] as u32, row[want].to_bits(), "its logit");
+        }
+        for &i in &ids {
+            row[i] = f32::NEG_INFINITY;
+        }
+    }
+    let tail = s.download(&scratch).unwrap();
+    assert_eq!(
+        tail[SELECT_SCRATCH - 32],
+        0,
+        "the arrival counter is left zero"
+    );
     // k_max out of range is refused.
     let mut lg = s.alloc::<f32>(10, "l").unwrap();
     let ag = s.upload(&select_args(1, p0(), &[]), "a").unwrap();
     let mut out = s.alloc::<i32>(4096, "o").unwrap();
     for bad in [0, 11, 2048] {
         assert!(k
-            .select_top_k(&s, &mut lg, 10, &ag.view(), bad, &mut out)
+            .select_top_k(&s, &mut lg, 10, &ag.view(), bad, &mut out, &mut scratch)
             .is_err());
     }
-    // Arguments too short for their header, or out too short for k_max.
+    // Arguments too short for their header, out too short for k_max, a
+    // scratch too short.
     let short = s.alloc::<i32>(SELECT_ARGS - 1, "a").unwrap();
     assert!(k
-        .select_top_k(&s, &mut lg, 10, &short.view(), 1, &mut out)
+        .select_top_k(&s, &mut lg, 10, &short.view(), 1, &mut out, &mut scratch)
         .is_err());
     let mut small = s.alloc::<i32>(3, "o").unwrap();
     assert!(k
-        .select_top_k(&s, &mut lg, 10, &ag.view(), 2, &mut small)
+        .select_top_k(&s, &mut lg, 10, &ag.view(), 2, &mut small, &mut scratch)
+        .is_err());
+    let mut short_scratch = s.alloc_zeroed::<i32>(SELECT_SCRATCH - 1, "s").unwrap();
+    assert!(k
+        .select_top_k(&s, &mut lg, 10, &ag.view(), 1, &mut out, &mut short_scratch)
         .is_err());
 }
 

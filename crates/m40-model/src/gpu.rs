@@ -30,7 +30,7 @@ use m40_kernels::{
     gemm_scratch_len, interleave_glu, pack_gemv, select_args, AttnPlan, AttnScratch, AttnShape,
     DecodeProgram, Fold, GemmSlots, GemvOut, KernelFormat, Kernels, PackFormat, PackedMatrix,
     Penalties, QMatrix, RopeKv, RopeParams, RopeStyle, RowSplit, KV_PAGE, MAX_HEAD_DIM, PACK_ROWS,
-    SELECT_ARGS, SELECT_MAX_K,
+    SELECT_ARGS, SELECT_MAX_K, SELECT_SCRATCH,
 };
 
 use crate::cpu::ops::Rope;
@@ -274,6 +274,8 @@ struct Workspace {
     logits: DeviceBuffer<f32>,
     /// Token selection: the k ids and the bits of their logits.
     sel_out: DeviceBuffer<i32>,
+    /// The selection's scratch (zeroed once; each selection leaves it zero).
+    sel_scratch: DeviceBuffer<i32>,
     part: DeviceBuffer<f32>,
     part_ml: DeviceBuffer<f32>,
 }
@@ -488,7 +490,7 @@ pub fn memory_needed(model: &Model, opts: &GpuOptions, gpu: GemmSlots) -> (u64, 
             + d.div_ceil(PACK_ROWS as u64)
             + LOGIT_ROWS as u64 * hp.n_vocab as u64
             + pages
-            + (SELECT_ARGS + 2 * hp.n_vocab + 2 * SELECT_MAX_K) as u64
+            + (SELECT_ARGS + 2 * hp.n_vocab + 2 * SELECT_MAX_K + SELECT_SCRATCH) as u64
             + gemm_scratch(hp, opts.max_batch.max(1), gpu) as u64);
     (weights, kv, work)
 }
@@ -699,6 +701,7 @@ impl GpuBackend {
             up: a(2 * b * hp.n_ff, "activations")?,
             logits: a(LOGIT_ROWS * hp.n_vocab, "logits")?,
             sel_out: stream.alloc::<i32>(2 * SELECT_MAX_K, "token selection")?,
+            sel_scratch: stream.alloc_zeroed::<i32>(SELECT_SCRATCH, "token selection scratch")?,
             part: a(dec_part, "attention scratch")?,
             part_ml: a(dec_ml, "attention scratch")?,
         };
@@ -1035,6 +1038,7 @@ impl GpuBackend {
             &args,
             self.select_max_k(),
             &mut w.sel_out,
+            &mut w.sel_scratch,
         )?;
         Ok(())
     }
