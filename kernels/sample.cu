@@ -158,7 +158,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1)
                 presence = __int_as_float(args[4]);
     const int* pen = args + SAMPLE_ARGS;
 
-    if (k == 1 && n_pen == 0 && gridDim.x > 1) {
+    if (k == 1 && n_pen == 0) {
         // Block b's slice: logits [b * chunk, (b + 1) * chunk).
         const int chunk = (n_vocab + gridDim.x - 1) / gridDim.x, lo = blockIdx.x * chunk;
         float bv = __int_as_float(0xff800000);

@@ -160,3 +160,11 @@ impl Kernels {
         Ok(())
     }
 }
+
+/// The text after `#define NAME ` in a kernel source (tests check the
+/// launchers' mirrors of the kernels' constants with it).
+#[cfg(test)]
+pub(crate) fn cuda_define<'a>(src: &'a str, name: &str) -> Option<&'a str> {
+    let at = src.find(&format!("#define {name} "))? + name.len() + 9;
+    src[at..].lines().next().map(str::trim)
+}

@@ -1460,13 +1460,8 @@ mod tests {
     fn packed_gemv_block_sizes_match_the_kernels() {
         // `#define NAME n` in gemv_packed.cuh.
         let src = include_str!("../../../kernels/gemv_packed.cuh");
-        let define = |name: &str| {
-            let at = src.find(&format!("#define {name} ")).expect(name) + name.len() + 9;
-            src[at..]
-                .lines()
-                .next()
-                .and_then(|v| v.trim().parse::<usize>().ok())
-        };
+        let define =
+            |name: &str| crate::cuda_define(src, name).and_then(|v| v.parse::<usize>().ok());
         assert_eq!(define("PGEMV_WARPS"), Some(PACKED_GEMV_WARPS as usize));
         assert_eq!(define("PGEMV_MAX_WARPS"), Some(PACKED_GEMV_SPLIT3_WARPS));
         // A 3-way split's block holds whole groups of 3 warps.

@@ -123,3 +123,23 @@ impl Kernels {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn constants_match_the_kernel() {
+        // `#define NAME value` in sample.cu: the launcher sizes the grid,
+        // the output and the scratch by these.
+        let src = include_str!("../../../kernels/sample.cu");
+        let define = |name: &str| crate::cuda_define(src, name).expect(name);
+        let num = |name: &str| define(name).parse::<usize>().expect(name);
+        assert_eq!(num("SAMPLE_THREADS"), SAMPLE_THREADS as usize);
+        assert_eq!(num("SAMPLE_MAX_K"), SELECT_MAX_K);
+        assert_eq!(num("SAMPLE_ARGS"), SELECT_ARGS);
+        assert_eq!(num("SAMPLE_MAX_BLOCKS"), SAMPLE_MAX_BLOCKS);
+        assert_eq!(define("SAMPLE_SCRATCH"), "(2 * SAMPLE_MAX_BLOCKS + 32)");
+        assert_eq!(SELECT_SCRATCH, 2 * SAMPLE_MAX_BLOCKS + 32);
+    }
+}
