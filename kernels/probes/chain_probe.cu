@@ -41,7 +41,8 @@
 //
 // PROBE_PREFETCH=1 adds chains whose attention stand-in also pulls the
 // first 1, 1/2 or 1/4 of the o matrix into the L2 (prefetch.global.L2);
-// PROBE_SINGLE=1 only launches each variant once on the 8B Q4_0 matrices
+// PROBE_FUSED=1 adds chains without the attention stand-in (as if attention
+// ran inside the Q/K/V kernel: a node a layer fewer); PROBE_SINGLE=1 only launches each variant once on the 8B Q4_0 matrices
 // (for `ncu --metrics gpu__time_duration.sum`).
 #include <algorithm>
 #include <cstdio>
@@ -307,7 +308,10 @@ int main() {
     printf("| model | GB a token | bound t/s (blocks/SM x loads) | bound share of read | others |\n");
     printf("|---|---|---|---|---|\n");
     const int pf_modes = getenv("PROBE_PREFETCH") ? 4 : 1;
-    for (int pfm = 0; pfm < pf_modes; ++pfm)
+    // PROBE_FUSED=1: also chains without the attention stand-in (attention
+    // run inside the Q/K/V kernel: a node a layer fewer), mode pf_modes.
+    const int modes = pf_modes + (getenv("PROBE_FUSED") ? 1 : 0);
+    for (int pfm = 0; pfm < modes; ++pfm)
     for (const Model& m : models) {
         // pfm: 0 no prefetch; 1, 2, 3: attention prefetches all of o, half, a quarter
         double best = 0;
@@ -321,7 +325,9 @@ int main() {
             long long off = 0;
             for (size_t oi = 0; oi < m.ops.size(); ++oi) {
                 const Op& o = m.ops[oi];
-                if (o.bytes == 0 && pfm > 0 && oi + 1 < m.ops.size()) {
+                if (o.bytes == 0 && pfm == pf_modes && oi + 1 < m.ops.size()) {
+                    continue;
+                } else if (o.bytes == 0 && pfm > 0 && oi + 1 < m.ops.size()) {
                     const long long pf = m.ops[oi + 1].bytes >> (pfm - 1);
                     tiny_pf<<<32 + 2 * sms, 256, 0, s>>>(buf, out, (const char*)(buf + off / 16), pf);
                 } else if (o.bytes == 0) {
@@ -347,7 +353,7 @@ int main() {
             if (t > best) best = t, best_i = (int)ci;
         }
         const double share = best * m.total / 1e9 / read_gbs;
-        printf("| %s%s | %.3f |", m.name, pfm == 0 ? "" : pfm == 1 ? " pf all" : pfm == 2 ? " pf half" : " pf quarter",
+        printf("| %s%s | %.3f |", m.name, pfm == 0 ? "" : pfm == pf_modes ? " no attention node" : pfm == 1 ? " pf all" : pfm == 2 ? " pf half" : " pf quarter",
                m.total / 1e9);
         printf(" %.1f (%d x %d) | %.1f%% |", best, cfgs[best_i].bps,
                cfgs[best_i].unr, 100 * share);
