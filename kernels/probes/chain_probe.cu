@@ -104,33 +104,36 @@ __global__ void chunked(const uint4* __restrict__ p, long long per, long long n_
             f0 = f0 * 0.999f, f1 = f1 * 0.999f, f2 = f2 * 0.999f, f3 = f3 * 0.999f;
         }
     };
+    // A round: U loads a lane from `at`, then (works) the arithmetic on them.
+    auto load = [&](uint4* v, long long at) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) v[u] = __ldcs(p + at + lane + 32 * u);
+    };
+    auto works = [&](const uint4* v) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) work(v[u]);
+    };
     long long base = b0;
     if (!DB) {
         for (; base + 32 * U <= e; base += 32 * U) {
             uint4 v[U];
-#pragma unroll
-            for (int u = 0; u < U; ++u) v[u] = __ldcs(p + base + lane + 32 * u);
+            load(v, base);
             __syncwarp();
-#pragma unroll
-            for (int u = 0; u < U; ++u) work(v[u]);
+            works(v);
         }
     } else if (base + 32 * U <= e) {
         uint4 v[U];
-#pragma unroll
-        for (int u = 0; u < U; ++u) v[u] = __ldcs(p + base + lane + 32 * u);
+        load(v, base);
         base += 32 * U;
         for (; base + 32 * U <= e; base += 32 * U) {
             uint4 nx[U];
-#pragma unroll
-            for (int u = 0; u < U; ++u) nx[u] = __ldcs(p + base + lane + 32 * u);
+            load(nx, base);
             __syncwarp();
-#pragma unroll
-            for (int u = 0; u < U; ++u) work(v[u]);
+            works(v);
 #pragma unroll
             for (int u = 0; u < U; ++u) v[u] = nx[u];
         }
-#pragma unroll
-        for (int u = 0; u < U; ++u) work(v[u]);
+        works(v);
     }
     for (long long i = base + lane; i < e; i += 32) work(__ldcs(p + i));
     float acc = a0 + a1 + a2 + a3;
