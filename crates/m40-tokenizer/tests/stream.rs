@@ -58,9 +58,13 @@ proptest! {
             let ids = tok.encode(&text, Encode { parse_special: false, add_special: false }).unwrap();
             let out = streamed(tok, &ids);
             prop_assert_eq!(&out, &tok.decode(&ids).unwrap(), "{}", name);
-            // Qwen2 normalizes to NFC, which is lossy by design.
-            if tok.pre_split() != Some(m40_tokenizer::PreSplit::Qwen2) {
-                prop_assert_eq!(&out, &text, "{} round trip", name);
+            // Qwen2 normalizes to NFC, which is lossy by design. SPM writes
+            // a space as U+2581 and decodes that character as a space (as
+            // llama.cpp does), so text holding it comes back with spaces.
+            match tok.pre_split() {
+                Some(m40_tokenizer::PreSplit::Qwen2) => {}
+                None => prop_assert_eq!(&out, &text.replace('\u{2581}', " "), "{} round trip", name),
+                Some(_) => prop_assert_eq!(&out, &text, "{} round trip", name),
             }
         }
     }
