@@ -27,6 +27,15 @@ fn matmuls(c: &mut Criterion) {
         .copied()
         .filter(|t| *t != GgmlType::Q5_0 && *t != GgmlType::Q5_1)
     {
+        // The K-quants' 256-value blocks do not divide SmolLM2's 576
+        // columns (llama.cpp stores such rows in other formats too).
+        if !cols.is_multiple_of(ty.block_len()) {
+            eprintln!(
+                "matmul/{ty}: skipped, {cols} columns are not whole {}-value blocks",
+                ty.block_len()
+            );
+            continue;
+        }
         // A one-tensor GGUF in memory gives a real TensorView.
         let md = Metadata::new();
         let spec = TensorSpec::new("w", ty, &[cols as u64, rows as u64]);

@@ -1,7 +1,8 @@
 //! An interactive, multi-turn chat in the terminal with streaming output,
 //! in-process or through a running server. Ctrl-C stops the answer being
-//! written (not the program); `/reset` starts a new conversation, `/exit`
-//! (or end of input) quits.
+//! written (not the program). Ollama's commands: `/?` (help), `/set
+//! parameter NAME VALUE`, `/set system TEXT`, `/show info`, `/show
+//! parameters`, `/clear` (or `/reset`), `/bye` (or `/exit`, end of input).
 
 use std::io::{BufRead, Write};
 
@@ -29,6 +30,9 @@ pub struct Turn {
 /// What answers a conversation: an [`Engine`] here, or a server
 /// ([`crate::client::RemoteChat`]).
 pub trait ChatBackend {
+    /// Where the chat runs and what model: the first line of a chat, and
+    /// `/show info`.
+    fn describe(&self) -> Vec<String>;
     /// Answer the conversation so far, streaming text into `on_text`.
     fn answer(
         &self,
@@ -40,6 +44,31 @@ pub trait ChatBackend {
 }
 
 impl ChatBackend for Engine {
+    fn describe(&self) -> Vec<String> {
+        let h = self.hparams();
+        let f = self.model_file();
+        let mut lines = vec![
+            format!("running on the {} (in this process)", self.backend_name()),
+            format!(
+                "model: {} ({}, {:.0}M parameters, {} layers, d={})",
+                f.path().display(),
+                f.architecture().unwrap_or("unknown"),
+                f.n_params() as f64 / 1e6,
+                h.n_layer,
+                h.n_embd
+            ),
+            format!(
+                "context: {} tokens (made for {})",
+                self.n_ctx(),
+                h.max_context()
+            ),
+        ];
+        if let Some(why) = self.backend_note() {
+            lines.insert(1, format!("not on the GPU: {why}"));
+        }
+        lines
+    }
+
     fn answer(
         &self,
         history: &[Message],
@@ -78,19 +107,145 @@ pub fn cancel_on_ctrl_c(cancel: &CancelToken) {
     let _ = ctrlc::set_handler(move || c.cancel());
 }
 
-/// Run the chat loop on stdin/stdout until `/exit` or end of input.
+const HELP: &str = "\
+Commands:
+  /set parameter NAME VALUE   temperature, top_k, top_p, min_p, repeat_penalty,
+                              repeat_last_n, presence_penalty, frequency_penalty,
+                              seed, num_predict, stop (repeat /set to add stops)
+  /set system TEXT            a system message (starts the conversation over)
+  /show info                  the model and where it runs
+  /show parameters            the sampling settings in use
+  /clear                      start the conversation over (also /reset)
+  /bye                        quit (also /exit, Ctrl-D)
+  /?                          this help
+Ctrl-C stops an answer.";
+
+/// What a command line asks the loop to do.
+#[derive(Debug, PartialEq)]
+enum Action {
+    /// Print this (help, settings, info, a confirmation or an error).
+    Say(String),
+    /// Start the conversation over, saying this.
+    Clear(String),
+    Quit,
+}
+
+/// Apply `/set parameter NAME VALUE` to `opts`; the settings are checked as
+/// the APIs check them.
+fn set_parameter(opts: &mut ChatOptions, name: &str, value: &str) -> Result<String, String> {
+    let float = || -> Result<f32, String> {
+        value
+            .parse::<f32>()
+            .map_err(|_| format!("{name} takes a number, not `{value}`"))
+    };
+    let int = || -> Result<i64, String> {
+        value
+            .parse::<i64>()
+            .map_err(|_| format!("{name} takes an integer, not `{value}`"))
+    };
+    let mut next = opts.clone();
+    let sp = &mut next.sampling;
+    let count = m40_runtime::sampling::count;
+    match name {
+        "temperature" => sp.temperature = float()?,
+        "top_p" => sp.top_p = float()?,
+        "min_p" => sp.min_p = float()?,
+        "repeat_penalty" => sp.repeat_penalty = float()?,
+        "presence_penalty" => sp.presence_penalty = float()?,
+        "frequency_penalty" => sp.frequency_penalty = float()?,
+        "top_k" => sp.top_k = count("top_k", int()?).map_err(|e| e.to_string())?,
+        "repeat_last_n" => {
+            sp.penalty_last_n = count("repeat_last_n", int()?).map_err(|e| e.to_string())?
+        }
+        "seed" => sp.seed = Some(int()? as u64),
+        "num_predict" => {
+            next.max_tokens = match int()? {
+                n if n < 0 => None,
+                n => Some(n as usize),
+            }
+        }
+        "stop" => next.stop.push(value.to_string()),
+        _ => {
+            return Err(format!(
+                "unknown parameter `{name}`; see /? for the ones there are"
+            ))
+        }
+    }
+    next.sampling.validate().map_err(|e| e.to_string())?;
+    *opts = next;
+    Ok(format!("set parameter '{name}' to '{value}'"))
+}
+
+fn show_parameters(opts: &ChatOptions) -> String {
+    let s = &opts.sampling;
+    let mut out = format!(
+        "temperature {}\ntop_k {}\ntop_p {}\nmin_p {}\nrepeat_penalty {}\nrepeat_last_n {}\npresence_penalty {}\nfrequency_penalty {}",
+        s.temperature,
+        s.top_k,
+        s.top_p,
+        s.min_p,
+        s.repeat_penalty,
+        s.penalty_last_n,
+        s.presence_penalty,
+        s.frequency_penalty
+    );
+    if let Some(seed) = s.seed {
+        out += &format!("\nseed {seed}");
+    }
+    if let Some(n) = opts.max_tokens {
+        out += &format!("\nnum_predict {n}");
+    }
+    for stop in &opts.stop {
+        out += &format!("\nstop {stop:?}");
+    }
+    out
+}
+
+/// Carry out a line that starts with `/`.
+fn command(line: &str, opts: &mut ChatOptions, backend: &dyn ChatBackend) -> Action {
+    let mut words = line.split_whitespace();
+    let cmd = words.next().unwrap_or("");
+    let rest: Vec<&str> = words.collect();
+    match (cmd, rest.as_slice()) {
+        ("/bye" | "/exit" | "/quit", _) => Action::Quit,
+        ("/clear" | "/reset", _) => Action::Clear("(conversation cleared)".into()),
+        ("/?" | "/help", _) => Action::Say(HELP.into()),
+        ("/show", ["info"]) => Action::Say(backend.describe().join("\n")),
+        ("/show", ["parameters"]) => Action::Say(show_parameters(opts)),
+        ("/set", ["parameter", name, value @ ..]) if !value.is_empty() => {
+            match set_parameter(opts, name, &value.join(" ")) {
+                Ok(msg) => Action::Say(msg),
+                Err(e) => Action::Say(format!("error: {e}")),
+            }
+        }
+        ("/set", ["system", text @ ..]) if !text.is_empty() => {
+            opts.system = Some(text.join(" "));
+            Action::Clear("(system message set; conversation cleared)".into())
+        }
+        ("/set" | "/show", _) => {
+            Action::Say(format!("error: incomplete or unknown `{line}`\n{HELP}"))
+        }
+        _ => Action::Say(format!("unknown command `{cmd}`\n{HELP}")),
+    }
+}
+
+/// Run the chat loop on stdin/stdout until `/bye` or end of input.
 pub fn run(backend: &dyn ChatBackend, opts: &ChatOptions) -> Result<()> {
     let cancel = CancelToken::new();
     cancel_on_ctrl_c(&cancel);
+    let mut opts = opts.clone();
     let mut history: Vec<Message> = Vec::new();
-    let reset = |h: &mut Vec<Message>| {
+    let reset = |h: &mut Vec<Message>, opts: &ChatOptions| {
         h.clear();
         if let Some(s) = &opts.system {
             h.push(Message::new("system", s.clone()));
         }
     };
-    reset(&mut history);
-    eprintln!("chat: type a message; /reset starts over, /exit quits, Ctrl-C stops an answer");
+    reset(&mut history, &opts);
+    if let Some(first) = backend.describe().first() {
+        eprintln!("{first}");
+    }
+    eprintln!("chat: type a message; /? for help, /bye quits, Ctrl-C stops an answer");
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();
     loop {
@@ -105,19 +260,23 @@ pub fn run(backend: &dyn ChatBackend, opts: &ChatOptions) -> Result<()> {
             Err(e) => return Err(e.into()),
         };
         let line = line.trim();
-        match line {
-            "" => continue,
-            "/exit" | "/quit" | "/bye" => break,
-            "/reset" | "/clear" => {
-                reset(&mut history);
-                eprintln!("(conversation cleared)");
-                continue;
+        if line.is_empty() {
+            continue;
+        }
+        if line.starts_with('/') {
+            match command(line, &mut opts, backend) {
+                Action::Quit => break,
+                Action::Say(msg) => eprintln!("{msg}"),
+                Action::Clear(msg) => {
+                    reset(&mut history, &opts);
+                    eprintln!("{msg}");
+                }
             }
-            _ => {}
+            continue;
         }
         history.push(Message::new("user", line));
         let stdout = std::io::stdout();
-        let result = backend.answer(&history, opts, &cancel, &mut |text| {
+        let result = backend.answer(&history, &opts, &cancel, &mut |text| {
             let mut out = stdout.lock();
             let _ = out.write_all(text.as_bytes());
             let _ = out.flush();
@@ -138,4 +297,80 @@ pub fn run(backend: &dyn ChatBackend, opts: &ChatOptions) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Fake;
+    impl ChatBackend for Fake {
+        fn describe(&self) -> Vec<String> {
+            vec!["running on the CPU".into(), "model: m".into()]
+        }
+        fn answer(
+            &self,
+            _: &[Message],
+            _: &ChatOptions,
+            _: &CancelToken,
+            _: &mut dyn FnMut(&str),
+        ) -> Result<Turn> {
+            unreachable!("commands never reach the model")
+        }
+    }
+
+    fn say(a: Action) -> String {
+        match a {
+            Action::Say(s) => s,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn ollama_commands() {
+        let mut o = ChatOptions::default();
+        assert_eq!(command("/bye", &mut o, &Fake), Action::Quit);
+        assert!(matches!(command("/clear", &mut o, &Fake), Action::Clear(_)));
+        assert!(say(command("/?", &mut o, &Fake)).contains("/set parameter"));
+        assert!(say(command("/show info", &mut o, &Fake)).contains("running on the CPU"));
+        let m = say(command("/set parameter temperature 0", &mut o, &Fake));
+        assert_eq!(m, "set parameter 'temperature' to '0'");
+        assert_eq!(o.sampling.temperature, 0.0);
+        say(command("/set parameter top_k 7", &mut o, &Fake));
+        say(command("/set parameter num_predict 12", &mut o, &Fake));
+        say(command("/set parameter stop <end>", &mut o, &Fake));
+        assert_eq!((o.sampling.top_k, o.max_tokens), (7, Some(12)));
+        assert_eq!(o.stop, ["<end>"]);
+        let p = say(command("/show parameters", &mut o, &Fake));
+        assert!(p.contains("top_k 7") && p.contains("num_predict 12"), "{p}");
+        // Nonsense is refused with the range, and changes nothing.
+        let before = o.clone();
+        for bad in [
+            "/set parameter temperature -1",
+            "/set parameter top_p 5",
+            "/set parameter repeat_penalty 0",
+            "/set parameter top_k -3",
+            "/set parameter temperature hot",
+            "/set parameter colour blue",
+        ] {
+            let m = say(command(bad, &mut o, &Fake));
+            assert!(m.starts_with("error:"), "{bad}: {m}");
+        }
+        assert_eq!(o.sampling, before.sampling);
+        assert!(say(command("/set parameter temperature -1", &mut o, &Fake))
+            .contains("between 0 and 2"));
+        // A system message restarts the conversation.
+        assert!(matches!(
+            command("/set system Be terse.", &mut o, &Fake),
+            Action::Clear(_)
+        ));
+        assert_eq!(o.system.as_deref(), Some("Be terse."));
+        // Unknown commands are answered with the help, never sent to the model.
+        let m = say(command("/frobnicate now", &mut o, &Fake));
+        assert!(
+            m.contains("unknown command `/frobnicate`") && m.contains("/bye"),
+            "{m}"
+        );
+        assert!(say(command("/set", &mut o, &Fake)).contains("incomplete"));
+    }
 }

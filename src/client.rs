@@ -45,6 +45,33 @@ pub fn server_base() -> String {
     format!("http://{host}:{}", port.unwrap_or(DEFAULT_PORT))
 }
 
+/// A server's 401: what to do about it.
+#[derive(Debug)]
+pub struct Unauthorized {
+    base: String,
+    key_sent: bool,
+}
+
+impl std::fmt::Display for Unauthorized {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.key_sent {
+            write!(
+                f,
+                "the server at {} refused the API key in M40_API_KEY: set it to the key the server was started with (--api-key or its M40_API_KEY)",
+                self.base
+            )
+        } else {
+            write!(
+                f,
+                "the server at {} needs an API key: set M40_API_KEY to the key it was started with (--api-key or its M40_API_KEY)",
+                self.base
+            )
+        }
+    }
+}
+
+impl std::error::Error for Unauthorized {}
+
 /// A running server.
 pub struct Client {
     base: String,
@@ -70,8 +97,15 @@ impl Client {
             base,
             key: std::env::var("M40_API_KEY").ok().filter(|k| !k.is_empty()),
         };
-        let v = c.get("/api/version").ok()?;
-        v.get("version")?;
+        // A server that wants a key answers 401 here: it is still a server
+        // (its calls then say that a key is needed).
+        match c.get("/api/version") {
+            Ok(v) => {
+                v.get("version")?;
+            }
+            Err(e) if e.downcast_ref::<Unauthorized>().is_some() => {}
+            Err(_) => return None,
+        }
         Some(Client {
             agent: agent(None),
             ..c
@@ -90,10 +124,27 @@ impl Client {
         let mut r = req.call()?;
         let status = r.status().as_u16();
         let text = r.body_mut().read_to_string()?;
-        if status != 200 {
-            bail!("{}{path}: HTTP {status}: {text}", self.base);
-        }
+        self.check_status(path, status, &text)?;
         Ok(serde_json::from_str(&text)?)
+    }
+
+    /// An answer other than 200 as an error; 401 as [`Unauthorized`].
+    fn check_status(&self, path: &str, status: u16, text: &str) -> Result<()> {
+        match status {
+            200 => Ok(()),
+            401 => Err(Unauthorized {
+                base: self.base.clone(),
+                key_sent: self.key.is_some(),
+            }
+            .into()),
+            _ => {
+                let msg = serde_json::from_str::<Value>(text)
+                    .ok()
+                    .and_then(|v| v["error"].as_str().map(str::to_string))
+                    .unwrap_or_else(|| text.to_string());
+                bail!("{}{path}: HTTP {status}: {msg}", self.base)
+            }
+        }
     }
 
     /// The models the server has loaded (`/api/ps`).
@@ -104,23 +155,29 @@ impl Client {
 
     /// The name under which the server has `model` loaded, if it does:
     /// the same name (catalog aliases and `:latest` aside), or the same file.
-    pub fn serving(&self, model: &str) -> Option<String> {
+    /// An error when the server cannot be asked (an API key is needed).
+    pub fn serving(&self, model: &str) -> Result<Option<String>> {
         let local_path = local_path(model);
-        for m in self.ps().ok()? {
-            let name = m["name"].as_str()?.to_string();
+        for m in self.ps()? {
+            let Some(name) = m["name"].as_str().map(str::to_string) else {
+                continue;
+            };
             if same_model(&name, model) {
-                return Some(name);
+                return Ok(Some(name));
             }
-            let show = self
-                .post_json("/api/show", &json!({ "model": name }))
-                .ok()?;
-            let from = show["modelfile"].as_str()?.strip_prefix("FROM ")?.trim();
-            let served = Path::new(from).canonicalize().ok();
+            let Ok(show) = self.post_json("/api/show", &json!({ "model": name })) else {
+                continue;
+            };
+            let from = show["modelfile"]
+                .as_str()
+                .and_then(|m| m.strip_prefix("FROM "))
+                .map(str::trim);
+            let served = from.and_then(|f| Path::new(f).canonicalize().ok());
             if served.is_some() && served == local_path {
-                return Some(name);
+                return Ok(Some(name));
             }
         }
-        None
+        Ok(None)
     }
 
     fn post(&self, path: &str, body: &Value) -> Result<ureq::http::Response<ureq::Body>> {
@@ -138,9 +195,7 @@ impl Client {
         let mut r = self.post(path, body)?;
         let status = r.status().as_u16();
         let text = r.body_mut().read_to_string()?;
-        if status != 200 {
-            bail!("{}{path}: HTTP {status}: {text}", self.base);
-        }
+        self.check_status(path, status, &text)?;
         Ok(serde_json::from_str(&text)?)
     }
 
@@ -160,11 +215,7 @@ impl Client {
         let mut body = r.into_body();
         if status != 200 {
             let text = body.read_to_string().unwrap_or_default();
-            let msg = serde_json::from_str::<Value>(&text)
-                .ok()
-                .and_then(|v| v["error"].as_str().map(str::to_string))
-                .unwrap_or(text);
-            bail!("the server at {} answered {status}: {msg}", self.base);
+            self.check_status(path, status, &text)?;
         }
         let reader = BufReader::new(body.into_reader());
         for line in reader.lines() {
@@ -264,6 +315,36 @@ pub struct RemoteChat {
 }
 
 impl ChatBackend for RemoteChat {
+    fn describe(&self) -> Vec<String> {
+        let mut lines = vec![format!(
+            "running on the server at {} ({} loaded there)",
+            self.client.base(),
+            self.model
+        )];
+        if let Ok(show) = self
+            .client
+            .post_json("/api/show", &json!({ "model": self.model }))
+        {
+            let d = &show["details"];
+            lines.push(format!(
+                "model: {} ({}, {} parameters, {})",
+                self.model,
+                d["family"].as_str().unwrap_or("?"),
+                d["parameter_size"].as_str().unwrap_or("?"),
+                d["quantization_level"].as_str().unwrap_or("?")
+            ));
+        }
+        let loaded = self.client.ps().unwrap_or_default();
+        if let Some(dev) = loaded
+            .iter()
+            .find(|m| m["name"] == json!(self.model))
+            .and_then(|m| m["m40_backend"].as_str())
+        {
+            lines[0] += &format!(", on its {dev}");
+        }
+        lines
+    }
+
     fn answer(
         &self,
         history: &[Message],

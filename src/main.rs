@@ -39,6 +39,7 @@ enum Command {
     /// Fetch a model into the store: a catalog name, hf.co/OWNER/REPO[/FILE.gguf|:QUANT], a URL, or a path.
     Pull(cmd::store::PullArgs),
     /// List the models in the store.
+    #[command(visible_alias = "ls")]
     List,
     /// Remove models from the store.
     Rm(cmd::store::RmArgs),

@@ -398,11 +398,51 @@ fn perplexity_command() {
         .output()
         .unwrap()))
     .unwrap();
+    // llama-perplexity's protocol by default: 64 - 32 - 1 = 31 scored a chunk.
     let n_chunks = j["n_chunks"].as_u64().unwrap();
     assert!(n_chunks > 10);
-    assert_eq!(j["scored_tokens"].as_u64().unwrap(), n_chunks * 63);
+    assert_eq!(j["scoring"], "second-half");
+    assert_eq!(j["scored_tokens"].as_u64().unwrap(), n_chunks * 31);
     assert_eq!(j["argmax"].as_array().unwrap().len() as u64, n_chunks);
-    assert_eq!(j["argmax"][0].as_array().unwrap().len(), 63);
+    assert_eq!(j["argmax"][0].as_array().unwrap().len(), 31);
+    assert_eq!(j["running"].as_array().unwrap().len() as u64, n_chunks);
+    assert!(j["ppl_err"].as_f64().unwrap() > 0.0);
+    // --score all: every position of every chunk.
+    let all: Value = serde_json::from_str(&ok(bin()
+        .arg("perplexity")
+        .arg(&model)
+        .arg(&text)
+        .args(["--ctx", "64", "--json", "--score", "all"])
+        .output()
+        .unwrap()))
+    .unwrap();
+    assert_eq!(all["scoring"], "all");
+    let all_chunks = all["n_chunks"].as_u64().unwrap();
+    assert_eq!(all["scored_tokens"].as_u64().unwrap(), all_chunks * 63);
+    // The text lines llama-perplexity prints.
+    let out = ok(bin()
+        .arg("perplexity")
+        .arg(&model)
+        .arg(&text)
+        .args(["--ctx", "64"])
+        .output()
+        .unwrap());
+    assert!(
+        out.starts_with("[1]") && out.contains(&format!("[{n_chunks}]")),
+        "{out}"
+    );
+    let last = out.lines().last().unwrap();
+    assert!(
+        last.starts_with("Final estimate: PPL = ") && last.contains(" +/- "),
+        "{last}"
+    );
+    let printed: f64 = last["Final estimate: PPL = ".len()..]
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((printed - j["ppl"].as_f64().unwrap()).abs() < 1e-4 * printed);
     let (ppl, nll) = (j["ppl"].as_f64().unwrap(), j["mean_nll"].as_f64().unwrap());
     assert!((ppl - nll.exp()).abs() < 1e-6 * ppl && ppl > 1.0 && ppl.is_finite());
     // A random model is close to uniform over its 512 tokens, not better than it by much.
@@ -423,9 +463,8 @@ fn perplexity_command() {
         .arg(&short)
         .output()
         .unwrap();
-    assert!(
-        !o.status.success() && String::from_utf8_lossy(&o.stderr).contains("fewer than one chunk")
-    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("two chunks"), "{err}");
 }
 
 #[test]
@@ -555,23 +594,23 @@ impl Drop for Child {
     }
 }
 
-#[test]
-fn run_uses_a_server_that_has_the_model_loaded() {
-    let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("tiny.gguf");
-    synth_tiny(&model, "Q4_0");
+/// `m40-llm serve MODEL --cpu` with `extra` flags on a free port, started;
+/// the server and its host:port.
+fn serve(model: &std::path::Path, store: &std::path::Path, extra: &[&str]) -> (Child, String) {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
     let host = format!("127.0.0.1:{port}");
-    let _server = Child(
+    let server = Child(
         bin()
-            .env("M40_MODELS", dir.path().join("store"))
+            .env("M40_MODELS", store)
+            .env_remove("M40_API_KEY")
             .arg("serve")
-            .arg(&model)
+            .arg(model)
             .args(["--cpu", "--port", &port.to_string()])
+            .args(extra)
             .stderr(std::process::Stdio::null())
             .spawn()
             .unwrap(),
@@ -581,6 +620,15 @@ fn run_uses_a_server_that_has_the_model_loaded() {
         assert!(t0.elapsed().as_secs() < 60, "the server did not start");
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
+    (server, host)
+}
+
+#[test]
+fn run_uses_a_server_that_has_the_model_loaded() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny.gguf");
+    synth_tiny(&model, "Q4_0");
+    let (_server, host) = serve(&model, &dir.path().join("store"), &[]);
     let args = ["hello", "--raw", "--temp", "0", "-n", "10"];
     let remote = bin()
         .env("M40_HOST", &host)
@@ -637,4 +685,166 @@ fn run_uses_a_server_that_has_the_model_loaded() {
     assert!(o.status.success() && err.contains("does not have"), "{err}");
     let out = ok(bin().env("M40_HOST", &host).arg("ps").output().unwrap());
     assert!(out.contains(model.to_str().unwrap()), "{out}");
+}
+
+#[test]
+fn a_server_with_an_api_key_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny.gguf");
+    synth_tiny(&model, "Q4_0");
+    let (_server, host) = serve(&model, &dir.path().join("store"), &["--api-key", "k3y"]);
+    let o = bin()
+        .env("M40_HOST", &host)
+        .env_remove("M40_API_KEY")
+        .arg("ps")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("needs an API key") && err.contains("M40_API_KEY"),
+        "{err}"
+    );
+    let o = bin()
+        .env("M40_HOST", &host)
+        .env("M40_API_KEY", "nope")
+        .arg("ps")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("refused the API key"),
+        "{err}"
+    );
+    let out = ok(bin()
+        .env("M40_HOST", &host)
+        .env("M40_API_KEY", "k3y")
+        .arg("ps")
+        .output()
+        .unwrap());
+    assert!(out.contains(model.to_str().unwrap()), "{out}");
+    // run says why it does not use the server, then runs here.
+    let o = bin()
+        .env("M40_HOST", &host)
+        .env_remove("M40_API_KEY")
+        .arg("run")
+        .arg(&model)
+        .args(["hi", "--raw", "--temp", "0", "-n", "2"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        o.status.success()
+            && err.contains("needs an API key")
+            && err.contains("running in this process"),
+        "{err}"
+    );
+}
+
+#[test]
+fn impossible_limits_and_nonsense_settings_are_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny.gguf");
+    synth_tiny(&model, "Q4_0");
+    // The tiny shape is made for 2048 tokens.
+    for cmd in ["run", "serve"] {
+        let mut c = bin();
+        c.env("M40_MODELS", dir.path().join("store"))
+            .arg(cmd)
+            .arg(&model);
+        if cmd == "run" {
+            c.arg("hi");
+        } else {
+            c.args(["--port", "0"]);
+        }
+        let o = c.args(["--cpu", "--ctx", "99999999"]).output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{cmd}: {err}");
+        assert!(
+            err.contains("99999999") && err.contains("2048 this model was made for"),
+            "{cmd}: {err}"
+        );
+        assert!(
+            !err.contains("panicked") && !err.contains("memory allocation"),
+            "{err}"
+        );
+    }
+    // 0 is the whole trained context.
+    let out = ok(bin()
+        .arg("run")
+        .arg(&model)
+        .args([
+            "hi", "--raw", "--temp", "0", "-n", "2", "--ctx", "0", "--json", "--cpu",
+        ])
+        .output()
+        .unwrap());
+    assert!(out.contains("\"finish_reason\""), "{out}");
+    // Sampling flags are checked as the APIs check them, before loading.
+    for (flag, value, says) in [
+        (
+            "--temp",
+            "-1",
+            "--temp: temperature must be between 0 and 2",
+        ),
+        ("--top-p", "5", "--top-p: top_p must be between 0 and 1"),
+        ("--min-p", "2", "--min-p: min_p"),
+        (
+            "--repeat-penalty",
+            "0",
+            "--repeat-penalty: repeat_penalty must be above 0",
+        ),
+        ("--presence-penalty", "9", "--presence-penalty"),
+    ] {
+        let o = bin()
+            .arg("run")
+            .arg(&model)
+            .arg("hi")
+            .arg(format!("{flag}={value}"))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains(says), "{flag}: {err}");
+    }
+    // A directory, a file a byte short: the fact and the size.
+    let o = bin().arg("show").arg(dir.path()).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("a directory"), "{err}");
+}
+
+#[test]
+fn ollama_habits_in_the_cli_and_the_chat() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let model = dir.path().join("tiny.gguf");
+    synth_tiny(&model, "Q4_0");
+    let o = bin().env("M40_MODELS", &store).arg("ls").output().unwrap();
+    assert!(ok(o).starts_with("NAME"));
+    let mut cmd = bin();
+    cmd.arg("run")
+        .arg(&model)
+        .args(["--temp", "0", "-n", "3", "--cpu"]);
+    let o = with_stdin(
+        cmd,
+        b"/?\n/set parameter temperature 0.5\n/set parameter top_p 7\n/show parameters\n/show info\n/nonsense\nHi\n/clear\n/bye\nnever read\n",
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.starts_with("running on the CPU"), "{err}");
+    assert!(err.contains("/set parameter NAME VALUE"), "{err}");
+    assert!(
+        err.contains("set parameter 'temperature' to '0.5'"),
+        "{err}"
+    );
+    assert!(
+        err.contains("error: top_p must be between 0 and 1 (1 keeps every token), not 7"),
+        "{err}"
+    );
+    assert!(err.contains("temperature 0.5\ntop_k"), "{err}");
+    assert!(
+        err.contains("context: ") && err.contains("tiny.gguf"),
+        "{err}"
+    );
+    assert!(err.contains("unknown command `/nonsense`"), "{err}");
+    // Only "Hi" reached the model.
+    assert_eq!(err.matches("generated at").count(), 1, "{err}");
+    assert!(err.contains("(conversation cleared)"), "{err}");
 }

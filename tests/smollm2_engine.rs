@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use m40_model::cpu::CpuBackend;
 use m40_model::{Backend, Logits, Model};
-use m40_runtime::perplexity::perplexity;
+use m40_runtime::perplexity::{perplexity, Scoring};
 use m40_tokenizer::Tokenizer;
 use serde_json::Value;
 
@@ -43,7 +43,7 @@ fn perplexity_and_top1_agreement_with_llama_cpp() {
         return;
     };
     let tokens = support::eval_text_ids(&support::testdata().unwrap(), &tok);
-    let r = perplexity(&cpu, &tokens, 512, |_, _, _| {}).unwrap();
+    let r = perplexity(&cpu, &tokens, 512, Scoring::All, None, |_, _, _| {}).unwrap();
     let want = &reference["perplexity"];
     assert_eq!(r.n_chunks as u64, want["n_chunks"].as_u64().unwrap());
     assert_eq!(

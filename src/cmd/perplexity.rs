@@ -1,3 +1,5 @@
+//! `m40-llm perplexity MODEL TEXT`: llama-perplexity's figure by default.
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -5,7 +7,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use m40_model::cpu::CpuBackend;
 use m40_model::Model;
-use m40_runtime::perplexity::perplexity;
+use m40_runtime::perplexity::{perplexity, Scoring};
 use m40_tokenizer::{Encode, Tokenizer};
 
 #[derive(clap::Args)]
@@ -17,61 +19,102 @@ pub struct Args {
     /// Tokens per chunk.
     #[arg(long, default_value_t = 512)]
     pub ctx: usize,
-    /// Print one JSON object (ppl, mean_nll, n_chunks, scored_tokens, argmax).
+    /// Which predictions count: `half` (llama-perplexity's protocol: the
+    /// second half of each chunk, each chunk led by BOS where the model adds
+    /// one) or `all` (every position, no BOS: the protocol of
+    /// ../shared/testdata/smollm2's reference).
+    #[arg(long, value_enum, default_value = "half")]
+    pub score: Score,
+    /// Print one JSON object (ppl, ppl_err, mean_nll, n_chunks,
+    /// scored_tokens, scoring, running, argmax).
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum Score {
+    Half,
+    All,
 }
 
 pub fn run(a: Args) -> Result<()> {
     if a.ctx < 2 {
         bail!("--ctx must be at least 2");
     }
+    let scoring = match a.score {
+        Score::Half => Scoring::SecondHalf,
+        Score::All => Scoring::All,
+    };
     let path = super::resolve_model(Some(&a.model))?;
     let text = std::fs::read_to_string(&a.text)
         .with_context(|| format!("reading {}", a.text.display()))?;
     let model = Arc::new(Model::open(&path)?);
-    if a.ctx > model.hparams().n_ctx_train {
+    if a.ctx > model.hparams().max_context() {
         eprintln!(
-            "warning: --ctx {} is beyond the {} tokens the model was trained on",
+            "warning: --ctx {} is beyond the {} tokens the model was made for",
             a.ctx,
-            model.hparams().n_ctx_train
+            model.hparams().max_context()
         );
     }
     let tok = Tokenizer::from_gguf(model.file())?;
+    // llama-perplexity tokenizes with the model's BOS (and puts one at the
+    // start of every chunk); the whole-chunk protocol uses the text alone.
+    let adds_bos = tok.vocab().add_bos;
+    let half = scoring == Scoring::SecondHalf;
     let tokens = tok.encode(
         &text,
         Encode {
             parse_special: false,
-            add_special: false,
+            add_special: half,
         },
     )?;
-    if tokens.len() < a.ctx {
+    if tokens.len() < scoring.min_tokens(a.ctx) {
         bail!(
-            "the text has {} tokens, fewer than one chunk of {}",
+            "the text has {} tokens, fewer than {} (with --ctx {} this protocol needs {}{})",
             tokens.len(),
-            a.ctx
+            scoring.min_tokens(a.ctx),
+            a.ctx,
+            if half { "two chunks" } else { "one chunk" },
+            if half {
+                ", as llama-perplexity does; or use --score all"
+            } else {
+                ""
+            }
         );
     }
+    let bos = if half && adds_bos { tok.bos() } else { None };
     let backend = CpuBackend::new(model)?;
     let start = Instant::now();
-    let r = perplexity(&backend, &tokens, a.ctx, |c, n, ppl| {
+    if !a.json {
+        eprintln!(
+            "perplexity over {} chunks of {} tokens, scoring {} (CPU)",
+            tokens.len() / a.ctx,
+            a.ctx,
+            if half {
+                "the second half of each, as llama-perplexity does"
+            } else {
+                "every position"
+            }
+        );
+    }
+    let r = perplexity(&backend, &tokens, a.ctx, scoring, bos, |c, _, ppl| {
         if !a.json {
-            eprintln!(
-                "[{c}/{n}] ppl {ppl:.4} ({:.1} s)",
-                start.elapsed().as_secs_f64()
-            );
+            // llama-perplexity's running figures.
+            use std::io::Write;
+            print!("[{c}]{ppl:.4},");
+            let _ = std::io::stdout().flush();
         }
     })?;
     if a.json {
         println!("{}", serde_json::to_string(&r)?);
     } else {
+        println!();
+        println!("Final estimate: PPL = {:.4} +/- {:.5}", r.ppl, r.ppl_err);
         let secs = start.elapsed().as_secs_f64();
-        println!(
-            "ppl = {:.4}, mean NLL = {:.5} over {} tokens in {} chunks of {}",
-            r.ppl, r.mean_nll, r.scored_tokens, r.n_chunks, a.ctx
-        );
         eprintln!(
-            "{:.1} s, {:.0} tokens/s",
+            "mean NLL {:.5} over {} tokens; {:.1} s, {:.0} tokens/s",
+            r.mean_nll,
+            r.scored_tokens,
             secs,
             (r.n_chunks * a.ctx) as f64 / secs
         );

@@ -48,7 +48,8 @@ pub struct Args {
     /// (in-process: implies --local).
     #[arg(long)]
     pub json: bool,
-    /// Context length in tokens.
+    /// Context length in tokens (default: the model's, up to 4096; 0: all
+    /// the model was made for, which is also the most).
     #[arg(long)]
     pub ctx: Option<usize>,
     /// A system message (chat mode and templated prompts).
@@ -62,16 +63,30 @@ pub struct Args {
     pub local: bool,
 }
 
+/// The sampling flags checked as the APIs check them (before any model
+/// loads): an error names the flag and its range.
+fn check_sampling(opts: &ChatOptions) -> Result<()> {
+    opts.sampling.validate().map_err(|e| {
+        let flag = match e.name {
+            "temperature" => "--temp".to_string(),
+            n => format!("--{}", n.replace('_', "-")),
+        };
+        anyhow::anyhow!("{flag}: {e}")
+    })
+}
+
 pub fn run(a: Args) -> Result<()> {
+    check_sampling(&chat_options(&a))?;
     if !(a.local || a.json || a.device.cpu || a.device.gpu.is_some()) {
         if let Some(client) = Client::probe() {
             match client.serving(&a.model) {
-                Some(name) => return run_remote(a, client, name),
-                None => eprintln!(
+                Ok(Some(name)) => return run_remote(a, client, name),
+                Ok(None) => eprintln!(
                     "(the server at {} does not have {} loaded: running in this process)",
                     client.base(),
                     a.model
                 ),
+                Err(e) => eprintln!("({e:#}; running in this process)"),
             }
         }
     }

@@ -27,9 +27,14 @@ pub struct Args {
     /// Seconds a request may run before it is cancelled.
     #[arg(long, default_value_t = 600)]
     pub timeout: u64,
-    /// Context length in tokens.
+    /// Context length in tokens (default: the model's, up to 4096; 0: all
+    /// the model was made for, which is also the most).
     #[arg(long)]
     pub ctx: Option<usize>,
+    /// Let HTTP clients pull by a path on this machine or by any URL (by
+    /// default `/api/pull` takes catalog names and hf.co/ references only).
+    #[arg(long)]
+    pub allow_any_pull: bool,
     #[command(flatten)]
     pub device: super::DeviceArgs,
 }
@@ -73,6 +78,7 @@ pub fn run(a: Args) -> Result<()> {
             request_timeout: Duration::from_secs(a.timeout),
             api_key,
             store: Some(m40_runtime::store::Store::from_env()?),
+            allow_any_pull: a.allow_any_pull,
             ..Default::default()
         };
         let state = AppState::new(Arc::new(engine), &name, config);

@@ -17,6 +17,10 @@ pub struct PullArgs {
     /// The sha256 the file must have.
     #[arg(long)]
     pub sha256: Option<String>,
+    /// Accept a file whose sha256 nothing states (a URL without --sha256, a
+    /// Hugging Face file without a listing); refused otherwise.
+    #[arg(long)]
+    pub unverified: bool,
 }
 
 #[derive(clap::Args)]
@@ -62,6 +66,7 @@ pub fn pull(a: PullArgs) -> Result<()> {
     let opts = PullOptions {
         name: a.name,
         sha256: a.sha256,
+        allow_unverified: a.unverified,
     };
     let m = Store::from_env()?.pull_str(&a.model, &opts, &mut Bar::default())?;
     println!("{}\t{}", m.name, m.path.display());

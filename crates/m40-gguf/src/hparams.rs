@@ -123,6 +123,23 @@ fn bad(msg: String) -> GgufError {
 }
 
 impl HyperParams {
+    /// The longest context the model is made for: its trained context, or,
+    /// where the file declares YaRN scaling, the original context times the
+    /// factor when that is longer (linear scaling's files already state the
+    /// scaled length as their context).
+    pub fn max_context(&self) -> usize {
+        match self.rope_scaling {
+            RopeScaling::Yarn {
+                factor,
+                original_context,
+            } if factor > 1.0 => self
+                .n_ctx_train
+                .max((original_context as f64 * factor as f64) as usize),
+            _ => self.n_ctx_train,
+        }
+        .max(1)
+    }
+
     /// Read the hyperparameters from metadata; `n_vocab` falls back to the
     /// tokenizer's token count when `{arch}.vocab_size` is absent.
     pub fn from_metadata(md: &Metadata) -> Result<Self> {

@@ -24,6 +24,13 @@ pub enum ModelError {
         need: String,
         free: String,
     },
+    #[error("{what} needs {need} of memory and this machine has {available} available; {hint}")]
+    HostMemory {
+        what: String,
+        need: String,
+        available: String,
+        hint: String,
+    },
     #[error("the KV cache is full: {needed} more tokens needed, {free} of {total} free (other sequences hold the rest)")]
     KvFull {
         needed: usize,

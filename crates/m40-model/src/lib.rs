@@ -11,6 +11,7 @@
 pub mod cpu;
 pub mod error;
 pub mod gpu;
+pub mod host;
 
 use std::path::Path;
 

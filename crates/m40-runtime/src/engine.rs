@@ -31,8 +31,17 @@ pub enum EngineError {
         max_tokens: usize,
         n_ctx: usize,
     },
+    #[error("a context of {asked} tokens is more than the {max} this model was made for; use {max} or less (0 means {max})")]
+    ContextTooLong { asked: usize, max: usize },
+    #[error(transparent)]
+    InvalidParam(#[from] crate::sampling::InvalidParam),
     #[error("the prompt is empty")]
     EmptyPrompt,
+    #[error("the model fits neither the GPU nor the CPU: {gpu}; and on the CPU, {cpu}")]
+    NoRoom {
+        gpu: Box<ModelError>,
+        cpu: Box<ModelError>,
+    },
     #[error("no usable GPU ({0}); run on the CPU instead (--cpu)")]
     NoGpu(m40_device::DeviceError),
 }
@@ -64,7 +73,10 @@ impl std::fmt::Debug for UploadProgress {
 /// How to load a model.
 #[derive(Clone, Debug, Default)]
 pub struct EngineOptions {
-    /// Context length in tokens (default: the trained context, at most 4096).
+    /// Context length in tokens: by default the model's context up to
+    /// [`DEFAULT_CONTEXT`] (as Ollama); `Some(0)` is the whole context the
+    /// model was made for ([`m40_gguf::HyperParams::max_context`]), which
+    /// is also the most it may be ([`EngineError::ContextTooLong`]).
     pub n_ctx: Option<usize>,
     pub backend: BackendChoice,
     /// CUDA device ordinal (default 0).
@@ -200,6 +212,21 @@ pub struct Engine {
     n_ctx: usize,
 }
 
+/// The context when none is asked for, where the model allows as much:
+/// Ollama's default, which keeps an 8B model's KV cache at 0.5 GiB.
+pub const DEFAULT_CONTEXT: usize = 4096;
+
+/// The context `asked` (see [`EngineOptions::n_ctx`]) for a model of `hp`.
+fn context_length(hp: &m40_gguf::HyperParams, asked: Option<usize>) -> Result<usize> {
+    let max = hp.max_context();
+    match asked {
+        None => Ok(max.min(DEFAULT_CONTEXT)),
+        Some(0) => Ok(max),
+        Some(n) if n > max => Err(EngineError::ContextTooLong { asked: n, max }),
+        Some(n) => Ok(n),
+    }
+}
+
 /// Tokens per prefill batch (bounds the activation memory of one forward).
 const PREFILL_BATCH: usize = 512;
 
@@ -217,10 +244,7 @@ impl Engine {
             Some(src) => ChatTemplate::new(src)?,
             None => tokenizer.chat_template()?,
         };
-        let n_ctx = opts
-            .n_ctx
-            .unwrap_or_else(|| model.hparams().n_ctx_train.min(4096))
-            .max(1);
+        let n_ctx = context_length(model.hparams(), opts.n_ctx)?;
         let (backend, note) = pick_backend(&model, &opts, n_ctx)?;
         Ok(Self {
             backend,
@@ -293,6 +317,7 @@ impl Engine {
         cancel: &CancelToken,
         mut on_token: impl FnMut(&TokenEvent),
     ) -> Result<Completion> {
+        req.sampling.validate()?;
         let mut prompt = self.prompt_tokens(&req.prompt)?;
         if prompt.is_empty() {
             return Err(EngineError::EmptyPrompt);
@@ -457,7 +482,13 @@ fn pick_backend(
     opts: &EngineOptions,
     n_ctx: usize,
 ) -> Result<(AnyBackend, Option<String>)> {
-    let cpu = || -> Result<AnyBackend> { Ok(AnyBackend::Cpu(CpuBackend::new(model.clone())?)) };
+    // The CPU's KV cache is allocated per request: it is checked against
+    // the machine's memory here, so that a server refuses to start rather
+    // than fail its first request.
+    let cpu = || -> Result<AnyBackend> {
+        m40_model::cpu::check_memory(model.hparams(), n_ctx, PREFILL_BATCH)?;
+        Ok(AnyBackend::Cpu(CpuBackend::new(model.clone())?))
+    };
     if opts.backend == BackendChoice::Cpu {
         return Ok((cpu()?, None));
     }
@@ -477,7 +508,15 @@ fn pick_backend(
     match GpuBackend::new(device, model.clone(), gpu_opts) {
         Ok(g) => Ok((AnyBackend::Gpu(Box::new(g)), None)),
         Err(e @ ModelError::GpuMemory { .. }) if opts.backend == BackendChoice::Auto => {
-            Ok((cpu()?, Some(e.to_string())))
+            match cpu() {
+                Ok(c) => Ok((c, Some(e.to_string()))),
+                // Neither fits: both reasons.
+                Err(EngineError::Model(c)) => Err(EngineError::NoRoom {
+                    gpu: Box::new(e),
+                    cpu: Box::new(c),
+                }),
+                Err(c) => Err(c),
+            }
         }
         Err(e) => Err(e.into()),
     }

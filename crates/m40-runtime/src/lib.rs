@@ -23,7 +23,7 @@
 
 pub use engine::{
     BackendChoice, CancelToken, Completion, Engine, EngineError, EngineOptions, FinishReason,
-    Prompt, Request, TokenEvent, UploadProgress,
+    Prompt, Request, Timings, TokenEvent, UploadProgress, DEFAULT_CONTEXT,
 };
 pub use m40_tokenizer::Message;
 pub use sampling::SamplingParams;

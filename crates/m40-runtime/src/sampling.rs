@@ -7,10 +7,11 @@ use std::collections::{HashMap, VecDeque};
 
 use m40_model::Selection;
 
-/// Sampling settings; the defaults are llama.cpp's.
+/// Sampling settings; the defaults are llama.cpp's. [`SamplingParams::validate`]
+/// checks them against [`RANGES`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct SamplingParams {
-    /// 0 (or less) is greedy.
+    /// 0 is greedy. Ranges: [`RANGES`].
     pub temperature: f32,
     /// Keep the k most likely tokens; 0 keeps all.
     pub top_k: usize,
@@ -46,7 +47,85 @@ impl Default for SamplingParams {
     }
 }
 
+/// A sampling value out of its range ([`SamplingParams::validate`]):
+/// which parameter, its range, and what was given.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("{name} must be {range}, not {value}")]
+pub struct InvalidParam {
+    /// The parameter as the APIs name it (`temperature`, `top_p`, ...).
+    pub name: &'static str,
+    pub range: &'static str,
+    pub value: String,
+}
+
+/// Each sampling parameter with its range, as [`SamplingParams::validate`]
+/// checks it (the CLI and both HTTP APIs go through it): (name, range).
+pub const RANGES: &[(&str, &str)] = &[
+    ("temperature", "between 0 and 2 (0 is greedy)"),
+    ("top_k", "an integer >= 0 (0 keeps every token)"),
+    ("top_p", "between 0 and 1 (1 keeps every token)"),
+    ("min_p", "between 0 and 1 (0 keeps every token)"),
+    ("repeat_penalty", "above 0 and at most 10 (1 is off)"),
+    ("presence_penalty", "between -2 and 2 (0 is off)"),
+    ("frequency_penalty", "between -2 and 2 (0 is off)"),
+    (
+        "repeat_last_n",
+        "an integer >= 0 (-1 over HTTP: the whole context)",
+    ),
+];
+
+fn range_of(name: &'static str) -> &'static str {
+    RANGES
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map_or("valid", |(_, r)| r)
+}
+
+impl InvalidParam {
+    fn new(name: &'static str, value: impl std::fmt::Display) -> Self {
+        Self {
+            name,
+            range: range_of(name),
+            value: value.to_string(),
+        }
+    }
+}
+
+/// An integer parameter a request gives as a signed number (`top_k`):
+/// a count, or an error naming it when negative.
+pub fn count(name: &'static str, v: i64) -> Result<usize, InvalidParam> {
+    usize::try_from(v).map_err(|_| InvalidParam::new(name, v))
+}
+
 impl SamplingParams {
+    /// Checks every value against its range ([`RANGES`]): NaN, infinities
+    /// and values that make no sense (a negative temperature, a top_p of 5,
+    /// a repeat penalty of 0, which would divide by zero) are errors naming
+    /// the parameter.
+    pub fn validate(&self) -> Result<(), InvalidParam> {
+        let within = |name: &'static str, v: f32, lo: f32, hi: f32, open_lo: bool| {
+            let above = if open_lo { v > lo } else { v >= lo };
+            if v.is_finite() && above && v <= hi {
+                Ok(())
+            } else {
+                Err(InvalidParam::new(name, v))
+            }
+        };
+        within("temperature", self.temperature, 0.0, 2.0, false)?;
+        within("top_p", self.top_p, 0.0, 1.0, false)?;
+        within("min_p", self.min_p, 0.0, 1.0, false)?;
+        within("repeat_penalty", self.repeat_penalty, 0.0, 10.0, true)?;
+        within("presence_penalty", self.presence_penalty, -2.0, 2.0, false)?;
+        within(
+            "frequency_penalty",
+            self.frequency_penalty,
+            -2.0,
+            2.0,
+            false,
+        )?;
+        Ok(())
+    }
+
     /// Argmax, no penalties.
     pub fn greedy() -> Self {
         Self {

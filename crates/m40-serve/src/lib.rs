@@ -54,6 +54,10 @@ pub struct ServerConfig {
     /// The model store behind `/api/tags`, `/api/pull` and `/api/delete`
     /// (without one, tags lists the loaded model and the others are 501).
     pub store: Option<Store>,
+    /// Let `/api/pull` take what the local CLI takes: a path on the
+    /// server's disk or any URL (`serve --allow-any-pull`). Off, clients
+    /// pull catalog names and Hugging Face references only.
+    pub allow_any_pull: bool,
 }
 
 impl Default for ServerConfig {
@@ -64,6 +68,7 @@ impl Default for ServerConfig {
             max_body_bytes: 8 << 20,
             api_key: None,
             store: None,
+            allow_any_pull: false,
         }
     }
 }
@@ -390,16 +395,35 @@ async fn check_key(
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        if given != Some(key) {
-            return ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "missing or wrong API key (Authorization: Bearer ...)",
-            )
-            .into_response();
+            .and_then(bearer_token);
+        if !given.is_some_and(|g| same_key(g, key)) {
+            let why = if given.is_some() {
+                "wrong API key"
+            } else {
+                "an API key is needed: send Authorization: Bearer KEY (m40-llm's CLI sends M40_API_KEY)"
+            };
+            let mut r = ApiError::new(StatusCode::UNAUTHORIZED, why).into_response();
+            r.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"m40-llm\""),
+            );
+            return r;
         }
     }
     next.run(req).await
+}
+
+/// The credentials of an `Authorization` value whose scheme is Bearer
+/// (schemes are case-insensitive: RFC 9110 11.1).
+fn bearer_token(v: &str) -> Option<&str> {
+    let (scheme, token) = v.trim().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+/// Key comparison whose time does not depend on where the keys differ.
+fn same_key(given: &str, key: &str) -> bool {
+    let (a, b) = (given.as_bytes(), key.as_bytes());
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
 }
 
 async fn root() -> &'static str {

@@ -11,6 +11,7 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use m40_runtime::sampling::count;
 use m40_runtime::{Completion, FinishReason, Message, Prompt, Request, SamplingParams};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -41,36 +42,30 @@ impl Options {
     /// And the context it asks for (`num_ctx`: at most the loaded one).
     fn request(self, prompt: Prompt, n_ctx: usize) -> Result<(Request, Option<usize>), ApiError> {
         let d = SamplingParams::default();
-        let nonneg = |name: &str, v: f32| {
-            if v.is_finite() && v >= 0.0 {
-                Ok(v)
-            } else {
-                Err(ApiError::bad_request(format!(
-                    "option {name} must be a finite number >= 0, not {v}"
-                )))
-            }
-        };
+        let invalid =
+            |e: m40_runtime::sampling::InvalidParam| ApiError::bad_request(format!("option {e}"));
         let mut req = Request::new(prompt);
         req.sampling = SamplingParams {
-            temperature: nonneg("temperature", self.temperature.unwrap_or(d.temperature))?,
-            top_k: self.top_k.map_or(d.top_k, |k| k.max(0) as usize),
-            top_p: nonneg("top_p", self.top_p.unwrap_or(d.top_p))?,
-            min_p: nonneg("min_p", self.min_p.unwrap_or(d.min_p))?,
-            repeat_penalty: nonneg(
-                "repeat_penalty",
-                self.repeat_penalty.unwrap_or(d.repeat_penalty),
-            )?,
+            temperature: self.temperature.unwrap_or(d.temperature),
+            top_k: self
+                .top_k
+                .map_or(Ok(d.top_k), |k| count("top_k", k))
+                .map_err(invalid)?,
+            top_p: self.top_p.unwrap_or(d.top_p),
+            min_p: self.min_p.unwrap_or(d.min_p),
+            repeat_penalty: self.repeat_penalty.unwrap_or(d.repeat_penalty),
             presence_penalty: self.presence_penalty.unwrap_or(d.presence_penalty),
             frequency_penalty: self.frequency_penalty.unwrap_or(d.frequency_penalty),
             // Ollama: -1 is the whole context, 0 disables the penalties.
             penalty_last_n: match self.repeat_last_n {
                 None => d.penalty_last_n,
-                Some(n) if n < 0 => n_ctx,
-                Some(n) => n as usize,
+                Some(-1) => n_ctx,
+                Some(n) => count("repeat_last_n", n).map_err(invalid)?,
             },
             // Ollama: a negative seed is a random one.
             seed: self.seed.filter(|&s| s >= 0).map(|s| s as u64),
         };
+        req.sampling.validate().map_err(invalid)?;
         // Ollama: -1 (and -2) generate until the context is full.
         req.max_tokens = self.num_predict.filter(|&n| n >= 0).map(|n| n as usize);
         req.stop = self.stop.unwrap_or_default();
@@ -98,6 +93,8 @@ struct GenerateRequest {
     options: Options,
     #[serde(default)]
     images: Vec<String>,
+    /// Structured output ("json" or a schema): refused until it exists.
+    format: Option<Value>,
     /// Accepted; the one loaded model stays loaded.
     #[allow(dead_code)]
     keep_alive: Option<Value>,
@@ -120,6 +117,9 @@ struct ChatRequest {
     stream: Option<bool>,
     #[serde(default)]
     options: Options,
+    format: Option<Value>,
+    /// Function calling: refused until it exists.
+    tools: Option<Value>,
     #[allow(dead_code)]
     keep_alive: Option<Value>,
 }
@@ -134,6 +134,31 @@ fn done_reason(r: FinishReason) -> &'static str {
         FinishReason::Length => "length",
         FinishReason::Cancelled => "cancelled",
     }
+}
+
+/// Ollama's `format` and `tools`, which m40-llm does not do yet: a 400
+/// rather than plain text that ignores them. `format: ""` and an empty
+/// tool list ask for nothing.
+fn no_structured_output(format: Option<&Value>, tools: Option<&Value>) -> Result<(), ApiError> {
+    let asks = |v: Option<&Value>| {
+        v.is_some_and(|v| match v {
+            Value::Null => false,
+            Value::String(s) => !s.is_empty(),
+            Value::Array(a) => !a.is_empty(),
+            _ => true,
+        })
+    };
+    if asks(format) {
+        return Err(ApiError::bad_request(
+            "format (JSON mode and structured outputs) is not supported by m40-llm yet; leave it out and ask for JSON in the prompt",
+        ));
+    }
+    if asks(tools) {
+        return Err(ApiError::bad_request(
+            "tools (function calling) are not supported by m40-llm yet; leave them out",
+        ));
+    }
+    Ok(())
 }
 
 fn no_images(images: &[String]) -> Result<(), ApiError> {
@@ -256,6 +281,7 @@ pub(crate) async fn generate(State(s): State<AppState>, body: Bytes) -> Result<R
     let r: GenerateRequest = parse_json(&body)?;
     s.check_model(r.model.as_deref())?;
     no_images(&r.images)?;
+    no_structured_output(r.format.as_ref(), None)?;
     let model = r.model.clone().unwrap_or_default();
     let prompt_text = r.prompt.unwrap_or_default();
     if prompt_text.is_empty() {
@@ -290,6 +316,7 @@ pub(crate) async fn chat(State(s): State<AppState>, body: Bytes) -> Result<Respo
     let received = Instant::now();
     let r: ChatRequest = parse_json(&body)?;
     s.check_model(r.model.as_deref())?;
+    no_structured_output(r.format.as_ref(), r.tools.as_ref())?;
     let model = r.model.clone().unwrap_or_default();
     if r.messages.is_empty() {
         return Ok(Json(json!({"model": model, "created_at": now(),
@@ -361,9 +388,15 @@ pub(crate) fn model_entry(s: &AppState) -> Value {
 
 pub(crate) async fn ps(State(s): State<AppState>) -> Json<Value> {
     let mut m = model_entry(&s);
-    m["expires_at"] = json!("0001-01-01T00:00:00Z");
-    m["size_vram"] = json!(0);
+    // The model stays loaded: Ollama shows such a model (keep_alive < 0)
+    // as expiring in the far future.
+    let forever = chrono::Utc::now() + chrono::Duration::days(100 * 365);
+    m["expires_at"] = json!(forever.to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
+    // Ollama's `ps` derives its PROCESSOR column from this.
+    let on_gpu = s.engine().backend_name() != "CPU";
+    m["size_vram"] = json!(if on_gpu { m["size"].clone() } else { json!(0) });
     m["context_length"] = json!(s.engine().n_ctx());
+    m["m40_backend"] = json!(s.engine().backend_name());
     Json(json!({ "models": [m] }))
 }
 

@@ -10,6 +10,7 @@ use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use m40_runtime::sampling::count;
 use m40_runtime::{
     Completion, Engine, FinishReason, Message, Prompt, Request, SamplingParams, TokenEvent,
 };
@@ -77,7 +78,7 @@ struct Common {
     temperature: Option<f32>,
     top_p: Option<f32>,
     /// llama.cpp's extensions, accepted here too.
-    top_k: Option<u64>,
+    top_k: Option<i64>,
     min_p: Option<f32>,
     repeat_penalty: Option<f32>,
     presence_penalty: Option<f32>,
@@ -88,6 +89,10 @@ struct Common {
     stream: bool,
     stream_options: Option<StreamOptions>,
     n: Option<u64>,
+    /// `{"type": "text"}` only, until structured outputs exist.
+    response_format: Option<Value>,
+    /// Function calling: refused until it exists.
+    tools: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -107,28 +112,42 @@ impl Common {
         if self.n.is_some_and(|n| n != 1) {
             return Err(ApiError::bad_request("only n = 1 is supported"));
         }
-        let check = |name: &str, v: Option<f32>, lo: f32, hi: f32| match v {
-            Some(x) if !(x.is_finite() && (lo..=hi).contains(&x)) => Err(ApiError::bad_request(
-                format!("{name} must be between {lo} and {hi}, not {x}"),
-            )),
-            _ => Ok(v),
-        };
+        if let Some(f) = self.response_format.as_ref().filter(|f| !f.is_null()) {
+            let kind = f.get("type").and_then(Value::as_str).unwrap_or("");
+            if kind != "text" {
+                return Err(ApiError::bad_request(format!(
+                    "response_format {f} is not supported by m40-llm yet (JSON mode and structured outputs are not built); use {{\"type\": \"text\"}} or leave it out"
+                )));
+            }
+        }
+        if self
+            .tools
+            .as_ref()
+            .is_some_and(|t| !(t.is_null() || t.as_array().is_some_and(Vec::is_empty)))
+        {
+            return Err(ApiError::bad_request(
+                "tools (function calling) are not supported by m40-llm yet; leave them out",
+            ));
+        }
         let d = SamplingParams::default();
         let mut req = Request::new(prompt);
         req.sampling = SamplingParams {
-            temperature: check("temperature", self.temperature, 0.0, 2.0)?.unwrap_or(d.temperature),
-            top_p: check("top_p", self.top_p, 0.0, 1.0)?.unwrap_or(d.top_p),
-            top_k: self.top_k.map_or(d.top_k, |k| k as usize),
-            min_p: check("min_p", self.min_p, 0.0, 1.0)?.unwrap_or(d.min_p),
-            repeat_penalty: check("repeat_penalty", self.repeat_penalty, 0.0, 10.0)?
-                .unwrap_or(d.repeat_penalty),
-            presence_penalty: check("presence_penalty", self.presence_penalty, -2.0, 2.0)?
-                .unwrap_or(d.presence_penalty),
-            frequency_penalty: check("frequency_penalty", self.frequency_penalty, -2.0, 2.0)?
-                .unwrap_or(d.frequency_penalty),
+            temperature: self.temperature.unwrap_or(d.temperature),
+            top_p: self.top_p.unwrap_or(d.top_p),
+            top_k: self
+                .top_k
+                .map_or(Ok(d.top_k), |k| count("top_k", k))
+                .map_err(|e| ApiError::bad_request(e.to_string()))?,
+            min_p: self.min_p.unwrap_or(d.min_p),
+            repeat_penalty: self.repeat_penalty.unwrap_or(d.repeat_penalty),
+            presence_penalty: self.presence_penalty.unwrap_or(d.presence_penalty),
+            frequency_penalty: self.frequency_penalty.unwrap_or(d.frequency_penalty),
             penalty_last_n: d.penalty_last_n,
             seed: self.seed,
         };
+        req.sampling
+            .validate()
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
         req.max_tokens = self
             .max_completion_tokens
             .or(self.max_tokens)

@@ -21,11 +21,15 @@ use crate::{parse_json, ApiError, AppState};
 fn store_error(e: StoreError) -> ApiError {
     let status = match &e {
         StoreError::UnknownModel(..) | StoreError::NotStored(_) => StatusCode::NOT_FOUND,
-        StoreError::BadRef(..) | StoreError::HfSelect { .. } => StatusCode::BAD_REQUEST,
-        StoreError::Busy(_) => StatusCode::CONFLICT,
-        StoreError::Http { .. } | StoreError::Checksum { .. } | StoreError::NotGguf { .. } => {
-            StatusCode::BAD_GATEWAY
+        StoreError::BadRef(..) | StoreError::HfSelect { .. } | StoreError::Unverified { .. } => {
+            StatusCode::BAD_REQUEST
         }
+        StoreError::NotAllowedRemotely(_) => StatusCode::FORBIDDEN,
+        StoreError::Busy(_) => StatusCode::CONFLICT,
+        StoreError::Http { .. }
+        | StoreError::Unreachable { .. }
+        | StoreError::Checksum { .. }
+        | StoreError::NotGguf { .. } => StatusCode::BAD_GATEWAY,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     };
     ApiError::new(status, e.to_string())
@@ -83,8 +87,8 @@ struct PullRequest {
     model: Option<String>,
     /// Older clients say `name`.
     name: Option<String>,
-    /// Accepted for Ollama's clients; HTTPS is always verified.
-    #[allow(dead_code)]
+    /// Ollama's "insecure": here, accept a file whose sha256 nothing
+    /// states (HTTPS is always verified).
     insecure: Option<bool>,
     stream: Option<bool>,
 }
@@ -135,14 +139,27 @@ pub(crate) async fn pull(State(s): State<AppState>, body: Bytes) -> Result<Respo
         .ok_or_else(|| ApiError::bad_request("model is required"))?;
     let store = store(&s)?;
     // A reference that cannot be read fails before any streaming starts.
-    let mref = ModelRef::parse(reference.trim()).map_err(store_error)?;
+    // Over HTTP, names only: a path would let a client probe the server's
+    // disk, a URL make it fetch anything, unless the operator allows it.
+    let reference = reference.trim();
+    let mref = if s.inner.config.allow_any_pull {
+        ModelRef::parse(reference)
+    } else {
+        ModelRef::parse_remote(reference)
+    }
+    .map_err(store_error)?;
+    let opts = PullOptions {
+        allow_unverified: r.insecure.unwrap_or(false),
+        ..Default::default()
+    };
+    mref.check_verifiable(&opts).map_err(store_error)?;
     let (tx, rx) = mpsc::unbounded_channel();
     let mut reporter = Reporter {
         tx: tx.clone(),
         last: None,
     };
     let task = tokio::task::spawn_blocking(move || {
-        let result = store.pull_ref(&mref, &PullOptions::default(), &mut reporter);
+        let result = store.pull_ref(&mref, &opts, &mut reporter);
         if let Err(e) = &result {
             let _ = tx.send(json!({ "error": e.to_string() }));
         }

@@ -523,6 +523,34 @@ fn an_api_key_guards_every_route_but_health() {
             .call()),
         200
     );
+    // The scheme is case-insensitive (RFC 9110); the key is not.
+    for scheme in ["bearer", "BEARER", "BeArEr"] {
+        assert_eq!(
+            s(a.get(&format!("{base}/api/tags"))
+                .header("Authorization", format!("{scheme} sekrit"))
+                .call()),
+            200,
+            "{scheme}"
+        );
+    }
+    assert_eq!(
+        s(a.get(&format!("{base}/api/tags"))
+            .header("Authorization", "Bearer SEKRIT")
+            .call()),
+        401
+    );
+    // A 401 says how to authenticate, in JSON, with WWW-Authenticate.
+    let mut r = a.get(&format!("{base}/api/ps")).call().unwrap();
+    assert_eq!(r.status().as_u16(), 401);
+    let challenge = r
+        .headers()
+        .get("www-authenticate")
+        .unwrap()
+        .to_str()
+        .unwrap();
+    assert!(challenge.starts_with("Bearer"), "{challenge}");
+    let v: Value = serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap();
+    assert!(v["error"].as_str().unwrap().contains("API key"), "{v}");
 }
 
 /// Serves `data` at `/m.gguf` (honouring Range); the first response stops
@@ -583,8 +611,11 @@ fn the_store_api_pulls_lists_and_deletes() {
     let root = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("store-api");
     let _ = std::fs::remove_dir_all(&root);
     let store = m40_runtime::store::Store::new(&root);
+    // URLs over HTTP only with --allow-any-pull; no sha256 to check them
+    // against, so with Ollama's "insecure".
     let base = start(ServerConfig {
         store: Some(store),
+        allow_any_pull: true,
         ..Default::default()
     });
     let mut data = b"GGUF".to_vec();
@@ -592,6 +623,13 @@ fn the_store_api_pulls_lists_and_deletes() {
     let files = file_server(data.clone());
     let url = format!("{files}/m.gguf");
     let (status, text) = post_raw_at(&base, "/api/pull", &json!({"model": url}).to_string());
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("cannot be verified"), "{text}");
+    let (status, text) = post_raw_at(
+        &base,
+        "/api/pull",
+        &json!({"model": url, "insecure": true}).to_string(),
+    );
     assert_eq!(status, 200, "{text}");
     let lines: Vec<Value> = text
         .lines()
@@ -628,7 +666,7 @@ fn the_store_api_pulls_lists_and_deletes() {
     let (status, text) = post_raw_at(
         &base,
         "/api/pull",
-        &json!({"name": url, "stream": false}).to_string(),
+        &json!({"name": url, "stream": false, "insecure": true}).to_string(),
     );
     assert_eq!((status, text.as_str()), (200, r#"{"status":"success"}"#));
     // Bad references before any streaming; a missing file inside the stream.
@@ -645,7 +683,7 @@ fn the_store_api_pulls_lists_and_deletes() {
         ),
         (json!({"stream": false}), 400, "model is required"),
         (
-            json!({"model": format!("{files}/gone.gguf"), "stream": false}),
+            json!({"model": format!("{files}/gone.gguf"), "stream": false, "insecure": true}),
             502,
             "HTTP 404",
         ),
@@ -657,7 +695,7 @@ fn the_store_api_pulls_lists_and_deletes() {
     let (status, text) = post_raw_at(
         &base,
         "/api/pull",
-        &json!({"model": format!("{files}/gone.gguf")}).to_string(),
+        &json!({"model": format!("{files}/gone.gguf"), "insecure": true}).to_string(),
     );
     assert_eq!(status, 200);
     let last: Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
@@ -690,6 +728,141 @@ fn the_store_api_pulls_lists_and_deletes() {
     // A server without a store says so.
     let (status, text) = post_raw("/api/pull", &json!({"model": url}).to_string());
     assert_eq!(status, 501, "{text}");
+}
+
+#[test]
+fn pull_over_http_takes_names_only() {
+    let root = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("store-locked");
+    let _ = std::fs::remove_dir_all(&root);
+    let base = start(ServerConfig {
+        store: Some(m40_runtime::store::Store::new(&root)),
+        ..Default::default()
+    });
+    let secret = root.join("secret.txt");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::write(&secret, "root:x:0:0:hunter2").unwrap();
+    for model in [
+        secret.to_str().unwrap().to_string(),
+        "/etc/passwd".into(),
+        root.to_str().unwrap().to_string(),
+        "http://127.0.0.1:9/m.gguf".into(),
+        "https://example.invalid/m.gguf".into(),
+    ] {
+        for stream in [true, false] {
+            let body = json!({"model": model, "stream": stream}).to_string();
+            let (status, text) = post_raw_at(&base, "/api/pull", &body);
+            assert_eq!(status, 403, "{model}: {text}");
+            assert!(text.contains("--allow-any-pull"), "{text}");
+            assert!(
+                !text.contains("hunter2") && !text.contains("root:"),
+                "{text}"
+            );
+            let v: Value = serde_json::from_str(&text).unwrap();
+            assert!(v["error"].is_string(), "{text}");
+        }
+    }
+    assert!(!root.join("manifests").exists(), "nothing was named");
+}
+
+#[test]
+fn structured_outputs_and_tools_are_refused_until_they_exist() {
+    let msg = json!([{"role": "user", "content": "x"}]);
+    let tool = json!([{"type": "function", "function": {"name": "f", "parameters": {}}}]);
+    for (path, body, needle) in [
+        (
+            "/api/generate",
+            json!({"model": NAME, "prompt": "x", "format": "json"}),
+            "format",
+        ),
+        (
+            "/api/generate",
+            json!({"model": NAME, "prompt": "x", "format": {"type": "object"}}),
+            "format",
+        ),
+        (
+            "/api/chat",
+            json!({"model": NAME, "messages": msg, "format": "json"}),
+            "format",
+        ),
+        (
+            "/api/chat",
+            json!({"model": NAME, "messages": msg, "tools": tool}),
+            "tools",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": NAME, "messages": msg, "response_format": {"type": "json_object"}}),
+            "response_format",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": NAME, "messages": msg, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}),
+            "response_format",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": NAME, "messages": msg, "tools": tool}),
+            "tools",
+        ),
+    ] {
+        let (s, text) = post_raw(path, &body.to_string());
+        assert_eq!(s, 400, "{path} {body}: {text}");
+        assert!(
+            text.contains(needle) && text.contains("not supported"),
+            "{text}"
+        );
+    }
+    // What asks for nothing still works: empty format, no tools, text.
+    for (path, body) in [
+        (
+            "/api/generate",
+            json!({"model": NAME, "prompt": "x", "format": "", "stream": false, "options": greedy(2)}),
+        ),
+        (
+            "/api/chat",
+            json!({"model": NAME, "messages": msg, "tools": [], "stream": false, "options": greedy(2)}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": NAME, "messages": msg, "response_format": {"type": "text"}, "max_tokens": 2}),
+        ),
+    ] {
+        let (s, text) = post_raw(path, &body.to_string());
+        assert_eq!(s, 200, "{path} {body}: {text}");
+    }
+}
+
+#[test]
+fn sampling_values_are_checked_alike_by_both_apis() {
+    let msg = json!([{"role": "user", "content": "x"}]);
+    for (name, value) in [
+        ("temperature", json!(-1)),
+        ("temperature", json!(2.5)),
+        ("top_p", json!(5)),
+        ("top_p", json!(-0.1)),
+        ("min_p", json!(2)),
+        ("top_k", json!(-3)),
+        ("repeat_penalty", json!(0)),
+        ("presence_penalty", json!(3)),
+        ("frequency_penalty", json!(-3)),
+    ] {
+        let mut ollama = json!({"model": NAME, "prompt": "x", "stream": false, "options": {}});
+        ollama["options"][name] = value.clone();
+        let mut openai = json!({"model": NAME, "messages": msg});
+        openai[name] = value.clone();
+        for (path, body) in [("/api/generate", ollama), ("/v1/chat/completions", openai)] {
+            let (s, text) = post_raw(path, &body.to_string());
+            assert_eq!(s, 400, "{path} {name}={value}: {text}");
+            assert!(text.contains(name) && text.contains("must be"), "{text}");
+        }
+    }
+    // Ollama's repeat_last_n: -1 is the whole context; less is nonsense.
+    let body =
+        json!({"model": NAME, "prompt": "x", "stream": false, "options": {"repeat_last_n": -2}});
+    let (s, text) = post_raw("/api/generate", &body.to_string());
+    assert_eq!(s, 400, "{text}");
+    let body = json!({"model": NAME, "prompt": "x", "stream": false, "options": {"repeat_last_n": -1, "num_predict": 2}});
+    assert_eq!(post_raw("/api/generate", &body.to_string()).0, 200);
 }
 
 /// The official `openai` and `ollama` Python clients against the server

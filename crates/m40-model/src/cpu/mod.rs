@@ -16,6 +16,7 @@ use m40_gguf::HyperParams;
 use rayon::prelude::*;
 
 use crate::error::{ModelError, Result};
+use crate::host::human_bytes;
 use crate::{Backend, KvState, Logits, Model};
 use matmul::matmul;
 use ops::{rmsnorm, softmax, swiglu, Rope};
@@ -147,6 +148,65 @@ impl CpuBackend {
     }
 }
 
+/// Host memory a [`CpuBackend`] of `hp` takes beyond its (memory-mapped)
+/// weights, bytes: (a KV cache of `n_ctx` tokens, the activations of one
+/// forward of `batch` tokens with its logits).
+pub fn memory_needed(hp: &HyperParams, n_ctx: usize, batch: usize) -> (u64, u64) {
+    let kv = kv_bytes_per_token(hp).saturating_mul(n_ctx as u64);
+    let (b, d, ff) = (batch as u64, hp.n_embd as u64, hp.n_ff as u64);
+    let (q, kvd) = (
+        (hp.n_head * hp.head_dim) as u64,
+        (hp.n_head_kv * hp.head_dim) as u64,
+    );
+    // x, h, proj; q, att; k, v; gate, up; logits (f32).
+    let act = 4 * b * (3 * d + 2 * q + 2 * kvd + 2 * ff + hp.n_vocab as u64);
+    (kv, act)
+}
+
+/// FP16 K and V of every layer for one token.
+fn kv_bytes_per_token(hp: &HyperParams) -> u64 {
+    2 * 2 * (hp.n_layer * hp.n_head_kv * hp.head_dim) as u64
+}
+
+/// Checks that a context of `n_ctx` tokens and forwards of `batch` tokens
+/// fit in the memory this machine has available (where it can be read),
+/// before anything is allocated; the error says what would fit.
+pub fn check_memory(hp: &HyperParams, n_ctx: usize, batch: usize) -> Result<()> {
+    let Some(available) = crate::host::available_memory() else {
+        return Ok(());
+    };
+    let (kv, act) = memory_needed(hp, n_ctx, batch);
+    if kv.saturating_add(act) <= available {
+        return Ok(());
+    }
+    let fits = available.saturating_sub(act) / kv_bytes_per_token(hp).max(1);
+    Err(ModelError::HostMemory {
+        what: format!("a KV cache of {n_ctx} tokens (with the activations)"),
+        need: format!(
+            "{} ({} KV cache, {} activations)",
+            human_bytes(kv.saturating_add(act)),
+            human_bytes(kv),
+            human_bytes(act)
+        ),
+        available: human_bytes(available),
+        hint: if fits > 0 {
+            format!("use a context of at most {fits} tokens")
+        } else {
+            "free some memory or use a smaller model".into()
+        },
+    })
+}
+
+fn kv_too_big(hp: &HyperParams, n_ctx: usize) -> ModelError {
+    let kv = kv_bytes_per_token(hp).saturating_mul(n_ctx as u64);
+    ModelError::HostMemory {
+        what: format!("a KV cache of {n_ctx} tokens"),
+        need: human_bytes(kv),
+        available: crate::host::available_memory().map_or_else(|| "less".into(), human_bytes),
+        hint: "use a smaller context".into(),
+    }
+}
+
 fn add_bias(x: &mut [f32], b: &Option<Vec<f32>>) {
     if let Some(b) = b {
         for row in x.chunks_exact_mut(b.len()) {
@@ -165,10 +225,19 @@ impl Backend for CpuBackend {
     fn new_cache(&self, n_ctx: usize) -> Result<CpuCache> {
         let hp = self.model.hparams();
         let kv_dim = hp.n_head_kv * hp.head_dim;
-        let zeros = || vec![f16::ZERO; n_ctx * kv_dim];
+        // Fallible: a cache the machine cannot hold is an error, not an abort.
+        let zeros = || -> Result<Vec<f16>> {
+            let n = n_ctx
+                .checked_mul(kv_dim)
+                .ok_or_else(|| kv_too_big(hp, n_ctx))?;
+            let mut v = Vec::new();
+            v.try_reserve_exact(n).map_err(|_| kv_too_big(hp, n_ctx))?;
+            v.resize(n, f16::ZERO);
+            Ok(v)
+        };
         Ok(CpuCache {
-            k: (0..hp.n_layer).map(|_| zeros()).collect(),
-            v: (0..hp.n_layer).map(|_| zeros()).collect(),
+            k: (0..hp.n_layer).map(|_| zeros()).collect::<Result<_>>()?,
+            v: (0..hp.n_layer).map(|_| zeros()).collect::<Result<_>>()?,
             kv_dim,
             n_ctx,
             len: 0,
@@ -245,5 +314,73 @@ impl Backend for CpuBackend {
         let mut logits = vec![0f32; n_rows * hp.n_vocab];
         matmul(&self.model.tensor(out_name), rows, n_rows, &mut logits)?;
         Ok(logits)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use m40_gguf::hparams::{Arch, RopeScaling, RopeStyle};
+
+    /// An 8B-like shape: 32 layers, 8 KV heads of 128 (128 KiB a token).
+    fn hp() -> HyperParams {
+        HyperParams {
+            arch: Arch::Llama,
+            n_layer: 32,
+            n_embd: 4096,
+            n_head: 32,
+            n_head_kv: 8,
+            head_dim: 128,
+            n_ff: 14336,
+            n_vocab: 128256,
+            n_ctx_train: 131072,
+            rope_freq_base: 500000.0,
+            rope_dim: 128,
+            rope_style: RopeStyle::Normal,
+            rope_scaling: RopeScaling::None,
+            rms_eps: 1e-5,
+            tied_output: false,
+            qkv_bias: false,
+        }
+    }
+
+    #[test]
+    fn memory_is_counted_and_checked_before_allocation() {
+        let hp = hp();
+        let (kv, act) = memory_needed(&hp, 4096, 512);
+        assert_eq!(kv, 4096 * 128 * 1024);
+        assert!(act > 0);
+        // Far beyond any machine: an error that says what would fit.
+        let e = check_memory(&hp, 1 << 40, 512).unwrap_err().to_string();
+        assert!(e.contains("KV cache of 1099511627776 tokens"), "{e}");
+        assert!(
+            e.contains("use a context of at most") || e.contains("free some memory"),
+            "{e}"
+        );
+        if let Some(avail) = crate::host::available_memory() {
+            if avail > 1 << 30 {
+                check_memory(&hp, 1024, 16).unwrap();
+            }
+        }
+    }
+
+    #[test]
+    fn an_impossible_cache_is_an_error_not_an_abort() {
+        use m40_gguf::synth::{write_model, FileType, Shape, SynthOptions};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tiny.gguf");
+        let f = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
+        let opts = SynthOptions {
+            shape: Shape::find("tiny").unwrap(),
+            ty: FileType::All(m40_gguf::GgmlType::Q8_0),
+            seed: 1,
+        };
+        write_model(f, &opts, |_, _| {}).unwrap();
+        let cpu = CpuBackend::new(Arc::new(Model::open(&path).unwrap())).unwrap();
+        for n_ctx in [usize::MAX / 2, 1 << 50] {
+            let e = cpu.new_cache(n_ctx).err().expect("no machine holds this");
+            assert!(matches!(e, ModelError::HostMemory { .. }), "{e}");
+        }
+        assert_eq!(cpu.new_cache(64).unwrap().n_ctx(), 64);
     }
 }

@@ -44,6 +44,44 @@ fn http_err(url: &str, detail: impl Into<String>) -> StoreError {
     }
 }
 
+/// A failure that no retry mends (the host name does not resolve, the
+/// address is malformed, TLS refuses the server): an error at once rather
+/// than "connection lost" and retries.
+fn unreachable(url: &str, e: &ureq::Error) -> Option<StoreError> {
+    let detail = match e {
+        ureq::Error::HostNotFound => "the host name does not resolve".to_string(),
+        ureq::Error::Io(io) if is_resolver_error(io) => {
+            format!("the host name does not resolve ({io})")
+        }
+        ureq::Error::BadUri(_)
+        | ureq::Error::Tls(_)
+        | ureq::Error::Rustls(_)
+        | ureq::Error::RequireHttpsOnly(_)
+        | ureq::Error::TooManyRedirects
+        | ureq::Error::RedirectFailed => e.to_string(),
+        _ => return None,
+    };
+    Some(StoreError::Unreachable {
+        url: url.to_string(),
+        detail,
+    })
+}
+
+/// Whether an I/O error is the system resolver's (getaddrinfo's errors
+/// reach Rust as plain text).
+fn is_resolver_error(e: &std::io::Error) -> bool {
+    let m = e.to_string().to_ascii_lowercase();
+    [
+        "lookup address",
+        "name or service not known",
+        "no address associated",
+        "temporary failure in name resolution",
+        "nodename nor servname",
+    ]
+    .iter()
+    .any(|p| m.contains(p))
+}
+
 fn status_error(url: &str, status: u16) -> StoreError {
     let hint = match status {
         401 | 403 => " (a gated or private repository: set HF_TOKEN to a token with access)",
@@ -170,7 +208,9 @@ impl Store {
         if let Some(t) = self.hf_token_for(&url) {
             req = req.header("Authorization", format!("Bearer {t}"));
         }
-        let mut resp = req.call().map_err(|e| http_err(&url, e.to_string()))?;
+        let mut resp = req
+            .call()
+            .map_err(|e| unreachable(&url, &e).unwrap_or_else(|| http_err(&url, e.to_string())))?;
         let status = resp.status().as_u16();
         if status != 200 {
             return Err(status_error(&url, status));
@@ -325,7 +365,10 @@ impl Store {
         }
         let resp = match req.call() {
             Ok(r) => r,
-            Err(e) => return Ok(Attempt::Interrupted(e.to_string())),
+            Err(e) => match unreachable(url, &e) {
+                Some(fatal) => return Err(fatal),
+                None => return Ok(Attempt::Interrupted(e.to_string())),
+            },
         };
         let status = resp.status().as_u16();
         let header = |name: &str| {
@@ -398,6 +441,35 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn resolver_and_tls_failures_are_not_retried() {
+        let url = "https://nowhere.invalid/m.gguf";
+        for e in [
+            ureq::Error::HostNotFound,
+            ureq::Error::Io(std::io::Error::other(
+                "failed to lookup address information: Name or service not known",
+            )),
+            ureq::Error::Io(std::io::Error::other(
+                "failed to lookup address information: Temporary failure in name resolution",
+            )),
+            ureq::Error::TooManyRedirects,
+        ] {
+            let fatal = unreachable(url, &e).unwrap_or_else(|| panic!("{e} retried"));
+            let text = fatal.to_string();
+            assert!(
+                text.contains("cannot reach") && text.contains(url),
+                "{text}"
+            );
+        }
+        // Lost connections and timeouts are retried.
+        for e in [
+            ureq::Error::Io(std::io::ErrorKind::ConnectionReset.into()),
+            ureq::Error::ConnectionFailed,
+        ] {
+            assert!(unreachable(url, &e).is_none(), "{e}");
+        }
+    }
 
     #[test]
     fn content_ranges_parse() {

@@ -61,8 +61,16 @@ pub enum StoreError {
     },
     #[error("downloading {url}: {detail}")]
     Http { url: String, detail: String },
-    #[error("{what} is not a GGUF file (it starts with {magic:?}, not \"GGUF\")")]
-    NotGguf { what: String, magic: String },
+    #[error("{what} is not a GGUF file (it does not start with the GGUF magic{hint})")]
+    NotGguf { what: String, hint: &'static str },
+    #[error("{what} cannot be verified: {why}. Give its sha256 (--sha256 HEX), or pull with --unverified to accept it unchecked")]
+    Unverified { what: String, why: String },
+    #[error(
+        "cannot reach {url}: {detail}. Nothing was downloaded; check the address and the network"
+    )]
+    Unreachable { url: String, detail: String },
+    #[error("`{0}`: over HTTP, pull takes catalog names (such as smollm2:135m) and hf.co/OWNER/REPO references; a file on the server or a URL only from the server's own CLI (`m40-llm pull`), or when the server was started with --allow-any-pull")]
+    NotAllowedRemotely(String),
     #[error("Hugging Face repository {repo}: {detail}")]
     HfSelect { repo: String, detail: String },
     #[error("corrupt manifest {path}: {detail}")]
@@ -247,10 +255,23 @@ impl PartialEq for CatalogEntry {
 impl ModelRef {
     /// Parse a reference. An existing file wins over every other reading.
     pub fn parse(s: &str) -> Result<Self> {
-        let bad = |why: &str| StoreError::BadRef(s.to_string(), why.to_string());
-        if Path::new(s).is_file() {
+        let p = Path::new(s);
+        if p.is_file() {
             return Ok(Self::Path(PathBuf::from(s)));
         }
+        if p.is_dir() {
+            return Err(StoreError::BadRef(
+                s.to_string(),
+                "a directory, not a GGUF file: name the .gguf file inside it".into(),
+            ));
+        }
+        Self::parse_name(s)
+    }
+
+    /// [`ModelRef::parse`] without looking at the disk: a catalog name, a
+    /// Hugging Face reference or a URL.
+    fn parse_name(s: &str) -> Result<Self> {
+        let bad = |why: &str| StoreError::BadRef(s.to_string(), why.to_string());
         if s.starts_with("http://") || s.starts_with("https://") {
             let file = s.rsplit('/').next().unwrap_or("");
             if file.is_empty() || s.split('/').count() < 4 {
@@ -302,9 +323,46 @@ impl ModelRef {
             return Ok(Self::Catalog(e));
         }
         if s.ends_with(".gguf") || s.contains('/') || s.contains(std::path::MAIN_SEPARATOR) {
-            return Err(bad("no such file"));
+            return Err(bad(
+                "no such file, and not a catalog name or hf.co/ reference",
+            ));
         }
         Err(StoreError::UnknownModel(s.to_string(), catalog_names()))
+    }
+
+    /// Parse a reference a remote client sent (the server's `/api/pull`):
+    /// only catalog names and Hugging Face references, read without looking
+    /// at the server's disk; paths and URLs are [`StoreError::NotAllowedRemotely`].
+    pub fn parse_remote(s: &str) -> Result<Self> {
+        let lower = s.to_ascii_lowercase();
+        let url = lower.starts_with("http://") || lower.starts_with("https://");
+        let hf = ["hf.co/", "huggingface.co/", "hf://"]
+            .iter()
+            .any(|p| s.starts_with(p));
+        if url || !(hf || catalog_entry(s).is_some()) {
+            return Err(StoreError::NotAllowedRemotely(s.to_string()));
+        }
+        let r = Self::parse_name(s)?;
+        match r {
+            Self::Catalog(_) | Self::HuggingFace { .. } => Ok(r),
+            _ => Err(StoreError::NotAllowedRemotely(s.to_string())),
+        }
+    }
+
+    /// What can be known before a pull starts about whether its download
+    /// can be verified: a URL has no checksum unless `opts` gives one (or
+    /// accepts none). Hugging Face files are checked against the listing
+    /// once it is fetched.
+    pub fn check_verifiable(&self, opts: &PullOptions) -> Result<()> {
+        match self {
+            Self::Url(url) if opts.sha256.is_none() && !opts.allow_unverified => {
+                Err(StoreError::Unverified {
+                    what: url.clone(),
+                    why: "a URL comes with no checksum".into(),
+                })
+            }
+            _ => Ok(()),
+        }
     }
 
     /// The store name this reference gets unless the user names it.
@@ -343,6 +401,10 @@ pub struct PullOptions {
     pub name: Option<String>,
     /// The sha256 the file must have (refused otherwise).
     pub sha256: Option<String>,
+    /// Accept a download whose sha256 nothing states (a URL without
+    /// `sha256`, a Hugging Face file without a listing or LFS record);
+    /// refused otherwise ([`StoreError::Unverified`]).
+    pub allow_unverified: bool,
 }
 
 /// What a manifest records.
@@ -398,9 +460,16 @@ fn check_gguf_magic(path: &Path, what: &str) -> Result<()> {
     let mut f = fs::File::open(path).map_err(io(path))?;
     let n = f.read(&mut magic).map_err(io(path))?;
     if &magic[..n] != b"GGUF" {
+        // Its bytes are never echoed (a server must not show a client what
+        // a file holds); a web page is said to be one.
+        let html = magic[..n].first() == Some(&b'<');
         return Err(StoreError::NotGguf {
             what: what.to_string(),
-            magic: String::from_utf8_lossy(&magic[..n]).into_owned(),
+            hint: if html {
+                ": it looks like a web page, perhaps an error page or a login"
+            } else {
+                ""
+            },
         });
     }
     Ok(())
@@ -578,9 +647,10 @@ impl Store {
         let manifest = match r {
             ModelRef::Catalog(entry) => {
                 let pinned = expected.as_deref().or(entry.sha256);
-                return self.pull_catalog(entry, &name, pinned, progress);
+                return self.pull_catalog(entry, &name, pinned, opts, progress);
             }
             ModelRef::Url(url) => {
+                r.check_verifiable(opts)?;
                 let (path, sha256, size) =
                     self.download(url, expected.as_deref(), None, progress)?;
                 Manifest {
@@ -592,7 +662,7 @@ impl Store {
                 }
             }
             ModelRef::HuggingFace { repo, file } => {
-                self.pull_hf(repo, file, &name, expected.as_deref(), progress)?
+                self.pull_hf(repo, file, &name, expected.as_deref(), opts, progress)?
             }
             ModelRef::Path(p) => {
                 let path = p.canonicalize().map_err(io(p))?;
@@ -629,6 +699,7 @@ impl Store {
         entry: &CatalogEntry,
         name: &str,
         sha256: Option<&str>,
+        opts: &PullOptions,
         progress: &mut dyn Progress,
     ) -> Result<Manifest> {
         let manifest = match &entry.source {
@@ -667,6 +738,7 @@ impl Store {
                 &HfFile::Path(file.to_string()),
                 name,
                 sha256,
+                opts,
                 progress,
             )?,
         };
@@ -682,24 +754,47 @@ impl Store {
         file: &HfFile,
         name: &str,
         expected: Option<&str>,
+        opts: &PullOptions,
         progress: &mut dyn Progress,
     ) -> Result<Manifest> {
         let listing = self.hf_listing(repo);
         let (path, lfs) = match (file, listing) {
             (_, Ok(files)) => fetch::choose_hf_file(repo, file, &files)?,
+            (_, Err(e @ StoreError::Unreachable { .. })) => return Err(e),
             // Without the listing (a gated repository, an old mirror) a named
-            // file is still fetched; its checksum is then only recorded.
-            (HfFile::Path(p), Err(e)) => {
-                progress.status(&format!("no file listing ({e}); fetching {p} unverified"));
+            // file can still be fetched: against a sha256 the user gave, or
+            // unchecked where the user accepts that.
+            (HfFile::Path(p), Err(e)) if expected.is_some() || opts.allow_unverified => {
+                let how = if expected.is_some() {
+                    "checking the sha256 given"
+                } else {
+                    "unverified, as asked"
+                };
+                progress.status(&format!("no file listing ({e}); fetching {p} {how}"));
                 (p.clone(), None)
+            }
+            (HfFile::Path(p), Err(e)) => {
+                return Err(StoreError::Unverified {
+                    what: format!("hf.co/{repo}/{p}"),
+                    why: format!(
+                    "the repository's file listing, which holds its sha256, cannot be had ({e})"
+                ),
+                })
             }
             (_, Err(e)) => return Err(e),
         };
-        let (expected, size) = match (expected, lfs) {
-            (Some(e), _) => (Some(e.to_string()), None),
-            (None, Some((sha, size))) => (Some(sha), Some(size)),
-            (None, None) => (None, None),
-        };
+        let (expected, size) =
+            match (expected, lfs) {
+                (Some(e), _) => (Some(e.to_string()), None),
+                (None, Some((sha, size))) => (Some(sha), Some(size)),
+                (None, None) if opts.allow_unverified => (None, None),
+                (None, None) => return Err(StoreError::Unverified {
+                    what: format!("hf.co/{repo}/{path}"),
+                    why:
+                        "the repository's listing gives no sha256 for it (not stored with Git LFS)"
+                            .into(),
+                }),
+            };
         let url = format!("{}/{repo}/resolve/main/{path}", self.hf_endpoint);
         let (blob, sha256, size) = self.download(&url, expected.as_deref(), size, progress)?;
         Ok(Manifest {

@@ -174,6 +174,14 @@ impl Progress for Log {
     }
 }
 
+/// Options that accept a file no sha256 vouches for.
+fn unchecked() -> PullOptions {
+    PullOptions {
+        allow_unverified: true,
+        ..Default::default()
+    }
+}
+
 fn no_partials(dir: &Path) -> bool {
     fs::read_dir(dir.join("partial")).map_or(true, |d| {
         d.flatten()
@@ -278,7 +286,7 @@ fn a_pull_that_gives_up_keeps_its_bytes_for_the_next() {
     let s = store(dir.path());
     let url = format!("{}/m.gguf", srv.base);
     let e = s
-        .pull_str(&url, &PullOptions::default(), &mut |_: &str| {})
+        .pull_str(&url, &unchecked(), &mut |_: &str| {})
         .unwrap_err()
         .to_string();
     assert!(
@@ -288,9 +296,7 @@ fn a_pull_that_gives_up_keeps_its_bytes_for_the_next() {
     assert!(s.list().unwrap().is_empty());
     // The server is back: the next pull asks only for the rest.
     srv.set_modes(vec![]);
-    let m = s
-        .pull_str(&url, &PullOptions::default(), &mut |_: &str| {})
-        .unwrap();
+    let m = s.pull_str(&url, &unchecked(), &mut |_: &str| {}).unwrap();
     assert_eq!(fs::read(&m.path).unwrap(), data);
     let log = srv.log();
     assert_eq!(log.len(), 1 + MAX_TRIES + 1, "{log:?}");
@@ -312,17 +318,21 @@ fn a_file_that_is_not_gguf_is_refused() {
     let e = s
         .pull_str(
             &format!("{}/page.gguf", srv.base),
-            &PullOptions::default(),
+            &unchecked(),
             &mut |_: &str| {},
         )
         .unwrap_err()
         .to_string();
-    assert!(e.contains("not a GGUF file") && e.contains("<htm"), "{e}");
+    // Named a web page, its bytes never echoed.
+    assert!(
+        e.contains("not a GGUF file") && e.contains("web page") && !e.contains("<htm"),
+        "{e}"
+    );
     assert!(no_partials(dir.path()));
     let e = s
         .pull_str(
             &format!("{}/missing.gguf", srv.base),
-            &PullOptions::default(),
+            &unchecked(),
             &mut |_: &str| {},
         )
         .unwrap_err()
@@ -604,7 +614,7 @@ fn a_cancelled_pull_keeps_its_bytes_and_a_second_puller_is_turned_away() {
     let s = store(dir.path());
     let url = format!("{}/big.gguf", srv.base);
     let e = s
-        .pull_str(&url, &PullOptions::default(), &mut CancelAfter(1, 0))
+        .pull_str(&url, &unchecked(), &mut CancelAfter(1, 0))
         .unwrap_err();
     let StoreError::Cancelled(kept) = e else {
         panic!("{e}")
@@ -623,16 +633,112 @@ fn a_cancelled_pull_keeps_its_bytes_and_a_second_puller_is_turned_away() {
     let held = fs::File::open(lock).unwrap();
     held.lock().unwrap();
     let e = s
-        .pull_str(&url, &PullOptions::default(), &mut |_: &str| {})
+        .pull_str(&url, &unchecked(), &mut |_: &str| {})
         .unwrap_err();
     assert!(matches!(e, StoreError::Busy(_)), "{e}");
     drop(held);
-    let m = s
-        .pull_str(&url, &PullOptions::default(), &mut |_: &str| {})
-        .unwrap();
+    let m = s.pull_str(&url, &unchecked(), &mut |_: &str| {}).unwrap();
     assert_eq!(fs::read(&m.path).unwrap(), data);
     assert_eq!(
         srv.log().last().unwrap(),
         &format!("GET /big.gguf range=bytes={kept}-")
     );
+}
+
+#[test]
+fn a_pull_nothing_can_verify_is_refused_unless_accepted() {
+    let data = gguf_bytes(20_000, 9);
+    let files = HashMap::from([
+        ("/m.gguf".to_string(), data.clone()),
+        ("/o/r/resolve/main/x.gguf".to_string(), data.clone()),
+        ("/o/r/resolve/main/small.gguf".to_string(), data.clone()),
+        (
+            "/api/models/o/plain?blobs=true".to_string(),
+            serde_json::json!({"siblings": [{"rfilename": "small.gguf"}]})
+                .to_string()
+                .into_bytes(),
+        ),
+        ("/o/plain/resolve/main/small.gguf".to_string(), data.clone()),
+    ]);
+    let srv = Server::start(files, vec![]);
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path()).with_hf_endpoint(srv.base.clone());
+    let url = format!("{}/m.gguf", srv.base);
+    // A URL without a sha256: refused before any byte is fetched.
+    let e = s
+        .pull_str(&url, &PullOptions::default(), &mut |_: &str| {})
+        .unwrap_err();
+    assert!(matches!(e, StoreError::Unverified { .. }), "{e}");
+    assert!(e.to_string().contains("--unverified"), "{e}");
+    assert!(srv.log().is_empty(), "{:?}", srv.log());
+    // A Hugging Face file whose listing cannot be had (404 here).
+    let e = s
+        .pull_str(
+            "hf.co/o/r/x.gguf",
+            &PullOptions::default(),
+            &mut |_: &str| {},
+        )
+        .unwrap_err();
+    assert!(matches!(e, StoreError::Unverified { .. }), "{e}");
+    assert!(e.to_string().contains("listing"), "{e}");
+    // Listed without an LFS record (no sha256).
+    let e = s
+        .pull_str("hf.co/o/plain", &PullOptions::default(), &mut |_: &str| {})
+        .unwrap_err();
+    assert!(matches!(e, StoreError::Unverified { .. }), "{e}");
+    assert!(s.list().unwrap().is_empty());
+    // Accepted, or checked against a sha256 the user gives: fetched.
+    let m = s
+        .pull_str("hf.co/o/r/x.gguf", &unchecked(), &mut |_: &str| {})
+        .unwrap();
+    assert_eq!(fs::read(&m.path).unwrap(), data);
+    let pinned = PullOptions {
+        sha256: Some(sha(&data)),
+        name: Some("pinned".into()),
+        ..Default::default()
+    };
+    assert_eq!(
+        s.pull_str(&url, &pinned, &mut |_: &str| {}).unwrap().sha256,
+        sha(&data)
+    );
+    let m = s
+        .pull_str("hf.co/o/plain", &unchecked(), &mut |_: &str| {})
+        .unwrap();
+    assert_eq!(m.size, data.len() as u64);
+}
+
+#[test]
+fn remote_references_are_names_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("m.gguf");
+    fs::write(&file, gguf_bytes(100, 1)).unwrap();
+    for r in [
+        file.to_str().unwrap(),
+        "/etc/passwd",
+        "../m.gguf",
+        "http://127.0.0.1:1/m.gguf",
+        "HTTPS://example.com/m.gguf",
+        "m.gguf",
+        "no-such-name",
+    ] {
+        let e = ModelRef::parse_remote(r).unwrap_err();
+        assert!(matches!(e, StoreError::NotAllowedRemotely(_)), "{r}: {e}");
+        assert!(e.to_string().contains("--allow-any-pull"), "{e}");
+    }
+    assert!(matches!(
+        ModelRef::parse_remote("smollm2:135m").unwrap(),
+        ModelRef::Catalog(_)
+    ));
+    assert!(matches!(
+        ModelRef::parse_remote("hf.co/o/r:Q4_0").unwrap(),
+        ModelRef::HuggingFace { .. }
+    ));
+    // A bad Hugging Face reference is still a reference error.
+    assert!(matches!(
+        ModelRef::parse_remote("hf.co/o/../x.gguf").unwrap_err(),
+        StoreError::BadRef(..)
+    ));
+    // The local parse names a directory as one.
+    let e = ModelRef::parse(dir.path().to_str().unwrap()).unwrap_err();
+    assert!(e.to_string().contains("a directory"), "{e}");
 }
