@@ -13,7 +13,9 @@ pub enum GgufError {
         #[source]
         source: std::io::Error,
     },
-    #[error("not a GGUF file: magic is {found:#010x}, expected 0x46554747 (\"GGUF\")")]
+    /// `found`: the first four bytes, for callers; never shown (a server must
+    /// not show a client what a file holds).
+    #[error("not a GGUF file: it does not start with the GGUF magic")]
     BadMagic { found: u32 },
     #[error("unsupported GGUF version {0}: m40-llm reads versions 2 and 3 (re-convert older files with llama.cpp's convert scripts)")]
     UnsupportedVersion(u32),
@@ -25,6 +27,8 @@ pub enum GgufError {
         file_size: u64,
         what: String,
     },
+    #[error("the file is cut short: its tensor data ends at byte {needed} but the file has {file_size} bytes ({} missing); an interrupted download or copy? Fetch the file again", needed - file_size)]
+    Incomplete { needed: u64, file_size: u64 },
     #[error("tensor `{name}` has unknown GGML type id {id}")]
     UnknownType { name: String, id: u32 },
     #[error("tensor `{name}`: {what}")]

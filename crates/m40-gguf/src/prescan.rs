@@ -195,6 +195,7 @@ pub(crate) fn prescan(bytes: &[u8]) -> Result<Prescan> {
     }
 
     let mut keys = HashSet::new();
+    let mut alignment = 32u64;
     for i in 0..kv_count {
         let key = c.string(&|| format!("key of metadata entry {i}"))?;
         if !keys.insert(key) {
@@ -204,10 +205,16 @@ pub(crate) fn prescan(bytes: &[u8]) -> Result<Prescan> {
             });
         }
         let ty = c.u32(&|| format!("type of `{key}`"))?;
+        if key == "general.alignment" && ty == 4 && c.remaining() >= 4 {
+            let b = &bytes[c.pos..c.pos + 4];
+            alignment = u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as u64;
+        }
         skip_value(&mut c, key, ty, 0)?;
     }
 
     let mut names = HashSet::new();
+    // How far the data section reaches past its start.
+    let mut data_len = 0u64;
     for i in 0..tensor_count {
         let at = c.pos;
         let name = c.string(&|| format!("name of tensor {i}"))?;
@@ -262,6 +269,7 @@ pub(crate) fn prescan(bytes: &[u8]) -> Result<Prescan> {
             what: "byte size overflows 64 bits".into(),
         })?;
         let offset = c.u64(&what)?;
+        data_len = data_len.max(offset.saturating_add(size));
         if offset
             .checked_add(size)
             .is_none_or(|end| end > bytes.len() as u64)
@@ -269,6 +277,18 @@ pub(crate) fn prescan(bytes: &[u8]) -> Result<Prescan> {
             return Err(GgufError::BadTensor {
                 name: name.into(),
                 what: format!("data ({size} bytes at data offset {offset}) runs past the end of the {} byte file", bytes.len()),
+            });
+        }
+    }
+    // The data section starts at the next multiple of the alignment; a file
+    // that stops before its last tensor ends was cut short.
+    if alignment.is_power_of_two() && tensor_count > 0 {
+        let start = (c.pos as u64).div_ceil(alignment) * alignment;
+        let needed = start.saturating_add(data_len);
+        if needed > bytes.len() as u64 {
+            return Err(GgufError::Incomplete {
+                needed,
+                file_size: bytes.len() as u64,
             });
         }
     }

@@ -121,6 +121,24 @@ fn truncation_at_every_offset_is_an_error() {
 }
 
 #[test]
+fn a_file_cut_in_its_tensor_data_says_how_much_is_missing() {
+    let bytes = Image::valid().bytes();
+    for missing in [1usize, 5, 16] {
+        let e = GgufFile::from_bytes(bytes[..bytes.len() - missing].to_vec()).unwrap_err();
+        assert!(
+            matches!(e, GgufError::Incomplete { file_size, needed }
+                if needed == bytes.len() as u64 && file_size == (bytes.len() - missing) as u64),
+            "{e}"
+        );
+        let msg = e.to_string();
+        assert!(
+            msg.contains(&format!("({missing} missing)")) && msg.contains("cut short"),
+            "{msg}"
+        );
+    }
+}
+
+#[test]
 fn wrong_magic() {
     let mut b = Image::valid().bytes();
     b[0] = b'X';

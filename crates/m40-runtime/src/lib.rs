@@ -28,6 +28,14 @@ pub use engine::{
 pub use m40_tokenizer::Message;
 pub use sampling::SamplingParams;
 
+// The types this API hands out from the crates below it, so that a program
+// needs only m40-runtime in its Cargo.toml.
+pub use m40_device::DeviceError;
+pub use m40_gguf::{GgufError, GgufFile, HyperParams};
+pub use m40_model::ModelError;
+pub use m40_tokenizer::template::CHATML as DEFAULT_CHAT_TEMPLATE;
+pub use m40_tokenizer::{Tokenizer, TokenizerError};
+
 pub mod engine;
 pub mod perplexity;
 pub mod sampling;

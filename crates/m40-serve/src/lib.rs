@@ -368,6 +368,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/generate", post(ollama::generate))
         .route("/api/chat", post(ollama::chat))
         .route("/v1/models", get(openai::models))
+        .route("/v1/models/{*id}", get(openai::model))
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such endpoint") })
@@ -375,6 +376,9 @@ pub fn router(state: AppState) -> Router {
         // and stops a streamed body at the limit.
         .layer(DefaultBodyLimit::disable())
         .layer(tower_http::limit::RequestBodyLimitLayer::new(limit))
+        .layer(axum::middleware::map_response(
+            move |r: Response| async move { json_413(r, limit) },
+        ))
         .layer(axum::middleware::from_fn(
             move |req: axum::extract::Request, next: axum::middleware::Next| {
                 let key = key.clone();
@@ -382,6 +386,19 @@ pub fn router(state: AppState) -> Router {
             },
         ))
         .with_state(state)
+}
+
+/// The body limit's 413 (plain text from tower-http or axum) as the JSON
+/// error every other answer is.
+fn json_413(r: Response, limit: usize) -> Response {
+    if r.status() != StatusCode::PAYLOAD_TOO_LARGE {
+        return r;
+    }
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!("the request body is larger than this server's limit of {limit} bytes"),
+    )
+    .into_response()
 }
 
 async fn check_key(

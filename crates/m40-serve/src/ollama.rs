@@ -458,7 +458,14 @@ fn describe(f: &m40_gguf::GgufFile, h: &m40_gguf::HyperParams, modified_at: &str
     json!({
         "modelfile": format!("FROM {}\n", f.path().display()),
         "parameters": "",
-        "template": "",
+        // The chat template m40-llm renders (Jinja, as transformers and
+        // llama.cpp use it; Ollama's own are Go templates).
+        "template": f
+            .metadata()
+            .opt_str("tokenizer.chat_template")
+            .ok()
+            .flatten()
+            .unwrap_or(m40_runtime::DEFAULT_CHAT_TEMPLATE),
         "details": file_details(f),
         "model_info": info,
         "capabilities": ["completion"],

@@ -202,6 +202,14 @@ struct CompletionRequest {
     common: Common,
 }
 
+/// A request with the shared fields flattened in: serde reports errors in
+/// flattened fields without their names, so [`Common`] is read on its own
+/// first (its errors name the field), then the whole.
+fn parse_flattened<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    parse_json::<Common>(body)?;
+    parse_json(body)
+}
+
 fn finish_reason(r: FinishReason) -> &'static str {
     match r {
         FinishReason::Stop => "stop",
@@ -371,7 +379,7 @@ pub(crate) async fn chat_completions(
     State(s): State<AppState>,
     body: Bytes,
 ) -> Result<Response, OaiError> {
-    let r: ChatRequest = parse_json(&body)?;
+    let r: ChatRequest = parse_flattened(&body)?;
     if r.messages.is_empty() {
         return Err(ApiError::bad_request("messages must not be empty").into());
     }
@@ -438,7 +446,7 @@ pub(crate) async fn completions(
     State(s): State<AppState>,
     body: Bytes,
 ) -> Result<Response, OaiError> {
-    let r: CompletionRequest = parse_json(&body)?;
+    let r: CompletionRequest = parse_flattened(&body)?;
     let prompts = r.prompt.into_vec();
     let [prompt] = <[String; 1]>::try_from(prompts).map_err(|_| {
         ApiError::bad_request("prompt must be one string (batches are not supported)")
@@ -473,8 +481,19 @@ pub(crate) async fn completions(
     respond(s, running, r.common.stream, meta).await
 }
 
+fn model_object(s: &AppState) -> Value {
+    json!({"id": s.name(), "object": "model", "created": s.inner.loaded_at.timestamp(), "owned_by": "m40-llm"})
+}
+
 pub(crate) async fn models(State(s): State<AppState>) -> Json<Value> {
-    Json(json!({"object": "list", "data": [
-        {"id": s.name(), "object": "model", "created": s.inner.loaded_at.timestamp(), "owned_by": "m40-llm"}
-    ]}))
+    Json(json!({"object": "list", "data": [model_object(&s)]}))
+}
+
+/// `/v1/models/{id}` (the openai client's `models.retrieve`).
+pub(crate) async fn model(
+    State(s): State<AppState>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Result<Json<Value>, OaiError> {
+    s.check_model(Some(&id))?;
+    Ok(Json(model_object(&s)))
 }

@@ -114,6 +114,29 @@ fn info_endpoints_answer() {
     let (s, v) = get("/api/version");
     assert_eq!(s, 200);
     assert!(serde_json::from_str::<Value>(&v).unwrap()["version"].is_string());
+    // The openai client's models.retrieve; Ollama's show with the template;
+    // ps with an expiry in the future (the model stays loaded).
+    let (s, m) = get(&format!("/v1/models/{NAME}"));
+    let m: Value = serde_json::from_str(&m).unwrap();
+    assert_eq!(
+        (s, m["id"].as_str(), m["object"].as_str()),
+        (200, Some(NAME), Some("model"))
+    );
+    assert_eq!(get("/v1/models/gpt-4").0, 404);
+    let (s, show) = post("/api/show", json!({"model": NAME}));
+    assert_eq!(s, 200);
+    assert!(
+        show["template"].as_str().unwrap().contains("messages"),
+        "{show}"
+    );
+    let (_, ps) = get("/api/ps");
+    let ps: Value = serde_json::from_str(&ps).unwrap();
+    let expires = ps["models"][0]["expires_at"].as_str().unwrap();
+    assert!(
+        expires.as_bytes()[0] >= b'2' && expires[..4] > *"2100",
+        "{expires}"
+    );
+    assert_eq!(ps["models"][0]["m40_backend"], "CPU");
     for path in ["/api/tags", "/api/ps"] {
         let (s, t) = get(path);
         let t: Value = serde_json::from_str(&t).unwrap();
@@ -329,6 +352,10 @@ fn bad_input_is_a_clear_error() {
         ("/v1/chat/completions", json!({"model": NAME, "messages": [{"role": "user", "content": "x"}], "temperature": 9}).to_string(), 400, "temperature"),
         ("/v1/chat/completions", json!({"model": NAME, "messages": [{"role": "user", "content": "x"}], "n": 2}).to_string(), 400, "n = 1"),
         ("/v1/completions", json!({"model": "gpt-4", "prompt": "x"}).to_string(), 404, "not found"),
+        // A wrong type is named, also among the fields both endpoints share.
+        ("/v1/chat/completions", json!({"model": NAME, "messages": [{"role": "user", "content": "x"}], "temperature": "hot"}).to_string(), 400, "temperature: invalid type"),
+        ("/v1/completions", json!({"model": NAME, "prompt": "x", "max_tokens": "ten"}).to_string(), 400, "max_tokens: invalid type"),
+        ("/v1/chat/completions", json!({"model": NAME, "messages": "hi"}).to_string(), 400, "messages: invalid type"),
     ];
     for (path, body, status, needle) in cases {
         let (s, text) = post_raw(path, &body);
@@ -362,9 +389,13 @@ fn bad_input_is_a_clear_error() {
         9 << 20
     )
     .unwrap();
-    let mut status = String::new();
-    BufReader::new(c).read_line(&mut status).unwrap();
-    assert!(status.starts_with("HTTP/1.1 413"), "{status}");
+    let mut answer = String::new();
+    BufReader::new(c).read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    // As JSON, as every other error.
+    let body = answer.split("\r\n\r\n").nth(1).unwrap_or("");
+    let v: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {answer}"));
+    assert!(v["error"].as_str().unwrap().contains("limit"), "{answer}");
     let (s, _) = get("/api/nothing");
     assert_eq!(s, 404);
 }
@@ -883,8 +914,10 @@ fn the_official_python_clients_work() {
     };
     let root = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("py-store");
     let _ = std::fs::remove_dir_all(&root);
+    // The script pulls a path on this machine (no network): allowed.
     let base = start(ServerConfig {
         store: Some(m40_runtime::store::Store::new(&root)),
+        allow_any_pull: true,
         ..Default::default()
     });
     let gguf = engine().model_file().path().to_path_buf();

@@ -37,6 +37,7 @@ def expect_error(fn, cls, what, status=None):
 oa = openai.OpenAI(base_url=BASE + "/v1", api_key="unused", max_retries=0)
 ids = [m.id for m in oa.models.list()]
 check(MODEL in ids, f"/v1/models lists {MODEL}: {ids}")
+check(oa.models.retrieve(MODEL).id == MODEL, "models.retrieve finds the model")
 
 msgs = [{"role": "user", "content": "Name three colors."}]
 whole = oa.chat.completions.create(model=MODEL, messages=msgs, temperature=0, max_tokens=12, seed=7)
