@@ -1,3 +1,4 @@
+// m40-parts: common f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k q4_k q5_k q6_k iq4_nl iq4_xs
 // Prefill matmul: Y = X W^T (+ Y), for weights in any GGML format,
 // dequantized in the tile loader (never expanded in global memory).
 //
@@ -326,7 +327,7 @@ typedef Tile<64, 64, 4, 4> Small;
 #define GEMM_KERNEL(name, F)                                                \
     GEMM_ENTRY(gemm_##name##_f32, Large, ByRow<RowMajor<F>>, GEMM_LARGE_BLOCKS) \
     GEMM_ENTRY(gemm_small_##name##_f32, Small, ByRow<RowMajor<F>>, 4)
-M40_FORMATS(GEMM_KERNEL)
+M40_PART_FORMATS(GEMM_KERNEL)
 
 // The large tile's packed loader: by rows, but by quads for Q6_K (an H100,
 // 28672x4096 at 512 tokens: Q6_K 3540 -> 3253 us by quads; Q4_0 2927 ->
@@ -343,8 +344,9 @@ struct LargeLoader<PartsQ6_K> {
 #define GEMM_PACKED_KERNEL(name, P)                                                        \
     GEMM_ENTRY(gemm_packed_##name##_f32, Large, LargeLoader<P>::type, GEMM_LARGE_BLOCKS) \
     GEMM_ENTRY(gemm_small_packed_##name##_f32, Small, ByRow<Packed<P>>, 4)
-M40_PACKED_FORMATS(GEMM_PACKED_KERNEL)
+M40_PART_PACKED(GEMM_PACKED_KERNEL)
 
+#ifdef M40_WITH_COMMON
 // Y (+)= the sum of the S planes (M, N) of P, planes added in order (the
 // same bits every run): the end of a GEMM split over K. Grid-stride over
 // the M * N elements.
@@ -360,3 +362,4 @@ extern "C" __global__ void gemm_reduce_f32(const float* __restrict__ P, int S, f
         *y = accumulate ? *y + sum : sum;
     }
 }
+#endif

@@ -1,3 +1,4 @@
+// m40-parts: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k q4_k q5_k q6_k iq4_nl iq4_xs
 // Quantized GEMV: y[r] = sum_c W[r, c] * x[c], weights in any GGML format,
 // x and y FP32, accumulation FP32.
 //
@@ -244,4 +245,4 @@ template <> struct GemvOccupancy<FmtQ3_K> { static constexpr int value = 4; };
                           int ksplit) {                                                                          \
         gemv<F>(W, x, y, nrows, ncols, row_bytes, cb, ksplit);                                                   \
     }
-M40_FORMATS(GEMV_KERNEL)
+M40_PART_FORMATS(GEMV_KERNEL)

@@ -1,3 +1,4 @@
+// m40-parts: f16 q8_0 q4_0 q4_1 q4_k q6_k
 // The packed GEMV kernels: thin wrappers over gemv_packed.cuh (the layout
 // and the device code are described there).
 #include "gemv_packed.cuh"
@@ -48,9 +49,12 @@ template <class P, int B> struct PgemvBounds {
     PGEMV_KERNEL_B(name, P, 2, FOLD_NONE, _x2)      \
     PGEMV_KERNEL_B(name, P, 4, FOLD_NONE, _x4)      \
     PGEMV_KERNEL_B(name, P, 8, FOLD_NONE, _x8)
-PGEMV_KERNEL(f16, PackF16)
-PGEMV_KERNEL(q8_0, PackQ8_0)
-PGEMV_KERNEL(q4_0, PackQ4_0)
-PGEMV_KERNEL(q4_1, PackQ4_1)
-PGEMV_KERNEL(q4_k, PackQ4_K)
-PGEMV_KERNEL(q6_k, PackQ6_K)
+// The packed formats' Pack* structs by the names of M40_PACKED_FORMATS.
+#define PGEMV_PACK_f16 PackF16
+#define PGEMV_PACK_q8_0 PackQ8_0
+#define PGEMV_PACK_q4_0 PackQ4_0
+#define PGEMV_PACK_q4_1 PackQ4_1
+#define PGEMV_PACK_q4_k PackQ4_K
+#define PGEMV_PACK_q6_k PackQ6_K
+#define PGEMV_FORMAT(name, Parts) PGEMV_KERNEL(name, PGEMV_PACK_##name)
+M40_PART_PACKED(PGEMV_FORMAT)

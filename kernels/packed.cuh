@@ -226,11 +226,3 @@ struct PartsQ6_K : PartsOf<PartsQ6_K> {
     }
     __device__ static int quad_k(int e, int i) { return run_k(e, i); }
 };
-
-#define M40_PACKED_FORMATS(X) \
-    X(f16, PartsF16)          \
-    X(q8_0, PartsQ8_0)        \
-    X(q4_0, PartsQ4_0)        \
-    X(q4_1, PartsQ4_1)        \
-    X(q4_k, PartsQ4_K)        \
-    X(q6_k, PartsQ6_K)

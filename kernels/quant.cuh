@@ -460,21 +460,63 @@ struct FmtIQ4_XS {
     DOT8_VIA_PARTS(FmtIQ4_XS)
 };
 
-// X(name, struct) for every format, in the order of KernelFormat::ALL; the
-// kernel files instantiate their templates for each.
-#define M40_FORMATS(X)   \
-    X(f32, FmtF32)       \
-    X(f16, FmtF16)       \
-    X(bf16, FmtBF16)     \
-    X(q8_0, FmtQ8_0)     \
-    X(q4_0, FmtQ4_0)     \
-    X(q4_1, FmtQ4_1)     \
-    X(q5_0, FmtQ5_0)     \
-    X(q5_1, FmtQ5_1)     \
-    X(q2_k, FmtQ2_K)     \
-    X(q3_k, FmtQ3_K)     \
-    X(q4_k, FmtQ4_K)     \
-    X(q5_k, FmtQ5_K)     \
-    X(q6_k, FmtQ6_K)     \
-    X(iq4_nl, FmtIQ4_NL) \
-    X(iq4_xs, FmtIQ4_XS)
+// X(name, struct) for one format (M40_FORMAT_<name>), and for every format in
+// the order of KernelFormat::ALL (M40_FORMATS); the kernel files instantiate
+// their templates for each (or, compiled in parts, for one: M40_PART_FORMATS).
+#define M40_FORMAT_f32(X) X(f32, FmtF32)
+#define M40_FORMAT_f16(X) X(f16, FmtF16)
+#define M40_FORMAT_bf16(X) X(bf16, FmtBF16)
+#define M40_FORMAT_q8_0(X) X(q8_0, FmtQ8_0)
+#define M40_FORMAT_q4_0(X) X(q4_0, FmtQ4_0)
+#define M40_FORMAT_q4_1(X) X(q4_1, FmtQ4_1)
+#define M40_FORMAT_q5_0(X) X(q5_0, FmtQ5_0)
+#define M40_FORMAT_q5_1(X) X(q5_1, FmtQ5_1)
+#define M40_FORMAT_q2_k(X) X(q2_k, FmtQ2_K)
+#define M40_FORMAT_q3_k(X) X(q3_k, FmtQ3_K)
+#define M40_FORMAT_q4_k(X) X(q4_k, FmtQ4_K)
+#define M40_FORMAT_q5_k(X) X(q5_k, FmtQ5_K)
+#define M40_FORMAT_q6_k(X) X(q6_k, FmtQ6_K)
+#define M40_FORMAT_iq4_nl(X) X(iq4_nl, FmtIQ4_NL)
+#define M40_FORMAT_iq4_xs(X) X(iq4_xs, FmtIQ4_XS)
+#define M40_FORMATS(X) M40_FORMAT_f32(X) M40_FORMAT_f16(X) M40_FORMAT_bf16(X) M40_FORMAT_q8_0(X) M40_FORMAT_q4_0(X) M40_FORMAT_q4_1(X) M40_FORMAT_q5_0(X) M40_FORMAT_q5_1(X) M40_FORMAT_q2_k(X) M40_FORMAT_q3_k(X) M40_FORMAT_q4_k(X) M40_FORMAT_q5_k(X) M40_FORMAT_q6_k(X) M40_FORMAT_iq4_nl(X) M40_FORMAT_iq4_xs(X)
+
+// X(name, Parts*) (packed.cuh) for one format's packed layout (M40_PACKED_<name>: empty for
+// formats without one), and for every packed format (M40_PACKED_FORMATS).
+#define M40_PACKED_f32(X)
+#define M40_PACKED_f16(X) X(f16, PartsF16)
+#define M40_PACKED_bf16(X)
+#define M40_PACKED_q8_0(X) X(q8_0, PartsQ8_0)
+#define M40_PACKED_q4_0(X) X(q4_0, PartsQ4_0)
+#define M40_PACKED_q4_1(X) X(q4_1, PartsQ4_1)
+#define M40_PACKED_q5_0(X)
+#define M40_PACKED_q5_1(X)
+#define M40_PACKED_q2_k(X)
+#define M40_PACKED_q3_k(X)
+#define M40_PACKED_q4_k(X) X(q4_k, PartsQ4_K)
+#define M40_PACKED_q5_k(X)
+#define M40_PACKED_q6_k(X) X(q6_k, PartsQ6_K)
+#define M40_PACKED_iq4_nl(X)
+#define M40_PACKED_iq4_xs(X)
+#define M40_PACKED_FORMATS(X) M40_PACKED_f16(X) M40_PACKED_q8_0(X) M40_PACKED_q4_0(X) M40_PACKED_q4_1(X) M40_PACKED_q4_k(X) M40_PACKED_q6_k(X)
+
+// A source compiled in parts (its `// m40-parts:` line; cargo xtask ptx
+// compiles it once a part into kernels/ptx/NAME.PART.ptx, so that a model
+// JIT-compiles only the formats it holds) sees M40_PART defined as the
+// format of the part, or M40_PART_COMMON for the part of its format-free
+// kernels. M40_PART_FORMATS / M40_PART_PACKED list the formats to
+// instantiate; M40_WITH_COMMON says whether the format-free kernels belong.
+// A source compiled whole sees every format and the common kernels.
+#define M40_CAT_(a, b) a##b
+#define M40_CAT(a, b) M40_CAT_(a, b)
+#if defined(M40_PART)
+#define M40_PART_FORMATS(X) M40_CAT(M40_FORMAT_, M40_PART)(X)
+#define M40_PART_PACKED(X) M40_CAT(M40_PACKED_, M40_PART)(X)
+#elif defined(M40_PART_COMMON)
+#define M40_PART_FORMATS(X)
+#define M40_PART_PACKED(X)
+#define M40_WITH_COMMON
+#else
+#define M40_PART_FORMATS(X) M40_FORMATS(X)
+#define M40_PART_PACKED(X) M40_PACKED_FORMATS(X)
+#define M40_WITH_COMMON
+#endif

@@ -62,8 +62,41 @@ impl DeviceArgs {
             gpu: self.gpu.unwrap_or(0),
             chat_template: None,
             upload_progress,
+            kernel_progress: Some(kernel_progress()),
         }
     }
+}
+
+/// Says on stderr what a slow kernel load is (the driver compiling the PTX
+/// for this GPU, a first run's cost) and how far it has come; silent when
+/// the driver's cache makes it quick.
+fn kernel_progress() -> m40_runtime::KernelProgress {
+    use std::io::IsTerminal;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let tty = std::io::stderr().is_terminal();
+    let said = AtomicBool::new(false);
+    m40_runtime::KernelProgress(std::sync::Arc::new(move |p: m40_runtime::LoadProgress| {
+        let secs = p.elapsed.as_secs_f64();
+        let finished = p.done >= p.total;
+        if !said.load(Ordering::Relaxed) {
+            if finished || secs < 1.0 {
+                return;
+            }
+            said.store(true, Ordering::Relaxed);
+            eprintln!(
+                "preparing the kernels for this GPU: the driver compiles them on a first run \
+                 and caches them (~/.nv/ComputeCache), so later starts take about a second"
+            );
+        }
+        if tty {
+            eprint!("\r  {}/{} kernel modules, {secs:.0} s", p.done, p.total);
+            if finished {
+                eprintln!();
+            }
+        } else if finished {
+            eprintln!("  {} kernel modules ready after {secs:.1} s", p.total);
+        }
+    }))
 }
 
 /// Say where the engine runs (and why not on the GPU, when it fell back).

@@ -168,6 +168,32 @@ impl Nvrtc {
     }
 }
 
+/// The compilation units of a source: itself as module `stem`, or, where
+/// its first line says `// m40-parts: A B ...`, one per part as module
+/// `stem.A` with `M40_PART` defined as the part (`M40_PART_COMMON` for the
+/// part named `common`), so that a model loads (and the driver
+/// JIT-compiles) only the parts of the formats it holds.
+fn units(stem: &str, code: &str) -> Vec<(String, String)> {
+    let parts = code
+        .lines()
+        .next()
+        .and_then(|l| l.strip_prefix("// m40-parts:"));
+    match parts {
+        None => vec![(stem.to_string(), code.to_string())],
+        Some(parts) => parts
+            .split_whitespace()
+            .map(|p| {
+                let define = if p == "common" {
+                    "#define M40_PART_COMMON".to_string()
+                } else {
+                    format!("#define M40_PART {p}")
+                };
+                (format!("{stem}.{p}"), format!("{define}\n{code}"))
+            })
+            .collect(),
+    }
+}
+
 fn ptxas_report(tools: &Path, ptx: &Path) -> Result<String> {
     let ptxas = tools.join("nvidia/cuda_nvcc/bin/ptxas");
     let out = Command::new(&ptxas)
@@ -240,21 +266,27 @@ pub fn run(check: bool) -> Result<()> {
     std::fs::create_dir_all(&tmp).map_err(|e| e.to_string())?;
     let mut stale = Vec::new();
     let mut compiled = Vec::new();
+    let mut expected = Vec::new();
     for src in &sources {
         let stem = src.file_stem().unwrap().to_string_lossy().into_owned();
         let code = std::fs::read_to_string(src).map_err(|e| format!("{}: {e}", src.display()))?;
-        let ptx = nvrtc.compile_to_ptx(&code, &format!("{stem}.cu"), &options)?;
-        if !check {
-            compiled.push((stem.clone(), code.clone(), ptx.clone()));
+        // One report per source; one PTX module per part.
+        let mut report = String::new();
+        let mut outputs = Vec::new();
+        for (module, unit) in units(&stem, &code) {
+            let ptx = nvrtc.compile_to_ptx(&unit, &format!("{stem}.cu"), &options)?;
+            if !check {
+                compiled.push((module.clone(), stem.clone(), unit.clone(), ptx.clone()));
+            }
+            let scratch = tmp.join(format!("{module}.ptx"));
+            std::fs::write(&scratch, &ptx).map_err(|e| e.to_string())?;
+            report.push_str(&ptxas_report(&tools, &scratch)?);
+            outputs.push((format!("{module}.ptx"), ptx));
         }
-        let scratch = tmp.join(format!("{stem}.ptx"));
-        std::fs::write(&scratch, &ptx).map_err(|e| e.to_string())?;
-        let report = ptxas_report(&tools, &scratch)?;
-        for (file, text) in [
-            (format!("{stem}.ptx"), ptx),
-            (format!("{stem}.sm_52.txt"), report),
-        ] {
+        outputs.push((format!("{stem}.sm_52.txt"), report));
+        for (file, text) in outputs {
             let dest = out_dir.join(&file);
+            expected.push(file.clone());
             let same = std::fs::read_to_string(&dest).is_ok_and(|old| old == text);
             if check {
                 if !same {
@@ -263,6 +295,22 @@ pub fn run(check: bool) -> Result<()> {
             } else if !same {
                 std::fs::write(&dest, text).map_err(|e| format!("{}: {e}", dest.display()))?;
                 eprintln!("wrote kernels/ptx/{file}");
+            }
+        }
+    }
+    // PTX no source makes any more (a source split into parts, or removed).
+    for e in std::fs::read_dir(&out_dir)
+        .map_err(|e| e.to_string())?
+        .flatten()
+    {
+        let file = e.file_name().to_string_lossy().into_owned();
+        let ours = file.ends_with(".ptx") || file.ends_with(".sm_52.txt");
+        if ours && !expected.contains(&file) {
+            if check {
+                stale.push(format!("{file} (no source makes it: delete it)"));
+            } else {
+                std::fs::remove_file(e.path()).map_err(|e| e.to_string())?;
+                eprintln!("removed kernels/ptx/{file}");
             }
         }
     }
@@ -275,12 +323,12 @@ pub fn run(check: bool) -> Result<()> {
     // After every first compilation (NVRTC numbers its call sequences across
     // the compilations of a process, so these come last and that number is
     // left out of the comparison).
-    for (stem, code, ptx) in &compiled {
+    for (module, stem, code, ptx) in &compiled {
         for _ in 0..REPRO_RUNS {
             let again = nvrtc.compile_to_ptx(code, &format!("{stem}.cu"), &options)?;
             if let Some(f) = first_difference(ptx, &again) {
                 return Err(format!(
-                    "NVRTC gave kernels/{stem}.cu different PTX in two compilations (in {f}): \
+                    "NVRTC gave kernels/{stem}.cu ({module}) different PTX in two compilations (in {f}): \
                      `--check` could not pass reliably; give the loads it vectorizes a fixed \
                      shape (attention.cuh's attn_lds4)"
                 ));
@@ -301,7 +349,29 @@ pub fn run(check: bool) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::first_difference;
+    use super::{first_difference, units};
+
+    #[test]
+    fn sources_split_into_the_parts_their_first_line_names() {
+        assert_eq!(
+            units("rope", "// plain\nx"),
+            [("rope".to_string(), "// plain\nx".to_string())]
+        );
+        let code = "// m40-parts: common q4_0\nbody";
+        let u = units("gemm", code);
+        assert_eq!(u.len(), 2);
+        assert_eq!(
+            u[0],
+            (
+                "gemm.common".into(),
+                format!("#define M40_PART_COMMON\n{code}")
+            )
+        );
+        assert_eq!(
+            u[1],
+            ("gemm.q4_0".into(), format!("#define M40_PART q4_0\n{code}"))
+        );
+    }
 
     #[test]
     fn first_difference_names_the_function_and_skips_call_sequences() {

@@ -535,8 +535,26 @@ impl Kernels {
     }
 
     /// This device's SMs and the GEMM tiles' blocks per SM (the occupancy
-    /// calculator's, looked up once).
+    /// calculator's, looked up once), read from Q4_0's packed kernels.
     pub fn gemm_slots(&self) -> Result<GemmSlots> {
+        self.slots_of([GEMM_SLOTS_KERNEL, GEMM_SMALL_SLOTS_KERNEL])
+    }
+
+    /// [`Kernels::gemm_slots`] read from the kernels that multiply `ty` (its
+    /// packed kernels where `packed`), so that a model need not load another
+    /// format's (on a first run the driver JIT-compiles every module loaded).
+    /// Every large-tile kernel has the same shared memory and a register
+    /// count under the cap of its launch bounds, every small-tile one too:
+    /// the slots are the same for every format (a GPU test checks).
+    pub fn gemm_slots_for(&self, ty: m40_gguf::GgmlType, packed: bool) -> Result<GemmSlots> {
+        let names = match PackFormat::of(ty).filter(|_| packed) {
+            Some(f) => [f.gemm, f.gemm_small],
+            None => gemm_names(&KernelFormat::of(ty, "gemm")?),
+        };
+        self.slots_of(names)
+    }
+
+    fn slots_of(&self, [large, small]: [&'static str; 2]) -> Result<GemmSlots> {
         let sms = self.device().info().sm_count.max(1) as usize;
         let per_sm = |name, threads| -> Result<usize> {
             let kernel = self.handle("gemm", name)?;
@@ -544,8 +562,8 @@ impl Kernels {
         };
         Ok(GemmSlots {
             sms,
-            per_sm: per_sm(GEMM_SLOTS_KERNEL, GEMM_THREADS)?,
-            small_per_sm: per_sm(GEMM_SMALL_SLOTS_KERNEL, GEMM_SMALL_THREADS)?,
+            per_sm: per_sm(large, GEMM_THREADS)?,
+            small_per_sm: per_sm(small, GEMM_SMALL_THREADS)?,
         })
     }
 
@@ -579,7 +597,7 @@ impl Kernels {
         // slots; else the small one (on an H100 SmolLM2's 576-row matrices
         // made 20 large 128x128 blocks for 132 SMs, and pp512 fell from 46k
         // to 34k tokens/s).
-        let gpu = self.gemm_slots()?;
+        let gpu = self.slots_of(w.kernels)?;
         let plan = gemm_plan(m, n, k, gpu);
         let s = plan.splits;
         let splits = scratch

@@ -39,35 +39,79 @@ pub use sample::{select_args, Penalties, SELECT_ARGS, SELECT_MAX_K, SELECT_SCRAT
 /// Shared memory a block may use on sm_52 (and without opt-in on any GPU).
 pub const MAX_SHARED_PER_BLOCK: usize = 48 * 1024;
 
-/// The PTX modules: (name, text), one per `kernels/*.cu`.
-pub const MODULES: [(&str, &str); 11] = [
-    (
-        "attention",
-        include_str!("../../../kernels/ptx/attention.ptx"),
-    ),
-    ("bench", include_str!("../../../kernels/ptx/bench.ptx")),
-    ("decode", include_str!("../../../kernels/ptx/decode.ptx")),
-    (
-        "elementwise",
-        include_str!("../../../kernels/ptx/elementwise.ptx"),
-    ),
-    ("embed", include_str!("../../../kernels/ptx/embed.ptx")),
-    ("gemm", include_str!("../../../kernels/ptx/gemm.ptx")),
-    ("gemv", include_str!("../../../kernels/ptx/gemv.ptx")),
-    (
-        "gemv_packed",
-        include_str!("../../../kernels/ptx/gemv_packed.ptx"),
-    ),
-    ("rmsnorm", include_str!("../../../kernels/ptx/rmsnorm.ptx")),
-    ("rope", include_str!("../../../kernels/ptx/rope.ptx")),
-    ("sample", include_str!("../../../kernels/ptx/sample.ptx")),
+/// `(name, PTX)` of `kernels/ptx/NAME.ptx`.
+macro_rules! module {
+    ($name:literal) => {
+        (
+            $name,
+            include_str!(concat!("../../../kernels/ptx/", $name, ".ptx")),
+        )
+    };
+}
+
+/// The PTX modules: (name, text), one per `kernels/*.cu`, or, for a source
+/// compiled in parts (its `// m40-parts:` line), one per part, named
+/// `STEM.PART` (`gemm.q4_1`): a model loads, and the driver JIT-compiles on
+/// a first run, only the parts of its formats.
+///
+/// A `static`: the megabytes of PTX are in the binary once (a `const` is
+/// copied at each place it is used).
+pub static MODULES: &[(&str, &str)] = MODULE_TABLE;
+
+/// [`MODULES`] as a constant, for its length only.
+const MODULE_TABLE: &[(&str, &str)] = &[
+    module!("attention"),
+    module!("bench"),
+    module!("decode"),
+    module!("elementwise"),
+    module!("embed"),
+    module!("gemm.common"),
+    module!("gemm.f32"),
+    module!("gemm.f16"),
+    module!("gemm.bf16"),
+    module!("gemm.q8_0"),
+    module!("gemm.q4_0"),
+    module!("gemm.q4_1"),
+    module!("gemm.q5_0"),
+    module!("gemm.q5_1"),
+    module!("gemm.q2_k"),
+    module!("gemm.q3_k"),
+    module!("gemm.q4_k"),
+    module!("gemm.q5_k"),
+    module!("gemm.q6_k"),
+    module!("gemm.iq4_nl"),
+    module!("gemm.iq4_xs"),
+    module!("gemv.f32"),
+    module!("gemv.f16"),
+    module!("gemv.bf16"),
+    module!("gemv.q8_0"),
+    module!("gemv.q4_0"),
+    module!("gemv.q4_1"),
+    module!("gemv.q5_0"),
+    module!("gemv.q5_1"),
+    module!("gemv.q2_k"),
+    module!("gemv.q3_k"),
+    module!("gemv.q4_k"),
+    module!("gemv.q5_k"),
+    module!("gemv.q6_k"),
+    module!("gemv.iq4_nl"),
+    module!("gemv.iq4_xs"),
+    module!("gemv_packed.f16"),
+    module!("gemv_packed.q8_0"),
+    module!("gemv_packed.q4_0"),
+    module!("gemv_packed.q4_1"),
+    module!("gemv_packed.q4_k"),
+    module!("gemv_packed.q6_k"),
+    module!("rmsnorm"),
+    module!("rope"),
+    module!("sample"),
 ];
 
 /// The kernels of one device; modules load on first use, and each kernel's
 /// handle is looked up once (a launch costs no driver lookup).
 pub struct Kernels {
     device: Arc<Device>,
-    modules: [OnceLock<Module>; MODULES.len()],
+    modules: [OnceLock<Module>; MODULE_TABLE.len()],
     handles: Mutex<HashMap<&'static str, Kernel>>,
     /// Blocks of a kernel the whole GPU holds at once, by kernel name,
     /// threads per block and dynamic shared memory.
@@ -80,7 +124,7 @@ impl Kernels {
     pub fn new(device: Arc<Device>) -> Self {
         Self {
             device,
-            modules: Default::default(),
+            modules: std::array::from_fn(|_| OnceLock::new()),
             handles: Mutex::new(HashMap::new()),
             resident: Mutex::new(HashMap::new()),
             recorder: Mutex::new(None),
@@ -133,11 +177,7 @@ impl Kernels {
     }
 
     fn lookup(&self, module: &'static str, name: &'static str) -> Result<Kernel> {
-        let i = MODULES
-            .iter()
-            .position(|(m, _)| *m == module)
-            .expect("launchers name modules that exist");
-        Ok(self.module(i)?.kernel(name)?)
+        Ok(self.module(module_of(module, name))?.kernel(name)?)
     }
 
     /// Module `i` of MODULES, loaded on first use.
@@ -154,11 +194,130 @@ impl Kernels {
     /// Load every module now (the driver JIT-compiles the PTX for this GPU on
     /// first load; doing it up front keeps that out of the first request).
     pub fn load_all(&self) -> Result<()> {
-        for i in 0..MODULES.len() {
-            self.module(i)?;
-        }
-        Ok(())
+        let all: Vec<&'static str> = MODULES.iter().map(|(m, _)| *m).collect();
+        self.load_modules(&all, &mut |_| {})
     }
+
+    /// Load `modules` (names of [`MODULES`]: a split source's parts by
+    /// their own names, `gemm.q4_1`) now, several at once: on a GPU
+    /// or driver the PTX has not met before, the driver JIT-compiles each
+    /// module on its first load (then keeps the result in its cache,
+    /// `~/.nv/ComputeCache`), which takes seconds a module. `progress` is
+    /// called on this thread after each module and every half second.
+    pub fn load_modules(
+        &self,
+        modules: &[&'static str],
+        progress: &mut dyn FnMut(LoadProgress),
+    ) -> Result<()> {
+        let index: Vec<usize> = modules
+            .iter()
+            .map(|m| {
+                MODULES
+                    .iter()
+                    .position(|(name, _)| name == m)
+                    .expect("callers name modules that exist")
+            })
+            .collect();
+        let total = index.len();
+        // M40_JIT_THREADS caps the loads at once (1: one after another).
+        let threads = std::env::var("M40_JIT_THREADS")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(4, |n| n.get()))
+            .min(total)
+            .max(1);
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let start = std::time::Instant::now();
+        let (tx, rx) = std::sync::mpsc::channel::<Result<()>>();
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                let tx = tx.clone();
+                let (next, index) = (&next, &index);
+                s.spawn(move || loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if i >= index.len() {
+                        break;
+                    }
+                    let t = std::time::Instant::now();
+                    let r = self.module(index[i]).map(|_| ());
+                    tracing::debug!(
+                        "module {} loaded in {:.2} s",
+                        MODULES[index[i]].0,
+                        t.elapsed().as_secs_f64()
+                    );
+                    if tx.send(r).is_err() {
+                        break;
+                    }
+                });
+            }
+            drop(tx);
+            let (mut done, mut failed) = (0, None);
+            loop {
+                use std::sync::mpsc::RecvTimeoutError;
+                match rx.recv_timeout(std::time::Duration::from_millis(500)) {
+                    Ok(r) => {
+                        done += 1;
+                        if let Err(e) = r {
+                            failed.get_or_insert(e);
+                        }
+                    }
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Err(RecvTimeoutError::Disconnected) => break,
+                }
+                progress(LoadProgress {
+                    done,
+                    total,
+                    elapsed: start.elapsed(),
+                });
+            }
+            failed.map_or(Ok(()), Err)
+        })
+    }
+}
+
+/// How far [`Kernels::load_modules`] has come.
+#[derive(Clone, Copy, Debug)]
+pub struct LoadProgress {
+    /// Modules loaded, of `total`.
+    pub done: usize,
+    pub total: usize,
+    pub elapsed: std::time::Duration,
+}
+
+/// The index in [`MODULES`] of the module that holds kernel `name` of the
+/// source `module`: the module itself, or, for a source compiled in parts,
+/// the part whose PTX defines the kernel.
+fn module_of(module: &str, name: &str) -> usize {
+    if let Some(i) = MODULES.iter().position(|(m, _)| *m == module) {
+        return i;
+    }
+    let entry = format!(".entry {name}(");
+    MODULES
+        .iter()
+        .position(|(m, ptx)| {
+            m.strip_prefix(module)
+                .is_some_and(|rest| rest.starts_with('.'))
+                && ptx.contains(&entry)
+        })
+        .unwrap_or_else(|| panic!("no module of {module} holds kernel {name}"))
+}
+
+/// The modules of `source` (a `kernels/*.cu` stem) a model whose matrices
+/// are in `formats` (kernel symbols, `q4_1`) needs: the source itself, or
+/// its common part and the parts of those formats that exist.
+pub fn modules_for(source: &str, formats: &[&str]) -> Vec<&'static str> {
+    if let Some((m, _)) = MODULES.iter().find(|(m, _)| *m == source) {
+        return vec![m];
+    }
+    MODULES
+        .iter()
+        .map(|(m, _)| *m)
+        .filter(|m| {
+            m.strip_prefix(source)
+                .and_then(|rest| rest.strip_prefix('.'))
+                .is_some_and(|part| part == "common" || formats.contains(&part))
+        })
+        .collect()
 }
 
 /// The text after `#define NAME ` in a kernel source (tests check the
@@ -167,4 +326,57 @@ impl Kernels {
 pub(crate) fn cuda_define<'a>(src: &'a str, name: &str) -> Option<&'a str> {
     let at = src.find(&format!("#define {name} "))? + name.len() + 9;
     src[at..].lines().next().map(str::trim)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every source's modules are in MODULES: a plain source as itself, a
+    /// split one as each part its `// m40-parts:` line names, nothing else.
+    #[test]
+    fn modules_mirror_the_kernel_sources() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../kernels");
+        let mut want = Vec::new();
+        for e in std::fs::read_dir(&dir).unwrap().flatten() {
+            let p = e.path();
+            if p.extension().is_none_or(|x| x != "cu") {
+                continue;
+            }
+            let stem = p.file_stem().unwrap().to_string_lossy().into_owned();
+            let code = std::fs::read_to_string(&p).unwrap();
+            match code
+                .lines()
+                .next()
+                .and_then(|l| l.strip_prefix("// m40-parts:"))
+            {
+                Some(parts) => want.extend(parts.split_whitespace().map(|x| format!("{stem}.{x}"))),
+                None => want.push(stem),
+            }
+        }
+        want.sort();
+        let mut have: Vec<String> = MODULES.iter().map(|(m, _)| m.to_string()).collect();
+        have.sort();
+        assert_eq!(have, want);
+    }
+
+    #[test]
+    fn kernels_are_found_in_their_part() {
+        let name = |i: usize| MODULES[i].0;
+        assert_eq!(name(module_of("gemm", "gemm_packed_q4_1_f32")), "gemm.q4_1");
+        assert_eq!(name(module_of("gemm", "gemm_small_q6_k_f32")), "gemm.q6_k");
+        assert_eq!(name(module_of("gemm", "gemm_reduce_f32")), "gemm.common");
+        assert_eq!(
+            name(module_of("gemv_packed", "gemv_packed_q8_0_f32_x4")),
+            "gemv_packed.q8_0"
+        );
+        assert_eq!(name(module_of("gemv", "gemv_iq4_xs_f32")), "gemv.iq4_xs");
+        assert_eq!(name(module_of("rope", "rope_kv_norm_f32")), "rope");
+        assert_eq!(
+            modules_for("gemm", &["q4_1", "q8_0"]),
+            ["gemm.common", "gemm.q8_0", "gemm.q4_1"]
+        );
+        assert_eq!(modules_for("gemv_packed", &["q5_0"]), Vec::<&str>::new());
+        assert_eq!(modules_for("attention", &["q4_1"]), ["attention"]);
+    }
 }

@@ -1266,6 +1266,19 @@ fn gemm_every_format_matches_cpu() {
         "GEMM slots: {} SMs x {} large-tile / {} small-tile blocks",
         gpu.sms, gpu.per_sm, gpu.small_per_sm
     );
+    // The same slots from every format's kernels (the GPU backend reads them
+    // from its model's format, so as not to load another's).
+    for f in KernelFormat::ALL {
+        for packed in [false, true] {
+            let other = k.gemm_slots_for(f.ty, packed).unwrap();
+            assert_eq!(
+                (other.per_sm, other.small_per_sm),
+                (gpu.per_sm, gpu.small_per_sm),
+                "{} packed {packed}",
+                f.symbol
+            );
+        }
+    }
     let splitting = |m: usize, few: bool| {
         (1..512).map(|t| 128 * t - 3).find(|&n| {
             k.gemm_splits(m, n, kk).unwrap() > 1 && (2 * gemm_large_tiles(m, n) < gpu.sms) == few

@@ -27,11 +27,13 @@ use m40_device::{Device, DeviceBuffer, DeviceView, Stream};
 use m40_gguf::hparams::{RopeStyle as GgufRope, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
 use m40_gguf::{GgmlType, HyperParams};
 use m40_kernels::{
-    gemm_scratch_len, interleave_glu, pack_gemv, select_args, AttnPlan, AttnScratch, AttnShape,
-    DecodeProgram, Fold, GemmSlots, GemvOut, KernelFormat, Kernels, PackFormat, PackedMatrix,
-    Penalties, QMatrix, RopeKv, RopeParams, RopeStyle, RowSplit, KV_PAGE, MAX_HEAD_DIM, PACK_ROWS,
-    SELECT_ARGS, SELECT_MAX_K, SELECT_SCRATCH,
+    gemm_scratch_len, interleave_glu, modules_for, pack_gemv, select_args, AttnPlan, AttnScratch,
+    AttnShape, DecodeProgram, Fold, GemmSlots, GemvOut, KernelFormat, Kernels, PackFormat,
+    PackedMatrix, Penalties, QMatrix, RopeKv, RopeParams, RopeStyle, RowSplit, KV_PAGE,
+    MAX_HEAD_DIM, PACK_ROWS, SELECT_ARGS, SELECT_MAX_K, SELECT_SCRATCH,
 };
+
+pub use m40_kernels::LoadProgress;
 
 use crate::cpu::ops::Rope;
 use crate::error::{ModelError, Result};
@@ -45,6 +47,9 @@ pub struct GpuOptions {
     pub max_batch: usize,
     /// Called as weights upload: (bytes done, bytes in all).
     pub progress: Option<Arc<dyn Fn(u64, u64) + Send + Sync>>,
+    /// Called while the kernels load (the driver compiles them for this GPU
+    /// on a first run): after each module and every half second.
+    pub kernel_progress: Option<Arc<dyn Fn(LoadProgress) + Send + Sync>>,
     /// Replay decode steps from a captured CUDA graph (else launch each
     /// kernel every step).
     pub graphs: bool,
@@ -79,6 +84,7 @@ impl Default for GpuOptions {
             kv_tokens: 4096,
             max_batch: 512,
             progress: None,
+            kernel_progress: None,
             graphs: true,
             packed: true,
             fuse: true,
@@ -450,6 +456,55 @@ fn gemm_scratch(hp: &HyperParams, max_batch: usize, gpu: GemmSlots) -> usize {
         .unwrap_or(0)
 }
 
+/// The kernel modules (m40_kernels::MODULES) a [`GpuBackend`] for `model`
+/// with `opts` launches from, loaded (JIT-compiled on a first run) up front:
+/// of the sources compiled in parts, only the parts of the model's formats
+/// (the GEMV of GGUF rows only for matrices that are not packed); the
+/// persistent decode kernel only when asked for; never the benchmark probes.
+pub fn modules_needed(model: &Model, opts: &GpuOptions) -> Vec<&'static str> {
+    let hp = model.hparams();
+    let file = model.file();
+    let (mut packed, mut rows) = (Vec::new(), Vec::new());
+    for (name, shape) in hp.expected_tensors() {
+        // An untied token embedding is only gathered (the embed module).
+        if shape.len() != 2 || (name == TOKEN_EMBD && !hp.tied_output) {
+            continue;
+        }
+        let Some(t) = file.tensor_info(&name) else {
+            continue;
+        };
+        let Ok(f) = KernelFormat::of(t.ty, "gpu backend") else {
+            continue;
+        };
+        let list = if PackFormat::of(t.ty).is_some() && packs(opts, t.ty, t.row_len()) {
+            &mut packed
+        } else {
+            &mut rows
+        };
+        if !list.contains(&f.symbol) {
+            list.push(f.symbol);
+        }
+    }
+    let all: Vec<&str> = packed.iter().chain(&rows).copied().collect();
+    let mut m = modules_for("gemm", &all);
+    m.extend(modules_for("gemv_packed", &packed));
+    if !rows.is_empty() {
+        m.extend(modules_for("gemv", &rows));
+    }
+    m.extend([
+        "attention",
+        "embed",
+        "sample",
+        "rmsnorm",
+        "rope",
+        "elementwise",
+    ]);
+    if opts.persistent {
+        m.push("decode");
+    }
+    m
+}
+
 /// Device memory a [`GpuBackend`] for `model` with `opts` allocates on
 /// `gpu` (its GEMM slots size the split-K scratch), bytes: (weights, KV
 /// pool, workspace).
@@ -513,8 +568,18 @@ impl GpuBackend {
         }
         let max_batch = opts.max_batch.max(1);
         let kernels = Kernels::new(device.clone());
-        kernels.load_all()?;
-        let gpu = kernels.gemm_slots()?;
+        let modules = modules_needed(&model, &opts);
+        kernels.load_modules(&modules, &mut |p| {
+            if let Some(f) = &opts.kernel_progress {
+                f(p)
+            }
+        })?;
+        // The GEMM's slots from a format the model holds (loading another
+        // format's kernels would JIT-compile them on a first run).
+        let gpu = {
+            let t = model.tensor(&model.layer(0).ffn_up).info;
+            kernels.gemm_slots_for(t.ty, packs(&opts, t.ty, t.row_len()))?
+        };
         let (w, kv, work) = memory_needed(&model, &opts, gpu);
         let need = w + kv + work;
         let (free, total) = device.memory()?;

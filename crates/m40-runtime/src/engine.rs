@@ -70,6 +70,18 @@ impl std::fmt::Debug for UploadProgress {
     }
 }
 
+/// Called while the GPU kernels load: the driver compiles them for the GPU
+/// at hand on a first run (seconds; cached after), after each module and
+/// every half second.
+#[derive(Clone)]
+pub struct KernelProgress(pub Arc<dyn Fn(m40_model::gpu::LoadProgress) + Send + Sync>);
+
+impl std::fmt::Debug for KernelProgress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KernelProgress")
+    }
+}
+
 /// How to load a model.
 #[derive(Clone, Debug, Default)]
 pub struct EngineOptions {
@@ -84,6 +96,7 @@ pub struct EngineOptions {
     /// A chat template to use instead of the model's.
     pub chat_template: Option<String>,
     pub upload_progress: Option<UploadProgress>,
+    pub kernel_progress: Option<KernelProgress>,
 }
 
 /// What to generate from.
@@ -503,6 +516,7 @@ fn pick_backend(
         kv_tokens: n_ctx,
         max_batch: PREFILL_BATCH,
         progress: opts.upload_progress.as_ref().map(|p| p.0.clone()),
+        kernel_progress: opts.kernel_progress.as_ref().map(|p| p.0.clone()),
         ..Default::default()
     };
     match GpuBackend::new(device, model.clone(), gpu_opts) {

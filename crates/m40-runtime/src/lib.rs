@@ -20,10 +20,19 @@
 //!   streaming tokens, stop strings, logprobs, cancellation and timings.
 //! - [`sampling`]: greedy, temperature, top-k/top-p/min-p, penalties, seeds.
 //! - [`store`]: the model store; [`perplexity`]: llama.cpp's protocol.
+//!
+//! Build the engine optimized even in your debug builds (the CPU backend is
+//! about 100x slower unoptimized), in your `Cargo.toml`:
+//! ```toml
+//! [profile.dev.package."*"]
+//! opt-level = 3
+//! ```
+//! The examples (`examples/01_generate.rs`, `02_chat_history.rs`,
+//! `03_cancel.rs`) each show one thing.
 
 pub use engine::{
     BackendChoice, CancelToken, Completion, Engine, EngineError, EngineOptions, FinishReason,
-    Prompt, Request, Timings, TokenEvent, UploadProgress, DEFAULT_CONTEXT,
+    KernelProgress, Prompt, Request, Timings, TokenEvent, UploadProgress, DEFAULT_CONTEXT,
 };
 pub use m40_tokenizer::Message;
 pub use sampling::SamplingParams;
@@ -32,6 +41,7 @@ pub use sampling::SamplingParams;
 // needs only m40-runtime in its Cargo.toml.
 pub use m40_device::DeviceError;
 pub use m40_gguf::{GgufError, GgufFile, HyperParams};
+pub use m40_model::gpu::LoadProgress;
 pub use m40_model::ModelError;
 pub use m40_tokenizer::template::CHATML as DEFAULT_CHAT_TEMPLATE;
 pub use m40_tokenizer::{Tokenizer, TokenizerError};
