@@ -3,7 +3,8 @@
 //!   128 tokens, in GFLOP/s (2 * rows * cols * tokens), weights from the
 //!   quant zoo's formats or quantized here.
 //! - `smollm2/pp128` and `smollm2/tg64`: the default model, 128 prompt tokens
-//!   and 64 decode steps, in tokens/s (llama.cpp's CPU build measured pp128
+//!   and 64 decode steps, in tokens/s, with 8-bit inputs as llama.cpp
+//!   (`CpuMath::Quantized`, the default); `smollm2-exact/...` the FP32 reference (llama.cpp's CPU build measured pp128
 //!   266 t/s and tg64 110-120 t/s on this kind of 2-core machine).
 
 use std::sync::Arc;
@@ -12,7 +13,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use m40_gguf::quant::quantize_to_vec;
 use m40_gguf::{GgmlType, GgufFile, Metadata, TensorSpec};
 use m40_model::cpu::matmul::matmul;
-use m40_model::cpu::CpuBackend;
+use m40_model::cpu::{CpuBackend, CpuMath};
 use m40_model::{Backend, KvState, Logits, Model};
 
 fn matmuls(c: &mut Criterion) {
@@ -64,32 +65,39 @@ fn end_to_end(c: &mut Criterion) {
     let path = store
         .ensure_default(&mut |m: &str| eprintln!("{m}"))
         .unwrap();
-    let cpu = CpuBackend::new(Arc::new(Model::open(path).unwrap())).unwrap();
+    let model = Arc::new(Model::open(path).unwrap());
     let prompt: Vec<u32> = (0..128).map(|i| 100 + (i * 37) % 4000).collect();
-    let mut g = c.benchmark_group("smollm2");
-    g.sample_size(10);
-    g.throughput(Throughput::Elements(128));
-    g.bench_function("pp128", |b| {
-        b.iter(|| {
-            let mut cache = cpu.new_cache(256).unwrap();
-            cpu.forward(&mut cache, &prompt, Logits::Last).unwrap()
-        })
-    });
-    let mut cache = cpu.new_cache(256).unwrap();
-    cpu.forward(&mut cache, &prompt[..16], Logits::Last)
-        .unwrap();
-    g.throughput(Throughput::Elements(64));
-    g.bench_function("tg64", |b| {
-        b.iter(|| {
-            cache.truncate(16);
-            let mut t = 1u32;
-            for _ in 0..64 {
-                let l = cpu.forward(&mut cache, &[t], Logits::Last).unwrap();
-                t = m40_runtime::sampling::argmax(&l);
-            }
-        })
-    });
-    g.finish();
+    // The default (8-bit inputs, as llama.cpp) and the exact reference.
+    for (group, math) in [
+        ("smollm2", CpuMath::Quantized),
+        ("smollm2-exact", CpuMath::Exact),
+    ] {
+        let cpu = CpuBackend::with_math(model.clone(), math).unwrap();
+        let mut g = c.benchmark_group(group);
+        g.sample_size(10);
+        g.throughput(Throughput::Elements(128));
+        g.bench_function("pp128", |b| {
+            b.iter(|| {
+                let mut cache = cpu.new_cache(256).unwrap();
+                cpu.forward(&mut cache, &prompt, Logits::Last).unwrap()
+            })
+        });
+        let mut cache = cpu.new_cache(256).unwrap();
+        cpu.forward(&mut cache, &prompt[..16], Logits::Last)
+            .unwrap();
+        g.throughput(Throughput::Elements(64));
+        g.bench_function("tg64", |b| {
+            b.iter(|| {
+                cache.truncate(16);
+                let mut t = 1u32;
+                for _ in 0..64 {
+                    let l = cpu.forward(&mut cache, &[t], Logits::Last).unwrap();
+                    t = m40_runtime::sampling::argmax(&l);
+                }
+            })
+        });
+        g.finish();
+    }
 }
 
 criterion_group!(benches, matmuls, end_to_end);

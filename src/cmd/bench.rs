@@ -78,6 +78,16 @@ pub struct Args {
     /// Do not run llama-bench even when it is on PATH.
     #[arg(long)]
     pub no_llama_bench: bool,
+    /// Benchmark the CPU backend instead: pp and tg in tokens/s, as
+    /// llama-bench's CPU build reports them.
+    #[arg(long)]
+    pub cpu: bool,
+    /// Threads for --cpu (default: every core).
+    #[arg(short = 't', long)]
+    pub threads: Option<usize>,
+    /// With --cpu: the exact FP32 reference instead of 8-bit inputs.
+    #[arg(long)]
+    pub cpu_exact: bool,
 }
 
 /// The measured ceilings of the device.
@@ -167,7 +177,7 @@ struct TestResult {
     llama_cpp: Option<f64>,
 }
 
-fn random_tokens(n: usize, n_vocab: usize, seed: u64) -> Vec<u32> {
+pub(super) fn random_tokens(n: usize, n_vocab: usize, seed: u64) -> Vec<u32> {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     (0..n)
         .map(|_| {
@@ -370,6 +380,9 @@ pub fn run(a: Args) -> Result<()> {
         }
         _ => bail!("name a model, or a shape with --shape"),
     };
+    if a.cpu {
+        return super::bench_cpu::run(&path, &label, &a);
+    }
     bench(&path, &label, &a)
 }
 

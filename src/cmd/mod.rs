@@ -1,4 +1,5 @@
 pub mod bench;
+pub mod bench_cpu;
 pub mod perplexity;
 pub mod run;
 pub mod serve;
@@ -30,6 +31,11 @@ pub struct DeviceArgs {
     /// one is usable, else the CPU.
     #[arg(long, value_name = "N")]
     pub gpu: Option<usize>,
+    /// On the CPU, multiply in exact FP32 (the reference) instead of
+    /// rounding the inputs of Q4_0/Q4_1/Q8_0 matrices to 8 bits as llama.cpp
+    /// does (about 2x faster).
+    #[arg(long)]
+    pub cpu_exact: bool,
 }
 
 impl DeviceArgs {
@@ -63,6 +69,11 @@ impl DeviceArgs {
             chat_template: None,
             upload_progress,
             kernel_progress: Some(kernel_progress()),
+            cpu_math: if self.cpu_exact {
+                m40_runtime::CpuMath::Exact
+            } else {
+                m40_runtime::CpuMath::Quantized
+            },
         }
     }
 }

@@ -97,6 +97,9 @@ pub struct EngineOptions {
     pub chat_template: Option<String>,
     pub upload_progress: Option<UploadProgress>,
     pub kernel_progress: Option<KernelProgress>,
+    /// How the CPU backend multiplies (default: 8-bit inputs as llama.cpp,
+    /// `CpuMath::Exact` for the FP32 reference).
+    pub cpu_math: m40_model::cpu::CpuMath,
 }
 
 /// What to generate from.
@@ -500,7 +503,10 @@ fn pick_backend(
     // than fail its first request.
     let cpu = || -> Result<AnyBackend> {
         m40_model::cpu::check_memory(model.hparams(), n_ctx, PREFILL_BATCH)?;
-        Ok(AnyBackend::Cpu(CpuBackend::new(model.clone())?))
+        Ok(AnyBackend::Cpu(CpuBackend::with_math(
+            model.clone(),
+            opts.cpu_math,
+        )?))
     };
     if opts.backend == BackendChoice::Cpu {
         return Ok((cpu()?, None));

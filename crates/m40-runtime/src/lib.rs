@@ -41,6 +41,7 @@ pub use sampling::SamplingParams;
 // needs only m40-runtime in its Cargo.toml.
 pub use m40_device::DeviceError;
 pub use m40_gguf::{GgufError, GgufFile, HyperParams};
+pub use m40_model::cpu::CpuMath;
 pub use m40_model::gpu::LoadProgress;
 pub use m40_model::ModelError;
 pub use m40_tokenizer::template::CHATML as DEFAULT_CHAT_TEMPLATE;

@@ -8,7 +8,7 @@ mod common;
 
 use m40_device::testing::test_device;
 use m40_runtime::{
-    BackendChoice, CancelToken, Engine, EngineOptions, Prompt, Request, SamplingParams,
+    BackendChoice, CancelToken, CpuMath, Engine, EngineOptions, Prompt, Request, SamplingParams,
 };
 
 fn engine(path: &std::path::Path, backend: BackendChoice) -> Engine {
@@ -17,6 +17,8 @@ fn engine(path: &std::path::Path, backend: BackendChoice) -> Engine {
         EngineOptions {
             n_ctx: Some(256),
             backend,
+            // The GPU computes in FP32: compare with the exact CPU.
+            cpu_math: CpuMath::Exact,
             ..Default::default()
         },
     )

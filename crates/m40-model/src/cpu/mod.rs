@@ -4,6 +4,7 @@
 pub mod fused;
 pub mod matmul;
 pub mod ops;
+pub mod q8;
 pub mod simd;
 
 use std::sync::Arc;
@@ -30,9 +31,23 @@ struct LayerVecs {
     bv: Option<Vec<f32>>,
 }
 
+/// How the CPU backend multiplies by the weights.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CpuMath {
+    /// As llama.cpp's CPU backend: the inputs of Q4_0, Q4_1 and Q8_0
+    /// matrices rounded to 8 bits per block of 32 and integer dot products
+    /// ([`q8`]), the other formats exact. The default for running models.
+    #[default]
+    Quantized,
+    /// FP32 throughout: the reference every GPU kernel is checked against
+    /// ([`CpuBackend::new`]).
+    Exact,
+}
+
 /// The CPU backend over one model.
 pub struct CpuBackend {
     model: Arc<Model>,
+    math: CpuMath,
     layers: Vec<LayerVecs>,
     output_norm: Vec<f32>,
     rope: Rope,
@@ -64,7 +79,12 @@ fn vec_f32(model: &Model, name: &str) -> Result<Vec<f32>> {
 }
 
 impl CpuBackend {
+    /// The exact backend ([`CpuMath::Exact`]), the reference.
     pub fn new(model: Arc<Model>) -> Result<Self> {
+        Self::with_math(model, CpuMath::Exact)
+    }
+
+    pub fn with_math(model: Arc<Model>, math: CpuMath) -> Result<Self> {
         let hp = model.hparams().clone();
         let mut layers = Vec::with_capacity(hp.n_layer);
         for l in 0..hp.n_layer {
@@ -88,10 +108,26 @@ impl CpuBackend {
         let output_norm = vec_f32(&model, OUTPUT_NORM)?;
         Ok(Self {
             model,
+            math,
             layers,
             output_norm,
             rope,
         })
+    }
+
+    pub fn math(&self) -> CpuMath {
+        self.math
+    }
+
+    /// `out = W x` for the `n` rows of `x`, by this backend's math.
+    fn matmul(&self, name: &str, x: &[f32], n: usize, out: &mut [f32]) -> Result<()> {
+        let w = self.model.tensor(name);
+        if self.math == CpuMath::Quantized && q8::supported(w.info.ty) {
+            q8::matmul_q8(&w, x, n, out);
+            Ok(())
+        } else {
+            matmul(&w, x, n, out)
+        }
     }
 
     fn embed(&self, tokens: &[u32], x: &mut [f32]) -> Result<()> {
@@ -275,9 +311,9 @@ impl Backend for CpuBackend {
             let names = self.model.layer(l);
             h.copy_from_slice(&x);
             rmsnorm(&mut h, &lv.attn_norm, hp.rms_eps);
-            matmul(&self.model.tensor(&names.wq), &h, n, &mut q)?;
-            matmul(&self.model.tensor(&names.wk), &h, n, &mut k)?;
-            matmul(&self.model.tensor(&names.wv), &h, n, &mut v)?;
+            self.matmul(&names.wq, &h, n, &mut q)?;
+            self.matmul(&names.wk, &h, n, &mut k)?;
+            self.matmul(&names.wv, &h, n, &mut v)?;
             add_bias(&mut q, &lv.bq);
             add_bias(&mut k, &lv.bk);
             add_bias(&mut v, &lv.bv);
@@ -291,15 +327,15 @@ impl Backend for CpuBackend {
             cache.k[l][at..at + n * kv_dim].convert_from_f32_slice(&k);
             cache.v[l][at..at + n * kv_dim].convert_from_f32_slice(&v);
             self.attention(cache, l, &q, start, &mut att);
-            matmul(&self.model.tensor(&names.wo), &att, n, &mut proj)?;
+            self.matmul(&names.wo, &att, n, &mut proj)?;
             x.iter_mut().zip(&proj).for_each(|(x, p)| *x += p);
 
             h.copy_from_slice(&x);
             rmsnorm(&mut h, &lv.ffn_norm, hp.rms_eps);
-            matmul(&self.model.tensor(&names.ffn_gate), &h, n, &mut gate)?;
-            matmul(&self.model.tensor(&names.ffn_up), &h, n, &mut up)?;
+            self.matmul(&names.ffn_gate, &h, n, &mut gate)?;
+            self.matmul(&names.ffn_up, &h, n, &mut up)?;
             swiglu(&mut gate, &up);
-            matmul(&self.model.tensor(&names.ffn_down), &gate, n, &mut proj)?;
+            self.matmul(&names.ffn_down, &gate, n, &mut proj)?;
             x.iter_mut().zip(&proj).for_each(|(x, p)| *x += p);
         }
         cache.len = start + n;
@@ -312,7 +348,7 @@ impl Backend for CpuBackend {
         let n_rows = rows.len() / d;
         let out_name = if hp.tied_output { TOKEN_EMBD } else { OUTPUT };
         let mut logits = vec![0f32; n_rows * hp.n_vocab];
-        matmul(&self.model.tensor(out_name), rows, n_rows, &mut logits)?;
+        self.matmul(out_name, rows, n_rows, &mut logits)?;
         Ok(logits)
     }
 }
