@@ -64,17 +64,9 @@ impl Q8Rows {
             .zip(q.chunks_exact_mut(QK32))
             .enumerate()
         {
-            let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let db = amax / 127.0;
-            let id = if db > 0.0 { 1.0 / db } else { 0.0 };
-            let mut sum = 0i32;
-            for (o, v) in qb.iter_mut().zip(xb) {
-                let r = (v * id).round() as i32;
-                *o = r as i8;
-                sum += r;
-            }
-            d[b] = db;
-            s[b] = db * sum as f32;
+            let xb: &[f32; QK32] = xb.try_into().expect("a block of 32");
+            let qb: &mut [i8; QK32] = qb.try_into().expect("a block of 32");
+            (d[b], s[b]) = quantize_block(xb, qb);
         }
         Self { q, d, s, n_in }
     }
@@ -84,6 +76,27 @@ impl Q8Rows {
     }
 }
 
+/// One block: its scale `max|x| / 127`, the quants `round(x / d)` (to
+/// nearest, ties to even, as llama.cpp's AVX2 code rounds), and
+/// `d * sum(q)`.
+fn quantize_block(x: &[f32; QK32], q: &mut [i8; QK32]) -> (f32, f32) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 was just detected.
+        return unsafe { avx2::quantize_block(x, q) };
+    }
+    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+    let mut sum = 0i32;
+    for (o, v) in q.iter_mut().zip(x) {
+        let r = (v * id).round_ties_even() as i32;
+        *o = r as i8;
+        sum += r;
+    }
+    (d, d * sum as f32)
+}
+
 /// `out[t * n_out + r] = W[r, :] . x[t]` as [`super::matmul::matmul`], with
 /// the inputs rounded to 8 bits. Callers check [`supported`] first.
 pub fn matmul_q8(w: &TensorView<'_>, x: &[f32], n_tok: usize, out: &mut [f32]) {
@@ -91,16 +104,20 @@ pub fn matmul_q8(w: &TensorView<'_>, x: &[f32], n_tok: usize, out: &mut [f32]) {
     assert_eq!(x.len(), n_tok * n_in, "matmul input shape");
     assert_eq!(out.len(), n_tok * n_out, "matmul output shape");
     let a = Q8Rows::quantize(x, n_in);
+    let row_bytes = w.info.row_bytes();
     // Transposed: a task owns a run of rows, all tokens of each.
     let mut out_t = vec![0f32; n_tok * n_out];
     out_t
         .par_chunks_mut(ROWS * n_tok)
-        .enumerate()
-        .for_each(|(task, dst)| {
-            for (r, o) in dst.chunks_exact_mut(n_tok).enumerate() {
-                let row = w.row(task * ROWS + r);
-                for (t0, o) in o.chunks_mut(TOKENS).enumerate() {
-                    dot_rows(w.info.ty, row, &a, t0 * TOKENS, o);
+        .zip(w.data.par_chunks(ROWS * row_bytes))
+        .for_each(|(dst, rows)| {
+            for t0 in (0..n_tok).step_by(TOKENS) {
+                let args = (w.info.ty, rows, row_bytes, &a, t0, &mut *dst, n_tok);
+                match (n_tok - t0).min(TOKENS) {
+                    1 => dot_rows::<1>(args),
+                    2 => dot_rows::<2>(args),
+                    3 => dot_rows::<3>(args),
+                    _ => dot_rows::<TOKENS>(args),
                 }
             }
         });
@@ -111,40 +128,48 @@ pub fn matmul_q8(w: &TensorView<'_>, x: &[f32], n_tok: usize, out: &mut [f32]) {
     }
 }
 
-/// `out[i] = row . x[t0 + i]` for `out.len()` (1 to [`TOKENS`]) tokens.
-fn dot_rows(ty: GgmlType, row: &[u8], a: &Q8Rows, t0: usize, out: &mut [f32]) {
-    match out.len() {
-        1 => dot_n::<1>(ty, row, a, t0, out),
-        2 => dot_n::<2>(ty, row, a, t0, out),
-        3 => dot_n::<3>(ty, row, a, t0, out),
-        _ => dot_n::<TOKENS>(ty, row, a, t0, out),
-    }
-}
+/// For each row of `rows` (`row_bytes` each): `dst[r * n_tok + t0 + i] =
+/// row . x[t0 + i]` for `N` tokens; each weight block is unpacked once for
+/// all of them.
+type DotArgs<'a, 'b> = (
+    GgmlType,
+    &'a [u8],
+    usize,
+    &'a Q8Rows,
+    usize,
+    &'b mut [f32],
+    usize,
+);
 
-/// [`dot_rows`] for `N` tokens: each weight block is unpacked once for all.
-fn dot_n<const N: usize>(ty: GgmlType, row: &[u8], a: &Q8Rows, t0: usize, out: &mut [f32]) {
+fn dot_rows<const N: usize>((ty, rows, row_bytes, a, t0, dst, n_tok): DotArgs<'_, '_>) {
     let nb = a.blocks();
     let x = Tokens::<N> {
         q: std::array::from_fn(|i| &a.q[(t0 + i) * a.n_in..(t0 + i + 1) * a.n_in]),
         d: std::array::from_fn(|i| &a.d[(t0 + i) * nb..(t0 + i + 1) * nb]),
         s: std::array::from_fn(|i| &a.s[(t0 + i) * nb..(t0 + i + 1) * nb]),
     };
+    for (row, o) in rows
+        .chunks_exact(row_bytes)
+        .zip(dst.chunks_exact_mut(n_tok))
+    {
+        o[t0..t0 + N].copy_from_slice(&dot_row(ty, row, &x));
+    }
+}
+
+/// `row . x[i]` for the `N` tokens of `x`.
+fn dot_row<const N: usize>(ty: GgmlType, row: &[u8], x: &Tokens<'_, N>) -> [f32; N] {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: `supported(ty)` (checked by the caller) verified AVX2, FMA and F16C.
     unsafe {
-        let r = match ty {
-            GgmlType::Q4_0 => Some(avx2::q4_0(&as_blocks::<BlockQ4_0>(row), &x)),
-            GgmlType::Q4_1 => Some(avx2::q4_1(&as_blocks::<BlockQ4_1>(row), &x)),
-            GgmlType::Q8_0 => Some(avx2::q8_0(&as_blocks::<BlockQ8_0>(row), &x)),
-            _ => None,
-        };
-        if let Some(r) = r {
-            out[..N].copy_from_slice(&r);
-            return;
+        match ty {
+            GgmlType::Q4_0 => return avx2::q4_0(&as_blocks::<BlockQ4_0>(row), x),
+            GgmlType::Q4_1 => return avx2::q4_1(&as_blocks::<BlockQ4_1>(row), x),
+            GgmlType::Q8_0 => return avx2::q8_0(&as_blocks::<BlockQ8_0>(row), x),
+            _ => {}
         }
     }
-    let _ = (row, x, out);
-    unreachable!("dot_rows called for {ty} without an 8-bit kernel")
+    let _ = (row, x);
+    unreachable!("dot_row called for {ty} without an 8-bit kernel")
 }
 
 /// The quantized inputs of `N` tokens: quants, scales and sums by block.
@@ -201,6 +226,47 @@ mod avx2 {
         let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
         let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
         _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)))
+    }
+
+    /// [`super::quantize_block`] in registers.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub fn quantize_block(x: &[f32; QK32], q: &mut [i8; QK32]) -> (f32, f32) {
+        let p = x.as_ptr();
+        // SAFETY: x holds 32 floats: four loads of 8.
+        let v: [__m256; 4] = std::array::from_fn(|i| unsafe { _mm256_loadu_ps(p.add(8 * i)) });
+        let sign = _mm256_set1_ps(-0.0);
+        let m = v.iter().fold(_mm256_setzero_ps(), |m, &x| {
+            _mm256_max_ps(m, _mm256_andnot_ps(sign, x))
+        });
+        let amax = hmax(m);
+        let d = amax / 127.0;
+        let id = _mm256_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
+        let r: [__m256i; 4] = std::array::from_fn(|i| {
+            _mm256_cvtps_epi32(_mm256_round_ps::<
+                { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
+            >(_mm256_mul_ps(v[i], id)))
+        });
+        // Sum of the quants, then i32 -> i16 -> i8 (packs interleave the
+        // 128-bit lanes: the permute puts the values back in order).
+        let sum = _mm256_add_epi32(_mm256_add_epi32(r[0], r[1]), _mm256_add_epi32(r[2], r[3]));
+        let s16 = _mm256_hadd_epi32(sum, sum);
+        let s16 = _mm256_hadd_epi32(s16, s16);
+        let total = _mm256_extract_epi32::<0>(s16) + _mm256_extract_epi32::<4>(s16);
+        let w01 = _mm256_packs_epi32(r[0], r[1]);
+        let w23 = _mm256_packs_epi32(r[2], r[3]);
+        let b = _mm256_packs_epi16(w01, w23);
+        let b = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        // SAFETY: q holds 32 bytes.
+        unsafe { _mm256_storeu_si256(q.as_mut_ptr() as *mut __m256i, b) };
+        (d, d * total as f32)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn hmax(v: __m256) -> f32 {
+        let m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps(m, m, 1)))
     }
 
     /// Pointers to token `i`'s quants, scales and sums, checked once to
@@ -391,6 +457,29 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// The AVX2 quantizer gives what the plain one does, on fresh values.
+    #[test]
+    fn both_quantizers_agree() {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(3, |d| d.as_nanos() as u64);
+        let mut x = values(32 * 64, seed);
+        x[..32].iter_mut().for_each(|v| *v = 0.0);
+        x[40] = 1e-30;
+        for (i, b) in x.chunks_exact(32).enumerate() {
+            let b: &[f32; 32] = b.try_into().unwrap();
+            let mut q = [0i8; 32];
+            let (d, s) = quantize_block(b, &mut q);
+            let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+            assert_eq!(d, amax / 127.0, "block {i}");
+            let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+            let want: Vec<i8> = b.iter().map(|v| (v * id).round_ties_even() as i8).collect();
+            assert_eq!(&q[..], &want[..], "block {i}");
+            let sum: i32 = want.iter().map(|&v| v as i32).sum();
+            assert_eq!(s, d * sum as f32, "block {i}");
         }
     }
 
