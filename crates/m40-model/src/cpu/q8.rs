@@ -282,14 +282,19 @@ mod avx2 {
         })
     }
 
-    /// Q4_0: w = d (q - 8).
+    /// Weights of signed quants, `w = d q`: each block unpacked by `unpack`
+    /// into its 32 quants and its scale, dotted with every token's block.
+    #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub fn q4_0<const N: usize>(w: &[BlockQ4_0], x: &Tokens<'_, N>) -> [f32; N] {
+    fn signed<B, const N: usize>(
+        w: &[B],
+        x: &Tokens<'_, N>,
+        unpack: impl Fn(&B) -> (__m256i, f32),
+    ) -> [f32; N] {
         let p = rows(x, w.len());
         let mut acc = [_mm256_setzero_ps(); N];
         for (b, blk) in w.iter().enumerate() {
-            let q = _mm256_sub_epi8(nibbles(&blk.qs), _mm256_set1_epi8(8));
-            let dw = h2f(blk.d);
+            let (q, dw) = unpack(blk);
             for i in 0..N {
                 // SAFETY: b < w.len(), which `rows` checked every token holds.
                 let (xq, dx) = unsafe {
@@ -302,6 +307,15 @@ mod avx2 {
             }
         }
         acc.map(|a| hsum(a))
+    }
+
+    /// Q4_0: w = d (q - 8).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub fn q4_0<const N: usize>(w: &[BlockQ4_0], x: &Tokens<'_, N>) -> [f32; N] {
+        signed(w, x, |blk| {
+            let q = _mm256_sub_epi8(nibbles(&blk.qs), _mm256_set1_epi8(8));
+            (q, h2f(blk.d))
+        })
     }
 
     /// Q4_1: w = d q + m; a block's dot is d dx (q . qx) + m (dx sum qx).
@@ -339,24 +353,11 @@ mod avx2 {
     /// Q8_0: w = d q.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub fn q8_0<const N: usize>(w: &[BlockQ8_0], x: &Tokens<'_, N>) -> [f32; N] {
-        let p = rows(x, w.len());
-        let mut acc = [_mm256_setzero_ps(); N];
-        for (b, blk) in w.iter().enumerate() {
+        signed(w, x, |blk| {
             // SAFETY: qs is 32 readable bytes.
             let q = unsafe { _mm256_loadu_si256(blk.qs.as_ptr() as *const __m256i) };
-            let dw = h2f(blk.d);
-            for i in 0..N {
-                // SAFETY: b < w.len(), which `rows` checked every token holds.
-                let (xq, dx) = unsafe {
-                    (
-                        _mm256_loadu_si256(p[i].0.add(b * QK32) as *const __m256i),
-                        *p[i].1.add(b),
-                    )
-                };
-                acc[i] = _mm256_fmadd_ps(sdot(q, xq), _mm256_set1_ps(dw * dx), acc[i]);
-            }
-        }
-        acc.map(|a| hsum(a))
+            (q, h2f(blk.d))
+        })
     }
 }
 
