@@ -158,10 +158,16 @@ impl Client {
     /// An error when the server cannot be asked (an API key is needed).
     pub fn serving(&self, model: &str) -> Result<Option<String>> {
         let local_path = local_path(model);
-        for m in self.ps()? {
-            let Some(name) = m["name"].as_str().map(str::to_string) else {
-                continue;
-            };
+        let mut names: Vec<String> = self
+            .ps()?
+            .iter()
+            .filter_map(|m| m["name"].as_str().map(str::to_string))
+            .collect();
+        if names.is_empty() {
+            // Unloaded (`stop`): the server still serves it, loading it again.
+            names.extend(self.get("/health")?["model"].as_str().map(str::to_string));
+        }
+        for name in names {
             if same_model(&name, model) {
                 return Ok(Some(name));
             }
@@ -178,6 +184,16 @@ impl Client {
             }
         }
         Ok(None)
+    }
+
+    /// Unload the model the server has loaded as `name` (Ollama's
+    /// `keep_alive: 0`); the server loads it again on its next request.
+    pub fn unload(&self, name: &str) -> Result<()> {
+        let v = self.post_json("/api/generate", &json!({ "model": name, "keep_alive": 0 }))?;
+        match v["done_reason"].as_str() {
+            Some("unload") => Ok(()),
+            other => bail!("the server did not unload {name} (it answered {other:?})"),
+        }
     }
 
     fn post(&self, path: &str, body: &Value) -> Result<ureq::http::Response<ureq::Body>> {

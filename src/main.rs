@@ -45,6 +45,8 @@ enum Command {
     Rm(cmd::store::RmArgs),
     /// Show what a running server has loaded.
     Ps,
+    /// Unload a model from a running server (it loads again on its next request).
+    Stop(cmd::store::StopArgs),
 }
 
 fn main() -> ExitCode {
@@ -71,6 +73,7 @@ fn main() -> ExitCode {
         Command::List => cmd::store::list(),
         Command::Rm(a) => cmd::store::rm(a),
         Command::Ps => cmd::store::ps(),
+        Command::Stop(a) => cmd::store::stop(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

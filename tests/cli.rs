@@ -685,6 +685,38 @@ fn run_uses_a_server_that_has_the_model_loaded() {
     assert!(o.status.success() && err.contains("does not have"), "{err}");
     let out = ok(bin().env("M40_HOST", &host).arg("ps").output().unwrap());
     assert!(out.contains(model.to_str().unwrap()), "{out}");
+    // `stop` unloads it (ps lists nothing); the next run loads it again.
+    ok(bin()
+        .env("M40_HOST", &host)
+        .arg("stop")
+        .arg(&model)
+        .output()
+        .unwrap());
+    let o = bin().env("M40_HOST", &host).arg("ps").output().unwrap();
+    assert!(!String::from_utf8_lossy(&o.stdout).contains(model.to_str().unwrap()));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no model loaded"));
+    let again = bin()
+        .env("M40_HOST", &host)
+        .arg("run")
+        .arg(&model)
+        .args(args)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&again.stderr);
+    assert!(err.contains("using the server"), "{err}");
+    assert_eq!(
+        String::from_utf8_lossy(&again.stdout),
+        String::from_utf8_lossy(&local.stdout)
+    );
+    let out = ok(bin().env("M40_HOST", &host).arg("ps").output().unwrap());
+    assert!(out.contains(model.to_str().unwrap()), "loaded again: {out}");
+    let o = bin()
+        .env("M40_HOST", &host)
+        .arg("stop")
+        .arg(&other)
+        .output()
+        .unwrap();
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("does not have"));
 }
 
 #[test]

@@ -71,6 +71,11 @@ pub fn run(a: Args) -> Result<()> {
         let name = a.model.clone().unwrap_or_else(|| m40_runtime::store::DEFAULT_MODEL.to_string());
         let path = super::resolve_model(Some(&name))?;
         let opts = a.device.engine_options(a.ctx);
+        // After an unload (`m40-llm stop`), the next request loads it so again.
+        let reload = {
+            let (path, opts) = (path.clone(), opts.clone());
+            m40_serve::Reload(Arc::new(move || Engine::from_path(&path, opts.clone())))
+        };
         let engine = tokio::task::spawn_blocking(move || Engine::from_path(&path, opts)).await??;
         super::report_backend(&engine);
         let config = ServerConfig {
@@ -79,6 +84,7 @@ pub fn run(a: Args) -> Result<()> {
             api_key,
             store: Some(m40_runtime::store::Store::from_env()?),
             allow_any_pull: a.allow_any_pull,
+            reload: Some(reload),
             ..Default::default()
         };
         let state = AppState::new(Arc::new(engine), &name, config);

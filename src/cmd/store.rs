@@ -24,6 +24,12 @@ pub struct PullArgs {
 }
 
 #[derive(clap::Args)]
+pub struct StopArgs {
+    /// The model's name (or its file) as the server has it loaded.
+    pub model: String,
+}
+
+#[derive(clap::Args)]
 pub struct RmArgs {
     /// Names of stored models.
     #[arg(required = true)]
@@ -113,6 +119,25 @@ pub fn rm(a: RmArgs) -> Result<()> {
     Ok(())
 }
 
+/// `m40-llm stop MODEL`: unload a model a running server has loaded (it
+/// loads it again on the next request that names it).
+pub fn stop(a: StopArgs) -> Result<()> {
+    let Some(client) = Client::probe() else {
+        bail!(
+            "no m40-llm server answers at {} (nothing to stop; set M40_HOST for another)",
+            server_base()
+        );
+    };
+    match client.serving(&a.model)? {
+        Some(name) => client.unload(&name),
+        None => bail!(
+            "the server at {} does not have {} loaded (see `m40-llm ps`)",
+            client.base(),
+            a.model
+        ),
+    }
+}
+
 pub fn ps() -> Result<()> {
     let Some(client) = Client::probe() else {
         bail!(
@@ -120,8 +145,12 @@ pub fn ps() -> Result<()> {
             server_base()
         );
     };
+    let loaded = client.ps()?;
     println!("{:<40} {:>10} {:>9}  UNTIL", "NAME", "SIZE", "CONTEXT");
-    for m in client.ps()? {
+    if loaded.is_empty() {
+        eprintln!("(no model loaded now: the server loads its model on the next request)");
+    }
+    for m in loaded {
         println!(
             "{:<40} {:>7.1} MB {:>9}  forever (one model, always loaded)",
             m["name"].as_str().unwrap_or("?"),

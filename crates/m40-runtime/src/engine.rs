@@ -282,6 +282,12 @@ impl Engine {
         self.note.as_deref()
     }
 
+    /// The model (its file, hyperparameters and tensors), which outlives
+    /// the engine where a caller keeps it.
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
     /// The model's GGUF file (metadata, tensors, path).
     pub fn model_file(&self) -> &m40_gguf::GgufFile {
         self.model.file()

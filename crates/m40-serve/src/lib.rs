@@ -58,6 +58,20 @@ pub struct ServerConfig {
     /// server's disk or any URL (`serve --allow-any-pull`). Off, clients
     /// pull catalog names and Hugging Face references only.
     pub allow_any_pull: bool,
+    /// Loads the model again after it was unloaded (`keep_alive: 0`, as
+    /// `m40-llm stop` and `ollama stop` send); without it the model cannot
+    /// be unloaded.
+    pub reload: Option<Reload>,
+}
+
+/// How a server loads its model again after an unload.
+#[derive(Clone)]
+pub struct Reload(pub Arc<dyn Fn() -> Result<Engine, m40_runtime::EngineError> + Send + Sync>);
+
+impl std::fmt::Debug for Reload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Reload")
+    }
 }
 
 impl Default for ServerConfig {
@@ -69,6 +83,7 @@ impl Default for ServerConfig {
             api_key: None,
             store: None,
             allow_any_pull: false,
+            reload: None,
         }
     }
 }
@@ -80,7 +95,14 @@ pub struct AppState {
 }
 
 struct Inner {
-    engine: Arc<Engine>,
+    /// The engine while the model is loaded (requests in flight keep their
+    /// own handle: an unload frees it when the last one ends).
+    engine: std::sync::RwLock<Option<Arc<Engine>>>,
+    /// One load at a time.
+    loading: tokio::sync::Mutex<()>,
+    /// The model's file and shape, kept across unloads (for /api/show, tags).
+    model: Arc<m40_runtime::Model>,
+    n_ctx: usize,
     name: String,
     config: ServerConfig,
     queue: Arc<Semaphore>,
@@ -95,7 +117,10 @@ impl AppState {
     pub fn new(engine: Arc<Engine>, name: &str, config: ServerConfig) -> Self {
         Self {
             inner: Arc::new(Inner {
-                engine,
+                model: engine.model().clone(),
+                n_ctx: engine.n_ctx(),
+                engine: std::sync::RwLock::new(Some(engine)),
+                loading: tokio::sync::Mutex::new(()),
                 name: name.to_string(),
                 config,
                 queue: Arc::new(Semaphore::new(1)),
@@ -106,8 +131,70 @@ impl AppState {
         }
     }
 
-    pub(crate) fn engine(&self) -> &Engine {
-        &self.inner.engine
+    /// The engine, if the model is loaded now.
+    pub(crate) fn engine(&self) -> Option<Arc<Engine>> {
+        self.inner
+            .engine
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The engine, loading the model again if it was unloaded.
+    pub(crate) async fn loaded(&self) -> Result<Arc<Engine>, ApiError> {
+        if let Some(e) = self.engine() {
+            return Ok(e);
+        }
+        let _one = self.inner.loading.lock().await;
+        if let Some(e) = self.engine() {
+            return Ok(e);
+        }
+        let Some(reload) = self.inner.config.reload.clone() else {
+            return Err(ApiError::internal(
+                "the model was unloaded and this server cannot load it again",
+            ));
+        };
+        let engine = tokio::task::spawn_blocking(move || (reload.0)())
+            .await
+            .map_err(|e| ApiError::internal(e.to_string()))?
+            .map_err(|e| {
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("loading the model again failed: {e}"),
+                )
+            })?;
+        let engine = Arc::new(engine);
+        *self.inner.engine.write().unwrap_or_else(|e| e.into_inner()) = Some(engine.clone());
+        tracing::info!("{} loaded again", self.inner.name);
+        Ok(engine)
+    }
+
+    /// Unload the model (its engine goes when the requests in flight end);
+    /// false where it cannot be loaded again, and stays.
+    pub(crate) fn unload(&self) -> bool {
+        if self.inner.config.reload.is_none() {
+            return false;
+        }
+        let gone = self
+            .inner
+            .engine
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if gone.is_some() {
+            tracing::info!("{} unloaded", self.inner.name);
+        }
+        true
+    }
+
+    /// The model's file and hyperparameters, loaded or not.
+    pub(crate) fn model(&self) -> &m40_runtime::Model {
+        &self.inner.model
+    }
+
+    /// The context every request gets at most.
+    pub(crate) fn n_ctx(&self) -> usize {
+        self.inner.n_ctx
     }
 
     pub(crate) fn name(&self) -> &str {
@@ -148,7 +235,7 @@ impl AppState {
         mut req: Request,
         ctx: Option<usize>,
     ) -> Result<Running, ApiError> {
-        let engine = self.inner.engine.clone();
+        let engine = self.loaded().await?;
         let prompt_ids = engine
             .prompt_tokens(&req.prompt)
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
@@ -180,6 +267,7 @@ impl AppState {
                 c.cancel();
             })
         };
+        let running_engine = engine.clone();
         tokio::task::spawn_blocking(move || {
             let _permit: OwnedSemaphorePermit = permit;
             let start = Instant::now();
@@ -209,6 +297,7 @@ impl AppState {
             rx,
             _cancel: CancelOnDrop(cancel),
             prompt_ids,
+            engine: running_engine,
         })
     }
 
@@ -259,6 +348,8 @@ pub(crate) struct Running {
     pub rx: mpsc::Receiver<Event>,
     _cancel: CancelOnDrop,
     pub prompt_ids: Vec<u32>,
+    /// The engine it runs on.
+    pub engine: Arc<Engine>,
 }
 
 impl Running {
@@ -451,7 +542,8 @@ async fn health(axum::extract::State(s): axum::extract::State<AppState>) -> Resp
     axum::Json(serde_json::json!({
         "status": "ok",
         "model": s.name(),
-        "n_ctx": s.engine().n_ctx(),
+        "n_ctx": s.n_ctx(),
+        "loaded": s.engine().is_some(),
     }))
     .into_response()
 }

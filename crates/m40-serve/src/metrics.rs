@@ -188,6 +188,6 @@ impl Metrics {
 pub(crate) async fn render(State(s): State<AppState>) -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        s.metrics().text(s.engine().n_ctx()),
+        s.metrics().text(s.n_ctx()),
     )
 }

@@ -95,8 +95,8 @@ struct GenerateRequest {
     images: Vec<String>,
     /// Structured output ("json" or a schema): refused until it exists.
     format: Option<Value>,
-    /// Accepted; the one loaded model stays loaded.
-    #[allow(dead_code)]
+    /// 0 with an empty prompt unloads the model (`ollama stop`); other
+    /// values are accepted, the model stays loaded.
     keep_alive: Option<Value>,
 }
 
@@ -120,7 +120,6 @@ struct ChatRequest {
     format: Option<Value>,
     /// Function calling: refused until it exists.
     tools: Option<Value>,
-    #[allow(dead_code)]
     keep_alive: Option<Value>,
 }
 
@@ -285,10 +284,12 @@ pub(crate) async fn generate(State(s): State<AppState>, body: Bytes) -> Result<R
     let model = r.model.clone().unwrap_or_default();
     let prompt_text = r.prompt.unwrap_or_default();
     if prompt_text.is_empty() {
-        // Ollama: an empty prompt only loads the model.
+        // Ollama: an empty prompt loads the model, or with keep_alive 0
+        // unloads it (`ollama stop`).
+        let reason = load_or_unload(&s, r.keep_alive.as_ref()).await?;
         return Ok(
             Json(json!({"model": model, "created_at": now(), "response": "",
-                              "done": true, "done_reason": "load"}))
+                              "done": true, "done_reason": reason}))
             .into_response(),
         );
     }
@@ -302,7 +303,7 @@ pub(crate) async fn generate(State(s): State<AppState>, body: Bytes) -> Result<R
         m.push(Message::new("user", prompt_text));
         Prompt::Chat(m)
     };
-    let (req, ctx) = r.options.request(prompt, s.engine().n_ctx())?;
+    let (req, ctx) = r.options.request(prompt, s.n_ctx())?;
     let running = s.start(req, ctx).await?;
     respond(
         running,
@@ -319,9 +320,10 @@ pub(crate) async fn chat(State(s): State<AppState>, body: Bytes) -> Result<Respo
     no_structured_output(r.format.as_ref(), r.tools.as_ref())?;
     let model = r.model.clone().unwrap_or_default();
     if r.messages.is_empty() {
+        let reason = load_or_unload(&s, r.keep_alive.as_ref()).await?;
         return Ok(Json(json!({"model": model, "created_at": now(),
                               "message": {"role": "assistant", "content": ""},
-                              "done": true, "done_reason": "load"}))
+                              "done": true, "done_reason": reason}))
         .into_response());
     }
     let mut messages = Vec::with_capacity(r.messages.len());
@@ -335,9 +337,7 @@ pub(crate) async fn chat(State(s): State<AppState>, body: Bytes) -> Result<Respo
         }
         messages.push(Message::new(m.role, m.content));
     }
-    let (req, ctx) = r
-        .options
-        .request(Prompt::Chat(messages), s.engine().n_ctx())?;
+    let (req, ctx) = r.options.request(Prompt::Chat(messages), s.n_ctx())?;
     let running = s.start(req, ctx).await?;
     respond(
         running,
@@ -351,9 +351,39 @@ pub(crate) async fn version() -> Json<Value> {
     Json(json!({ "version": env!("CARGO_PKG_VERSION") }))
 }
 
-/// The loaded model's `details`, as Ollama describes a model.
+/// Whether Ollama's `keep_alive` says to unload at once: 0, "0", "0s", "0m".
+fn unload_now(keep_alive: Option<&Value>) -> bool {
+    match keep_alive {
+        Some(Value::Number(n)) => n.as_f64() == Some(0.0),
+        Some(Value::String(s)) => {
+            let digits = s.trim().trim_end_matches(['s', 'm', 'h']);
+            !digits.is_empty() && digits.parse::<f64>().is_ok_and(|v| v == 0.0)
+        }
+        _ => false,
+    }
+}
+
+/// A request without a prompt: unload the model (keep_alive 0) or load it;
+/// the `done_reason` Ollama gives.
+async fn load_or_unload(
+    s: &AppState,
+    keep_alive: Option<&Value>,
+) -> Result<&'static str, ApiError> {
+    if unload_now(keep_alive) {
+        if !s.unload() {
+            return Err(ApiError::bad_request(
+                "this server cannot load its model again, so it does not unload it",
+            ));
+        }
+        return Ok("unload");
+    }
+    s.loaded().await?;
+    Ok("load")
+}
+
+/// The served model's `details`, as Ollama describes a model.
 fn details(s: &AppState) -> Value {
-    file_details(s.engine().model_file())
+    file_details(s.model().file())
 }
 
 /// A GGUF's `details`, as Ollama describes a model.
@@ -380,23 +410,27 @@ pub(crate) fn file_details(f: &m40_gguf::GgufFile) -> Value {
 }
 
 pub(crate) fn model_entry(s: &AppState) -> Value {
-    let f = s.engine().model_file();
+    let f = s.model().file();
     json!({"name": s.name(), "model": s.name(),
            "modified_at": s.inner.loaded_at.to_rfc3339(),
            "size": f.file_size(), "digest": "", "details": details(s)})
 }
 
 pub(crate) async fn ps(State(s): State<AppState>) -> Json<Value> {
+    // An unloaded model is not listed (as Ollama's ps after `stop`).
+    let Some(engine) = s.engine() else {
+        return Json(json!({ "models": [] }));
+    };
     let mut m = model_entry(&s);
     // The model stays loaded: Ollama shows such a model (keep_alive < 0)
     // as expiring in the far future.
     let forever = chrono::Utc::now() + chrono::Duration::days(100 * 365);
     m["expires_at"] = json!(forever.to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
     // Ollama's `ps` derives its PROCESSOR column from this.
-    let on_gpu = s.engine().backend_name() != "CPU";
+    let on_gpu = engine.backend_name() != "CPU";
     m["size_vram"] = json!(if on_gpu { m["size"].clone() } else { json!(0) });
-    m["context_length"] = json!(s.engine().n_ctx());
-    m["m40_backend"] = json!(s.engine().backend_name());
+    m["context_length"] = json!(s.n_ctx());
+    m["m40_backend"] = json!(engine.backend_name());
     Json(json!({ "models": [m] }))
 }
 
@@ -432,8 +466,8 @@ pub(crate) async fn show(State(s): State<AppState>, body: Bytes) -> Result<Json<
     }
     let modified = s.inner.loaded_at.to_rfc3339();
     Ok(Json(describe(
-        s.engine().model_file(),
-        s.engine().hparams(),
+        s.model().file(),
+        s.model().hparams(),
         &modified,
     )))
 }

@@ -301,8 +301,9 @@ async fn respond(
 ) -> Result<Response, OaiError> {
     let prompt_len = running.prompt_ids.len();
     if !stream {
+        let e = running.engine.clone();
+        let e = &*e;
         let (tokens, done) = running.collect().await?;
-        let e = s.engine();
         let choice = if meta.chat {
             let lp = meta.want_logprobs.then(|| {
                 json!({"content": tokens.iter().map(|t| chat_logprob(e, t)).collect::<Vec<_>>()})
@@ -328,7 +329,7 @@ async fn respond(
         let data = |v: Value| SseEvent::default().data(v.to_string());
         match ev {
             Event::Token(t) => {
-                let e = s.engine();
+                let e = &*running.engine;
                 let lp = meta.want_logprobs.then(|| {
                     if meta.chat {
                         json!({"content": [chat_logprob(e, &t)]})

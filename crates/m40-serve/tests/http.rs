@@ -896,6 +896,71 @@ fn sampling_values_are_checked_alike_by_both_apis() {
     assert_eq!(post_raw("/api/generate", &body.to_string()).0, 200);
 }
 
+#[test]
+fn keep_alive_zero_unloads_and_the_next_request_loads_again() {
+    let root = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("models");
+    let path = m40_runtime::store::Store::new(root)
+        .ensure_default(&mut |_: &str| {})
+        .unwrap();
+    let loads = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = loads.clone();
+    let reload = m40_serve::Reload(Arc::new(move || {
+        counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Engine::from_path(
+            &path,
+            EngineOptions {
+                n_ctx: Some(N_CTX),
+                backend: BackendChoice::Cpu,
+                ..Default::default()
+            },
+        )
+    }));
+    let base = start(ServerConfig {
+        reload: Some(reload),
+        ..Default::default()
+    });
+    let ps = |base: &str| -> Vec<Value> {
+        let mut r = agent().get(&format!("{base}/api/ps")).call().unwrap();
+        let v: Value = serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap();
+        v["models"].as_array().unwrap().clone()
+    };
+    assert_eq!(ps(&base).len(), 1);
+    let stop = json!({"model": NAME, "keep_alive": 0}).to_string();
+    let (s, text) = post_raw_at(&base, "/api/generate", &stop);
+    assert_eq!(s, 200, "{text}");
+    assert!(text.contains("\"done_reason\":\"unload\""), "{text}");
+    assert!(ps(&base).is_empty(), "unloaded");
+    // Described and listed while unloaded; the health check says so.
+    let (s, show) = post_raw_at(&base, "/api/show", &json!({"model": NAME}).to_string());
+    assert_eq!(s, 200, "{show}");
+    let mut r = agent().get(&format!("{base}/health")).call().unwrap();
+    let h: Value = serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap();
+    assert_eq!(h["loaded"], false, "{h}");
+    // "0s" unloads too, and unloading twice is fine.
+    let (s, _) = post_raw_at(
+        &base,
+        "/api/chat",
+        &json!({"model": NAME, "keep_alive": "0s"}).to_string(),
+    );
+    assert_eq!(s, 200);
+    assert_eq!(loads.load(std::sync::atomic::Ordering::SeqCst), 0);
+    // The next request loads it again, once, and answers as before.
+    let body =
+        json!({"model": NAME, "prompt": "Hi", "raw": true, "stream": false, "options": greedy(4)});
+    let (s, a) = post_raw_at(&base, "/api/generate", &body.to_string());
+    assert_eq!(s, 200, "{a}");
+    assert_eq!(loads.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(ps(&base).len(), 1);
+    let (_, b) = post_raw_at(&base, "/api/generate", &body.to_string());
+    let text = |t: &str| serde_json::from_str::<Value>(t).unwrap()["response"].clone();
+    assert_eq!(text(&a), text(&b));
+    assert_eq!(loads.load(std::sync::atomic::Ordering::SeqCst), 1);
+    // A server that cannot load its model again does not unload it.
+    let (s, text) = post_raw("/api/generate", &stop);
+    assert_eq!(s, 400, "{text}");
+    assert_eq!(get("/api/ps").1.matches("\"name\"").count(), 1);
+}
+
 /// The official `openai` and `ollama` Python clients against the server
 /// (tests/python/check_clients.py). `.ci/run` installs them from PyPI into a
 /// folder and names it in `M40_PY_CLIENTS`.
