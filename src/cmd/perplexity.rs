@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use m40_model::cpu::CpuBackend;
+use m40_model::cpu::{CpuBackend, CpuMath};
 use m40_model::Model;
 use m40_runtime::perplexity::{perplexity, Scoring};
 use m40_tokenizer::{Encode, Tokenizer};
@@ -25,6 +25,11 @@ pub struct Args {
     /// ../shared/testdata/smollm2's reference).
     #[arg(long, value_enum, default_value = "half")]
     pub score: Score,
+    /// Multiply in exact FP32 (the reference) instead of rounding the
+    /// inputs of Q4_0/Q4_1/Q8_0 matrices to 8 bits as llama.cpp's CPU
+    /// backend (and `run`) does.
+    #[arg(long)]
+    pub cpu_exact: bool,
     /// Print one JSON object (ppl, ppl_err, mean_nll, n_chunks,
     /// scored_tokens, scoring, running, argmax).
     #[arg(long)]
@@ -83,7 +88,12 @@ pub fn run(a: Args) -> Result<()> {
         );
     }
     let bos = if half && adds_bos { tok.bos() } else { None };
-    let backend = CpuBackend::new(model)?;
+    let math = if a.cpu_exact {
+        CpuMath::Exact
+    } else {
+        CpuMath::Quantized
+    };
+    let backend = CpuBackend::with_math(model, math)?;
     let start = Instant::now();
     if !a.json {
         eprintln!(
