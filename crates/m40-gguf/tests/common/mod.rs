@@ -12,6 +12,10 @@ pub fn testdata() -> Option<PathBuf> {
     let p = root.join("../shared/testdata");
     if p.is_dir() {
         Some(p)
+    } else if std::env::var("M40_REQUIRE_TESTDATA").is_ok_and(|v| !v.is_empty() && v != "0") {
+        // CI sets this: a test that cannot read its reference data must
+        // fail there, not pass without checking anything.
+        panic!("{} not found and M40_REQUIRE_TESTDATA is set", p.display());
     } else {
         eprintln!(
             "SKIP: {} not found (set M40_TESTDATA to the shared testdata folder)",
