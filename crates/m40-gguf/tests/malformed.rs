@@ -273,8 +273,11 @@ fn zero_overflowing_and_bad_dimensions() {
 fn garbage_never_panics() {
     // A cheap in-test fuzz: flip bytes of the valid image, every result must
     // be Ok or a typed error (the cargo-fuzz target goes further).
+    // An accepted file must be whole: every tensor it lists opens with
+    // exactly its byte count, every metadata value reads.
     let base = Image::valid().bytes();
     let mut state = 0x1234_5678_9abc_def0u64;
+    let (mut accepted, mut refused) = (0, 0);
     for _ in 0..20_000 {
         let mut b = base.clone();
         for _ in 0..3 {
@@ -284,6 +287,30 @@ fn garbage_never_panics() {
             let i = (state as usize) % b.len();
             b[i] = (state >> 32) as u8;
         }
-        let _ = GgufFile::from_bytes(b);
+        let len = b.len() as u64;
+        match GgufFile::from_bytes(b) {
+            Ok(f) => {
+                accepted += 1;
+                for t in f.tensors() {
+                    let v = f.tensor(&t.name).expect("a listed tensor opens");
+                    assert_eq!(v.data.len() as u64, t.n_bytes, "{}", t.name);
+                    assert!(t.n_bytes <= len);
+                }
+                for (key, value) in f.metadata().iter() {
+                    assert!(!key.is_empty());
+                    let _ = format!("{value:?}");
+                }
+            }
+            Err(e) => {
+                refused += 1;
+                assert!(!e.to_string().is_empty());
+            }
+        }
     }
+    // Both outcomes happen: the corruptions reach the checks and the
+    // bytes no check reads.
+    assert!(
+        accepted > 100 && refused > 100,
+        "{accepted} accepted, {refused} refused"
+    );
 }
