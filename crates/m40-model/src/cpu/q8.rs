@@ -23,16 +23,19 @@ const ROWS: usize = 32;
 
 /// Whether `ty` has an 8-bit kernel on this CPU.
 pub fn supported(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0) && has_avx2()
+}
+
+/// Whether this CPU has what the AVX2 code uses (AVX2, FMA, F16C).
+fn has_avx2() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0)
-            && std::arch::is_x86_feature_detected!("avx2")
+        std::arch::is_x86_feature_detected!("avx2")
             && std::arch::is_x86_feature_detected!("fma")
             && std::arch::is_x86_feature_detected!("f16c")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = ty;
         false
     }
 }
@@ -59,6 +62,7 @@ impl Q8Rows {
             vec![0f32; n_blocks],
             vec![0f32; n_blocks],
         );
+        let avx2 = has_avx2();
         for (b, (xb, qb)) in x
             .chunks_exact(QK32)
             .zip(q.chunks_exact_mut(QK32))
@@ -66,7 +70,7 @@ impl Q8Rows {
         {
             let xb: &[f32; QK32] = xb.try_into().expect("a block of 32");
             let qb: &mut [i8; QK32] = qb.try_into().expect("a block of 32");
-            (d[b], s[b]) = quantize_block(xb, qb);
+            (d[b], s[b]) = quantize_block(xb, qb, avx2);
         }
         Self { q, d, s, n_in }
     }
@@ -79,12 +83,14 @@ impl Q8Rows {
 /// One block: its scale `max|x| / 127`, the quants `round(x / d)` (to
 /// nearest, ties to even, as llama.cpp's AVX2 code rounds), and
 /// `d * sum(q)`.
-fn quantize_block(x: &[f32; QK32], q: &mut [i8; QK32]) -> (f32, f32) {
+/// `avx2`: [`has_avx2`], asked once by the caller.
+fn quantize_block(x: &[f32; QK32], q: &mut [i8; QK32], avx2: bool) -> (f32, f32) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: AVX2 was just detected.
+    if avx2 {
+        // SAFETY: `has_avx2` detected AVX2, FMA and F16C.
         return unsafe { avx2::quantize_block(x, q) };
     }
+    let _ = avx2;
     let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
     let d = amax / 127.0;
     let id = if d > 0.0 { 1.0 / d } else { 0.0 };
@@ -183,6 +189,7 @@ struct Tokens<'a, const N: usize> {
 mod avx2 {
     use std::arch::x86_64::*;
 
+    use super::super::fused::avx2::{h2f, hsum};
     use super::{BlockQ4_0, BlockQ4_1, BlockQ8_0, Tokens, QK32};
 
     /// 16 bytes of nibbles as 32 unsigned bytes: the low nibbles (values
@@ -212,20 +219,6 @@ mod avx2 {
     #[target_feature(enable = "avx2,fma,f16c")]
     fn sdot(w: __m256i, x: __m256i) -> __m256 {
         udot(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w))
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    fn h2f(h: half::f16) -> f32 {
-        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h.to_bits() as i32)))
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    fn hsum(v: __m256) -> f32 {
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)))
     }
 
     /// [`super::quantize_block`] in registers.
@@ -473,7 +466,7 @@ mod tests {
         for (i, b) in x.chunks_exact(32).enumerate() {
             let b: &[f32; 32] = b.try_into().unwrap();
             let mut q = [0i8; 32];
-            let (d, s) = quantize_block(b, &mut q);
+            let (d, s) = quantize_block(b, &mut q, has_avx2());
             let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
             assert_eq!(d, amax / 127.0, "block {i}");
             let id = if d > 0.0 { 1.0 / d } else { 0.0 };
