@@ -1,6 +1,8 @@
 //! Helpers shared by the root package's integration tests.
 #![allow(dead_code)]
 
+pub mod cli;
+
 use std::path::PathBuf;
 
 /// `../shared/testdata`, or `None` (with the reason printed) when absent.
