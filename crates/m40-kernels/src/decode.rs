@@ -14,9 +14,8 @@
 
 use m40_device::{DeviceBuffer, DevicePtr, Stream};
 
-use crate::attention::attn_shared_bytes;
 use crate::error::{KernelError, Result};
-use crate::ops::cfg;
+use crate::launch::cfg;
 use crate::Kernels;
 
 /// Bytes per op of the program (`DEC_OP_BYTES`): a [`DecodeOpHead`] of
@@ -26,10 +25,11 @@ const HEAD_BYTES: usize = 32;
 /// Threads per block (`DEC_THREADS`).
 pub(crate) const DEC_THREADS: u32 = 128;
 /// Dynamic shared memory per block: attention's for head dimensions up to
-/// 128 (the program's attention ops, `attn_block<1..4>`); the split
-/// combine's (at most 1024 splits and the block's threads) fits in it.
+/// 128 (the program's attention ops, `attn_block<1..4>`; attention.rs
+/// checks the figure); the split combine's (at most 1024 splits and the
+/// block's threads) fits in it.
 pub(crate) const DEC_MAX_HEAD_DIM: usize = 128;
-const DEC_SHARED: usize = attn_shared_bytes(DEC_MAX_HEAD_DIM);
+pub(crate) const DEC_SHARED: usize = 20608;
 const _: () = assert!(DEC_SHARED >= 4 * (1024 + DEC_THREADS as usize));
 /// Barrier counters (`DEC_SYNC_WORDS`).
 const DEC_SYNC_WORDS: usize = 3 * 32;

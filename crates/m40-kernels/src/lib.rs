@@ -9,31 +9,43 @@
 //! 48 KB of shared memory a block may have on sm_52. Kernels know nothing of
 //! models: shapes come in as numbers.
 
+// One module per kernels/*.cu, named as it is: its constants, plan,
+// argument structs and launchers.
 mod attention;
+mod bench;
 mod decode;
+mod elementwise;
+mod embed;
+mod gemm;
+mod gemv;
+mod gemv_packed;
+mod rmsnorm;
+mod rope;
+mod sample;
+
+// What they share: errors, the quant formats' layouts (quant.cuh), the
+// packed layout (packed.cuh), operand layouts, launch helpers.
 mod error;
 mod format;
-mod ops;
+mod launch;
+mod layout;
 mod pack;
-mod sample;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use m40_device::{Device, Kernel, Module};
 
-pub use attention::{
-    attn_shared_bytes, gemm_k_splits, gemm_large_tiles, gemm_plan, gemm_scratch_len, AttnPlan,
-    AttnScratch, AttnShape, GemmPlan, GemmSlots, KV_PAGE, MAX_HEAD_DIM,
-};
+pub use attention::{attn_shared_bytes, AttnPlan, AttnScratch, AttnShape, MAX_HEAD_DIM};
 pub use decode::DecodeProgram;
 pub use error::{KernelError, Result};
 pub use format::{gemv_chunk_blocks, gemv_shared_bytes, KernelFormat};
-pub use ops::{
-    Fold, GemvLaunch, GemvOut, GemvPlan, PackedMatrix, QMatrix, RopeKv, RopeParams, RopeStyle,
-    RowSplit, PACKED_GEMV_MAX_TOKENS,
-};
+pub use gemm::{gemm_k_splits, gemm_large_tiles, gemm_plan, gemm_scratch_len, GemmPlan, GemmSlots};
+pub use gemv::GemvPlan;
+pub use gemv_packed::{Fold, GemvLaunch, GemvOut, RopeKv, PACKED_GEMV_MAX_TOKENS};
+pub use layout::{PackedMatrix, QMatrix, RowSplit, KV_PAGE};
 pub use pack::{interleave_glu, pack_gemv, PackFormat, PACK_ROWS};
+pub use rope::{RopeParams, RopeStyle};
 pub use sample::{select_args, Penalties, SELECT_ARGS, SELECT_MAX_K, SELECT_SCRATCH};
 
 /// Shared memory a block may use on sm_52 (and without opt-in on any GPU).
@@ -358,6 +370,47 @@ mod tests {
         let mut have: Vec<String> = MODULES.iter().map(|(m, _)| m.to_string()).collect();
         have.sort();
         assert_eq!(have, want);
+    }
+
+    /// Every kernel a launcher names is in the committed PTX.
+    #[test]
+    fn kernel_names_exist_in_ptx() {
+        let all: Vec<&str> = crate::MODULES.iter().map(|(_, p)| *p).collect();
+        let has = |n: &str| all.iter().any(|p| p.contains(&format!(".entry {n}(")));
+        for f in KernelFormat::ALL {
+            assert!(has(f.gemv), "{}", f.gemv);
+            assert!(has(f.embed), "{}", f.embed);
+            for n in crate::gemm::gemm_names(&f) {
+                assert!(has(n), "{n}");
+            }
+        }
+        for f in PackFormat::ALL {
+            for n in [f.gemv, f.gemm, f.gemm_small, f.embed]
+                .iter()
+                .chain(&f.gemv_batch)
+            {
+                assert!(has(n), "{n}");
+            }
+        }
+        for n in [
+            "read_probe",
+            "fill_random",
+            "fma_probe",
+            "rmsnorm_f32",
+            "rope_kv_norm_f32",
+            "rope_kv_neox_f32",
+            "swiglu_f32",
+            "swiglu_pairs_f32",
+            "add_f32",
+            "add_rows_f32",
+            "f32_to_f16",
+            "select_top_k_f32",
+            "attn_combine_f32",
+            "attn_f32_r4",
+            "gemm_q4_k_f32",
+        ] {
+            assert!(has(n), "{n}");
+        }
     }
 
     #[test]

@@ -5,7 +5,7 @@
 use m40_device::{DeviceBuffer, DeviceView, Stream};
 
 use crate::error::Result;
-use crate::ops::{cfg, check_len, shape, to_i32};
+use crate::launch::{cfg, check_len, shape, to_i32};
 use crate::Kernels;
 
 /// The most candidates one selection returns (`SAMPLE_MAX_K`).

@@ -1,0 +1,524 @@
+//! The prefill matmul (kernels/gemm.cu): tiles, the split over K, and its
+//! launchers for weights in their GGUF format or packed.
+
+use m40_device::{DeviceBuffer, DeviceView, Stream};
+
+use crate::error::Result;
+use crate::format::KernelFormat;
+use crate::launch::{cfg_shared as cfg, check_len, shape, to_i32};
+use crate::layout::{PackedMatrix, QMatrix, RowSplit};
+use crate::pack::PackFormat;
+use crate::Kernels;
+
+/// kernels/gemm.cu: the tiles (tokens x weight rows) of `gemm_*` and
+/// `gemm_small_*`, and their threads (8 x 8 outputs each in the large tile,
+/// 4 x 4 in the small one).
+const GEMM_TILE: (usize, usize) = (64, 128);
+const GEMM_SMALL_TILE: (usize, usize) = (64, 64);
+const GEMM_THREADS: u32 = (GEMM_TILE.0 * GEMM_TILE.1 / 64) as u32;
+const GEMM_SMALL_THREADS: u32 = 256;
+/// The large-tile kernel whose occupancy [`Kernels::gemm_slots`] reads
+/// (every large-tile kernel has the same shared memory and 147-167
+/// registers on sm_52, all under the 170 that three blocks per SM allow).
+const GEMM_SLOTS_KERNEL: &str = "gemm_packed_q4_0_f32";
+/// The same for the small tile (63-64 registers, 32 KB of shared memory).
+const GEMM_SMALL_SLOTS_KERNEL: &str = "gemm_small_packed_q4_0_f32";
+/// Tokens up to which the small tile runs (the large one would mostly
+/// compute rows of zeros); matrices too small to give the large tile one
+/// block per two SMs take it too.
+const GEMM_SMALL_MAX_M: usize = 64;
+/// Splits over K at most (8: short and medium prompts' small grids; at 4,
+/// 8B Q4_0 pp128 measured 12% slower on an H100: BENCHMARKS.md), and
+/// k-steps (of 32) a split keeps at least: 16, or 128 where the unsplit
+/// grid fills half the slots already.
+const GEMM_MAX_SPLITS: usize = 8;
+const GEMM_MIN_SPLIT_STEPS: usize = 16;
+const GEMM_MIN_SPLIT_STEPS_FULL: usize = 128;
+
+/// Where a prefill GEMM's tiles run: the GPU's SMs and the blocks of the
+/// large and of the small tile one SM holds at once (the occupancy
+/// calculator's figures; [`Kernels::gemm_slots`]). The H100: 132 x 3
+/// large (registers), x 4 small; the M40: 24 x 2 large (its 96 KB of
+/// shared memory a SM, 48 KB a block), x 3 small.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemmSlots {
+    pub sms: usize,
+    pub per_sm: usize,
+    pub small_per_sm: usize,
+}
+
+impl GemmSlots {
+    /// Large-tile blocks the whole GPU holds at once.
+    pub fn blocks(&self) -> usize {
+        self.sms.max(1) * self.per_sm.max(1)
+    }
+}
+
+/// The splits over K of a prefill GEMM of `m` tokens by a matrix of `n`
+/// rows and `k` columns on `gpu`: 1 (no split) unless the tile's blocks
+/// would fill the GPU's block slots badly and a split fills them better by
+/// a tenth of the slots. A launch's waves are its blocks over the slots;
+/// where an SM holds several blocks and the grid fills half of them, a
+/// split must keep 128 k-steps. Prompts of up to 64 tokens take the small
+/// tile, split over its own slots. Grids of fewer large tiles than half
+/// the SMs take the large tile only where a split keeps three quarters of
+/// its slots busy, else the small one, split over its slots ([`gemm_plan`]). Examples
+/// at 512 tokens: an H100 (132 SMs, 3 large blocks each) runs 8B's Q/K/V
+/// whole (384 tiles of 64 x 128, 97% of the 396 slots) and o (256 tiles,
+/// 65%; 128 k-steps), splits its down (256 tiles, 448 k-steps) in 3 (97%)
+/// and 1B's o (128 tiles, 32%) in 3; the M40 (24 SMs, 2 blocks each) runs
+/// 8B's Q/K/V as 8 full waves. At 40 tokens the H100 splits 8B's Q/K/V
+/// (96 small tiles on 528 slots, 18%) in 5 (91%).
+pub fn gemm_k_splits(m: usize, n: usize, k: usize, gpu: GemmSlots) -> usize {
+    gemm_plan(m, n, k, gpu).splits
+}
+
+/// A prefill GEMM's tile and splits over K ([`gemm_k_splits`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemmPlan {
+    /// The 64 x 64 tile (else the large one).
+    pub small: bool,
+    pub splits: usize,
+}
+
+/// The tile and splits of a GEMM of `m` tokens by an `n` x `k` matrix on
+/// `gpu`: the small tile for up to 64 tokens, and where the large tile's
+/// grid is under half the SMs and no split fills three quarters of its
+/// slots; each split over its own tile's slots.
+pub fn gemm_plan(m: usize, n: usize, k: usize, gpu: GemmSlots) -> GemmPlan {
+    let sms = gpu.sms.max(1);
+    let small = || {
+        let per_sm = gpu.small_per_sm.max(1);
+        let tiles = n.div_ceil(GEMM_SMALL_TILE.1) * m.div_ceil(GEMM_SMALL_TILE.0);
+        GemmPlan {
+            small: true,
+            splits: best_split(tiles, k, sms * per_sm, per_sm).0,
+        }
+    };
+    if m <= GEMM_SMALL_MAX_M {
+        return small();
+    }
+    let tiles = gemm_large_tiles(m, n);
+    let (splits, fill) = best_split(tiles, k, gpu.blocks(), gpu.per_sm);
+    // Under one large block per two SMs the small tile runs unless a split
+    // keeps three quarters of the slots busy with the large one.
+    if 2 * tiles < sms && fill < 0.75 {
+        return small();
+    }
+    GemmPlan {
+        small: false,
+        splits,
+    }
+}
+
+/// The splits (and the share of `slots` they fill) of `tiles` blocks over
+/// K = `k`, on a GPU of `per_sm` blocks an SM.
+fn best_split(tiles: usize, k: usize, slots: usize, per_sm: usize) -> (usize, f64) {
+    let fill = |s: usize| {
+        let blocks = tiles * s;
+        blocks as f64 / (blocks.div_ceil(slots) * slots) as f64
+    };
+    // Where an SM holds several blocks, one with a block fewer still runs
+    // near its full rate, and a grid over half the slots splits only where
+    // K is long enough for the reduce to cost little (the H100 at 512
+    // tokens, 256 tiles on 396 slots, 65%: 4096x4096 in 3 splits of 43
+    // k-steps ran 1% slower than whole, 4096x14336 in 3 of 149, 2-4%
+    // faster).
+    let min_steps = if per_sm > 1 && fill(1) >= 0.5 {
+        GEMM_MIN_SPLIT_STEPS_FULL
+    } else {
+        GEMM_MIN_SPLIT_STEPS
+    };
+    let mut best = 1;
+    for s in 2..=GEMM_MAX_SPLITS {
+        if k / 32 / s < min_steps {
+            break;
+        }
+        if fill(s) > fill(best) + 0.1 {
+            best = s;
+        }
+    }
+    (best, fill(best))
+}
+
+/// Large tiles of a GEMM of `m` tokens by a matrix of `n` rows.
+pub fn gemm_large_tiles(m: usize, n: usize) -> usize {
+    n.div_ceil(GEMM_TILE.1) * m.div_ceil(GEMM_TILE.0)
+}
+
+/// Floats of scratch the GEMM of `m` tokens by an `n` x `k` matrix takes
+/// on `gpu` ([`Kernels::gemm_packed_split`]'s `scratch`): one (m, n) plane
+/// per split, none unsplit.
+pub fn gemm_scratch_len(m: usize, n: usize, k: usize, gpu: GemmSlots) -> usize {
+    match gemm_k_splits(m, n, k, gpu) {
+        1 => 0,
+        s => s * m * n,
+    }
+}
+
+impl Kernels {
+    /// Y = X W^T, or Y += X W^T with `accumulate`: W (n rows x k cols) in its
+    /// format, X (m, k) FP32 16-byte aligned, Y (m, n) FP32. k must be a
+    /// multiple of 32. With `scratch` of at least [`gemm_scratch_len`]
+    /// floats, a launch that would fill the GPU badly is split over K (the
+    /// partial tiles summed in a fixed order: the same bits every run);
+    /// without it, or with less, it is not.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm(
+        &self,
+        stream: &Stream,
+        w: &QMatrix<'_>,
+        x: &DeviceView<'_, f32>,
+        y: &mut DeviceBuffer<f32>,
+        m: usize,
+        accumulate: bool,
+        scratch: Option<&mut DeviceBuffer<f32>>,
+    ) -> Result<()> {
+        const K: &str = "gemm";
+        let f = KernelFormat::of(w.ty, K)?;
+        let row_bytes = f.row_bytes(w.cols, K)?;
+        if !w.data.is_aligned(2) {
+            return Err(shape(K, "weights must start at an even byte".into()));
+        }
+        let g = GemmArgs {
+            kernels: gemm_names(&f),
+            data: w.data,
+            need: w.rows * row_bytes,
+            n: w.rows,
+            k: w.cols,
+            row_bytes,
+        };
+        let y = RowSplit {
+            bufs: &mut [y],
+            rows: &[w.rows],
+        };
+        self.gemm_launch(stream, g, x, y, m, accumulate, scratch)
+    }
+
+    /// [`Kernels::gemm`] over weights in the packed layout
+    /// ([`crate::pack_gemv`]): the prefill reads the decode GEMV's copy.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_packed(
+        &self,
+        stream: &Stream,
+        w: &PackedMatrix<'_>,
+        x: &DeviceView<'_, f32>,
+        y: &mut DeviceBuffer<f32>,
+        m: usize,
+        accumulate: bool,
+        scratch: Option<&mut DeviceBuffer<f32>>,
+    ) -> Result<()> {
+        let y = RowSplit {
+            bufs: &mut [y],
+            rows: &[w.rows],
+        };
+        self.gemm_packed_split(stream, w, x, y, m, accumulate, scratch)
+    }
+
+    /// [`Kernels::gemm_packed`] of stacked matrices into their own outputs.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_packed_split(
+        &self,
+        stream: &Stream,
+        w: &PackedMatrix<'_>,
+        x: &DeviceView<'_, f32>,
+        y: RowSplit<'_, '_>,
+        m: usize,
+        accumulate: bool,
+        scratch: Option<&mut DeviceBuffer<f32>>,
+    ) -> Result<()> {
+        const K: &str = "gemm_packed";
+        let f = PackFormat::checked(K, w.ty, w.cols)?;
+        if !w.data.is_aligned(16) {
+            return Err(shape(
+                K,
+                "weights must start at a multiple of 16 bytes".into(),
+            ));
+        }
+        let g = GemmArgs {
+            kernels: [f.gemm, f.gemm_small],
+            data: w.data,
+            need: f.packed_bytes(w.rows, w.cols),
+            n: w.rows,
+            k: w.cols,
+            row_bytes: 0,
+        };
+        self.gemm_launch(stream, g, x, y, m, accumulate, scratch)
+    }
+
+    /// [`gemm_k_splits`] on this device.
+    pub fn gemm_splits(&self, m: usize, n: usize, k: usize) -> Result<usize> {
+        Ok(gemm_k_splits(m, n, k, self.gemm_slots()?))
+    }
+
+    /// This device's SMs and the GEMM tiles' blocks per SM (the occupancy
+    /// calculator's, looked up once), read from Q4_0's packed kernels.
+    pub fn gemm_slots(&self) -> Result<GemmSlots> {
+        self.slots_of([GEMM_SLOTS_KERNEL, GEMM_SMALL_SLOTS_KERNEL])
+    }
+
+    /// [`Kernels::gemm_slots`] read from the kernels that multiply `ty` (its
+    /// packed kernels where `packed`), so that a model need not load another
+    /// format's (on a first run the driver JIT-compiles every module loaded).
+    /// Every large-tile kernel has the same shared memory and a register
+    /// count under the cap of its launch bounds, every small-tile one too:
+    /// the slots are the same for every format (a GPU test checks).
+    pub fn gemm_slots_for(&self, ty: m40_gguf::GgmlType, packed: bool) -> Result<GemmSlots> {
+        let names = match PackFormat::of(ty).filter(|_| packed) {
+            Some(f) => [f.gemm, f.gemm_small],
+            None => gemm_names(&KernelFormat::of(ty, "gemm")?),
+        };
+        self.slots_of(names)
+    }
+
+    fn slots_of(&self, [large, small]: [&'static str; 2]) -> Result<GemmSlots> {
+        let sms = self.device().info().sm_count.max(1) as usize;
+        let per_sm = |name, threads| -> Result<usize> {
+            let kernel = self.handle("gemm", name)?;
+            Ok((self.resident_blocks(&kernel, threads, 0)? / sms).max(1))
+        };
+        Ok(GemmSlots {
+            sms,
+            per_sm: per_sm(large, GEMM_THREADS)?,
+            small_per_sm: per_sm(small, GEMM_SMALL_THREADS)?,
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn gemm_launch(
+        &self,
+        stream: &Stream,
+        w: GemmArgs<'_, '_>,
+        x: &DeviceView<'_, f32>,
+        mut y: RowSplit<'_, '_>,
+        m: usize,
+        accumulate: bool,
+        scratch: Option<&mut DeviceBuffer<f32>>,
+    ) -> Result<()> {
+        const K: &str = "gemm";
+        let (n, k) = (w.n, w.k);
+        if !k.is_multiple_of(32) {
+            return Err(shape(K, format!("{k} columns is not a multiple of 32")));
+        }
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        check_len(K, "weights", w.data.len(), w.need)?;
+        check_len(K, "x", x.len(), m * k)?;
+        let (r1, r2) = y.bounds(K, n, m)?;
+        if !x.is_aligned(16) {
+            return Err(shape(K, "x must start at a multiple of 16 bytes".into()));
+        }
+        // The tile and splits of `gemm_plan`: the large tile where it gives
+        // at least one block per two SMs, or where a split over K fills its
+        // slots; else the small one (on an H100 SmolLM2's 576-row matrices
+        // made 20 large 128x128 blocks for 132 SMs, and pp512 fell from 46k
+        // to 34k tokens/s).
+        let gpu = self.slots_of(w.kernels)?;
+        let plan = gemm_plan(m, n, k, gpu);
+        let s = plan.splits;
+        let splits = scratch
+            .filter(|p| s > 1 && p.len() >= s * m * n)
+            .map(|p| (p, s));
+        // Without the scratch, a large tile chosen for its split falls back
+        // to the small one.
+        let small = plan.small || (splits.is_none() && 2 * gemm_large_tiles(m, n) < gpu.sms);
+        let (name, (bm, bn), threads) = if small {
+            (w.kernels[1], GEMM_SMALL_TILE, GEMM_SMALL_THREADS)
+        } else {
+            (w.kernels[0], GEMM_TILE, GEMM_THREADS)
+        };
+        let kernel = self.kernel("gemm", name)?;
+        let grid = (
+            n.div_ceil(bn) as u32,
+            u32::try_from(m.div_ceil(bm)).map_err(|_| shape(K, format!("{m} rows")))?,
+            splits.as_ref().map_or(1, |&(_, s)| s as u32),
+        );
+        if grid.1 > 65535 {
+            return Err(shape(
+                K,
+                format!("{m} rows of X need over 65535 blocks in y"),
+            ));
+        }
+        let (mi, ni, ki) = (to_i32(K, "m", m)?, to_i32(K, "n", n)?, to_i32(K, "k", k)?);
+        let row_bytes = w.row_bytes as i64;
+        let Some((p, s)) = splits else {
+            let acc = accumulate as i32;
+            // SAFETY: gemm_<fmt>_f32 and gemm_packed_<fmt>_f32(const u8* W, const float* X,
+            // float* Y, float* Y1, float* Y2, int r1, int r2, int M, int N, int K, long
+            // long row_bytes, int accumulate): read rows < N of W (whole sub-blocks, K a
+            // multiple of 32; `need` bytes: N rows of row_bytes, or the packed size),
+            // X[..M*K] (16-byte loads, aligned), read and write M rows of each output
+            // part (Y, Y1, Y2 split at r1 <= r2 <= N); lengths checked above and by
+            // `bounds`.
+            unsafe {
+                y.push(stream.launch(&kernel).view(w.data).view(x))
+                    .scalar(&r1)
+                    .scalar(&r2)
+                    .scalar(&mi)
+                    .scalar(&ni)
+                    .scalar(&ki)
+                    .scalar(&row_bytes)
+                    .scalar(&acc)
+                    .run(cfg(grid, threads, 0))?
+            };
+            return Ok(());
+        };
+        let (zero, si) = (0i32, s as i32);
+        // SAFETY: as above, with gridDim.z = s splits writing plane z of the one part
+        // Y = p (r1 = r2 = N: rows of N floats), s * M * N floats: p holds at least
+        // s * m * n (checked above); accumulate 0.
+        unsafe {
+            stream
+                .launch(&kernel)
+                .view(w.data)
+                .view(x)
+                .buf_mut(&mut *p)
+                .null()
+                .null()
+                .scalar(&ni)
+                .scalar(&ni)
+                .scalar(&mi)
+                .scalar(&ni)
+                .scalar(&ki)
+                .scalar(&row_bytes)
+                .scalar(&zero)
+                .run(cfg(grid, threads, 0))?
+        };
+        let reduce = self.kernel("gemm", "gemm_reduce_f32")?;
+        let total = m * n;
+        let blocks = total.div_ceil(256).min(gpu.sms * 8) as u32;
+        let acc = accumulate as i32;
+        // SAFETY: gemm_reduce_f32(const float* P, int S, float* Y, float* Y1, float* Y2,
+        // int r1, int r2, int M, int N, int accumulate): reads s planes of M * N floats
+        // of P (written above, s * m * n <= p.len()), reads and writes M rows of each
+        // output part, as the GEMM would (checked by `bounds`).
+        unsafe {
+            y.push(stream.launch(&reduce).view(&p.view()).scalar(&si))
+                .scalar(&r1)
+                .scalar(&r2)
+                .scalar(&mi)
+                .scalar(&ni)
+                .scalar(&acc)
+                .run(cfg((blocks, 1, 1), 256, 0))?
+        };
+        Ok(())
+    }
+}
+
+/// The weights of a GEMM launch: the kernel, its buffer and the bytes it
+/// reads.
+struct GemmArgs<'a, 'v> {
+    /// The large- and small-tile kernels.
+    kernels: [&'static str; 2],
+    data: &'a DeviceView<'v, u8>,
+    need: usize,
+    n: usize,
+    k: usize,
+    row_bytes: usize,
+}
+
+/// The large- and small-tile GEMM kernels of a format.
+pub(crate) fn gemm_names(f: &KernelFormat) -> [&'static str; 2] {
+    GEMM_KERNELS
+        .iter()
+        .find(|(ty, _)| *ty == f.symbol)
+        .map(|(_, n)| *n)
+        .expect("every KernelFormat has a gemm kernel")
+}
+
+macro_rules! gemm_names {
+    ($($s:literal),*) => {
+        [$(($s, [concat!("gemm_", $s, "_f32"), concat!("gemm_small_", $s, "_f32")])),*]
+    };
+}
+const GEMM_KERNELS: [(&str, [&str; 2]); 15] = gemm_names!(
+    "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k",
+    "q6_k", "iq4_nl", "iq4_xs"
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gemm_splits_over_k_where_the_tiles_fill_the_sms_badly() {
+        const H100: GemmSlots = GemmSlots {
+            sms: 132,
+            per_sm: 3,
+            small_per_sm: 4,
+        };
+        const M40: GemmSlots = GemmSlots {
+            sms: 24,
+            per_sm: 2,
+            small_per_sm: 3,
+        };
+        // An H100 (396 slots), 512 tokens, 8B: the Q/K/V stack's 384 tiles
+        // fill 97%; o and down (256 tiles, 65%: over half) split only with
+        // 128 k-steps a split: down's 448 in 3 (97%), not o's 128; gate/up
+        // (1792 tiles, 90%; 3 splits: 97%, of 42 steps) stays whole.
+        assert_eq!(gemm_k_splits(512, 6144, 4096, H100), 1);
+        assert_eq!(gemm_scratch_len(512, 6144, 4096, H100), 0);
+        assert_eq!(gemm_k_splits(512, 4096, 4096, H100), 1);
+        assert_eq!(gemm_k_splits(512, 4096, 14336, H100), 3);
+        assert_eq!(gemm_scratch_len(512, 4096, 14336, H100), 3 * 512 * 4096);
+        assert_eq!(gemm_k_splits(512, 28672, 4096, H100), 1);
+        // The M40 (48 slots) runs the Q/K/V's 384 tiles as 8 full waves,
+        // o's 256 as 5.3 (89%; down's split in 3 would fill 100%).
+        assert_eq!(gemm_k_splits(512, 6144, 4096, M40), 1);
+        assert_eq!(gemm_k_splits(512, 4096, 4096, M40), 1);
+        assert_eq!(gemm_k_splits(512, 4096, 14336, M40), 3);
+        // 1B's Q/K/V (192 tiles, 48%): 2 splits (384 blocks, 97%); its o
+        // (128 tiles, 32%): 3 (97%; 4 would be 65%); gate/up (1024 tiles,
+        // 86%) stays whole.
+        assert_eq!(gemm_k_splits(512, 3072, 2048, H100), 2);
+        assert_eq!(gemm_scratch_len(512, 3072, 2048, H100), 2 * 512 * 3072);
+        assert_eq!(gemm_k_splits(512, 2048, 2048, H100), 3);
+        assert_eq!(gemm_k_splits(512, 16384, 2048, H100), 1);
+        // One block per SM: 192 tiles on 132 slots fill 73%, split in 2
+        // 97%.
+        let one = GemmSlots {
+            sms: 132,
+            per_sm: 1,
+            small_per_sm: 1,
+        };
+        assert_eq!(gemm_k_splits(512, 3072, 4096, one), 2);
+        assert_eq!(gemm_k_splits(512, 4096, 4096, one), 1);
+        // Too few k-steps to split (16 per split at least): 512 columns
+        // none, 1024 columns 2 at most.
+        assert_eq!(gemm_k_splits(512, 2048, 512, H100), 1);
+        assert_eq!(gemm_k_splits(512, 2048, 1024, H100), 2);
+        // Prompts of up to 64 tokens take the 64 x 64 tile, split over its
+        // slots (528 on the H100): 8B's Q/K/V at 40 tokens, 96 tiles (18%)
+        // in 5 (91%); its o, 64 tiles, in 8 (97%); gate/up, 448 tiles
+        // (85%), whole; SmolLM2's Q/K/V (960 rows, 576 columns: 18 k-steps)
+        // cannot split.
+        assert_eq!(gemm_k_splits(40, 6144, 4096, H100), 5);
+        assert_eq!(gemm_scratch_len(40, 6144, 4096, H100), 5 * 40 * 6144);
+        assert_eq!(gemm_k_splits(40, 4096, 4096, H100), 8);
+        assert_eq!(gemm_k_splits(64, 28672, 4096, H100), 1);
+        assert_eq!(gemm_k_splits(40, 960, 576, H100), 1);
+        // Under half the SMs' worth of large tiles: the large tile only
+        // where a split fills three quarters of its slots, else the small
+        // tile, split over its own. On the H100: 8B's o at 128 tokens, 64
+        // large tiles, in 6 splits (97%); 512 rows at 512 tokens, 32 large
+        // tiles (7 splits: 57%), run as 64 small ones in 8 (97%). On the
+        // M40, 10 large tiles in 4 splits fill 83%, 8 in 6 all 48 slots; 4
+        // (7 splits: 58%) run as 8 small ones in 8 (89% of 72). SmolLM2's
+        // 576 columns are too few k-steps to split.
+        let plan = |small, splits| GemmPlan { small, splits };
+        assert_eq!(gemm_plan(128, 4096, 4096, H100), plan(false, 6));
+        assert_eq!(gemm_plan(512, 512, 4096, H100), plan(true, 8));
+        assert_eq!(gemm_plan(128, 640, 4096, M40), plan(false, 4));
+        assert_eq!(gemm_plan(128, 512, 4096, M40), plan(false, 6));
+        assert_eq!(gemm_plan(128, 256, 4096, M40), plan(true, 8));
+        assert_eq!(gemm_plan(512, 576, 576, H100), plan(true, 1));
+        assert_eq!(gemm_plan(512, 6144, 4096, H100), plan(false, 1));
+        let none = GemmSlots {
+            sms: 0,
+            per_sm: 0,
+            small_per_sm: 0,
+        };
+        assert_eq!(gemm_k_splits(512, 6144, 4096, none), 1);
+    }
+}

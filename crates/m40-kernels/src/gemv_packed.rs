@@ -1,0 +1,648 @@
+//! The GEMV over the packed layout (kernels/gemv_packed.cu): one to 16
+//! tokens, stacked outputs, SwiGLU, the residual add, folded RMSNorm and
+//! RoPE with the KV append.
+
+use m40_device::{ArgBlock, DeviceBuffer, DeviceView, KernelArgs, Stream};
+
+use crate::decode::{DecodeOp, DecodeOpHead, FOLD_EMIT, FOLD_NONE, FOLD_TAKE};
+use crate::error::Result;
+use crate::launch::{cfg, check_len, shape, to_i32};
+use crate::layout::{PackedMatrix, RowSplit, KV_PAGE};
+use crate::pack::{PackFormat, PACK_ROWS};
+use crate::rope::{RopeParams, RopeStyle};
+use crate::Kernels;
+
+/// Tokens one [`Kernels::gemv_packed_batch`] call takes at most.
+pub const PACKED_GEMV_MAX_TOKENS: usize = 16;
+
+/// Tokens one packed GEMV launch takes at most (more run as several).
+const GEMV_BATCH: usize = 8;
+/// Warps per block of kernels/gemv_packed.cu (`PGEMV_WARPS`).
+const PACKED_GEMV_WARPS: u32 = 4;
+
+/// Where the packed GEMV writes: the parts of a stack, SwiGLU of an
+/// interleaved gate/up stack (y (m, rows / 2)), or added to y (m, rows):
+/// the residual connection.
+pub enum GemvOut<'a, 'b, 'c> {
+    Parts(RowSplit<'a, 'b>),
+    Glu(&'c mut DeviceBuffer<f32>),
+    Add(&'c mut DeviceBuffer<f32>),
+    /// A Q/K/V stack of one token (rows: q_dim, then K and V of n_head_kv
+    /// heads each), or the part of one that [`RopeKv::parts`] names, with
+    /// RoPE and the KV append folded in: the rotated queries to `q`, K
+    /// (rotated) and V to the pools as [`Kernels::rope_kv_append`] would.
+    /// The normal (llama) style only.
+    RopeKv(RopeKv<'a, 'c>),
+}
+
+/// The destinations and parameters of [`GemvOut::RopeKv`].
+pub struct RopeKv<'a, 'c> {
+    /// Which of Q, K, V (0, 1, 2) the matrix's rows are, in that order:
+    /// `0..3` for a whole stack, or a run of them where Q, K and V are not
+    /// one stack (a model whose V has another format: `0..2` and `2..3`).
+    pub parts: std::ops::Range<usize>,
+    /// The queries (written only when `parts` holds Q).
+    pub q: &'c mut DeviceBuffer<f32>,
+    pub n_head_kv: usize,
+    /// pos[0]: the token's position (read on the device, at most `max_start`).
+    pub pos: &'a DeviceView<'a, i32>,
+    pub inv_freq: &'a DeviceView<'a, f32>,
+    pub p: &'a RopeParams,
+    pub kpool: &'c mut DeviceBuffer<u16>,
+    pub vpool: &'c mut DeviceBuffer<u16>,
+    pub table: &'a DeviceView<'a, i32>,
+    pub max_start: usize,
+}
+
+/// An RMSNorm folded into two one-token packed GEMVs (kernels/gemv_packed.cu
+/// `Fold`): the residual GEMV before it emits, the GEMVs after it take.
+pub enum Fold<'a, 'b> {
+    /// With [`GemvOut::Add`]: also write h = x * weight (x the updated
+    /// residual row, `rows` long) and, per block of the launch, the sum of
+    /// its rows' x^2 to `part` (as many as [`GemvLaunch::blocks`]).
+    Emit {
+        weight: &'a DeviceView<'a, f32>,
+        h: &'b mut DeviceBuffer<f32>,
+        part: &'b mut DeviceBuffer<f32>,
+    },
+    /// x is such an h: the result is scaled by 1 / sqrt(sum(part[..n_part])
+    /// / cols + eps), which makes it W (rmsnorm(residual) * weight).
+    Take {
+        part: &'a DeviceView<'a, f32>,
+        n_part: usize,
+        eps: f32,
+    },
+}
+
+/// The scalar parameters of a packed GEMV launch (see [`push_gemv`]).
+struct GemvScalars {
+    r1: i32,
+    r2: i32,
+    nrows: i32,
+    nb: i32,
+    ks: i32,
+    t0: i32,
+    m: i32,
+    mode: i32,
+    n_part: i32,
+    rope: [i32; 2],
+    rope_scale: f32,
+}
+
+/// Zeros for the parameters a GEMV launch does not use.
+const ZERO_I32: i32 = 0;
+const ZERO_F32: f32 = 0.0;
+
+/// The parameters of gemv_packed_<fmt>_f32[_x<B>|_take|_emit]
+/// (kernels/gemv_packed.cu; gemv_packed.cuh's `GemvArgs`, which decode.cu
+/// reads from memory, has the same fields):
+/// const u8* W, const float* x, float* y, float* y1, float* y2, int r1, int
+/// r2, int nrows, int nb, int ksplit, int t0, int m, int mode, const float*
+/// nw, float* h, float* part, int n_part, float eps, const int* pos, const
+/// float* inv_freq, const int* table, u16* kpool, u16* vpool, int head_dim,
+/// int n_rot, float pos_scale (null and zeros where unused); `l` holds W
+/// and x already.
+fn push_gemv<'l, A: KernelArgs<'l>>(
+    l: A,
+    out: &'l mut GemvOut<'_, '_, '_>,
+    fold: &'l mut Option<Fold<'_, '_>>,
+    sc: &'l GemvScalars,
+) -> A {
+    let (l, rk) = match out {
+        GemvOut::Parts(y) => (y.push(l), None),
+        GemvOut::Glu(y) | GemvOut::Add(y) => (l.buf_mut(&mut **y).null().null(), None),
+        GemvOut::RopeKv(r) => {
+            let RopeKv {
+                q,
+                pos,
+                inv_freq,
+                table,
+                kpool,
+                vpool,
+                ..
+            } = r;
+            let l = l.buf_mut(&mut **q).null().null();
+            (
+                l,
+                Some((*pos, *inv_freq, *table, &mut **kpool, &mut **vpool)),
+            )
+        }
+    };
+    let l = l
+        .scalar(&sc.r1)
+        .scalar(&sc.r2)
+        .scalar(&sc.nrows)
+        .scalar(&sc.nb)
+        .scalar(&sc.ks)
+        .scalar(&sc.t0)
+        .scalar(&sc.m)
+        .scalar(&sc.mode);
+    let l = match fold {
+        Some(Fold::Emit { weight, h, part }) => l
+            .view(weight)
+            .buf_mut(&mut **h)
+            .buf_mut(&mut **part)
+            .scalar(&ZERO_I32)
+            .scalar(&ZERO_F32),
+        Some(Fold::Take { part, eps, .. }) => {
+            l.null().null().view(part).scalar(&sc.n_part).scalar(eps)
+        }
+        None => l.null().null().null().scalar(&ZERO_I32).scalar(&ZERO_F32),
+    };
+    let l = match rk {
+        Some((pos, inv_freq, table, kpool, vpool)) => l
+            .view(pos)
+            .view(inv_freq)
+            .view(table)
+            .buf_mut(kpool)
+            .buf_mut(vpool),
+        None => l.null().null().null().null().null(),
+    };
+    l.scalar(&sc.rope[0])
+        .scalar(&sc.rope[1])
+        .scalar(&sc.rope_scale)
+}
+
+/// What a packed GEMV launched: warps per row group and blocks (per launch
+/// of up to 8 tokens).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemvLaunch {
+    pub ksplit: u32,
+    pub blocks: usize,
+}
+
+/// Warps per block of a one-token packed GEMV with a 3-way split (2 row
+/// groups; kernels/gemv_packed.cuh `PGEMV_MAX_WARPS`).
+const PACKED_GEMV_SPLIT3_WARPS: usize = 6;
+
+/// How a packed GEMV launch spreads its row groups: `ksplit` warps per
+/// group (each taking every ksplit-th run of 8 blocks of the row).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct PackedSplit {
+    ksplit: usize,
+}
+
+impl PackedSplit {
+    fn of(ksplit: usize) -> Self {
+        Self { ksplit }
+    }
+
+    /// Warps a block: 4, or 6 for a 3-way split.
+    fn warps(self) -> usize {
+        match self.ksplit {
+            3 => PACKED_GEMV_SPLIT3_WARPS,
+            _ => PACKED_GEMV_WARPS as usize,
+        }
+    }
+
+    /// Blocks for `groups` row groups.
+    fn blocks(self, groups: usize) -> usize {
+        groups.div_ceil(self.warps() / self.ksplit)
+    }
+
+    /// Rounds of loads a lane waits for over a row of `runs` runs of 8
+    /// blocks in batches of `u` blocks in flight (a SPLIT3 format's last
+    /// batch may be partial: kernels/gemv_packed.cuh).
+    fn rounds(self, runs: usize, u: usize) -> usize {
+        runs.div_ceil(self.ksplit).div_ceil(u)
+    }
+}
+
+/// The split of a packed GEMV for `groups` row groups of `nb` blocks (at
+/// most the runs of 8 blocks a row has), `u` blocks of loads in flight per
+/// lane (`PackFormat::in_flight`), on a GPU that holds `slots[0]` blocks of
+/// 4 warps and `slots[1]` of 6 at once (`None`: no 3-way split, as for
+/// several tokens and in the persistent decode kernel's 4-warp blocks).
+/// Only the formats with `PackFormat::split3` have the 3-way split.
+/// `ksplit` forced: lowered to what the row (and `slots`) allows.
+/// Otherwise, of 1, 2 and 4, the largest whose blocks all run at once (one
+/// wave; a GEMV of few rows is latency-bound, and a second wave starts
+/// only as the first drains: on an H100, 4096 x 14336 Q4_0 with 4 warps a
+/// group in 1024 blocks, 1.1 waves, measured 1.3x slower than with 2), or
+/// no split where none does (the groups then give every resident warp
+/// two). A 3-way split replaces it where it also fits in a wave and its
+/// lanes wait for fewer rounds of loads (H100, 4096 x 14336 Q6_K: 10
+/// rounds instead of 14, 21% faster; 4096 x 4096 with 4 blocks in flight:
+/// 2 rounds either way).
+fn packed_split(
+    groups: usize,
+    nb: usize,
+    u: usize,
+    slots: [Option<usize>; 2],
+    ksplit: Option<u32>,
+) -> PackedSplit {
+    let runs = nb.div_ceil(8);
+    let allowed = move || {
+        [1, 2, 3, 4]
+            .into_iter()
+            .filter(move |&k| k <= runs && (k != 3 || slots[1].is_some()))
+            .map(PackedSplit::of)
+    };
+    let fallback = PackedSplit::of(1);
+    if let Some(k) = ksplit {
+        return allowed()
+            .rfind(|p| p.ksplit <= k as usize)
+            .unwrap_or(fallback);
+    }
+    let one_wave = |p: PackedSplit| {
+        let n = if p.ksplit == 3 { slots[1] } else { slots[0] };
+        n.is_some_and(|n| p.blocks(groups) <= n)
+    };
+    let pow2 = allowed()
+        .rfind(|p| p.ksplit != 3 && one_wave(*p))
+        .unwrap_or(fallback);
+    match allowed().find(|p| p.ksplit == 3) {
+        Some(p3) if one_wave(p3) && p3.rounds(runs, u) < pow2.rounds(runs, u) => p3,
+        _ => pow2,
+    }
+}
+
+impl Kernels {
+    /// y = W x for W in the packed layout; x (cols) FP32, 16-byte aligned;
+    /// y (rows). `ksplit` forces the warps per row group (1, 2 or 4; lowered
+    /// to the runs of 8 blocks a row has); None picks one by `packed_split`.
+    /// Returns the split launched.
+    pub fn gemv_packed(
+        &self,
+        stream: &Stream,
+        w: &PackedMatrix<'_>,
+        x: &DeviceView<'_, f32>,
+        y: &mut DeviceBuffer<f32>,
+        ksplit: Option<u32>,
+    ) -> Result<u32> {
+        let out = RowSplit {
+            bufs: &mut [y],
+            rows: &[w.rows],
+        };
+        self.gemv_packed_batch(stream, w, x, out, 1, ksplit)
+    }
+
+    /// Y = X W^T for `m` tokens (1 ..= [`PACKED_GEMV_MAX_TOKENS`]) of X
+    /// (m, cols), 16-byte aligned: every weight is loaded once and used for
+    /// up to 8 of them (several sequences decoding, a short prompt; more
+    /// than 8 run as launches of 8). Y: each part (m, its rows). Returns the
+    /// split launched. Stacked matrices (several parts) write each part to
+    /// its own buffer.
+    pub fn gemv_packed_batch(
+        &self,
+        stream: &Stream,
+        w: &PackedMatrix<'_>,
+        x: &DeviceView<'_, f32>,
+        y: RowSplit<'_, '_>,
+        m: usize,
+        ksplit: Option<u32>,
+    ) -> Result<u32> {
+        self.gemv_packed_to(stream, w, x, None, GemvOut::Parts(y), m, ksplit)
+            .map(|l| l.ksplit)
+    }
+
+    /// SwiGLU through the packed GEMV: `w` is a gate/up stack interleaved
+    /// by [`crate::interleave_glu`] (2f rows: gate 0, gate 1, up 0, up 1,
+    /// gate 2, ...), and y (m, f) = silu(gate x) * up x for the m tokens of
+    /// x, the gate and up sums never leaving registers. As
+    /// [`Self::gemv_packed_batch`] otherwise.
+    pub fn gemv_packed_glu(
+        &self,
+        stream: &Stream,
+        w: &PackedMatrix<'_>,
+        x: &DeviceView<'_, f32>,
+        y: &mut DeviceBuffer<f32>,
+        m: usize,
+        ksplit: Option<u32>,
+    ) -> Result<u32> {
+        self.gemv_packed_to(stream, w, x, None, GemvOut::Glu(y), m, ksplit)
+            .map(|l| l.ksplit)
+    }
+
+    /// The packed GEMV in full: `m` tokens of x written as `out` says, and
+    /// with `fold` (one token) one half of a folded RMSNorm ([`Fold`]). As
+    /// [`Self::gemv_packed_batch`] otherwise.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemv_packed_to(
+        &self,
+        stream: &Stream,
+        w: &PackedMatrix<'_>,
+        x: &DeviceView<'_, f32>,
+        mut fold: Option<Fold<'_, '_>>,
+        mut out: GemvOut<'_, '_, '_>,
+        m: usize,
+        ksplit: Option<u32>,
+    ) -> Result<GemvLaunch> {
+        const K: &str = "gemv_packed";
+        if !(1..=PACKED_GEMV_MAX_TOKENS).contains(&m) {
+            return Err(shape(
+                K,
+                format!("{m} tokens (1 to {PACKED_GEMV_MAX_TOKENS} per launch)"),
+            ));
+        }
+        if fold.is_some() && m != 1 {
+            return Err(shape(K, format!("a folded norm takes 1 token, not {m}")));
+        }
+        let f = PackFormat::checked(K, w.ty, w.cols)?;
+        let (nrows, ncols) = (w.rows, w.cols);
+        if nrows == 0 {
+            return Ok(GemvLaunch {
+                ksplit: 1,
+                blocks: 0,
+            });
+        }
+        check_len(K, "weights", w.data.len(), f.packed_bytes(nrows, ncols))?;
+        check_len(K, "x", x.len(), m * ncols)?;
+        let (r1, r2, mode) = match &out {
+            GemvOut::Parts(y) => {
+                let (r1, r2) = y.bounds(K, nrows, m)?;
+                (r1, r2, 0i32)
+            }
+            GemvOut::Add(y) => {
+                check_len(K, "y", y.len(), m * nrows)?;
+                let r = to_i32(K, "rows", nrows)?;
+                (r, r, 2i32)
+            }
+            GemvOut::RopeKv(r) => {
+                let (p, hd) = (r.p, r.p.head_dim);
+                let (q_dim, kv_dim) = (p.n_head * hd, r.n_head_kv * hd);
+                if m != 1 || p.style != RopeStyle::Normal {
+                    return Err(shape(
+                        K,
+                        format!("RoPE folds into one token's GEMV of the normal style, not {m} tokens, {:?}", p.style),
+                    ));
+                }
+                let dims = [q_dim, kv_dim, kv_dim];
+                let parts = &r.parts;
+                if parts.is_empty() || parts.end > 3 {
+                    return Err(shape(K, format!("parts {parts:?} of Q, K, V (0..3)")));
+                }
+                let want: usize = dims[parts.clone()].iter().sum();
+                if nrows != want {
+                    return Err(shape(
+                        K,
+                        format!("{nrows} rows are not parts {parts:?} of Q {q_dim}, K, V {kv_dim}"),
+                    ));
+                }
+                // The kernel's row classes: Q below r1, K below r2, V after.
+                let has = |i: usize| parts.contains(&i);
+                let r1 = if has(0) { q_dim } else { 0 };
+                let r2 = r1 + if has(1) { kv_dim } else { 0 };
+                if !hd.is_multiple_of(2)
+                    || p.n_rot == 0
+                    || !p.n_rot.is_multiple_of(2)
+                    || p.n_rot > hd
+                {
+                    return Err(shape(
+                        K,
+                        format!(
+                            "head_dim {hd}, n_rot {}: both even, n_rot in 2..=head_dim",
+                            p.n_rot
+                        ),
+                    ));
+                }
+                check_len(K, "q", r.q.len(), r1)?;
+                check_len(K, "pos", r.pos.len(), 1)?;
+                check_len(K, "inv_freq", r.inv_freq.len(), p.n_rot / 2)?;
+                check_len(
+                    K,
+                    "table",
+                    r.table.len(),
+                    (r.max_start + 1).div_ceil(KV_PAGE),
+                )?;
+                to_i32(K, "positions", r.max_start + 1)?;
+                let pages = r.kpool.len() / (KV_PAGE * kv_dim).max(1);
+                check_len(K, "vpool", r.vpool.len(), pages * KV_PAGE * kv_dim)?;
+                (to_i32(K, "rows", r1)?, to_i32(K, "rows", r2)?, 0i32)
+            }
+            GemvOut::Glu(y) => {
+                if !nrows.is_multiple_of(4) {
+                    return Err(shape(
+                        K,
+                        format!("{nrows} rows: a gate/up stack holds groups of 4"),
+                    ));
+                }
+                check_len(K, "y", y.len(), m * nrows / 2)?;
+                let r = to_i32(K, "rows", nrows)?;
+                (r, r, 1i32)
+            }
+        };
+        if !x.is_aligned(16) || !w.data.is_aligned(16) {
+            return Err(shape(
+                K,
+                "weights and x must start at a multiple of 16 bytes".into(),
+            ));
+        }
+        let name = |m: usize| match (m, &fold) {
+            (1, Some(Fold::Emit { .. })) => f.gemv_emit,
+            (1, Some(Fold::Take { .. })) => f.gemv_take,
+            (1, None) => f.gemv,
+            (2, _) => f.gemv_batch[0],
+            (3..=4, _) => f.gemv_batch[1],
+            _ => f.gemv_batch[2],
+        };
+        // One token while a decode program records (crate::decode): an op
+        // of the persistent kernel, planned for its resident blocks.
+        let record = m == 1 && self.recording();
+        let kernel = match record {
+            true => None,
+            false => Some(self.kernel("gemv_packed", name(m.min(GEMV_BATCH)))?),
+        };
+        let slots = match &kernel {
+            Some(k) => {
+                let split3 = if m == 1 && f.split3 {
+                    Some(self.resident_blocks(k, 32 * PACKED_GEMV_SPLIT3_WARPS as u32, 0)?)
+                } else {
+                    None
+                };
+                [
+                    Some(self.resident_blocks(k, 32 * PACKED_GEMV_WARPS, 0)?),
+                    split3,
+                ]
+            }
+            None => [Some(self.decode_resident()?), None],
+        };
+        let nb = ncols / 32;
+        let groups = nrows.div_ceil(PACK_ROWS);
+        let split = packed_split(groups, nb, f.in_flight, slots, ksplit);
+        let (ks, block_threads) = (split.ksplit, 32 * split.warps() as u32);
+        let blocks = split.blocks(groups);
+        match &fold {
+            Some(Fold::Emit { weight, h, part }) => {
+                if !matches!(out, GemvOut::Add(_)) {
+                    return Err(shape(
+                        K,
+                        "a folded norm is emitted by a residual (Add) GEMV".into(),
+                    ));
+                }
+                check_len(K, "norm weight", weight.len(), nrows)?;
+                check_len(K, "h", h.len(), nrows)?;
+                check_len(K, "norm partial sums", part.len(), blocks)?;
+            }
+            Some(Fold::Take { part, n_part, .. }) => {
+                if *n_part == 0 {
+                    return Err(shape(
+                        K,
+                        "a folded norm takes at least 1 partial sum".into(),
+                    ));
+                }
+                check_len(K, "norm partial sums", part.len(), *n_part)?;
+            }
+            None => {}
+        }
+        let (rope_i, rope_scale) = match &out {
+            GemvOut::RopeKv(r) => ([r.p.head_dim as i32, r.p.n_rot as i32], r.p.pos_scale),
+            _ => ([0, 0], 0.0f32),
+        };
+        let n_part_i = match &fold {
+            Some(Fold::Take { n_part, .. }) => to_i32(K, "partial sums", *n_part)?,
+            _ => 0,
+        };
+        let grid = (
+            u32::try_from(blocks).map_err(|_| shape(K, format!("{nrows} rows")))?,
+            1,
+            1,
+        );
+        let (nrows, nb, ks) = (
+            to_i32(K, "nrows", nrows)?,
+            to_i32(K, "blocks", nb)?,
+            ks as i32,
+        );
+        let fold_kind = match &fold {
+            Some(Fold::Emit { .. }) => FOLD_EMIT,
+            Some(Fold::Take { .. }) => FOLD_TAKE,
+            None => FOLD_NONE,
+        };
+        for t0 in (0..m).step_by(GEMV_BATCH) {
+            let sc = GemvScalars {
+                r1,
+                r2,
+                nrows,
+                nb,
+                ks,
+                t0: t0 as i32,
+                m: (m - t0).min(GEMV_BATCH) as i32,
+                mode,
+                n_part: n_part_i,
+                rope: rope_i,
+                rope_scale,
+            };
+            let Some(kernel) = &kernel else {
+                // Recorded: the same arguments as the kernel's, in memory.
+                let head = DecodeOpHead {
+                    kind: DecodeOp::Gemv,
+                    blocks,
+                    variant: f.decode_index(),
+                    fold: fold_kind,
+                    grid: [0; 3],
+                };
+                let args = push_gemv(
+                    ArgBlock::new(stream).view(w.data).view(x),
+                    &mut out,
+                    &mut fold,
+                    &sc,
+                );
+                self.record_op(head, args.into_bytes())?;
+                break;
+            };
+            // SAFETY: gemv_packed_<fmt>_f32[_x<B>|_take|_emit] (see push_gemv
+            // for the parameters): reads the
+            // packed groups of W (length checked: packed_bytes) and rows t0 ..
+            // t0 + m of x (at most the checked m * nb * 32 floats) with 16-byte
+            // loads (both aligned, checked), writes row r < nrows of those
+            // tokens (m <= B: the kernel was picked for min(m, GEMV_BATCH)) to
+            // its part (y, y1, y2 split at r1 <= r2 <= nrows; each part's
+            // length checked by `bounds` for all m tokens), or adds it to y (m,
+            // nrows; checked), or with glu writes row r / 2 of y (m, nrows / 2;
+            // checked above); ksplit in {1, 2, 4} in blocks of 4 warps, or
+            // for one token 3 in blocks of 6. _emit (m = 1) also reads nw
+            // and writes h at rows < nrows and part at blocks < grid (lengths
+            // checked); _take reads part[0 .. n_part) (checked); the others
+            // get null pointers and never touch them. With kpool non-null (the
+            // RopeKv output, m = 1, checked): the kernel writes q rows < r1
+            // (q_dim or 0, checked), reads pos[0] (<= max_start, the
+            // caller's promise), table[pos[0] / KV_PAGE] (length checked for
+            // max_start) and inv_freq[..n_rot / 2] (checked), and writes
+            // rows r1 .. r2 (K) and r2 .. nrows (V; kv_dim each or none,
+            // checked) to row kv_row(table, pos[0]) of the pools (pages below
+            // the pool's count, kept so by the caller; vpool as long as
+            // kpool: checked).
+            unsafe {
+                push_gemv(
+                    stream.launch(kernel).view(w.data).view(x),
+                    &mut out,
+                    &mut fold,
+                    &sc,
+                )
+                .run(cfg(grid, block_threads))?
+            };
+        }
+        Ok(GemvLaunch {
+            ksplit: ks as u32,
+            blocks,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packed_gemv_block_sizes_match_the_kernels() {
+        // `#define NAME n` in gemv_packed.cuh.
+        let src = include_str!("../../../kernels/gemv_packed.cuh");
+        let define =
+            |name: &str| crate::cuda_define(src, name).and_then(|v| v.parse::<usize>().ok());
+        assert_eq!(define("PGEMV_WARPS"), Some(PACKED_GEMV_WARPS as usize));
+        assert_eq!(define("PGEMV_MAX_WARPS"), Some(PACKED_GEMV_SPLIT3_WARPS));
+        // A 3-way split's block holds whole groups of 3 warps.
+        assert_eq!(PACKED_GEMV_SPLIT3_WARPS % 3, 0);
+    }
+
+    #[test]
+    fn packed_splits_fill_the_gpu_within_the_row() {
+        // H100 (132 SMs; 7 blocks of 4 warps or 4 of 6 an SM).
+        let h100 = [Some(924), Some(528)];
+        let split = |g, nb, u, slots: [Option<usize>; 2], k| {
+            let p = packed_split(g, nb, u, slots, k);
+            assert_eq!(p.warps(), if p.ksplit == 3 { 6 } else { 4 });
+            p.ksplit
+        };
+        // 14336 rows (3584 groups) fill one wave unsplit.
+        assert_eq!(split(3584, 128, 4, h100, None), 1);
+        // 4096 x 14336 (1024 groups, 56 runs): 2 warps a group fit in a
+        // wave, 4 not. 3 (512 blocks of 6): a lane's 19 blocks, 2 in
+        // flight, are 10 rounds instead of 14; 4 in flight, 5 against 7.
+        assert_eq!(split(1024, 448, 2, h100, None), 3);
+        assert_eq!(split(1024, 448, 4, h100, None), 3);
+        // Without 6-warp blocks (several tokens, the persistent kernel): 2.
+        assert_eq!(split(1024, 448, 2, [Some(924), None], None), 2);
+        // 4096 x 4096 (16 runs): with 4 blocks in flight 2 rounds either
+        // way, so 2; with 2, 3 rounds against 4.
+        assert_eq!(split(1024, 128, 4, h100, None), 2);
+        assert_eq!(split(1024, 128, 2, h100, None), 3);
+        // Where 4 fits in a wave it wins (1B: 768 groups of 2048).
+        assert_eq!(split(768, 64, 4, h100, None), 4);
+        assert_eq!(split(1024, 128, 4, [Some(1056), Some(528)], None), 4);
+        // 6144 rows (1536 groups): 768 blocks of 2 groups.
+        assert_eq!(split(1536, 128, 4, h100, None), 2);
+        // Nothing fits in a wave (28672 rows; an M40's 168 slots): no split.
+        assert_eq!(split(7168, 128, 4, h100, None), 1);
+        assert_eq!(split(1024, 448, 4, [Some(168), Some(96)], None), 1);
+        assert_eq!(split(300, 128, 4, [Some(100), Some(60)], None), 1);
+        assert_eq!(split(300, 128, 4, [Some(150), Some(60)], None), 2);
+        // Too few groups for a big split: the largest the row allows.
+        let big = [Some(1320), Some(880)];
+        assert_eq!(split(1, 128, 4, big, None), 4);
+        assert_eq!(split(1, 9, 4, big, None), 2);
+        assert_eq!(split(1, 17, 1, big, None), 3);
+        assert_eq!(split(1, 1, 4, big, None), 1);
+        // Forced splits are lowered to what the row allows, never raised.
+        assert_eq!(split(1, 128, 4, big, Some(4)), 4);
+        assert_eq!(split(1, 128, 4, big, Some(3)), 3);
+        assert_eq!(split(1, 128, 4, [Some(1320), None], Some(3)), 2);
+        assert_eq!(split(1, 12, 4, big, Some(4)), 2);
+        assert_eq!(split(1, 8, 4, big, Some(2)), 1);
+        assert_eq!(split(9000, 128, 4, [Some(1), Some(1)], Some(1)), 1);
+        // Blocks: groups over the groups a block takes.
+        assert_eq!(PackedSplit::of(2).blocks(1025), 513);
+        assert_eq!(PackedSplit::of(3).blocks(1025), 513);
+        assert_eq!(PackedSplit::of(4).blocks(1025), 1025);
+    }
+}

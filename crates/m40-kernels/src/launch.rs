@@ -1,0 +1,41 @@
+//! What every launcher shares: the shape errors, the checks of lengths and
+//! of i32 ranges, and launch configurations.
+
+use m40_device::LaunchConfig;
+
+use crate::error::{KernelError, Result};
+
+pub(crate) fn shape(kernel: &'static str, what: String) -> KernelError {
+    KernelError::Shape { kernel, what }
+}
+
+/// `buf` must hold at least `need` elements.
+pub(crate) fn check_len(kernel: &'static str, name: &str, len: usize, need: usize) -> Result<()> {
+    if len < need {
+        return Err(shape(
+            kernel,
+            format!("{name} has {len} elements, {need} needed"),
+        ));
+    }
+    Ok(())
+}
+
+pub(crate) fn to_i32(kernel: &'static str, name: &str, v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| shape(kernel, format!("{name} = {v} exceeds i32")))
+}
+
+pub(crate) fn cfg(grid: (u32, u32, u32), block: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid,
+        block: (block, 1, 1),
+        shared_bytes: 0,
+    }
+}
+
+/// [`cfg`] with `shared_bytes` of dynamic shared memory a block.
+pub(crate) fn cfg_shared(grid: (u32, u32, u32), block: u32, shared_bytes: u32) -> LaunchConfig {
+    LaunchConfig {
+        shared_bytes,
+        ..cfg(grid, block)
+    }
+}

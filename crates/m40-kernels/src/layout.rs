@@ -1,0 +1,83 @@
+//! How the kernels' operands lie in device memory: the weight matrices (in
+//! their GGUF format or packed), stacked outputs, and the KV cache's pages.
+
+use m40_device::{DeviceBuffer, DeviceView, KernelArgs};
+use m40_gguf::GgmlType;
+
+use crate::error::Result;
+use crate::launch::{check_len, shape, to_i32};
+
+/// Tokens per page of the KV cache: `KV_PAGE` in kernels/attention.cu.
+pub const KV_PAGE: usize = 32;
+
+/// A weight matrix on the device in its GGUF format: `rows` rows of `cols`
+/// weights, rows back to back.
+#[derive(Clone, Copy)]
+pub struct QMatrix<'a> {
+    pub ty: GgmlType,
+    pub data: &'a DeviceView<'a, u8>,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+/// Where a matmul's output goes when its weight rows are up to three
+/// matrices stacked (a fused Q/K/V or gate/up projection): part `i` takes
+/// the next `rows[i]` rows of every token, stored (tokens, rows[i])
+/// row-major in `bufs[i]`. One part is an ordinary matmul.
+pub struct RowSplit<'a, 'b> {
+    pub bufs: &'a mut [&'b mut DeviceBuffer<f32>],
+    pub rows: &'a [usize],
+}
+
+impl<'a, 'b> RowSplit<'a, 'b> {
+    /// The kernels' (r1, r2) part boundaries, after checking the parts
+    /// against a matrix of `n` rows and `m` tokens.
+    pub(crate) fn bounds(&self, kernel: &'static str, n: usize, m: usize) -> Result<(i32, i32)> {
+        let parts = self.rows.len();
+        if parts != self.bufs.len() || !(1..=3).contains(&parts) {
+            return Err(shape(
+                kernel,
+                format!(
+                    "{parts} row counts for {} output buffers (1 to 3 parts)",
+                    self.bufs.len()
+                ),
+            ));
+        }
+        let total: usize = self.rows.iter().sum();
+        if total != n {
+            return Err(shape(
+                kernel,
+                format!("output parts of {total} rows for a matrix of {n}"),
+            ));
+        }
+        for (b, &r) in self.bufs.iter().zip(self.rows) {
+            check_len(kernel, "y", b.len(), m * r)?;
+        }
+        let r1 = if parts == 1 { n } else { self.rows[0] };
+        let r2 = if parts == 3 { r1 + self.rows[1] } else { n };
+        Ok((to_i32(kernel, "rows", r1)?, to_i32(kernel, "rows", r2)?))
+    }
+
+    /// Push the kernels' `float* y0, float* y1, float* y2` (null where
+    /// there is no such part).
+    pub(crate) fn push<'l, A: KernelArgs<'l>>(&'l mut self, mut l: A) -> A {
+        let parts = self.bufs.len();
+        for b in self.bufs.iter_mut() {
+            l = l.buf_mut(&mut **b);
+        }
+        for _ in parts..3 {
+            l = l.null();
+        }
+        l
+    }
+}
+
+/// A weight matrix on the device in the packed GEMV layout
+/// ([`crate::pack_gemv`]): `rows` x `cols` weights of `ty`.
+#[derive(Clone, Copy)]
+pub struct PackedMatrix<'a> {
+    pub ty: GgmlType,
+    pub data: &'a DeviceView<'a, u8>,
+    pub rows: usize,
+    pub cols: usize,
+}

@@ -1,0 +1,138 @@
+//! RoPE and the KV cache append (kernels/rope.cu).
+
+use m40_device::{DeviceBuffer, DeviceView, Stream};
+
+use crate::error::Result;
+use crate::launch::{cfg, check_len, shape, to_i32};
+use crate::layout::KV_PAGE;
+use crate::Kernels;
+
+/// Threads per block of kernels/rope.cu (`ROPE_THREADS`).
+const ROPE_THREADS: u32 = 256;
+/// Rotated pairs per head at most (kernels/rope.cu `ROPE_MAX_HALF`).
+const ROPE_MAX_HALF: usize = 128;
+
+/// Which dimensions RoPE pairs: (2i, 2i+1) or (i, i + n_rot/2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    Normal,
+    Neox,
+}
+
+/// The shape and parameters of a RoPE launch.
+#[derive(Clone, Copy, Debug)]
+pub struct RopeParams {
+    pub style: RopeStyle,
+    pub n_head: usize,
+    pub head_dim: usize,
+    /// Rotated dimensions per head (even, at most head_dim).
+    pub n_rot: usize,
+    /// Positions are multiplied by this (1 / the linear scaling factor).
+    pub pos_scale: f32,
+}
+
+impl Kernels {
+    /// RoPE of the queries q (n_tok, p.n_head, head_dim) in place, and of
+    /// the keys k (n_tok, n_head_kv, head_dim) into the FP16 pool `kpool`
+    /// with the values v beside them into `vpool` (the layout of
+    /// kernels/attention.cu): token t at position pos[t] of the sequence
+    /// whose pages are `table`; k and v are left as they were. inv_freq:
+    /// (n_rot / 2), base^(-2i/n_rot) with any per-dimension factors applied.
+    /// pos is read on the device: `max_start` bounds pos[0], positions
+    /// after it follow on (pos[t] = pos[0] + t).
+    #[allow(clippy::too_many_arguments)]
+    pub fn rope_kv_append(
+        &self,
+        stream: &Stream,
+        q: &mut DeviceBuffer<f32>,
+        k: &DeviceView<'_, f32>,
+        v: &DeviceView<'_, f32>,
+        n_head_kv: usize,
+        pos: &DeviceView<'_, i32>,
+        inv_freq: &DeviceView<'_, f32>,
+        p: &RopeParams,
+        kpool: &mut DeviceBuffer<u16>,
+        vpool: &mut DeviceBuffer<u16>,
+        table: &DeviceView<'_, i32>,
+        max_start: usize,
+    ) -> Result<()> {
+        const K: &str = "rope_kv_append";
+        let (n_rot, head_dim) = (p.n_rot, p.head_dim);
+        if n_rot == 0 || !n_rot.is_multiple_of(2) || n_rot > head_dim || n_rot > 2 * ROPE_MAX_HALF {
+            return Err(shape(
+                K,
+                format!(
+                    "n_rot {n_rot} must be even, positive and at most head_dim {head_dim} and {}",
+                    2 * ROPE_MAX_HALF
+                ),
+            ));
+        }
+        let n_tok = pos.len();
+        if n_tok == 0 {
+            return Ok(());
+        }
+        let hd = p.head_dim;
+        if !hd.is_multiple_of(2) {
+            return Err(shape(K, format!("head_dim {hd} must be even")));
+        }
+        let kv_dim = n_head_kv * hd;
+        check_len(K, "q", q.len(), n_tok * p.n_head * hd)?;
+        check_len(K, "k", k.len(), n_tok * kv_dim)?;
+        check_len(K, "v", v.len(), n_tok * kv_dim)?;
+        check_len(K, "inv_freq", inv_freq.len(), p.n_rot / 2)?;
+        check_len(
+            K,
+            "table",
+            table.len(),
+            (max_start + n_tok).div_ceil(KV_PAGE),
+        )?;
+        let pages = kpool.len() / (KV_PAGE * kv_dim).max(1);
+        check_len(K, "vpool", vpool.len(), pages * KV_PAGE * kv_dim)?;
+        let name = match p.style {
+            RopeStyle::Normal => "rope_kv_norm_f32",
+            RopeStyle::Neox => "rope_kv_neox_f32",
+        };
+        let kernel = self.kernel("rope", name)?;
+        let heads_per_block = (ROPE_THREADS as usize / (hd / 2)).max(1);
+        let grid = (
+            to_i32(K, "n_tok", n_tok)? as u32,
+            (p.n_head + n_head_kv).div_ceil(heads_per_block) as u32,
+            1,
+        );
+        to_i32(K, "positions", max_start + n_tok)?;
+        let (n_head, n_kv, hd_i, n_rot) = (
+            to_i32(K, "n_head", p.n_head)?,
+            to_i32(K, "n_head_kv", n_head_kv)?,
+            to_i32(K, "head_dim", hd)?,
+            to_i32(K, "n_rot", p.n_rot)?,
+        );
+        // SAFETY: rope_kv_*_f32(float* q, int n_head, const float* k, const float* v,
+        // int n_head_kv, const int* pos, const float* inv_freq, int head_dim, int n_rot,
+        // float pos_scale, u16* kpool, u16* vpool, const int* table): block (t, c)
+        // reads pos[t] (<= max_start + t, the caller's promise) and
+        // table[pos[t] / KV_PAGE], rotates heads of token t of q in place, reads
+        // k and v rows of token t and writes pool row kv_row(table, pos[t]) of
+        // the pages the table names (below the pool's page count, kept so by
+        // the caller); inv_freq[..n_rot/2] (<= ROPE_MAX_HALF, the shared
+        // table); lengths checked above.
+        unsafe {
+            stream
+                .launch(&kernel)
+                .buf_mut(q)
+                .scalar(&n_head)
+                .view(k)
+                .view(v)
+                .scalar(&n_kv)
+                .view(pos)
+                .view(inv_freq)
+                .scalar(&hd_i)
+                .scalar(&n_rot)
+                .scalar(&p.pos_scale)
+                .buf_mut(kpool)
+                .buf_mut(vpool)
+                .view(table)
+                .run(cfg(grid, ROPE_THREADS))?
+        };
+        Ok(())
+    }
+}
