@@ -1,13 +1,13 @@
 //! `m40-llm bench` on the GPU, side by side with llama-bench: a stand-in
 //! `llama-bench` on PATH prints llama-bench's JSON, and the table must show
 //! its figures against the matching tests (and the run must go on without
-//! them when llama-bench fails). Skips (printing why) without a GPU; fails
-//! instead when M40_REQUIRE_GPU=1.
+//! them when llama-bench fails). The GPU tests are ignored without
+//! `--include-ignored` and fail with it where there is no GPU.
 
 use std::path::PathBuf;
 use std::process::Command;
 
-use m40_device::testing::test_device;
+use m40_device::testing::gpu_device;
 
 /// The CLI: beside the test in a GPU pack (bin/m40-llm), else Cargo's.
 fn m40_llm() -> PathBuf {
@@ -57,10 +57,9 @@ fn bench(dir: &std::path::Path, extra: &[&str]) -> (String, String) {
 }
 
 #[test]
+#[ignore = "needs a GPU"]
 fn bench_prints_llama_bench_side_by_side() {
-    if test_device("bench_prints_llama_bench_side_by_side").is_none() {
-        return;
-    }
+    gpu_device("bench_prints_llama_bench_side_by_side");
     let dir = tempfile::tempdir().unwrap();
     fake_llama_bench(
         dir.path(),

@@ -1,8 +1,8 @@
 //! The device layer on a real GPU: properties, the memory budget, copies of
-//! every kind, events and streams. Skips (printing why) without a GPU; fails
-//! instead when M40_REQUIRE_GPU=1.
+//! every kind, events and streams. The GPU tests are ignored without
+//! `--include-ignored` and fail with it where there is no GPU.
 
-use m40_device::testing::{gpu_required, test_device};
+use m40_device::testing::{gpu_device, gpu_required};
 use m40_device::{Device, DeviceError, DeviceOptions};
 
 fn fresh(n: usize, salt: u32) -> Vec<u32> {
@@ -32,10 +32,9 @@ fn without_a_gpu_open_is_an_error_with_a_hint() {
 }
 
 #[test]
+#[ignore = "needs a GPU"]
 fn device_properties() {
-    let Some(d) = test_device("device_properties") else {
-        return;
-    };
+    let d = gpu_device("device_properties");
     let i = d.info();
     eprintln!("{i:?}");
     assert!(i.compute_capability >= (5, 2));
@@ -51,10 +50,9 @@ fn device_properties() {
 }
 
 #[test]
+#[ignore = "needs a GPU"]
 fn budget_refuses_and_names_the_allocation() {
-    let Some(d) = test_device("budget_refuses_and_names_the_allocation") else {
-        return;
-    };
+    let d = gpu_device("budget_refuses_and_names_the_allocation");
     // A budget of ~0.1% of free memory: a few MB.
     let small = Device::open_with(
         d.info().ordinal,
@@ -92,10 +90,9 @@ fn budget_refuses_and_names_the_allocation() {
 }
 
 #[test]
+#[ignore = "needs a GPU"]
 fn copies_round_trip() {
-    let Some(d) = test_device("copies_round_trip") else {
-        return;
-    };
+    let d = gpu_device("copies_round_trip");
     let s = d.stream();
     for n in [1usize, 1000, 1 << 20] {
         let v = fresh(n, n as u32);
@@ -139,10 +136,9 @@ fn copies_round_trip() {
 }
 
 #[test]
+#[ignore = "needs a GPU"]
 fn events_order_streams_and_time() {
-    let Some(d) = test_device("events_order_streams_and_time") else {
-        return;
-    };
+    let d = gpu_device("events_order_streams_and_time");
     let s1 = d.stream();
     let s2 = d.new_stream().unwrap();
     let v = fresh(4 << 20, 3);

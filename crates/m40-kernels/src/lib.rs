@@ -413,6 +413,41 @@ mod tests {
         }
     }
 
+    /// The crate mirrors `kernels/`: every `kernels/X.cu` has its launchers
+    /// in `src/X.rs` and its GPU tests in `tests/gpu_kernels/X.rs`, and no
+    /// launcher or test module is left without its kernel source.
+    #[test]
+    fn launchers_and_tests_mirror_the_kernel_sources() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let stems = |dir: &std::path::Path, ext: &str| -> Vec<String> {
+            let mut v: Vec<String> = std::fs::read_dir(dir)
+                .unwrap()
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == ext))
+                .map(|p| p.file_stem().unwrap().to_string_lossy().into_owned())
+                .collect();
+            v.sort();
+            v
+        };
+        let kernels = stems(&root.join("../../kernels"), "cu");
+        // Modules that are not a kernel's: the shared ones, and the test
+        // binary's root.
+        let shared = ["error", "format", "launch", "layout", "lib", "pack", "main"];
+        let own = |dir: &str| -> Vec<String> {
+            stems(&root.join(dir), "rs")
+                .into_iter()
+                .filter(|m| !shared.contains(&m.as_str()))
+                .collect()
+        };
+        assert_eq!(own("src"), kernels, "src/ against kernels/*.cu");
+        assert_eq!(
+            own("tests/gpu_kernels"),
+            kernels,
+            "tests/gpu_kernels/ against kernels/*.cu"
+        );
+    }
+
     #[test]
     fn kernels_are_found_in_their_part() {
         let name = |i: usize| MODULES[i].0;

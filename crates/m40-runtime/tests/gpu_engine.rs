@@ -1,12 +1,12 @@
 //! The engine on the GPU: `Auto` picks it, `Gpu` insists on it, and greedy
 //! generation gives the CPU engine's tokens on the SmolLM2-shaped zoo model
-//! and the quant zoo. Skips (printing why) without a GPU; fails instead when
-//! M40_REQUIRE_GPU=1.
+//! and the quant zoo. The GPU tests are ignored without
+//! `--include-ignored` and fail with it where there is no GPU.
 
 #[path = "../../m40-gguf/tests/common/mod.rs"]
 mod common;
 
-use m40_device::testing::test_device;
+use m40_device::testing::gpu_device;
 use m40_runtime::{
     BackendChoice, CancelToken, CpuMath, Engine, EngineOptions, Prompt, Request, SamplingParams,
 };
@@ -26,13 +26,10 @@ fn engine(path: &std::path::Path, backend: BackendChoice) -> Engine {
 }
 
 #[test]
+#[ignore = "needs a GPU"]
 fn gpu_engine_generates_what_the_cpu_engine_does() {
-    if test_device("gpu_engine_generates_what_the_cpu_engine_does").is_none() {
-        return;
-    }
-    let Some(td) = common::testdata() else {
-        panic!("the quant zoo is needed (M40_TESTDATA)");
-    };
+    gpu_device("gpu_engine_generates_what_the_cpu_engine_does");
+    let td = common::testdata().expect("the quant zoo is needed (M40_TESTDATA)");
     let mut differ = Vec::new();
     for ty in ["F32", "F16", "Q8_0", "Q4_0", "Q4_K_S", "Q6_K"] {
         let path = td.join(format!("quant-zoo/zoo-{ty}.gguf"));

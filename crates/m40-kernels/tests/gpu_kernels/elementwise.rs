@@ -1,0 +1,85 @@
+//! kernels/elementwise.cu: SwiGLU, add, bias rows, FP32 to FP16.
+
+use super::*;
+
+#[test]
+#[ignore = "needs a GPU"]
+fn swiglu_add_and_f16_match_cpu() {
+    let (_dev, s, k, mut rng) = setup("swiglu_add_and_f16_match_cpu");
+    for n in [1, 255, 256 * 1000 + 3] {
+        let g = rng.vec(n, -20.0, 20.0);
+        let u = rng.vec(n, -3.0, 3.0);
+        let mut want = g.clone();
+        ops::swiglu(&mut want, &u);
+        let mut gg = s.upload(&g, "g").unwrap();
+        let ug = s.upload(&u, "u").unwrap();
+        k.swiglu(&s, &mut gg, &ug.view(), n).unwrap();
+        check(
+            &format!("swiglu {n}"),
+            &s.download(&gg).unwrap(),
+            &want,
+            |i| 1e-5 * want[i].abs() as f64 + 1e-12,
+        );
+
+        let want: Vec<f32> = g.iter().zip(&u).map(|(a, b)| a + b).collect();
+        let mut yg = s.upload(&g, "y").unwrap();
+        k.add(&s, &mut yg, &ug.view(), n).unwrap();
+        check(
+            &format!("add {n}"),
+            &s.download(&yg).unwrap(),
+            &want,
+            |_| 0.0,
+        );
+
+        // Values across FP16's range: normals, subnormals, overflow to inf.
+        let x: Vec<f32> = (0..n)
+            .map(|i| match i % 4 {
+                0 => rng.uniform(-70000.0, 70000.0),
+                1 => rng.uniform(-1e-5, 1e-5),
+                2 => rng.uniform(-1e-7, 1e-7),
+                _ => rng.uniform(-2.0, 2.0),
+            })
+            .collect();
+        let want: Vec<u16> = x
+            .iter()
+            .map(|v| half::f16::from_f32(*v).to_bits())
+            .collect();
+        let xg = s.upload(&x, "x").unwrap();
+        let mut hg = s.alloc::<u16>(n, "f16").unwrap();
+        s.fill_bytes(&mut hg, 0xFF).unwrap();
+        k.f32_to_f16(&s, &xg.view(), &mut hg, n).unwrap();
+        let got = s.download(&hg).unwrap();
+        let bad: Vec<usize> = (0..n).filter(|&i| got[i] != want[i]).take(5).collect();
+        assert!(
+            bad.is_empty(),
+            "f32_to_f16 {n}: differs at {bad:?}: {:?}",
+            bad.iter()
+                .map(|&i| (x[i], got[i], want[i]))
+                .collect::<Vec<_>>()
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn add_rows_matches_cpu() {
+    let (_dev, s, k, mut rng) = setup("add_rows_matches_cpu");
+    for (rows, width) in [(1, 1), (3, 896), (17, 131)] {
+        let y0 = rng.vec(rows * width + 5, -1.0, 1.0);
+        let b = rng.vec(width, -1.0, 1.0);
+        let mut y = s.upload(&y0, "y").unwrap();
+        let bg = s.upload(&b, "b").unwrap();
+        k.add_rows(&s, &mut y, &bg.view(), rows).unwrap();
+        let got = s.download(&y).unwrap();
+        let want: Vec<f32> = (0..y0.len())
+            .map(|i| {
+                if i < rows * width {
+                    y0[i] + b[i % width]
+                } else {
+                    y0[i]
+                }
+            })
+            .collect();
+        check(&format!("add_rows {rows}x{width}"), &got, &want, |_| 0.0);
+    }
+}

@@ -1,0 +1,121 @@
+//! kernels/rope.cu: RoPE with the append to the paged KV pools.
+
+use super::*;
+
+/// RoPE of Q in place and of K into the paged FP16 cache with V, in one
+/// launch: q against the CPU rope, the pools against the FP16 of the CPU's
+/// roped K (within one FP16 step: the FP32 rotations may round apart) and
+/// of V (exact) at the pages of a shuffled table; every other pool row
+/// keeps its poison.
+#[test]
+#[ignore = "needs a GPU"]
+fn rope_kv_append_matches_cpu() {
+    let (_dev, s, k, mut rng) = setup("rope_kv_append_matches_cpu");
+    use m40_gguf::RopeStyle as Cpu;
+    use m40_kernels::KV_PAGE;
+    for (style, cpu_style) in [
+        (RopeStyle::Normal, Cpu::Normal),
+        (RopeStyle::Neox, Cpu::Neox),
+    ] {
+        // Full and partial rotation, linear scaling, positions up to 30k, GQA
+        // groups of 1 to 8, head sizes 2 to 256:
+        // (n_tok, n_head, n_kv, head_dim, n_rot, start, factor).
+        let cases: [(usize, usize, usize, usize, usize, usize, f32); 11] = [
+            (1, 1, 1, 2, 2, 0, 1.0),
+            (1, 32, 8, 128, 128, 4000, 1.0),
+            (1, 9, 3, 64, 64, 31, 1.0),
+            (7, 3, 1, 64, 64, 30000, 1.0),
+            (5, 9, 3, 128, 64, 1000, 4.0),
+            (17, 4, 4, 64, 32, 0, 1.0),
+            (33, 2, 2, 80, 80, 5, 1.0),
+            (40, 14, 2, 64, 64, 100, 1.0),
+            (3, 40, 8, 128, 128, 2, 1.0),
+            (3, 5, 1, 256, 256, 62, 1.0),
+            (5, 8, 2, 80, 48, 7, 1.0),
+        ];
+        for (n_tok, n_head, n_kv, hd, n_rot, start, factor) in cases {
+            let rope = ops::Rope::new(cpu_style, n_rot, 10000.0, factor, None);
+            let kv_dim = n_kv * hd;
+            let pages = (start + n_tok).div_ceil(KV_PAGE);
+            let pool_pages = pages + 2;
+            let mut ids: Vec<i32> = (0..pool_pages as i32).collect();
+            for i in (1..ids.len()).rev() {
+                ids.swap(i, rng.below(i + 1));
+            }
+            let table: Vec<i32> = ids[..pages].to_vec();
+            let q = rng.vec(n_tok * n_head * hd, -2.0, 2.0);
+            let kx = rng.vec(n_tok * kv_dim, -2.0, 2.0);
+            let vx = rng.vec(n_tok * kv_dim, -2.0, 2.0);
+            let pos: Vec<i32> = (0..n_tok).map(|t| (start + t) as i32).collect();
+            let (mut want_q, mut want_k) = (q.clone(), kx.clone());
+            for t in 0..n_tok {
+                let p = start + t;
+                rope.apply(&mut want_q[t * n_head * hd..][..n_head * hd], hd, p);
+                rope.apply(&mut want_k[t * kv_dim..][..kv_dim], hd, p);
+            }
+            let mut qg = s.upload(&q, "q").unwrap();
+            let kg = s.upload(&kx, "k").unwrap();
+            let vg = s.upload(&vx, "v").unwrap();
+            let pg = s.upload(&pos, "pos").unwrap();
+            let tg = s.upload(&table, "table").unwrap();
+            let fg = s.upload(&rope.inv_freq, "inv_freq").unwrap();
+            let mut kpool = s.alloc::<u16>(pool_pages * KV_PAGE * kv_dim, "kp").unwrap();
+            let mut vpool = s.alloc::<u16>(pool_pages * KV_PAGE * kv_dim, "vp").unwrap();
+            s.fill_bytes(&mut kpool, 0xFF).unwrap();
+            s.fill_bytes(&mut vpool, 0xFF).unwrap();
+            let p = RopeParams {
+                style,
+                n_head,
+                head_dim: hd,
+                n_rot,
+                pos_scale: rope.pos_scale,
+            };
+            k.rope_kv_append(
+                &s,
+                &mut qg,
+                &kg.view(),
+                &vg.view(),
+                n_kv,
+                &pg.view(),
+                &fg.view(),
+                &p,
+                &mut kpool,
+                &mut vpool,
+                &tg.view(),
+                start,
+            )
+            .unwrap();
+            let what =
+                format!("rope_kv {style:?} {n_tok}x{n_head}/{n_kv}x{hd} rot {n_rot} at {start}");
+            let got_q = s.download(&qg).unwrap();
+            check(&format!("{what}: q"), &got_q, &want_q, |_| {
+                2e-6 * 2.0 + 1e-7
+            });
+            let (kp, vp) = (s.download(&kpool).unwrap(), s.download(&vpool).unwrap());
+            let mut rows = vec![None; pool_pages * KV_PAGE];
+            for t in 0..n_tok {
+                let p = start + t;
+                rows[table[p / KV_PAGE] as usize * KV_PAGE + p % KV_PAGE] = Some(t);
+            }
+            for (r, tok) in rows.iter().enumerate() {
+                for c in 0..kv_dim {
+                    let (gk, gv) = (kp[r * kv_dim + c], vp[r * kv_dim + c]);
+                    let Some(t) = *tok else {
+                        assert_eq!((gk, gv), (0xFFFF, 0xFFFF), "{what}: pool row {r} written");
+                        continue;
+                    };
+                    let wk = half::f16::from_f32(want_k[t * kv_dim + c]);
+                    let wv = half::f16::from_f32(vx[t * kv_dim + c]).to_bits();
+                    let gkf = half::f16::from_bits(gk).to_f32();
+                    let step = (wk.to_f32().abs() * 2f32.powi(-10)).max(2f32.powi(-24));
+                    assert!(
+                        (gkf - wk.to_f32()).abs() <= step,
+                        "{what}: k token {t} dim {c}: {gkf} want {}",
+                        wk.to_f32()
+                    );
+                    assert_eq!(gv, wv, "{what}: v token {t} dim {c}");
+                }
+            }
+        }
+    }
+}
