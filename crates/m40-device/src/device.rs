@@ -7,7 +7,6 @@ use cudarc::driver::sys::{self, CUdevice_attribute as Attr};
 use cudarc::driver::{result, CudaContext};
 
 use crate::error::{Ctx, DeviceError, Result, MIN_DRIVER_VERSION};
-use crate::stream::Stream;
 
 /// What a GPU is and has, read once when it is opened.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -187,17 +186,6 @@ impl Device {
 
     pub fn budget_limit(&self) -> usize {
         self.budget.limit
-    }
-
-    /// The stream most work runs on (the context's default stream).
-    pub fn stream(self: &Arc<Self>) -> Stream {
-        Stream::new(self.clone(), self.ctx.default_stream())
-    }
-
-    /// A new stream, independent of the default one.
-    pub fn new_stream(self: &Arc<Self>) -> Result<Stream> {
-        let s = self.ctx.new_stream().ctx("cuStreamCreate")?;
-        Ok(Stream::new(self.clone(), s))
     }
 
     /// Wait until all work on every stream of this device is done.

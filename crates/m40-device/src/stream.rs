@@ -68,6 +68,20 @@ fn check_len(what: &'static str, len: usize, capacity: usize) -> Result<()> {
     Ok(())
 }
 
+/// A device's streams (here, so that the device knows nothing of streams).
+impl Device {
+    /// The stream most work runs on (the context's default stream).
+    pub fn stream(self: &Arc<Self>) -> Stream {
+        Stream::new(self.clone(), self.ctx.default_stream())
+    }
+
+    /// A new stream, independent of the default one.
+    pub fn new_stream(self: &Arc<Self>) -> Result<Stream> {
+        let s = self.ctx.new_stream().ctx("cuStreamCreate")?;
+        Ok(Stream::new(self.clone(), s))
+    }
+}
+
 impl Stream {
     pub(crate) fn new(device: Arc<Device>, inner: Arc<CudaStream>) -> Self {
         Self { device, inner }

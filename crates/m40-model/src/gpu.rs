@@ -82,7 +82,7 @@ impl Default for GpuOptions {
     fn default() -> Self {
         Self {
             kv_tokens: 4096,
-            max_batch: 512,
+            max_batch: crate::DEFAULT_STEP,
             progress: None,
             kernel_progress: None,
             graphs: true,
@@ -1478,6 +1478,10 @@ impl Backend for GpuBackend {
         let mut out = Vec::new();
         self.run(&mut st, cache, tokens, want, Some(&mut out), None)?;
         Ok(out)
+    }
+
+    fn max_step(&self) -> usize {
+        self.max_batch
     }
 
     fn select_max_k(&self) -> usize {

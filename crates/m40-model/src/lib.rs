@@ -32,6 +32,10 @@ pub enum Logits {
 }
 
 /// The interface the engine drives; the CPU and GPU backends implement it.
+/// Tokens per forward step unless a backend is built for another: bounds
+/// the activation memory of one forward (the GPU's default workspace).
+pub const DEFAULT_STEP: usize = 512;
+
 pub trait Backend: Send + Sync {
     /// Per-sequence state (the KV cache).
     type Cache: KvState + Send;
@@ -40,6 +44,14 @@ pub trait Backend: Send + Sync {
     fn new_cache(&self, n_ctx: usize) -> Result<Self::Cache>;
     /// Run `tokens` at positions `cache.len()..`, appending them to the cache.
     fn forward(&self, cache: &mut Self::Cache, tokens: &[u32], logits: Logits) -> Result<Vec<f32>>;
+    /// The most tokens one step of [`Backend::forward`] takes: the GPU's
+    /// workspace; [`DEFAULT_STEP`] on the CPU, whose activations grow with
+    /// the tokens given. A forward of more runs in such steps; a caller
+    /// that wants to act between steps (cancel a prompt) gives it one step
+    /// at a time.
+    fn max_step(&self) -> usize {
+        DEFAULT_STEP
+    }
     /// The largest `k` [`Backend::forward_select`] takes; 0: this backend
     /// does not select (the caller samples from [`Backend::forward`]'s logits).
     fn select_max_k(&self) -> usize {
@@ -206,6 +218,13 @@ impl Backend for AnyBackend {
             _ => Err(ModelError::Unsupported(
                 "a KV cache of another backend".into(),
             )),
+        }
+    }
+
+    fn max_step(&self) -> usize {
+        match self {
+            AnyBackend::Cpu(b) => b.max_step(),
+            AnyBackend::Gpu(b) => b.max_step(),
         }
     }
 

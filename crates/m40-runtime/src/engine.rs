@@ -37,6 +37,8 @@ pub enum EngineError {
     InvalidParam(#[from] crate::sampling::InvalidParam),
     #[error("the prompt is empty")]
     EmptyPrompt,
+    #[error("the prompt is {prompt} tokens but the context holds {n_ctx} (room is needed for at least one generated token)")]
+    PromptTooLong { prompt: usize, n_ctx: usize },
     #[error("the model fits neither the GPU nor the CPU: {gpu}; and on the CPU, {cpu}")]
     NoRoom {
         gpu: Box<ModelError>,
@@ -124,6 +126,40 @@ pub struct Request {
     pub logprobs: Option<usize>,
     /// Drop the prompt's start instead of failing when it does not fit.
     pub truncate_prompt: bool,
+    /// A smaller context for this request than the engine's (Ollama's
+    /// `num_ctx`); None, or more than the engine's: the engine's.
+    pub context: Option<usize>,
+    /// Lower `max_tokens` to the room the context leaves after the prompt
+    /// instead of failing (generation then stops where the context ends,
+    /// as Ollama's server does).
+    pub fit_max_tokens: bool,
+}
+
+/// A request tokenized and checked against the context, once: what
+/// [`Engine::run`] runs. [`Engine::generate`] is [`Engine::prepare`] and
+/// [`Engine::run`]; a server prepares first to refuse a request before
+/// queueing it.
+#[derive(Clone, Debug)]
+pub struct Prepared {
+    request: Request,
+    prompt: Vec<u32>,
+    max_tokens: usize,
+}
+
+impl Prepared {
+    /// The prompt's token ids (after any truncation).
+    pub fn prompt_tokens(&self) -> &[u32] {
+        &self.prompt
+    }
+
+    /// The most new tokens the run may make.
+    pub fn max_tokens(&self) -> usize {
+        self.max_tokens
+    }
+
+    pub fn request(&self) -> &Request {
+        &self.request
+    }
 }
 
 impl Request {
@@ -135,6 +171,8 @@ impl Request {
             stop: Vec::new(),
             logprobs: None,
             truncate_prompt: false,
+            context: None,
+            fit_max_tokens: false,
         }
     }
 }
@@ -243,9 +281,6 @@ fn context_length(hp: &m40_gguf::HyperParams, asked: Option<usize>) -> Result<us
     }
 }
 
-/// Tokens per prefill batch (bounds the activation memory of one forward).
-const PREFILL_BATCH: usize = 512;
-
 impl Engine {
     /// Load by path or store name (catalog models are fetched on first use).
     pub fn load(model: &str, opts: EngineOptions) -> Result<Self> {
@@ -337,27 +372,59 @@ impl Engine {
         &self,
         req: &Request,
         cancel: &CancelToken,
-        mut on_token: impl FnMut(&TokenEvent),
+        on_token: impl FnMut(&TokenEvent),
     ) -> Result<Completion> {
-        req.sampling.validate()?;
-        let mut prompt = self.prompt_tokens(&req.prompt)?;
+        self.run(&self.prepare(req.clone())?, cancel, on_token)
+    }
+
+    /// Check `req` (its sampling parameters), tokenize its prompt and fit
+    /// it and `max_tokens` into the context: every request passes here,
+    /// once.
+    pub fn prepare(&self, request: Request) -> Result<Prepared> {
+        request.sampling.validate()?;
+        let mut prompt = self.prompt_tokens(&request.prompt)?;
         if prompt.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }
-        let max_tokens = req
-            .max_tokens
-            .unwrap_or(self.n_ctx.saturating_sub(prompt.len()));
-        if prompt.len() + max_tokens > self.n_ctx || prompt.len() >= self.n_ctx {
-            if !req.truncate_prompt {
+        let n_ctx = request.context.map_or(self.n_ctx, |c| c.min(self.n_ctx));
+        let room = n_ctx.saturating_sub(prompt.len());
+        let mut max_tokens = request.max_tokens.unwrap_or(room);
+        if request.fit_max_tokens && !request.truncate_prompt {
+            if room == 0 {
+                return Err(EngineError::PromptTooLong {
+                    prompt: prompt.len(),
+                    n_ctx,
+                });
+            }
+            max_tokens = max_tokens.min(room);
+        }
+        if prompt.len() + max_tokens > n_ctx || prompt.len() >= n_ctx {
+            if !request.truncate_prompt {
                 return Err(EngineError::ContextOverflow {
                     prompt: prompt.len(),
                     max_tokens,
-                    n_ctx: self.n_ctx,
+                    n_ctx,
                 });
             }
-            let keep = self.n_ctx.saturating_sub(max_tokens.max(1)).max(1);
+            let keep = n_ctx.saturating_sub(max_tokens.max(1)).max(1);
             prompt.drain(..prompt.len() - keep.min(prompt.len()));
+            max_tokens = max_tokens.min(n_ctx - prompt.len());
         }
+        Ok(Prepared {
+            request,
+            prompt,
+            max_tokens,
+        })
+    }
+
+    /// Run a prepared request (see [`Engine::generate`]).
+    pub fn run(
+        &self,
+        prepared: &Prepared,
+        cancel: &CancelToken,
+        mut on_token: impl FnMut(&TokenEvent),
+    ) -> Result<Completion> {
+        let (req, prompt, max_tokens) = (&prepared.request, &prepared.prompt, prepared.max_tokens);
         let start = Instant::now();
         let mut timings = Timings {
             prompt_tokens: prompt.len(),
@@ -365,11 +432,14 @@ impl Engine {
         };
         let mut cache = self.backend.new_cache(self.n_ctx)?;
         let mut sampler = Sampler::new(req.sampling.clone());
-        for &t in &prompt {
+        for &t in prompt {
             sampler.accept(t);
         }
         let mut next = Next::Logits(Vec::new());
-        for (i, chunk) in prompt.chunks(PREFILL_BATCH).enumerate() {
+        // The prompt in the backend's steps (a step is one forward of its
+        // workspace), so that a cancel is seen between them.
+        let step = self.backend.max_step();
+        for (i, chunk) in prompt.chunks(step).enumerate() {
             if cancel.is_cancelled() {
                 return Ok(Completion {
                     text: String::new(),
@@ -378,7 +448,7 @@ impl Engine {
                     timings,
                 });
             }
-            let last = (i + 1) * PREFILL_BATCH >= prompt.len();
+            let last = (i + 1) * step >= prompt.len();
             if last {
                 next = self.next(&mut cache, chunk, &sampler, req)?;
             } else {
@@ -508,7 +578,7 @@ fn pick_backend(
     // the machine's memory here, so that a server refuses to start rather
     // than fail its first request.
     let cpu = || -> Result<AnyBackend> {
-        m40_model::cpu::check_memory(model.hparams(), n_ctx, PREFILL_BATCH)?;
+        m40_model::cpu::check_memory(model.hparams(), n_ctx, m40_model::DEFAULT_STEP)?;
         Ok(AnyBackend::Cpu(CpuBackend::with_math(
             model.clone(),
             opts.cpu_math,
@@ -526,7 +596,7 @@ fn pick_backend(
     };
     let gpu_opts = GpuOptions {
         kv_tokens: n_ctx,
-        max_batch: PREFILL_BATCH,
+        max_batch: m40_model::DEFAULT_STEP,
         progress: opts.upload_progress.as_ref().map(|p| p.0.clone()),
         kernel_progress: opts.kernel_progress.as_ref().map(|p| p.0.clone()),
         ..Default::default()

@@ -34,6 +34,7 @@ pub use engine::{
     BackendChoice, CancelToken, Completion, Engine, EngineError, EngineOptions, FinishReason,
     KernelProgress, Prompt, Request, Timings, TokenEvent, UploadProgress, DEFAULT_CONTEXT,
 };
+pub use info::ModelInfo;
 pub use m40_tokenizer::Message;
 pub use sampling::SamplingParams;
 
@@ -48,6 +49,7 @@ pub use m40_tokenizer::template::CHATML as DEFAULT_CHAT_TEMPLATE;
 pub use m40_tokenizer::{Tokenizer, TokenizerError};
 
 pub mod engine;
+mod info;
 pub mod perplexity;
 pub mod sampling;
 pub mod store;

@@ -32,6 +32,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
 mod metrics;
+mod models;
 mod ollama;
 mod openai;
 mod store_api;
@@ -236,27 +237,18 @@ impl AppState {
         ctx: Option<usize>,
     ) -> Result<Running, ApiError> {
         let engine = self.loaded().await?;
-        let prompt_ids = engine
-            .prompt_tokens(&req.prompt)
-            .map_err(|e| ApiError::bad_request(e.to_string()))?;
-        let n_ctx = ctx.map_or(engine.n_ctx(), |c| c.min(engine.n_ctx()));
-        if prompt_ids.is_empty() {
-            return Err(ApiError::bad_request("the prompt is empty"));
-        }
-        if prompt_ids.len() >= n_ctx {
-            return Err(ApiError::bad_request(format!(
-                "the prompt is {} tokens but the context holds {n_ctx} (room is needed for at least one generated token)",
-                prompt_ids.len()
-            )));
-        }
         // Generation stops where the context ends.
-        let room = n_ctx - prompt_ids.len();
-        req.max_tokens = Some(req.max_tokens.map_or(room, |m| m.min(room)));
+        req.context = ctx;
+        req.fit_max_tokens = true;
+        let prepared = engine
+            .prepare(req)
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
         let permit = self.enter_queue().await?;
         let (tx, rx) = mpsc::channel(256);
         let cancel = CancelToken::new();
         let c = cancel.clone();
         let metrics = self.inner.metrics.clone();
+        let prompt_ids = prepared.prompt_tokens().to_vec();
         let prompt_len = prompt_ids.len();
         metrics.started(prompt_len);
         let timeout = self.inner.config.request_timeout;
@@ -273,7 +265,7 @@ impl AppState {
             let start = Instant::now();
             let mut last = None::<Instant>;
             let mut events = 0;
-            let result = engine.generate(&req, &c, |t| {
+            let result = engine.run(&prepared, &c, |t| {
                 events += 1;
                 let now = Instant::now();
                 match last {

@@ -2,7 +2,6 @@
 //! one object with `"stream": false`), `/api/tags`, `/api/show`, `/api/ps`,
 //! `/api/version`. Durations are nanoseconds, as Ollama reports them.
 
-use std::collections::HashMap;
 use std::convert::Infallible;
 use std::time::Instant;
 
@@ -16,7 +15,9 @@ use m40_runtime::{Completion, FinishReason, Message, Prompt, Request, SamplingPa
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use crate::models::{describe, model_entry, modified_at};
 use crate::{parse_json, ApiError, AppState, Event, Running};
+use m40_runtime::ModelInfo;
 
 /// Ollama's `options` (the ones m40-llm uses; others are accepted and
 /// ignored, as Ollama does). Wrong types are a 400.
@@ -381,41 +382,6 @@ async fn load_or_unload(
     Ok("load")
 }
 
-/// The served model's `details`, as Ollama describes a model.
-fn details(s: &AppState) -> Value {
-    file_details(s.model().file())
-}
-
-/// A GGUF's `details`, as Ollama describes a model.
-pub(crate) fn file_details(f: &m40_gguf::GgufFile) -> Value {
-    let arch = f.architecture().unwrap_or("unknown").to_string();
-    // The quantization: the type holding the most bytes.
-    let mut bytes: HashMap<String, u64> = HashMap::new();
-    for t in f.tensors() {
-        *bytes.entry(t.ty.to_string()).or_default() += t.n_bytes;
-    }
-    let quant = bytes
-        .into_iter()
-        .max_by_key(|(_, b)| *b)
-        .map(|(t, _)| t)
-        .unwrap_or_default();
-    let n = f.n_params() as f64;
-    let size = if n >= 1e9 {
-        format!("{:.1}B", n / 1e9)
-    } else {
-        format!("{:.0}M", n / 1e6)
-    };
-    json!({"parent_model": "", "format": "gguf", "family": arch, "families": [arch],
-           "parameter_size": size, "quantization_level": quant})
-}
-
-pub(crate) fn model_entry(s: &AppState) -> Value {
-    let f = s.model().file();
-    json!({"name": s.name(), "model": s.name(),
-           "modified_at": s.inner.loaded_at.to_rfc3339(),
-           "size": f.file_size(), "digest": "", "details": details(s)})
-}
-
 pub(crate) async fn ps(State(s): State<AppState>) -> Json<Value> {
     // An unloaded model is not listed (as Ollama's ps after `stop`).
     let Some(engine) = s.engine() else {
@@ -453,56 +419,13 @@ pub(crate) async fn show(State(s): State<AppState>, body: Bytes) -> Result<Json<
         let Some(m) = stored else {
             return Err(not_loaded);
         };
-        let described = tokio::task::spawn_blocking(move || {
-            let f = m40_gguf::GgufFile::open(&m.path)?;
-            let h = m40_gguf::HyperParams::from_file(&f)?;
-            let modified = crate::store_api::modified_at(&m.path);
-            Ok::<_, m40_gguf::GgufError>(describe(&f, &h, &modified))
-        })
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))?
-        .map_err(|e| ApiError::internal(e.to_string()))?;
-        return Ok(Json(described));
+        let info = tokio::task::spawn_blocking(move || ModelInfo::read(&m.path))
+            .await
+            .map_err(|e| ApiError::internal(e.to_string()))?
+            .map_err(|e| ApiError::internal(e.to_string()))?;
+        let modified = modified_at(&info);
+        return Ok(Json(describe(&info, &modified)));
     }
     let modified = s.inner.loaded_at.to_rfc3339();
-    Ok(Json(describe(
-        s.model().file(),
-        s.model().hparams(),
-        &modified,
-    )))
-}
-
-/// `/api/show`'s answer for a GGUF.
-fn describe(f: &m40_gguf::GgufFile, h: &m40_gguf::HyperParams, modified_at: &str) -> Value {
-    let arch = f.architecture().unwrap_or("unknown").to_string();
-    let mut info = serde_json::Map::new();
-    info.insert("general.architecture".into(), json!(arch));
-    info.insert("general.parameter_count".into(), json!(f.n_params()));
-    for (k, v) in [
-        ("block_count", h.n_layer),
-        ("embedding_length", h.n_embd),
-        ("attention.head_count", h.n_head),
-        ("attention.head_count_kv", h.n_head_kv),
-        ("feed_forward_length", h.n_ff),
-        ("context_length", h.n_ctx_train),
-    ] {
-        info.insert(format!("{arch}.{k}"), json!(v));
-    }
-    info.insert("tokenizer.ggml.vocab_size".into(), json!(h.n_vocab));
-    json!({
-        "modelfile": format!("FROM {}\n", f.path().display()),
-        "parameters": "",
-        // The chat template m40-llm renders (Jinja, as transformers and
-        // llama.cpp use it; Ollama's own are Go templates).
-        "template": f
-            .metadata()
-            .opt_str("tokenizer.chat_template")
-            .ok()
-            .flatten()
-            .unwrap_or(m40_runtime::DEFAULT_CHAT_TEMPLATE),
-        "details": file_details(f),
-        "model_info": info,
-        "capabilities": ["completion"],
-        "modified_at": modified_at,
-    })
+    Ok(Json(describe(&ModelInfo::of(s.model()), &modified)))
 }

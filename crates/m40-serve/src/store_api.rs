@@ -10,11 +10,12 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use m40_runtime::store::{same_model, ModelRef, Progress, PullOptions, Store, StoreError};
+use m40_runtime::ModelInfo;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-use crate::ollama::{file_details, model_entry};
+use crate::models::{details, model_entry, modified_at};
 use crate::{parse_json, ApiError, AppState};
 
 /// A store error as an HTTP error.
@@ -46,13 +47,6 @@ fn store(s: &AppState) -> Result<Store, ApiError> {
     s.store().cloned().ok_or_else(no_store)
 }
 
-pub(crate) fn modified_at(path: &std::path::Path) -> String {
-    std::fs::metadata(path)
-        .and_then(|m| m.modified())
-        .map(|t| chrono::DateTime::<chrono::Utc>::from(t).to_rfc3339())
-        .unwrap_or_default()
-}
-
 pub(crate) async fn tags(State(s): State<AppState>) -> Result<Json<Value>, ApiError> {
     let mut models = Vec::new();
     if let Some(store) = s.store().cloned() {
@@ -61,12 +55,13 @@ pub(crate) async fn tags(State(s): State<AppState>) -> Result<Json<Value>, ApiEr
             Ok::<_, StoreError>(
                 list.into_iter()
                     .map(|m| {
-                        let details = m40_gguf::GgufFile::open(&m.path)
-                            .map(|f| file_details(&f))
-                            .unwrap_or_else(|_| json!({"format": "gguf"}));
+                        let info = ModelInfo::read(&m.path).ok();
+                        let details = info
+                            .as_ref()
+                            .map_or_else(|| json!({"format": "gguf"}), details);
                         json!({"name": m.name, "model": m.name,
-                               "modified_at": modified_at(&m.path), "size": m.size,
-                               "digest": m.sha256, "details": details})
+                               "modified_at": info.as_ref().map(modified_at).unwrap_or_default(),
+                               "size": m.size, "digest": m.sha256, "details": details})
                     })
                     .collect::<Vec<_>>(),
             )

@@ -1,0 +1,61 @@
+//! How the server describes a model to Ollama's clients (`/api/tags`,
+//! `/api/ps`, `/api/show`), from [`ModelInfo`]: the server never opens a
+//! GGUF file itself.
+
+use m40_runtime::ModelInfo;
+use serde_json::{json, Value};
+
+use crate::AppState;
+
+/// A model's `details`, as Ollama describes a model.
+pub(crate) fn details(m: &ModelInfo) -> Value {
+    let arch = &m.architecture;
+    json!({"parent_model": "", "format": "gguf", "family": arch, "families": [arch],
+           "parameter_size": m.parameter_size(), "quantization_level": m.quantization})
+}
+
+/// The file's modification time (RFC 3339), or "" where unknown.
+pub(crate) fn modified_at(m: &ModelInfo) -> String {
+    m.modified
+        .map(|t| chrono::DateTime::<chrono::Utc>::from(t).to_rfc3339())
+        .unwrap_or_default()
+}
+
+/// The loaded model as `/api/tags` and `/api/ps` list it.
+pub(crate) fn model_entry(s: &AppState) -> Value {
+    let info = ModelInfo::of(s.model());
+    json!({"name": s.name(), "model": s.name(),
+           "modified_at": s.inner.loaded_at.to_rfc3339(),
+           "size": info.file_size, "digest": "", "details": details(&info)})
+}
+
+/// `/api/show`'s answer.
+pub(crate) fn describe(m: &ModelInfo, modified_at: &str) -> Value {
+    let arch = &m.architecture;
+    let h = &m.hparams;
+    let mut info = serde_json::Map::new();
+    info.insert("general.architecture".into(), json!(arch));
+    info.insert("general.parameter_count".into(), json!(m.n_params));
+    for (k, v) in [
+        ("block_count", h.n_layer),
+        ("embedding_length", h.n_embd),
+        ("attention.head_count", h.n_head),
+        ("attention.head_count_kv", h.n_head_kv),
+        ("feed_forward_length", h.n_ff),
+        ("context_length", h.n_ctx_train),
+    ] {
+        info.insert(format!("{arch}.{k}"), json!(v));
+    }
+    info.insert("tokenizer.ggml.vocab_size".into(), json!(h.n_vocab));
+    json!({
+        "modelfile": format!("FROM {}\n", m.path.display()),
+        "parameters": "",
+        // The chat template m40-llm renders (Jinja, as transformers and
+        // llama.cpp use it; Ollama's own are Go templates).
+        "template": m.chat_template,
+        "details": details(m),
+        "model_info": info,
+        "capabilities": ["completion"],
+        "modified_at": modified_at,
+    })
+}
