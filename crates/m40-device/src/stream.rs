@@ -276,6 +276,44 @@ impl Stream {
             .ctx("cuMemcpyDtoDAsync")
     }
 
+    /// Copy elements `src` of `buf` to its elements from `dst` on (the two
+    /// ranges apart), ordered on this stream.
+    pub fn copy_device_within<T: Pod>(
+        &self,
+        buf: &mut DeviceBuffer<T>,
+        src: std::ops::Range<usize>,
+        dst: usize,
+    ) -> Result<()> {
+        let n = src.end.saturating_sub(src.start);
+        let end = src.end.max(dst + n);
+        if end > buf.len() {
+            return Err(DeviceError::Size {
+                what: "copy within a buffer",
+                len: end,
+                capacity: buf.len(),
+            });
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        assert!(
+            src.end <= dst || dst + n <= src.start,
+            "copy within a buffer: {src:?} and {dst}.. overlap"
+        );
+        let sz = std::mem::size_of::<T>();
+        let (s, d, bytes) = (src.start * sz, dst * sz, n * sz);
+        if s < d {
+            let (lo, mut hi) = buf.raw.split_at_mut(d);
+            self.inner
+                .memcpy_dtod(&lo.slice(s..s + bytes), &mut hi.slice_mut(0..bytes))
+        } else {
+            let (mut lo, hi) = buf.raw.split_at_mut(s);
+            self.inner
+                .memcpy_dtod(&hi.slice(0..bytes), &mut lo.slice_mut(d..d + bytes))
+        }
+        .ctx("cuMemcpyDtoDAsync")
+    }
+
     /// Pinned host memory that copies run from and to asynchronously.
     pub fn alloc_pinned<T: Pod>(&self, len: usize, what: &str) -> Result<PinnedBuffer<T>> {
         PinnedBuffer::alloc(&self.device, len, 0, what)

@@ -117,6 +117,19 @@ fn copies_round_trip() {
         s.copy_to_host(&mid, &mut part).unwrap();
         assert_eq!(part, v[n / 3..n / 2 + 1]);
     }
+    // Within one buffer, both directions; out of range is an error.
+    let v = fresh(1000, 7);
+    let mut w = s.upload(&v, "w").unwrap();
+    s.copy_device_within(&mut w, 10..110, 500).unwrap();
+    s.copy_device_within(&mut w, 900..1000, 0).unwrap();
+    let mut want = v.clone();
+    want.copy_within(10..110, 500);
+    want.copy_within(900..1000, 0);
+    assert_eq!(s.download(&w).unwrap(), want);
+    assert!(matches!(
+        s.copy_device_within(&mut w, 950..1001, 0),
+        Err(DeviceError::Size { .. })
+    ));
     // Device -> host length mismatches are errors, not truncation.
     let a = s.upload(&[1u32, 2, 3], "a").unwrap();
     let mut short = vec![0u32; 2];

@@ -524,6 +524,73 @@ fn paged_kv_cache_interleaved_freed_and_reused() {
     assert_eq!(d.len(), 0);
 }
 
+/// Sequences that share a prefix's pages (`GpuCache::share_prefix`) give
+/// the CPU's logits for their own continuations, the sequence they share
+/// with is unchanged by them, and a truncation into a shared page copies
+/// it before writing (`GpuCache::unshare_tail`).
+#[test]
+#[ignore = "needs a GPU"]
+fn shared_prefix_pages_give_the_same_logits() {
+    gpu_device("shared_prefix_pages_give_the_same_logits");
+    let dir = tempfile::tempdir().unwrap();
+    let model = synth(dir.path(), "tiny", GgmlType::Q4_0);
+    let cpu = CpuBackend::new(model.clone()).unwrap();
+    let n_vocab = cpu.hparams().n_vocab;
+    let g = gpu(&model, 512, 64);
+    let pool = g.page_pool().clone();
+    let check = |gc: &mut m40_model::gpu::GpuCache,
+                 cc: &mut m40_model::cpu::CpuCache,
+                 toks: &[u32],
+                 what: &str| {
+        let want = cpu.forward(cc, toks, Logits::All).unwrap();
+        let got = g.forward(gc, toks, Logits::All).unwrap();
+        let (worst, bad) = compare_rows(&got, &want, n_vocab);
+        assert!(bad.is_empty(), "{what}: worst {worst:.2e} at {bad:?}");
+    };
+    let prefix = tokens(70, n_vocab, 11);
+    let (mut ga, mut ca) = (g.new_cache(400).unwrap(), cpu.new_cache(400).unwrap());
+    check(&mut ga, &mut ca, &prefix, "a 70");
+    // b shares a's first two pages (64 tokens), then goes its own way.
+    let mut gb = ga.share_prefix(70, 400);
+    assert_eq!((gb.len(), gb.pages()), (64, &ga.pages()[..2]));
+    assert!(gb.pages().iter().all(|&p| pool.holders(p) == 2));
+    let mut cb = cpu.new_cache(400).unwrap();
+    cpu.forward(&mut cb, &prefix[..64], Logits::None).unwrap();
+    check(
+        &mut gb,
+        &mut cb,
+        &tokens(40, n_vocab, 12),
+        "b: shared 64 + 40",
+    );
+    for (i, t) in tokens(5, n_vocab, 13).into_iter().enumerate() {
+        check(&mut gb, &mut cb, &[t], &format!("b decode {i}"));
+        check(&mut ga, &mut ca, &[t], &format!("a decode {i}"));
+    }
+    // b back into its second (shared) page: it takes a copy and writes
+    // there; a, which still reads that page, is unchanged.
+    let shared = gb.pages()[1];
+    gb.truncate(50);
+    cb.truncate(50);
+    check(
+        &mut gb,
+        &mut cb,
+        &tokens(20, n_vocab, 14),
+        "b truncated to 50, +20",
+    );
+    assert_ne!(gb.pages()[1], shared, "b copied the shared page");
+    assert_eq!(pool.holders(shared), 1);
+    check(
+        &mut ga,
+        &mut ca,
+        &tokens(3, n_vocab, 15),
+        "a after b's copy",
+    );
+    let free = pool.free_pages();
+    drop(gb);
+    assert!(pool.free_pages() > free);
+    assert!(ga.pages().iter().all(|&p| pool.holders(p) == 1));
+}
+
 /// A KV pool larger than the GPU is refused before anything is allocated,
 /// with the sizes in the message.
 #[test]

@@ -1,0 +1,557 @@
+//! The forward pass on the device: a step's layers queued kernel by kernel
+//! (capturable: nothing here allocates or waits), the matmul routing
+//! (packed GEMV, GEMV of GGUF rows, GEMM), and the fusions of one-token
+//! steps (residual adds and RMSNorms folded into the GEMVs, RoPE and the
+//! KV append folded into the Q/K/V GEMV).
+
+use m40_device::{DeviceBuffer, DeviceView};
+use m40_gguf::HyperParams;
+use m40_kernels::{AttnPlan, AttnScratch, AttnShape, Fold, GemvOut, RopeKv, RopeStyle, RowSplit};
+
+use super::kv::{GpuCache, Pools};
+use super::weights::{Mat, MatView, Stack};
+use super::workspace::{
+    norm_bufs, res_bufs, Norm, Res, Select, Workspace, GEMV_TOKENS, LOGIT_ROWS,
+};
+use super::{lock, GpuBackend, State};
+use crate::error::{ModelError, Result};
+use crate::{KvState, Logits};
+
+/// The attention of one token at position `start`.
+pub(super) fn decode_shape(hp: &HyperParams, start: usize) -> AttnShape {
+    AttnShape {
+        n_tok: 1,
+        start,
+        n_head: hp.n_head,
+        n_head_kv: hp.n_head_kv,
+        head_dim: hp.head_dim,
+    }
+}
+
+/// What a matmul multiplies: rows of x, or (one token, packed GEMV only)
+/// the h = x * weight of a folded RMSNorm, whose scale the GEMV computes
+/// from the `n` partial sums of squares in `part` (see [`Residual`]).
+#[derive(Clone, Copy)]
+enum Input<'a> {
+    Rows(&'a DeviceView<'a, f32>),
+    Folded {
+        h: &'a DeviceView<'a, f32>,
+        part: &'a DeviceView<'a, f32>,
+        n: usize,
+    },
+}
+
+/// How a residual connection x += W a was left (`matmul_res`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Residual {
+    /// Added to x.
+    Done,
+    /// In `w.proj`: the next norm adds it (`add_rmsnorm`).
+    Pending,
+    /// Added to x by the GEMV, which also wrote h = x * (the next norm's
+    /// weight) and its blocks' n partial sums of x^2 to `w.norm_part`: the
+    /// next GEMVs take the norm from there (`Input::Folded`).
+    Folded(usize),
+}
+
+impl Residual {
+    /// What the matmuls after the next norm read: h as that norm left it
+    /// (run into h, or folded: h = x * weight and the partial sums `part`).
+    fn input<'a>(self, h: &'a DeviceView<'a, f32>, part: &'a DeviceView<'a, f32>) -> Input<'a> {
+        match self {
+            Residual::Folded(n) => Input::Folded { h, part, n },
+            _ => Input::Rows(h),
+        }
+    }
+}
+
+impl GpuBackend {
+    /// y = W x for `n` rows of x into the parts of `y` (several: a stacked
+    /// matrix, always packed): the GEMV for up to `w.gemv_rows()` rows, the
+    /// GEMM for more (y += W x with `accumulate`, GEMM only).
+    fn gemm_or_gemv(
+        &self,
+        w: &Mat,
+        x: Input<'_>,
+        y: RowSplit<'_, '_>,
+        n: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        let (k, s) = (&self.kernels, &self.stream);
+        let data = w.data.view();
+        debug_assert!(
+            w.packed || n > 1 || !accumulate,
+            "the row GEMV does not accumulate"
+        );
+        if let (MatView::Packed(m), true) = (w.view(&data), n <= GEMV_TOKENS) {
+            let (x, fold) = self.fold_in(x);
+            let out = match y.bufs {
+                [y] if accumulate => GemvOut::Add(y),
+                _ => GemvOut::Parts(y),
+            };
+            k.gemv_packed_to(s, &m, x, fold, out, n, None)?;
+            return Ok(());
+        }
+        let Input::Rows(x) = x else {
+            unreachable!("a folded norm goes to packed GEMVs only (see `folds`)")
+        };
+        let mut part = lock(&self.gemm_part);
+        match w.view(&data) {
+            MatView::Packed(m) => {
+                k.gemm_packed_split(s, &m, x, y, n, accumulate, Some(&mut part))?
+            }
+            MatView::Rows(m) => {
+                let [y] = y.bufs else {
+                    unreachable!("only packed matrices are stacked")
+                };
+                if n == 1 {
+                    k.gemv(s, &m, x, y)?
+                } else {
+                    k.gemm(s, &m, x, y, n, accumulate, Some(&mut part))?
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The GEMV's x, and the half of a folded norm it takes, for `x`.
+    fn fold_in<'a>(&self, x: Input<'a>) -> (&'a DeviceView<'a, f32>, Option<Fold<'a, 'a>>) {
+        match x {
+            Input::Rows(x) => (x, None),
+            Input::Folded { h, part, n } => {
+                let eps = self.model.hparams().rms_eps;
+                (
+                    h,
+                    Some(Fold::Take {
+                        part,
+                        n_part: n,
+                        eps,
+                    }),
+                )
+            }
+        }
+    }
+
+    /// y = W x for `n` rows of x (y += W x with `accumulate`; not through
+    /// the GEMV of GGUF rows).
+    fn matmul(
+        &self,
+        w: &Mat,
+        x: Input<'_>,
+        y: &mut DeviceBuffer<f32>,
+        n: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        let y = RowSplit {
+            bufs: &mut [y],
+            rows: &[w.rows],
+        };
+        self.gemm_or_gemv(w, x, y, n, accumulate)
+    }
+
+    /// The matrices of `stacks` applied to `n` rows of x, each matrix's
+    /// rows into the next buffer of `outs`.
+    fn matmul_stacks(
+        &self,
+        stacks: &[Stack],
+        x: Input<'_>,
+        mut outs: &mut [&mut DeviceBuffer<f32>],
+        n: usize,
+    ) -> Result<()> {
+        for st in stacks {
+            let (mine, rest) = std::mem::take(&mut outs).split_at_mut(st.parts.len());
+            outs = rest;
+            let y = RowSplit {
+                bufs: mine,
+                rows: &st.parts,
+            };
+            self.gemm_or_gemv(&st.mat, x, y, n, false)?;
+        }
+        Ok(())
+    }
+
+    /// gate = silu(gate h) * up h for `n` rows of h: through the SwiGLU
+    /// GEMV, or the GEMM into `up` (2 n_ff per row) and swiglu_pairs, for an
+    /// interleaved stack; else the two projections and swiglu.
+    fn gate_up(
+        &self,
+        stacks: &[Stack],
+        h: Input<'_>,
+        gate: &mut DeviceBuffer<f32>,
+        up: &mut DeviceBuffer<f32>,
+        n: usize,
+    ) -> Result<()> {
+        let (k, s) = (&self.kernels, &self.stream);
+        let n_ff = self.model.hparams().n_ff;
+        match stacks {
+            [st] if st.glu => {
+                let data = st.mat.data.view();
+                match st.mat.view(&data) {
+                    MatView::Packed(m) if n <= GEMV_TOKENS => {
+                        let (h, fold) = self.fold_in(h);
+                        k.gemv_packed_to(s, &m, h, fold, GemvOut::Glu(gate), n, None)?;
+                    }
+                    _ => {
+                        self.matmul(&st.mat, h, up, n, false)?;
+                        k.swiglu_pairs(s, &up.view(), gate, n, n_ff)?;
+                    }
+                }
+            }
+            _ => {
+                self.matmul_stacks(stacks, h, &mut [&mut *gate, &mut *up], n)?;
+                k.swiglu(s, gate, &up.view(), n * n_ff)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The residual connection x += W a for `n` rows of a. The GEMM, and
+    /// with `fuse` the packed GEMV, accumulate into x in place; with
+    /// `next_norm` (the weight of the norm that follows, when its GEMVs
+    /// take a folded norm: see `folds`) the one-token GEMV also emits that
+    /// norm's h and partial sums. Otherwise rows that go through the GEMV
+    /// (up to `wt.gemv_rows()`) land in `w.proj` and are left pending: the
+    /// next [`Self::norm`] adds them as it normalizes.
+    fn matmul_res(
+        &self,
+        wt: &Mat,
+        a: &DeviceView<'_, f32>,
+        w: Res<'_>,
+        n: usize,
+        next_norm: Option<&DeviceBuffer<f32>>,
+    ) -> Result<Residual> {
+        let data = wt.data.view();
+        if let (Some(nw), MatView::Packed(m)) = (next_norm, wt.view(&data)) {
+            debug_assert!(self.fuse && n == 1);
+            let nv = nw.view();
+            let fold = Fold::Emit {
+                weight: &nv,
+                h: w.h,
+                part: w.part,
+            };
+            let l = self.kernels.gemv_packed_to(
+                &self.stream,
+                &m,
+                a,
+                Some(fold),
+                GemvOut::Add(w.x),
+                1,
+                None,
+            )?;
+            return Ok(Residual::Folded(l.blocks));
+        }
+        if n <= wt.gemv_rows() && !(wt.packed && self.fuse) {
+            self.matmul(wt, Input::Rows(a), w.proj, n, false)?;
+            Ok(Residual::Pending)
+        } else {
+            self.matmul(wt, Input::Rows(a), w.x, n, true)?;
+            Ok(Residual::Done)
+        }
+    }
+
+    /// Whether the norm before `mats` folds into their GEMVs (and the
+    /// residual GEMV before it, `producer`): one token, `fuse`, and every
+    /// one of them packed.
+    fn folds<'m>(&self, producer: &Mat, mut mats: impl Iterator<Item = &'m Mat>, n: usize) -> bool {
+        self.fuse && n == 1 && producer.packed && mats.all(|m| m.packed)
+    }
+
+    /// h = rmsnorm(x rows `rows`) * weight, adding the pending residual
+    /// rows `w.proj` to x first when `pending` (rows then start at 0).
+    fn norm(
+        &self,
+        w: Norm<'_>,
+        weight: &DeviceBuffer<f32>,
+        rows: std::ops::Range<usize>,
+        pending: bool,
+    ) -> Result<()> {
+        let (k, s) = (&self.kernels, &self.stream);
+        let eps = self.model.hparams().rms_eps;
+        let d = self.model.hparams().n_embd;
+        if pending {
+            debug_assert_eq!(rows.start, 0, "pending residual rows start at 0");
+            k.add_rmsnorm(s, w.x, &w.proj.view(), &weight.view(), w.h, rows.len(), eps)?;
+        } else {
+            let x = w.x.slice(rows.start * d..rows.end * d)?;
+            k.rmsnorm(s, &x, &weight.view(), w.h, rows.len(), eps)?;
+        }
+        Ok(())
+    }
+
+    /// The norm after a residual connection left as `res`, over `n` rows
+    /// into h, unless it was folded into the GEMVs.
+    fn norm_after(
+        &self,
+        w: Norm<'_>,
+        weight: &DeviceBuffer<f32>,
+        n: usize,
+        res: Residual,
+    ) -> Result<()> {
+        if matches!(res, Residual::Folded(_)) {
+            return Ok(());
+        }
+        self.norm(w, weight, 0..n, res == Residual::Pending)
+    }
+
+    /// Queue the layers for `n` tokens whose inputs are uploaded, positions
+    /// from pos[0] (at most `max_start`), attention split by `plan`; with
+    /// `last_logits`, then the last token's logits into `w.logits`. Nothing
+    /// here allocates or waits, so it can be captured.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn enqueue(
+        &self,
+        w: &mut Workspace,
+        pools: &mut Pools,
+        n: usize,
+        max_start: usize,
+        plan: AttnPlan,
+        last_logits: bool,
+    ) -> Result<()> {
+        let hp = self.model.hparams();
+        let (s, k) = (&self.stream, &self.kernels);
+        let b = self.max_batch;
+        let hd = hp.head_dim;
+        let (q_dim, kv_dim) = (hp.n_head * hd, hp.n_head_kv * hd);
+        let ids = w.inputs.slice(0..n)?;
+        let pos_v = w.inputs.slice(b..b + n)?;
+        let table = w.inputs.slice(2 * b..2 * b + self.n_pages)?;
+        let data = self.weights.embd.data.view();
+        match self.weights.embd.view(&data) {
+            MatView::Packed(m) => k.embed_packed(s, &m, &ids, &mut w.x)?,
+            MatView::Rows(m) => k.embed(s, &m, &ids, &mut w.x)?,
+        }
+        let shape = AttnShape {
+            n_tok: n,
+            start: max_start,
+            n_head: hp.n_head,
+            n_head_kv: hp.n_head_kv,
+            head_dim: hd,
+        };
+        // How the last residual connection was left (see matmul_res).
+        let mut res = Residual::Done;
+        let out_w = self.weights.output();
+        for (l, layer) in self.weights.layers.iter().enumerate() {
+            // Q, K, V of the attention norm (folded into their GEMV, or run
+            // here into h).
+            self.norm_after(norm_bufs!(w), &layer.attn_norm, n, res)?;
+            let (hv, pv) = (w.h.view(), w.norm_part.view());
+            let xin = res.input(&hv, &pv);
+            let inv_freq = self.inv_freq.view();
+            // One token through packed Q/K/V stacks (one, or a run of them
+            // per format: a Q4_K_M layer's Q/K and its Q6_K V), no bias,
+            // llama's RoPE style: the GEMVs rotate and append to the cache
+            // themselves.
+            let rope_folded = self.fuse
+                && n == 1
+                && layer.qkv.iter().all(|st| st.mat.packed)
+                && layer.bias.is_none()
+                && self.rope.style == RopeStyle::Normal;
+            if rope_folded {
+                let mut first = 0;
+                for st in &layer.qkv {
+                    let data = st.mat.data.view();
+                    let MatView::Packed(m) = st.mat.view(&data) else {
+                        unreachable!("rope_folded: packed")
+                    };
+                    let (x, fold) = self.fold_in(xin);
+                    let parts = first..first + st.parts.len();
+                    first = parts.end;
+                    let out = GemvOut::RopeKv(RopeKv {
+                        parts,
+                        q: &mut w.q,
+                        n_head_kv: hp.n_head_kv,
+                        pos: &pos_v,
+                        inv_freq: &inv_freq,
+                        p: &self.rope,
+                        kpool: &mut pools.k[l],
+                        vpool: &mut pools.v[l],
+                        table: &table,
+                        max_start,
+                    });
+                    k.gemv_packed_to(s, &m, x, fold, out, 1, None)?;
+                }
+            } else {
+                self.matmul_stacks(&layer.qkv, xin, &mut [&mut w.q, &mut w.k, &mut w.v], n)?;
+                if let Some([bq, bk, bv]) = &layer.bias {
+                    k.add_rows(s, &mut w.q, &bq.view(), n)?;
+                    k.add_rows(s, &mut w.k, &bk.view(), n)?;
+                    k.add_rows(s, &mut w.v, &bv.view(), n)?;
+                }
+                k.rope_kv_append(
+                    s,
+                    &mut w.q,
+                    &w.k.slice(0..n * kv_dim)?,
+                    &w.v.slice(0..n * kv_dim)?,
+                    hp.n_head_kv,
+                    &pos_v,
+                    &inv_freq,
+                    &self.rope,
+                    &mut pools.k[l],
+                    &mut pools.v[l],
+                    &table,
+                    max_start,
+                )?;
+            }
+            k.attention(
+                s,
+                &shape,
+                &w.q.slice(0..n * q_dim)?,
+                &pools.k[l].view(),
+                &pools.v[l].view(),
+                &table,
+                &pos_v,
+                &mut w.att,
+                Some(AttnScratch {
+                    part: &mut w.part,
+                    part_ml: &mut w.part_ml,
+                }),
+                Some(plan),
+            )?;
+            let av = w.att.view();
+            let ffn = layer.gate_up.iter().map(|s| &s.mat);
+            let emit = self.folds(&layer.wo, ffn, n).then_some(&layer.ffn_norm);
+            res = self.matmul_res(&layer.wo, &av, res_bufs!(w), n, emit)?;
+
+            self.norm_after(norm_bufs!(w), &layer.ffn_norm, n, res)?;
+            let (hv, pv) = (w.h.view(), w.norm_part.view());
+            let xin = res.input(&hv, &pv);
+            self.gate_up(&layer.gate_up, xin, &mut w.gate, &mut w.up, n)?;
+            let gv = w.gate.view();
+            // The norm after the down projection: the next layer's, or the
+            // output norm when this step's logits follow.
+            let emit = match self.weights.layers.get(l + 1) {
+                Some(next) => {
+                    let qkv = next.qkv.iter().map(|s| &s.mat);
+                    self.folds(&layer.down, qkv, n).then_some(&next.attn_norm)
+                }
+                None => (last_logits && self.folds(&layer.down, std::iter::once(out_w), n))
+                    .then_some(&self.weights.output_norm),
+            };
+            res = self.matmul_res(&layer.down, &gv, res_bufs!(w), n, emit)?;
+        }
+        if res == Residual::Pending && (n > 1 || !last_logits) {
+            k.add(s, &mut w.x, &w.proj.view(), n * hp.n_embd)?;
+            res = Residual::Done;
+        }
+        if last_logits {
+            self.logits(w, n - 1..n, res)?;
+        }
+        Ok(())
+    }
+
+    /// Rows `rows` (at most LOGIT_ROWS) of the final norm and output matmul
+    /// into `w.logits`; `pending`: see [`Self::norm`].
+    fn logits(&self, w: &mut Workspace, rows: std::ops::Range<usize>, res: Residual) -> Result<()> {
+        let n = rows.len();
+        let out_w = self.weights.output();
+        if let Residual::Folded(_) = res {
+            debug_assert_eq!(rows, 0..1, "a folded norm is one token's");
+            let (hv, pv) = (w.h.view(), w.norm_part.view());
+            return self.matmul(out_w, res.input(&hv, &pv), &mut w.logits, 1, false);
+        }
+        self.norm(
+            norm_bufs!(w),
+            &self.weights.output_norm,
+            rows,
+            res == Residual::Pending,
+        )?;
+        self.matmul(out_w, Input::Rows(&w.h.view()), &mut w.logits, n, false)
+    }
+
+    /// The attention plan of `shape` on this device
+    /// (`GpuOptions::decode_attention`).
+    pub(super) fn attn_plan(&self, shape: &AttnShape) -> AttnPlan {
+        let sm = self.device().info().sm_count as usize;
+        AttnPlan::choose(shape, sm, self.decode_attention)
+    }
+
+    /// One step of at most max_batch tokens at positions start..start+n;
+    /// with `sel` (and `want` Last), the selection from the last logits.
+    pub(super) fn step(
+        &self,
+        st: &mut State,
+        cache: &mut GpuCache,
+        tokens: &[u32],
+        want: Logits,
+        mut out: Option<&mut Vec<f32>>,
+        sel: Option<Select<'_>>,
+    ) -> Result<()> {
+        let hp = self.model.hparams();
+        let n = tokens.len();
+        let start = cache.len();
+        for &t in tokens {
+            if t as usize >= hp.n_vocab {
+                return Err(ModelError::BadToken {
+                    id: t,
+                    n_vocab: hp.n_vocab,
+                });
+            }
+        }
+        debug_assert!(sel.is_none() || want == Logits::Last);
+        let State {
+            work: w,
+            pools,
+            graphs,
+        } = st;
+        // Pages for the new tokens; a shared page they would write into is
+        // copied to one of this sequence's own first.
+        if let Some((from, to)) = cache.unshare_tail()? {
+            pools.copy_page(&self.stream, from, to)?;
+        }
+        cache.extend_to(start + n)?;
+        self.upload_inputs(
+            w,
+            tokens,
+            start,
+            cache.pages(),
+            sel.as_ref().map(|s| s.args),
+        )?;
+        let n_vocab = hp.n_vocab;
+        let use_graphs = self.graphs.load(std::sync::atomic::Ordering::Relaxed);
+        if n == 1 && use_graphs && want != Logits::None {
+            self.graph_step(w, pools, graphs, start, sel.is_some())?;
+            cache.set_len(start + 1);
+            if let Some(sel) = sel {
+                return self.fetch_selection(w, sel);
+            }
+            if let Some(out) = out {
+                let at = out.len();
+                out.resize(at + n_vocab, 0.0);
+                self.stream
+                    .copy_to_host(&w.logits.slice(0..n_vocab)?, &mut out[at..])?;
+            }
+            return Ok(());
+        }
+        let shape = AttnShape {
+            n_tok: n,
+            start,
+            n_head: hp.n_head,
+            n_head_kv: hp.n_head_kv,
+            head_dim: hp.head_dim,
+        };
+        let plan = self.attn_plan(&shape);
+        self.scratch(w, graphs, &plan, &shape)?;
+        self.enqueue(w, pools, n, start, plan, false)?;
+        cache.set_len(start + n);
+        let rows = match want {
+            Logits::None => return Ok(()),
+            Logits::Last => n - 1..n,
+            Logits::All => 0..n,
+        };
+        for r0 in rows.clone().step_by(LOGIT_ROWS) {
+            let r1 = (r0 + LOGIT_ROWS).min(rows.end);
+            self.logits(w, r0..r1, Residual::Done)?;
+            if let Some(out) = out.as_deref_mut() {
+                let at = out.len();
+                out.resize(at + (r1 - r0) * n_vocab, 0.0);
+                self.stream
+                    .copy_to_host(&w.logits.slice(0..(r1 - r0) * n_vocab)?, &mut out[at..])?;
+            }
+        }
+        if let Some(sel) = sel {
+            self.select(w)?;
+            return self.fetch_selection(w, sel);
+        }
+        Ok(())
+    }
+}

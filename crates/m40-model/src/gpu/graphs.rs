@@ -1,0 +1,122 @@
+//! Decode steps replayed from captured CUDA graphs: one graph per context
+//! bucket (the largest position its attention plan covers), with the token
+//! selection and without. The kernels read the position, token id and
+//! block table from device memory, so one graph serves every position and
+//! sequence of its bucket.
+//!
+//! The one seam of the persistent decode kernel (`GpuOptions::persistent`,
+//! kernels/decode.cu): with it, a graph's one-token GEMVs and attention are
+//! recorded into a decode program while it is captured (here, and nowhere
+//! else in the backend).
+
+use std::collections::HashMap;
+
+use m40_kernels::{DecodeProgram, KV_PAGE};
+
+use super::forward::decode_shape;
+use super::kv::Pools;
+use super::workspace::Workspace;
+use super::GpuBackend;
+use crate::error::Result;
+
+/// The smallest context a decode graph plans its attention for (tokens):
+/// one page, so the first 32 positions run attention without a key split
+/// (and no combine launch). 8B Q4_0 tg128 on an H100, same binary: 453.1 /
+/// 452.9 t/s from 512, 451.0 / 452.4 from 128, 456.4 / 458.3 from 32.
+const GRAPH_MIN_CONTEXT: usize = 32;
+/// Past this context, decode graphs' buckets grow by this many tokens, not
+/// to the next power of two: a step at position 4096 plans attention for
+/// 5120 keys (80 splits of 2 pages on an H100, 65 of them with keys), not
+/// 8192 (129 splits, half of them past the context, and a combine over all
+/// 129). With a 16384-token pool (`m40-llm bench --ctx 16384`), H100, same
+/// call: tg128 @ d4096 8B Q4_0 355.9 -> 375.7 t/s, 1B 1242.8 -> 1304.0.
+const GRAPH_LINEAR_CONTEXT: usize = 1024;
+
+/// A captured decode step, and the program its persistent decode kernel
+/// launches run (`GpuOptions::persistent`): the graph holds the program's
+/// device address, so the two live and die together.
+pub(super) struct StepGraph {
+    graph: m40_device::Graph,
+    _program: Option<DecodeProgram>,
+}
+
+/// The captured steps, by (with the selection, context bucket).
+pub(super) type Graphs = HashMap<(bool, usize), StepGraph>;
+
+impl GpuBackend {
+    /// The one-token step at `start` whose inputs are uploaded, replayed
+    /// from its graph (captured on first use): the last logits into
+    /// `w.logits` and, with `selects`, the selection from them.
+    pub(super) fn graph_step(
+        &self,
+        w: &mut Workspace,
+        pools: &mut Pools,
+        graphs: &mut Graphs,
+        start: usize,
+        selects: bool,
+    ) -> Result<()> {
+        let max_start = self.graph_bucket(start);
+        let key = (selects, max_start);
+        if !graphs.contains_key(&key) {
+            let shape = decode_shape(self.model.hparams(), max_start);
+            let plan = self.attn_plan(&shape);
+            self.scratch(w, graphs, &plan, &shape)?;
+            let mut program = match self.persistent {
+                true => Some(DecodeProgram::new(&self.stream, self.decode_ops())?),
+                false => None,
+            };
+            let graph = self.stream.capture(|_| -> Result<()> {
+                let mut body = || -> Result<()> {
+                    self.enqueue(w, pools, 1, max_start, plan, true)?;
+                    if selects {
+                        self.select(w)?;
+                    }
+                    Ok(())
+                };
+                match &mut program {
+                    Some(p) => self.kernels.record_decode(&self.stream, p, body),
+                    None => body(),
+                }
+            })?;
+            if let Some(p) = &mut program {
+                p.upload(&self.stream)?;
+            }
+            graphs.insert(
+                key,
+                StepGraph {
+                    graph,
+                    _program: program,
+                },
+            );
+        }
+        // SAFETY: the graph uses the workspace, pools, weights and inputs
+        // of this backend, which live as long as it does (the state mutex
+        // is held), and the attention scratch it was captured with (a
+        // larger scratch drops every graph: see `scratch`).
+        unsafe { graphs[&key].graph.launch()? };
+        Ok(())
+    }
+
+    /// The largest position a decode graph for a step at `start` plans its
+    /// attention for: powers of two from GRAPH_MIN_CONTEXT tokens, then
+    /// multiples of GRAPH_LINEAR_CONTEXT, up to the pool's capacity, so
+    /// contexts run few empty key splits (a plan for the whole pool costs
+    /// 8B Q4_0 ~9% of its tg128 at position ~100).
+    pub(super) fn graph_bucket(&self, start: usize) -> usize {
+        let cap = self.n_pages * KV_PAGE;
+        let need = start + 1;
+        let bucket = if need <= GRAPH_LINEAR_CONTEXT {
+            need.next_power_of_two().max(GRAPH_MIN_CONTEXT)
+        } else {
+            need.next_multiple_of(GRAPH_LINEAR_CONTEXT)
+        };
+        bucket.min(cap) - 1
+    }
+
+    /// Ops a decode step's program holds at most: a layer records at most
+    /// 6 (Q/K/V, attention, combine, o, gate/up, down; more only where
+    /// matrices are not stacked), and the output GEMV.
+    fn decode_ops(&self) -> usize {
+        self.weights.layers.len() * 12 + 4
+    }
+}

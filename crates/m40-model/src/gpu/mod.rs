@@ -1,0 +1,421 @@
+//! The GPU backend: the same forward pass as [`crate::cpu`], with weights in
+//! their GGUF formats (or packed for the GEMV) in device memory, FP32
+//! activations, and a paged FP16 KV cache.
+//!
+//! - [`weights`]: upload, packing and stacking of the matrices, and what a
+//!   model needs (kernel modules, bytes) before anything is allocated.
+//! - [`kv`]: the KV pools and their pages: a [`PagePool`] shared by every
+//!   sequence of the backend, a [`GpuCache`] per sequence (its block table,
+//!   growing and shrinking page by page; pages shared read-only by
+//!   sequences with a common prefix).
+//! - [`workspace`]: a step's activations, inputs and scratch.
+//! - [`forward`]: a step's kernels, queued (capturable).
+//! - [`graphs`]: decode steps replayed from captured CUDA graphs, and the
+//!   persistent decode kernel's seam.
+//!
+//! One stream; forward passes of different sequences take turns (a mutex
+//! over the workspace). Everything the model needs (weights, the KV pool,
+//! the workspace) is computed before anything is allocated; a GPU without
+//! that much free memory is a [`ModelError::GpuMemory`] error, not a
+//! failure halfway.
+
+mod forward;
+mod graphs;
+mod kv;
+mod weights;
+mod workspace;
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use m40_device::{Device, DeviceBuffer, Stream};
+use m40_gguf::hparams::{RopeStyle as GgufRope, TOKEN_EMBD};
+use m40_gguf::HyperParams;
+use m40_kernels::{
+    select_args, AttnPlan, GemmSlots, Kernels, Penalties, RopeParams, RopeStyle, KV_PAGE,
+    MAX_HEAD_DIM, SELECT_MAX_K,
+};
+
+pub use kv::{GpuCache, PagePool};
+pub use m40_kernels::LoadProgress;
+
+use crate::cpu::ops::Rope;
+use crate::error::{ModelError, Result};
+use crate::{Backend, KvState, Logits, Model, Selection};
+use forward::decode_shape;
+use graphs::Graphs;
+use kv::Pools;
+use weights::{device_bytes, modules_needed, packs, Weights};
+use workspace::{gemm_scratch, Select, Workspace};
+
+/// How to set up a [`GpuBackend`].
+pub struct GpuOptions {
+    /// Tokens the KV pool holds, over all sequences together.
+    pub kv_tokens: usize,
+    /// Tokens per forward step at most (longer prompts run in steps).
+    pub max_batch: usize,
+    /// Called as weights upload: (bytes done, bytes in all).
+    pub progress: Option<Arc<dyn Fn(u64, u64) + Send + Sync>>,
+    /// Called while the kernels load (the driver compiles them for this GPU
+    /// on a first run): after each module and every half second.
+    pub kernel_progress: Option<Arc<dyn Fn(LoadProgress) + Send + Sync>>,
+    /// Replay decode steps from a captured CUDA graph (else launch each
+    /// kernel every step).
+    pub graphs: bool,
+    /// Repack the matrices whose format has a packed GEMV (F16, Q8_0, Q4_0,
+    /// Q4_1, Q4_K, Q6_K) at upload: decode streams them at a higher share
+    /// of the bandwidth, and prefill and the embedding read the same copy.
+    pub packed: bool,
+    /// Stack Q, K and V, and gate and up, into one packed matrix each where
+    /// their formats match: one launch, each part written to its own
+    /// buffer; and in one-token steps, add the output projections to the
+    /// residual stream in their GEMV and fold the RMSNorm after them into
+    /// that GEMV and the ones that read it (kernels/gemv_packed.cu `Fold`)
+    /// where all of them are packed (needs `packed`).
+    pub fuse: bool,
+    /// Run a captured decode step's one-token GEMVs and attention as one
+    /// launch of the persistent decode kernel (kernels/decode.cu), ordered
+    /// by grid barriers instead of a launch each (needs `graphs`). Off by
+    /// default: on an H100 it decodes 8B Q4_0 at 348 tokens/s against 451
+    /// with a launch per kernel (BENCHMARKS.md); not yet measured on an M40.
+    pub persistent: bool,
+    /// One-token steps' attention in `attn_dec_f32_*` (a block of up to 8
+    /// warps per KV head, no split up to 256 keys); false: the warp kernel
+    /// and its key splits, as before it (to compare the two; the decode
+    /// kernel measured 2% faster for 8B Q4_0 tg128 and 7% for 1B on an
+    /// H100, BENCHMARKS.md).
+    pub decode_attention: bool,
+}
+
+impl Default for GpuOptions {
+    fn default() -> Self {
+        Self {
+            kv_tokens: 4096,
+            max_batch: crate::DEFAULT_STEP,
+            progress: None,
+            kernel_progress: None,
+            graphs: true,
+            packed: true,
+            fuse: true,
+            persistent: false,
+            decode_attention: true,
+        }
+    }
+}
+
+struct State {
+    work: Workspace,
+    pools: Pools,
+    graphs: Graphs,
+}
+
+/// The GPU backend over one model on one device.
+pub struct GpuBackend {
+    model: Arc<Model>,
+    kernels: Kernels,
+    stream: Stream,
+    weights: Weights,
+    inv_freq: DeviceBuffer<f32>,
+    rope: RopeParams,
+    max_batch: usize,
+    n_pages: usize,
+    /// `GpuOptions::fuse`: one-token steps add the output projections to x
+    /// in their GEMV and fold the norms after them.
+    fuse: bool,
+    /// `GpuOptions::persistent`.
+    persistent: bool,
+    /// `GpuOptions::decode_attention`.
+    decode_attention: bool,
+    graphs: std::sync::atomic::AtomicBool,
+    pages: Arc<PagePool>,
+    state: Mutex<State>,
+    /// The partial tiles of prefill GEMMs split over K (`gemm_scratch`).
+    gemm_part: Mutex<DeviceBuffer<f32>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn gib(b: u64) -> String {
+    format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
+}
+
+/// Device memory a [`GpuBackend`] for `model` with `opts` allocates on
+/// `gpu` (its GEMM slots size the split-K scratch), bytes: (weights, KV
+/// pool, workspace).
+fn memory_needed(model: &Model, opts: &GpuOptions, gpu: GemmSlots) -> (u64, u64, u64) {
+    let hp = model.hparams();
+    let file = model.file();
+    let weights: u64 = hp
+        .expected_tensors()
+        .iter()
+        .filter_map(|(name, _)| file.tensor_info(name))
+        .map(|t| {
+            if t.name == TOKEN_EMBD && !hp.tied_output {
+                t.n_bytes // gathered only: stays in GGUF rows
+            } else {
+                device_bytes(opts, t)
+            }
+        })
+        .sum::<u64>()
+        + file
+            .tensor_info("rope_freqs.weight")
+            .map_or(0, |t| t.n_bytes);
+    let kv_dim = (hp.n_head_kv * hp.head_dim) as u64;
+    let pages = opts.kv_tokens.div_ceil(KV_PAGE);
+    let kv = 2 * hp.n_layer as u64 * pages as u64 * KV_PAGE as u64 * kv_dim * 2;
+    let work = Workspace::bytes(hp, opts.max_batch.max(1), pages, gpu);
+    (weights, kv, work)
+}
+
+impl GpuBackend {
+    /// The backend for `model` on `device` (`Device::open(ordinal)`).
+    pub fn new(device: Arc<Device>, model: Arc<Model>, opts: GpuOptions) -> Result<Self> {
+        let hp = model.hparams().clone();
+        if hp.head_dim > MAX_HEAD_DIM || !hp.head_dim.is_multiple_of(2) {
+            return Err(ModelError::Unsupported(format!(
+                "head dimension {} on the GPU (even, at most {MAX_HEAD_DIM})",
+                hp.head_dim
+            )));
+        }
+        if !hp.n_embd.is_multiple_of(32) || !hp.n_ff.is_multiple_of(32) {
+            return Err(ModelError::Unsupported(format!(
+                "embedding {} / FFN {} not multiples of 32 on the GPU",
+                hp.n_embd, hp.n_ff
+            )));
+        }
+        let max_batch = opts.max_batch.max(1);
+        let kernels = Kernels::new(device.clone());
+        let modules = modules_needed(&model, &opts);
+        kernels.load_modules(&modules, &mut |p| {
+            if let Some(f) = &opts.kernel_progress {
+                f(p)
+            }
+        })?;
+        // The GEMM's slots from a format the model holds (loading another
+        // format's kernels would JIT-compile them on a first run).
+        let gpu = {
+            let t = model.tensor(&model.layer(0).ffn_up).info;
+            kernels.gemm_slots_for(t.ty, packs(&opts, t.ty, t.row_len()))?
+        };
+        let (w, kv, work) = memory_needed(&model, &opts, gpu);
+        let need = w + kv + work;
+        let (free, total) = device.memory()?;
+        let limit = (device.budget_left() as u64).min(free as u64);
+        if need > limit {
+            return Err(ModelError::GpuMemory {
+                device: device.info().name.clone(),
+                need: format!(
+                    "{} ({} weights, {} KV cache for {} tokens, {} activations)",
+                    gib(need),
+                    gib(w),
+                    gib(kv),
+                    opts.kv_tokens,
+                    gib(work)
+                ),
+                free: format!("{} of {} free", gib(free as u64), gib(total as u64)),
+            });
+        }
+
+        let stream = device.new_stream()?;
+        let weights = Weights::upload(&model, &opts, &stream, w)?;
+
+        let cpu_rope = Rope::for_model(&model)?;
+        let inv_freq = stream.upload(&cpu_rope.inv_freq, "RoPE frequencies")?;
+        let rope = RopeParams {
+            style: match hp.rope_style {
+                GgufRope::Normal => RopeStyle::Normal,
+                GgufRope::Neox => RopeStyle::Neox,
+            },
+            n_head: hp.n_head,
+            head_dim: hp.head_dim,
+            n_rot: hp.rope_dim,
+            pos_scale: cpu_rope.pos_scale,
+        };
+
+        let kv_dim = hp.n_head_kv * hp.head_dim;
+        let n_pages = opts.kv_tokens.div_ceil(KV_PAGE).max(1);
+        let pools = Pools::new(&stream, hp.n_layer, n_pages, kv_dim)?;
+        // The attention scratch of a one-token step at the pool's last
+        // position: the most any decode graph's plan needs, so captures
+        // never reallocate it (see `scratch`).
+        let dec_scratch = {
+            let full = decode_shape(&hp, n_pages * KV_PAGE - 1);
+            AttnPlan::choose(
+                &full,
+                device.info().sm_count as usize,
+                opts.decode_attention,
+            )
+            .scratch_len(&full)
+        };
+        let work = Workspace::new(&stream, &hp, max_batch, n_pages, dec_scratch)?;
+        let gemm_part = stream.alloc::<f32>(
+            gemm_scratch(&hp, max_batch, gpu).max(1),
+            "GEMM split scratch",
+        )?;
+        stream.synchronize()?;
+        Ok(Self {
+            model,
+            kernels,
+            stream,
+            weights,
+            inv_freq,
+            rope,
+            max_batch,
+            n_pages,
+            fuse: opts.fuse,
+            persistent: opts.persistent,
+            decode_attention: opts.decode_attention,
+            graphs: opts.graphs.into(),
+            pages: PagePool::new(n_pages),
+            state: Mutex::new(State {
+                work,
+                pools,
+                graphs: Graphs::new(),
+            }),
+            gemm_part: Mutex::new(gemm_part),
+        })
+    }
+
+    pub fn device(&self) -> &Arc<Device> {
+        self.kernels.device()
+    }
+
+    /// Replay decode steps from a CUDA graph (on), or launch every kernel
+    /// (off); benchmarks compare the two.
+    pub fn set_graphs(&self, on: bool) {
+        self.graphs.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Pages in the KV pool, and pages free.
+    pub fn kv_pages(&self) -> (usize, usize) {
+        (self.n_pages, self.pages.free_pages())
+    }
+
+    /// The KV pool's pages: which are free, which sequences share.
+    pub fn page_pool(&self) -> &Arc<PagePool> {
+        &self.pages
+    }
+}
+
+impl Backend for GpuBackend {
+    type Cache = GpuCache;
+
+    fn hparams(&self) -> &HyperParams {
+        self.model.hparams()
+    }
+
+    fn new_cache(&self, n_ctx: usize) -> Result<GpuCache> {
+        Ok(GpuCache::new(self.pages.clone(), n_ctx))
+    }
+
+    fn forward(&self, cache: &mut GpuCache, tokens: &[u32], want: Logits) -> Result<Vec<f32>> {
+        let mut st = lock(&self.state);
+        let mut out = Vec::new();
+        self.run(&mut st, cache, tokens, want, Some(&mut out), None)?;
+        Ok(out)
+    }
+
+    fn max_step(&self) -> usize {
+        self.max_batch
+    }
+
+    fn select_max_k(&self) -> usize {
+        SELECT_MAX_K.min(self.model.hparams().n_vocab)
+    }
+
+    fn forward_select(
+        &self,
+        cache: &mut GpuCache,
+        tokens: &[u32],
+        sel: &Selection,
+    ) -> Result<Vec<(u32, f32)>> {
+        let n_vocab = self.model.hparams().n_vocab;
+        if sel.k == 0 || sel.k > self.select_max_k() {
+            return Err(ModelError::Unsupported(format!(
+                "selecting {} tokens on the GPU (1 ..= {})",
+                sel.k,
+                self.select_max_k()
+            )));
+        }
+        if tokens.is_empty() {
+            return Err(ModelError::Unsupported("a selection without tokens".into()));
+        }
+        let pen: Vec<(u32, u32)> = sel
+            .penalties
+            .iter()
+            .copied()
+            .filter(|&(id, _)| (id as usize) < n_vocab)
+            .take(n_vocab) // the inputs' room; ids are distinct
+            .collect();
+        let p = Penalties {
+            repeat: sel.repeat,
+            frequency: sel.frequency,
+            presence: sel.presence,
+        };
+        let args = select_args(sel.k, p, &pen);
+        let mut out = Vec::new();
+        let mut st = lock(&self.state);
+        let select = Select {
+            args: &args,
+            k: sel.k,
+            out: &mut out,
+        };
+        self.run(&mut st, cache, tokens, Logits::Last, None, Some(select))?;
+        let (ids, bits) = out.split_at(sel.k);
+        Ok(ids
+            .iter()
+            .zip(bits)
+            .map(|(&i, &b)| (i as u32, f32::from_bits(b as u32)))
+            .collect())
+    }
+}
+
+impl GpuBackend {
+    /// A forward of `tokens` in steps of at most max_batch; the requested
+    /// logits go to `out` (None: they stay in the workspace).
+    fn run(
+        &self,
+        st: &mut State,
+        cache: &mut GpuCache,
+        tokens: &[u32],
+        want: Logits,
+        mut out: Option<&mut Vec<f32>>,
+        mut sel: Option<Select<'_>>,
+    ) -> Result<()> {
+        let n = tokens.len();
+        if cache.len() + n > cache.n_ctx() {
+            return Err(ModelError::ContextFull {
+                needed: n,
+                used: cache.len(),
+                n_ctx: cache.n_ctx(),
+            });
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        if !cache.is_of(&self.pages) {
+            return Err(ModelError::Unsupported(
+                "a KV cache of another GPU backend".into(),
+            ));
+        }
+        let steps: Vec<&[u32]> = tokens.chunks(self.max_batch).collect();
+        let last = steps.len() - 1;
+        let before = cache.len();
+        for (i, chunk) in steps.into_iter().enumerate() {
+            let want_here = match want {
+                Logits::Last if i < last => Logits::None,
+                w => w,
+            };
+            let sel_here = if i == last { sel.take() } else { None };
+            if let Err(e) = self.step(st, cache, chunk, want_here, out.as_deref_mut(), sel_here) {
+                // A forward appends all of its tokens or none.
+                cache.truncate(before);
+                return Err(e);
+            }
+        }
+        // Surface errors the kernels raised while running.
+        self.stream.synchronize()?;
+        Ok(())
+    }
+}

@@ -1,0 +1,292 @@
+//! The weights on the device: uploaded in their GGUF formats or packed for
+//! the GEMV, stacked where matrices share an input, and what of them a
+//! model needs (kernel modules, bytes) known before anything is uploaded.
+
+use m40_device::{DeviceBuffer, DeviceView, Stream};
+use m40_gguf::hparams::{OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
+use m40_gguf::GgmlType;
+use m40_kernels::{
+    interleave_glu, modules_for, pack_gemv, KernelFormat, PackFormat, PackedMatrix, QMatrix,
+    PACK_ROWS,
+};
+
+use super::workspace::GEMV_TOKENS;
+use super::GpuOptions;
+use crate::error::Result;
+use crate::Model;
+
+/// A weight matrix on the device: GGUF rows, or the packed layout.
+pub(super) struct Mat {
+    pub(super) ty: GgmlType,
+    pub(super) data: DeviceBuffer<u8>,
+    pub(super) rows: usize,
+    pub(super) cols: usize,
+    pub(super) packed: bool,
+}
+
+impl Mat {
+    /// Rows of x up to which a matmul runs through the GEMV (one; packed:
+    /// the batched GEMV's GEMV_TOKENS).
+    pub(super) fn gemv_rows(&self) -> usize {
+        if self.packed {
+            GEMV_TOKENS
+        } else {
+            1
+        }
+    }
+
+    /// The launchers' view of the matrix: packed, or GGUF rows.
+    pub(super) fn view<'a>(&self, data: &'a DeviceView<'a, u8>) -> MatView<'a> {
+        let (ty, rows, cols) = (self.ty, self.rows, self.cols);
+        if self.packed {
+            MatView::Packed(PackedMatrix {
+                ty,
+                data,
+                rows,
+                cols,
+            })
+        } else {
+            MatView::Rows(QMatrix {
+                ty,
+                data,
+                rows,
+                cols,
+            })
+        }
+    }
+}
+
+/// A [`Mat`]'s launcher view.
+pub(super) enum MatView<'a> {
+    Packed(PackedMatrix<'a>),
+    Rows(QMatrix<'a>),
+}
+
+/// Whether a matrix of `ty` with `cols` columns is uploaded packed.
+pub(super) fn packs(opts: &GpuOptions, ty: GgmlType, cols: usize) -> bool {
+    opts.packed && PackFormat::of(ty).is_some_and(|f| cols.is_multiple_of(f.qk))
+}
+
+/// Device bytes of a weight tensor as uploaded (the packed layout pads the
+/// rows to groups of 4, and Q4_K's unpacked scales take 4 bytes more per
+/// super-block).
+pub(super) fn device_bytes(opts: &GpuOptions, t: &m40_gguf::TensorInfo) -> u64 {
+    match PackFormat::of(t.ty) {
+        Some(f) if packs(opts, t.ty, t.row_len()) => f.packed_bytes(t.n_rows(), t.row_len()) as u64,
+        _ => t.n_bytes,
+    }
+}
+
+/// Matrices applied to the same input (Q, K, V; gate, up), stacked into
+/// one upload where they share a packed format: `parts` holds each one's
+/// rows in order, and each part is written to its own output buffer.
+pub(super) struct Stack {
+    pub(super) mat: Mat,
+    pub(super) parts: Vec<usize>,
+    /// A gate/up pair interleaved for SwiGLU (`interleave_glu`): one
+    /// output of half the rows, silu(gate) * up.
+    pub(super) glu: bool,
+}
+
+pub(super) struct Layer {
+    pub(super) attn_norm: DeviceBuffer<f32>,
+    pub(super) ffn_norm: DeviceBuffer<f32>,
+    pub(super) bias: Option<[DeviceBuffer<f32>; 3]>,
+    /// Q, K, V in one to three stacks.
+    pub(super) qkv: Vec<Stack>,
+    pub(super) wo: Mat,
+    /// Gate and up in one or two stacks.
+    pub(super) gate_up: Vec<Stack>,
+    pub(super) down: Mat,
+}
+
+/// Every weight of the model on the device.
+pub(super) struct Weights {
+    pub(super) embd: Mat,
+    pub(super) layers: Vec<Layer>,
+    pub(super) output_norm: DeviceBuffer<f32>,
+    /// None: tied to the embedding.
+    pub(super) output: Option<Mat>,
+}
+
+impl Weights {
+    /// The output matrix (the embedding where they are tied).
+    pub(super) fn output(&self) -> &Mat {
+        self.output.as_ref().unwrap_or(&self.embd)
+    }
+
+    /// Upload `model`'s weights as `opts` says; `w` bytes in all (for
+    /// `opts.progress`).
+    pub(super) fn upload(
+        model: &Model,
+        opts: &GpuOptions,
+        stream: &Stream,
+        w: u64,
+    ) -> Result<Weights> {
+        let hp = model.hparams();
+        let mut done = 0u64;
+        // Upload `names` stacked into one matrix (rows concatenated, then
+        // packed when `may_pack` and the format allows).
+        let mut upload_rows = |names: &[&str], may_pack: bool, glu: bool| -> Result<Mat> {
+            let ts: Vec<_> = names.iter().map(|n| model.tensor(n)).collect();
+            let (ty, cols) = (ts[0].info.ty, ts[0].info.row_len());
+            KernelFormat::of(ty, "gpu backend")?;
+            let rows: usize = ts.iter().map(|t| t.info.n_rows()).sum();
+            let packed = may_pack && packs(opts, ty, cols);
+            let what = names.join(" + ");
+            let joined;
+            let bytes: &[u8] = if ts.len() == 1 {
+                ts[0].data
+            } else if glu {
+                joined = interleave_glu(ts[0].data, ts[1].data, ts[0].info.n_rows())?;
+                &joined
+            } else {
+                let mut v = Vec::with_capacity(ts.iter().map(|t| t.data.len()).sum());
+                ts.iter().for_each(|t| v.extend_from_slice(t.data));
+                joined = v;
+                &joined
+            };
+            let data = if packed {
+                stream.upload(&pack_gemv(ty, bytes, rows, cols)?, &what)?
+            } else {
+                stream.upload(bytes, &what)?
+            };
+            done = (done + data.len() as u64).min(w);
+            if let Some(p) = &opts.progress {
+                p(done, w);
+            }
+            Ok(Mat {
+                ty,
+                data,
+                rows,
+                cols,
+                packed,
+            })
+        };
+        // Matrices of one input, stacked in runs of the same packed format
+        // whose row counts keep the packed groups of 4 apart.
+        let fusable = |a: &str, b: &str| {
+            let (a, b) = (model.tensor(a).info, model.tensor(b).info);
+            opts.fuse
+                && a.ty == b.ty
+                && a.row_len() == b.row_len()
+                && packs(opts, a.ty, a.row_len())
+                && a.n_rows().is_multiple_of(PACK_ROWS)
+                && b.n_rows().is_multiple_of(PACK_ROWS)
+        };
+        // `glu`: names are a gate and an up matrix; stacked, they are
+        // interleaved for the SwiGLU GEMV.
+        let mut stacks = |names: &[&str], may_pack: bool, glu: bool| -> Result<Vec<Stack>> {
+            let mut out = Vec::new();
+            let mut i = 0;
+            while i < names.len() {
+                let mut j = i + 1;
+                while may_pack && j < names.len() && fusable(names[i], names[j]) {
+                    j += 1;
+                }
+                let rows: Vec<usize> = names[i..j]
+                    .iter()
+                    .map(|n| model.tensor(n).info.n_rows())
+                    .collect();
+                let glu = glu && j - i == 2;
+                out.push(Stack {
+                    mat: upload_rows(&names[i..j], may_pack, glu)?,
+                    parts: if glu { vec![rows[0] + rows[1]] } else { rows },
+                    glu,
+                });
+                i = j;
+            }
+            Ok(out)
+        };
+        let one =
+            |s: Vec<Stack>| -> Mat { s.into_iter().next().expect("one matrix, one stack").mat };
+        let f32s = |name: &str| -> Result<DeviceBuffer<f32>> {
+            let v = model.tensor(name).to_f32()?;
+            Ok(stream.upload(&v, name)?)
+        };
+        // The embedding is packed only when it is also the output matrix.
+        let embd = one(stacks(&[TOKEN_EMBD], hp.tied_output, false)?);
+        let mut layers = Vec::with_capacity(hp.n_layer);
+        for l in 0..hp.n_layer {
+            let n = model.layer(l);
+            let bias = if hp.qkv_bias {
+                Some([f32s(&n.bq)?, f32s(&n.bk)?, f32s(&n.bv)?])
+            } else {
+                None
+            };
+            layers.push(Layer {
+                attn_norm: f32s(&n.attn_norm)?,
+                ffn_norm: f32s(&n.ffn_norm)?,
+                bias,
+                qkv: stacks(&[&n.wq, &n.wk, &n.wv], true, false)?,
+                wo: one(stacks(&[&n.wo], true, false)?),
+                gate_up: stacks(&[&n.ffn_gate, &n.ffn_up], true, true)?,
+                down: one(stacks(&[&n.ffn_down], true, false)?),
+            });
+        }
+        let output = if hp.tied_output {
+            None
+        } else {
+            Some(one(stacks(&[OUTPUT], true, false)?))
+        };
+        let output_norm = f32s(OUTPUT_NORM)?;
+        if let Some(p) = &opts.progress {
+            p(w, w);
+        }
+        Ok(Weights {
+            embd,
+            layers,
+            output_norm,
+            output,
+        })
+    }
+}
+
+/// The kernel modules (m40_kernels::MODULES) a [`GpuBackend`] for `model`
+/// with `opts` launches from, loaded (JIT-compiled on a first run) up front:
+/// of the sources compiled in parts, only the parts of the model's formats
+/// (the GEMV of GGUF rows only for matrices that are not packed); the
+/// persistent decode kernel only when asked for; never the benchmark probes.
+pub(super) fn modules_needed(model: &Model, opts: &GpuOptions) -> Vec<&'static str> {
+    let hp = model.hparams();
+    let file = model.file();
+    let (mut packed, mut rows) = (Vec::new(), Vec::new());
+    for (name, shape) in hp.expected_tensors() {
+        // An untied token embedding is only gathered (the embed module).
+        if shape.len() != 2 || (name == TOKEN_EMBD && !hp.tied_output) {
+            continue;
+        }
+        let Some(t) = file.tensor_info(&name) else {
+            continue;
+        };
+        let Ok(f) = KernelFormat::of(t.ty, "gpu backend") else {
+            continue;
+        };
+        let list = if PackFormat::of(t.ty).is_some() && packs(opts, t.ty, t.row_len()) {
+            &mut packed
+        } else {
+            &mut rows
+        };
+        if !list.contains(&f.symbol) {
+            list.push(f.symbol);
+        }
+    }
+    let all: Vec<&str> = packed.iter().chain(&rows).copied().collect();
+    let mut m = modules_for("gemm", &all);
+    m.extend(modules_for("gemv_packed", &packed));
+    if !rows.is_empty() {
+        m.extend(modules_for("gemv", &rows));
+    }
+    m.extend([
+        "attention",
+        "embed",
+        "sample",
+        "rmsnorm",
+        "rope",
+        "elementwise",
+    ]);
+    if opts.persistent {
+        m.push("decode");
+    }
+    m
+}
