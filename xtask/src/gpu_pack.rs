@@ -3,7 +3,7 @@
 //! all with `M40_REQUIRE_GPU=1` and ends with the line `N passed, N failed`.
 //!
 //! GPU binaries are the integration tests and benches whose target name
-//! starts with `gpu` (e.g. crates/m40-kernels/tests/gpu_kernels.rs). The
+//! starts with `gpu` (e.g. crates/m40-kernels/tests/gpu_kernels/). The
 //! device tool carries at most 64 MiB: the pack is also written as
 //! `target/gpu-pack.tgz` (about a third of the size), which must fit.
 //!

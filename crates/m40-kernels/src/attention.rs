@@ -103,8 +103,7 @@ impl AttnPlan {
     /// keys split when there are fewer blocks than SPLIT_BLOCKS_PER_SM per
     /// SM, down to one page of keys per split (decode: each block walks its
     /// pages one after another, so the pages per block set the latency;
-    /// 8B Q4_0 on an H100, at least 2 pages a split -> 1: tg128 423 -> 431
-    /// t/s, at depth 4096 360 -> 368).
+    /// BENCHMARKS.md, "Measurements behind constants").
     pub fn new(s: &AttnShape, sm_count: usize) -> AttnPlan {
         AttnPlan::choose(s, sm_count, true)
     }
@@ -193,8 +192,7 @@ const ATT_DEC_MAX_WARPS: usize = 8;
 const ATT_DEC_MAX_PASSES: usize = 2;
 const ATT_DEC_BLOCKS_PER_SM: usize = 2;
 /// The decode kernel's query heads a block where the keys are not split:
-/// one (8B Q4_0 tg128 on an H100: 8 blocks of 4 heads 465.7 / 464.4 t/s,
-/// 16 of 2 474.3, 32 of 1 477.0 / 474.6; BENCHMARKS.md).
+/// one (BENCHMARKS.md, "Measurements behind constants").
 const ATT_DEC_SHORT_HEADS: usize = 1;
 
 /// The query heads per KV head (`G`) of the decode kernel for `s`: one

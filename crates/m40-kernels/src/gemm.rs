@@ -27,8 +27,8 @@ const GEMM_SMALL_SLOTS_KERNEL: &str = "gemm_small_packed_q4_0_f32";
 /// compute rows of zeros); matrices too small to give the large tile one
 /// block per two SMs take it too.
 const GEMM_SMALL_MAX_M: usize = 64;
-/// Splits over K at most (8: short and medium prompts' small grids; at 4,
-/// 8B Q4_0 pp128 measured 12% slower on an H100: BENCHMARKS.md), and
+/// Splits over K at most (8: short and medium prompts' small grids; 4 was
+/// slower, BENCHMARKS.md, "Measurements behind constants"), and
 /// k-steps (of 32) a split keeps at least: 16, or 128 where the unsplit
 /// grid fills half the slots already.
 const GEMM_MAX_SPLITS: usize = 8;
@@ -120,10 +120,7 @@ fn best_split(tiles: usize, k: usize, slots: usize, per_sm: usize) -> (usize, f6
     };
     // Where an SM holds several blocks, one with a block fewer still runs
     // near its full rate, and a grid over half the slots splits only where
-    // K is long enough for the reduce to cost little (the H100 at 512
-    // tokens, 256 tiles on 396 slots, 65%: 4096x4096 in 3 splits of 43
-    // k-steps ran 1% slower than whole, 4096x14336 in 3 of 149, 2-4%
-    // faster).
+    // K is long enough for the reduce to cost little (BENCHMARKS.md, "Measurements behind constants").
     let min_steps = if per_sm > 1 && fill(1) >= 0.5 {
         GEMM_MIN_SPLIT_STEPS_FULL
     } else {
@@ -311,9 +308,8 @@ impl Kernels {
         }
         // The tile and splits of `gemm_plan`: the large tile where it gives
         // at least one block per two SMs, or where a split over K fills its
-        // slots; else the small one (on an H100 SmolLM2's 576-row matrices
-        // made 20 large 128x128 blocks for 132 SMs, and pp512 fell from 46k
-        // to 34k tokens/s).
+        // slots; else the small one (a few large blocks leave most SMs
+        // idle: BENCHMARKS.md, "Measurements behind constants").
         let gpu = self.slots_of(w.kernels)?;
         let plan = gemm_plan(m, n, k, gpu);
         let s = plan.splits;

@@ -217,13 +217,9 @@ impl PackedSplit {
 /// `ksplit` forced: lowered to what the row (and `slots`) allows.
 /// Otherwise, of 1, 2 and 4, the largest whose blocks all run at once (one
 /// wave; a GEMV of few rows is latency-bound, and a second wave starts
-/// only as the first drains: on an H100, 4096 x 14336 Q4_0 with 4 warps a
-/// group in 1024 blocks, 1.1 waves, measured 1.3x slower than with 2), or
-/// no split where none does (the groups then give every resident warp
-/// two). A 3-way split replaces it where it also fits in a wave and its
-/// lanes wait for fewer rounds of loads (H100, 4096 x 14336 Q6_K: 10
-/// rounds instead of 14, 21% faster; 4096 x 4096 with 4 blocks in flight:
-/// 2 rounds either way).
+/// only as the first drains), or no split where none does (the groups then
+/// give every resident warp two). A 3-way split replaces it where it also
+/// fits in a wave and its lanes wait for fewer rounds of loads (BENCHMARKS.md, "Measurements behind constants").
 fn packed_split(
     groups: usize,
     nb: usize,

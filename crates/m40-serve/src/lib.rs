@@ -12,8 +12,8 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Requests run one at a time (the CPU engine has no batching yet) behind a
-//! fair FIFO queue; a full queue answers 503 with `Retry-After`. A client
+//! Requests run one at a time (the engine serves one sequence at a time
+//! until the scheduler lands) behind a fair FIFO queue; a full queue answers 503 with `Retry-After`. A client
 //! that disconnects cancels its request.
 
 use std::future::Future;

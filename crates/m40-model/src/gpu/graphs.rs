@@ -21,15 +21,13 @@ use crate::error::Result;
 
 /// The smallest context a decode graph plans its attention for (tokens):
 /// one page, so the first 32 positions run attention without a key split
-/// (and no combine launch). 8B Q4_0 tg128 on an H100, same binary: 453.1 /
-/// 452.9 t/s from 512, 451.0 / 452.4 from 128, 456.4 / 458.3 from 32.
+/// (and no combine launch; BENCHMARKS.md, "Measurements behind constants").
 const GRAPH_MIN_CONTEXT: usize = 32;
 /// Past this context, decode graphs' buckets grow by this many tokens, not
 /// to the next power of two: a step at position 4096 plans attention for
 /// 5120 keys (80 splits of 2 pages on an H100, 65 of them with keys), not
 /// 8192 (129 splits, half of them past the context, and a combine over all
-/// 129). With a 16384-token pool (`m40-llm bench --ctx 16384`), H100, same
-/// call: tg128 @ d4096 8B Q4_0 355.9 -> 375.7 t/s, 1B 1242.8 -> 1304.0.
+/// 129; BENCHMARKS.md, "Measurements behind constants").
 const GRAPH_LINEAR_CONTEXT: usize = 1024;
 
 /// A captured decode step, and the program its persistent decode kernel

@@ -75,14 +75,13 @@ pub struct GpuOptions {
     /// Run a captured decode step's one-token GEMVs and attention as one
     /// launch of the persistent decode kernel (kernels/decode.cu), ordered
     /// by grid barriers instead of a launch each (needs `graphs`). Off by
-    /// default: on an H100 it decodes 8B Q4_0 at 348 tokens/s against 451
-    /// with a launch per kernel (BENCHMARKS.md); not yet measured on an M40.
+    /// default: slower than a launch per kernel on an H100, not yet
+    /// measured on an M40 (BENCHMARKS.md).
     pub persistent: bool,
     /// One-token steps' attention in `attn_dec_f32_*` (a block of up to 8
     /// warps per KV head, no split up to 256 keys); false: the warp kernel
-    /// and its key splits, as before it (to compare the two; the decode
-    /// kernel measured 2% faster for 8B Q4_0 tg128 and 7% for 1B on an
-    /// H100, BENCHMARKS.md).
+    /// and its key splits, as before it (to compare the two:
+    /// BENCHMARKS.md).
     pub decode_attention: bool,
 }
 
