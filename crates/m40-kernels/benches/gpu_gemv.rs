@@ -334,7 +334,7 @@ fn batched(s: &Stream, k: &Kernels, big: &DeviceBuffer<u8>, l2_bytes: usize, cei
                             };
                             k.gemv_packed_batch(s, &pm, &xv, out, m, None).map(drop)
                         } else {
-                            k.gemm_packed(s, &pm, &xv, &mut y, m, false, None)
+                            k.gemm_packed(s, &pm, &xv, &mut y, m, Default::default())
                         }
                     })
                 };
@@ -410,8 +410,11 @@ fn prefill(s: &Stream, k: &Kernels, big: &DeviceBuffer<u8>, l2_bytes: usize) {
                         rows,
                         cols,
                     };
-                    let part = if split { Some(&mut part) } else { None };
-                    k.gemm_packed(s, &pm, &xv, &mut y, m, false, part)
+                    let opts = m40_kernels::GemmOpts {
+                        accumulate: false,
+                        scratch: if split { Some(&mut part) } else { None },
+                    };
+                    k.gemm_packed(s, &pm, &xv, &mut y, m, opts)
                 })
             };
             let splits = k.gemm_splits(m, rows, cols).expect("occupancy");

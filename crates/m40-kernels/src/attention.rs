@@ -290,21 +290,23 @@ impl Kernels {
     /// device, at most `s.start`); out (n_tok, n_head, head_dim) FP32.
     /// `scratch` must hold `plan.scratch_len(s)` floats when the plan
     /// splits the keys. Returns the plan launched.
-    #[allow(clippy::too_many_arguments)]
     pub fn attention(
         &self,
         stream: &Stream,
         s: &AttnShape,
-        q: &DeviceView<'_, f32>,
-        kpool: &DeviceView<'_, u16>,
-        vpool: &DeviceView<'_, u16>,
-        table: &DeviceView<'_, i32>,
-        pos: &DeviceView<'_, i32>,
+        inputs: &AttnInputs<'_, '_>,
         out: &mut DeviceBuffer<f32>,
         scratch: Option<AttnScratch<'_>>,
         plan: Option<AttnPlan>,
     ) -> Result<AttnPlan> {
         const K: &str = "attention";
+        let AttnInputs {
+            q,
+            kpool,
+            vpool,
+            table,
+            pos,
+        } = *inputs;
         s.check(K)?;
         let sm = self.device().info().sm_count as usize;
         let plan = plan.unwrap_or_else(|| AttnPlan::new(s, sm));
@@ -330,13 +332,7 @@ impl Kernels {
         }
         let group = s.n_head / s.n_head_kv;
         let args = attn_scalars(s, &plan)?;
-        let ptrs = AttnPtrs {
-            q,
-            kpool,
-            vpool,
-            table,
-            pos,
-        };
+        let ptrs = *inputs;
         if plan.tile && (plan.splits != 1 || !attn_tile_fits(s)) {
             return Err(shape(K, format!("plan {plan:?}: no tile kernel for {s:?}")));
         }
@@ -534,13 +530,16 @@ fn attn_scalars(s: &AttnShape, plan: &AttnPlan) -> Result<AttnScalars> {
     })
 }
 
-/// The buffers attention reads.
-struct AttnPtrs<'x, 'v> {
-    q: &'x DeviceView<'v, f32>,
-    kpool: &'x DeviceView<'v, u16>,
-    vpool: &'x DeviceView<'v, u16>,
-    table: &'x DeviceView<'v, i32>,
-    pos: &'x DeviceView<'v, i32>,
+/// What attention reads: the queries (n_tok, n_head, head_dim) FP32, RoPE
+/// applied, and one sequence's pages of the FP16 KV pools: its block table
+/// and pos[0], its first query's position (read on the device).
+#[derive(Clone, Copy)]
+pub struct AttnInputs<'x, 'v> {
+    pub q: &'x DeviceView<'v, f32>,
+    pub kpool: &'x DeviceView<'v, u16>,
+    pub vpool: &'x DeviceView<'v, u16>,
+    pub table: &'x DeviceView<'v, i32>,
+    pub pos: &'x DeviceView<'v, i32>,
 }
 
 /// Attention's scalar parameters: n_tok, n_head, n_head_kv, hd, tpb, gw,
@@ -557,7 +556,7 @@ struct AttnScalars {
 /// hparts, int split_len, float scale_log2.
 fn push_attn<'l, A: KernelArgs<'l>>(
     l: A,
-    p: &'l AttnPtrs<'_, '_>,
+    p: &'l AttnInputs<'_, '_>,
     out: &'l mut DeviceBuffer<f32>,
     part_ml: Option<&'l mut DeviceBuffer<f32>>,
     sc: &'l AttnScalars,

@@ -153,14 +153,23 @@ pub fn gemm_scratch_len(m: usize, n: usize, k: usize, gpu: GemmSlots) -> usize {
     }
 }
 
+/// How a GEMM writes, and the room it may use.
+#[derive(Default)]
+pub struct GemmOpts<'s> {
+    /// Y += X W^T instead of Y = X W^T.
+    pub accumulate: bool,
+    /// Room for a split over K ([`gemm_scratch_len`] floats): without it,
+    /// or with less, a launch is not split.
+    pub scratch: Option<&'s mut DeviceBuffer<f32>>,
+}
+
 impl Kernels {
-    /// Y = X W^T, or Y += X W^T with `accumulate`: W (n rows x k cols) in its
+    /// Y = X W^T, or Y += X W^T with `opts.accumulate`: W (n rows x k cols) in its
     /// format, X (m, k) FP32 16-byte aligned, Y (m, n) FP32. k must be a
-    /// multiple of 32. With `scratch` of at least [`gemm_scratch_len`]
+    /// multiple of 32. With `opts.scratch` of at least [`gemm_scratch_len`]
     /// floats, a launch that would fill the GPU badly is split over K (the
     /// partial tiles summed in a fixed order: the same bits every run);
     /// without it, or with less, it is not.
-    #[allow(clippy::too_many_arguments)]
     pub fn gemm(
         &self,
         stream: &Stream,
@@ -168,8 +177,7 @@ impl Kernels {
         x: &DeviceView<'_, f32>,
         y: &mut DeviceBuffer<f32>,
         m: usize,
-        accumulate: bool,
-        scratch: Option<&mut DeviceBuffer<f32>>,
+        opts: GemmOpts<'_>,
     ) -> Result<()> {
         const K: &str = "gemm";
         let f = KernelFormat::of(w.ty, K)?;
@@ -189,12 +197,11 @@ impl Kernels {
             bufs: &mut [y],
             rows: &[w.rows],
         };
-        self.gemm_launch(stream, g, x, y, m, accumulate, scratch)
+        self.gemm_launch(stream, g, x, y, m, opts)
     }
 
     /// [`Kernels::gemm`] over weights in the packed layout
     /// ([`crate::pack_gemv`]): the prefill reads the decode GEMV's copy.
-    #[allow(clippy::too_many_arguments)]
     pub fn gemm_packed(
         &self,
         stream: &Stream,
@@ -202,18 +209,16 @@ impl Kernels {
         x: &DeviceView<'_, f32>,
         y: &mut DeviceBuffer<f32>,
         m: usize,
-        accumulate: bool,
-        scratch: Option<&mut DeviceBuffer<f32>>,
+        opts: GemmOpts<'_>,
     ) -> Result<()> {
         let y = RowSplit {
             bufs: &mut [y],
             rows: &[w.rows],
         };
-        self.gemm_packed_split(stream, w, x, y, m, accumulate, scratch)
+        self.gemm_packed_split(stream, w, x, y, m, opts)
     }
 
     /// [`Kernels::gemm_packed`] of stacked matrices into their own outputs.
-    #[allow(clippy::too_many_arguments)]
     pub fn gemm_packed_split(
         &self,
         stream: &Stream,
@@ -221,8 +226,7 @@ impl Kernels {
         x: &DeviceView<'_, f32>,
         y: RowSplit<'_, '_>,
         m: usize,
-        accumulate: bool,
-        scratch: Option<&mut DeviceBuffer<f32>>,
+        opts: GemmOpts<'_>,
     ) -> Result<()> {
         const K: &str = "gemm_packed";
         let f = PackFormat::checked(K, w.ty, w.cols)?;
@@ -240,7 +244,7 @@ impl Kernels {
             k: w.cols,
             row_bytes: 0,
         };
-        self.gemm_launch(stream, g, x, y, m, accumulate, scratch)
+        self.gemm_launch(stream, g, x, y, m, opts)
     }
 
     /// [`gemm_k_splits`] on this device.
@@ -281,7 +285,6 @@ impl Kernels {
         })
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn gemm_launch(
         &self,
         stream: &Stream,
@@ -289,9 +292,12 @@ impl Kernels {
         x: &DeviceView<'_, f32>,
         mut y: RowSplit<'_, '_>,
         m: usize,
-        accumulate: bool,
-        scratch: Option<&mut DeviceBuffer<f32>>,
+        opts: GemmOpts<'_>,
     ) -> Result<()> {
+        let GemmOpts {
+            accumulate,
+            scratch,
+        } = opts;
         const K: &str = "gemm";
         let (n, k) = (w.n, w.k);
         if !k.is_multiple_of(32) {

@@ -9,7 +9,7 @@ use crate::error::Result;
 use crate::launch::{cfg, check_len, shape, to_i32};
 use crate::layout::{PackedMatrix, RowSplit, KV_PAGE};
 use crate::pack::{PackFormat, PACK_ROWS};
-use crate::rope::{RopeParams, RopeStyle};
+use crate::rope::{KvAppend, RopeStyle};
 use crate::Kernels;
 
 /// Tokens one [`Kernels::gemv_packed_batch`] call takes at most.
@@ -43,15 +43,8 @@ pub struct RopeKv<'a, 'c> {
     pub parts: std::ops::Range<usize>,
     /// The queries (written only when `parts` holds Q).
     pub q: &'c mut DeviceBuffer<f32>,
-    pub n_head_kv: usize,
-    /// pos[0]: the token's position (read on the device, at most `max_start`).
-    pub pos: &'a DeviceView<'a, i32>,
-    pub inv_freq: &'a DeviceView<'a, f32>,
-    pub p: &'a RopeParams,
-    pub kpool: &'c mut DeviceBuffer<u16>,
-    pub vpool: &'c mut DeviceBuffer<u16>,
-    pub table: &'a DeviceView<'a, i32>,
-    pub max_start: usize,
+    /// Where K and V go (one token: pos[0] only).
+    pub kv: KvAppend<'a, 'c>,
 }
 
 /// An RMSNorm folded into two one-token packed GEMVs (kernels/gemv_packed.cu
@@ -72,6 +65,34 @@ pub enum Fold<'a, 'b> {
         n_part: usize,
         eps: f32,
     },
+}
+
+/// How many tokens a packed GEMV takes, how it splits its rows, and the
+/// half of a folded norm it does.
+pub struct GemvOpts<'a, 'b> {
+    /// Tokens of x (1 ..= [`PACKED_GEMV_MAX_TOKENS`]).
+    pub m: usize,
+    /// Warps per row group (1, 2 or 4; lowered to what the row allows);
+    /// None: [`packed_split`]'s choice.
+    pub ksplit: Option<u32>,
+    /// One token only.
+    pub fold: Option<Fold<'a, 'b>>,
+}
+
+impl GemvOpts<'_, '_> {
+    /// `m` tokens, the split chosen by the launcher, no fold.
+    pub fn tokens(m: usize) -> Self {
+        Self::split(m, None)
+    }
+
+    /// `m` tokens, `ksplit` forced (see [`GemvOpts::ksplit`]), no fold.
+    pub fn split(m: usize, ksplit: Option<u32>) -> Self {
+        GemvOpts {
+            m,
+            ksplit,
+            fold: None,
+        }
+    }
 }
 
 /// The scalar parameters of a packed GEMV launch (see [`push_gemv`]).
@@ -114,11 +135,15 @@ fn push_gemv<'l, A: KernelArgs<'l>>(
         GemvOut::RopeKv(r) => {
             let RopeKv {
                 q,
-                pos,
-                inv_freq,
-                table,
-                kpool,
-                vpool,
+                kv:
+                    KvAppend {
+                        pos,
+                        inv_freq,
+                        table,
+                        kpool,
+                        vpool,
+                        ..
+                    },
                 ..
             } = r;
             let l = l.buf_mut(&mut **q).null().null();
@@ -288,7 +313,7 @@ impl Kernels {
         m: usize,
         ksplit: Option<u32>,
     ) -> Result<u32> {
-        self.gemv_packed_to(stream, w, x, None, GemvOut::Parts(y), m, ksplit)
+        self.gemv_packed_to(stream, w, x, GemvOut::Parts(y), GemvOpts::split(m, ksplit))
             .map(|l| l.ksplit)
     }
 
@@ -306,25 +331,27 @@ impl Kernels {
         m: usize,
         ksplit: Option<u32>,
     ) -> Result<u32> {
-        self.gemv_packed_to(stream, w, x, None, GemvOut::Glu(y), m, ksplit)
+        self.gemv_packed_to(stream, w, x, GemvOut::Glu(y), GemvOpts::split(m, ksplit))
             .map(|l| l.ksplit)
     }
 
-    /// The packed GEMV in full: `m` tokens of x written as `out` says, and
-    /// with `fold` (one token) one half of a folded RMSNorm ([`Fold`]). As
+    /// The packed GEMV in full: `opts.m` tokens of x written as `out` says,
+    /// and with `opts.fold` (one token) one half of a folded RMSNorm. As
     /// [`Self::gemv_packed_batch`] otherwise.
-    #[allow(clippy::too_many_arguments)]
     pub fn gemv_packed_to(
         &self,
         stream: &Stream,
         w: &PackedMatrix<'_>,
         x: &DeviceView<'_, f32>,
-        mut fold: Option<Fold<'_, '_>>,
         mut out: GemvOut<'_, '_, '_>,
-        m: usize,
-        ksplit: Option<u32>,
+        opts: GemvOpts<'_, '_>,
     ) -> Result<GemvLaunch> {
         const K: &str = "gemv_packed";
+        let GemvOpts {
+            m,
+            ksplit,
+            mut fold,
+        } = opts;
         if !(1..=PACKED_GEMV_MAX_TOKENS).contains(&m) {
             return Err(shape(
                 K,
@@ -355,8 +382,8 @@ impl Kernels {
                 (r, r, 2i32)
             }
             GemvOut::RopeKv(r) => {
-                let (p, hd) = (r.p, r.p.head_dim);
-                let (q_dim, kv_dim) = (p.n_head * hd, r.n_head_kv * hd);
+                let (p, hd) = (r.kv.p, r.kv.p.head_dim);
+                let (q_dim, kv_dim) = (p.n_head * hd, r.kv.n_head_kv * hd);
                 if m != 1 || p.style != RopeStyle::Normal {
                     return Err(shape(
                         K,
@@ -393,17 +420,17 @@ impl Kernels {
                     ));
                 }
                 check_len(K, "q", r.q.len(), r1)?;
-                check_len(K, "pos", r.pos.len(), 1)?;
-                check_len(K, "inv_freq", r.inv_freq.len(), p.n_rot / 2)?;
+                check_len(K, "pos", r.kv.pos.len(), 1)?;
+                check_len(K, "inv_freq", r.kv.inv_freq.len(), p.n_rot / 2)?;
                 check_len(
                     K,
                     "table",
-                    r.table.len(),
-                    (r.max_start + 1).div_ceil(KV_PAGE),
+                    r.kv.table.len(),
+                    (r.kv.max_start + 1).div_ceil(KV_PAGE),
                 )?;
-                to_i32(K, "positions", r.max_start + 1)?;
-                let pages = r.kpool.len() / (KV_PAGE * kv_dim).max(1);
-                check_len(K, "vpool", r.vpool.len(), pages * KV_PAGE * kv_dim)?;
+                to_i32(K, "positions", r.kv.max_start + 1)?;
+                let pages = r.kv.kpool.len() / (KV_PAGE * kv_dim).max(1);
+                check_len(K, "vpool", r.kv.vpool.len(), pages * KV_PAGE * kv_dim)?;
                 (to_i32(K, "rows", r1)?, to_i32(K, "rows", r2)?, 0i32)
             }
             GemvOut::Glu(y) => {
@@ -482,7 +509,10 @@ impl Kernels {
             None => {}
         }
         let (rope_i, rope_scale) = match &out {
-            GemvOut::RopeKv(r) => ([r.p.head_dim as i32, r.p.n_rot as i32], r.p.pos_scale),
+            GemvOut::RopeKv(r) => (
+                [r.kv.p.head_dim as i32, r.kv.p.n_rot as i32],
+                r.kv.p.pos_scale,
+            ),
             _ => ([0, 0], 0.0f32),
         };
         let n_part_i = match &fold {

@@ -36,17 +36,22 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use m40_device::{Device, Kernel, Module};
 
-pub use attention::{attn_shared_bytes, AttnPlan, AttnScratch, AttnShape, MAX_HEAD_DIM};
+pub use attention::{
+    attn_shared_bytes, AttnInputs, AttnPlan, AttnScratch, AttnShape, MAX_HEAD_DIM,
+};
 pub use decode::DecodeProgram;
 pub use error::{KernelError, Result};
 pub use format::{gemv_chunk_blocks, gemv_shared_bytes, KernelFormat};
-pub use gemm::{gemm_k_splits, gemm_large_tiles, gemm_plan, gemm_scratch_len, GemmPlan, GemmSlots};
+pub use gemm::{
+    gemm_k_splits, gemm_large_tiles, gemm_plan, gemm_scratch_len, GemmOpts, GemmPlan, GemmSlots,
+};
 pub use gemv::GemvPlan;
-pub use gemv_packed::{Fold, GemvLaunch, GemvOut, RopeKv, PACKED_GEMV_MAX_TOKENS};
+pub use gemv_packed::{Fold, GemvLaunch, GemvOpts, GemvOut, RopeKv, PACKED_GEMV_MAX_TOKENS};
 pub use layout::{PackedMatrix, QMatrix, RowSplit, KV_PAGE};
 pub use pack::{interleave_glu, pack_gemv, PackFormat, PACK_ROWS};
-pub use rope::{RopeParams, RopeStyle};
-pub use sample::{select_args, Penalties, SELECT_ARGS, SELECT_MAX_K, SELECT_SCRATCH};
+pub use rmsnorm::AddResidual;
+pub use rope::{KvAppend, RopeParams, RopeStyle};
+pub use sample::{select_args, Penalties, SelectOut, SELECT_ARGS, SELECT_MAX_K, SELECT_SCRATCH};
 
 /// Shared memory a block may use on sm_52 (and without opt-in on any GPU).
 pub const MAX_SHARED_PER_BLOCK: usize = 48 * 1024;

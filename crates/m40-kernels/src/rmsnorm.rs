@@ -16,6 +16,13 @@ enum Norm<'x, 'v> {
     Add(&'x mut DeviceBuffer<f32>, &'x DeviceView<'v, f32>),
 }
 
+/// A residual connection x += d (x, d: (rows, n)) that
+/// [`Kernels::add_rmsnorm`] makes before its norm.
+pub struct AddResidual<'x, 'v> {
+    pub x: &'x mut DeviceBuffer<f32>,
+    pub d: &'x DeviceView<'v, f32>,
+}
+
 impl Kernels {
     /// y = x / sqrt(mean(x^2) + eps) * w, row by row. x, y: (rows, n); w: (n).
     pub fn rmsnorm(
@@ -32,12 +39,10 @@ impl Kernels {
 
     /// The residual connection and the next norm in one launch: x += d,
     /// then y = x / sqrt(mean(x^2) + eps) * w. x, d, y: (rows, n); w: (n).
-    #[allow(clippy::too_many_arguments)]
     pub fn add_rmsnorm(
         &self,
         stream: &Stream,
-        x: &mut DeviceBuffer<f32>,
-        d: &DeviceView<'_, f32>,
+        AddResidual { x, d }: AddResidual<'_, '_>,
         w: &DeviceView<'_, f32>,
         y: &mut DeviceBuffer<f32>,
         rows: usize,

@@ -31,32 +31,48 @@ pub struct RopeParams {
     pub pos_scale: f32,
 }
 
+/// Where rotated keys and their values go: one sequence's pages of the
+/// FP16 KV pools (the layout of kernels/attention.cu), at positions read
+/// on the device.
+pub struct KvAppend<'a, 'c> {
+    pub n_head_kv: usize,
+    /// pos[t]: token t's position (read on the device; `max_start` bounds
+    /// pos[0], and the positions after it follow on: pos[t] = pos[0] + t).
+    pub pos: &'a DeviceView<'a, i32>,
+    /// (n_rot / 2): base^(-2i/n_rot) with any per-dimension factors applied.
+    pub inv_freq: &'a DeviceView<'a, f32>,
+    pub p: &'a RopeParams,
+    pub kpool: &'c mut DeviceBuffer<u16>,
+    pub vpool: &'c mut DeviceBuffer<u16>,
+    /// The sequence's block table: its pages, in order.
+    pub table: &'a DeviceView<'a, i32>,
+    pub max_start: usize,
+}
+
 impl Kernels {
     /// RoPE of the queries q (n_tok, p.n_head, head_dim) in place, and of
-    /// the keys k (n_tok, n_head_kv, head_dim) into the FP16 pool `kpool`
-    /// with the values v beside them into `vpool` (the layout of
-    /// kernels/attention.cu): token t at position pos[t] of the sequence
-    /// whose pages are `table`; k and v are left as they were. inv_freq:
-    /// (n_rot / 2), base^(-2i/n_rot) with any per-dimension factors applied.
-    /// pos is read on the device: `max_start` bounds pos[0], positions
-    /// after it follow on (pos[t] = pos[0] + t).
-    #[allow(clippy::too_many_arguments)]
+    /// the keys k (n_tok, n_head_kv, head_dim) into `kv`'s K pages with the
+    /// values v beside them in its V pages: token t at position pos[t];
+    /// k and v are left as they were.
     pub fn rope_kv_append(
         &self,
         stream: &Stream,
         q: &mut DeviceBuffer<f32>,
         k: &DeviceView<'_, f32>,
         v: &DeviceView<'_, f32>,
-        n_head_kv: usize,
-        pos: &DeviceView<'_, i32>,
-        inv_freq: &DeviceView<'_, f32>,
-        p: &RopeParams,
-        kpool: &mut DeviceBuffer<u16>,
-        vpool: &mut DeviceBuffer<u16>,
-        table: &DeviceView<'_, i32>,
-        max_start: usize,
+        kv: KvAppend<'_, '_>,
     ) -> Result<()> {
         const K: &str = "rope_kv_append";
+        let KvAppend {
+            n_head_kv,
+            pos,
+            inv_freq,
+            p,
+            kpool,
+            vpool,
+            table,
+            max_start,
+        } = kv;
         let (n_rot, head_dim) = (p.n_rot, p.head_dim);
         if n_rot == 0 || !n_rot.is_multiple_of(2) || n_rot > head_dim || n_rot > 2 * ROPE_MAX_HALF {
             return Err(shape(

@@ -55,6 +55,13 @@ pub fn select_args(k: usize, p: Penalties, pen: &[(u32, u32)]) -> Vec<i32> {
     v
 }
 
+/// Where [`Kernels::select_top_k`] writes: `out` (2 k ints) and its
+/// `scratch` ([`SELECT_SCRATCH`] ints).
+pub struct SelectOut<'a> {
+    pub out: &'a mut DeviceBuffer<i32>,
+    pub scratch: &'a mut DeviceBuffer<i32>,
+}
+
 impl Kernels {
     /// Penalize `logits[..n_vocab]` in place, then write the k highest
     /// logits, sorted (logit descending, id ascending on ties; IEEE total
@@ -66,7 +73,6 @@ impl Kernels {
     /// `args` holds. `scratch` ([`SELECT_SCRATCH`] ints, zeroed before its
     /// first selection and left zero by each) lets a greedy selection
     /// without penalties run on many blocks; one scratch per stream.
-    #[allow(clippy::too_many_arguments)]
     pub fn select_top_k(
         &self,
         stream: &Stream,
@@ -74,8 +80,7 @@ impl Kernels {
         n_vocab: usize,
         args: &DeviceView<'_, i32>,
         k_max: usize,
-        out: &mut DeviceBuffer<i32>,
-        scratch: &mut DeviceBuffer<i32>,
+        SelectOut { out, scratch }: SelectOut<'_>,
     ) -> Result<()> {
         const K: &str = "select_top_k_f32";
         if k_max == 0 || k_max > SELECT_MAX_K || k_max > n_vocab {

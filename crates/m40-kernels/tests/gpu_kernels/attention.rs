@@ -1,20 +1,12 @@
 //! kernels/attention.cu: paged attention, every plan, against the CPU.
 
 use super::*;
+use m40_kernels::{AttnInputs, AttnShape};
 
 /// The causal attention of one sequence in f64 from FP16-rounded K and V:
 /// q (n_tok, n_head, hd), k and v (n_keys, n_kv * hd), query i at position start + i.
-#[allow(clippy::too_many_arguments)]
-fn attention_reference(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    n_tok: usize,
-    start: usize,
-    n_head: usize,
-    n_kv: usize,
-    hd: usize,
-) -> Vec<f32> {
+fn attention_reference(q: &[f32], k: &[f32], v: &[f32], s: &AttnShape) -> Vec<f32> {
+    let (n_tok, start, n_head, n_kv, hd) = (s.n_tok, s.start, s.n_head, s.n_head_kv, s.head_dim);
     let r = |x: f32| half::f16::from_f32(x).to_f32() as f64;
     let kv_dim = n_kv * hd;
     let group = n_head / n_kv;
@@ -55,7 +47,7 @@ fn attention_reference(
 #[ignore = "needs a GPU"]
 fn paged_attention_matches_cpu() {
     let (_dev, s, k, mut rng) = setup("paged_attention_matches_cpu");
-    use m40_kernels::{AttnPlan, AttnScratch, AttnShape, KV_PAGE};
+    use m40_kernels::{AttnPlan, AttnScratch, KV_PAGE};
     // (n_head, n_kv, hd, start, n_tok)
     // hd 68 and 36 are not multiples of 8: the 4-byte staging path.
     // Prompts of 32 tokens or more with head dimension 64 or 128 run the
@@ -119,7 +111,6 @@ fn paged_attention_matches_cpu() {
         let kpool = s.upload(&kp, "kpool").unwrap();
         let vpool = s.upload(&vp, "vpool").unwrap();
         let tg = s.upload(&table_ext, "table").unwrap();
-        let want = attention_reference(&q, &kk, &vv, n_tok, start, n_head, n_kv, hd);
         let shape = AttnShape {
             n_tok,
             start,
@@ -127,6 +118,7 @@ fn paged_attention_matches_cpu() {
             n_head_kv: n_kv,
             head_dim: hd,
         };
+        let want = attention_reference(&q, &kk, &vv, &shape);
         let qg = s.upload(&q, "q").unwrap();
         let pos = s.upload(&[start as i32], "pos").unwrap();
         let auto = AttnPlan::new(&shape, 132);
@@ -206,11 +198,13 @@ fn paged_attention_matches_cpu() {
                 .attention(
                     &s,
                     &shape,
-                    &qg.view(),
-                    &kpool.view(),
-                    &vpool.view(),
-                    &tg.view(),
-                    &pos.view(),
+                    &AttnInputs {
+                        q: &qg.view(),
+                        kpool: &kpool.view(),
+                        vpool: &vpool.view(),
+                        table: &tg.view(),
+                        pos: &pos.view(),
+                    },
                     &mut out,
                     Some(AttnScratch {
                         part: &mut part,

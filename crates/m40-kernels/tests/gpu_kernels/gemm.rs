@@ -2,6 +2,7 @@
 //! stacked outputs.
 
 use super::*;
+use m40_kernels::GemmOpts;
 
 /// gemm (prefill matmul, dequantizing in the tile loader) against the CPU
 /// dequantization in f64, for every format, with and without accumulation,
@@ -10,7 +11,6 @@ use super::*;
 /// gets the uploaded weights (`prepare` turns the GGUF bytes into what the
 /// kernel reads), X, Y (poisoned, or holding y0 when accumulating) and the
 /// accumulate flag.
-#[allow(clippy::too_many_arguments)]
 fn gemm_case(
     s: &Stream,
     rng: &mut Rng,
@@ -83,8 +83,18 @@ fn packed_gemm_case(
         if let Some(p) = p.as_deref_mut() {
             s.fill_bytes(p, 0xFF).unwrap();
         }
-        k.gemm_packed(s, &pm, xv, y, m, acc, p.as_deref_mut())
-            .unwrap();
+        k.gemm_packed(
+            s,
+            &pm,
+            xv,
+            y,
+            m,
+            GemmOpts {
+                accumulate: acc,
+                scratch: p.as_deref_mut(),
+            },
+        )
+        .unwrap();
     });
 }
 
@@ -133,7 +143,18 @@ fn gemm_every_format_matches_cpu() {
                         rows: n,
                         cols: kk,
                     };
-                    k.gemm(&s, &qm, xv, y, m, acc, None).unwrap();
+                    k.gemm(
+                        &s,
+                        &qm,
+                        xv,
+                        y,
+                        m,
+                        GemmOpts {
+                            accumulate: acc,
+                            scratch: None,
+                        },
+                    )
+                    .unwrap();
                 },
             );
         }
@@ -255,7 +276,18 @@ fn gemm_every_format_matches_cpu() {
             };
             let mut p = part.borrow_mut();
             poisoned(&mut p);
-            k.gemm(&s, &qm, xv, y, m, acc, Some(&mut p)).unwrap();
+            k.gemm(
+                &s,
+                &qm,
+                xv,
+                y,
+                m,
+                GemmOpts {
+                    accumulate: acc,
+                    scratch: Some(&mut p),
+                },
+            )
+            .unwrap();
         },
     );
     // The split's reduce into stacked parts: the same bits as into one
@@ -273,8 +305,18 @@ fn gemm_every_format_matches_cpu() {
     let x = s.upload(&rng.vec(m * kk, -1.0, 1.0), "x").unwrap();
     let mut one = s.alloc::<f32>(m * n, "y").unwrap();
     let mut p = part.borrow_mut();
-    k.gemm_packed(&s, &pm, &x.view(), &mut one, m, false, Some(&mut p))
-        .unwrap();
+    k.gemm_packed(
+        &s,
+        &pm,
+        &x.view(),
+        &mut one,
+        m,
+        GemmOpts {
+            accumulate: false,
+            scratch: Some(&mut p),
+        },
+    )
+    .unwrap();
     let one = s.download(&one).unwrap();
     const TAIL: usize = 16;
     let rows = [n - 300, 150, 150];
@@ -290,8 +332,18 @@ fn gemm_every_format_matches_cpu() {
         bufs: &mut refs,
         rows: &rows,
     };
-    k.gemm_packed_split(&s, &pm, &x.view(), out, m, false, Some(&mut p))
-        .unwrap();
+    k.gemm_packed_split(
+        &s,
+        &pm,
+        &x.view(),
+        out,
+        m,
+        GemmOpts {
+            accumulate: false,
+            scratch: Some(&mut p),
+        },
+    )
+    .unwrap();
     let mut first = 0;
     for (i, (&r, b)) in rows.iter().zip(&bufs).enumerate() {
         let got = s.download(b).unwrap();
@@ -322,7 +374,19 @@ fn gemm_every_format_matches_cpu() {
         rows: 1,
         cols: 40,
     };
-    assert!(k.gemm(&s, &qm, &x.view(), &mut y, 1, false, None).is_err());
+    assert!(k
+        .gemm(
+            &s,
+            &qm,
+            &x.view(),
+            &mut y,
+            1,
+            GemmOpts {
+                accumulate: false,
+                scratch: None
+            }
+        )
+        .is_err());
 }
 
 #[test]
@@ -384,8 +448,18 @@ fn stacked_and_batched_matmuls_write_each_part() {
                             format!("gemv ksplit {got}")
                         }
                         None => {
-                            k.gemm_packed_split(&s, &pm, &xg.view(), out, m, false, None)
-                                .unwrap();
+                            k.gemm_packed_split(
+                                &s,
+                                &pm,
+                                &xg.view(),
+                                out,
+                                m,
+                                GemmOpts {
+                                    accumulate: false,
+                                    scratch: None,
+                                },
+                            )
+                            .unwrap();
                             "gemm".to_string()
                         }
                     };

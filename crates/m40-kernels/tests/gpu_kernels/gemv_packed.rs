@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::gemv::check_every_split;
+use m40_kernels::{GemvOpts, KvAppend};
 
 #[test]
 #[ignore = "needs a GPU"]
@@ -142,7 +143,17 @@ fn packed_gemv_folded_norm_matches_cpu() {
                     part: &mut part,
                 };
                 let l = k
-                    .gemv_packed_to(&s, &pm, &ag.view(), Some(fold), GemvOut::Add(&mut x), 1, ks)
+                    .gemv_packed_to(
+                        &s,
+                        &pm,
+                        &ag.view(),
+                        GemvOut::Add(&mut x),
+                        GemvOpts {
+                            m: 1,
+                            ksplit: ks,
+                            fold: Some(fold),
+                        },
+                    )
                     .unwrap();
                 let what = format!("emit {} {d}x{c} {l:?}", f.ty);
                 let (xr, hr, pr) = (
@@ -195,7 +206,17 @@ fn packed_gemv_folded_norm_matches_cpu() {
                         rows: &[r],
                     });
                     let lc = k
-                        .gemv_packed_to(&s, &cm, &h.view(), Some(take()), out, 1, kc)
+                        .gemv_packed_to(
+                            &s,
+                            &cm,
+                            &h.view(),
+                            out,
+                            GemvOpts {
+                                m: 1,
+                                ksplit: kc,
+                                fold: Some(take()),
+                            },
+                        )
                         .unwrap();
                     let what = format!("{what} take {r}x{d} {lc:?}");
                     let want: Vec<f32> = cw.iter().map(|v| v.0 as f32).collect();
@@ -221,10 +242,12 @@ fn packed_gemv_folded_norm_matches_cpu() {
                         &s,
                         &gm,
                         &h.view(),
-                        Some(take()),
                         GemvOut::Glu(&mut y),
-                        1,
-                        ks,
+                        GemvOpts {
+                            m: 1,
+                            ksplit: ks,
+                            fold: Some(take()),
+                        },
                     )
                     .unwrap();
                 let what = format!("{what} take + glu {ff}x{d} {lc:?}");
@@ -263,7 +286,17 @@ fn packed_gemv_folded_norm_matches_cpu() {
                 h: &mut h,
                 part: &mut small,
             };
-            bad.push(k.gemv_packed_to(&s, &pm, &av, Some(emit), GemvOut::Add(&mut x), 1, None));
+            bad.push(k.gemv_packed_to(
+                &s,
+                &pm,
+                &av,
+                GemvOut::Add(&mut x),
+                GemvOpts {
+                    m: 1,
+                    ksplit: None,
+                    fold: Some(emit),
+                },
+            ));
             let mut h2 = s.alloc::<f32>(d, "h").unwrap();
             let mut p2 = s.alloc::<f32>(n_groups, "part").unwrap();
             let emit = Fold::Emit {
@@ -275,17 +308,49 @@ fn packed_gemv_folded_norm_matches_cpu() {
                 bufs: &mut [&mut y],
                 rows: &[d],
             });
-            bad.push(k.gemv_packed_to(&s, &pm, &av, Some(emit), out, 1, None));
-            bad.push(k.gemv_packed_to(&s, &pm, &av, take(1), GemvOut::Add(&mut x), 2, None));
-            bad.push(k.gemv_packed_to(&s, &pm, &av, take(0), GemvOut::Add(&mut x), 1, None));
             bad.push(k.gemv_packed_to(
                 &s,
                 &pm,
                 &av,
-                take(n_groups + TAIL + 1),
+                out,
+                GemvOpts {
+                    m: 1,
+                    ksplit: None,
+                    fold: Some(emit),
+                },
+            ));
+            bad.push(k.gemv_packed_to(
+                &s,
+                &pm,
+                &av,
                 GemvOut::Add(&mut x),
-                1,
-                None,
+                GemvOpts {
+                    m: 2,
+                    ksplit: None,
+                    fold: take(1),
+                },
+            ));
+            bad.push(k.gemv_packed_to(
+                &s,
+                &pm,
+                &av,
+                GemvOut::Add(&mut x),
+                GemvOpts {
+                    m: 1,
+                    ksplit: None,
+                    fold: take(0),
+                },
+            ));
+            bad.push(k.gemv_packed_to(
+                &s,
+                &pm,
+                &av,
+                GemvOut::Add(&mut x),
+                GemvOpts {
+                    m: 1,
+                    ksplit: None,
+                    fold: take(n_groups + TAIL + 1),
+                },
             ));
             assert!(bad.iter().all(|r| r.is_err()));
         }
@@ -392,14 +457,16 @@ fn qkv_gemv_with_rope_kv_matches_the_unfolded_path() {
                     &mut q,
                     &kb.view(),
                     &vb.view(),
-                    n_kv,
-                    &pos.view(),
-                    &inv.view(),
-                    &p,
-                    &mut kp0,
-                    &mut vp0,
-                    &table.view(),
-                    start,
+                    KvAppend {
+                        n_head_kv: n_kv,
+                        pos: &pos.view(),
+                        inv_freq: &inv.view(),
+                        p: &p,
+                        kpool: &mut kp0,
+                        vpool: &mut vp0,
+                        table: &table.view(),
+                        max_start: start,
+                    },
                 )
                 .unwrap();
                 let (want_q, want_k, want_v) = (
@@ -430,17 +497,29 @@ fn qkv_gemv_with_rope_kv_matches_the_unfolded_path() {
                         let out = GemvOut::RopeKv(RopeKv {
                             parts: parts.clone(),
                             q: &mut q2,
-                            n_head_kv: n_kv,
-                            pos: &pv,
-                            inv_freq: &iv,
-                            p: &p,
-                            kpool: &mut kp,
-                            vpool: &mut vp,
-                            table: &tv,
-                            max_start: start,
+                            kv: KvAppend {
+                                n_head_kv: n_kv,
+                                pos: &pv,
+                                inv_freq: &iv,
+                                p: &p,
+                                kpool: &mut kp,
+                                vpool: &mut vp,
+                                table: &tv,
+                                max_start: start,
+                            },
                         });
                         let l = k
-                            .gemv_packed_to(&s, &pm, &x.view(), None, out, 1, ks)
+                            .gemv_packed_to(
+                                &s,
+                                &pm,
+                                &x.view(),
+                                out,
+                                GemvOpts {
+                                    m: 1,
+                                    ksplit: ks,
+                                    fold: None,
+                                },
+                            )
                             .unwrap();
                         launches.push(l);
                     }
@@ -511,18 +590,30 @@ fn qkv_gemv_with_rope_kv_matches_the_unfolded_path() {
                 let out = GemvOut::RopeKv(RopeKv {
                     parts: parts.clone(),
                     q: &mut q2,
-                    n_head_kv: n_kv,
-                    pos: &pv,
-                    inv_freq: &iv,
-                    p: &p,
-                    kpool: &mut kp,
-                    vpool: &mut vp,
-                    table: &tv,
-                    max_start: start,
+                    kv: KvAppend {
+                        n_head_kv: n_kv,
+                        pos: &pv,
+                        inv_freq: &iv,
+                        p: &p,
+                        kpool: &mut kp,
+                        vpool: &mut vp,
+                        table: &tv,
+                        max_start: start,
+                    },
                 });
                 assert!(
-                    k.gemv_packed_to(&s, &pm, &x2.view(), None, out, m, None)
-                        .is_err(),
+                    k.gemv_packed_to(
+                        &s,
+                        &pm,
+                        &x2.view(),
+                        out,
+                        GemvOpts {
+                            m,
+                            ksplit: None,
+                            fold: None
+                        }
+                    )
+                    .is_err(),
                     "{style:?} m {m} heads {nh} parts {parts:?}"
                 );
             }
@@ -607,7 +698,7 @@ fn glu_gemv_and_gemm_match_cpu() {
                             bufs: &mut refs,
                             rows: &rows,
                         };
-                        k.gemm_packed_split(&s, &pm, &xg.view(), out, m, false, None)
+                        k.gemm_packed_split(&s, &pm, &xg.view(), out, m, Default::default())
                             .unwrap();
                         k.swiglu_pairs(&s, &gu.view(), &mut y, m, ff).unwrap();
                         "glu gemm + swiglu_pairs".to_string()

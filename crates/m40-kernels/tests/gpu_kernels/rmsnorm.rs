@@ -1,6 +1,7 @@
 //! kernels/rmsnorm.cu: RMSNorm and the residual add with it.
 
 use super::*;
+use m40_kernels::AddResidual;
 
 #[test]
 #[ignore = "needs a GPU"]
@@ -31,8 +32,18 @@ fn rmsnorm_matches_cpu() {
         let mut xg = s.upload(&x, "x").unwrap();
         let dg = s.upload(&d, "d").unwrap();
         s.fill_bytes(&mut y, 0xFF).unwrap();
-        k.add_rmsnorm(&s, &mut xg, &dg.view(), &wg.view(), &mut y, rows, eps)
-            .unwrap();
+        k.add_rmsnorm(
+            &s,
+            AddResidual {
+                x: &mut xg,
+                d: &dg.view(),
+            },
+            &wg.view(),
+            &mut y,
+            rows,
+            eps,
+        )
+        .unwrap();
         let got = s.download(&y).unwrap();
         check(&format!("add_rmsnorm {rows}x{n}"), &got, &want, |i| {
             2e-5 * want[i].abs() as f64 + 1e-7

@@ -1,6 +1,7 @@
 //! kernels/rope.cu: RoPE with the append to the paged KV pools.
 
 use super::*;
+use m40_kernels::KvAppend;
 
 /// RoPE of Q in place and of K into the paged FP16 cache with V, in one
 /// launch: q against the CPU rope, the pools against the FP16 of the CPU's
@@ -75,14 +76,16 @@ fn rope_kv_append_matches_cpu() {
                 &mut qg,
                 &kg.view(),
                 &vg.view(),
-                n_kv,
-                &pg.view(),
-                &fg.view(),
-                &p,
-                &mut kpool,
-                &mut vpool,
-                &tg.view(),
-                start,
+                KvAppend {
+                    n_head_kv: n_kv,
+                    pos: &pg.view(),
+                    inv_freq: &fg.view(),
+                    p: &p,
+                    kpool: &mut kpool,
+                    vpool: &mut vpool,
+                    table: &tg.view(),
+                    max_start: start,
+                },
             )
             .unwrap();
             let what =

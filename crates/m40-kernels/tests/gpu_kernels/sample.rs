@@ -1,6 +1,7 @@
 //! kernels/sample.cu: top-k selection with penalties.
 
 use super::*;
+use m40_kernels::SelectOut;
 
 /// The CPU sampler's view of selection: penalties in f32 (as
 /// m40-runtime's Sampler applies them), then the k highest logits by IEEE
@@ -92,8 +93,10 @@ fn select_top_k_matches_cpu() {
                     n_vocab,
                     &ag.view(),
                     k_max,
-                    &mut out,
-                    &mut scratch,
+                    SelectOut {
+                        out: &mut out,
+                        scratch: &mut scratch,
+                    },
                 )
                 .unwrap();
                 let what = format!("select n_vocab {n_vocab} style {style} k {kk}");
@@ -142,8 +145,10 @@ fn select_top_k_matches_cpu() {
                 n_vocab,
                 &greedy.view(),
                 1,
-                &mut out,
-                &mut scratch,
+                SelectOut {
+                    out: &mut out,
+                    scratch: &mut scratch,
+                },
             )
             .unwrap();
             let got = s.download(&out).unwrap();
@@ -166,22 +171,62 @@ fn select_top_k_matches_cpu() {
     let mut out = s.alloc::<i32>(4096, "o").unwrap();
     for bad in [0, 11, 2048] {
         assert!(k
-            .select_top_k(&s, &mut lg, 10, &ag.view(), bad, &mut out, &mut scratch)
+            .select_top_k(
+                &s,
+                &mut lg,
+                10,
+                &ag.view(),
+                bad,
+                SelectOut {
+                    out: &mut out,
+                    scratch: &mut scratch
+                }
+            )
             .is_err());
     }
     // Arguments too short for their header, out too short for k_max, a
     // scratch too short.
     let short = s.alloc::<i32>(SELECT_ARGS - 1, "a").unwrap();
     assert!(k
-        .select_top_k(&s, &mut lg, 10, &short.view(), 1, &mut out, &mut scratch)
+        .select_top_k(
+            &s,
+            &mut lg,
+            10,
+            &short.view(),
+            1,
+            SelectOut {
+                out: &mut out,
+                scratch: &mut scratch
+            }
+        )
         .is_err());
     let mut small = s.alloc::<i32>(3, "o").unwrap();
     assert!(k
-        .select_top_k(&s, &mut lg, 10, &ag.view(), 2, &mut small, &mut scratch)
+        .select_top_k(
+            &s,
+            &mut lg,
+            10,
+            &ag.view(),
+            2,
+            SelectOut {
+                out: &mut small,
+                scratch: &mut scratch
+            }
+        )
         .is_err());
     let mut short_scratch = s.alloc_zeroed::<i32>(SELECT_SCRATCH - 1, "s").unwrap();
     assert!(k
-        .select_top_k(&s, &mut lg, 10, &ag.view(), 1, &mut out, &mut short_scratch)
+        .select_top_k(
+            &s,
+            &mut lg,
+            10,
+            &ag.view(),
+            1,
+            SelectOut {
+                out: &mut out,
+                scratch: &mut short_scratch
+            }
+        )
         .is_err());
 }
 

@@ -6,7 +6,10 @@
 
 use m40_device::{DeviceBuffer, DeviceView};
 use m40_gguf::HyperParams;
-use m40_kernels::{AttnPlan, AttnScratch, AttnShape, Fold, GemvOut, RopeKv, RopeStyle, RowSplit};
+use m40_kernels::{
+    AddResidual, AttnInputs, AttnPlan, AttnScratch, AttnShape, Fold, GemmOpts, GemvOpts, GemvOut,
+    KvAppend, RopeKv, RopeStyle, RowSplit,
+};
 
 use super::kv::{GpuCache, Pools};
 use super::weights::{Mat, MatView, Stack};
@@ -89,7 +92,12 @@ impl GpuBackend {
                 [y] if accumulate => GemvOut::Add(y),
                 _ => GemvOut::Parts(y),
             };
-            k.gemv_packed_to(s, &m, x, fold, out, n, None)?;
+            let opts = GemvOpts {
+                m: n,
+                ksplit: None,
+                fold,
+            };
+            k.gemv_packed_to(s, &m, x, out, opts)?;
             return Ok(());
         }
         let Input::Rows(x) = x else {
@@ -97,9 +105,17 @@ impl GpuBackend {
         };
         let mut part = lock(&self.gemm_part);
         match w.view(&data) {
-            MatView::Packed(m) => {
-                k.gemm_packed_split(s, &m, x, y, n, accumulate, Some(&mut part))?
-            }
+            MatView::Packed(m) => k.gemm_packed_split(
+                s,
+                &m,
+                x,
+                y,
+                n,
+                GemmOpts {
+                    accumulate,
+                    scratch: Some(&mut part),
+                },
+            )?,
             MatView::Rows(m) => {
                 let [y] = y.bufs else {
                     unreachable!("only packed matrices are stacked")
@@ -107,7 +123,17 @@ impl GpuBackend {
                 if n == 1 {
                     k.gemv(s, &m, x, y)?
                 } else {
-                    k.gemm(s, &m, x, y, n, accumulate, Some(&mut part))?
+                    k.gemm(
+                        s,
+                        &m,
+                        x,
+                        y,
+                        n,
+                        GemmOpts {
+                            accumulate,
+                            scratch: Some(&mut part),
+                        },
+                    )?
                 }
             }
         }
@@ -189,7 +215,12 @@ impl GpuBackend {
                 match st.mat.view(&data) {
                     MatView::Packed(m) if n <= GEMV_TOKENS => {
                         let (h, fold) = self.fold_in(h);
-                        k.gemv_packed_to(s, &m, h, fold, GemvOut::Glu(gate), n, None)?;
+                        let opts = GemvOpts {
+                            m: n,
+                            ksplit: None,
+                            fold,
+                        };
+                        k.gemv_packed_to(s, &m, h, GemvOut::Glu(gate), opts)?;
                     }
                     _ => {
                         self.matmul(&st.mat, h, up, n, false)?;
@@ -229,15 +260,14 @@ impl GpuBackend {
                 h: w.h,
                 part: w.part,
             };
-            let l = self.kernels.gemv_packed_to(
-                &self.stream,
-                &m,
-                a,
-                Some(fold),
-                GemvOut::Add(w.x),
-                1,
-                None,
-            )?;
+            let opts = GemvOpts {
+                m: 1,
+                ksplit: None,
+                fold: Some(fold),
+            };
+            let l = self
+                .kernels
+                .gemv_packed_to(&self.stream, &m, a, GemvOut::Add(w.x), opts)?;
             return Ok(Residual::Folded(l.blocks));
         }
         if n <= wt.gemv_rows() && !(wt.packed && self.fuse) {
@@ -270,7 +300,11 @@ impl GpuBackend {
         let d = self.model.hparams().n_embd;
         if pending {
             debug_assert_eq!(rows.start, 0, "pending residual rows start at 0");
-            k.add_rmsnorm(s, w.x, &w.proj.view(), &weight.view(), w.h, rows.len(), eps)?;
+            let add = AddResidual {
+                x: w.x,
+                d: &w.proj.view(),
+            };
+            k.add_rmsnorm(s, add, &weight.view(), w.h, rows.len(), eps)?;
         } else {
             let x = w.x.slice(rows.start * d..rows.end * d)?;
             k.rmsnorm(s, &x, &weight.view(), w.h, rows.len(), eps)?;
@@ -297,7 +331,6 @@ impl GpuBackend {
     /// from pos[0] (at most `max_start`), attention split by `plan`; with
     /// `last_logits`, then the last token's logits into `w.logits`. Nothing
     /// here allocates or waits, so it can be captured.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn enqueue(
         &self,
         w: &mut Workspace,
@@ -359,16 +392,23 @@ impl GpuBackend {
                     let out = GemvOut::RopeKv(RopeKv {
                         parts,
                         q: &mut w.q,
-                        n_head_kv: hp.n_head_kv,
-                        pos: &pos_v,
-                        inv_freq: &inv_freq,
-                        p: &self.rope,
-                        kpool: &mut pools.k[l],
-                        vpool: &mut pools.v[l],
-                        table: &table,
-                        max_start,
+                        kv: KvAppend {
+                            n_head_kv: hp.n_head_kv,
+                            pos: &pos_v,
+                            inv_freq: &inv_freq,
+                            p: &self.rope,
+                            kpool: &mut pools.k[l],
+                            vpool: &mut pools.v[l],
+                            table: &table,
+                            max_start,
+                        },
                     });
-                    k.gemv_packed_to(s, &m, x, fold, out, 1, None)?;
+                    let opts = GemvOpts {
+                        m: 1,
+                        ksplit: None,
+                        fold,
+                    };
+                    k.gemv_packed_to(s, &m, x, out, opts)?;
                 }
             } else {
                 self.matmul_stacks(&layer.qkv, xin, &mut [&mut w.q, &mut w.k, &mut w.v], n)?;
@@ -377,36 +417,31 @@ impl GpuBackend {
                     k.add_rows(s, &mut w.k, &bk.view(), n)?;
                     k.add_rows(s, &mut w.v, &bv.view(), n)?;
                 }
-                k.rope_kv_append(
-                    s,
-                    &mut w.q,
-                    &w.k.slice(0..n * kv_dim)?,
-                    &w.v.slice(0..n * kv_dim)?,
-                    hp.n_head_kv,
-                    &pos_v,
-                    &inv_freq,
-                    &self.rope,
-                    &mut pools.k[l],
-                    &mut pools.v[l],
-                    &table,
+                let kv = KvAppend {
+                    n_head_kv: hp.n_head_kv,
+                    pos: &pos_v,
+                    inv_freq: &inv_freq,
+                    p: &self.rope,
+                    kpool: &mut pools.k[l],
+                    vpool: &mut pools.v[l],
+                    table: &table,
                     max_start,
-                )?;
+                };
+                let (kv_k, kv_v) = (w.k.slice(0..n * kv_dim)?, w.v.slice(0..n * kv_dim)?);
+                k.rope_kv_append(s, &mut w.q, &kv_k, &kv_v, kv)?;
             }
-            k.attention(
-                s,
-                &shape,
-                &w.q.slice(0..n * q_dim)?,
-                &pools.k[l].view(),
-                &pools.v[l].view(),
-                &table,
-                &pos_v,
-                &mut w.att,
-                Some(AttnScratch {
-                    part: &mut w.part,
-                    part_ml: &mut w.part_ml,
-                }),
-                Some(plan),
-            )?;
+            let inputs = AttnInputs {
+                q: &w.q.slice(0..n * q_dim)?,
+                kpool: &pools.k[l].view(),
+                vpool: &pools.v[l].view(),
+                table: &table,
+                pos: &pos_v,
+            };
+            let scratch = AttnScratch {
+                part: &mut w.part,
+                part_ml: &mut w.part_ml,
+            };
+            k.attention(s, &shape, &inputs, &mut w.att, Some(scratch), Some(plan))?;
             let av = w.att.view();
             let ffn = layer.gate_up.iter().map(|s| &s.mat);
             let emit = self.folds(&layer.wo, ffn, n).then_some(&layer.ffn_norm);

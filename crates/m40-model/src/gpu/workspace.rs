@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use m40_device::{DeviceBuffer, Stream};
 use m40_gguf::HyperParams;
 use m40_kernels::{
-    gemm_scratch_len, AttnPlan, AttnShape, GemmSlots, PACK_ROWS, SELECT_ARGS, SELECT_MAX_K,
-    SELECT_SCRATCH,
+    gemm_scratch_len, AttnPlan, AttnShape, GemmSlots, SelectOut, PACK_ROWS, SELECT_ARGS,
+    SELECT_MAX_K, SELECT_SCRATCH,
 };
 
 use super::graphs::StepGraph;
@@ -239,8 +239,10 @@ impl GpuBackend {
             self.model.hparams().n_vocab,
             &args,
             self.select_max_k(),
-            &mut w.sel_out,
-            &mut w.sel_scratch,
+            SelectOut {
+                out: &mut w.sel_out,
+                scratch: &mut w.sel_scratch,
+            },
         )?;
         Ok(())
     }

