@@ -5,7 +5,7 @@ use m40_gguf::GgmlType;
 use crate::error::{KernelError, Result};
 
 /// Warps (rows) per GEMV block: `GEMV_WARPS` in kernels/gemv.cu.
-pub const GEMV_WARPS: u32 = 4;
+pub(crate) const GEMV_WARPS: u32 = 4;
 
 macro_rules! kformat {
     ($ty:ident, $sym:literal, $qk:expr, $bytes:expr, $subs:expr, $float:expr) => {
@@ -92,12 +92,12 @@ impl KernelFormat {
 /// `GEMV_CHUNK_BYTES` in kernels/gemv.cu: staged bytes per row and chunk.
 const GEMV_CHUNK_BYTES: usize = 1008;
 /// Rows a GEMV warp works on at once: `GEMV_ROWS` in kernels/gemv.cu.
-pub const GEMV_ROWS: usize = 4;
+pub(crate) const GEMV_ROWS: usize = 4;
 
 /// Blocks of `f` per GEMV chunk at most: `GemvChunk<F>::BLOCKS` in
 /// kernels/gemv.cu (as many as fit GEMV_CHUNK_BYTES; a multiple of 8 for
 /// formats of one 32-weight sub-block per block).
-pub fn gemv_chunk_blocks(f: &KernelFormat) -> usize {
+pub(crate) fn gemv_chunk_blocks(f: &KernelFormat) -> usize {
     let fit = GEMV_CHUNK_BYTES / f.bytes;
     if f.subs == 8 {
         fit.max(1)

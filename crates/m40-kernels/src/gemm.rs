@@ -69,7 +69,7 @@ impl GemmSlots {
 /// and 1B's o (128 tiles, 32%) in 3; the M40 (24 SMs, 2 blocks each) runs
 /// 8B's Q/K/V as 8 full waves. At 40 tokens the H100 splits 8B's Q/K/V
 /// (96 small tiles on 528 slots, 18%) in 5 (91%).
-pub fn gemm_k_splits(m: usize, n: usize, k: usize, gpu: GemmSlots) -> usize {
+pub(crate) fn gemm_k_splits(m: usize, n: usize, k: usize, gpu: GemmSlots) -> usize {
     gemm_plan(m, n, k, gpu).splits
 }
 

@@ -41,9 +41,9 @@ pub use attention::{
 };
 pub use decode::DecodeProgram;
 pub use error::{KernelError, Result};
-pub use format::{gemv_chunk_blocks, gemv_shared_bytes, KernelFormat};
+pub use format::{gemv_shared_bytes, KernelFormat};
 pub use gemm::{
-    gemm_k_splits, gemm_large_tiles, gemm_plan, gemm_scratch_len, GemmOpts, GemmPlan, GemmSlots,
+    gemm_large_tiles, gemm_plan, gemm_scratch_len, GemmOpts, GemmPlan, GemmSlots,
 };
 pub use gemv::GemvPlan;
 pub use gemv_packed::{Fold, GemvLaunch, GemvOpts, GemvOut, RopeKv, PACKED_GEMV_MAX_TOKENS};
@@ -54,7 +54,7 @@ pub use rope::{KvAppend, RopeParams, RopeStyle};
 pub use sample::{select_args, Penalties, SelectOut, SELECT_ARGS, SELECT_MAX_K, SELECT_SCRATCH};
 
 /// Shared memory a block may use on sm_52 (and without opt-in on any GPU).
-pub const MAX_SHARED_PER_BLOCK: usize = 48 * 1024;
+pub(crate) const MAX_SHARED_PER_BLOCK: usize = 48 * 1024;
 
 /// `(name, PTX)` of `kernels/ptx/NAME.ptx`.
 macro_rules! module {

@@ -11,7 +11,7 @@
 pub mod cpu;
 pub mod error;
 pub mod gpu;
-pub mod host;
+pub(crate) mod host;
 
 use std::path::Path;
 

@@ -37,7 +37,7 @@ mod ollama;
 mod openai;
 mod store_api;
 
-pub use metrics::Metrics;
+use metrics::Metrics;
 
 /// Server limits.
 #[derive(Clone, Debug)]
@@ -374,7 +374,7 @@ impl Drop for CancelOnDrop {
 
 /// An error answered as `{"error": "..."}` with a status.
 #[derive(Debug)]
-pub struct ApiError {
+pub(crate) struct ApiError {
     pub status: StatusCode,
     pub message: String,
     retry_after: Option<u64>,

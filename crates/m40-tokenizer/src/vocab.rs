@@ -149,7 +149,7 @@ impl Vocab {
 }
 
 /// The byte a SentencePiece byte token (`<0x0A>`) stands for.
-pub fn byte_token_value(piece: &str) -> Option<u8> {
+pub(crate) fn byte_token_value(piece: &str) -> Option<u8> {
     let hex = piece.strip_prefix("<0x")?.strip_suffix('>')?;
     if hex.len() != 2 {
         return None;

@@ -1,11 +1,11 @@
 //! The CPU reference backend: FP32 arithmetic on weights kept in their GGUF
 //! blocks, an FP16 KV cache, all prompt tokens through each matmul together.
 
-pub mod fused;
+pub(crate) mod fused;
 pub mod matmul;
 pub mod ops;
-pub mod q8;
-pub mod simd;
+pub(crate) mod q8;
+pub(crate) mod simd;
 
 use std::sync::Arc;
 

@@ -127,7 +127,7 @@ impl GpuCache {
     }
 
     /// Whether `pool` is this cache's.
-    pub fn is_of(&self, pool: &Arc<PagePool>) -> bool {
+    pub(crate) fn is_of(&self, pool: &Arc<PagePool>) -> bool {
         Arc::ptr_eq(&self.pool, pool)
     }
 

@@ -266,7 +266,7 @@ pub struct Store {
 }
 
 /// Hex sha256 of everything `r` yields.
-pub fn sha256_reader(mut r: impl Read) -> std::io::Result<String> {
+pub(crate) fn sha256_reader(mut r: impl Read) -> std::io::Result<String> {
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     loop {
