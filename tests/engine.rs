@@ -1,28 +1,77 @@
 //! The engine end to end on SmolLM2: greedy matches llama.cpp, seeds
 //! reproduce, stop strings, max tokens, cancellation, context limits, logprobs.
+//!
+//! Each test body runs on both backends (as candle's `test_device!`):
+//! `NAME::cpu` in CI, `NAME::gpu` ignored without a GPU and run by the GPU
+//! pack (which needs the model at `M40_SMOLLM2`: the device has no network).
 
 mod support;
 
 use std::sync::OnceLock;
 
 use m40_runtime::{
-    CancelToken, Engine, EngineError, EngineOptions, FinishReason, Message, Prompt, Request,
-    SamplingParams,
+    BackendChoice, CancelToken, Engine, EngineError, EngineOptions, FinishReason, Message, Prompt,
+    Request, SamplingParams,
 };
 
-fn engine() -> &'static Engine {
-    static E: OnceLock<Engine> = OnceLock::new();
-    E.get_or_init(|| {
+/// The backend a test body runs on.
+#[derive(Clone, Copy, Debug)]
+enum On {
+    Cpu,
+    Gpu,
+}
+
+/// SmolLM2 on `on`, loaded once per backend.
+fn engine(on: On) -> &'static Engine {
+    static CPU: OnceLock<Engine> = OnceLock::new();
+    static GPU: OnceLock<Engine> = OnceLock::new();
+    let (cell, backend) = match on {
+        On::Cpu => (&CPU, BackendChoice::Cpu),
+        On::Gpu => {
+            m40_device::testing::gpu_device("engine tests");
+            (&GPU, BackendChoice::Gpu)
+        }
+    };
+    cell.get_or_init(|| {
         Engine::from_path(
             &support::smollm2(),
             EngineOptions {
                 n_ctx: Some(256),
+                backend,
                 ..Default::default()
             },
         )
         .unwrap()
     })
 }
+
+/// `NAME::cpu` and `NAME::gpu`: the body `fn NAME(on: On)` on each backend.
+macro_rules! on_both {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[test]
+            fn cpu() {
+                super::$name(super::On::Cpu)
+            }
+
+            #[test]
+            #[ignore = "needs a GPU"]
+            fn gpu() {
+                super::$name(super::On::Gpu)
+            }
+        }
+    )*};
+}
+
+on_both!(
+    greedy_raw_prompt_matches_llama_cpp,
+    seeds_reproduce_and_differ,
+    stop_strings_end_generation_and_are_not_emitted,
+    chat_prompts_use_the_template_and_stop_at_end_of_turn,
+    cancellation_from_another_thread,
+    context_limits,
+    logprobs_are_reported,
+);
 
 fn raw(text: &str, sampling: SamplingParams, max_tokens: usize) -> Request {
     let mut r = Request::new(Prompt::Text(text.into()));
@@ -31,9 +80,8 @@ fn raw(text: &str, sampling: SamplingParams, max_tokens: usize) -> Request {
     r
 }
 
-#[test]
-fn greedy_raw_prompt_matches_llama_cpp() {
-    let e = engine();
+fn greedy_raw_prompt_matches_llama_cpp(on: On) {
+    let e = engine(on);
     let mut events = Vec::new();
     let c = e
         .generate(
@@ -55,9 +103,8 @@ fn greedy_raw_prompt_matches_llama_cpp() {
     assert!(c.timings.time_to_first_token_ms > 0.0);
 }
 
-#[test]
-fn seeds_reproduce_and_differ() {
-    let e = engine();
+fn seeds_reproduce_and_differ(on: On) {
+    let e = engine(on);
     let s = |seed| SamplingParams {
         temperature: 1.0,
         seed: Some(seed),
@@ -76,9 +123,8 @@ fn seeds_reproduce_and_differ() {
     assert_ne!(run(7), run(8));
 }
 
-#[test]
-fn stop_strings_end_generation_and_are_not_emitted() {
-    let e = engine();
+fn stop_strings_end_generation_and_are_not_emitted(on: On) {
+    let e = engine(on);
     let mut r = raw("1, 2, 3, 4, 5,", SamplingParams::greedy(), 30);
     r.stop = vec![" 8".into()];
     let mut streamed = String::new();
@@ -90,9 +136,8 @@ fn stop_strings_end_generation_and_are_not_emitted() {
     assert_eq!(streamed, c.text);
 }
 
-#[test]
-fn chat_prompts_use_the_template_and_stop_at_end_of_turn() {
-    let e = engine();
+fn chat_prompts_use_the_template_and_stop_at_end_of_turn(on: On) {
+    let e = engine(on);
     let p = Prompt::Chat(vec![Message::new("user", "Say hi.")]);
     let ids = e.prompt_tokens(&p).unwrap();
     let im_start = e.tokenizer().token_id("<|im_start|>").unwrap();
@@ -105,9 +150,8 @@ fn chat_prompts_use_the_template_and_stop_at_end_of_turn() {
     assert!(!c.text.contains("<|im_end|>") && !c.text.is_empty());
 }
 
-#[test]
-fn cancellation_from_another_thread() {
-    let e = engine();
+fn cancellation_from_another_thread(on: On) {
+    let e = engine(on);
     let cancel = CancelToken::new();
     let c2 = cancel.clone();
     let mut n = 0;
@@ -128,9 +172,8 @@ fn cancellation_from_another_thread() {
     assert_eq!(c.token_ids.len(), 3);
 }
 
-#[test]
-fn context_limits() {
-    let e = engine();
+fn context_limits(on: On) {
+    let e = engine(on);
     let long = "word ".repeat(400);
     let err = e
         .generate(
@@ -159,9 +202,8 @@ fn context_limits() {
     ));
 }
 
-#[test]
-fn logprobs_are_reported() {
-    let e = engine();
+fn logprobs_are_reported(on: On) {
+    let e = engine(on);
     let mut r = raw("The capital of France is", SamplingParams::greedy(), 3);
     r.logprobs = Some(5);
     let mut events = Vec::new();

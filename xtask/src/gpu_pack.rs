@@ -3,7 +3,10 @@
 //! all with `M40_REQUIRE_GPU=1` and ends with the line `N passed, N failed`.
 //!
 //! GPU binaries are the integration tests and benches whose target name
-//! starts with `gpu` (e.g. crates/m40-kernels/tests/gpu_kernels/). The
+//! starts with `gpu` (e.g. crates/m40-kernels/tests/gpu_kernels/), and the
+//! tests whose bodies run on both backends (`tests/engine.rs`, which needs
+//! SmolLM2 at `M40_SMOLLM2` there: carry it separately, it does not fit
+//! in the pack). The
 //! device tool carries at most 64 MiB: the pack is also written as
 //! `target/gpu-pack.tgz` (about a third of the size), which must fit.
 //!
@@ -104,6 +107,7 @@ fn build(args: &[&str], target_dir: &Path) -> Result<Vec<(String, PathBuf)>> {
         let kind = &msg["target"]["kind"][0];
         let exe = msg["executable"].as_str();
         let wanted = (name.starts_with("gpu") && (kind == "test" || kind == "bench"))
+            || (BOTH_BACKENDS.contains(&name) && kind == "test")
             || (name == "m40-llm" && kind == "bin" && msg["profile"]["test"] == false);
         if let (true, Some(exe)) = (wanted, exe) {
             found.push((name.to_string(), PathBuf::from(exe)));
@@ -111,6 +115,10 @@ fn build(args: &[&str], target_dir: &Path) -> Result<Vec<(String, PathBuf)>> {
     }
     Ok(found)
 }
+
+/// Test targets whose bodies run on both backends (`NAME::gpu` ignored
+/// without a GPU): the pack runs their GPU half too.
+const BOTH_BACKENDS: &[&str] = &["engine"];
 
 pub fn run() -> Result<()> {
     let root = root();

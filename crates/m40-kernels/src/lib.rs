@@ -42,9 +42,7 @@ pub use attention::{
 pub use decode::DecodeProgram;
 pub use error::{KernelError, Result};
 pub use format::{gemv_shared_bytes, KernelFormat};
-pub use gemm::{
-    gemm_large_tiles, gemm_plan, gemm_scratch_len, GemmOpts, GemmPlan, GemmSlots,
-};
+pub use gemm::{gemm_large_tiles, gemm_plan, gemm_scratch_len, GemmOpts, GemmPlan, GemmSlots};
 pub use gemv::GemvPlan;
 pub use gemv_packed::{Fold, GemvLaunch, GemvOpts, GemvOut, RopeKv, PACKED_GEMV_MAX_TOKENS};
 pub use layout::{PackedMatrix, QMatrix, RowSplit, KV_PAGE};
