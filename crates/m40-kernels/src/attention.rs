@@ -1,8 +1,8 @@
 //! Attention over the paged KV cache (kernels/attention.cu).
 
-use m40_device::{ArgBlock, DeviceBuffer, DeviceView, KernelArgs, Stream};
+use m40_device::{DeviceBuffer, DeviceView, KernelArgs, Stream};
 
-use crate::decode::{DecodeOp, DecodeOpHead, DEC_MAX_HEAD_DIM, DEC_SHARED, DEC_THREADS};
+use crate::decode::{DecodeOp, DecodeOpHead, OpArgs, DEC_MAX_HEAD_DIM, DEC_SHARED, DEC_THREADS};
 use crate::error::{KernelError, Result};
 use crate::launch::{cfg_shared as cfg, check_len, shape, to_i32};
 use crate::layout::KV_PAGE;
@@ -336,7 +336,7 @@ impl Kernels {
         if plan.tile && (plan.splits != 1 || !attn_tile_fits(s)) {
             return Err(shape(K, format!("plan {plan:?}: no tile kernel for {s:?}")));
         }
-        if plan.tile && !self.recording() {
+        if plan.tile {
             let tpb = ATT_TILE_ROWS / group;
             let grid = (
                 to_i32(K, "blocks", s.n_tok.div_ceil(tpb))? as u32,
@@ -391,10 +391,6 @@ impl Kernels {
         }
         let warps = plan.tpb * plan.gw;
         let threads = (32 * warps) as u32;
-        // While a decode program records: ops of the persistent kernel
-        // where its blocks hold the plan (4 warps, head dims up to 128).
-        let record =
-            self.recording() && warps <= (DEC_THREADS / 32) as usize && hd <= DEC_MAX_HEAD_DIM;
         let (np, nml) = plan.scratch_len(s);
         let mut scratch = match (plan.splits, scratch) {
             (1, _) => None,
@@ -405,44 +401,13 @@ impl Kernels {
             }
             (n, None) => return Err(shape(K, format!("{n} key splits need scratch"))),
         };
-        let comb = [plan.splits as i32, hd as i32];
-        if record {
-            let head = DecodeOpHead {
-                kind: DecodeOp::Attn,
-                blocks: (grid.0 * grid.1 * grid.2) as usize,
-                variant: hd.div_ceil(32) as i32,
-                fold: 0,
-                grid: [grid.0, grid.1, grid.2],
-            };
-            let a = match &mut scratch {
-                None => push_attn(ArgBlock::new(stream), &ptrs, out, None, &args),
-                Some(sc) => push_attn(
-                    ArgBlock::new(stream),
-                    &ptrs,
-                    sc.part,
-                    Some(sc.part_ml),
-                    &args,
-                ),
-            };
-            self.record_op(head, a.into_bytes())?;
-            if let Some(sc) = scratch {
-                let head = DecodeOpHead {
-                    kind: DecodeOp::Combine,
-                    blocks: rows,
-                    variant: 0,
-                    fold: 0,
-                    grid: [0; 3],
-                };
-                let a = push_combine(ArgBlock::new(stream), &sc, out, &comb);
-                self.record_op(head, a.into_bytes())?;
-            }
-            return Ok(plan);
-        }
-        let (kernel, c) = match plan.dec_warps {
-            0 => (
-                self.kernel("attention", ATTN_KERNELS[hd.div_ceil(32) - 1])?,
-                cfg(grid, threads, smem as u32),
-            ),
+        // An op of the persistent kernel (crate::decode) where its blocks
+        // hold the plan (4 warps, head dims up to 128); else this plan's
+        // kernel: the warp kernel, or the decode kernel of one token.
+        let recordable = warps <= (DEC_THREADS / 32) as usize && hd <= DEC_MAX_HEAD_DIM;
+        let mut c = cfg(grid, threads, smem as u32);
+        let exec = self.exec(recordable, || match plan.dec_warps {
+            0 => self.kernel("attention", ATTN_KERNELS[hd.div_ceil(32) - 1]),
             warps => {
                 let g = plan.dec_heads;
                 let name = attn_dec_kernel(s, g)
@@ -455,11 +420,30 @@ impl Kernels {
                 }
                 let parts = (s.n_head / s.n_head_kv).div_ceil(g);
                 let grid = (s.n_head_kv as u32, grid.2, parts as u32);
-                (
-                    self.kernel("attention", name)?,
-                    cfg(grid, 32 * warps as u32, attn_dec_shared_bytes(hd, g) as u32),
-                )
+                c = cfg(grid, 32 * warps as u32, attn_dec_shared_bytes(hd, g) as u32);
+                self.kernel("attention", name)
             }
+        })?;
+        let head = DecodeOpHead {
+            kind: DecodeOp::Attn,
+            blocks: (grid.0 * grid.1 * grid.2) as usize,
+            variant: hd.div_ceil(32) as i32,
+            fold: 0,
+            grid: [grid.0, grid.1, grid.2],
+        };
+        let mut a = match &mut scratch {
+            None => AttnArgs {
+                p: &ptrs,
+                out: &mut *out,
+                part_ml: None,
+                sc: &args,
+            },
+            Some(sc) => AttnArgs {
+                p: &ptrs,
+                out: &mut *sc.part,
+                part_ml: Some(&mut *sc.part_ml),
+                sc: &args,
+            },
         };
         // SAFETY: attn_f32_r<R> (see push_attn for its parameters) with R =
         // ceil(hd / 32), or attn_dec_f32_d<hd / 32>_g<G> (G >= the query
@@ -472,39 +456,37 @@ impl Kernels {
         // the caller from scratch_len, checked above); part_ml is untouched
         // when splits == 1 (a null pointer then). Shared memory:
         // attn_shared_bytes, or attn_dec_shared_bytes (under 48 KB).
-        match &mut scratch {
-            None => unsafe { push_attn(stream.launch(&kernel), &ptrs, out, None, &args).run(c)? },
-            Some(sc) => unsafe {
-                push_attn(
-                    stream.launch(&kernel),
-                    &ptrs,
-                    sc.part,
-                    Some(sc.part_ml),
-                    &args,
-                )
-                .run(c)?
-            },
-        }
+        // Recorded, the persistent kernel's attention op (the warp kernel's
+        // code) does the same with the same arguments.
+        unsafe { self.submit(stream, &exec, c, head, &mut a)? };
         if let Some(sc) = scratch {
-            let kernel = self.kernel("attention", "attn_combine_f32")?;
             // Many splits (a long context): a block per row and 32
             // dimensions, so more SMs read the partials at once.
             let parts = match plan.splits >= ATT_COMBINE_PARTS_FROM {
                 true => hd.div_ceil(32) as u32,
                 false => 1,
             };
+            let exec = self.exec(recordable, || self.kernel("attention", "attn_combine_f32"))?;
+            let head = DecodeOpHead {
+                kind: DecodeOp::Combine,
+                blocks: rows,
+                variant: 0,
+                fold: 0,
+                grid: [0; 3],
+            };
+            let comb = [plan.splits as i32, hd as i32];
+            let mut a = CombineArgs {
+                s: &sc,
+                out,
+                sc: &comb,
+            };
             // SAFETY: attn_combine_f32(const float* part, const float* part_ml,
             // float* out, int splits, int hd): block (r, y) reads
             // part[(r*splits..)*hd], part_ml[r*splits*2..] and writes its
             // slice of out[r*hd..][..hd], r < rows, y < parts <= hd; lengths
-            // checked above.
-            unsafe {
-                push_combine(stream.launch(&kernel), &sc, out, &comb).run(cfg(
-                    (rows as u32, parts, 1),
-                    ATT_COMBINE_THREADS,
-                    0,
-                ))?
-            };
+            // checked above. Recorded: decode.cu's DecCombine, the same.
+            let c = cfg((rows as u32, parts, 1), ATT_COMBINE_THREADS, 0);
+            unsafe { self.submit(stream, &exec, c, head, &mut a)? };
         }
         Ok(plan)
     }
@@ -576,6 +558,33 @@ fn push_attn<'l, A: KernelArgs<'l>>(
         l = l.scalar(v);
     }
     l.scalar(&sc.scale_log2)
+}
+
+/// Attention's arguments (see [`push_attn`]), for [`Kernels::submit`].
+struct AttnArgs<'r, 'x, 'v> {
+    p: &'r AttnInputs<'x, 'v>,
+    out: &'r mut DeviceBuffer<f32>,
+    part_ml: Option<&'r mut DeviceBuffer<f32>>,
+    sc: &'r AttnScalars,
+}
+
+impl OpArgs for AttnArgs<'_, '_, '_> {
+    fn push<'l, A: KernelArgs<'l>>(&'l mut self, a: A) -> A {
+        push_attn(a, self.p, self.out, self.part_ml.as_deref_mut(), self.sc)
+    }
+}
+
+/// The split combine's arguments (see [`push_combine`]).
+struct CombineArgs<'r, 's> {
+    s: &'r AttnScratch<'s>,
+    out: &'r mut DeviceBuffer<f32>,
+    sc: &'r [i32; 2],
+}
+
+impl OpArgs for CombineArgs<'_, '_> {
+    fn push<'l, A: KernelArgs<'l>>(&'l mut self, a: A) -> A {
+        push_combine(a, self.s, self.out, self.sc)
+    }
 }
 
 /// The parameters of attn_combine_f32 (kernels/attention.cu; decode.cu's

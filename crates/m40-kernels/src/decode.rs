@@ -8,11 +8,13 @@
 //! [`Kernels::attention`] for shapes the program's blocks hold) append their
 //! arguments to it instead of launching; any other launch first launches
 //! the ops recorded before it, so the order of the work is the order of the
-//! calls. Made for a captured decode step: the graph keeps the launches,
+//! calls. This module is the seam: a launcher asks [`Kernels::exec`] where
+//! its op goes and hands its arguments to [`Kernels::submit`], the same
+//! code for a launch and a record; only here is it known which. Made for a captured decode step: the graph keeps the launches,
 //! and [`DecodeProgram::upload`] puts the recorded arguments in device
 //! memory once, before the graph first runs.
 
-use m40_device::{DeviceBuffer, DevicePtr, Stream};
+use m40_device::{ArgBlock, DeviceBuffer, DevicePtr, Kernel, KernelArgs, LaunchConfig, Stream};
 
 use crate::error::{KernelError, Result};
 use crate::launch::cfg;
@@ -57,6 +59,22 @@ pub(crate) struct DecodeOpHead {
     pub fold: i32,
     /// Attention: its grid (token blocks, head blocks, splits).
     pub grid: [u32; 3],
+}
+
+/// Where a launcher's op goes ([`Kernels::exec`]).
+pub(crate) enum Exec {
+    /// Launched as its own kernel.
+    Launch(Kernel),
+    /// Recorded into the decode program, whose kernel runs on `resident`
+    /// blocks (what the op is planned for).
+    Record { resident: usize },
+}
+
+/// A launcher's arguments, pushed in the order of its kernel's parameters
+/// into a launch or into a program's op (the kernel's parameter struct in
+/// memory, which decode.cu reads).
+pub(crate) trait OpArgs {
+    fn push<'l, A: KernelArgs<'l>>(&'l mut self, a: A) -> A;
 }
 
 /// Device memory for a recorded decode program: its ops and the barrier
@@ -140,18 +158,58 @@ impl Kernels {
     }
 
     /// Whether a decode program is recording.
-    pub(crate) fn recording(&self) -> bool {
+    fn recording(&self) -> bool {
         self.recorder().is_some()
     }
 
+    /// Where an op goes: into the decode program while one records and the
+    /// op is `recordable` (the persistent kernel has it for these shapes),
+    /// else launched as the kernel `kernel` gives.
+    pub(crate) fn exec(
+        &self,
+        recordable: bool,
+        kernel: impl FnOnce() -> Result<Kernel>,
+    ) -> Result<Exec> {
+        if recordable && self.recording() {
+            let resident = self.decode_resident()?;
+            return Ok(Exec::Record { resident });
+        }
+        Ok(Exec::Launch(kernel()?))
+    }
+
+    /// Launch `exec`'s kernel with `args` on `cfg`, or append the op `head`
+    /// with the same arguments to the program.
+    ///
+    /// # Safety
+    /// As launching the kernel: `args` are what it reads and writes, and
+    /// the launcher has checked them (and `cfg`) against what it assumes.
+    /// A recorded op's virtual blocks do what the kernel's blocks would.
+    pub(crate) unsafe fn submit(
+        &self,
+        stream: &Stream,
+        exec: &Exec,
+        cfg: LaunchConfig,
+        head: DecodeOpHead,
+        args: &mut impl OpArgs,
+    ) -> Result<()> {
+        match exec {
+            // SAFETY: the caller's (see the doc).
+            Exec::Launch(kernel) => unsafe { args.push(stream.launch(kernel)).run(cfg)? },
+            Exec::Record { .. } => {
+                self.record_op(head, args.push(ArgBlock::new(stream)).into_bytes())?
+            }
+        }
+        Ok(())
+    }
+
     /// Blocks of the persistent kernel the GPU holds at once (its grid).
-    pub(crate) fn decode_resident(&self) -> Result<usize> {
+    fn decode_resident(&self) -> Result<usize> {
         let k = self.handle("decode", "decode_program")?;
         self.resident_blocks(&k, DEC_THREADS, DEC_SHARED as u32)
     }
 
     /// Append an op (its head and `args`, the C layout of its struct).
-    pub(crate) fn record_op(&self, head: DecodeOpHead, args: Vec<u8>) -> Result<()> {
+    fn record_op(&self, head: DecodeOpHead, args: Vec<u8>) -> Result<()> {
         let mut guard = self.recorder();
         let rec = guard.as_mut().expect("record_op while recording");
         const K: &str = "decode_program";

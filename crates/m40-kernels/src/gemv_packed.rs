@@ -2,9 +2,9 @@
 //! tokens, stacked outputs, SwiGLU, the residual add, folded RMSNorm and
 //! RoPE with the KV append.
 
-use m40_device::{ArgBlock, DeviceBuffer, DeviceView, KernelArgs, Stream};
+use m40_device::{DeviceBuffer, DeviceView, KernelArgs, Stream};
 
-use crate::decode::{DecodeOp, DecodeOpHead, FOLD_EMIT, FOLD_NONE, FOLD_TAKE};
+use crate::decode::{DecodeOp, DecodeOpHead, Exec, OpArgs, FOLD_EMIT, FOLD_NONE, FOLD_TAKE};
 use crate::error::Result;
 use crate::launch::{cfg, check_len, shape, to_i32};
 use crate::layout::{PackedMatrix, RowSplit, KV_PAGE};
@@ -186,6 +186,22 @@ fn push_gemv<'l, A: KernelArgs<'l>>(
     l.scalar(&sc.rope[0])
         .scalar(&sc.rope[1])
         .scalar(&sc.rope_scale)
+}
+
+/// A packed GEMV's arguments (see [`push_gemv`]), for
+/// [`Kernels::submit`].
+struct GemvArgs<'r, 'a, 'b, 'c, 'd, 'e> {
+    w: &'r DeviceView<'r, u8>,
+    x: &'r DeviceView<'r, f32>,
+    out: &'r mut GemvOut<'a, 'b, 'c>,
+    fold: &'r mut Option<Fold<'d, 'e>>,
+    sc: &'r GemvScalars,
+}
+
+impl OpArgs for GemvArgs<'_, '_, '_, '_, '_, '_> {
+    fn push<'l, A: KernelArgs<'l>>(&'l mut self, a: A) -> A {
+        push_gemv(a.view(self.w).view(self.x), self.out, self.fold, self.sc)
+    }
 }
 
 /// What a packed GEMV launched: warps per row group and blocks (per launch
@@ -459,15 +475,13 @@ impl Kernels {
             (3..=4, _) => f.gemv_batch[1],
             _ => f.gemv_batch[2],
         };
-        // One token while a decode program records (crate::decode): an op
-        // of the persistent kernel, planned for its resident blocks.
-        let record = m == 1 && self.recording();
-        let kernel = match record {
-            true => None,
-            false => Some(self.kernel("gemv_packed", name(m.min(GEMV_BATCH)))?),
-        };
-        let slots = match &kernel {
-            Some(k) => {
+        // One token is an op the persistent kernel has (crate::decode),
+        // planned then for its resident blocks.
+        let exec = self.exec(m == 1, || {
+            self.kernel("gemv_packed", name(m.min(GEMV_BATCH)))
+        })?;
+        let slots = match &exec {
+            Exec::Launch(k) => {
                 let split3 = if m == 1 && f.split3 {
                     Some(self.resident_blocks(k, 32 * PACKED_GEMV_SPLIT3_WARPS as u32, 0)?)
                 } else {
@@ -478,7 +492,7 @@ impl Kernels {
                     split3,
                 ]
             }
-            None => [Some(self.decode_resident()?), None],
+            Exec::Record { resident } => [Some(*resident), None],
         };
         let nb = ncols / 32;
         let groups = nrows.div_ceil(PACK_ROWS);
@@ -548,23 +562,19 @@ impl Kernels {
                 rope: rope_i,
                 rope_scale,
             };
-            let Some(kernel) = &kernel else {
-                // Recorded: the same arguments as the kernel's, in memory.
-                let head = DecodeOpHead {
-                    kind: DecodeOp::Gemv,
-                    blocks,
-                    variant: f.decode_index(),
-                    fold: fold_kind,
-                    grid: [0; 3],
-                };
-                let args = push_gemv(
-                    ArgBlock::new(stream).view(w.data).view(x),
-                    &mut out,
-                    &mut fold,
-                    &sc,
-                );
-                self.record_op(head, args.into_bytes())?;
-                break;
+            let head = DecodeOpHead {
+                kind: DecodeOp::Gemv,
+                blocks,
+                variant: f.decode_index(),
+                fold: fold_kind,
+                grid: [0; 3],
+            };
+            let mut args = GemvArgs {
+                w: w.data,
+                x,
+                out: &mut out,
+                fold: &mut fold,
+                sc: &sc,
             };
             // SAFETY: gemv_packed_<fmt>_f32[_x<B>|_take|_emit] (see push_gemv
             // for the parameters): reads the
@@ -587,16 +597,9 @@ impl Kernels {
             // rows r1 .. r2 (K) and r2 .. nrows (V; kv_dim each or none,
             // checked) to row kv_row(table, pos[0]) of the pools (pages below
             // the pool's count, kept so by the caller; vpool as long as
-            // kpool: checked).
-            unsafe {
-                push_gemv(
-                    stream.launch(kernel).view(w.data).view(x),
-                    &mut out,
-                    &mut fold,
-                    &sc,
-                )
-                .run(cfg(grid, block_threads))?
-            };
+            // kpool: checked). Recorded (one token), the persistent kernel's
+            // virtual blocks do the same with the same arguments.
+            unsafe { self.submit(stream, &exec, cfg(grid, block_threads), head, &mut args)? };
         }
         Ok(GemvLaunch {
             ksplit: ks as u32,
