@@ -1,0 +1,24 @@
+//! m40-sched: which sequences each forward step runs.
+//!
+//! Continuous batching as a policy, apart from any backend: sequences
+//! arrive with a prompt and a limit of new tokens, and each step
+//! ([`Scheduler::plan`]) says which of them decode one token, which prompt
+//! chunks run, and which sequences are preempted to make room. The caller
+//! runs the step (one forward over all of it), samples, and reports which
+//! sequences ended ([`Scheduler::complete`]).
+//!
+//! The policy (issue 33, "Policy"):
+//! - a token budget per step; running decodes first, prompt chunks fill the
+//!   rest, so a long prompt never stalls running streams for more than one
+//!   chunk;
+//! - admission in arrival order (FIFO: the head of the queue is never
+//!   passed over, so no sequence starves) while the free KV pages cover its
+//!   prompt plus a watermark, and while fewer than `max_running` run;
+//! - when the pages run dry mid-decode, the newest running sequence is
+//!   preempted: its pages are freed and it waits, first in line, to be
+//!   computed again from its prompt and the tokens it had generated (no
+//!   token is lost or repeated: the caller keeps them).
+
+mod policy;
+
+pub use policy::{Config, SchedError, Scheduler, SeqId, Step};
