@@ -18,7 +18,13 @@
 //!   preempted: its pages are freed and it waits, first in line, to be
 //!   computed again from its prompt and the tokens it had generated (no
 //!   token is lost or repeated: the caller keeps them).
+//!
+//! [`PrefixCache`] keys full KV pages by their tokens and all before them,
+//! counts their users, and keeps unused ones until the pool needs them
+//! (least recently used first out). Neither is used by the engine yet.
 
 mod policy;
+mod prefix;
 
 pub use policy::{Config, SchedError, Scheduler, SeqId, Step};
+pub use prefix::{page_key, PageKey, PrefixCache};

@@ -1,0 +1,318 @@
+//! Prefix caching: full KV pages keyed by their tokens and everything
+//! before them, so that a request that starts as an earlier one did (a chat
+//! resending its history, agents sharing a system prompt) reuses the pages
+//! instead of computing them again.
+//!
+//! A page's key chains the previous page's key with the page's tokens. The
+//! cache also keeps the tokens, and a lookup compares them, so two prefixes
+//! whose keys collide are never confused. Pages in use count their users;
+//! a page no sequence uses stays cached until the pool needs it back, least
+//! recently used first out.
+
+use std::collections::{BTreeMap, HashMap};
+
+/// A full page's key (see the module's documentation).
+pub type PageKey = u64;
+
+/// The key of a full page holding `tokens` after the page keyed `prev`
+/// (None: a sequence's first page). FNV-1a over `prev` and the tokens:
+/// the same on every run and machine.
+pub fn page_key(prev: Option<PageKey>, tokens: &[u32]) -> PageKey {
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        for &b in bytes {
+            h ^= b as u64;
+            h = h.wrapping_mul(PRIME);
+        }
+    };
+    match prev {
+        Some(p) => eat(&p.to_le_bytes()),
+        None => eat(&[0xFF; 9]),
+    }
+    for t in tokens {
+        eat(&t.to_le_bytes());
+    }
+    h
+}
+
+struct Entry {
+    page: u32,
+    prev: Option<PageKey>,
+    tokens: Vec<u32>,
+    users: u32,
+    /// When it was last used (acquired or released).
+    stamp: u64,
+}
+
+/// Cached pages by key, their users, and the unused ones in order of last
+/// use.
+#[derive(Default)]
+pub struct PrefixCache {
+    by_key: HashMap<PageKey, Entry>,
+    by_page: HashMap<u32, PageKey>,
+    /// Unused pages by the stamp of their last use (the oldest first).
+    unused: BTreeMap<u64, PageKey>,
+    clock: u64,
+}
+
+impl PrefixCache {
+    pub fn new() -> PrefixCache {
+        PrefixCache::default()
+    }
+
+    fn tick(&mut self) -> u64 {
+        self.clock += 1;
+        self.clock
+    }
+
+    /// The cached entry for the page after `prev` holding `tokens`.
+    fn find(&self, prev: Option<PageKey>, tokens: &[u32]) -> Option<PageKey> {
+        let key = page_key(prev, tokens);
+        self.by_key
+            .get(&key)
+            .filter(|e| e.prev == prev && e.tokens == tokens)
+            .map(|_| key)
+    }
+
+    /// The longest cached prefix of `tokens` in whole pages of
+    /// `page_tokens`: its pages, each now used once more, and the key of
+    /// the last (to chain the pages the sequence fills next).
+    pub fn acquire(&mut self, tokens: &[u32], page_tokens: usize) -> (Vec<u32>, Option<PageKey>) {
+        let mut pages = Vec::new();
+        let mut prev = None;
+        for chunk in tokens.chunks_exact(page_tokens) {
+            let Some(key) = self.find(prev, chunk) else {
+                break;
+            };
+            let stamp = self.tick();
+            let e = self.by_key.get_mut(&key).expect("found");
+            if e.users == 0 {
+                self.unused.remove(&e.stamp);
+            }
+            e.users += 1;
+            e.stamp = stamp;
+            pages.push(e.page);
+            prev = Some(key);
+        }
+        (pages, prev)
+    }
+
+    /// A sequence filled `page` with `tokens` after the page keyed `prev`:
+    /// cache it, used by that sequence. Returns its key, and the page
+    /// already cached for the same tokens when another sequence got there
+    /// first. `page` is cached only when neither that nor a (vanishingly
+    /// unlikely) key collision kept it out: [`PrefixCache::holds`] says;
+    /// [`PrefixCache::release`] hands it back uncached otherwise.
+    pub fn insert(
+        &mut self,
+        prev: Option<PageKey>,
+        tokens: &[u32],
+        page: u32,
+    ) -> (PageKey, Option<u32>) {
+        let key = page_key(prev, tokens);
+        if let Some(e) = self.by_key.get(&key) {
+            // The same tokens (or, never in practice, a colliding key: then
+            // the page stays uncached).
+            let same = e.prev == prev && e.tokens == tokens;
+            return (key, same.then_some(e.page));
+        }
+        assert!(
+            !self.by_page.contains_key(&page),
+            "page {page} is cached already"
+        );
+        let stamp = self.tick();
+        self.by_key.insert(
+            key,
+            Entry {
+                page,
+                prev,
+                tokens: tokens.to_vec(),
+                users: 1,
+                stamp,
+            },
+        );
+        self.by_page.insert(page, key);
+        (key, None)
+    }
+
+    /// Whether `page` is cached (then [`PrefixCache::release`] takes it
+    /// back; the caller frees only pages that are not).
+    pub fn holds(&self, page: u32) -> bool {
+        self.by_page.contains_key(&page)
+    }
+
+    /// A sequence stops using `pages` (its pages in order: it ended or was
+    /// preempted). Cached ones stay cached; those no sequence uses now can
+    /// be evicted, a sequence's last pages before its first (a prefix's
+    /// head serves every longer one). Returns the pages that are not cached
+    /// (the caller frees them).
+    pub fn release(&mut self, pages: &[u32]) -> Vec<u32> {
+        let mut uncached = Vec::new();
+        for &page in pages.iter().rev() {
+            let Some(&key) = self.by_page.get(&page) else {
+                uncached.push(page);
+                continue;
+            };
+            let stamp = self.tick();
+            let e = self.by_key.get_mut(&key).expect("by_page and by_key agree");
+            assert!(e.users > 0, "releasing unused page {page}");
+            e.users -= 1;
+            e.stamp = stamp;
+            if e.users == 0 {
+                self.unused.insert(stamp, key);
+            }
+        }
+        uncached
+    }
+
+    /// Cached pages no sequence uses (the pool can take them back).
+    pub fn evictable(&self) -> usize {
+        self.unused.len()
+    }
+
+    /// Cached pages in all.
+    pub fn len(&self) -> usize {
+        self.by_key.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_key.is_empty()
+    }
+
+    /// Take back up to `n` unused pages, the least recently used first:
+    /// they leave the cache.
+    pub fn evict(&mut self, n: usize) -> Vec<u32> {
+        let mut out = Vec::new();
+        while out.len() < n {
+            let Some((_, key)) = self.unused.pop_first() else {
+                break;
+            };
+            let e = self.by_key.remove(&key).expect("unused entries are cached");
+            self.by_page.remove(&e.page);
+            out.push(e.page);
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn toks(seed: u32, n: usize) -> Vec<u32> {
+        (0..n as u32)
+            .map(|i| i.wrapping_mul(2654435761) ^ seed)
+            .collect()
+    }
+
+    /// Cache the full pages of `tokens` as a sequence would, on pages
+    /// `first..`.
+    fn fill(c: &mut PrefixCache, tokens: &[u32], first: u32) -> Vec<u32> {
+        let mut prev = None;
+        let mut pages = Vec::new();
+        for (i, chunk) in tokens.chunks_exact(4).enumerate() {
+            let page = first + i as u32;
+            let (key, dup) = c.insert(prev, chunk, page);
+            assert_eq!(dup, None);
+            prev = Some(key);
+            pages.push(page);
+        }
+        pages
+    }
+
+    #[test]
+    fn keys_depend_on_the_tokens_and_everything_before() {
+        let a = page_key(None, &[1, 2, 3, 4]);
+        assert_eq!(a, page_key(None, &[1, 2, 3, 4]));
+        assert_ne!(a, page_key(None, &[1, 2, 3, 5]));
+        assert_ne!(
+            page_key(Some(a), &[5, 6, 7, 8]),
+            page_key(None, &[5, 6, 7, 8])
+        );
+        assert_ne!(
+            page_key(Some(a), &[5, 6, 7, 8]),
+            page_key(Some(a + 1), &[5, 6, 7, 8])
+        );
+    }
+
+    #[test]
+    fn the_longest_cached_prefix_is_reused_in_whole_pages() {
+        let mut c = PrefixCache::new();
+        let history = toks(1, 14); // 3 full pages and 2 tokens
+        assert_eq!(fill(&mut c, &history, 10), [10, 11, 12]);
+        assert_eq!(c.release(&[10, 11, 12, 13]), [13], "page 13 is not cached");
+        assert_eq!(c.evictable(), 3);
+        // The pages are back in use on a hit, then released again.
+        let (again, _) = c.acquire(&history, 4);
+        assert_eq!(again, [10, 11, 12]);
+        assert!(c.release(&again).is_empty());
+        assert_eq!(c.evictable(), 3);
+        // The next turn resends the history and more: the 3 pages again.
+        let mut turn = history.clone();
+        turn.extend(toks(2, 9));
+        let (pages, last) = c.acquire(&turn, 4);
+        assert_eq!(pages, [10, 11, 12]);
+        assert_eq!(
+            last,
+            Some(page_key(
+                Some(page_key(Some(page_key(None, &turn[..4])), &turn[4..8])),
+                &turn[8..12]
+            ))
+        );
+        assert_eq!(c.evictable(), 0);
+        // Another start shares only the first page.
+        let mut other = history[..4].to_vec();
+        other.extend(toks(3, 8));
+        assert_eq!(c.acquire(&other, 4).0, [10]);
+        // A different first page: nothing.
+        assert_eq!(c.acquire(&toks(4, 12), 4), (vec![], None));
+    }
+
+    #[test]
+    fn unused_pages_are_evicted_least_recently_used_first() {
+        let mut c = PrefixCache::new();
+        let a = fill(&mut c, &toks(1, 8), 0); // pages 0, 1
+        let b = fill(&mut c, &toks(2, 8), 2); // pages 2, 3
+        assert!(c.release(&b).is_empty());
+        assert!(c.release(&a).is_empty());
+        // b was released first: its pages go first, each sequence's last
+        // page before its first.
+        assert_eq!(c.evict(3), [3, 2, 1]);
+        assert_eq!((c.len(), c.evictable()), (1, 1));
+        // a's head is still found; in use, it is never evicted.
+        let (pages, _) = c.acquire(&toks(1, 8), 4);
+        assert_eq!(pages, [0]);
+        assert!(c.evict(5).is_empty());
+        c.release(&pages);
+        assert_eq!(c.evict(5), [0]);
+        assert!(c.is_empty());
+    }
+
+    #[test]
+    fn a_page_computed_twice_is_cached_once() {
+        let mut c = PrefixCache::new();
+        let t = toks(7, 4);
+        let (key, dup) = c.insert(None, &t, 5);
+        assert_eq!(dup, None);
+        // Another sequence computed the same page into page 9.
+        assert_eq!(c.insert(None, &t, 9), (key, Some(5)));
+        assert!(c.holds(5) && !c.holds(9));
+        assert_eq!(c.release(&[9]), [9]);
+        // A colliding key with other tokens is not mistaken for the page.
+        let mut fake = PrefixCache::new();
+        fake.by_key.insert(
+            page_key(None, &[1, 2, 3, 4]),
+            Entry {
+                page: 0,
+                prev: None,
+                tokens: vec![9, 9, 9, 9],
+                users: 1,
+                stamp: 0,
+            },
+        );
+        assert_eq!(fake.acquire(&[1, 2, 3, 4], 4).0, Vec::<u32>::new());
+        assert_eq!(fake.insert(None, &[1, 2, 3, 4], 3).1, None);
+        assert!(!fake.holds(3));
+    }
+}
