@@ -3,10 +3,10 @@
 use m40_device::{DeviceBuffer, DeviceView, KernelArgs, Stream};
 
 use crate::decode::{DecodeOp, DecodeOpHead, OpArgs, DEC_MAX_HEAD_DIM, DEC_SHARED, DEC_THREADS};
-use crate::error::{KernelError, Result};
+use crate::error::Result;
 use crate::launch::{cfg_shared as cfg, check_len, shape, to_i32};
 use crate::layout::KV_PAGE;
-use crate::{Kernels, MAX_SHARED_PER_BLOCK};
+use crate::Kernels;
 
 /// Largest head dimension attention supports (`attn_f32_r8`: 8 per lane).
 pub const MAX_HEAD_DIM: usize = 256;
@@ -322,17 +322,9 @@ impl Kernels {
         check_len(K, "vpool", vpool.len(), kpool.len())?;
         check_len(K, "pos", pos.len(), 1)?;
         let smem = attn_shared_bytes(hd);
-        let limit = MAX_SHARED_PER_BLOCK.min(self.device().info().max_shared_per_block);
-        if smem > limit {
-            return Err(KernelError::SharedMemory {
-                kernel: K,
-                bytes: smem,
-                limit,
-            });
-        }
+        self.check_shared(K, smem)?;
         let group = s.n_head / s.n_head_kv;
         let args = attn_scalars(s, &plan)?;
-        let ptrs = *inputs;
         if plan.tile && (plan.splits != 1 || !attn_tile_fits(s)) {
             return Err(shape(K, format!("plan {plan:?}: no tile kernel for {s:?}")));
         }
@@ -359,7 +351,7 @@ impl Kernels {
             // rows < n_tok * n_head; part_ml unused (null). Shared memory:
             // attn_tile_shared_bytes, under 48 KB for hd <= 128.
             unsafe {
-                push_attn(stream.launch(&kernel), &ptrs, out, None, &args).run(cfg(
+                push_attn(stream.launch(&kernel), inputs, out, None, &args).run(cfg(
                     grid,
                     ATT_TILE_THREADS,
                     attn_tile_shared_bytes(hd) as u32,
@@ -431,19 +423,16 @@ impl Kernels {
             fold: 0,
             grid: [grid.0, grid.1, grid.2],
         };
-        let mut a = match &mut scratch {
-            None => AttnArgs {
-                p: &ptrs,
-                out: &mut *out,
-                part_ml: None,
-                sc: &args,
-            },
-            Some(sc) => AttnArgs {
-                p: &ptrs,
-                out: &mut *sc.part,
-                part_ml: Some(&mut *sc.part_ml),
-                sc: &args,
-            },
+        // Split keys write partials (and their max and sum) for the combine.
+        let (dst, part_ml) = match &mut scratch {
+            None => (&mut *out, None),
+            Some(sc) => (&mut *sc.part, Some(&mut *sc.part_ml)),
+        };
+        let mut a = AttnArgs {
+            p: inputs,
+            out: dst,
+            part_ml,
+            sc: &args,
         };
         // SAFETY: attn_f32_r<R> (see push_attn for its parameters) with R =
         // ceil(hd / 32), or attn_dec_f32_d<hd / 32>_g<G> (G >= the query
@@ -606,6 +595,7 @@ fn push_combine<'l, A: KernelArgs<'l>>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::MAX_SHARED_PER_BLOCK;
 
     #[test]
     fn attention_plans_cover_every_key() {

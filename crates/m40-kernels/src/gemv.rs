@@ -2,11 +2,11 @@
 
 use m40_device::{DeviceBuffer, DeviceView, Stream};
 
-use crate::error::{KernelError, Result};
+use crate::error::Result;
 use crate::format::{gemv_chunk_blocks, gemv_shared_bytes, KernelFormat, GEMV_ROWS, GEMV_WARPS};
 use crate::launch::{cfg, check_len, shape, to_i32};
 use crate::layout::QMatrix;
-use crate::{Kernels, MAX_SHARED_PER_BLOCK};
+use crate::Kernels;
 
 /// How a GEMV launch divides the work (kernels/gemv.cu): rows in groups of
 /// GEMV_ROWS, each row in chunks of `chunk_blocks` format blocks, `ksplit`
@@ -112,15 +112,7 @@ impl Kernels {
         if !w.is_aligned(2) {
             return Err(shape(K, "weights must start at an even byte offset".into()));
         }
-        let smem = gemv_shared_bytes(&f);
-        let limit = MAX_SHARED_PER_BLOCK.min(self.device().info().max_shared_per_block);
-        if smem > limit {
-            return Err(KernelError::SharedMemory {
-                kernel: K,
-                bytes: smem,
-                limit,
-            });
-        }
+        self.check_shared(K, gemv_shared_bytes(&f))?;
         let kernel = self.kernel("gemv", f.gemv)?;
         let resident = self.resident_blocks(&kernel, 32 * GEMV_WARPS, 0)?;
         let plan = GemvPlan::new(&f, nrows, ncols, resident, ksplit);
@@ -158,6 +150,7 @@ impl Kernels {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::MAX_SHARED_PER_BLOCK;
     use m40_gguf::GgmlType;
 
     /// Every plan covers each row with chunks the kernel can stage, splits

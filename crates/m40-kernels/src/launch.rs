@@ -4,6 +4,7 @@
 use m40_device::LaunchConfig;
 
 use crate::error::{KernelError, Result};
+use crate::{Kernels, MAX_SHARED_PER_BLOCK};
 
 pub(crate) fn shape(kernel: &'static str, what: String) -> KernelError {
     KernelError::Shape { kernel, what }
@@ -37,5 +38,21 @@ pub(crate) fn cfg_shared(grid: (u32, u32, u32), block: u32, shared_bytes: u32) -
     LaunchConfig {
         shared_bytes,
         ..cfg(grid, block)
+    }
+}
+
+impl Kernels {
+    /// `bytes` of shared memory a block of `kernel` needs must fit this
+    /// device's limit (and sm_52's 48 KB).
+    pub(crate) fn check_shared(&self, kernel: &'static str, bytes: usize) -> Result<()> {
+        let limit = MAX_SHARED_PER_BLOCK.min(self.device().info().max_shared_per_block);
+        if bytes > limit {
+            return Err(KernelError::SharedMemory {
+                kernel,
+                bytes,
+                limit,
+            });
+        }
+        Ok(())
     }
 }

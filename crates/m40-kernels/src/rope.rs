@@ -49,6 +49,18 @@ pub struct KvAppend<'a, 'c> {
     pub max_start: usize,
 }
 
+impl<'a> KvAppend<'a, '_> {
+    /// The same destinations for another launch (one stack of a layer's
+    /// Q/K/V after another).
+    pub fn reborrow(&mut self) -> KvAppend<'a, '_> {
+        KvAppend {
+            kpool: &mut *self.kpool,
+            vpool: &mut *self.vpool,
+            ..*self
+        }
+    }
+}
+
 impl Kernels {
     /// RoPE of the queries q (n_tok, p.n_head, head_dim) in place, and of
     /// the keys k (n_tok, n_head_kv, head_dim) into `kv`'s K pages with the

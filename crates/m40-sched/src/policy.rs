@@ -232,7 +232,6 @@ impl Scheduler {
                 self.preempt_newest(&mut step);
             }
         }
-        step.decode.retain(|id| self.running.contains(id));
         // Prompt chunks of running sequences, oldest first (their pages
         // were taken at admission).
         for idx in 0..self.running.len() {

@@ -20,10 +20,11 @@ use super::{lock, GpuBackend, State};
 use crate::error::{ModelError, Result};
 use crate::{KvState, Logits};
 
-/// The attention of one token at position `start`.
-pub(super) fn decode_shape(hp: &HyperParams, start: usize) -> AttnShape {
+/// The attention of `n_tok` tokens of one sequence from position `start`
+/// (at most: the kernels read the start from the device).
+pub(super) fn attn_shape(hp: &HyperParams, n_tok: usize, start: usize) -> AttnShape {
     AttnShape {
-        n_tok: 1,
+        n_tok,
         start,
         n_head: hp.n_head,
         n_head_kv: hp.n_head_kv,
@@ -347,19 +348,13 @@ impl GpuBackend {
         let (q_dim, kv_dim) = (hp.n_head * hd, hp.n_head_kv * hd);
         let ids = w.inputs.slice(0..n)?;
         let pos_v = w.inputs.slice(b..b + n)?;
-        let table = w.inputs.slice(2 * b..2 * b + self.n_pages)?;
+        let table = w.inputs.slice(2 * b..2 * b + self.pages.pages())?;
         let data = self.weights.embd.data.view();
         match self.weights.embd.view(&data) {
             MatView::Packed(m) => k.embed_packed(s, &m, &ids, &mut w.x)?,
             MatView::Rows(m) => k.embed(s, &m, &ids, &mut w.x)?,
         }
-        let shape = AttnShape {
-            n_tok: n,
-            start: max_start,
-            n_head: hp.n_head,
-            n_head_kv: hp.n_head_kv,
-            head_dim: hd,
-        };
+        let shape = attn_shape(hp, n, max_start);
         // How the last residual connection was left (see matmul_res).
         let mut res = Residual::Done;
         let out_w = self.weights.output();
@@ -379,6 +374,17 @@ impl GpuBackend {
                 && layer.qkv.iter().all(|st| st.mat.packed)
                 && layer.bias.is_none()
                 && self.rope.style == RopeStyle::Normal;
+            // Where this layer's rotated keys and values go.
+            let mut kv = KvAppend {
+                n_head_kv: hp.n_head_kv,
+                pos: &pos_v,
+                inv_freq: &inv_freq,
+                p: &self.rope,
+                kpool: &mut pools.k[l],
+                vpool: &mut pools.v[l],
+                table: &table,
+                max_start,
+            };
             if rope_folded {
                 let mut first = 0;
                 for st in &layer.qkv {
@@ -392,16 +398,7 @@ impl GpuBackend {
                     let out = GemvOut::RopeKv(RopeKv {
                         parts,
                         q: &mut w.q,
-                        kv: KvAppend {
-                            n_head_kv: hp.n_head_kv,
-                            pos: &pos_v,
-                            inv_freq: &inv_freq,
-                            p: &self.rope,
-                            kpool: &mut pools.k[l],
-                            vpool: &mut pools.v[l],
-                            table: &table,
-                            max_start,
-                        },
+                        kv: kv.reborrow(),
                     });
                     let opts = GemvOpts {
                         m: 1,
@@ -417,16 +414,6 @@ impl GpuBackend {
                     k.add_rows(s, &mut w.k, &bk.view(), n)?;
                     k.add_rows(s, &mut w.v, &bv.view(), n)?;
                 }
-                let kv = KvAppend {
-                    n_head_kv: hp.n_head_kv,
-                    pos: &pos_v,
-                    inv_freq: &inv_freq,
-                    p: &self.rope,
-                    kpool: &mut pools.k[l],
-                    vpool: &mut pools.v[l],
-                    table: &table,
-                    max_start,
-                };
                 let (kv_k, kv_v) = (w.k.slice(0..n * kv_dim)?, w.v.slice(0..n * kv_dim)?);
                 k.rope_kv_append(s, &mut w.q, &kv_k, &kv_v, kv)?;
             }
@@ -557,13 +544,7 @@ impl GpuBackend {
             }
             return Ok(());
         }
-        let shape = AttnShape {
-            n_tok: n,
-            start,
-            n_head: hp.n_head,
-            n_head_kv: hp.n_head_kv,
-            head_dim: hp.head_dim,
-        };
+        let shape = attn_shape(hp, n, start);
         let plan = self.attn_plan(&shape);
         self.scratch(w, graphs, &plan, &shape)?;
         self.enqueue(w, pools, n, start, plan, false)?;

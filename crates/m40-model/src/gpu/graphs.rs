@@ -13,7 +13,7 @@ use std::collections::HashMap;
 
 use m40_kernels::{DecodeProgram, KV_PAGE};
 
-use super::forward::decode_shape;
+use super::forward::attn_shape;
 use super::kv::Pools;
 use super::workspace::Workspace;
 use super::GpuBackend;
@@ -56,7 +56,7 @@ impl GpuBackend {
         let max_start = self.graph_bucket(start);
         let key = (selects, max_start);
         if !graphs.contains_key(&key) {
-            let shape = decode_shape(self.model.hparams(), max_start);
+            let shape = attn_shape(self.model.hparams(), 1, max_start);
             let plan = self.attn_plan(&shape);
             self.scratch(w, graphs, &plan, &shape)?;
             let mut program = match self.persistent {
@@ -101,7 +101,7 @@ impl GpuBackend {
     /// contexts run few empty key splits (a plan for the whole pool costs
     /// 8B Q4_0 ~9% of its tg128 at position ~100).
     pub(super) fn graph_bucket(&self, start: usize) -> usize {
-        let cap = self.n_pages * KV_PAGE;
+        let cap = self.pages.pages() * KV_PAGE;
         let need = start + 1;
         let bucket = if need <= GRAPH_LINEAR_CONTEXT {
             need.next_power_of_two().max(GRAPH_MIN_CONTEXT)

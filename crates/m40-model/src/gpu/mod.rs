@@ -41,7 +41,7 @@ pub use m40_kernels::LoadProgress;
 use crate::cpu::ops::Rope;
 use crate::error::{ModelError, Result};
 use crate::{Backend, KvState, Logits, Model, Selection};
-use forward::decode_shape;
+use forward::attn_shape;
 use graphs::Graphs;
 use kv::Pools;
 use weights::{device_bytes, modules_needed, packs, Weights};
@@ -116,7 +116,6 @@ pub struct GpuBackend {
     inv_freq: DeviceBuffer<f32>,
     rope: RopeParams,
     max_batch: usize,
-    n_pages: usize,
     /// `GpuOptions::fuse`: one-token steps add the output projections to x
     /// in their GEMV and fold the norms after them.
     fuse: bool,
@@ -239,7 +238,7 @@ impl GpuBackend {
         // position: the most any decode graph's plan needs, so captures
         // never reallocate it (see `scratch`).
         let dec_scratch = {
-            let full = decode_shape(&hp, n_pages * KV_PAGE - 1);
+            let full = attn_shape(&hp, 1, n_pages * KV_PAGE - 1);
             AttnPlan::choose(
                 &full,
                 device.info().sm_count as usize,
@@ -261,7 +260,6 @@ impl GpuBackend {
             inv_freq,
             rope,
             max_batch,
-            n_pages,
             fuse: opts.fuse,
             persistent: opts.persistent,
             decode_attention: opts.decode_attention,
@@ -288,7 +286,7 @@ impl GpuBackend {
 
     /// Pages in the KV pool, and pages free.
     pub fn kv_pages(&self) -> (usize, usize) {
-        (self.n_pages, self.pages.free_pages())
+        (self.pages.pages(), self.pages.free_pages())
     }
 
     /// The KV pool's pages: which are free, which sequences share.

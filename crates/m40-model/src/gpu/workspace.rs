@@ -226,7 +226,7 @@ impl GpuBackend {
 
     /// Where a selection's arguments start in the step inputs.
     pub(super) fn sel_at(&self) -> usize {
-        2 * self.max_batch + self.n_pages
+        2 * self.max_batch + self.pages.pages()
     }
 
     /// Select on the device from the logits in `w.logits` (row 0) with the
