@@ -7,19 +7,14 @@
 
 mod support;
 
+use support::On;
+
 use std::sync::OnceLock;
 
 use m40_runtime::{
     BackendChoice, CancelToken, Engine, EngineError, EngineOptions, FinishReason, Message, Prompt,
     Request, SamplingParams,
 };
-
-/// The backend a test body runs on.
-#[derive(Clone, Copy, Debug)]
-enum On {
-    Cpu,
-    Gpu,
-}
 
 /// SmolLM2 on `on`, loaded once per backend.
 fn engine(on: On) -> &'static Engine {
@@ -43,24 +38,6 @@ fn engine(on: On) -> &'static Engine {
         )
         .unwrap()
     })
-}
-
-/// `NAME::cpu` and `NAME::gpu`: the body `fn NAME(on: On)` on each backend.
-macro_rules! on_both {
-    ($($name:ident),* $(,)?) => {$(
-        mod $name {
-            #[test]
-            fn cpu() {
-                super::$name(super::On::Cpu)
-            }
-
-            #[test]
-            #[ignore = "needs a GPU"]
-            fn gpu() {
-                super::$name(super::On::Gpu)
-            }
-        }
-    )*};
 }
 
 on_both!(

@@ -36,6 +36,18 @@ pub struct DeviceArgs {
     /// does (about 2x faster).
     #[arg(long)]
     pub cpu_exact: bool,
+    /// Sequences generating at once at most (more wait in line); default:
+    /// one per 512 tokens of the KV cache, at most 64.
+    #[arg(long, value_name = "N")]
+    pub parallel: Option<usize>,
+    /// Tokens one batched step runs at most (running decodes first, prompt
+    /// chunks fill the rest); default 512.
+    #[arg(long, value_name = "N")]
+    pub max_batch_tokens: Option<usize>,
+    /// Tokens the KV cache holds over all sequences; default 4 contexts
+    /// (on the GPU, less where it has no room, down to one).
+    #[arg(long, value_name = "N")]
+    pub kv_tokens: Option<usize>,
 }
 
 impl DeviceArgs {
@@ -74,6 +86,9 @@ impl DeviceArgs {
             } else {
                 m40_runtime::CpuMath::Quantized
             },
+            kv_tokens: self.kv_tokens,
+            parallel: self.parallel,
+            max_batch_tokens: self.max_batch_tokens,
         }
     }
 }

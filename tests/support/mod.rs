@@ -3,6 +3,34 @@
 
 pub mod cli;
 
+/// The backend a test body runs on (see [`on_both`]).
+#[derive(Clone, Copy, Debug)]
+pub enum On {
+    Cpu,
+    Gpu,
+}
+
+/// `NAME::cpu` and `NAME::gpu`: the body `fn NAME(on: On)` on each backend
+/// (as candle's `test_device!`): the CPU half in CI, the GPU half ignored
+/// without a GPU and run by the GPU pack.
+#[macro_export]
+macro_rules! on_both {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[test]
+            fn cpu() {
+                super::$name($crate::support::On::Cpu)
+            }
+
+            #[test]
+            #[ignore = "needs a GPU"]
+            fn gpu() {
+                super::$name($crate::support::On::Gpu)
+            }
+        }
+    )*};
+}
+
 use std::path::PathBuf;
 
 /// `../shared/testdata`, or `None` (with the reason printed) when absent.

@@ -8,6 +8,7 @@
 //! - [`gpu::GpuBackend`]: the same forward pass with the kernels of
 //!   m40-kernels, over a paged FP16 KV cache.
 
+pub mod batch;
 pub mod cpu;
 pub mod error;
 pub mod gpu;
@@ -18,6 +19,7 @@ use std::path::Path;
 use m40_gguf::hparams::{LayerNames, RopeScaling};
 use m40_gguf::{GgufFile, HyperParams, TensorView};
 
+pub use batch::{SeqStep, StepOut, Want};
 pub use error::{ModelError, Result};
 
 /// Which logits a forward pass returns.
@@ -52,6 +54,11 @@ pub trait Backend: Send + Sync {
     fn max_step(&self) -> usize {
         DEFAULT_STEP
     }
+    /// The KV pool every cache of this backend draws from: (tokens per
+    /// page, pages); None where each cache holds its own memory (the CPU).
+    fn kv_pool(&self) -> Option<(usize, usize)> {
+        None
+    }
     /// The largest `k` [`Backend::forward_select`] takes; 0: this backend
     /// does not select (the caller samples from [`Backend::forward`]'s logits).
     fn select_max_k(&self) -> usize {
@@ -70,6 +77,16 @@ pub trait Backend: Send + Sync {
         Err(ModelError::Unsupported(
             "token selection on this backend".into(),
         ))
+    }
+    /// One step over several sequences: each one's tokens at its own
+    /// positions, appended to its own cache, with what its [`Want`] asks
+    /// for. A sequence's results are those of its own
+    /// [`Backend::forward`] (bitwise where the backend's kernels allow;
+    /// see ARCHITECTURE.md on batch invariance). Nothing is changed when
+    /// an error is returned for a sequence's input (a bad token, a full
+    /// context). The default runs each sequence's forward in turn.
+    fn forward_batch(&self, seqs: &mut [SeqStep<'_, Self::Cache>]) -> Result<Vec<StepOut>> {
+        batch::forward_each(self, seqs)
     }
 }
 
@@ -232,6 +249,44 @@ impl Backend for AnyBackend {
         match self {
             AnyBackend::Cpu(b) => b.select_max_k(),
             AnyBackend::Gpu(b) => b.select_max_k(),
+        }
+    }
+
+    fn kv_pool(&self) -> Option<(usize, usize)> {
+        match self {
+            AnyBackend::Cpu(b) => b.kv_pool(),
+            AnyBackend::Gpu(b) => b.kv_pool(),
+        }
+    }
+
+    fn forward_batch(&self, seqs: &mut [SeqStep<'_, AnyCache>]) -> Result<Vec<StepOut>> {
+        // Each cache's own type, or an error before anything runs.
+        fn mine<'a, 'b, C>(
+            seqs: &'b mut [SeqStep<'a, AnyCache>],
+            f: impl Fn(&'b mut AnyCache) -> Option<&'b mut C>,
+        ) -> Result<Vec<SeqStep<'b, C>>> {
+            seqs.iter_mut()
+                .map(|s| {
+                    let cache = f(s.cache).ok_or_else(|| {
+                        ModelError::Unsupported("a KV cache of another backend".into())
+                    })?;
+                    Ok(SeqStep {
+                        cache,
+                        tokens: s.tokens,
+                        want: s.want.clone(),
+                    })
+                })
+                .collect()
+        }
+        match self {
+            AnyBackend::Cpu(b) => b.forward_batch(&mut mine(seqs, |c| match c {
+                AnyCache::Cpu(c) => Some(c),
+                _ => None,
+            })?),
+            AnyBackend::Gpu(b) => b.forward_batch(&mut mine(seqs, |c| match c {
+                AnyCache::Gpu(c) => Some(c),
+                _ => None,
+            })?),
         }
     }
 

@@ -3,17 +3,18 @@
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::time::Instant;
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
 
 use m40_model::cpu::CpuBackend;
 use m40_model::gpu::{GpuBackend, GpuOptions};
-use m40_model::{AnyBackend, Backend, KvState, Logits, Model, ModelError};
+use m40_model::{AnyBackend, Backend, Model, ModelError};
 use m40_tokenizer::template::ChatTemplate;
 use m40_tokenizer::{Encode, Message, Tokenizer};
 use serde::Serialize;
 
-use crate::sampling::{logprobs, Sampler, SamplingParams};
+use crate::batcher::{Batcher, Core, Limits, Load, SeqEvent, Submission};
+use crate::sampling::{logprobs, SamplingParams};
 use crate::store::Store;
 
 /// Errors from loading a model or running a request.
@@ -46,6 +47,10 @@ pub enum EngineError {
     },
     #[error("no usable GPU ({0}); run on the CPU instead (--cpu)")]
     NoGpu(m40_device::DeviceError),
+    #[error("the step running this request failed: {0}")]
+    Step(Arc<ModelError>),
+    #[error("the engine's step loop could not start: {0}")]
+    Thread(std::io::Error),
 }
 
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;
@@ -102,7 +107,21 @@ pub struct EngineOptions {
     /// How the CPU backend multiplies (default: 8-bit inputs as llama.cpp,
     /// `CpuMath::Exact` for the FP32 reference).
     pub cpu_math: m40_model::cpu::CpuMath,
+    /// Tokens the KV cache holds over all sequences together (default:
+    /// [`DEFAULT_SEQUENCES`] contexts; on the GPU, less where the device
+    /// has no room for that, down to one context).
+    pub kv_tokens: Option<usize>,
+    /// Sequences generating at once at most (`--parallel`; default: one
+    /// per 512 tokens of the KV cache, at most 64). More wait in line.
+    pub parallel: Option<usize>,
+    /// Tokens one step runs at most (`--max-batch-tokens`): running
+    /// decodes and prompt chunks together (default: the backend's step,
+    /// 512).
+    pub max_batch_tokens: Option<usize>,
 }
+
+/// Contexts the KV cache holds by default ([`EngineOptions::kv_tokens`]).
+pub const DEFAULT_SEQUENCES: usize = 4;
 
 /// What to generate from.
 #[derive(Clone, Debug)]
@@ -255,15 +274,17 @@ impl CancelToken {
     }
 }
 
-/// A loaded model ready to generate.
+/// A loaded model ready to generate, from any number of threads at once:
+/// their requests run together in batched steps (continuous batching;
+/// each one's tokens are those it would get alone).
 pub struct Engine {
     model: Arc<Model>,
-    backend: AnyBackend,
+    core: Arc<Core>,
     /// Why Auto chose the CPU, if it did.
     note: Option<String>,
-    tokenizer: Tokenizer,
     template: ChatTemplate,
     n_ctx: usize,
+    batcher: Batcher,
 }
 
 /// The context when none is asked for, where the model allows as much:
@@ -297,19 +318,48 @@ impl Engine {
         };
         let n_ctx = context_length(model.hparams(), opts.n_ctx)?;
         let (backend, note) = pick_backend(&model, &opts, n_ctx)?;
+        // The KV pool: the GPU's, or on the CPU a budget of as many tokens
+        // (each sequence allocates its own).
+        let (page_tokens, pages) = backend.kv_pool().unwrap_or_else(|| {
+            let tokens = opts
+                .kv_tokens
+                .unwrap_or(n_ctx * DEFAULT_SEQUENCES)
+                .max(n_ctx);
+            (CPU_PAGE, tokens.div_ceil(CPU_PAGE))
+        });
+        let parallel = opts
+            .parallel
+            .unwrap_or((pages * page_tokens / 512).clamp(1, 64))
+            .max(1);
+        let limits = Limits {
+            max_batch_tokens: opts
+                .max_batch_tokens
+                .unwrap_or(backend.max_step())
+                .clamp(1, backend.max_step()),
+            parallel,
+            page_tokens,
+            pages,
+        };
+        let core = Arc::new(Core { backend, tokenizer });
+        let batcher = Batcher::start(core.clone(), limits).map_err(EngineError::Thread)?;
         Ok(Self {
-            backend,
+            core,
             note,
             model,
-            tokenizer,
             template,
             n_ctx,
+            batcher,
         })
+    }
+
+    /// Sequences waiting and running now, and the KV pages they hold.
+    pub fn activity(&self) -> Load {
+        self.batcher.load()
     }
 
     /// "CPU" or the GPU's name.
     pub fn backend_name(&self) -> String {
-        self.backend.describe()
+        self.core.backend.describe()
     }
 
     /// Why the engine runs on the CPU although the GPU was allowed, if so.
@@ -329,7 +379,7 @@ impl Engine {
     }
 
     pub fn tokenizer(&self) -> &Tokenizer {
-        &self.tokenizer
+        &self.core.tokenizer
     }
 
     pub fn n_ctx(&self) -> usize {
@@ -337,12 +387,12 @@ impl Engine {
     }
 
     pub fn hparams(&self) -> &m40_gguf::HyperParams {
-        self.backend.hparams()
+        self.core.backend.hparams()
     }
 
     /// The prompt's token ids.
     pub fn prompt_tokens(&self, prompt: &Prompt) -> Result<Vec<u32>> {
-        let tok = &self.tokenizer;
+        let tok = &self.core.tokenizer;
         let (text, bos) = match prompt {
             Prompt::Text(t) => (t.clone(), true),
             Prompt::Chat(m) => {
@@ -417,7 +467,9 @@ impl Engine {
         })
     }
 
-    /// Run a prepared request (see [`Engine::generate`]).
+    /// Run a prepared request (see [`Engine::generate`]). It runs in the
+    /// engine's steps together with every other request in flight; its
+    /// tokens are those it would get alone.
     pub fn run(
         &self,
         prepared: &Prepared,
@@ -430,36 +482,24 @@ impl Engine {
             prompt_tokens: prompt.len(),
             ..Default::default()
         };
-        let mut cache = self.backend.new_cache(self.n_ctx)?;
-        let mut sampler = Sampler::new(req.sampling.clone());
-        for &t in prompt {
-            sampler.accept(t);
-        }
-        let mut next = Next::Logits(Vec::new());
-        // The prompt in the backend's steps (a step is one forward of its
-        // workspace), so that a cancel is seen between them.
-        let step = self.backend.max_step();
-        for (i, chunk) in prompt.chunks(step).enumerate() {
-            if cancel.is_cancelled() {
-                return Ok(Completion {
-                    text: String::new(),
-                    token_ids: Vec::new(),
-                    finish_reason: FinishReason::Cancelled,
-                    timings,
-                });
-            }
-            let last = (i + 1) * step >= prompt.len();
-            if last {
-                next = self.next(&mut cache, chunk, &sampler, req)?;
-            } else {
-                self.backend.forward(&mut cache, chunk, Logits::None)?;
-            }
-        }
-        timings.prompt_ms = start.elapsed().as_secs_f64() * 1e3;
-        let gen_start = Instant::now();
-        let mut stream = self.tokenizer.stream();
+        let tokenizer = &self.core.tokenizer;
+        // The loop's own cancel: set by the caller's, by a stop string, and
+        // when this call returns (whatever else happens).
+        let stop_seq = CancelToken::new();
+        let _stop_on_return = CancelOnDrop(stop_seq.clone());
+        let (tx, rx) = mpsc::channel();
+        self.batcher.submit(Submission {
+            prompt: prompt.clone(),
+            max_new: max_tokens,
+            sampling: req.sampling.clone(),
+            logprobs: req.logprobs.is_some(),
+            cancel: stop_seq.clone(),
+            events: tx,
+        });
+        let mut stream = tokenizer.stream();
         let mut stops = StopFilter::new(&req.stop);
         let mut ids = Vec::new();
+        let mut gen_start = None;
         let finish = loop {
             if ids.len() >= max_tokens {
                 break FinishReason::Length;
@@ -467,17 +507,19 @@ impl Engine {
             if cancel.is_cancelled() {
                 break FinishReason::Cancelled;
             }
-            let (id, raw) = match &mut next {
-                Next::Logits(logits) => {
-                    let raw = req.logprobs.is_some().then(|| logits.clone());
-                    (sampler.sample(logits), raw)
-                }
-                Next::Top(top) => (sampler.sample_selected(top), None),
+            let (id, raw) = match rx.recv_timeout(Duration::from_millis(20)) {
+                Ok(SeqEvent::Token { id, logits }) => (id, logits),
+                Ok(SeqEvent::Failed(e)) => return Err(EngineError::Step(e)),
+                Err(mpsc::RecvTimeoutError::Timeout) => continue,
+                // The loop ended the sequence: its last allowed token.
+                Err(mpsc::RecvTimeoutError::Disconnected) => break FinishReason::Length,
             };
             if ids.is_empty() {
                 timings.time_to_first_token_ms = start.elapsed().as_secs_f64() * 1e3;
+                timings.prompt_ms = timings.time_to_first_token_ms;
+                gen_start = Some(Instant::now());
             }
-            if self.tokenizer.is_eog(id) {
+            if tokenizer.is_eog(id) {
                 break FinishReason::Stop;
             }
             ids.push(id);
@@ -487,13 +529,7 @@ impl Engine {
                     let (lp, top) = logprobs(&raw, id, n);
                     let top = top
                         .into_iter()
-                        .map(|(i, l)| {
-                            (
-                                i,
-                                self.tokenizer.piece(i).unwrap_or_default().to_string(),
-                                l,
-                            )
-                        })
+                        .map(|(i, l)| (i, tokenizer.piece(i).unwrap_or_default().to_string(), l))
                         .collect();
                     (Some(lp), top)
                 }
@@ -508,11 +544,11 @@ impl Engine {
             if stopped {
                 break FinishReason::Stop;
             }
-            if cache.len() >= self.n_ctx {
-                break FinishReason::Length;
-            }
-            next = self.next(&mut cache, &[id], &sampler, req)?;
         };
+        stop_seq.cancel();
+        if ids.is_empty() && timings.prompt_ms == 0.0 {
+            timings.prompt_ms = start.elapsed().as_secs_f64() * 1e3;
+        }
         // What the stream and the stop filter still hold, unless a stop string ended it.
         if !stops.stopped {
             let tail = stops.finish(&stream.finish()?);
@@ -526,7 +562,7 @@ impl Engine {
             }
         }
         timings.generated_tokens = ids.len();
-        timings.generation_ms = gen_start.elapsed().as_secs_f64() * 1e3;
+        timings.generation_ms = gen_start.map_or(0.0, |g| g.elapsed().as_secs_f64() * 1e3);
         Ok(Completion {
             text: stops.emitted,
             token_ids: ids,
@@ -536,36 +572,18 @@ impl Engine {
     }
 }
 
-/// What a forward hands the sampler: the last token's logits, or the
-/// candidates the backend selected where the logits are.
-enum Next {
-    Logits(Vec<f32>),
-    Top(Vec<(u32, f32)>),
-}
+/// Cancels a token when dropped.
+struct CancelOnDrop(CancelToken);
 
-impl Engine {
-    /// Run `tokens` and return what the sampler needs for the next token:
-    /// the backend's selection of candidates when it selects and the
-    /// request allows (no logprobs, top-k within its limit: the GPU keeps
-    /// its logits and sends k of them), else the logits.
-    fn next(
-        &self,
-        cache: &mut m40_model::AnyCache,
-        tokens: &[u32],
-        sampler: &Sampler,
-        req: &Request,
-    ) -> Result<Next> {
-        let sel = req
-            .logprobs
-            .is_none()
-            .then(|| sampler.selection(self.backend.select_max_k()))
-            .flatten();
-        Ok(match sel {
-            Some(sel) => Next::Top(self.backend.forward_select(cache, tokens, &sel)?),
-            None => Next::Logits(self.backend.forward(cache, tokens, Logits::Last)?),
-        })
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.cancel();
     }
 }
+
+/// Tokens per page of the CPU's KV budget (its caches are not paged; the
+/// scheduler counts their tokens in pages).
+const CPU_PAGE: usize = 16;
 
 /// The backend `opts` asks for; with Auto, the CPU when there is no GPU or
 /// the model does not fit it (and why).
@@ -594,14 +612,28 @@ fn pick_backend(
         }
         Err(e) => return Err(EngineError::NoGpu(e)),
     };
-    let gpu_opts = GpuOptions {
-        kv_tokens: n_ctx,
+    let gpu_opts = |kv_tokens| GpuOptions {
+        kv_tokens,
         max_batch: m40_model::DEFAULT_STEP,
         progress: opts.upload_progress.as_ref().map(|p| p.0.clone()),
         kernel_progress: opts.kernel_progress.as_ref().map(|p| p.0.clone()),
         ..Default::default()
     };
-    match GpuBackend::new(device, model.clone(), gpu_opts) {
+    // The KV pool asked for; by default, DEFAULT_SEQUENCES contexts, halved
+    // while the device has no room for it, down to one context.
+    let mut kv = opts
+        .kv_tokens
+        .unwrap_or(n_ctx * DEFAULT_SEQUENCES)
+        .max(n_ctx);
+    let gpu = loop {
+        match GpuBackend::new(device.clone(), model.clone(), gpu_opts(kv)) {
+            Err(ModelError::GpuMemory { .. }) if opts.kv_tokens.is_none() && kv > n_ctx => {
+                kv = (kv / 2).max(n_ctx);
+            }
+            r => break r,
+        }
+    };
+    match gpu {
         Ok(g) => Ok((AnyBackend::Gpu(Box::new(g)), None)),
         Err(e @ ModelError::GpuMemory { .. }) if opts.backend == BackendChoice::Auto => {
             match cpu() {

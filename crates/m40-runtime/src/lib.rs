@@ -30,9 +30,11 @@
 //! The examples (`examples/01_generate.rs`, `02_chat_history.rs`,
 //! `03_cancel.rs`) each show one thing.
 
+pub use batcher::Load;
 pub use engine::{
     BackendChoice, CancelToken, Completion, Engine, EngineError, EngineOptions, FinishReason,
     KernelProgress, Prompt, Request, Timings, TokenEvent, UploadProgress, DEFAULT_CONTEXT,
+    DEFAULT_SEQUENCES,
 };
 pub use info::ModelInfo;
 pub use m40_tokenizer::Message;
@@ -48,6 +50,7 @@ pub use m40_model::{Model, ModelError};
 pub use m40_tokenizer::template::CHATML as DEFAULT_CHAT_TEMPLATE;
 pub use m40_tokenizer::{Tokenizer, TokenizerError};
 
+mod batcher;
 pub mod engine;
 mod info;
 pub mod perplexity;

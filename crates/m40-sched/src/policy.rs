@@ -22,6 +22,12 @@ pub struct Config {
     /// Pages a sequence must leave free after its prompt to be admitted:
     /// room for the running ones to grow.
     pub watermark_pages: usize,
+    /// Prompt chunks start at multiples of this many tokens and run whole
+    /// (the last one shorter): a prompt is cut the same way whatever else
+    /// runs, so its results do not depend on it (batch invariance). At most
+    /// `max_batch_tokens - max_running` (lowered to it, at least 1), so the
+    /// oldest waiting chunk always fits beside every running decode.
+    pub chunk_tokens: usize,
 }
 
 /// Why a sequence cannot be scheduled.
@@ -109,6 +115,10 @@ impl Scheduler {
     pub fn new(mut cfg: Config) -> Scheduler {
         assert!(cfg.page_tokens > 0 && cfg.max_batch_tokens > 0 && cfg.max_running > 0);
         cfg.max_running = cfg.max_running.min(cfg.max_batch_tokens);
+        cfg.chunk_tokens = cfg
+            .chunk_tokens
+            .min(cfg.max_batch_tokens - cfg.max_running)
+            .max(1);
         Scheduler {
             free_pages: cfg.pages,
             cfg,
@@ -172,6 +182,11 @@ impl Scheduler {
         (self.waiting.len(), self.running.len())
     }
 
+    /// Pages in the pool.
+    pub fn pages(&self) -> usize {
+        self.cfg.pages
+    }
+
     /// Free KV pages.
     pub fn free_pages(&self) -> usize {
         self.free_pages
@@ -207,6 +222,13 @@ impl Scheduler {
         step.preempted.push(id);
     }
 
+    /// The chunk from `start` of a sequence of `tokens` tokens: to the
+    /// next multiple of `chunk_tokens`, or its end.
+    fn chunk(&self, start: usize, tokens: usize) -> Range<usize> {
+        let c = self.cfg.chunk_tokens;
+        start..tokens.min((start / c + 1) * c)
+    }
+
     /// The next step: the pages its tokens need are taken (see
     /// [`Scheduler::complete`] for what comes after).
     pub fn plan(&mut self) -> Step {
@@ -233,19 +255,19 @@ impl Scheduler {
             }
         }
         // Prompt chunks of running sequences, oldest first (their pages
-        // were taken at admission).
+        // were taken at admission); a chunk runs whole or waits.
         for idx in 0..self.running.len() {
-            if budget == 0 {
-                break;
-            }
             let id = self.running[idx];
             let s = &self.seqs[&id];
             if s.decoding() {
                 continue;
             }
-            let (start, n) = (s.computed, (s.tokens - s.computed).min(budget));
-            step.prefill.push((id, start..start + n));
-            budget -= n;
+            let chunk = self.chunk(s.computed, s.tokens);
+            if chunk.len() > budget {
+                continue;
+            }
+            budget -= chunk.len();
+            step.prefill.push((id, chunk));
         }
         // Admission in order, while the head fits.
         while budget > 0 && self.running.len() < self.cfg.max_running {
@@ -263,14 +285,14 @@ impl Scheduler {
             // Alone, a sequence is admitted whatever the watermark: it fits
             // the pool (checked by `add`). It takes the pages of all its
             // tokens now, so its chunks never wait for pages.
-            let n = s.tokens.min(budget);
-            if !self.grow(id, s.tokens) {
+            let chunk = self.chunk(0, s.tokens);
+            if chunk.len() > budget || !self.grow(id, s.tokens) {
                 break;
             }
             self.waiting.pop_front();
             self.running.push(id);
-            step.prefill.push((id, 0..n));
-            budget -= n;
+            budget -= chunk.len();
+            step.prefill.push((id, chunk));
         }
         step
     }

@@ -12,12 +12,14 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Requests run one at a time (the engine serves one sequence at a time
-//! until the scheduler lands) behind a fair FIFO queue; a full queue answers 503 with `Retry-After`. A client
-//! that disconnects cancels its request.
+//! Requests run together: the engine batches every sequence in flight
+//! (continuous batching, m40-sched), admitting them first come, first
+//! served while its KV cache has room. When `max_queue` sequences already
+//! wait for admission, a request is answered 503 with `Retry-After`. A
+//! client that disconnects cancels its request (its KV pages are freed at
+//! the engine's next step).
 
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -29,7 +31,7 @@ use axum::Router;
 use m40_runtime::store::{same_model, Store};
 use m40_runtime::{CancelToken, Completion, Engine, Request, TokenEvent};
 use serde::de::DeserializeOwned;
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::mpsc;
 
 mod metrics;
 mod models;
@@ -42,7 +44,8 @@ use metrics::Metrics;
 /// Server limits.
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
-    /// Requests waiting for the engine beyond this are refused with 503.
+    /// Requests waiting for admission (the engine's KV cache or its
+    /// `parallel` limit full) beyond this are refused with 503.
     pub max_queue: usize,
     /// A request running longer than this is cancelled (its output so far
     /// is returned, finish reason `cancelled`/`length`).
@@ -106,8 +109,6 @@ struct Inner {
     n_ctx: usize,
     name: String,
     config: ServerConfig,
-    queue: Arc<Semaphore>,
-    waiting: AtomicUsize,
     metrics: Metrics,
     loaded_at: chrono::DateTime<chrono::Utc>,
 }
@@ -124,8 +125,6 @@ impl AppState {
                 loading: tokio::sync::Mutex::new(()),
                 name: name.to_string(),
                 config,
-                queue: Arc::new(Semaphore::new(1)),
-                waiting: AtomicUsize::new(0),
                 metrics: Metrics::default(),
                 loaded_at: chrono::Utc::now(),
             }),
@@ -229,8 +228,8 @@ impl AppState {
     }
 
     /// Check a request against the context (the loaded one, or `ctx` where
-    /// a request asks for less) and queue it; generation starts when the
-    /// engine is free and streams into the returned [`Running`].
+    /// a request asks for less) and hand it to the engine, which runs it
+    /// with the others in flight; it streams into the returned [`Running`].
     pub(crate) async fn start(
         &self,
         mut req: Request,
@@ -243,7 +242,14 @@ impl AppState {
         let prepared = engine
             .prepare(req)
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
-        let permit = self.enter_queue().await?;
+        let waiting = engine.activity().waiting;
+        if waiting >= self.inner.config.max_queue {
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("the server is busy ({waiting} requests waiting); retry later"),
+            )
+            .retry_after(5));
+        }
         let (tx, rx) = mpsc::channel(256);
         let cancel = CancelToken::new();
         let c = cancel.clone();
@@ -261,7 +267,6 @@ impl AppState {
         };
         let running_engine = engine.clone();
         tokio::task::spawn_blocking(move || {
-            let _permit: OwnedSemaphorePermit = permit;
             let start = Instant::now();
             let mut last = None::<Instant>;
             let mut events = 0;
@@ -291,40 +296,6 @@ impl AppState {
             prompt_ids,
             engine: running_engine,
         })
-    }
-
-    /// A place in the FIFO queue (tokio's semaphore serves waiters in order).
-    async fn enter_queue(&self) -> Result<OwnedSemaphorePermit, ApiError> {
-        let inner = &self.inner;
-        let waiting = inner.waiting.fetch_add(1, Ordering::SeqCst);
-        let _left = Leave(&inner.waiting, &inner.metrics);
-        inner.metrics.set_queue(waiting + 1);
-        // `waiting` others are ahead; one of them may be about to take the
-        // free engine.
-        if inner.queue.available_permits() == 0 && waiting >= inner.config.max_queue {
-            return Err(ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("the server is busy ({waiting} requests waiting); retry later"),
-            )
-            .retry_after(5));
-        }
-        inner.queue.clone().acquire_owned().await.map_err(|_| {
-            ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "the server is shutting down",
-            )
-        })
-    }
-}
-
-/// Decrements the waiting count when a request leaves the queue (served,
-/// refused, or its client gone).
-struct Leave<'a>(&'a AtomicUsize, &'a Metrics);
-
-impl Drop for Leave<'_> {
-    fn drop(&mut self) {
-        let now = self.0.fetch_sub(1, Ordering::SeqCst) - 1;
-        self.1.set_queue(now);
     }
 }
 

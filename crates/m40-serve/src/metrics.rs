@@ -27,7 +27,6 @@ struct Counters {
     prompt_tokens: AtomicU64,
     generated_tokens: AtomicU64,
     running: AtomicU64,
-    queue: AtomicU64,
     kv_tokens: AtomicU64,
     ttft: Histogram<10>,
     itl: Histogram<10>,
@@ -114,11 +113,8 @@ impl Metrics {
         c.kv_tokens.fetch_sub(kv_held as u64, Ordering::Relaxed);
     }
 
-    pub(crate) fn set_queue(&self, n: usize) {
-        self.0.queue.store(n as u64, Ordering::Relaxed);
-    }
-
-    fn text(&self, n_ctx: usize) -> String {
+    /// The metrics, with the engine's `load` where the model is loaded.
+    fn text(&self, n_ctx: usize, load: Option<m40_runtime::Load>) -> String {
         let c = &self.0;
         let mut out = String::new();
         let mut scalar = |name: &str, kind: &str, help: &str, v: u64| {
@@ -151,12 +147,66 @@ impl Metrics {
             "Requests generating now.",
             c.running.load(Ordering::Relaxed),
         );
-        scalar(
-            "m40_queue_depth",
-            "gauge",
-            "Requests waiting for the engine (including the one about to start).",
-            c.queue.load(Ordering::Relaxed),
-        );
+        let l = load.unwrap_or_default();
+        let engine: [(&str, &str, &str, u64); 9] = [
+            (
+                "m40_queue_depth",
+                "gauge",
+                "Sequences waiting for admission (KV pages or the parallel limit).",
+                l.waiting as u64,
+            ),
+            (
+                "m40_sequences_running",
+                "gauge",
+                "Sequences admitted: holding KV pages, in the engine's batched steps.",
+                l.running as u64,
+            ),
+            (
+                "m40_sequences_parallel_max",
+                "gauge",
+                "Sequences running at once at most (--parallel).",
+                l.parallel as u64,
+            ),
+            (
+                "m40_kv_pages_used",
+                "gauge",
+                "KV cache pages held by running sequences.",
+                l.kv_pages_used as u64,
+            ),
+            (
+                "m40_kv_pages",
+                "gauge",
+                "KV cache pages in the pool.",
+                l.kv_pages as u64,
+            ),
+            (
+                "m40_kv_page_tokens",
+                "gauge",
+                "Tokens per KV cache page.",
+                l.kv_page_tokens as u64,
+            ),
+            (
+                "m40_steps_total",
+                "counter",
+                "Batched forward steps the engine ran.",
+                l.steps,
+            ),
+            (
+                "m40_step_tokens_total",
+                "counter",
+                "Tokens those steps ran (decode tokens and prompt chunks).",
+                l.step_tokens,
+            ),
+            (
+                "m40_preemptions_total",
+                "counter",
+                "Sequences preempted when KV pages ran out (recomputed later).",
+                l.preemptions,
+            ),
+        ];
+        for (name, kind, help, v) in engine {
+            scalar(name, kind, help, v);
+        }
         scalar(
             "m40_kv_cache_tokens",
             "gauge",
@@ -188,6 +238,7 @@ impl Metrics {
 pub(crate) async fn render(State(s): State<AppState>) -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        s.metrics().text(s.n_ctx()),
+        s.metrics()
+            .text(s.n_ctx(), s.engine().map(|e| e.activity())),
     )
 }

@@ -397,6 +397,8 @@ pub(crate) async fn ps(State(s): State<AppState>) -> Json<Value> {
     m["size_vram"] = json!(if on_gpu { m["size"].clone() } else { json!(0) });
     m["context_length"] = json!(s.n_ctx());
     m["m40_backend"] = json!(engine.backend_name());
+    // What the engine runs now (m40-llm's own fields).
+    m["m40_activity"] = json!(engine.activity());
     Json(json!({ "models": [m] }))
 }
 

@@ -415,10 +415,19 @@ fn a_client_that_disconnects_cancels_its_request() {
 
 #[test]
 fn a_full_queue_answers_503_with_retry_after() {
-    let base = start(ServerConfig {
-        max_queue: 1,
+    // An engine that runs one sequence at a time: the second request waits
+    // for admission, the third finds the queue full.
+    let one = engine_with(m40_runtime::EngineOptions {
+        parallel: Some(1),
         ..Default::default()
     });
+    let base = start_with(
+        one.clone(),
+        ServerConfig {
+            max_queue: 1,
+            ..Default::default()
+        },
+    );
     let a = open_stream(&base, 400);
     wait_until("the first request to run", || running(&base) == 1);
     // The second waits in the queue (its response has not started).
@@ -432,7 +441,7 @@ fn a_full_queue_answers_503_with_retry_after() {
         s.read_to_string(&mut out).unwrap();
         out
     });
-    std::thread::sleep(Duration::from_millis(300));
+    wait_until("the second request to wait", || one.activity().waiting == 1);
     let mut r = agent()
         .post(&format!("{base}/api/generate"))
         .send(json!({"model": NAME, "prompt": "hi", "options": greedy(1)}).to_string())
@@ -444,6 +453,29 @@ fn a_full_queue_answers_503_with_retry_after() {
     // The waiting request is served once the first is cancelled.
     let out = waiting.join().unwrap();
     assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    // Then nothing runs, waits or holds KV pages, and /metrics says so.
+    wait_until("the engine to be idle", || {
+        let l = one.activity();
+        l.running == 0 && l.waiting == 0 && l.kv_pages_used == 0
+    });
+    let mut r = agent().get(&format!("{base}/metrics")).call().unwrap();
+    let text = r.body_mut().read_to_string().unwrap();
+    for line in [
+        "m40_queue_depth 0",
+        "m40_sequences_running 0",
+        "m40_sequences_parallel_max 1",
+        "m40_kv_pages_used 0",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} in {text}");
+    }
+    let pages: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("m40_kv_pages "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(pages as usize, one.activity().kv_pages);
+    assert!(pages > 0);
 }
 
 #[test]

@@ -7,10 +7,10 @@ use m40_gguf::TensorView;
 use rayon::prelude::*;
 
 use super::fused;
-use super::simd::{dot, dot4};
+use super::simd::{dot1, dot4};
 use crate::error::Result;
 
-/// Output rows per rayon task on the fused decode path.
+/// Output rows per rayon task on the fused path.
 const DECODE_ROWS: usize = 64;
 
 /// Bytes of dequantized rows one task keeps hot.
@@ -24,8 +24,11 @@ pub fn matmul(w: &TensorView<'_>, x: &[f32], n_tok: usize, out: &mut [f32]) -> R
     let n_out = w.info.n_rows();
     assert_eq!(x.len(), n_tok * n_in, "matmul input shape");
     assert_eq!(out.len(), n_tok * n_out, "matmul output shape");
-    if n_tok < 4 && fused::supported(w.info.ty) {
-        // Decode: few tokens per weight read; unpack blocks in registers.
+    if fused::supported(w.info.ty) {
+        // Unpack blocks in registers. For every number of tokens, so that a
+        // token's row is the same arithmetic alone or in a batch (batch
+        // invariance: a sequence's output must not depend on what else
+        // runs).
         let sums: Vec<Vec<f32>> = x.chunks_exact(n_in).map(fused::block_sums).collect();
         let mut out_t = vec![0f32; n_tok * n_out];
         out_t
@@ -82,10 +85,13 @@ pub fn matmul(w: &TensorView<'_>, x: &[f32], n_tok: usize, out: &mut [f32]) -> R
                     }
                     t += 4;
                 }
+                // The last tokens by the same arithmetic as four (dot1 is
+                // one lane of dot4), so that no token's result depends on
+                // how many share the step.
                 for t in t..n_tok {
                     let xt = &x[t * n_in..(t + 1) * n_in];
                     for r in 0..rows {
-                        dst[r * n_tok + t] = dot(&scratch[r * n_in..(r + 1) * n_in], xt);
+                        dst[r * n_tok + t] = dot1(&scratch[r * n_in..(r + 1) * n_in], xt);
                     }
                 }
                 Ok(())

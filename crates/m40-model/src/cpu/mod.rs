@@ -18,7 +18,7 @@ use rayon::prelude::*;
 
 use crate::error::{ModelError, Result};
 use crate::host::human_bytes;
-use crate::{Backend, KvState, Logits, Model};
+use crate::{Backend, KvState, Logits, Model, SeqStep, StepOut, Want};
 use matmul::matmul;
 use ops::{rmsnorm, softmax, swiglu, Rope};
 
@@ -145,19 +145,31 @@ impl CpuBackend {
         Ok(())
     }
 
-    /// Causal GQA attention of `n` new tokens (positions `start..start+n`)
-    /// over the cache's first `start + n` entries. q: (n, n_head*hd); out likewise.
-    fn attention(&self, cache: &CpuCache, layer: usize, q: &[f32], start: usize, out: &mut [f32]) {
+    /// Causal GQA attention of a step's tokens, each over its own
+    /// sequence's cache up to and including its position: `at[i]` = (the
+    /// cache of token i, its position). q: (n, n_head*hd); out likewise.
+    /// Each (token, KV head) is computed alone, in the same order whatever
+    /// else the step holds.
+    fn attention(
+        &self,
+        caches: &[&CpuCache],
+        at: &[(usize, usize)],
+        layer: usize,
+        q: &[f32],
+        out: &mut [f32],
+    ) {
         let hp = self.model.hparams();
         let (hd, group) = (hp.head_dim, hp.n_head / hp.n_head_kv);
         let scale = 1.0 / (hd as f32).sqrt();
-        let (kc, vc, kv_dim) = (&cache.k[layer], &cache.v[layer], cache.kv_dim);
         // One task per (token, KV head): its `group` query heads are contiguous.
         out.par_chunks_mut(group * hd)
             .enumerate()
             .for_each(|(task, o)| {
                 let (i, g) = (task / hp.n_head_kv, task % hp.n_head_kv);
-                let len = start + i + 1;
+                let (seq, pos) = at[i];
+                let cache = caches[seq];
+                let (kc, vc, kv_dim) = (&cache.k[layer], &cache.v[layer], cache.kv_dim);
+                let len = pos + 1;
                 let qh = &q[i * hp.n_head * hd + g * group * hd..][..group * hd];
                 let mut scores = vec![0f32; group * len];
                 let mut row = vec![0f32; hd];
@@ -181,6 +193,123 @@ impl CpuBackend {
                     }
                 }
             });
+    }
+
+    /// One forward over `seqs`: each one's tokens at positions
+    /// `cache.len()..`, every matmul over all the step's tokens together
+    /// (row by row the same arithmetic whatever the other rows: see
+    /// `matmul`), and each sequence's logits as its [`Logits`] asks.
+    fn run(&self, seqs: &mut [(&mut CpuCache, &[u32], Logits)]) -> Result<Vec<Vec<f32>>> {
+        let hp = self.model.hparams();
+        // Every sequence's input is checked before any cache changes.
+        for (cache, tokens, _) in seqs.iter() {
+            if cache.len + tokens.len() > cache.n_ctx {
+                return Err(ModelError::ContextFull {
+                    needed: tokens.len(),
+                    used: cache.len,
+                    n_ctx: cache.n_ctx,
+                });
+            }
+            if let Some(&t) = tokens.iter().find(|&&t| t as usize >= hp.n_vocab) {
+                return Err(ModelError::BadToken {
+                    id: t,
+                    n_vocab: hp.n_vocab,
+                });
+            }
+        }
+        // (sequence, position) of every token of the step, in order.
+        let at: Vec<(usize, usize)> = seqs
+            .iter()
+            .enumerate()
+            .flat_map(|(s, (c, t, _))| (c.len..c.len + t.len()).map(move |p| (s, p)))
+            .collect();
+        let n = at.len();
+        if n == 0 {
+            return Ok(seqs.iter().map(|_| Vec::new()).collect());
+        }
+        let tokens: Vec<u32> = seqs
+            .iter()
+            .flat_map(|(_, t, _)| t.iter().copied())
+            .collect();
+        let (d, hd) = (hp.n_embd, hp.head_dim);
+        let (q_dim, kv_dim) = (hp.n_head * hd, hp.n_head_kv * hd);
+        // Activations, row-major by token.
+        let mut x = vec![0f32; n * d]; // (n, d) residual stream
+        let mut h = vec![0f32; n * d]; // (n, d) normed input
+        let mut q = vec![0f32; n * q_dim]; // (n, n_head*hd)
+        let mut k = vec![0f32; n * kv_dim]; // (n, n_kv*hd)
+        let mut v = vec![0f32; n * kv_dim];
+        let mut att = vec![0f32; n * q_dim];
+        let mut proj = vec![0f32; n * d];
+        let mut gate = vec![0f32; n * hp.n_ff]; // (n, n_ff)
+        let mut up = vec![0f32; n * hp.n_ff];
+        self.embed(&tokens, &mut x)?;
+        for (l, lv) in self.layers.iter().enumerate() {
+            let names = self.model.layer(l);
+            h.copy_from_slice(&x);
+            rmsnorm(&mut h, &lv.attn_norm, hp.rms_eps);
+            self.matmul(&names.wq, &h, n, &mut q)?;
+            self.matmul(&names.wk, &h, n, &mut k)?;
+            self.matmul(&names.wv, &h, n, &mut v)?;
+            add_bias(&mut q, &lv.bq);
+            add_bias(&mut k, &lv.bk);
+            add_bias(&mut v, &lv.bv);
+            for (i, &(_, pos)) in at.iter().enumerate() {
+                self.rope.apply(&mut q[i * q_dim..(i + 1) * q_dim], hd, pos);
+                self.rope
+                    .apply(&mut k[i * kv_dim..(i + 1) * kv_dim], hd, pos);
+            }
+            for (i, &(s, pos)) in at.iter().enumerate() {
+                let cache = &mut *seqs[s].0;
+                let row = pos * kv_dim..(pos + 1) * kv_dim;
+                cache.k[l][row.clone()].convert_from_f32_slice(&k[i * kv_dim..(i + 1) * kv_dim]);
+                cache.v[l][row].convert_from_f32_slice(&v[i * kv_dim..(i + 1) * kv_dim]);
+            }
+            let caches: Vec<&CpuCache> = seqs.iter().map(|(c, _, _)| &**c).collect();
+            self.attention(&caches, &at, l, &q, &mut att);
+            self.matmul(&names.wo, &att, n, &mut proj)?;
+            x.iter_mut().zip(&proj).for_each(|(x, p)| *x += p);
+
+            h.copy_from_slice(&x);
+            rmsnorm(&mut h, &lv.ffn_norm, hp.rms_eps);
+            self.matmul(&names.ffn_gate, &h, n, &mut gate)?;
+            self.matmul(&names.ffn_up, &h, n, &mut up)?;
+            swiglu(&mut gate, &up);
+            self.matmul(&names.ffn_down, &gate, n, &mut proj)?;
+            x.iter_mut().zip(&proj).for_each(|(x, p)| *x += p);
+        }
+        // The rows each sequence wants logits of, all through one matmul.
+        let mut wanted = Vec::new(); // (sequence, rows)
+        let mut first = 0;
+        for (s, (cache, t, want)) in seqs.iter_mut().enumerate() {
+            cache.len += t.len();
+            let rows = match want {
+                Logits::None => first..first,
+                Logits::Last => first + t.len() - 1..first + t.len(),
+                Logits::All => first..first + t.len(),
+            };
+            first += t.len();
+            wanted.push((s, rows));
+        }
+        let mut out: Vec<Vec<f32>> = seqs.iter().map(|_| Vec::new()).collect();
+        let n_rows: usize = wanted.iter().map(|(_, r)| r.len()).sum();
+        if n_rows == 0 {
+            return Ok(out);
+        }
+        let mut rows = Vec::with_capacity(n_rows * d);
+        for (_, r) in &wanted {
+            rows.extend_from_slice(&x[r.start * d..r.end * d]);
+        }
+        rmsnorm(&mut rows, &self.output_norm, hp.rms_eps);
+        let out_name = if hp.tied_output { TOKEN_EMBD } else { OUTPUT };
+        let mut logits = vec![0f32; n_rows * hp.n_vocab];
+        self.matmul(out_name, &rows, n_rows, &mut logits)?;
+        let mut at_row = 0;
+        for (s, r) in wanted {
+            out[s] = logits[at_row * hp.n_vocab..(at_row + r.len()) * hp.n_vocab].to_vec();
+            at_row += r.len();
+        }
+        Ok(out)
     }
 }
 
@@ -281,75 +410,33 @@ impl Backend for CpuBackend {
     }
 
     fn forward(&self, cache: &mut CpuCache, tokens: &[u32], want: Logits) -> Result<Vec<f32>> {
-        let hp = self.model.hparams();
-        let n = tokens.len();
-        let start = cache.len;
-        if start + n > cache.n_ctx {
-            return Err(ModelError::ContextFull {
-                needed: n,
-                used: start,
-                n_ctx: cache.n_ctx,
-            });
-        }
-        if n == 0 {
-            return Ok(Vec::new());
-        }
-        let (d, hd) = (hp.n_embd, hp.head_dim);
-        let (q_dim, kv_dim) = (hp.n_head * hd, hp.n_head_kv * hd);
-        // Activations, row-major by token.
-        let mut x = vec![0f32; n * d]; // (n, d) residual stream
-        let mut h = vec![0f32; n * d]; // (n, d) normed input
-        let mut q = vec![0f32; n * q_dim]; // (n, n_head*hd)
-        let mut k = vec![0f32; n * kv_dim]; // (n, n_kv*hd)
-        let mut v = vec![0f32; n * kv_dim];
-        let mut att = vec![0f32; n * q_dim];
-        let mut proj = vec![0f32; n * d];
-        let mut gate = vec![0f32; n * hp.n_ff]; // (n, n_ff)
-        let mut up = vec![0f32; n * hp.n_ff];
-        self.embed(tokens, &mut x)?;
-        for (l, lv) in self.layers.iter().enumerate() {
-            let names = self.model.layer(l);
-            h.copy_from_slice(&x);
-            rmsnorm(&mut h, &lv.attn_norm, hp.rms_eps);
-            self.matmul(&names.wq, &h, n, &mut q)?;
-            self.matmul(&names.wk, &h, n, &mut k)?;
-            self.matmul(&names.wv, &h, n, &mut v)?;
-            add_bias(&mut q, &lv.bq);
-            add_bias(&mut k, &lv.bk);
-            add_bias(&mut v, &lv.bv);
-            for i in 0..n {
-                self.rope
-                    .apply(&mut q[i * q_dim..(i + 1) * q_dim], hd, start + i);
-                self.rope
-                    .apply(&mut k[i * kv_dim..(i + 1) * kv_dim], hd, start + i);
-            }
-            let at = start * kv_dim;
-            cache.k[l][at..at + n * kv_dim].convert_from_f32_slice(&k);
-            cache.v[l][at..at + n * kv_dim].convert_from_f32_slice(&v);
-            self.attention(cache, l, &q, start, &mut att);
-            self.matmul(&names.wo, &att, n, &mut proj)?;
-            x.iter_mut().zip(&proj).for_each(|(x, p)| *x += p);
+        let mut out = self.run(&mut [(cache, tokens, want)])?;
+        Ok(out.pop().unwrap_or_default())
+    }
 
-            h.copy_from_slice(&x);
-            rmsnorm(&mut h, &lv.ffn_norm, hp.rms_eps);
-            self.matmul(&names.ffn_gate, &h, n, &mut gate)?;
-            self.matmul(&names.ffn_up, &h, n, &mut up)?;
-            swiglu(&mut gate, &up);
-            self.matmul(&names.ffn_down, &gate, n, &mut proj)?;
-            x.iter_mut().zip(&proj).for_each(|(x, p)| *x += p);
+    fn forward_batch(&self, seqs: &mut [SeqStep<'_, CpuCache>]) -> Result<Vec<StepOut>> {
+        let mut runs = Vec::with_capacity(seqs.len());
+        for s in seqs.iter_mut() {
+            let want = match s.want {
+                Want::Nothing => Logits::None,
+                Want::Logits => Logits::Last,
+                Want::Select(_) => {
+                    return Err(ModelError::Unsupported(
+                        "token selection on this backend".into(),
+                    ))
+                }
+            };
+            runs.push((&mut *s.cache, s.tokens, want));
         }
-        cache.len = start + n;
-        let rows = match want {
-            Logits::None => return Ok(Vec::new()),
-            Logits::Last => &mut x[(n - 1) * d..],
-            Logits::All => &mut x[..],
-        };
-        rmsnorm(rows, &self.output_norm, hp.rms_eps);
-        let n_rows = rows.len() / d;
-        let out_name = if hp.tied_output { TOKEN_EMBD } else { OUTPUT };
-        let mut logits = vec![0f32; n_rows * hp.n_vocab];
-        self.matmul(out_name, rows, n_rows, &mut logits)?;
-        Ok(logits)
+        let out = self.run(&mut runs)?;
+        Ok(out
+            .into_iter()
+            .zip(seqs.iter())
+            .map(|(l, s)| match s.want {
+                Want::Nothing => StepOut::Nothing,
+                _ => StepOut::Logits(l),
+            })
+            .collect())
     }
 }
 
@@ -396,6 +483,76 @@ mod tests {
         if let Some(avail) = crate::host::available_memory() {
             if avail > 1 << 30 {
                 check_memory(&hp, 1024, 16).unwrap();
+            }
+        }
+    }
+
+    /// Batch invariance of the matmuls: each token's row of a product
+    /// over n tokens is bitwise its product alone, for every format with a
+    /// kernel of its own and by both maths, on fresh inputs.
+    #[test]
+    fn a_tokens_product_is_the_same_alone_or_in_a_batch() {
+        use m40_gguf::quant::quantize_to_vec;
+        use m40_gguf::{GgmlType, GgufFile, GgufWriter, Metadata, TensorSpec};
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(7, |d| d.as_nanos() as u64);
+        let mut rng = seed | 1;
+        let mut values = |n: usize| -> Vec<f32> {
+            (0..n)
+                .map(|_| {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    (rng >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+                })
+                .collect()
+        };
+        let (rows, cols) = (70usize, 512usize);
+        for ty in [
+            GgmlType::F32,
+            GgmlType::F16,
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q8_0,
+            GgmlType::Q4_K,
+            GgmlType::Q6_K,
+        ] {
+            let w = values(rows * cols);
+            let spec = TensorSpec::new("w", ty, &[cols as u64, rows as u64]);
+            let md = Metadata::new();
+            let mut wr = GgufWriter::new(Vec::new(), &md, std::slice::from_ref(&spec)).unwrap();
+            wr.write_tensor(&quantize_to_vec(ty, &w).unwrap()[..])
+                .unwrap();
+            let file = GgufFile::from_bytes(wr.finish().unwrap()).unwrap();
+            let view = file.tensor("w").unwrap();
+            for q8 in [false, true] {
+                if q8 && !q8::supported(ty) {
+                    continue;
+                }
+                let mul = |x: &[f32], n: usize| {
+                    let mut out = vec![f32::NAN; n * rows];
+                    if q8 {
+                        q8::matmul_q8(&view, x, n, &mut out);
+                    } else {
+                        matmul(&view, x, n, &mut out).unwrap();
+                    }
+                    out
+                };
+                for n in [2usize, 3, 4, 5, 8, 9] {
+                    let x = values(n * cols);
+                    let all = mul(&x, n);
+                    for t in 0..n {
+                        let alone = mul(&x[t * cols..(t + 1) * cols], 1);
+                        for r in 0..rows {
+                            assert_eq!(
+                                all[t * rows + r].to_bits(),
+                                alone[r].to_bits(),
+                                "{ty} (8-bit inputs: {q8}) token {t} of {n}, row {r}: seed {seed}"
+                            );
+                        }
+                    }
+                }
             }
         }
     }

@@ -35,6 +35,21 @@ pub fn dot4(w: &[f32], x: [&[f32]; 4]) -> [f32; 4] {
     ]
 }
 
+/// One dot product by the arithmetic of one lane of [`dot4`] (bitwise the
+/// same result as that lane).
+#[inline]
+pub fn dot1(w: &[f32], x: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            // SAFETY: the CPU supports AVX2 and FMA (checked just above).
+            return unsafe { dot1_avx2(w, x) };
+        }
+    }
+    dot_portable(w, x)
+}
+
 fn dot_portable(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
     let n8 = a.len() / 8 * 8;
@@ -109,6 +124,32 @@ unsafe fn dot4_avx2(w: &[f32], x: [&[f32]; 4]) -> [f32; 4] {
         for k in 0..4 {
             out[k] += w[i] * x[k][i];
         }
+        i += 1;
+    }
+    out
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+unsafe fn dot1_avx2(w: &[f32], x: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let n = w.len().min(x.len());
+    let n8 = n / 8 * 8;
+    let (pw, px) = (w.as_ptr(), x.as_ptr());
+    let mut acc = _mm256_setzero_ps();
+    let mut i = 0;
+    while i < n8 {
+        // SAFETY: i + 8 <= n, within both slices.
+        unsafe {
+            acc = _mm256_fmadd_ps(_mm256_loadu_ps(pw.add(i)), _mm256_loadu_ps(px.add(i)), acc);
+        }
+        i += 8;
+    }
+    let mut out = hsum(acc);
+    while i < n {
+        out += w[i] * x[i];
         i += 1;
     }
     out

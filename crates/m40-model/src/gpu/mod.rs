@@ -321,6 +321,10 @@ impl Backend for GpuBackend {
         SELECT_MAX_K.min(self.model.hparams().n_vocab)
     }
 
+    fn kv_pool(&self) -> Option<(usize, usize)> {
+        Some((KV_PAGE, self.pages.pages()))
+    }
+
     fn forward_select(
         &self,
         cache: &mut GpuCache,

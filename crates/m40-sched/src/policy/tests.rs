@@ -8,39 +8,55 @@ fn cfg(budget: usize, running: usize, pages: usize, watermark: usize) -> Config 
         page_tokens: 4,
         pages,
         watermark_pages: watermark,
+        chunk_tokens: budget,
     }
 }
 
 #[test]
 fn a_long_prompt_is_chunked_and_running_decodes_go_first() {
+    // A budget of 8 beside up to 4 decodes: chunks of 4.
     let mut s = Scheduler::new(cfg(8, 4, 64, 0));
-    s.add(1, 3, 5).unwrap();
+    s.add(1, 3, 10).unwrap();
     let step = s.plan();
     assert_eq!(step.prefill, [(1, 0..3)]);
     assert_eq!(s.complete(&step, &[]), Vec::<SeqId>::new());
-    // 1 decodes; 2's 20-token prompt runs in chunks of what is left.
-    s.add(2, 20, 2).unwrap();
-    let step = s.plan();
-    assert_eq!(
-        (step.decode.clone(), step.prefill.clone()),
-        (vec![1], vec![(2, 0..7)])
-    );
-    s.complete(&step, &[]);
-    let step = s.plan();
-    assert_eq!(
-        (step.decode.clone(), step.prefill.clone()),
-        (vec![1], vec![(2, 7..14)])
-    );
-    s.complete(&step, &[]);
-    let step = s.plan();
-    assert_eq!(
-        (step.decode.clone(), step.prefill.clone()),
-        (vec![1], vec![(2, 14..20)])
-    );
-    s.complete(&step, &[]);
+    // 1 decodes; 2's 18-token prompt runs in chunks at multiples of 4,
+    // whatever budget is left beside.
+    s.add(2, 18, 2).unwrap();
+    for chunk in [0..4, 4..8, 8..12, 12..16, 16..18] {
+        let step = s.plan();
+        assert_eq!(
+            (step.decode.clone(), step.prefill.clone()),
+            (vec![1], vec![(2, chunk)])
+        );
+        s.complete(&step, &[]);
+    }
     let step = s.plan();
     assert_eq!(step.decode, [1, 2]);
     assert_eq!(step.tokens(), 2);
+}
+
+#[test]
+fn a_chunk_that_does_not_fit_waits_whole() {
+    // Chunks of 6 in a budget of 8: two prompts' first chunks do not fit
+    // one step; the second waits rather than run a cut chunk.
+    let mut s = Scheduler::new(cfg(8, 2, 64, 0));
+    s.add(1, 6, 3).unwrap();
+    s.add(2, 9, 3).unwrap();
+    let step = s.plan();
+    assert_eq!(step.prefill, [(1, 0..6)]);
+    s.complete(&step, &[]);
+    let step = s.plan();
+    assert_eq!(
+        (step.decode.clone(), step.prefill.clone()),
+        (vec![1], vec![(2, 0..6)])
+    );
+    s.complete(&step, &[]);
+    let step = s.plan();
+    assert_eq!(
+        (step.decode.clone(), step.prefill.clone()),
+        (vec![1], vec![(2, 6..9)])
+    );
 }
 
 #[test]
@@ -119,7 +135,7 @@ fn bad_sequences_are_refused_and_cancel_frees_pages() {
     s.add(1, 12, 4).unwrap();
     assert_eq!(s.add(1, 1, 1), Err(SchedError::Duplicate(1)));
     let step = s.plan();
-    assert_eq!((step.prefill.clone(), s.free_pages()), (vec![(1, 0..8)], 1));
+    assert_eq!((step.prefill.clone(), s.free_pages()), (vec![(1, 0..6)], 1));
     assert!(s.cancel(1));
     assert!(!s.cancel(1));
     assert_eq!((s.free_pages(), s.counts()), (4, (0, 0)));
@@ -175,8 +191,11 @@ proptest! {
         running in 1..12usize,
         pages in 16..40usize,
         watermark in 0..3usize,
+        chunk in 1..48usize,
     ) {
-        let c = cfg(budget, running, pages, watermark);
+        let c = Config { chunk_tokens: chunk, ..cfg(budget, running, pages, watermark) };
+        // The chunk size in effect (see Config::chunk_tokens).
+        let chunk = chunk.min(budget - running.min(budget)).max(1);
         let mut s = Scheduler::new(c.clone());
         // Per sequence: samples so far, admitted order.
         let mut sampled: HashMap<SeqId, usize> = HashMap::new();
@@ -215,6 +234,9 @@ proptest! {
                 prop_assert!(step.decode.contains(id) || step.preempted.contains(id));
             }
             for (id, r) in &step.prefill {
+                // Chunks cut at multiples of `chunk`, whatever else runs.
+                prop_assert_eq!(r.start % chunk, 0);
+                prop_assert_eq!(r.end, s.seqs[id].tokens.min(r.start + chunk));
                 if r.start == 0 && !admitted.contains(id) {
                     admitted.push(*id);
                 }

@@ -13,26 +13,43 @@ use serde_json::{json, Value};
 pub const NAME: &str = "smollm2:135m";
 pub const N_CTX: usize = 512;
 
-pub fn engine() -> Arc<Engine> {
-    static E: OnceLock<Arc<Engine>> = OnceLock::new();
-    E.get_or_init(|| {
+/// The default model's path (fetched once).
+pub fn model_path() -> std::path::PathBuf {
+    static P: OnceLock<std::path::PathBuf> = OnceLock::new();
+    P.get_or_init(|| {
         let root = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("models");
-        let path = m40_runtime::store::Store::new(root)
+        m40_runtime::store::Store::new(root)
             .ensure_default(&mut |m: &str| eprintln!("{m}"))
-            .expect("fetching the default model");
-        let opts = EngineOptions {
-            n_ctx: Some(N_CTX),
-            backend: BackendChoice::Cpu,
-            ..Default::default()
-        };
-        Arc::new(Engine::from_path(&path, opts).expect("loading the default model"))
+            .expect("fetching the default model")
     })
     .clone()
 }
 
+/// An engine of the default model on the CPU with `opts` (context N_CTX).
+pub fn engine_with(opts: EngineOptions) -> Arc<Engine> {
+    let opts = EngineOptions {
+        n_ctx: Some(N_CTX),
+        backend: BackendChoice::Cpu,
+        ..opts
+    };
+    Arc::new(Engine::from_path(&model_path(), opts).expect("loading the default model"))
+}
+
+/// The engine most tests share.
+pub fn engine() -> Arc<Engine> {
+    static E: OnceLock<Arc<Engine>> = OnceLock::new();
+    E.get_or_init(|| engine_with(EngineOptions::default()))
+        .clone()
+}
+
 /// A server on its own runtime thread; its base URL.
 pub fn start(config: ServerConfig) -> String {
-    let state = AppState::new(engine(), NAME, config);
+    start_with(engine(), config)
+}
+
+/// A server of `engine`.
+pub fn start_with(engine: Arc<Engine>, config: ServerConfig) -> String {
+    let state = AppState::new(engine, NAME, config);
     format!("http://{}", m40_serve::spawn_loopback(state).unwrap())
 }
 

@@ -1,0 +1,203 @@
+//! Continuous batching end to end on SmolLM2: requests that run together
+//! get, token for token, what each gets alone (batch invariance), through
+//! shared prompt prefixes, different lengths, seeded sampling,
+//! cancellations and a KV cache small enough to force preemption.
+//!
+//! Each body runs on both backends (`NAME::cpu` in CI, `NAME::gpu` in the
+//! GPU pack), as tests/engine.rs.
+
+mod support;
+
+use support::On;
+
+use std::sync::Arc;
+
+use m40_runtime::{
+    BackendChoice, CancelToken, Completion, Engine, EngineOptions, FinishReason, Prompt, Request,
+    SamplingParams,
+};
+
+const N_CTX: usize = 256;
+
+/// SmolLM2 on `on` with a KV cache of `kv_tokens` for up to `parallel`
+/// sequences at once.
+fn engine(on: On, kv_tokens: usize, parallel: usize) -> Arc<Engine> {
+    let backend = match on {
+        On::Cpu => BackendChoice::Cpu,
+        On::Gpu => {
+            m40_device::testing::gpu_device("batching tests");
+            BackendChoice::Gpu
+        }
+    };
+    let opts = EngineOptions {
+        n_ctx: Some(N_CTX),
+        backend,
+        kv_tokens: Some(kv_tokens),
+        parallel: Some(parallel),
+        ..Default::default()
+    };
+    Arc::new(Engine::from_path(&support::smollm2(), opts).unwrap())
+}
+
+on_both!(
+    concurrent_requests_get_their_solo_tokens,
+    preemption_changes_no_token,
+);
+
+/// Request `i` of a varied set: prompts that share prefixes (a system
+/// line, then a topic) and differ in length, 1 to 20 new tokens, greedy
+/// or seeded sampling.
+fn request(i: usize) -> Request {
+    const TOPICS: [&str; 5] = [
+        "the sea",
+        "a city at night",
+        "bread",
+        "mountains",
+        "a library",
+    ];
+    const ASKS: [&str; 4] = [
+        "Describe it.",
+        "Write one sentence about it.",
+        "List three things about it, briefly, as a poem would.",
+        "Why?",
+    ];
+    let system = if i.is_multiple_of(3) {
+        "You are a careful writer who answers in plain words. "
+    } else {
+        ""
+    };
+    let text = format!(
+        "{system}Topic: {}. {} ({i})",
+        TOPICS[i % TOPICS.len()],
+        ASKS[(i / 5) % ASKS.len()]
+    );
+    let mut r = Request::new(Prompt::Text(text));
+    r.max_tokens = Some(1 + (i * 7) % 20);
+    r.sampling = if i % 4 == 1 {
+        SamplingParams {
+            temperature: 0.8,
+            top_k: 40,
+            seed: Some(1000 + i as u64),
+            ..Default::default()
+        }
+    } else {
+        SamplingParams::greedy()
+    };
+    r
+}
+
+/// Request `i` of the preemption test: [`request`], longer.
+fn long_request(i: usize) -> Request {
+    let mut r = request(i);
+    r.max_tokens = Some(40 + i % 8);
+    r
+}
+
+/// Request `i` run alone, on an otherwise idle engine.
+fn solo(e: &Engine, make: fn(usize) -> Request, i: usize) -> Completion {
+    e.generate(&make(i), &CancelToken::new(), |_| {}).unwrap()
+}
+
+/// Requests `ids` at once, each on its own thread; those in `cancel_after`
+/// cancel themselves after that many tokens.
+fn together(
+    e: &Arc<Engine>,
+    make: fn(usize) -> Request,
+    ids: &[usize],
+    cancel_after: impl Fn(usize) -> Option<usize>,
+) -> Vec<Completion> {
+    let handles: Vec<_> = ids
+        .iter()
+        .map(|&i| {
+            let (e, after) = (e.clone(), cancel_after(i));
+            std::thread::spawn(move || {
+                let cancel = CancelToken::new();
+                let mut n = 0;
+                e.generate(&make(i), &cancel, |_| {
+                    n += 1;
+                    if Some(n) == after {
+                        cancel.cancel();
+                    }
+                })
+                .unwrap()
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+fn check(i: usize, got: &Completion, alone: &Completion, cancelled_after: Option<usize>) {
+    match cancelled_after {
+        Some(n) if alone.token_ids.len() > n => {
+            assert_eq!(got.finish_reason, FinishReason::Cancelled, "request {i}");
+            assert_eq!(got.token_ids, alone.token_ids[..n], "request {i}");
+        }
+        _ => {
+            assert_eq!(got.token_ids, alone.token_ids, "request {i}: tokens");
+            assert_eq!(got.text, alone.text, "request {i}: text");
+            assert_eq!(got.finish_reason, alone.finish_reason, "request {i}");
+        }
+    }
+}
+
+fn concurrent_requests_get_their_solo_tokens(on: On) {
+    const N: usize = 64;
+    let e = engine(on, N * 64, N);
+    let alone: Vec<Completion> = (0..N).map(|i| solo(&e, request, i)).collect();
+    assert!(alone.iter().any(|c| c.token_ids.len() >= 10));
+    let steps_before = e.activity().steps;
+    for n in [2usize, 8, N] {
+        let ids: Vec<usize> = (0..n).collect();
+        // In the largest batch, every ninth request leaves after 2 tokens.
+        let cancel_after = |i: usize| (n == N && i % 9 == 4).then_some(2);
+        let got = together(&e, request, &ids, cancel_after);
+        for (&i, c) in ids.iter().zip(&got) {
+            check(i, c, &alone[i], cancel_after(i));
+        }
+    }
+    // Cancelled sequences leave at the engine's next step.
+    let a = idle(&e);
+    // The batches ran in fewer steps than their tokens one at a time would.
+    let tokens: usize = alone.iter().map(|c| c.token_ids.len()).sum();
+    assert!(
+        a.steps - steps_before < tokens as u64,
+        "{} steps for {tokens} tokens",
+        a.steps - steps_before
+    );
+}
+
+fn preemption_changes_no_token(on: On) {
+    // A pool of one context for 16 sequences of up to ~50 tokens each: the
+    // pool runs dry mid-decode and the newest sequences are preempted.
+    const N: usize = 16;
+    let e = engine(on, N_CTX, N);
+    let ids: Vec<usize> = (0..N).map(|i| 3 * i).collect();
+    let alone: Vec<Completion> = ids.iter().map(|&i| solo(&e, long_request, i)).collect();
+    let before = e.activity().preemptions;
+    let got = together(&e, long_request, &ids, |_| None);
+    for ((&i, c), a) in ids.iter().zip(&got).zip(&alone) {
+        check(i, c, a, None);
+    }
+    assert!(
+        e.activity().preemptions > before,
+        "no sequence was preempted: the test did not test preemption"
+    );
+    idle(&e);
+}
+
+/// The engine's activity once nothing runs, waits or holds pages (within
+/// a few steps of the last request's return).
+fn idle(e: &Engine) -> m40_runtime::Load {
+    let t = std::time::Instant::now();
+    loop {
+        let a = e.activity();
+        if (a.running, a.waiting, a.kv_pages_used) == (0, 0, 0) {
+            return a;
+        }
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(10),
+            "the engine is not idle: {a:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
