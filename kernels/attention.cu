@@ -71,3 +71,29 @@ ATTN_DEC_KERNEL(4, 1)
 ATTN_DEC_KERNEL(4, 2)
 ATTN_DEC_KERNEL(4, 4)
 ATTN_DEC_KERNEL(4, 8)
+
+// attn_dec_b_f32_d<DPT>_g<G>: the decode kernel over a batch of sequences,
+// one query token each (a batched decode step): token s (q and out row s,
+// position pos[s]) attends to its own sequence's keys 0 ..= pos[s], whose
+// block table starts at table[tab[s]]. Grid (n_head_kv, 1, n_tok *
+// zparts): block z takes token z / zparts and head part z % zparts; no key
+// splits (the batch gives the blocks), part_ml unused. The parameters of
+// attn_f32_r<R>, then tab and zparts.
+#define ATTN_DEC_B_KERNEL(DPT, G)                                                                     \
+    extern "C" __global__ void __launch_bounds__(32 * ATT_DEC_MAX_WARPS)                              \
+        attn_dec_b_f32_d##DPT##_g##G(ATTN_PARAMS, const int* tab, int zparts) {                       \
+        ATTN_ARGS;                                                                                    \
+        const int s = blockIdx.z / zparts;                                                            \
+        AttnArgs b = a;                                                                               \
+        const long long row = (long long)s * n_head * hd;                                             \
+        b.q = q + row, b.out = out + row, b.pos = pos + s, b.table = table + tab[s], b.n_tok = 1;     \
+        attn_dec_block<DPT, G>(b, att_smem, blockIdx.x, 0, 1, G * (blockIdx.z % zparts));            \
+    }
+ATTN_DEC_B_KERNEL(2, 1)
+ATTN_DEC_B_KERNEL(2, 2)
+ATTN_DEC_B_KERNEL(2, 4)
+ATTN_DEC_B_KERNEL(2, 8)
+ATTN_DEC_B_KERNEL(4, 1)
+ATTN_DEC_B_KERNEL(4, 2)
+ATTN_DEC_B_KERNEL(4, 4)
+ATTN_DEC_B_KERNEL(4, 8)

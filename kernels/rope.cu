@@ -49,13 +49,15 @@ __device__ __forceinline__ void rope_pair(int i, int half, int* a, int* b) {
 // (head_dim / 2)): each thread takes one pair of dimensions of one head
 // (the rotated pairs first, then the pass-through dimensions from n_rot
 // up, two by two); a K head's thread also moves the same two dimensions of
-// V.
+// V. With `tab` (the batched kernels: tokens of different sequences), token
+// t's block table starts at table[tab[t]].
 template <bool NEOX>
 __device__ __forceinline__ void rope_kv(float* q, int n_head, const float* k, const float* v, int n_head_kv,
                                         const int* pos, const float* inv_freq, int head_dim, int n_rot,
-                                        float pos_scale, u16* kpool, u16* vpool, const int* table) {
+                                        float pos_scale, u16* kpool, u16* vpool, const int* table, const int* tab) {
     __shared__ float cs[2][ROPE_MAX_HALF];
     const int t = blockIdx.x;
+    if (tab != nullptr) table += tab[t];
     const int half = n_rot / 2, slots = head_dim / 2;
     const int hpb = max(1, ROPE_THREADS / slots);
     const int p = pos[t];
@@ -99,8 +101,18 @@ __device__ __forceinline__ void rope_kv(float* q, int n_head, const float* k, co
     float *q, int n_head, const float *k, const float *v, int n_head_kv, const int *pos, const float *inv_freq, \
         int head_dim, int n_rot, float pos_scale, u16 *kpool, u16 *vpool, const int *table
 extern "C" __global__ void rope_kv_norm_f32(ROPE_KV_ARGS) {
-    rope_kv<false>(q, n_head, k, v, n_head_kv, pos, inv_freq, head_dim, n_rot, pos_scale, kpool, vpool, table);
+    rope_kv<false>(q, n_head, k, v, n_head_kv, pos, inv_freq, head_dim, n_rot, pos_scale, kpool, vpool, table,
+                   nullptr);
 }
 extern "C" __global__ void rope_kv_neox_f32(ROPE_KV_ARGS) {
-    rope_kv<true>(q, n_head, k, v, n_head_kv, pos, inv_freq, head_dim, n_rot, pos_scale, kpool, vpool, table);
+    rope_kv<true>(q, n_head, k, v, n_head_kv, pos, inv_freq, head_dim, n_rot, pos_scale, kpool, vpool, table,
+                  nullptr);
+}
+// The same over tokens of different sequences: token t's block table starts
+// at table[tab[t]] (a batched decode step).
+extern "C" __global__ void rope_kv_b_norm_f32(ROPE_KV_ARGS, const int* tab) {
+    rope_kv<false>(q, n_head, k, v, n_head_kv, pos, inv_freq, head_dim, n_rot, pos_scale, kpool, vpool, table, tab);
+}
+extern "C" __global__ void rope_kv_b_neox_f32(ROPE_KV_ARGS, const int* tab) {
+    rope_kv<true>(q, n_head, k, v, n_head_kv, pos, inv_freq, head_dim, n_rot, pos_scale, kpool, vpool, table, tab);
 }

@@ -34,6 +34,10 @@ fn engine(on: On, kv_tokens: usize, parallel: usize) -> Arc<Engine> {
         backend,
         kv_tokens: Some(kv_tokens),
         parallel: Some(parallel),
+        // Bitwise each request's solo tokens on the GPU too (its batched
+        // decode is checked against the CPU in crates/m40-model's
+        // gpu_batch tests instead).
+        batch_invariant: true,
         ..Default::default()
     };
     Arc::new(Engine::from_path(&support::smollm2(), opts).unwrap())

@@ -48,6 +48,11 @@ pub struct DeviceArgs {
     /// (on the GPU, less where it has no room, down to one).
     #[arg(long, value_name = "N")]
     pub kv_tokens: Option<usize>,
+    /// Give every request bitwise the tokens it would get alone, whatever
+    /// else runs: on the GPU each sequence's decode step runs alone (one
+    /// sequence's speed) instead of in a batch (the CPU is always so).
+    #[arg(long)]
+    pub batch_invariant: bool,
 }
 
 impl DeviceArgs {
@@ -89,6 +94,7 @@ impl DeviceArgs {
             kv_tokens: self.kv_tokens,
             parallel: self.parallel,
             max_batch_tokens: self.max_batch_tokens,
+            batch_invariant: self.batch_invariant,
         }
     }
 }

@@ -479,6 +479,107 @@ impl Kernels {
         }
         Ok(plan)
     }
+
+    /// Decode attention over a batch of sequences, one query token each
+    /// (`attn_dec_b_f32_*`): token t (row t of q and out) at position
+    /// pos[t] attends to its own sequence's keys 0 ..= pos[t], whose block
+    /// table starts at `inputs.table[tab[t]]`. `s.n_tok` is the batch,
+    /// `s.start` the largest position. No key splits: a block per (KV
+    /// head, token, head part). An error where no decode kernel takes the
+    /// shape (head dimensions other than 64 and 128, more than 8 query
+    /// heads per KV head): the caller runs the sequences one by one.
+    pub fn attention_decode_batch(
+        &self,
+        stream: &Stream,
+        s: &AttnShape,
+        inputs: &AttnInputs<'_, '_>,
+        tab: &DeviceView<'_, i32>,
+        out: &mut DeviceBuffer<f32>,
+    ) -> Result<()> {
+        const K: &str = "attention_decode_batch";
+        s.check(K)?;
+        let n = s.n_tok;
+        if n == 0 {
+            return Ok(());
+        }
+        let hd = s.head_dim;
+        let rows = n * s.n_head;
+        check_len(K, "q", inputs.q.len(), rows * hd)?;
+        check_len(K, "out", out.len(), rows * hd)?;
+        check_len(K, "pos", inputs.pos.len(), n)?;
+        check_len(K, "tab", tab.len(), n)?;
+        let keys = s.start + 1;
+        check_len(K, "table", inputs.table.len(), keys.div_ceil(KV_PAGE))?;
+        check_len(K, "vpool", inputs.vpool.len(), inputs.kpool.len())?;
+        if !inputs.q.is_aligned(16) {
+            return Err(shape(K, "q must start at a multiple of 16 bytes".into()));
+        }
+        let one = AttnShape { n_tok: 1, ..*s };
+        let group = s.n_head / s.n_head_kv;
+        let Some(g) = attn_dec_group(&one) else {
+            return Err(shape(K, format!("no decode kernel for {s:?}")));
+        };
+        // All of a KV head's query heads in one block (its K and V read once)
+        // once the batch fills the GPU; else blocks of ATT_DEC_SHORT_HEADS,
+        // as one sequence's short context.
+        let sm = self.device().info().sm_count as usize;
+        let heads = match n * s.n_head_kv >= sm {
+            true => g,
+            false => ATT_DEC_SHORT_HEADS.min(g),
+        };
+        let zparts = group.div_ceil(heads);
+        let warps = keys.div_ceil(ATT_DEC_KEYS).clamp(1, ATT_DEC_MAX_WARPS);
+        let plan = AttnPlan {
+            tpb: 1,
+            gw: 1,
+            hparts: 1,
+            split_len: keys.div_ceil(KV_PAGE) * KV_PAGE,
+            splits: 1,
+            tile: false,
+            dec_warps: warps,
+            dec_heads: heads,
+        };
+        let args = attn_scalars(s, &plan)?;
+        let z = to_i32(K, "blocks", n * zparts)?;
+        if z > 65535 {
+            return Err(shape(
+                K,
+                format!("{n} tokens x {zparts} head parts: grid too large"),
+            ));
+        }
+        let name = match (hd, heads) {
+            (64, 1) => "attn_dec_b_f32_d2_g1",
+            (64, 2) => "attn_dec_b_f32_d2_g2",
+            (64, 4) => "attn_dec_b_f32_d2_g4",
+            (64, _) => "attn_dec_b_f32_d2_g8",
+            (_, 1) => "attn_dec_b_f32_d4_g1",
+            (_, 2) => "attn_dec_b_f32_d4_g2",
+            (_, 4) => "attn_dec_b_f32_d4_g4",
+            _ => "attn_dec_b_f32_d4_g8",
+        };
+        let kernel = self.kernel("attention", name)?;
+        let zp = zparts as i32;
+        let c = cfg(
+            (s.n_head_kv as u32, 1, z as u32),
+            32 * warps as u32,
+            attn_dec_shared_bytes(hd, heads) as u32,
+        );
+        // SAFETY: attn_dec_b_f32_d<hd / 32>_g<heads> (push_attn's parameters,
+        // then const int* tab, int zparts): block (g, 0, z) reads tab[z /
+        // zparts] (n of them, checked), pos[z / zparts] (at most s.start, the
+        // caller's promise), q row z / zparts (checked) and table entries
+        // from tab[t] on for its keys (within `table`, the caller's
+        // promise), pool rows of the pages they name; writes out row z /
+        // zparts (checked); no splits, part_ml null. Shared memory:
+        // attn_dec_shared_bytes (under 48 KB for hd <= 128, heads <= 8).
+        unsafe {
+            push_attn(stream.launch(&kernel), inputs, out, None, &args)
+                .view(tab)
+                .scalar(&zp)
+                .run(c)?
+        };
+        Ok(())
+    }
 }
 
 /// Attention's scalar parameters for `s` under `plan`.

@@ -74,6 +74,35 @@ impl Kernels {
         v: &DeviceView<'_, f32>,
         kv: KvAppend<'_, '_>,
     ) -> Result<()> {
+        self.rope_kv(stream, q, k, v, kv, None)
+    }
+
+    /// [`Kernels::rope_kv_append`] over tokens of different sequences (a
+    /// batched decode step): token t at its own position pos[t] (at most
+    /// `kv.max_start`, which need not follow pos[0]) into the pages of the
+    /// block table that starts at `kv.table[tab[t]]`.
+    pub fn rope_kv_append_batch(
+        &self,
+        stream: &Stream,
+        q: &mut DeviceBuffer<f32>,
+        k: &DeviceView<'_, f32>,
+        v: &DeviceView<'_, f32>,
+        kv: KvAppend<'_, '_>,
+        tab: &DeviceView<'_, i32>,
+    ) -> Result<()> {
+        check_len("rope_kv_append_batch", "tab", tab.len(), kv.pos.len())?;
+        self.rope_kv(stream, q, k, v, kv, Some(tab))
+    }
+
+    fn rope_kv(
+        &self,
+        stream: &Stream,
+        q: &mut DeviceBuffer<f32>,
+        k: &DeviceView<'_, f32>,
+        v: &DeviceView<'_, f32>,
+        kv: KvAppend<'_, '_>,
+        tab: Option<&DeviceView<'_, i32>>,
+    ) -> Result<()> {
         const K: &str = "rope_kv_append";
         let KvAppend {
             n_head_kv,
@@ -108,17 +137,20 @@ impl Kernels {
         check_len(K, "k", k.len(), n_tok * kv_dim)?;
         check_len(K, "v", v.len(), n_tok * kv_dim)?;
         check_len(K, "inv_freq", inv_freq.len(), p.n_rot / 2)?;
-        check_len(
-            K,
-            "table",
-            table.len(),
-            (max_start + n_tok).div_ceil(KV_PAGE),
-        )?;
+        // One sequence's tokens follow on from pos[0]; a batch's are each
+        // at most max_start, in tables the caller keeps within `table`.
+        let last = match tab {
+            None => max_start + n_tok,
+            Some(_) => max_start + 1,
+        };
+        check_len(K, "table", table.len(), last.div_ceil(KV_PAGE))?;
         let pages = kpool.len() / (KV_PAGE * kv_dim).max(1);
         check_len(K, "vpool", vpool.len(), pages * KV_PAGE * kv_dim)?;
-        let name = match p.style {
-            RopeStyle::Normal => "rope_kv_norm_f32",
-            RopeStyle::Neox => "rope_kv_neox_f32",
+        let name = match (p.style, tab.is_some()) {
+            (RopeStyle::Normal, false) => "rope_kv_norm_f32",
+            (RopeStyle::Neox, false) => "rope_kv_neox_f32",
+            (RopeStyle::Normal, true) => "rope_kv_b_norm_f32",
+            (RopeStyle::Neox, true) => "rope_kv_b_neox_f32",
         };
         let kernel = self.kernel("rope", name)?;
         let heads_per_block = (ROPE_THREADS as usize / (hd / 2)).max(1);
@@ -127,7 +159,7 @@ impl Kernels {
             (p.n_head + n_head_kv).div_ceil(heads_per_block) as u32,
             1,
         );
-        to_i32(K, "positions", max_start + n_tok)?;
+        to_i32(K, "positions", last)?;
         let (n_head, n_kv, hd_i, n_rot) = (
             to_i32(K, "n_head", p.n_head)?,
             to_i32(K, "n_head_kv", n_head_kv)?,
@@ -136,15 +168,18 @@ impl Kernels {
         );
         // SAFETY: rope_kv_*_f32(float* q, int n_head, const float* k, const float* v,
         // int n_head_kv, const int* pos, const float* inv_freq, int head_dim, int n_rot,
-        // float pos_scale, u16* kpool, u16* vpool, const int* table): block (t, c)
-        // reads pos[t] (<= max_start + t, the caller's promise) and
-        // table[pos[t] / KV_PAGE], rotates heads of token t of q in place, reads
+        // float pos_scale, u16* kpool, u16* vpool, const int* table), and the
+        // batched rope_kv_b_*_f32 with const int* tab after them: block (t, c)
+        // reads pos[t] (<= max_start + t, or max_start in a batch: the
+        // caller's promise), tab[t] (n_tok of them, checked) and
+        // table[tab[t] + pos[t] / KV_PAGE] (within `table`, the caller's
+        // promise for a batch), rotates heads of token t of q in place, reads
         // k and v rows of token t and writes pool row kv_row(table, pos[t]) of
         // the pages the table names (below the pool's page count, kept so by
         // the caller); inv_freq[..n_rot/2] (<= ROPE_MAX_HALF, the shared
         // table); lengths checked above.
         unsafe {
-            stream
+            let l = stream
                 .launch(&kernel)
                 .buf_mut(q)
                 .scalar(&n_head)
@@ -158,8 +193,11 @@ impl Kernels {
                 .scalar(&p.pos_scale)
                 .buf_mut(kpool)
                 .buf_mut(vpool)
-                .view(table)
-                .run(cfg(grid, ROPE_THREADS))?
+                .view(table);
+            match tab {
+                Some(tab) => l.view(tab).run(cfg(grid, ROPE_THREADS))?,
+                None => l.run(cfg(grid, ROPE_THREADS))?,
+            }
         };
         Ok(())
     }

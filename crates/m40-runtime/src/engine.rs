@@ -118,6 +118,11 @@ pub struct EngineOptions {
     /// decodes and prompt chunks together (default: the backend's step,
     /// 512).
     pub max_batch_tokens: Option<usize>,
+    /// Every request's tokens bitwise what it gets alone, whatever else
+    /// runs (`--batch-invariant`). The CPU always gives that; on the GPU it
+    /// runs each sequence's decode step alone (one sequence's speed)
+    /// instead of batching them (ARCHITECTURE.md, batch invariance).
+    pub batch_invariant: bool,
 }
 
 /// Contexts the KV cache holds by default ([`EngineOptions::kv_tokens`]).
@@ -614,6 +619,7 @@ fn pick_backend(
     };
     let gpu_opts = |kv_tokens| GpuOptions {
         kv_tokens,
+        batch_decode: !opts.batch_invariant,
         max_batch: m40_model::DEFAULT_STEP,
         progress: opts.upload_progress.as_ref().map(|p| p.0.clone()),
         kernel_progress: opts.kernel_progress.as_ref().map(|p| p.0.clone()),

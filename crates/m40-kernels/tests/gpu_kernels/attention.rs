@@ -229,3 +229,143 @@ fn paged_attention_matches_cpu() {
     // 7 one-token cases, 8 launches each but for the warp kernel's 2.
     assert!(decoded >= 7 * 6, "{decoded} launches of the decode kernel");
 }
+
+/// Pages for sequences of `keys[s]` keys from one shuffled pool with
+/// `spare` pages more: each sequence's block table, the tables one after
+/// another, and where each one starts.
+fn batch_tables(
+    rng: &mut Rng,
+    keys: &[usize],
+    spare: usize,
+) -> (Vec<Vec<i32>>, Vec<i32>, Vec<i32>, usize) {
+    use m40_kernels::KV_PAGE;
+    let need: usize = keys.iter().map(|k| k.div_ceil(KV_PAGE)).sum();
+    let pool_pages = need + spare;
+    let mut ids: Vec<i32> = (0..pool_pages as i32).collect();
+    for i in (1..ids.len()).rev() {
+        ids.swap(i, rng.below(i + 1));
+    }
+    let (mut tables, mut all, mut tab) = (Vec::new(), Vec::new(), Vec::new());
+    let mut next = 0;
+    for k in keys {
+        let n = k.div_ceil(KV_PAGE);
+        tab.push(all.len() as i32);
+        tables.push(ids[next..next + n].to_vec());
+        all.extend_from_slice(&ids[next..next + n]);
+        next += n;
+    }
+    (tables, all, tab, pool_pages)
+}
+
+/// The batched decode kernel (one query token of each of up to 50
+/// sequences, each at its own position over its own pages of one shared
+/// pool) against each sequence's own CPU attention, for head dimensions 64
+/// and 128, GQA groups of 1 to 8, batches that fill the GPU (all of a KV
+/// head's query heads a block) and that do not (a head a block).
+#[test]
+#[ignore = "needs a GPU"]
+fn batched_decode_attention_matches_cpu() {
+    let (dev, s, k, mut rng) = setup("batched_decode_attention_matches_cpu");
+    use m40_kernels::KV_PAGE;
+    let sm = dev.info().sm_count as usize;
+    // (n_head, n_kv, hd, batch)
+    let cases = [
+        (9, 3, 64, 1),
+        (9, 3, 64, 7),
+        (9, 3, 64, sm.div_ceil(3) + 1),
+        (32, 8, 128, 3),
+        (32, 8, 128, sm.div_ceil(8) + 2),
+        (8, 8, 128, 5),
+        (12, 2, 64, 11),
+        (4, 1, 64, 2),
+    ];
+    for (n_head, n_kv, hd, b) in cases {
+        let kv_dim = n_kv * hd;
+        let pos: Vec<usize> = (0..b).map(|_| rng.below(600)).collect();
+        let keys: Vec<usize> = pos.iter().map(|p| p + 1).collect();
+        let (tables, all, tab, pool_pages) = batch_tables(&mut rng, &keys, 3);
+        let mut kp = vec![0xFFFFu16; pool_pages * KV_PAGE * kv_dim];
+        let mut vp = kp.clone();
+        let q = rng.vec(b * n_head * hd, -1.0, 1.0);
+        let mut want = Vec::new();
+        for (t, table) in tables.iter().enumerate() {
+            let kk = rng.vec(keys[t] * kv_dim, -1.0, 1.0);
+            let vv = rng.vec(keys[t] * kv_dim, -1.0, 1.0);
+            for j in 0..keys[t] {
+                let at = (table[j / KV_PAGE] as usize * KV_PAGE + j % KV_PAGE) * kv_dim;
+                for c in 0..kv_dim {
+                    kp[at + c] = half::f16::from_f32(kk[j * kv_dim + c]).to_bits();
+                    vp[at + c] = half::f16::from_f32(vv[j * kv_dim + c]).to_bits();
+                }
+            }
+            let one = AttnShape {
+                n_tok: 1,
+                start: pos[t],
+                n_head,
+                n_head_kv: n_kv,
+                head_dim: hd,
+            };
+            let qt = &q[t * n_head * hd..(t + 1) * n_head * hd];
+            want.extend(attention_reference(qt, &kk, &vv, &one));
+        }
+        let shape = AttnShape {
+            n_tok: b,
+            start: *pos.iter().max().unwrap(),
+            n_head,
+            n_head_kv: n_kv,
+            head_dim: hd,
+        };
+        let kpool = s.upload(&kp, "kpool").unwrap();
+        let vpool = s.upload(&vp, "vpool").unwrap();
+        let tg = s.upload(&all, "tables").unwrap();
+        let tabg = s.upload(&tab, "tab").unwrap();
+        let qg = s.upload(&q, "q").unwrap();
+        let pos_i: Vec<i32> = pos.iter().map(|&p| p as i32).collect();
+        let pg = s.upload(&pos_i, "pos").unwrap();
+        let mut out = s.alloc::<f32>(b * n_head * hd, "out").unwrap();
+        s.fill_bytes(&mut out, 0xFF).unwrap();
+        k.attention_decode_batch(
+            &s,
+            &shape,
+            &AttnInputs {
+                q: &qg.view(),
+                kpool: &kpool.view(),
+                vpool: &vpool.view(),
+                table: &tg.view(),
+                pos: &pg.view(),
+            },
+            &tabg.view(),
+            &mut out,
+        )
+        .unwrap();
+        let got = s.download(&out).unwrap();
+        check(
+            &format!("batched decode attention {b} x {n_head}/{n_kv}x{hd}"),
+            &got,
+            &want,
+            |_| 2e-5,
+        );
+    }
+    // No decode kernel for head dimension 80: an error, not a launch.
+    let shape = AttnShape {
+        n_tok: 2,
+        start: 3,
+        n_head: 4,
+        n_head_kv: 2,
+        head_dim: 80,
+    };
+    let z = s.upload(&vec![0f32; 2 * 4 * 80], "q").unwrap();
+    let p16 = s.upload(&vec![0u16; KV_PAGE * 160], "pool").unwrap();
+    let i2 = s.upload(&[0i32, 0], "ints").unwrap();
+    let mut out = s.alloc::<f32>(2 * 4 * 80, "out").unwrap();
+    let inputs = AttnInputs {
+        q: &z.view(),
+        kpool: &p16.view(),
+        vpool: &p16.view(),
+        table: &i2.view(),
+        pos: &i2.view(),
+    };
+    assert!(k
+        .attention_decode_batch(&s, &shape, &inputs, &i2.view(), &mut out)
+        .is_err());
+}

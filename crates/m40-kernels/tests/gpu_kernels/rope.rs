@@ -122,3 +122,117 @@ fn rope_kv_append_matches_cpu() {
         }
     }
 }
+
+/// The batched append: tokens of different sequences, each at its own
+/// position, into the pages of its own block table (the tables one after
+/// another, `tab[t]` where token t's starts): q against the CPU rope, the
+/// pools as in rope_kv_append_matches_cpu, every other row poisoned.
+#[test]
+#[ignore = "needs a GPU"]
+fn rope_kv_append_batch_matches_cpu() {
+    let (_dev, s, k, mut rng) = setup("rope_kv_append_batch_matches_cpu");
+    use m40_gguf::RopeStyle as Cpu;
+    use m40_kernels::KV_PAGE;
+    for (style, cpu_style) in [
+        (RopeStyle::Normal, Cpu::Normal),
+        (RopeStyle::Neox, Cpu::Neox),
+    ] {
+        // (batch, n_head, n_kv, head_dim, n_rot)
+        for (b, n_head, n_kv, hd, n_rot) in
+            [(1, 9, 3, 64, 64), (5, 32, 8, 128, 128), (33, 4, 2, 80, 48)]
+        {
+            let rope = ops::Rope::new(cpu_style, n_rot, 10000.0, 1.0, None);
+            let kv_dim = n_kv * hd;
+            let pos: Vec<usize> = (0..b).map(|_| rng.below(3000)).collect();
+            // Each sequence's pages: disjoint, shuffled, in one pool.
+            let counts: Vec<usize> = pos.iter().map(|p| (p + 1).div_ceil(KV_PAGE)).collect();
+            let pool_pages = counts.iter().sum::<usize>() + 2;
+            let mut ids: Vec<i32> = (0..pool_pages as i32).collect();
+            for i in (1..ids.len()).rev() {
+                ids.swap(i, rng.below(i + 1));
+            }
+            let mut tab = Vec::new();
+            let mut at = 0;
+            for c in &counts {
+                tab.push(at as i32);
+                at += c;
+            }
+            let tables = &ids[..at];
+            let q = rng.vec(b * n_head * hd, -2.0, 2.0);
+            let kx = rng.vec(b * kv_dim, -2.0, 2.0);
+            let vx = rng.vec(b * kv_dim, -2.0, 2.0);
+            let (mut want_q, mut want_k) = (q.clone(), kx.clone());
+            for (t, &p) in pos.iter().enumerate() {
+                rope.apply(&mut want_q[t * n_head * hd..][..n_head * hd], hd, p);
+                rope.apply(&mut want_k[t * kv_dim..][..kv_dim], hd, p);
+            }
+            let mut qg = s.upload(&q, "q").unwrap();
+            let kg = s.upload(&kx, "k").unwrap();
+            let vg = s.upload(&vx, "v").unwrap();
+            let pos_i: Vec<i32> = pos.iter().map(|&p| p as i32).collect();
+            let pg = s.upload(&pos_i, "pos").unwrap();
+            let tg = s.upload(tables, "tables").unwrap();
+            let tabg = s.upload(&tab, "tab").unwrap();
+            let fg = s.upload(&rope.inv_freq, "inv_freq").unwrap();
+            let mut kpool = s.alloc::<u16>(pool_pages * KV_PAGE * kv_dim, "kp").unwrap();
+            let mut vpool = s.alloc::<u16>(pool_pages * KV_PAGE * kv_dim, "vp").unwrap();
+            s.fill_bytes(&mut kpool, 0xFF).unwrap();
+            s.fill_bytes(&mut vpool, 0xFF).unwrap();
+            let p = RopeParams {
+                style,
+                n_head,
+                head_dim: hd,
+                n_rot,
+                pos_scale: rope.pos_scale,
+            };
+            k.rope_kv_append_batch(
+                &s,
+                &mut qg,
+                &kg.view(),
+                &vg.view(),
+                KvAppend {
+                    n_head_kv: n_kv,
+                    pos: &pg.view(),
+                    inv_freq: &fg.view(),
+                    p: &p,
+                    kpool: &mut kpool,
+                    vpool: &mut vpool,
+                    table: &tg.view(),
+                    max_start: *pos.iter().max().unwrap(),
+                },
+                &tabg.view(),
+            )
+            .unwrap();
+            let what = format!("rope_kv batch {style:?} {b}x{n_head}/{n_kv}x{hd} rot {n_rot}");
+            let got_q = s.download(&qg).unwrap();
+            check(&format!("{what}: q"), &got_q, &want_q, |_| {
+                2e-6 * 2.0 + 1e-7
+            });
+            let (kp, vp) = (s.download(&kpool).unwrap(), s.download(&vpool).unwrap());
+            let mut rows = vec![None; pool_pages * KV_PAGE];
+            for (t, &p) in pos.iter().enumerate() {
+                let page = tables[tab[t] as usize + p / KV_PAGE] as usize;
+                rows[page * KV_PAGE + p % KV_PAGE] = Some(t);
+            }
+            for (r, tok) in rows.iter().enumerate() {
+                for c in 0..kv_dim {
+                    let (gk, gv) = (kp[r * kv_dim + c], vp[r * kv_dim + c]);
+                    let Some(t) = *tok else {
+                        assert_eq!((gk, gv), (0xFFFF, 0xFFFF), "{what}: pool row {r} written");
+                        continue;
+                    };
+                    let wk = half::f16::from_f32(want_k[t * kv_dim + c]);
+                    let wv = half::f16::from_f32(vx[t * kv_dim + c]).to_bits();
+                    let gkf = half::f16::from_bits(gk).to_f32();
+                    let step = (wk.to_f32().abs() * 2f32.powi(-10)).max(2f32.powi(-24));
+                    assert!(
+                        (gkf - wk.to_f32()).abs() <= step,
+                        "{what}: k token {t} dim {c}: {gkf} want {}",
+                        wk.to_f32()
+                    );
+                    assert_eq!(gv, wv, "{what}: v token {t} dim {c}");
+                }
+            }
+        }
+    }
+}

@@ -47,7 +47,7 @@ enum Input<'a> {
 
 /// How a residual connection x += W a was left (`matmul_res`).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Residual {
+pub(super) enum Residual {
     /// Added to x.
     Done,
     /// In `w.proj`: the next norm adds it (`add_rmsnorm`).
@@ -67,6 +67,15 @@ impl Residual {
             _ => Input::Rows(h),
         }
     }
+}
+
+/// How a step's attention runs: one sequence's tokens under a plan, or a
+/// batched decode step (one token of each of several sequences, see
+/// `upload_batch`: each at its own position over its own block table).
+#[derive(Clone, Copy, Debug)]
+pub(super) enum StepAttn {
+    Seq(AttnPlan),
+    Batch,
 }
 
 impl GpuBackend {
@@ -329,16 +338,18 @@ impl GpuBackend {
     }
 
     /// Queue the layers for `n` tokens whose inputs are uploaded, positions
-    /// from pos[0] (at most `max_start`), attention split by `plan`; with
-    /// `last_logits`, then the last token's logits into `w.logits`. Nothing
-    /// here allocates or waits, so it can be captured.
+    /// from pos[0] (at most `max_start`), attention as `attn` says (with
+    /// [`StepAttn::Batch`], each token of its own sequence at a position of
+    /// at most `max_start`); with `last_logits`, then the last token's
+    /// logits into `w.logits`. Nothing here allocates or waits, so it can
+    /// be captured.
     pub(super) fn enqueue(
         &self,
         w: &mut Workspace,
         pools: &mut Pools,
         n: usize,
         max_start: usize,
-        plan: AttnPlan,
+        attn: StepAttn,
         last_logits: bool,
     ) -> Result<()> {
         let hp = self.model.hparams();
@@ -349,6 +360,10 @@ impl GpuBackend {
         let ids = w.inputs.slice(0..n)?;
         let pos_v = w.inputs.slice(b..b + n)?;
         let table = w.inputs.slice(2 * b..2 * b + self.pages.pages())?;
+        let tab = match attn {
+            StepAttn::Batch => Some(w.inputs.slice(self.tab_at()..self.tab_at() + n)?),
+            StepAttn::Seq(_) => None,
+        };
         let data = self.weights.embd.data.view();
         match self.weights.embd.view(&data) {
             MatView::Packed(m) => k.embed_packed(s, &m, &ids, &mut w.x)?,
@@ -415,7 +430,10 @@ impl GpuBackend {
                     k.add_rows(s, &mut w.v, &bv.view(), n)?;
                 }
                 let (kv_k, kv_v) = (w.k.slice(0..n * kv_dim)?, w.v.slice(0..n * kv_dim)?);
-                k.rope_kv_append(s, &mut w.q, &kv_k, &kv_v, kv)?;
+                match &tab {
+                    Some(tab) => k.rope_kv_append_batch(s, &mut w.q, &kv_k, &kv_v, kv, tab)?,
+                    None => k.rope_kv_append(s, &mut w.q, &kv_k, &kv_v, kv)?,
+                }
             }
             let inputs = AttnInputs {
                 q: &w.q.slice(0..n * q_dim)?,
@@ -424,11 +442,17 @@ impl GpuBackend {
                 table: &table,
                 pos: &pos_v,
             };
-            let scratch = AttnScratch {
-                part: &mut w.part,
-                part_ml: &mut w.part_ml,
-            };
-            k.attention(s, &shape, &inputs, &mut w.att, Some(scratch), Some(plan))?;
+            match (&tab, attn) {
+                (Some(tab), _) => k.attention_decode_batch(s, &shape, &inputs, tab, &mut w.att)?,
+                (None, StepAttn::Batch) => unreachable!("a batch has its table offsets"),
+                (None, StepAttn::Seq(plan)) => {
+                    let scratch = AttnScratch {
+                        part: &mut w.part,
+                        part_ml: &mut w.part_ml,
+                    };
+                    k.attention(s, &shape, &inputs, &mut w.att, Some(scratch), Some(plan))?;
+                }
+            }
             let av = w.att.view();
             let ffn = layer.gate_up.iter().map(|s| &s.mat);
             let emit = self.folds(&layer.wo, ffn, n).then_some(&layer.ffn_norm);
@@ -463,7 +487,12 @@ impl GpuBackend {
 
     /// Rows `rows` (at most LOGIT_ROWS) of the final norm and output matmul
     /// into `w.logits`; `pending`: see [`Self::norm`].
-    fn logits(&self, w: &mut Workspace, rows: std::ops::Range<usize>, res: Residual) -> Result<()> {
+    pub(super) fn logits(
+        &self,
+        w: &mut Workspace,
+        rows: std::ops::Range<usize>,
+        res: Residual,
+    ) -> Result<()> {
         let n = rows.len();
         let out_w = self.weights.output();
         if let Residual::Folded(_) = res {
@@ -547,7 +576,7 @@ impl GpuBackend {
         let shape = attn_shape(hp, n, start);
         let plan = self.attn_plan(&shape);
         self.scratch(w, graphs, &plan, &shape)?;
-        self.enqueue(w, pools, n, start, plan, false)?;
+        self.enqueue(w, pools, n, start, StepAttn::Seq(plan), false)?;
         cache.set_len(start + n);
         let rows = match want {
             Logits::None => return Ok(()),

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 
 use m40_kernels::{DecodeProgram, KV_PAGE};
 
-use super::forward::attn_shape;
+use super::forward::{attn_shape, StepAttn};
 use super::kv::Pools;
 use super::workspace::Workspace;
 use super::GpuBackend;
@@ -65,7 +65,7 @@ impl GpuBackend {
             };
             let graph = self.stream.capture(|_| -> Result<()> {
                 let mut body = || -> Result<()> {
-                    self.enqueue(w, pools, 1, max_start, plan, true)?;
+                    self.enqueue(w, pools, 1, max_start, StepAttn::Seq(plan), true)?;
                     if selects {
                         self.select(w)?;
                     }

@@ -19,6 +19,7 @@
 //! that much free memory is a [`ModelError::GpuMemory`] error, not a
 //! failure halfway.
 
+mod batch;
 mod forward;
 mod graphs;
 mod kv;
@@ -40,7 +41,7 @@ pub use m40_kernels::LoadProgress;
 
 use crate::cpu::ops::Rope;
 use crate::error::{ModelError, Result};
-use crate::{Backend, KvState, Logits, Model, Selection};
+use crate::{Backend, KvState, Logits, Model, Selection, SeqStep, StepOut};
 use forward::attn_shape;
 use graphs::Graphs;
 use kv::Pools;
@@ -83,6 +84,11 @@ pub struct GpuOptions {
     /// and its key splits, as before it (to compare the two:
     /// BENCHMARKS.md).
     pub decode_attention: bool,
+    /// Decode steps of several sequences as one forward
+    /// (`Backend::forward_batch`): the weights read once for all of them.
+    /// Off: each sequence's own step, bitwise what it computes alone (batch
+    /// invariance), at one sequence's speed.
+    pub batch_decode: bool,
 }
 
 impl Default for GpuOptions {
@@ -97,6 +103,7 @@ impl Default for GpuOptions {
             fuse: true,
             persistent: false,
             decode_attention: true,
+            batch_decode: true,
         }
     }
 }
@@ -123,6 +130,8 @@ pub struct GpuBackend {
     persistent: bool,
     /// `GpuOptions::decode_attention`.
     decode_attention: bool,
+    /// `GpuOptions::batch_decode`.
+    batch_decode: bool,
     graphs: std::sync::atomic::AtomicBool,
     pages: Arc<PagePool>,
     state: Mutex<State>,
@@ -263,6 +272,7 @@ impl GpuBackend {
             fuse: opts.fuse,
             persistent: opts.persistent,
             decode_attention: opts.decode_attention,
+            batch_decode: opts.batch_decode,
             graphs: opts.graphs.into(),
             pages: PagePool::new(n_pages),
             state: Mutex::new(State {
@@ -323,6 +333,10 @@ impl Backend for GpuBackend {
 
     fn kv_pool(&self) -> Option<(usize, usize)> {
         Some((KV_PAGE, self.pages.pages()))
+    }
+
+    fn forward_batch(&self, seqs: &mut [SeqStep<'_, GpuCache>]) -> Result<Vec<StepOut>> {
+        self.forward_batch_gpu(seqs)
     }
 
     fn forward_select(

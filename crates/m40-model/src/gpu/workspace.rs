@@ -36,8 +36,11 @@ pub(super) const GEMV_TOKENS: usize = m40_kernels::PACKED_GEMV_MAX_TOKENS;
 /// Activations for `max_batch` tokens, and the attention split scratch.
 pub(super) struct Workspace {
     /// A step's inputs: token ids (max_batch), positions (max_batch), the
-    /// block table (the pool's page count), then a selection's arguments
-    /// (SELECT_ARGS + 2 n_vocab: see `select_args`), uploaded in one copy.
+    /// block table (the pool's page count: one sequence's, or a batched
+    /// decode step's sequences' one after another), where each token's
+    /// table starts in a batched decode step (max_batch), then a
+    /// selection's arguments (SELECT_ARGS + 2 n_vocab: see `select_args`),
+    /// uploaded in one copy.
     pub(super) inputs: DeviceBuffer<i32>,
     pub(super) x: DeviceBuffer<f32>,
     pub(super) h: DeviceBuffer<f32>,
@@ -78,7 +81,7 @@ impl Workspace {
         let a = |n: usize, what: &str| stream.alloc::<f32>(n.max(1), what);
         Ok(Workspace {
             inputs: stream.alloc_zeroed::<i32>(
-                2 * b + n_pages + SELECT_ARGS + 2 * hp.n_vocab,
+                3 * b + n_pages + SELECT_ARGS + 2 * hp.n_vocab,
                 "step inputs",
             )?,
             x: a(b * hp.n_embd, "activations")?,
@@ -113,7 +116,7 @@ impl Workspace {
         // token; GEMV_TOKENS tokens' projections; a folded norm's partial sums;
         // LOGIT_ROWS rows of logits; the step inputs (ids, positions, block
         // table, a selection's arguments); the token selection's results.
-        4 * (bb * (2 * d + 2 * q + 2 * kv_dim + 3 * ff + 2)
+        4 * (bb * (2 * d + 2 * q + 2 * kv_dim + 3 * ff + 3)
             + bb.min(GEMV_TOKENS as u64) * d
             + d.div_ceil(PACK_ROWS as u64)
             + LOGIT_ROWS as u64 * hp.n_vocab as u64
@@ -226,7 +229,39 @@ impl GpuBackend {
 
     /// Where a selection's arguments start in the step inputs.
     pub(super) fn sel_at(&self) -> usize {
+        3 * self.max_batch + self.pages.pages()
+    }
+
+    /// Where a batched decode step's table offsets start in the step inputs.
+    pub(super) fn tab_at(&self) -> usize {
         2 * self.max_batch + self.pages.pages()
+    }
+
+    /// Upload a batched decode step's inputs: one token of each sequence,
+    /// its position, and the sequences' block tables one after another
+    /// with where each starts (`tables` must fit the pool's page count).
+    pub(super) fn upload_batch(
+        &self,
+        w: &mut Workspace,
+        tokens: &[u32],
+        pos: &[usize],
+        tables: &[&[u32]],
+    ) -> Result<()> {
+        let b = self.max_batch;
+        let mut v = vec![0i32; self.sel_at()];
+        let mut at = 2 * b;
+        for (i, ((&t, &p), table)) in tokens.iter().zip(pos).zip(tables).enumerate() {
+            v[i] = t as i32;
+            v[b + i] = p as i32;
+            v[self.tab_at() + i] = (at - 2 * b) as i32;
+            for &page in *table {
+                v[at] = page as i32;
+                at += 1;
+            }
+        }
+        debug_assert!(at <= self.tab_at(), "the tables fit the pool's page count");
+        self.stream.copy_to_device(&v, &mut w.inputs)?;
+        Ok(())
     }
 
     /// Select on the device from the logits in `w.logits` (row 0) with the

@@ -1,0 +1,226 @@
+//! Batched steps on the GPU (`Backend::forward_batch`): decode tokens of
+//! many sequences in one forward against each sequence's CPU logits, and
+//! with `batch_decode` off, bitwise each sequence's own forward. Every
+//! test needs a GPU (ignored without one; run by the GPU pack).
+
+use std::sync::Arc;
+
+use m40_device::testing::gpu_device;
+use m40_gguf::synth::{write_model, FileType, Shape, SynthOptions};
+use m40_gguf::GgmlType;
+use m40_model::cpu::{CpuBackend, CpuCache};
+use m40_model::gpu::{GpuBackend, GpuCache, GpuOptions};
+use m40_model::{Backend, KvState, Logits, Model, SeqStep, StepOut, Want};
+
+/// The relative error the GPU is allowed against the CPU.
+const TOL: f64 = 1e-3;
+
+fn rel_err(a: &[f32], b: &[f32]) -> f64 {
+    let (mut num, mut den) = (0f64, 0f64);
+    for (x, y) in a.iter().zip(b) {
+        num += (*x as f64 - *y as f64).powi(2);
+        den += (*y as f64).powi(2);
+    }
+    (num / den.max(1e-30)).sqrt()
+}
+
+fn synth(dir: &std::path::Path, shape: &str, ty: GgmlType) -> Arc<Model> {
+    let shape = Shape::find(shape).unwrap();
+    let path = dir.join(format!("{}-{ty}.gguf", shape.name));
+    let f = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
+    let opts = SynthOptions {
+        shape,
+        ty: FileType::All(ty),
+        seed: 5,
+    };
+    write_model(f, &opts, |_, _| {}).unwrap();
+    Arc::new(Model::open(&path).unwrap())
+}
+
+fn gpu(model: &Arc<Model>, batch_decode: bool) -> GpuBackend {
+    let opts = GpuOptions {
+        kv_tokens: 8192,
+        batch_decode,
+        ..Default::default()
+    };
+    GpuBackend::new(gpu_device("batched steps"), model.clone(), opts).unwrap()
+}
+
+/// Pseudo-random ids below `n` from `seed`.
+fn ids(len: usize, n: usize, seed: u64) -> Vec<u32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s % n as u64) as u32
+        })
+        .collect()
+}
+
+/// The logits of each of `steps`.
+fn logits(outs: Vec<StepOut>) -> Vec<Vec<f32>> {
+    outs.into_iter()
+        .map(|o| match o {
+            StepOut::Logits(l) => l,
+            other => panic!("logits expected, got {other:?}"),
+        })
+        .collect()
+}
+
+/// Sequences of different lengths (1 to 150 tokens of prompt, so some
+/// cross pages and some share none) decode 4 tokens in batched steps of
+/// all of them; every sequence's logits each step against its CPU logits,
+/// fed the same tokens. Batches of 2 to 40 (the packed GEMV of a few
+/// tokens and the GEMM), two shapes (3 and 2 query heads per KV head).
+#[test]
+#[ignore = "needs a GPU"]
+fn batched_decode_matches_cpu() {
+    let dir = tempfile::tempdir().unwrap();
+    for (shape, ty) in [("smollm2-135m", GgmlType::Q4_0), ("tiny", GgmlType::Q8_0)] {
+        let model = synth(dir.path(), shape, ty);
+        let cpu = CpuBackend::new(model.clone()).unwrap();
+        let g = gpu(&model, true);
+        assert!(g.batches_decode(), "{shape}: the batched path");
+        let n_vocab = model.hparams().n_vocab;
+        for b in [2usize, 5, 17, 40] {
+            let mut cc: Vec<CpuCache> = Vec::new();
+            let mut gc: Vec<GpuCache> = Vec::new();
+            let mut next: Vec<u32> = Vec::new();
+            for s in 0..b {
+                let prompt = ids(1 + (s * 37) % 150, n_vocab, (b * 100 + s) as u64);
+                let mut c = cpu.new_cache(200).unwrap();
+                let mut gcache = g.new_cache(200).unwrap();
+                let l = cpu.forward(&mut c, &prompt, Logits::Last).unwrap();
+                g.forward(&mut gcache, &prompt, Logits::None).unwrap();
+                next.push(argmax(&l));
+                cc.push(c);
+                gc.push(gcache);
+            }
+            for step in 0..4 {
+                let toks: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
+                let mut steps: Vec<SeqStep<'_, GpuCache>> = gc
+                    .iter_mut()
+                    .zip(&toks)
+                    .map(|(cache, t)| SeqStep {
+                        cache,
+                        tokens: t,
+                        want: Want::Logits,
+                    })
+                    .collect();
+                let got = logits(g.forward_batch(&mut steps).unwrap());
+                for s in 0..b {
+                    let want = cpu.forward(&mut cc[s], &toks[s], Logits::Last).unwrap();
+                    let e = rel_err(&got[s], &want);
+                    assert!(
+                        e <= TOL,
+                        "{shape} {ty}: batch {b}, step {step}, sequence {s}: rel err {e:.2e}"
+                    );
+                    assert_eq!(gc[s].len(), cc[s].len());
+                    next[s] = argmax(&want);
+                }
+            }
+        }
+    }
+}
+
+fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, x) in v.iter().enumerate() {
+        if *x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// A step mixing decodes, a prompt chunk and a chunk that wants nothing
+/// answers each as asked; with `batch_decode` off the decodes are bitwise
+/// each sequence's own forward (batch invariance).
+#[test]
+#[ignore = "needs a GPU"]
+fn mixed_steps_and_the_invariant_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = synth(dir.path(), "smollm2-135m", GgmlType::Q4_0);
+    let n_vocab = model.hparams().n_vocab;
+    for batch_decode in [true, false] {
+        let g = gpu(&model, batch_decode);
+        let alone = gpu(&model, false);
+        let prompts: Vec<Vec<u32>> = (0..6).map(|s| ids(10 + 7 * s, n_vocab, s as u64)).collect();
+        let (mut caches, mut solo): (Vec<GpuCache>, Vec<GpuCache>) = (Vec::new(), Vec::new());
+        for p in &prompts[..4] {
+            let mut c = g.new_cache(300).unwrap();
+            g.forward(&mut c, p, Logits::None).unwrap();
+            caches.push(c);
+            let mut c = alone.new_cache(300).unwrap();
+            alone.forward(&mut c, p, Logits::None).unwrap();
+            solo.push(c);
+        }
+        // Sequences 0-3 decode; 4 runs its prompt for its logits, 5 a
+        // chunk for nothing.
+        for _ in 0..2 {
+            caches.push(g.new_cache(300).unwrap());
+        }
+        let toks: Vec<Vec<u32>> = (0..6)
+            .map(|s| {
+                if s < 4 {
+                    vec![(s * 11) as u32]
+                } else {
+                    prompts[s].clone()
+                }
+            })
+            .collect();
+        let wants = [
+            Want::Logits,
+            Want::Logits,
+            Want::Logits,
+            Want::Logits,
+            Want::Logits,
+            Want::Nothing,
+        ];
+        let mut steps: Vec<SeqStep<'_, GpuCache>> = caches
+            .iter_mut()
+            .zip(&toks)
+            .zip(wants)
+            .map(|((cache, t), want)| SeqStep {
+                cache,
+                tokens: t,
+                want,
+            })
+            .collect();
+        let outs = g.forward_batch(&mut steps).unwrap();
+        assert_eq!(outs[5], StepOut::Nothing);
+        for (s, c) in caches.iter().enumerate() {
+            assert_eq!(
+                c.len(),
+                if s < 4 {
+                    prompts[s].len() + 1
+                } else {
+                    prompts[s].len()
+                }
+            );
+        }
+        for s in 0..4 {
+            let StepOut::Logits(got) = &outs[s] else {
+                panic!("logits expected")
+            };
+            let want = alone.forward(&mut solo[s], &toks[s], Logits::Last).unwrap();
+            if batch_decode {
+                let e = rel_err(got, &want);
+                assert!(
+                    e <= TOL,
+                    "sequence {s}: rel err {e:.2e} against its own step"
+                );
+            } else {
+                assert_eq!(got, &want, "sequence {s}: not bitwise its own step");
+            }
+        }
+        let StepOut::Logits(p4) = &outs[4] else {
+            panic!("logits expected")
+        };
+        let mut c = alone.new_cache(300).unwrap();
+        let want = alone.forward(&mut c, &prompts[4], Logits::Last).unwrap();
+        assert_eq!(p4, &want, "a prompt runs alone: bitwise its own forward");
+    }
+}
