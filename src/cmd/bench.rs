@@ -88,6 +88,21 @@ pub struct Args {
     /// With --cpu: the exact FP32 reference instead of 8-bit inputs.
     #[arg(long)]
     pub cpu_exact: bool,
+    /// Batched decode instead (llama-batched-bench's table): these numbers
+    /// of sequences, each with a prompt of --npp tokens, decoding --ntg
+    /// tokens together.
+    #[arg(long, value_delimiter = ',', value_name = "B,B,...")]
+    pub batch: Vec<usize>,
+    /// Prompt tokens per sequence of --batch.
+    #[arg(long, default_value_t = 128)]
+    pub npp: usize,
+    /// Generated tokens per sequence of --batch.
+    #[arg(long, default_value_t = 128)]
+    pub ntg: usize,
+    /// With --batch on the GPU: each sequence's own decode step (bitwise
+    /// its solo result) instead of one batched step.
+    #[arg(long)]
+    pub batch_invariant: bool,
 }
 
 /// The measured ceilings of the device.
@@ -380,6 +395,9 @@ pub fn run(a: Args) -> Result<()> {
         }
         _ => bail!("name a model, or a shape with --shape"),
     };
+    if !a.batch.is_empty() {
+        return super::bench_batch::run(&path, &label, &a);
+    }
     if a.cpu {
         return super::bench_cpu::run(&path, &label, &a);
     }

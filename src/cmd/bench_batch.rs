@@ -1,0 +1,241 @@
+//! `m40-llm bench --batch 1,4,16,32,64`: llama-batched-bench's table for a
+//! model or a random-weight shape (prompts not shared): B sequences each
+//! prefill `--npp` tokens (T_PP: until every sequence's first logits), then
+//! decode `--ntg` tokens together, one batched step per token (T_TG: the
+//! backend's `forward_batch`, every sequence's logits back on the host each
+//! step). N_KV = B (PP + TG). With `llama-batched-bench` on PATH it runs
+//! the same file there and prints its S_TG beside ours.
+//!
+//! Timing: one warm-up pass at the smallest B, then each B once (as
+//! llama-batched-bench); host clocks around calls that return after the
+//! device is done.
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use m40_model::cpu::{CpuBackend, CpuMath};
+use m40_model::gpu::{GpuBackend, GpuOptions};
+use m40_model::{Backend, Logits, Model, SeqStep, Want};
+use serde_json::json;
+
+use super::bench::{random_tokens, Args};
+
+/// One row of the table.
+struct Row {
+    b: usize,
+    t_pp: f64,
+    t_tg: f64,
+}
+
+/// B sequences: prompts of `npp`, then `ntg` batched decode steps; (T_PP,
+/// T_TG) in seconds.
+fn run_batch<B: Backend>(be: &B, b: usize, npp: usize, ntg: usize) -> Result<(f64, f64)> {
+    let n_vocab = be.hparams().n_vocab;
+    let mut caches = (0..b)
+        .map(|_| be.new_cache(npp + ntg + 1))
+        .collect::<m40_model::Result<Vec<_>>>()?;
+    let prompts: Vec<Vec<u32>> = (0..b)
+        .map(|s| random_tokens(npp, n_vocab, 1 + s as u64))
+        .collect();
+    let t0 = Instant::now();
+    for (c, p) in caches.iter_mut().zip(&prompts) {
+        be.forward(c, p, Logits::Last)?;
+    }
+    let t_pp = t0.elapsed().as_secs_f64();
+    let toks: Vec<[u32; 1]> = (0..b)
+        .map(|s| [(s * 7 + 1) as u32 % n_vocab as u32])
+        .collect();
+    let t1 = Instant::now();
+    for _ in 0..ntg {
+        let mut steps: Vec<SeqStep<'_, B::Cache>> = caches
+            .iter_mut()
+            .zip(&toks)
+            .map(|(cache, t)| SeqStep {
+                cache,
+                tokens: t,
+                want: Want::Logits,
+            })
+            .collect();
+        be.forward_batch(&mut steps)?;
+    }
+    Ok((t_pp, t1.elapsed().as_secs_f64()))
+}
+
+fn table<B: Backend>(be: &B, a: &Args) -> Result<Vec<Row>> {
+    let (npp, ntg) = (a.npp, a.ntg);
+    // Warm-up: kernels loaded and compiled, graphs captured.
+    run_batch(be, a.batch[0], npp.min(32), ntg.min(8))?;
+    let mut rows = Vec::new();
+    for &b in &a.batch {
+        let (t_pp, t_tg) = run_batch(be, b, npp, ntg)?;
+        rows.push(Row { b, t_pp, t_tg });
+    }
+    Ok(rows)
+}
+
+pub fn run(path: &Path, label: &str, a: &Args) -> Result<()> {
+    if a.batch.contains(&0) || a.npp == 0 || a.ntg == 0 {
+        bail!("--batch sizes, --npp and --ntg must be at least 1");
+    }
+    let model = Arc::new(Model::open(path)?);
+    let most = a.batch.iter().max().copied().unwrap_or(1);
+    let kv_tokens = most * (a.npp + a.ntg + 1).next_multiple_of(m40_kernels::KV_PAGE);
+    let (device, rows) = if a.cpu {
+        let math = if a.cpu_exact {
+            CpuMath::Exact
+        } else {
+            CpuMath::Quantized
+        };
+        let cpu = CpuBackend::with_math(model.clone(), math)?;
+        ("CPU".to_string(), table(&cpu, a)?)
+    } else {
+        let dev = m40_device::Device::open(a.gpu).context("opening the GPU (or use --cpu)")?;
+        let name = dev.info().name.clone();
+        eprintln!("loading {label} ...");
+        let g = GpuBackend::new(
+            dev,
+            model.clone(),
+            GpuOptions {
+                kv_tokens,
+                batch_decode: !a.batch_invariant,
+                ..Default::default()
+            },
+        )?;
+        (name, table(&g, a)?)
+    };
+    let theirs = match a.no_llama_bench || a.cpu {
+        true => None,
+        false => llama_batched_bench(path, a, kv_tokens),
+    };
+    let mode = if a.batch_invariant {
+        "batch-invariant (each sequence's own decode step)"
+    } else {
+        "batched decode"
+    };
+    if a.json {
+        let v: Vec<_> = rows
+            .iter()
+            .map(|r| {
+                let n_kv = r.b * (a.npp + a.ntg);
+                json!({"pp": a.npp, "tg": a.ntg, "b": r.b, "n_kv": n_kv,
+                       "t_pp": r.t_pp, "s_pp": (r.b * a.npp) as f64 / r.t_pp,
+                       "t_tg": r.t_tg, "s_tg": (r.b * a.ntg) as f64 / r.t_tg,
+                       "llama_cpp_s_tg": theirs.as_ref().and_then(|t| find(t, r.b))})
+            })
+            .collect();
+        println!(
+            "{}",
+            json!({"model": label, "device": device, "mode": mode, "rows": v})
+        );
+        return Ok(());
+    }
+    println!("{label} on {device}, {mode}");
+    println!(
+        "|    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |      T s |    S t/s | llama.cpp S_TG |"
+    );
+    println!(
+        "|-------|--------|------|--------|----------|----------|----------|----------|----------|----------|----------------|"
+    );
+    for r in &rows {
+        let n_kv = r.b * (a.npp + a.ntg);
+        let t = r.t_pp + r.t_tg;
+        let lc = theirs
+            .as_ref()
+            .and_then(|t| find(t, r.b))
+            .map_or("".to_string(), |s| format!("{s:.2}"));
+        println!(
+            "| {:5} | {:6} | {:4} | {:6} | {:8.3} | {:8.2} | {:8.3} | {:8.2} | {:8.3} | {:8.2} | {:>14} |",
+            a.npp,
+            a.ntg,
+            r.b,
+            n_kv,
+            r.t_pp,
+            (r.b * a.npp) as f64 / r.t_pp,
+            r.t_tg,
+            (r.b * a.ntg) as f64 / r.t_tg,
+            t,
+            n_kv as f64 / t,
+            lc
+        );
+    }
+    Ok(())
+}
+
+/// llama-batched-bench's S_TG for batch `b`.
+fn find(rows: &[(usize, f64)], b: usize) -> Option<f64> {
+    rows.iter().find(|(n, _)| *n == b).map(|(_, s)| *s)
+}
+
+/// llama-batched-bench's (B, S_TG) rows for the same test, if it is on PATH
+/// and runs (all layers on the GPU, flash attention).
+fn llama_batched_bench(path: &Path, a: &Args, ctx: usize) -> Option<Vec<(usize, f64)>> {
+    let npl: Vec<String> = a.batch.iter().map(usize::to_string).collect();
+    let out = Command::new("llama-batched-bench")
+        .arg("-m")
+        .arg(path)
+        .args([
+            "-c",
+            &ctx.to_string(),
+            "-b",
+            "2048",
+            "-ub",
+            "512",
+            "-ngl",
+            "99",
+            "-fa",
+            "1",
+        ])
+        .args(["-npp", &a.npp.to_string(), "-ntg", &a.ntg.to_string()])
+        .args(["-npl", &npl.join(",")])
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        eprintln!("llama-batched-bench failed ({})", out.status);
+        return None;
+    }
+    let rows = parse_table(&String::from_utf8_lossy(&out.stdout));
+    if rows.is_empty() {
+        eprintln!("llama-batched-bench printed no table this bench could read");
+        return None;
+    }
+    Some(rows)
+}
+
+/// (B, S_TG) from llama-batched-bench's markdown table (columns PP, TG, B,
+/// N_KV, T_PP, S_PP, T_TG, S_TG, T, S).
+fn parse_table(text: &str) -> Vec<(usize, f64)> {
+    text.lines()
+        .filter_map(|l| {
+            let cells: Vec<&str> = l
+                .trim()
+                .trim_matches('|')
+                .split('|')
+                .map(str::trim)
+                .collect();
+            if cells.len() < 10 {
+                return None;
+            }
+            Some((cells[2].parse().ok()?, cells[7].parse().ok()?))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn llama_batched_bench_tables_are_read() {
+        let text = "\
+main: n_kv_max = 16384
+|    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |      T s |    S t/s |
+|-------|--------|------|--------|----------|----------|----------|----------|----------|----------|
+|   128 |    128 |    1 |    256 |    0.108 |  1186.64 |    3.079 |    41.57 |    3.187 |    80.32 |
+|   128 |    128 |   16 |   4096 |    1.570 |  1304.68 |    8.455 |   242.23 |   10.024 |   408.60 |
+";
+        assert_eq!(parse_table(text), vec![(1, 41.57), (16, 242.23)]);
+    }
+}
