@@ -143,9 +143,9 @@ __device__ __forceinline__ void argmax_out(const float* logits, int n_vocab, int
     out[1] = __float_as_int(logits[id]);
 }
 
-extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1)
-    select_top_k_f32(float* logits, int n_vocab, const int* args, int pen_cap, int k_cap, int* out,
-                     int* scratch) {
+// One row's selection (the kernels below): block bx of gx.
+__device__ __forceinline__ void select_row(float* logits, int n_vocab, const int* args, int pen_cap, int k_cap,
+                                           int* out, int* scratch, int bx, int gx) {
     __shared__ u32 hist[256];
     __shared__ u32 s_need, s_bin, s_count, s_n;
     __shared__ u32 cand_key[SAMPLE_MAX_K];
@@ -160,7 +160,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1)
 
     if (k == 1 && n_pen == 0) {
         // Block b's slice: logits [b * chunk, (b + 1) * chunk).
-        const int chunk = (n_vocab + gridDim.x - 1) / gridDim.x, lo = blockIdx.x * chunk;
+        const int chunk = (n_vocab + gx - 1) / gx, lo = bx * chunk;
         float bv = __int_as_float(0xff800000);
         int bi = n_vocab;
         for_each_logit(logits + lo, max(min(n_vocab - lo, chunk), 0), [&](int i, float v) {
@@ -169,10 +169,10 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1)
         argmax_block(bv, bi, red_v, red_i);
         __shared__ bool last;
         if (tid == 0) {
-            scratch[2 * blockIdx.x] = __float_as_int(bv);
-            scratch[2 * blockIdx.x + 1] = bi;
+            scratch[2 * bx] = __float_as_int(bv);
+            scratch[2 * bx + 1] = bi;
             __threadfence();  // the pair is visible before the arrival
-            last = atomicAdd((unsigned*)scratch + 2 * SAMPLE_MAX_BLOCKS, 1u) == gridDim.x - 1;
+            last = atomicAdd((unsigned*)scratch + 2 * SAMPLE_MAX_BLOCKS, 1u) == gx - 1;
         }
         __syncthreads();
         if (!last) return;
@@ -180,7 +180,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1)
         // before its arrival); volatile loads, never a stale line.
         __threadfence();
         bv = __int_as_float(0xff800000), bi = n_vocab;
-        if (tid < gridDim.x)
+        if (tid < gx)
             bv = __int_as_float(((volatile int*)scratch)[2 * tid]), bi = ((volatile int*)scratch)[2 * tid + 1];
         argmax_block(bv, bi, red_v, red_i);
         if (tid == 0) {
@@ -189,7 +189,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1)
         }
         return;
     }
-    if (blockIdx.x > 0) return;
+    if (bx > 0) return;
 
     for (int i = tid; i < n_pen; i += blockDim.x) {
         const int id = pen[2 * i], c = pen[2 * i + 1];
@@ -287,4 +287,23 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1)
         out[t] = cand_id[t];
         out[k + t] = __float_as_int(logits[cand_id[t]]);
     }
+}
+
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1)
+    select_top_k_f32(float* logits, int n_vocab, const int* args, int pen_cap, int k_cap, int* out,
+                     int* scratch) {
+    select_row(logits, n_vocab, args, pen_cap, k_cap, out, scratch, blockIdx.x, gridDim.x);
+}
+
+// The selection of many rows at once (a batched decode step's sequences,
+// each with its own penalties and k): grid (G, rows), row r = blockIdx.y
+// takes logits row r (r * n_vocab on), its arguments at r * args_stride,
+// its out at r * 2 k_cap (its k ids, then their logits' bits) and its
+// scratch at r * SAMPLE_SCRATCH (zero before, left zero after).
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1)
+    select_top_k_rows_f32(float* logits, int n_vocab, const int* args, int args_stride, int pen_cap, int k_cap,
+                          int* out, int* scratch) {
+    const long long r = blockIdx.y;
+    select_row(logits + r * n_vocab, n_vocab, args + r * args_stride, pen_cap, k_cap, out + r * 2 * k_cap,
+               scratch + r * SAMPLE_SCRATCH, blockIdx.x, gridDim.x);
 }

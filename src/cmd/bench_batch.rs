@@ -2,8 +2,8 @@
 //! model or a random-weight shape (prompts not shared): B sequences each
 //! prefill `--npp` tokens (T_PP: until every sequence's first logits), then
 //! decode `--ntg` tokens together, one batched step per token (T_TG: the
-//! backend's `forward_batch`, every sequence's logits back on the host each
-//! step). N_KV = B (PP + TG). With `llama-batched-bench` on PATH it runs
+//! backend's `forward_batch`, each sequence's greedy choice back on the
+//! host each step: selected on the GPU, from the logits on the CPU). N_KV = B (PP + TG). With `llama-batched-bench` on PATH it runs
 //! the same file there and prints its S_TG beside ours.
 //!
 //! Timing: one warm-up pass at the smallest B, then each B once (as
@@ -18,7 +18,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use m40_model::cpu::{CpuBackend, CpuMath};
 use m40_model::gpu::{GpuBackend, GpuOptions};
-use m40_model::{Backend, Logits, Model, SeqStep, Want};
+use m40_model::{Backend, Logits, Model, Selection, SeqStep, Want};
 use serde_json::json;
 
 use super::bench::{random_tokens, Args};
@@ -48,6 +48,18 @@ fn run_batch<B: Backend>(be: &B, b: usize, npp: usize, ntg: usize) -> Result<(f6
     let toks: Vec<[u32; 1]> = (0..b)
         .map(|s| [(s * 7 + 1) as u32 % n_vocab as u32])
         .collect();
+    // What the engine asks for a greedy request: the argmax where the
+    // backend selects (the GPU), else the logits.
+    let want = match be.select_max_k() {
+        0 => Want::Logits,
+        _ => Want::Select(Selection {
+            k: 1,
+            penalties: Vec::new(),
+            repeat: 1.0,
+            frequency: 0.0,
+            presence: 0.0,
+        }),
+    };
     let t1 = Instant::now();
     for _ in 0..ntg {
         let mut steps: Vec<SeqStep<'_, B::Cache>> = caches
@@ -56,7 +68,7 @@ fn run_batch<B: Backend>(be: &B, b: usize, npp: usize, ntg: usize) -> Result<(f6
             .map(|(cache, t)| SeqStep {
                 cache,
                 tokens: t,
-                want: Want::Logits,
+                want: want.clone(),
             })
             .collect();
         be.forward_batch(&mut steps)?;

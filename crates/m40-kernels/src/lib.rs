@@ -49,7 +49,9 @@ pub use layout::{PackedMatrix, QMatrix, RowSplit, KV_PAGE};
 pub use pack::{interleave_glu, pack_gemv, PackFormat, PACK_ROWS};
 pub use rmsnorm::AddResidual;
 pub use rope::{KvAppend, RopeParams, RopeStyle};
-pub use sample::{select_args, Penalties, SelectOut, SELECT_ARGS, SELECT_MAX_K, SELECT_SCRATCH};
+pub use sample::{
+    select_args, Penalties, SelectOut, SelectRows, SELECT_ARGS, SELECT_MAX_K, SELECT_SCRATCH,
+};
 
 /// Shared memory a block may use on sm_52 (and without opt-in on any GPU).
 pub(crate) const MAX_SHARED_PER_BLOCK: usize = 48 * 1024;

@@ -33,6 +33,15 @@ pub struct Penalties {
     pub presence: f32,
 }
 
+impl Penalties {
+    /// No penalty.
+    pub const NONE: Penalties = Penalties {
+        repeat: 1.0,
+        frequency: 0.0,
+        presence: 0.0,
+    };
+}
+
 /// A selection's arguments as [`Kernels::select_top_k`] reads them from
 /// device memory: n_pen, k, the bits of the three penalties, padding to
 /// [`SELECT_ARGS`], then the (id, count) pairs `pen` (ids distinct).
@@ -57,6 +66,17 @@ pub fn select_args(k: usize, p: Penalties, pen: &[(u32, u32)]) -> Vec<i32> {
 
 /// Where [`Kernels::select_top_k`] writes: `out` (2 k ints) and its
 /// `scratch` ([`SELECT_SCRATCH`] ints).
+/// The rows of [`Kernels::select_top_k_rows`]: how many, of how many
+/// logits, their arguments how far apart, and the most candidates a row
+/// asks for.
+#[derive(Clone, Copy, Debug)]
+pub struct SelectRows {
+    pub rows: usize,
+    pub n_vocab: usize,
+    pub args_stride: usize,
+    pub k_max: usize,
+}
+
 pub struct SelectOut<'a> {
     pub out: &'a mut DeviceBuffer<i32>,
     pub scratch: &'a mut DeviceBuffer<i32>,
@@ -124,6 +144,80 @@ impl Kernels {
                 .buf_mut(out)
                 .buf_mut(scratch)
                 .run(cfg((blocks as u32, 1, 1), SAMPLE_THREADS))?
+        };
+        Ok(())
+    }
+
+    /// [`Kernels::select_top_k`] over `rows` rows of `logits` (row r at r
+    /// `n_vocab`: [`SelectRows`]) at once, each with its own arguments (row r's at r
+    /// `args_stride` of `args`, laid out by [`select_args`]) into its own
+    /// part of `out` (at r 2 `k_max`: its k ids, then their logits' bits)
+    /// with its own part of `scratch` (at r [`SELECT_SCRATCH`]: zero
+    /// before, left zero).
+    pub fn select_top_k_rows(
+        &self,
+        stream: &Stream,
+        logits: &mut DeviceBuffer<f32>,
+        args: &DeviceView<'_, i32>,
+        SelectRows {
+            rows,
+            n_vocab,
+            args_stride,
+            k_max,
+        }: SelectRows,
+        SelectOut { out, scratch }: SelectOut<'_>,
+    ) -> Result<()> {
+        const K: &str = "select_top_k_rows_f32";
+        if k_max == 0 || k_max > SELECT_MAX_K || k_max > n_vocab {
+            return Err(shape(
+                K,
+                format!(
+                    "k = {k_max}: must be 1 ..= {SELECT_MAX_K} and at most the {n_vocab} tokens"
+                ),
+            ));
+        }
+        if rows == 0 {
+            return Ok(());
+        }
+        if args_stride < SELECT_ARGS || rows > 65535 {
+            return Err(shape(
+                K,
+                format!("{rows} rows with arguments {args_stride} apart"),
+            ));
+        }
+        check_len(K, "logits", logits.len(), rows * n_vocab)?;
+        check_len(K, "args", args.len(), rows * args_stride)?;
+        check_len(K, "out", out.len(), rows * 2 * k_max)?;
+        check_len(K, "scratch", scratch.len(), rows * SELECT_SCRATCH)?;
+        let kernel = self.kernel("sample", K)?;
+        // Blocks of a row: as select_top_k, the rows sharing one wave.
+        let blocks = n_vocab
+            .div_ceil(SAMPLE_BLOCK_LOGITS)
+            .min((self.resident_blocks(&kernel, SAMPLE_THREADS, 0)? / rows).max(1))
+            .clamp(1, SAMPLE_MAX_BLOCKS);
+        let nv = to_i32(K, "n_vocab", n_vocab)?;
+        let stride = to_i32(K, "args_stride", args_stride)?;
+        let pen_cap = to_i32(K, "penalties", (args_stride - SELECT_ARGS) / 2)?;
+        let k_cap = k_max as i32;
+        // SAFETY: select_top_k_rows_f32(float* logits, int n_vocab, const
+        // int* args, int args_stride, int pen_cap, int k_cap, int* out, int*
+        // scratch): block (b, r) does select_top_k_f32's work (see there) on
+        // logits[r * n_vocab..][..n_vocab], args[r * args_stride..] (its
+        // pairs clamped to pen_cap, within the stride), out[r * 2 k_cap..]
+        // [..2 k_cap] and scratch[r * SELECT_SCRATCH..][..SELECT_SCRATCH];
+        // r < rows; lengths checked above.
+        unsafe {
+            stream
+                .launch(&kernel)
+                .buf_mut(logits)
+                .scalar(&nv)
+                .view(args)
+                .scalar(&stride)
+                .scalar(&pen_cap)
+                .scalar(&k_cap)
+                .buf_mut(out)
+                .buf_mut(scratch)
+                .run(cfg((blocks as u32, rows as u32, 1), SAMPLE_THREADS))?
         };
         Ok(())
     }

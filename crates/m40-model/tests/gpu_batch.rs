@@ -10,7 +10,7 @@ use m40_gguf::synth::{write_model, FileType, Shape, SynthOptions};
 use m40_gguf::GgmlType;
 use m40_model::cpu::{CpuBackend, CpuCache};
 use m40_model::gpu::{GpuBackend, GpuCache, GpuOptions};
-use m40_model::{Backend, KvState, Logits, Model, SeqStep, StepOut, Want};
+use m40_model::{Backend, KvState, Logits, Model, Selection, SeqStep, StepOut, Want};
 
 /// The relative error the GPU is allowed against the CPU.
 const TOL: f64 = 1e-3;
@@ -171,11 +171,26 @@ fn mixed_steps_and_the_invariant_mode() {
                 }
             })
             .collect();
+        // 2 and 3 ask for a selection (greedy; the 5 best after penalties).
+        let greedy = Selection {
+            k: 1,
+            penalties: Vec::new(),
+            repeat: 1.0,
+            frequency: 0.0,
+            presence: 0.0,
+        };
+        let top5 = Selection {
+            k: 5,
+            penalties: vec![(3, 2), (17, 1), (400, 5)],
+            repeat: 1.3,
+            frequency: 0.1,
+            presence: 0.2,
+        };
         let wants = [
             Want::Logits,
             Want::Logits,
-            Want::Logits,
-            Want::Logits,
+            Want::Select(greedy.clone()),
+            Want::Select(top5.clone()),
             Want::Logits,
             Want::Nothing,
         ];
@@ -201,7 +216,36 @@ fn mixed_steps_and_the_invariant_mode() {
                 }
             );
         }
-        for s in 0..4 {
+        for (s, sel) in [(2, &greedy), (3, &top5)] {
+            let StepOut::Top(got) = &outs[s] else {
+                panic!("a selection expected, got {:?}", outs[s])
+            };
+            let want = alone.forward_select(&mut solo[s], &toks[s], sel).unwrap();
+            assert_eq!(got.len(), sel.k);
+            if batch_decode {
+                // The k best values within the tolerance of the solo
+                // step's; a candidate the solo step did not pick is a
+                // near-tie with its k-th.
+                let tol = |w: f32| 1e-3 * w.abs().max(1.0);
+                for (g, w) in got.iter().zip(&want) {
+                    assert!(
+                        (g.1 - w.1).abs() <= tol(w.1),
+                        "sequence {s}: {g:?} vs {w:?}"
+                    );
+                }
+                let last = want[sel.k - 1].1;
+                for g in got {
+                    let picked = want.iter().any(|w| w.0 == g.0);
+                    assert!(
+                        picked || (g.1 - last).abs() <= tol(last),
+                        "sequence {s}: {g:?}"
+                    );
+                }
+            } else {
+                assert_eq!(got, &want, "sequence {s}: not bitwise its own selection");
+            }
+        }
+        for s in 0..2 {
             let StepOut::Logits(got) = &outs[s] else {
                 panic!("logits expected")
             };

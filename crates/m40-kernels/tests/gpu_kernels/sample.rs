@@ -237,3 +237,100 @@ fn p0() -> Penalties {
         presence: 0.0,
     }
 }
+
+/// Many rows at once: each row with its own penalties and k (greedy rows
+/// without penalties take the many-block argmax) against the CPU, ids and
+/// logits bit-exact, every row's penalized logits as the CPU leaves them;
+/// twice, so each row's scratch is left as it was found.
+#[test]
+#[ignore = "needs a GPU"]
+fn select_top_k_rows_matches_cpu() {
+    let (_dev, s, k, mut rng) = setup("select_top_k_rows_matches_cpu");
+    use m40_kernels::SelectRows;
+    for (rows, n_vocab) in [(1usize, 1000usize), (7, 49152), (64, 128256), (3, 5)] {
+        let k_max = 40.min(n_vocab);
+        let max_pen = 20.min(n_vocab);
+        let stride = SELECT_ARGS + 2 * max_pen;
+        let mut logits = Vec::new();
+        let mut args = Vec::new();
+        let mut want = Vec::new();
+        for r in 0..rows {
+            let mut row = rng.vec(n_vocab, -12.0, 12.0);
+            if r % 3 == 1 {
+                for l in &mut row {
+                    *l = (*l * 0.5).round(); // ties
+                }
+            }
+            let kk = if r % 2 == 0 { 1 } else { 1 + rng.below(k_max) };
+            let n_pen = if r % 4 == 0 {
+                0
+            } else {
+                rng.below(max_pen + 1)
+            };
+            let mut ids: Vec<u32> = (0..n_vocab as u32).collect();
+            for i in 0..n_pen {
+                let j = i + rng.below(n_vocab - i);
+                ids.swap(i, j);
+            }
+            let pen: Vec<(u32, u32)> = ids[..n_pen]
+                .iter()
+                .map(|&id| (id, 1 + rng.below(4) as u32))
+                .collect();
+            let p = Penalties {
+                repeat: 1.1,
+                frequency: 0.2,
+                presence: 0.3,
+            };
+            let mut a = select_args(kk, p, &pen);
+            a.resize(stride, -1);
+            args.extend(a);
+            let mut wl = row.clone();
+            let w = select_reference(&mut wl, &pen, p, kk);
+            logits.extend(row);
+            want.push((kk, w, wl));
+        }
+        let mut lg = s.upload(&logits, "logits").unwrap();
+        let ag = s.upload(&args, "args").unwrap();
+        let mut out = s.alloc::<i32>(rows * 2 * k_max, "out").unwrap();
+        let mut scratch = s
+            .alloc_zeroed::<i32>(rows * SELECT_SCRATCH, "scratch")
+            .unwrap();
+        for pass in 0..2 {
+            if pass == 1 {
+                // The same rows again, from the unpenalized logits.
+                lg = s.upload(&logits, "logits").unwrap();
+            }
+            s.fill_bytes(&mut out, 0xFF).unwrap();
+            let shape = SelectRows {
+                rows,
+                n_vocab,
+                args_stride: stride,
+                k_max,
+            };
+            let o = SelectOut {
+                out: &mut out,
+                scratch: &mut scratch,
+            };
+            k.select_top_k_rows(&s, &mut lg, &ag.view(), shape, o)
+                .unwrap();
+            let got = s.download(&out).unwrap();
+            let got_l = s.download(&lg).unwrap();
+            for (r, (kk, w, wl)) in want.iter().enumerate() {
+                let what = format!("rows {rows} x {n_vocab}, row {r} (k {kk}), pass {pass}");
+                let o = &got[r * 2 * k_max..];
+                let ids: Vec<u32> = o[..*kk].iter().map(|&i| i as u32).collect();
+                assert_eq!(&ids, w, "{what}: ids");
+                let bits: Vec<u32> = o[*kk..2 * kk].iter().map(|&b| b as u32).collect();
+                let want_bits: Vec<u32> = w.iter().map(|&i| wl[i as usize].to_bits()).collect();
+                assert_eq!(bits, want_bits, "{what}: logits");
+                assert!(
+                    got_l[r * n_vocab..(r + 1) * n_vocab]
+                        .iter()
+                        .zip(wl)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{what}: penalized row"
+                );
+            }
+        }
+    }
+}

@@ -5,6 +5,9 @@
 //! token at its own position over its own sequence's pages, in one launch
 //! each per layer (`rope_kv_append_batch`, `attention_decode_batch`).
 //!
+//! Where the sequences ask for a selection, the rows' selections run in
+//! one launch (`select_top_k_rows`) and only their candidates come back.
+//!
 //! Not bitwise the same as each sequence's own step: the one-token step
 //! folds the norms and RoPE into its GEMVs, and splits long contexts'
 //! keys. `GpuOptions::batch_decode` off runs each sequence alone instead.
@@ -16,6 +19,7 @@ use super::{lock, GpuBackend, State};
 use crate::batch::{forward_each, SeqStep, StepOut, Want};
 use crate::error::{ModelError, Result};
 use crate::KvState;
+use m40_kernels::{select_args, Penalties, SelectOut, SelectRows, KV_PAGE, SELECT_ARGS};
 
 impl GpuBackend {
     /// Sequences one batched decode step takes at most.
@@ -74,15 +78,16 @@ impl GpuBackend {
         }
         for group in decodes.chunks(self.batch_cap()) {
             let tokens: Vec<u32> = group.iter().map(|&i| seqs[i].tokens[0]).collect();
+            let wants: Vec<Want> = group.iter().map(|&i| seqs[i].want.clone()).collect();
             let mut caches: Vec<&mut GpuCache> = seqs
                 .iter_mut()
                 .enumerate()
                 .filter(|(i, _)| group.contains(i))
                 .map(|(_, s)| &mut *s.cache)
                 .collect();
-            let logits = self.decode_batch(&mut caches, &tokens)?;
-            for (&i, l) in group.iter().zip(logits) {
-                out[i] = StepOut::Logits(l);
+            let outs = self.decode_batch(&mut caches, &tokens, &wants)?;
+            for (&i, o) in group.iter().zip(outs) {
+                out[i] = o;
             }
         }
         Ok(out)
@@ -90,18 +95,42 @@ impl GpuBackend {
 
     /// One token of each of `caches` (checked by the caller: in the
     /// vocabulary, room in the context) through one forward; each one's
-    /// logits. A selection is answered with the logits too (the sampler
-    /// picks the same token from them).
-    fn decode_batch(&self, caches: &mut [&mut GpuCache], tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
+    /// logits, or the selection its `Want` asks for (all the rows' in one
+    /// launch, `select_top_k_rows`; its logits instead where the inputs
+    /// have no room for the rows' penalties).
+    fn decode_batch(
+        &self,
+        caches: &mut [&mut GpuCache],
+        tokens: &[u32],
+        wants: &[Want],
+    ) -> Result<Vec<StepOut>> {
         let hp = self.model.hparams();
-        let n = tokens.len();
+        let (n, n_vocab) = (tokens.len(), hp.n_vocab);
+        debug_assert!(n <= LOGIT_ROWS && wants.len() == n);
+        // The rows' selection arguments, `stride` apart (a row that wants
+        // logits selects its argmax, unused).
+        let args: Vec<Option<Vec<i32>>> = wants
+            .iter()
+            .map(|w| match w {
+                Want::Select(sel) => self.selection_args(sel).map(Some),
+                _ => Ok(None),
+            })
+            .collect::<Result<_>>()?;
+        let stride = args.iter().flatten().map(Vec::len).max().unwrap_or(0);
+        let select = stride > 0 && n * stride <= SELECT_ARGS + 2 * n_vocab;
+        let mut sel = Vec::new();
+        if select {
+            let plain = select_args(1, Penalties::NONE, &[]);
+            for a in &args {
+                let at = sel.len();
+                sel.extend_from_slice(a.as_deref().unwrap_or(&plain));
+                sel.resize(at + stride, 0);
+            }
+        }
         let mut st = lock(&self.state);
         let State { work: w, pools, .. } = &mut *st;
         let before: Vec<usize> = caches.iter().map(|c| c.len()).collect();
-        let tables: usize = caches
-            .iter()
-            .map(|c| (c.len() + 1).div_ceil(m40_kernels::KV_PAGE))
-            .sum();
+        let tables: usize = caches.iter().map(|c| (c.len() + 1).div_ceil(KV_PAGE)).sum();
         if tables > self.pages.pages() {
             // Sequences sharing prefix pages can list more pages than the
             // pool has: the inputs have no room for their tables.
@@ -117,22 +146,59 @@ impl GpuBackend {
             c.extend_to(c.len() + 1)?;
         }
         let pages: Vec<&[u32]> = caches.iter().map(|c| c.pages()).collect();
-        self.upload_batch(w, tokens, &before, &pages)?;
+        self.upload_batch(w, tokens, &before, &pages, &sel)?;
         let max_start = *before.iter().max().expect("a batch");
         self.enqueue(w, pools, n, max_start, StepAttn::Batch, false)?;
         for (c, &p) in caches.iter_mut().zip(&before) {
             c.set_len(p + 1);
         }
-        let n_vocab = hp.n_vocab;
-        let mut out = Vec::with_capacity(n);
-        let mut host = vec![0f32; LOGIT_ROWS.min(n) * n_vocab];
-        for r0 in (0..n).step_by(LOGIT_ROWS) {
-            let r1 = (r0 + LOGIT_ROWS).min(n);
-            self.logits(w, r0..r1, Residual::Done)?;
-            let rows = &mut host[..(r1 - r0) * n_vocab];
+        self.logits(w, 0..n, Residual::Done)?;
+        let mut out = vec![StepOut::Nothing; n];
+        // Rows that want their logits come to the host before any
+        // selection penalizes its row in place.
+        for (r, a) in args.iter().enumerate() {
+            if !(select && a.is_some()) {
+                let mut row = vec![0f32; n_vocab];
+                self.stream
+                    .copy_to_host(&w.logits.slice(r * n_vocab..(r + 1) * n_vocab)?, &mut row)?;
+                out[r] = StepOut::Logits(row);
+            }
+        }
+        if select {
+            let k_max = wants
+                .iter()
+                .map(|w| match w {
+                    Want::Select(s) => s.k,
+                    _ => 1,
+                })
+                .max()
+                .unwrap_or(1);
+            let at = self.sel_at();
+            let rows = SelectRows {
+                rows: n,
+                n_vocab,
+                args_stride: stride,
+                k_max,
+            };
+            let so = SelectOut {
+                out: &mut w.sel_out,
+                scratch: &mut w.sel_scratch,
+            };
+            let args_v = w.inputs.slice(at..at + n * stride)?;
+            self.kernels
+                .select_top_k_rows(&self.stream, &mut w.logits, &args_v, rows, so)?;
+            let mut got = vec![0i32; n * 2 * k_max];
             self.stream
-                .copy_to_host(&w.logits.slice(0..rows.len())?, rows)?;
-            out.extend(rows.chunks_exact(n_vocab).map(<[f32]>::to_vec));
+                .copy_to_host(&w.sel_out.slice(0..got.len())?, &mut got)?;
+            for (r, want) in wants.iter().enumerate() {
+                if let Want::Select(s) = want {
+                    let o = &got[r * 2 * k_max..];
+                    let top = (0..s.k)
+                        .map(|i| (o[i] as u32, f32::from_bits(o[s.k + i] as u32)))
+                        .collect();
+                    out[r] = StepOut::Top(top);
+                }
+            }
         }
         // Surface errors the kernels raised while running.
         self.stream.synchronize()?;

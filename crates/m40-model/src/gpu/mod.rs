@@ -345,30 +345,10 @@ impl Backend for GpuBackend {
         tokens: &[u32],
         sel: &Selection,
     ) -> Result<Vec<(u32, f32)>> {
-        let n_vocab = self.model.hparams().n_vocab;
-        if sel.k == 0 || sel.k > self.select_max_k() {
-            return Err(ModelError::Unsupported(format!(
-                "selecting {} tokens on the GPU (1 ..= {})",
-                sel.k,
-                self.select_max_k()
-            )));
-        }
         if tokens.is_empty() {
             return Err(ModelError::Unsupported("a selection without tokens".into()));
         }
-        let pen: Vec<(u32, u32)> = sel
-            .penalties
-            .iter()
-            .copied()
-            .filter(|&(id, _)| (id as usize) < n_vocab)
-            .take(n_vocab) // the inputs' room; ids are distinct
-            .collect();
-        let p = Penalties {
-            repeat: sel.repeat,
-            frequency: sel.frequency,
-            presence: sel.presence,
-        };
-        let args = select_args(sel.k, p, &pen);
+        let args = self.selection_args(sel)?;
         let mut out = Vec::new();
         let mut st = lock(&self.state);
         let select = Select {
@@ -387,6 +367,31 @@ impl Backend for GpuBackend {
 }
 
 impl GpuBackend {
+    /// The selection kernel's arguments for `sel` (see `select_args`).
+    fn selection_args(&self, sel: &Selection) -> Result<Vec<i32>> {
+        let n_vocab = self.model.hparams().n_vocab;
+        if sel.k == 0 || sel.k > self.select_max_k() {
+            return Err(ModelError::Unsupported(format!(
+                "selecting {} tokens on the GPU (1 ..= {})",
+                sel.k,
+                self.select_max_k()
+            )));
+        }
+        let pen: Vec<(u32, u32)> = sel
+            .penalties
+            .iter()
+            .copied()
+            .filter(|&(id, _)| (id as usize) < n_vocab)
+            .take(n_vocab) // the inputs' room; ids are distinct
+            .collect();
+        let p = Penalties {
+            repeat: sel.repeat,
+            frequency: sel.frequency,
+            presence: sel.presence,
+        };
+        Ok(select_args(sel.k, p, &pen))
+    }
+
     /// A forward of `tokens` in steps of at most max_batch; the requested
     /// logits go to `out` (None: they stay in the workspace).
     fn run(

@@ -57,9 +57,11 @@ pub(super) struct Workspace {
     pub(super) gate: DeviceBuffer<f32>,
     pub(super) up: DeviceBuffer<f32>,
     pub(super) logits: DeviceBuffer<f32>,
-    /// Token selection: the k ids and the bits of their logits.
+    /// Token selection: the k ids and the bits of their logits (a batched
+    /// step's rows: LOGIT_ROWS of 2 SELECT_MAX_K).
     pub(super) sel_out: DeviceBuffer<i32>,
-    /// The selection's scratch (zeroed once; each selection leaves it zero).
+    /// The selection's scratch, a row's SELECT_SCRATCH for each of
+    /// LOGIT_ROWS (zeroed once; each selection leaves it zero).
     pub(super) sel_scratch: DeviceBuffer<i32>,
     pub(super) part: DeviceBuffer<f32>,
     pub(super) part_ml: DeviceBuffer<f32>,
@@ -95,8 +97,9 @@ impl Workspace {
             gate: a(b * hp.n_ff, "activations")?,
             up: a(2 * b * hp.n_ff, "activations")?,
             logits: a(LOGIT_ROWS * hp.n_vocab, "logits")?,
-            sel_out: stream.alloc::<i32>(2 * SELECT_MAX_K, "token selection")?,
-            sel_scratch: stream.alloc_zeroed::<i32>(SELECT_SCRATCH, "token selection scratch")?,
+            sel_out: stream.alloc::<i32>(LOGIT_ROWS * 2 * SELECT_MAX_K, "token selection")?,
+            sel_scratch: stream
+                .alloc_zeroed::<i32>(LOGIT_ROWS * SELECT_SCRATCH, "token selection scratch")?,
             part: a(dec_part, "attention scratch")?,
             part_ml: a(dec_ml, "attention scratch")?,
         })
@@ -121,7 +124,8 @@ impl Workspace {
             + d.div_ceil(PACK_ROWS as u64)
             + LOGIT_ROWS as u64 * hp.n_vocab as u64
             + pages
-            + (SELECT_ARGS + 2 * hp.n_vocab + 2 * SELECT_MAX_K + SELECT_SCRATCH) as u64
+            + (SELECT_ARGS + 2 * hp.n_vocab + LOGIT_ROWS * (2 * SELECT_MAX_K + SELECT_SCRATCH))
+                as u64
             + gemm_scratch(hp, b.max(1), gpu) as u64)
     }
 }
@@ -239,13 +243,15 @@ impl GpuBackend {
 
     /// Upload a batched decode step's inputs: one token of each sequence,
     /// its position, and the sequences' block tables one after another
-    /// with where each starts (`tables` must fit the pool's page count).
+    /// with where each starts (`tables` must fit the pool's page count),
+    /// then the rows' selection arguments `sel` (`select_rows`).
     pub(super) fn upload_batch(
         &self,
         w: &mut Workspace,
         tokens: &[u32],
         pos: &[usize],
         tables: &[&[u32]],
+        sel: &[i32],
     ) -> Result<()> {
         let b = self.max_batch;
         let mut v = vec![0i32; self.sel_at()];
@@ -260,6 +266,7 @@ impl GpuBackend {
             }
         }
         debug_assert!(at <= self.tab_at(), "the tables fit the pool's page count");
+        v.extend_from_slice(sel);
         self.stream.copy_to_device(&v, &mut w.inputs)?;
         Ok(())
     }
