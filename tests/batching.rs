@@ -22,6 +22,16 @@ const N_CTX: usize = 256;
 /// SmolLM2 on `on` with a KV cache of `kv_tokens` for up to `parallel`
 /// sequences at once.
 fn engine(on: On, kv_tokens: usize, parallel: usize) -> Arc<Engine> {
+    engine_with(on, kv_tokens, parallel, |_| {})
+}
+
+/// [`engine`] with other options changed by `f`.
+fn engine_with(
+    on: On,
+    kv_tokens: usize,
+    parallel: usize,
+    f: impl FnOnce(&mut EngineOptions),
+) -> Arc<Engine> {
     let backend = match on {
         On::Cpu => BackendChoice::Cpu,
         On::Gpu => {
@@ -36,16 +46,23 @@ fn engine(on: On, kv_tokens: usize, parallel: usize) -> Arc<Engine> {
         parallel: Some(parallel),
         // Bitwise each request's solo tokens on the GPU too (its batched
         // decode is checked against the CPU in crates/m40-model's
-        // gpu_batch tests instead).
+        // gpu_batch tests instead), and no prefix cache: a hit computes a
+        // prompt in other chunks than a cold run, which the GPU's kernels
+        // do not give bitwise alike (shared_prefixes_reuse_cached_pages
+        // turns it on).
         batch_invariant: true,
+        no_prefix_cache: true,
         ..Default::default()
     };
+    let mut opts = opts;
+    f(&mut opts);
     Arc::new(Engine::from_path(&support::smollm2(), opts).unwrap())
 }
 
 on_both!(
     concurrent_requests_get_their_solo_tokens,
     preemption_changes_no_token,
+    shared_prefixes_reuse_cached_pages,
 );
 
 /// Request `i` of a varied set: prompts that share prefixes (a system
@@ -204,4 +221,79 @@ fn idle(e: &Engine) -> m40_runtime::Load {
         );
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
+}
+
+/// A second request that starts as the first did (a long system prompt)
+/// reuses its full KV pages on the GPU (prefix caching; the CPU computes
+/// every prompt), and answers as an engine without the cache does; a
+/// chat's next turn, which resends the first turn and its answer, reuses
+/// those pages too.
+fn shared_prefixes_reuse_cached_pages(on: On) {
+    let e = engine_with(on, 4096, 8, |o| o.no_prefix_cache = false);
+    let cold = engine(on, 4096, 8);
+    let system = "You answer questions for a small bakery in a quiet town. The bakery sells \
+        bread, rolls, cakes and pies, opens at seven in the morning and closes at six in the \
+        evening, every day but Sunday. Answer briefly and politely. ";
+    let ask = |q: &str| {
+        let mut r = Request::new(Prompt::Text(format!("{system}Question: {q}\nAnswer:")));
+        r.sampling = SamplingParams::greedy();
+        r.max_tokens = Some(12);
+        r.logprobs = Some(1);
+        r
+    };
+    let none = CancelToken::new();
+    e.generate(&ask("What do you sell?"), &none, |_| {})
+        .unwrap();
+    let before = e.activity();
+    let mut lw = None;
+    let warm = e
+        .generate(&ask("When do you open?"), &none, |t| {
+            lw = lw.or(t.logprob);
+        })
+        .unwrap();
+    let after = e.activity();
+    let mut lc = None;
+    let cold_b = cold
+        .generate(&ask("When do you open?"), &none, |t| {
+            lc = lc.or(t.logprob);
+        })
+        .unwrap();
+    let (hits, saved) = (
+        after.prefix_hits - before.prefix_hits,
+        after.prefix_tokens_saved - before.prefix_tokens_saved,
+    );
+    assert_eq!(cold.activity().prefix_hits, 0);
+    match on {
+        On::Cpu => {
+            assert_eq!((hits, saved, after.prefix_cached_pages), (0, 0, 0));
+            assert_eq!(warm.token_ids, cold_b.token_ids);
+        }
+        On::Gpu => {
+            let page = after.kv_page_tokens as u64;
+            assert_eq!(hits, 1, "{after:?}");
+            assert!(
+                saved >= 2 * page && saved % page == 0,
+                "{saved} tokens saved"
+            );
+            assert!(after.prefix_cached_pages > 0);
+            // The cached pages were computed in another chunking: the same
+            // first token, its log-probability within rounding.
+            assert_eq!(warm.token_ids[0], cold_b.token_ids[0]);
+            let (lw, lc) = (lw.unwrap(), lc.unwrap());
+            assert!((lw - lc).abs() <= 1e-2, "{lw} vs {lc}");
+            eprintln!("warm {:?}\ncold {:?}", warm.token_ids, cold_b.token_ids);
+            // The next turn of a chat: the first turn and its answer again.
+            let mut next = ask("When do you open?");
+            next.prompt = Prompt::Text(format!(
+                "{system}Question: When do you open?\nAnswer:{}\nQuestion: And on Sunday?\nAnswer:",
+                warm.text
+            ));
+            let b2 = e.activity();
+            e.generate(&next, &none, |_| {}).unwrap();
+            let a2 = e.activity();
+            assert_eq!(a2.prefix_hits - b2.prefix_hits, 1);
+            assert!(a2.prefix_tokens_saved - b2.prefix_tokens_saved >= saved);
+        }
+    }
+    idle(&e);
 }

@@ -54,6 +54,10 @@ pub struct DeviceArgs {
     /// sequence's speed) instead of in a batch (the CPU is always so).
     #[arg(long)]
     pub batch_invariant: bool,
+    /// Compute every prompt in full instead of reusing the KV pages of
+    /// earlier requests that started the same way (GPU).
+    #[arg(long)]
+    pub no_prefix_cache: bool,
 }
 
 impl DeviceArgs {
@@ -96,6 +100,7 @@ impl DeviceArgs {
             parallel: self.parallel,
             max_batch_tokens: self.max_batch_tokens,
             batch_invariant: self.batch_invariant,
+            no_prefix_cache: self.no_prefix_cache,
         }
     }
 }

@@ -56,8 +56,25 @@ pub trait Backend: Send + Sync {
     }
     /// The KV pool every cache of this backend draws from: (tokens per
     /// page, pages); None where each cache holds its own memory (the CPU).
+    /// Where there is a pool, its pages can be held apart from any cache
+    /// (a prefix cache keeps them) and shared by new caches.
     fn kv_pool(&self) -> Option<(usize, usize)> {
         None
+    }
+    /// The pool's pages nothing holds.
+    fn kv_free_pages(&self) -> usize {
+        0
+    }
+    /// One more holder for each of `pages` (held already, by a cache).
+    fn kv_hold(&self, _pages: &[u32]) {}
+    /// One holder less for each of `pages`; a page nothing holds is free.
+    fn kv_release(&self, _pages: &[u32]) {}
+    /// A cache of up to `n_ctx` tokens that starts with the full, computed
+    /// pool pages `pages` (read only; its own tokens go to its own pages).
+    fn cache_with_prefix(&self, _pages: &[u32], _n_ctx: usize) -> Result<Self::Cache> {
+        Err(ModelError::Unsupported(
+            "caches that share pages on this backend".into(),
+        ))
     }
     /// The largest `k` [`Backend::forward_select`] takes; 0: this backend
     /// does not select (the caller samples from [`Backend::forward`]'s logits).
@@ -116,6 +133,10 @@ pub trait KvState {
     fn n_ctx(&self) -> usize;
     /// Forget everything from position `n` on.
     fn truncate(&mut self, n: usize);
+    /// Its pages of the backend's pool, in order (none without a pool).
+    fn pool_pages(&self) -> &[u32] {
+        &[]
+    }
 }
 
 /// A loaded model: the file (memory-mapped) and its checked description.
@@ -195,6 +216,12 @@ impl KvState for AnyCache {
             AnyCache::Gpu(c) => c.truncate(n),
         }
     }
+    fn pool_pages(&self) -> &[u32] {
+        match self {
+            AnyCache::Cpu(c) => c.pool_pages(),
+            AnyCache::Gpu(c) => c.pool_pages(),
+        }
+    }
 }
 
 impl AnyBackend {
@@ -257,6 +284,34 @@ impl Backend for AnyBackend {
             AnyBackend::Cpu(b) => b.kv_pool(),
             AnyBackend::Gpu(b) => b.kv_pool(),
         }
+    }
+
+    fn kv_free_pages(&self) -> usize {
+        match self {
+            AnyBackend::Cpu(b) => b.kv_free_pages(),
+            AnyBackend::Gpu(b) => b.kv_free_pages(),
+        }
+    }
+
+    fn kv_hold(&self, pages: &[u32]) {
+        match self {
+            AnyBackend::Cpu(b) => b.kv_hold(pages),
+            AnyBackend::Gpu(b) => b.kv_hold(pages),
+        }
+    }
+
+    fn kv_release(&self, pages: &[u32]) {
+        match self {
+            AnyBackend::Cpu(b) => b.kv_release(pages),
+            AnyBackend::Gpu(b) => b.kv_release(pages),
+        }
+    }
+
+    fn cache_with_prefix(&self, pages: &[u32], n_ctx: usize) -> Result<AnyCache> {
+        Ok(match self {
+            AnyBackend::Cpu(b) => AnyCache::Cpu(b.cache_with_prefix(pages, n_ctx)?),
+            AnyBackend::Gpu(b) => AnyCache::Gpu(b.cache_with_prefix(pages, n_ctx)?),
+        })
     }
 
     fn forward_batch(&self, seqs: &mut [SeqStep<'_, AnyCache>]) -> Result<Vec<StepOut>> {

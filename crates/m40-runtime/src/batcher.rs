@@ -18,7 +18,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 use m40_model::{AnyBackend, AnyCache, Backend, KvState, ModelError, SeqStep, StepOut, Want};
-use m40_sched::{Config, Scheduler, SeqId, Step};
+use m40_sched::{Config, PageKey, PrefixCache, Scheduler, SeqId, Step};
 use m40_tokenizer::Tokenizer;
 
 use crate::engine::CancelToken;
@@ -53,6 +53,9 @@ pub(crate) struct Limits {
     pub parallel: usize,
     pub page_tokens: usize,
     pub pages: usize,
+    /// Keep full KV pages for later requests that start with the same
+    /// tokens (where the backend has a page pool).
+    pub prefix_cache: bool,
 }
 
 /// Counters the loop keeps for [`crate::Engine::activity`].
@@ -64,6 +67,9 @@ struct Counters {
     steps: AtomicU64,
     step_tokens: AtomicU64,
     preemptions: AtomicU64,
+    prefix_pages: AtomicUsize,
+    prefix_hits: AtomicU64,
+    prefix_tokens: AtomicU64,
 }
 
 /// What an engine is doing now.
@@ -85,6 +91,12 @@ pub struct Load {
     pub step_tokens: u64,
     /// Sequences preempted (their pages freed, computed again later).
     pub preemptions: u64,
+    /// Full KV pages kept by the prefix cache (used by a sequence or not).
+    pub prefix_cached_pages: usize,
+    /// Requests that started with cached pages, and the prompt tokens
+    /// those pages held (not computed again).
+    pub prefix_hits: u64,
+    pub prefix_tokens_saved: u64,
 }
 
 struct Inbox {
@@ -155,6 +167,9 @@ impl Batcher {
             steps: c.steps.load(Ordering::Relaxed),
             step_tokens: c.step_tokens.load(Ordering::Relaxed),
             preemptions: c.preemptions.load(Ordering::Relaxed),
+            prefix_cached_pages: c.prefix_pages.load(Ordering::Relaxed),
+            prefix_hits: c.prefix_hits.load(Ordering::Relaxed),
+            prefix_tokens_saved: c.prefix_tokens.load(Ordering::Relaxed),
         }
     }
 }
@@ -177,6 +192,14 @@ struct Live {
     /// None while waiting (before admission, after a preemption).
     cache: Option<AnyCache>,
     sampler: Sampler,
+    /// Prefix caching: the cached pages its cache starts with (found at
+    /// admission), the pages it uses from the prefix cache (those, then
+    /// the ones it cached itself), and the key and count of its leading
+    /// full pages the cache has seen (None: a key collision ended the
+    /// chain).
+    prefix: Vec<u32>,
+    uses: Vec<u32>,
+    chain: Option<(Option<PageKey>, usize)>,
 }
 
 struct Loop {
@@ -185,6 +208,10 @@ struct Loop {
     sched: Scheduler,
     live: HashMap<SeqId, Live>,
     next_id: SeqId,
+    /// Full pages by their tokens (where the backend has a page pool);
+    /// each cached page holds the pool once more.
+    prefix: Option<PrefixCache>,
+    page_tokens: usize,
 }
 
 impl Loop {
@@ -200,12 +227,15 @@ impl Loop {
             // lowers it to that).
             chunk_tokens: l.max_batch_tokens,
         });
+        let prefix = (l.prefix_cache && core.backend.kv_pool().is_some()).then(PrefixCache::new);
         Loop {
             core,
             shared,
             sched,
             live: HashMap::new(),
             next_id: 0,
+            prefix,
+            page_tokens: l.page_tokens,
         }
     }
 
@@ -240,9 +270,7 @@ impl Loop {
                     .fetch_add(step.preempted.len() as u64, Ordering::Relaxed);
             }
             for id in &step.preempted {
-                if let Some(l) = self.live.get_mut(id) {
-                    l.cache = None;
-                }
+                self.forget_cache(*id);
             }
             self.publish();
             if step.is_empty() {
@@ -259,7 +287,18 @@ impl Loop {
         let id = self.next_id;
         self.next_id += 1;
         let max_new = sub.max_new.max(1);
-        if let Err(e) = self.sched.add(id, sub.prompt.len(), max_new) {
+        // The longest cached prefix of the prompt in whole pages, but for
+        // its last token (computed for the logits).
+        let p = self.page_tokens;
+        let (prefix, key) = match &mut self.prefix {
+            Some(pc) if sub.prompt.len() > p => pc.acquire(&sub.prompt[..sub.prompt.len() - 1], p),
+            _ => (Vec::new(), None),
+        };
+        let cached = prefix.len() * p;
+        if let Err(e) = self.sched.add_cached(id, sub.prompt.len(), max_new, cached) {
+            if let Some(pc) = &mut self.prefix {
+                pc.release(&prefix);
+            }
             let _ = sub
                 .events
                 .send(SeqEvent::Failed(Arc::new(ModelError::Unsupported(
@@ -267,6 +306,11 @@ impl Loop {
                 ))));
             self.shared.counters.waiting.fetch_sub(1, Ordering::SeqCst);
             return;
+        }
+        if cached > 0 {
+            let c = &self.shared.counters;
+            c.prefix_hits.fetch_add(1, Ordering::Relaxed);
+            c.prefix_tokens.fetch_add(cached as u64, Ordering::Relaxed);
         }
         let mut sampler = Sampler::new(sub.sampling.clone());
         for &t in &sub.prompt {
@@ -279,8 +323,73 @@ impl Loop {
                 sub,
                 cache: None,
                 sampler,
+                uses: prefix.clone(),
+                chain: Some((key, prefix.len())),
+                prefix,
             },
         );
+    }
+
+    /// `id`'s cache is gone (preempted: it computes everything again):
+    /// its cached pages are unused by it.
+    fn forget_cache(&mut self, id: SeqId) {
+        if let Some(l) = self.live.get_mut(&id) {
+            l.cache = None;
+            if let Some(pc) = &mut self.prefix {
+                pc.release(&l.uses);
+            }
+            l.uses.clear();
+            l.prefix.clear();
+            l.chain = Some((None, 0));
+        }
+    }
+
+    /// `id` leaves: its cached pages are unused by it.
+    fn remove(&mut self, id: SeqId) -> Option<Live> {
+        let l = self.live.remove(&id)?;
+        if let Some(pc) = &mut self.prefix {
+            pc.release(&l.uses);
+        }
+        Some(l)
+    }
+
+    /// The full pages of `id` the prefix cache has not seen go into it
+    /// (each held once more by the cache, until it evicts the page).
+    fn cache_pages(&mut self, id: SeqId) {
+        let (Some(pc), Some(l)) = (&mut self.prefix, self.live.get_mut(&id)) else {
+            return;
+        };
+        let Some(cache) = &l.cache else { return };
+        let p = self.page_tokens;
+        let full = cache.len() / p;
+        while let Some((key, n)) = l.chain {
+            if n >= full {
+                break;
+            }
+            let page = cache.pool_pages()[n];
+            let (k, dup) = pc.insert(key, &l.tokens[n * p..(n + 1) * p], page);
+            if dup.is_none() {
+                if !pc.holds(page) {
+                    // A key collision: this sequence caches no more.
+                    l.chain = None;
+                    break;
+                }
+                self.core.backend.kv_hold(&[page]);
+                l.uses.push(page);
+            }
+            l.chain = Some((Some(k), n + 1));
+        }
+    }
+
+    /// Pool pages for `need` more: cached pages nobody uses go back to the
+    /// pool (least recently used first) while the pool has fewer free.
+    fn make_room(&mut self, need: usize) {
+        let Some(pc) = &mut self.prefix else { return };
+        let free = self.core.backend.kv_free_pages();
+        if free < need {
+            let gone = pc.evict(need - free);
+            self.core.backend.kv_release(&gone);
+        }
     }
 
     /// Sequences whose caller cancelled (or went away) leave, freeing
@@ -294,7 +403,7 @@ impl Loop {
             .collect();
         for id in gone {
             self.sched.cancel(id);
-            self.live.remove(&id);
+            self.remove(id);
         }
     }
 
@@ -307,6 +416,8 @@ impl Loop {
         let free = self.sched.free_pages();
         c.pages_used
             .store(self.limits_pages().saturating_sub(free), Ordering::SeqCst);
+        let cached = self.prefix.as_ref().map_or(0, PrefixCache::len);
+        c.prefix_pages.store(cached, Ordering::Relaxed);
     }
 
     fn limits_pages(&self) -> usize {
@@ -332,15 +443,18 @@ impl Loop {
                 continue;
             };
             let range = range.unwrap_or(l.tokens.len() - 1..l.tokens.len());
-            let cache = match l.cache.take() {
-                Some(c) => c,
-                None => match backend.new_cache(l.sub.prompt.len() + l.sub.max_new.max(1)) {
-                    Ok(c) => c,
-                    Err(e) => {
-                        failed.push((id, Arc::new(e)));
-                        continue;
-                    }
-                },
+            let cap = l.sub.prompt.len() + l.sub.max_new.max(1);
+            let made = match l.cache.take() {
+                Some(c) => Ok(c),
+                None if !l.prefix.is_empty() => backend.cache_with_prefix(&l.prefix, cap),
+                None => backend.new_cache(cap),
+            };
+            let cache = match made {
+                Ok(c) => c,
+                Err(e) => {
+                    failed.push((id, Arc::new(e)));
+                    continue;
+                }
             };
             debug_assert_eq!(cache.len(), range.start, "the cache holds what came before");
             let samples = range.end == l.tokens.len();
@@ -355,6 +469,20 @@ impl Loop {
             parts.push((id, l.tokens[range].to_vec(), want, samples));
             caches.push(cache);
         }
+        // Pages the step's tokens take: the pool gives back cached pages
+        // nobody uses where it has too few free.
+        let p = self.page_tokens;
+        let need: usize = caches
+            .iter()
+            .zip(&parts)
+            .map(|(c, (_, t, _, _))| {
+                (c.len() + t.len())
+                    .div_ceil(p)
+                    .saturating_sub(c.pool_pages().len())
+            })
+            .sum();
+        self.make_room(need);
+        let backend = &self.core.backend;
         let mut steps: Vec<SeqStep<'_, AnyCache>> = caches
             .iter_mut()
             .zip(&parts)
@@ -374,8 +502,9 @@ impl Loop {
         match result {
             Ok(outs) => {
                 for (((id, _, _, samples), cache), out) in parts.iter().zip(caches).zip(outs) {
+                    self.live.get_mut(id).expect("live").cache = Some(cache);
+                    self.cache_pages(*id);
                     let l = self.live.get_mut(id).expect("live");
-                    l.cache = Some(cache);
                     if !samples {
                         continue;
                     }
@@ -407,13 +536,13 @@ impl Loop {
             }
         }
         for (id, e) in failed {
-            if let Some(l) = self.live.remove(&id) {
+            if let Some(l) = self.remove(id) {
                 let _ = l.sub.events.send(SeqEvent::Failed(e));
             }
             self.sched.cancel(id);
         }
         for id in self.sched.complete(step, &ended) {
-            self.live.remove(&id);
+            self.remove(id);
         }
     }
 }

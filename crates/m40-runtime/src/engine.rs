@@ -123,6 +123,10 @@ pub struct EngineOptions {
     /// runs each sequence's decode step alone (one sequence's speed)
     /// instead of batching them (ARCHITECTURE.md, batch invariance).
     pub batch_invariant: bool,
+    /// Do not keep full KV pages for later requests that start with the
+    /// same tokens (`--no-prefix-cache`). Prefix caching needs the GPU's
+    /// page pool; the CPU computes every prompt.
+    pub no_prefix_cache: bool,
 }
 
 /// Contexts the KV cache holds by default ([`EngineOptions::kv_tokens`]).
@@ -344,6 +348,7 @@ impl Engine {
             parallel,
             page_tokens,
             pages,
+            prefix_cache: !opts.no_prefix_cache,
         };
         let core = Arc::new(Core { backend, tokenizer });
         let batcher = Batcher::start(core.clone(), limits).map_err(EngineError::Thread)?;

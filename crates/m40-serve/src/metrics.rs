@@ -148,7 +148,7 @@ impl Metrics {
             c.running.load(Ordering::Relaxed),
         );
         let l = load.unwrap_or_default();
-        let engine: [(&str, &str, &str, u64); 9] = [
+        let engine: [(&str, &str, &str, u64); 12] = [
             (
                 "m40_queue_depth",
                 "gauge",
@@ -202,6 +202,24 @@ impl Metrics {
                 "counter",
                 "Sequences preempted when KV pages ran out (recomputed later).",
                 l.preemptions,
+            ),
+            (
+                "m40_prefix_cache_pages",
+                "gauge",
+                "Full KV pages the prefix cache keeps for later requests.",
+                l.prefix_cached_pages as u64,
+            ),
+            (
+                "m40_prefix_cache_hits_total",
+                "counter",
+                "Requests that started with cached KV pages.",
+                l.prefix_hits,
+            ),
+            (
+                "m40_prefill_tokens_saved_total",
+                "counter",
+                "Prompt tokens not computed again: they were in cached pages.",
+                l.prefix_tokens_saved,
             ),
         ];
         for (name, kind, help, v) in engine {

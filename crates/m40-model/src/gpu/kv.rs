@@ -121,6 +121,19 @@ impl GpuCache {
         }
     }
 
+    /// A sequence that starts with the full pages `pages` of `pool`
+    /// (computed by others, held by a prefix cache), holding them with
+    /// them: its own tokens go to pages of its own.
+    pub fn with_prefix(pool: Arc<PagePool>, pages: &[u32], n_ctx: usize) -> GpuCache {
+        pool.share(pages);
+        GpuCache {
+            pages: pages.to_vec(),
+            len: (pages.len() * KV_PAGE).min(n_ctx),
+            n_ctx,
+            pool,
+        }
+    }
+
     /// Pages held (the block table).
     pub fn pages(&self) -> &[u32] {
         &self.pages
@@ -205,6 +218,9 @@ impl KvState for GpuCache {
     fn truncate(&mut self, n: usize) {
         self.len = self.len.min(n);
         self.release_from(self.len.div_ceil(KV_PAGE));
+    }
+    fn pool_pages(&self) -> &[u32] {
+        &self.pages
     }
 }
 

@@ -335,6 +335,29 @@ impl Backend for GpuBackend {
         Some((KV_PAGE, self.pages.pages()))
     }
 
+    fn kv_free_pages(&self) -> usize {
+        self.pages.free_pages()
+    }
+
+    fn kv_hold(&self, pages: &[u32]) {
+        self.pages.share(pages);
+    }
+
+    fn kv_release(&self, pages: &[u32]) {
+        self.pages.release(pages);
+    }
+
+    fn cache_with_prefix(&self, pages: &[u32], n_ctx: usize) -> Result<GpuCache> {
+        if pages.len() * KV_PAGE > n_ctx || pages.iter().any(|&p| p as usize >= self.pages.pages())
+        {
+            return Err(ModelError::Unsupported(format!(
+                "a prefix of {} pages for a cache of {n_ctx} tokens",
+                pages.len()
+            )));
+        }
+        Ok(GpuCache::with_prefix(self.pages.clone(), pages, n_ctx))
+    }
+
     fn forward_batch(&self, seqs: &mut [SeqStep<'_, GpuCache>]) -> Result<Vec<StepOut>> {
         self.forward_batch_gpu(seqs)
     }
