@@ -38,7 +38,7 @@ pub struct DeviceArgs {
     #[arg(long)]
     pub cpu_exact: bool,
     /// Sequences generating at once at most (more wait in line); default:
-    /// one per 512 tokens of the KV cache, at most 64.
+    /// one per 256 tokens of the KV cache, at most 64.
     #[arg(long, value_name = "N")]
     pub parallel: Option<usize>,
     /// Tokens one batched step runs at most (running decodes first, prompt

@@ -112,7 +112,7 @@ pub struct EngineOptions {
     /// has no room for that, down to one context).
     pub kv_tokens: Option<usize>,
     /// Sequences generating at once at most (`--parallel`; default: one
-    /// per 512 tokens of the KV cache, at most 64). More wait in line.
+    /// per 256 tokens of the KV cache, at most 64). More wait in line.
     pub parallel: Option<usize>,
     /// Tokens one step runs at most (`--max-batch-tokens`): running
     /// decodes and prompt chunks together (default: the backend's step,
@@ -338,7 +338,7 @@ impl Engine {
         });
         let parallel = opts
             .parallel
-            .unwrap_or((pages * page_tokens / 512).clamp(1, 64))
+            .unwrap_or((pages * page_tokens / 256).clamp(1, 64))
             .max(1);
         let limits = Limits {
             max_batch_tokens: opts
