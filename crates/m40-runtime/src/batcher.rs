@@ -21,7 +21,7 @@ use m40_model::{AnyBackend, AnyCache, Backend, KvState, ModelError, SeqStep, Ste
 use m40_sched::{Config, PageKey, PrefixCache, Scheduler, SeqId, Step};
 use m40_tokenizer::Tokenizer;
 
-use crate::engine::CancelToken;
+use crate::cancel::CancelToken;
 use crate::sampling::{Sampler, SamplingParams};
 
 /// What the loop sends a sequence's caller.

@@ -2,7 +2,6 @@
 //! generation requests that stream tokens.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
@@ -256,32 +255,7 @@ pub struct Completion {
     pub timings: Timings,
 }
 
-/// Cancels a running request from another thread.
-///
-/// ```
-/// let cancel = m40_runtime::CancelToken::new();
-/// let other = cancel.clone();
-/// std::thread::spawn(move || other.cancel()).join().unwrap();
-/// assert!(cancel.is_cancelled());
-/// ```
-#[derive(Clone, Debug, Default)]
-pub struct CancelToken(Arc<AtomicBool>);
-
-impl CancelToken {
-    pub fn new() -> Self {
-        Self::default()
-    }
-    pub fn cancel(&self) {
-        self.0.store(true, Ordering::SeqCst);
-    }
-    pub fn is_cancelled(&self) -> bool {
-        self.0.load(Ordering::SeqCst)
-    }
-    /// Clear a cancellation so the token can be reused.
-    pub fn reset(&self) {
-        self.0.store(false, Ordering::SeqCst);
-    }
-}
+pub use crate::cancel::CancelToken;
 
 /// A loaded model ready to generate, from any number of threads at once:
 /// their requests run together in batched steps (continuous batching;

@@ -51,6 +51,7 @@ pub use m40_tokenizer::template::CHATML as DEFAULT_CHAT_TEMPLATE;
 pub use m40_tokenizer::{Tokenizer, TokenizerError};
 
 mod batcher;
+mod cancel;
 pub mod engine;
 mod info;
 pub mod perplexity;
