@@ -35,6 +35,19 @@ pub fn block_sums(x: &[f32]) -> Vec<f32> {
 /// `row . x` for one quantized row; `xsum` from [`block_sums`].
 /// Callers check [`supported`] first.
 pub fn dot_row(ty: GgmlType, row: &[u8], x: &[f32], xsum: &[f32]) -> f32 {
+    dot_rows::<1>(ty, row, [x], [xsum])[0]
+}
+
+/// `row . x[t]` for `N` tokens, each weight block unpacked once for all of
+/// them; every token's result is bitwise [`dot_row`]'s (the same
+/// operations in the same order: batch invariance). Callers check
+/// [`supported`] first.
+pub fn dot_rows<const N: usize>(
+    ty: GgmlType,
+    row: &[u8],
+    x: [&[f32]; N],
+    xsum: [&[f32]; N],
+) -> [f32; N] {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: `supported(ty)` (checked by the caller) verified AVX2, FMA and F16C.
     unsafe {
@@ -133,72 +146,89 @@ pub(super) mod avx2 {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 /// # Safety
-/// The CPU must support AVX2, FMA and F16C; `x` holds 32 values per block.
-unsafe fn q4_0(b: &[BlockQ4_0], x: &[f32], xsum: &[f32]) -> f32 {
+/// The CPU must support AVX2, FMA and F16C; each `x` holds 32 values per block.
+unsafe fn q4_0<const N: usize>(b: &[BlockQ4_0], x: [&[f32]; N], xsum: [&[f32]; N]) -> [f32; N] {
     use std::arch::x86_64::*;
     // x = d * (q - 8): sum = d * (sum q*x - 8 * sum x).
-    let mut acc = _mm256_setzero_ps();
-    let mut off = 0f32;
+    let mut acc = [_mm256_setzero_ps(); N];
+    let mut off = [0f32; N];
     for (i, blk) in b.iter().enumerate() {
         let d = avx2::h2f(blk.d);
-        let v = avx2::qx(avx2::nibbles(&blk.qs), &x[i * QK32..]);
-        acc = _mm256_fmadd_ps(v, _mm256_set1_ps(d), acc);
-        off += d * xsum[i];
+        let q = avx2::nibbles(&blk.qs);
+        for t in 0..N {
+            let v = avx2::qx(q, &x[t][i * QK32..]);
+            acc[t] = _mm256_fmadd_ps(v, _mm256_set1_ps(d), acc[t]);
+            off[t] += d * xsum[t][i];
+        }
     }
-    avx2::hsum(acc) - 8.0 * off
+    std::array::from_fn(|t| avx2::hsum(acc[t]) - 8.0 * off[t])
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 /// # Safety
-/// The CPU must support AVX2, FMA and F16C; `x` holds 32 values per block.
-unsafe fn q4_1(b: &[BlockQ4_1], x: &[f32], xsum: &[f32]) -> f32 {
+/// The CPU must support AVX2, FMA and F16C; each `x` holds 32 values per block.
+unsafe fn q4_1<const N: usize>(b: &[BlockQ4_1], x: [&[f32]; N], xsum: [&[f32]; N]) -> [f32; N] {
     use std::arch::x86_64::*;
     // x = d * q + m: sum = d * sum q*x + m * sum x.
-    let mut acc = _mm256_setzero_ps();
-    let mut off = 0f32;
+    let mut acc = [_mm256_setzero_ps(); N];
+    let mut off = [0f32; N];
     for (i, blk) in b.iter().enumerate() {
-        let v = avx2::qx(avx2::nibbles(&blk.qs), &x[i * QK32..]);
-        acc = _mm256_fmadd_ps(v, _mm256_set1_ps(avx2::h2f(blk.d)), acc);
-        off += avx2::h2f(blk.m) * xsum[i];
+        let q = avx2::nibbles(&blk.qs);
+        let (d, m) = (avx2::h2f(blk.d), avx2::h2f(blk.m));
+        for t in 0..N {
+            let v = avx2::qx(q, &x[t][i * QK32..]);
+            acc[t] = _mm256_fmadd_ps(v, _mm256_set1_ps(d), acc[t]);
+            off[t] += m * xsum[t][i];
+        }
     }
-    avx2::hsum(acc) + off
+    std::array::from_fn(|t| avx2::hsum(acc[t]) + off[t])
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 /// # Safety
-/// The CPU must support AVX2, FMA and F16C; `x` holds 32 values per block.
-unsafe fn q8_0(b: &[BlockQ8_0], x: &[f32]) -> f32 {
+/// The CPU must support AVX2, FMA and F16C; each `x` holds 32 values per block.
+unsafe fn q8_0<const N: usize>(b: &[BlockQ8_0], x: [&[f32]; N]) -> [f32; N] {
     use std::arch::x86_64::*;
-    let mut acc = _mm256_setzero_ps();
+    let mut acc = [_mm256_setzero_ps(); N];
     for (i, blk) in b.iter().enumerate() {
-        // SAFETY: qs is 32 bytes; x has 32 floats from i * 32.
-        let v = unsafe {
-            let q = _mm256_loadu_si256(blk.qs.as_ptr() as *const __m256i);
-            let p = x.as_ptr().add(i * QK32);
-            let lo = _mm256_castsi256_si128(q);
-            let hi = _mm256_extracti128_si256(q, 1);
-            let f = |b: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
-            let a = _mm256_mul_ps(f(lo), _mm256_loadu_ps(p));
-            let a = _mm256_fmadd_ps(f(_mm_srli_si128(lo, 8)), _mm256_loadu_ps(p.add(8)), a);
-            let a = _mm256_fmadd_ps(f(hi), _mm256_loadu_ps(p.add(16)), a);
-            _mm256_fmadd_ps(f(_mm_srli_si128(hi, 8)), _mm256_loadu_ps(p.add(24)), a)
-        };
-        acc = _mm256_fmadd_ps(v, _mm256_set1_ps(avx2::h2f(blk.d)), acc);
+        // SAFETY: qs is 32 bytes.
+        let q = unsafe { _mm256_loadu_si256(blk.qs.as_ptr() as *const __m256i) };
+        let lo = _mm256_castsi256_si128(q);
+        let hi = _mm256_extracti128_si256(q, 1);
+        let f = |b: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+        let w = [
+            f(lo),
+            f(_mm_srli_si128(lo, 8)),
+            f(hi),
+            f(_mm_srli_si128(hi, 8)),
+        ];
+        let d = _mm256_set1_ps(avx2::h2f(blk.d));
+        for t in 0..N {
+            // SAFETY: x[t] has 32 floats from i * 32.
+            let v = unsafe {
+                let p = x[t].as_ptr().add(i * QK32);
+                let a = _mm256_mul_ps(w[0], _mm256_loadu_ps(p));
+                let a = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(p.add(8)), a);
+                let a = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(p.add(16)), a);
+                _mm256_fmadd_ps(w[3], _mm256_loadu_ps(p.add(24)), a)
+            };
+            acc[t] = _mm256_fmadd_ps(v, d, acc[t]);
+        }
     }
-    avx2::hsum(acc)
+    std::array::from_fn(|t| avx2::hsum(acc[t]))
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 /// # Safety
-/// The CPU must support AVX2, FMA and F16C; `x` holds 256 values per block.
-unsafe fn q4_k(b: &[BlockQ4K], x: &[f32], xsum: &[f32]) -> f32 {
+/// The CPU must support AVX2, FMA and F16C; each `x` holds 256 values per block.
+unsafe fn q4_k<const N: usize>(b: &[BlockQ4K], x: [&[f32]; N], xsum: [&[f32]; N]) -> [f32; N] {
     use std::arch::x86_64::*;
     // Per 32-value sub-block s: d * sc_s * sum(q x) - dmin * m_s * sum(x).
-    let mut acc = _mm256_setzero_ps();
-    let mut off = 0f32;
+    let mut acc = [_mm256_setzero_ps(); N];
+    let mut off = [0f32; N];
     let mut q = [0u8; QK_K];
     for (i, blk) in b.iter().enumerate() {
         for j in 0..QK_K / 64 {
@@ -208,25 +238,27 @@ unsafe fn q4_k(b: &[BlockQ4K], x: &[f32], xsum: &[f32]) -> f32 {
             }
         }
         let (d, dmin) = (avx2::h2f(blk.d), avx2::h2f(blk.dmin));
-        let xb = &x[i * QK_K..(i + 1) * QK_K];
         for s in 0..QK_K / 32 {
             let (sc, m) = scale_min_k4(s, &blk.scales);
-            let v = avx2::bytes_x(&q[32 * s..], &xb[32 * s..], 32, false);
-            acc = _mm256_fmadd_ps(v, _mm256_set1_ps(d * sc as f32), acc);
-            off += dmin * m as f32 * xsum[i * 8 + s];
+            for t in 0..N {
+                let xb = &x[t][i * QK_K..(i + 1) * QK_K];
+                let v = avx2::bytes_x(&q[32 * s..], &xb[32 * s..], 32, false);
+                acc[t] = _mm256_fmadd_ps(v, _mm256_set1_ps(d * sc as f32), acc[t]);
+                off[t] += dmin * m as f32 * xsum[t][i * 8 + s];
+            }
         }
     }
-    avx2::hsum(acc) - off
+    std::array::from_fn(|t| avx2::hsum(acc[t]) - off[t])
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 /// # Safety
-/// The CPU must support AVX2, FMA and F16C; `x` holds 256 values per block.
-unsafe fn q6_k(b: &[BlockQ6K], x: &[f32]) -> f32 {
+/// The CPU must support AVX2, FMA and F16C; each `x` holds 256 values per block.
+unsafe fn q6_k<const N: usize>(b: &[BlockQ6K], x: [&[f32]; N]) -> [f32; N] {
     use std::arch::x86_64::*;
     // Value i of a block has scale index i / 16 (see dequant::block_q6_k).
-    let mut acc = _mm256_setzero_ps();
+    let mut acc = [_mm256_setzero_ps(); N];
     let mut q = [0u8; QK_K];
     for (i, blk) in b.iter().enumerate() {
         for n in 0..QK_K / 128 {
@@ -240,13 +272,16 @@ unsafe fn q6_k(b: &[BlockQ6K], x: &[f32]) -> f32 {
             }
         }
         let d = avx2::h2f(blk.d);
-        let xb = &x[i * QK_K..(i + 1) * QK_K];
         for s in 0..QK_K / 16 {
-            let v = avx2::bytes_x(&q[16 * s..], &xb[16 * s..], 16, true);
-            acc = _mm256_fmadd_ps(v, _mm256_set1_ps(d * blk.scales[s] as f32), acc);
+            let sc = _mm256_set1_ps(d * blk.scales[s] as f32);
+            for t in 0..N {
+                let xb = &x[t][i * QK_K..(i + 1) * QK_K];
+                let v = avx2::bytes_x(&q[16 * s..], &xb[16 * s..], 16, true);
+                acc[t] = _mm256_fmadd_ps(v, sc, acc[t]);
+            }
         }
     }
-    avx2::hsum(acc)
+    std::array::from_fn(|t| avx2::hsum(acc[t]))
 }
 
 #[cfg(test)]

@@ -35,10 +35,20 @@ pub fn matmul(w: &TensorView<'_>, x: &[f32], n_tok: usize, out: &mut [f32]) -> R
             .par_chunks_mut(DECODE_ROWS * n_tok)
             .enumerate()
             .for_each(|(task, dst)| {
+                let xt = |t: usize| &x[t * n_in..(t + 1) * n_in];
                 for (r, o) in dst.chunks_exact_mut(n_tok).enumerate() {
                     let row = w.row(task * DECODE_ROWS + r);
-                    for (t, o) in o.iter_mut().enumerate() {
-                        *o = fused::dot_row(w.info.ty, row, &x[t * n_in..(t + 1) * n_in], &sums[t]);
+                    // Four tokens per unpacking of the row, the rest one
+                    // by one: each token's sum is the same either way.
+                    let mut t = 0;
+                    while t + 4 <= n_tok {
+                        let xs = std::array::from_fn(|i| xt(t + i));
+                        let ss = std::array::from_fn(|i| &sums[t + i][..]);
+                        o[t..t + 4].copy_from_slice(&fused::dot_rows::<4>(w.info.ty, row, xs, ss));
+                        t += 4;
+                    }
+                    for (t, o) in o.iter_mut().enumerate().skip(t) {
+                        *o = fused::dot_row(w.info.ty, row, xt(t), &sums[t]);
                     }
                 }
             });
