@@ -192,12 +192,10 @@ struct Live {
     /// None while waiting (before admission, after a preemption).
     cache: Option<AnyCache>,
     sampler: Sampler,
-    /// Prefix caching: the cached pages its cache starts with (found at
-    /// admission), the pages it uses from the prefix cache (those, then
-    /// the ones it cached itself), and the key and count of its leading
-    /// full pages the cache has seen (None: a key collision ended the
-    /// chain).
-    prefix: Vec<u32>,
+    /// Prefix caching: the pages it uses from the prefix cache (those its
+    /// cache started with, then the ones it cached itself), and the key and
+    /// count of its leading full pages the cache has seen (None: a key
+    /// collision ended the chain).
     uses: Vec<u32>,
     chain: Option<(Option<PageKey>, usize)>,
 }
@@ -287,18 +285,7 @@ impl Loop {
         let id = self.next_id;
         self.next_id += 1;
         let max_new = sub.max_new.max(1);
-        // The longest cached prefix of the prompt in whole pages, but for
-        // its last token (computed for the logits).
-        let p = self.page_tokens;
-        let (prefix, key) = match &mut self.prefix {
-            Some(pc) if sub.prompt.len() > p => pc.acquire(&sub.prompt[..sub.prompt.len() - 1], p),
-            _ => (Vec::new(), None),
-        };
-        let cached = prefix.len() * p;
-        if let Err(e) = self.sched.add_cached(id, sub.prompt.len(), max_new, cached) {
-            if let Some(pc) = &mut self.prefix {
-                pc.release(&prefix);
-            }
+        if let Err(e) = self.sched.add(id, sub.prompt.len(), max_new) {
             let _ = sub
                 .events
                 .send(SeqEvent::Failed(Arc::new(ModelError::Unsupported(
@@ -306,11 +293,6 @@ impl Loop {
                 ))));
             self.shared.counters.waiting.fetch_sub(1, Ordering::SeqCst);
             return;
-        }
-        if cached > 0 {
-            let c = &self.shared.counters;
-            c.prefix_hits.fetch_add(1, Ordering::Relaxed);
-            c.prefix_tokens.fetch_add(cached as u64, Ordering::Relaxed);
         }
         let mut sampler = Sampler::new(sub.sampling.clone());
         for &t in &sub.prompt {
@@ -323,9 +305,8 @@ impl Loop {
                 sub,
                 cache: None,
                 sampler,
-                uses: prefix.clone(),
-                chain: Some((key, prefix.len())),
-                prefix,
+                uses: Vec::new(),
+                chain: Some((None, 0)),
             },
         );
     }
@@ -339,7 +320,6 @@ impl Loop {
                 pc.release(&l.uses);
             }
             l.uses.clear();
-            l.prefix.clear();
             l.chain = Some((None, 0));
         }
     }
@@ -446,8 +426,29 @@ impl Loop {
             let cap = l.sub.prompt.len() + l.sub.max_new.max(1);
             let made = match l.cache.take() {
                 Some(c) => Ok(c),
-                None if !l.prefix.is_empty() => backend.cache_with_prefix(&l.prefix, cap),
-                None => backend.new_cache(cap),
+                None => {
+                    // Admitted (or back after a preemption): the longest
+                    // cached run of full pages of what this chunk computes,
+                    // taken now (so no waiting sequence pins pages), all
+                    // but the chunk's last token.
+                    let p = self.page_tokens;
+                    let limit = (range.end - 1) / p * p;
+                    let (pages, key) = match &mut self.prefix {
+                        Some(pc) if limit > 0 => pc.acquire(&l.tokens[..limit], p),
+                        _ => (Vec::new(), None),
+                    };
+                    l.chain = Some((key, pages.len()));
+                    if pages.is_empty() {
+                        backend.new_cache(cap)
+                    } else {
+                        let c = &self.shared.counters;
+                        c.prefix_hits.fetch_add(1, Ordering::Relaxed);
+                        c.prefix_tokens
+                            .fetch_add((pages.len() * p) as u64, Ordering::Relaxed);
+                        l.uses = pages;
+                        backend.cache_with_prefix(&l.uses, cap)
+                    }
+                }
             };
             let cache = match made {
                 Ok(c) => c,
@@ -456,7 +457,10 @@ impl Loop {
                     continue;
                 }
             };
-            debug_assert_eq!(cache.len(), range.start, "the cache holds what came before");
+            // The cache holds what came before, and a cached prefix may
+            // cover the chunk's start.
+            debug_assert!(cache.len() >= range.start && cache.len() < range.end);
+            let range = cache.len()..range.end;
             let samples = range.end == l.tokens.len();
             let want = if !samples {
                 Want::Nothing
@@ -494,8 +498,9 @@ impl Loop {
             .collect();
         let c = &self.shared.counters;
         c.steps.fetch_add(1, Ordering::Relaxed);
-        c.step_tokens
-            .fetch_add(step.tokens() as u64, Ordering::Relaxed);
+        // The tokens computed (a cached prefix's are not).
+        let ran: usize = parts.iter().map(|(_, t, _, _)| t.len()).sum();
+        c.step_tokens.fetch_add(ran as u64, Ordering::Relaxed);
         let result = backend.forward_batch(&mut steps);
         drop(steps);
         let mut ended: Vec<SeqId> = Vec::new();

@@ -135,22 +135,6 @@ impl Scheduler {
     /// Queue a sequence with `prompt` tokens that may sample `max_new`
     /// more. Refused when it could not run even alone.
     pub fn add(&mut self, id: SeqId, prompt: usize, max_new: usize) -> Result<(), SchedError> {
-        self.add_cached(id, prompt, max_new, 0)
-    }
-
-    /// [`Scheduler::add`] for a sequence whose first `cached` prompt
-    /// tokens are in the KV cache already (a prefix cache hit; fewer than
-    /// `prompt`): its first chunk starts there. Its pages are counted as
-    /// its own all the same (a shared page counts for each of its users:
-    /// the pool never runs short). A preempted sequence computes all of
-    /// its tokens again.
-    pub fn add_cached(
-        &mut self,
-        id: SeqId,
-        prompt: usize,
-        max_new: usize,
-        cached: usize,
-    ) -> Result<(), SchedError> {
         if self.seqs.contains_key(&id) {
             return Err(SchedError::Duplicate(id));
         }
@@ -171,7 +155,7 @@ impl Scheduler {
             id,
             Seq {
                 tokens: prompt,
-                computed: cached.min(prompt - 1),
+                computed: 0,
                 pages: 0,
                 generated: 0,
                 max_new,

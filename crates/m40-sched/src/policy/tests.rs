@@ -272,22 +272,3 @@ proptest! {
         prop_assert_eq!(admitted, order);
     }
 }
-
-#[test]
-fn a_cached_prefix_is_not_computed_again() {
-    let mut s = Scheduler::new(cfg(16, 2, 64, 0));
-    // 8 of 11 prompt tokens cached: the first chunk starts at 8.
-    s.add_cached(1, 11, 3, 8).unwrap();
-    let step = s.plan();
-    assert_eq!(step.prefill, [(1, 8..11)]);
-    // Its pages count as its own (3 of 4 tokens): 3 pages.
-    assert_eq!(s.pages_of(1), Some(3));
-    s.complete(&step, &[]);
-    // A whole prompt cached still computes its last token (for logits).
-    s.add_cached(2, 8, 2, 8).unwrap();
-    let step = s.plan();
-    assert_eq!(
-        (step.decode.clone(), step.prefill.clone()),
-        (vec![1], vec![(2, 7..8)])
-    );
-}
