@@ -229,8 +229,14 @@ fn idle(e: &Engine) -> m40_runtime::Load {
 /// chat's next turn, which resends the first turn and its answer, reuses
 /// those pages too.
 fn shared_prefixes_reuse_cached_pages(on: On) {
-    let e = engine_with(on, 4096, 8, |o| o.no_prefix_cache = false);
-    let cold = engine(on, 4096, 8);
+    // Steps of 64 tokens (chunks of 56 beside 8 decodes): the prompts run
+    // in two chunks, and a cached prefix can cover a whole chunk.
+    let small_steps = |o: &mut EngineOptions| o.max_batch_tokens = Some(64);
+    let e = engine_with(on, 4096, 8, |o| {
+        small_steps(o);
+        o.no_prefix_cache = false;
+    });
+    let cold = engine_with(on, 4096, 8, small_steps);
     let system = "You answer questions for a small bakery in a quiet town. The bakery sells \
         bread, rolls, cakes and pies, opens at seven in the morning and closes at six in the \
         evening, every day but Sunday. Answer briefly and politely. ";

@@ -428,11 +428,11 @@ impl Loop {
                 Some(c) => Ok(c),
                 None => {
                     // Admitted (or back after a preemption): the longest
-                    // cached run of full pages of what this chunk computes,
-                    // taken now (so no waiting sequence pins pages), all
-                    // but the chunk's last token.
+                    // cached run of full pages of its tokens but the last
+                    // (computed for the logits), taken now, so no waiting
+                    // sequence pins pages.
                     let p = self.page_tokens;
-                    let limit = (range.end - 1) / p * p;
+                    let limit = (l.tokens.len() - 1) / p * p;
                     let (pages, key) = match &mut self.prefix {
                         Some(pc) if limit > 0 => pc.acquire(&l.tokens[..limit], p),
                         _ => (Vec::new(), None),
@@ -457,9 +457,16 @@ impl Loop {
                     continue;
                 }
             };
-            // The cache holds what came before, and a cached prefix may
-            // cover the chunk's start.
-            debug_assert!(cache.len() >= range.start && cache.len() < range.end);
+            // The cache holds what came before; a cached prefix may cover
+            // the chunk's start, or all of it: then the sequence goes on
+            // from the prefix's end next step.
+            debug_assert!(cache.len() >= range.start);
+            if cache.len() >= range.end {
+                let advanced = self.sched.advance(id, cache.len());
+                debug_assert!(advanced, "a prefix ends before the last token");
+                l.cache = Some(cache);
+                continue;
+            }
             let range = cache.len()..range.end;
             let samples = range.end == l.tokens.len();
             let want = if !samples {

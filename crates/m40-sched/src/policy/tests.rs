@@ -272,3 +272,24 @@ proptest! {
         prop_assert_eq!(admitted, order);
     }
 }
+
+#[test]
+fn a_sequence_advanced_past_its_chunk_goes_on_from_there() {
+    // Chunks of 8 (a budget of 10 beside 2 decodes).
+    let mut s = Scheduler::new(cfg(10, 2, 64, 0));
+    s.add(1, 30, 2).unwrap();
+    let step = s.plan();
+    assert_eq!(step.prefill, [(1, 0..8)]);
+    // Its first 20 tokens were cached: the planned chunk is skipped.
+    assert!(s.advance(1, 20));
+    assert!(!s.advance(1, 30), "the last token is always computed");
+    assert!(!s.advance(2, 5), "not scheduled");
+    s.complete(&step, &[]);
+    let step = s.plan();
+    assert_eq!(step.prefill, [(1, 20..24)]);
+    s.complete(&step, &[]);
+    let step = s.plan();
+    assert_eq!(step.prefill, [(1, 24..30)]);
+    assert_eq!(s.complete(&step, &[]), Vec::<SeqId>::new());
+    assert_eq!(s.plan().decode, [1]);
+}
