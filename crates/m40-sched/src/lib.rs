@@ -10,7 +10,8 @@
 //! The policy (issue 33, "Policy"):
 //! - a token budget per step; running decodes first, prompt chunks fill the
 //!   rest, so a long prompt never stalls running streams for more than one
-//!   chunk;
+//!   chunk; chunks are cut at fixed multiples and run whole, so a prompt is
+//!   computed in the same pieces whatever runs beside it;
 //! - admission in arrival order (FIFO: the head of the queue is never
 //!   passed over, so no sequence starves) while the free KV pages cover its
 //!   prompt plus a watermark, and while fewer than `max_running` run;
@@ -21,7 +22,8 @@
 //!
 //! [`PrefixCache`] keys full KV pages by their tokens and all before them,
 //! counts their users, and keeps unused ones until the pool needs them
-//! (least recently used first out). Neither is used by the engine yet.
+//! (least recently used first out). m40-runtime's step loop
+//! (`batcher.rs`) drives both: it plans every step of an `Engine` here.
 
 mod policy;
 mod prefix;
