@@ -13,9 +13,10 @@
 // kernel clamps n_pen to 0 ..= pen_cap and k to 1 ..= k_cap (k_cap <=
 // SAMPLE_MAX_K, n_vocab and out's length / 2, checked by the launcher).
 // out (2k): the k ids, then the bits of their logits (one buffer: one copy
-// to the host). Launch: grid G (1 ..= SAMPLE_MAX_BLOCKS, at most the blocks
-// the GPU holds at once), block SAMPLE_THREADS; scratch (SAMPLE_SCRATCH
-// ints) zero before the first launch and left zero after each.
+// to the host). Launch: grid (G, rows), G blocks a row (1 ..= SAMPLE_MAX_BLOCKS,
+// the rows' blocks at most what the GPU holds at once), block
+// SAMPLE_THREADS; scratch (SAMPLE_SCRATCH ints a row) zero before the first
+// launch and left zero after each.
 //
 // Greedy without penalties (k = 1, n_pen = 0; what a benchmark and a
 // temperature-0 request run): every block takes the argmax of its slice of
@@ -143,7 +144,7 @@ __device__ __forceinline__ void argmax_out(const float* logits, int n_vocab, int
     out[1] = __float_as_int(logits[id]);
 }
 
-// One row's selection (the kernels below): block bx of gx.
+// One row's selection (the kernel below): block bx of gx.
 __device__ __forceinline__ void select_row(float* logits, int n_vocab, const int* args, int pen_cap, int k_cap,
                                            int* out, int* scratch, int bx, int gx) {
     __shared__ u32 hist[256];
@@ -289,14 +290,9 @@ __device__ __forceinline__ void select_row(float* logits, int n_vocab, const int
     }
 }
 
-extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1)
-    select_top_k_f32(float* logits, int n_vocab, const int* args, int pen_cap, int k_cap, int* out,
-                     int* scratch) {
-    select_row(logits, n_vocab, args, pen_cap, k_cap, out, scratch, blockIdx.x, gridDim.x);
-}
-
-// The selection of many rows at once (a batched decode step's sequences,
-// each with its own penalties and k): grid (G, rows), row r = blockIdx.y
+// select_top_k_rows_f32: the selection of rows at once (one: a decode
+// step; a batched decode step's sequences, each with its own penalties and
+// k): grid (G, rows), row r = blockIdx.y
 // takes logits row r (r * n_vocab on), its arguments at r * args_stride,
 // its out at r * 2 k_cap (its k ids, then their logits' bits) and its
 // scratch at r * SAMPLE_SCRATCH (zero before, left zero after).

@@ -39,7 +39,7 @@ fn engine_with(
             BackendChoice::Gpu
         }
     };
-    let opts = EngineOptions {
+    let mut opts = EngineOptions {
         n_ctx: Some(N_CTX),
         backend,
         kv_tokens: Some(kv_tokens),
@@ -54,7 +54,6 @@ fn engine_with(
         no_prefix_cache: true,
         ..Default::default()
     };
-    let mut opts = opts;
     f(&mut opts);
     Arc::new(Engine::from_path(&support::smollm2(), opts).unwrap())
 }

@@ -208,23 +208,44 @@ fn attn_dec_group(s: &AttnShape) -> Option<usize> {
 }
 
 /// The decode kernel for `s` with `g` query heads a block (at most
-/// [`attn_dec_group`]'s, a power of two).
-fn attn_dec_kernel(s: &AttnShape, g: usize) -> Option<&'static str> {
+/// [`attn_dec_group`]'s, a power of two); with `batch`, its batched variant
+/// (`attn_dec_b_f32_*`).
+fn attn_dec_kernel(s: &AttnShape, g: usize, batch: bool) -> Option<&'static str> {
+    const NAMES: [[[&str; 4]; 2]; 2] = [
+        [
+            [
+                "attn_dec_f32_d2_g1",
+                "attn_dec_f32_d2_g2",
+                "attn_dec_f32_d2_g4",
+                "attn_dec_f32_d2_g8",
+            ],
+            [
+                "attn_dec_f32_d4_g1",
+                "attn_dec_f32_d4_g2",
+                "attn_dec_f32_d4_g4",
+                "attn_dec_f32_d4_g8",
+            ],
+        ],
+        [
+            [
+                "attn_dec_b_f32_d2_g1",
+                "attn_dec_b_f32_d2_g2",
+                "attn_dec_b_f32_d2_g4",
+                "attn_dec_b_f32_d2_g8",
+            ],
+            [
+                "attn_dec_b_f32_d4_g1",
+                "attn_dec_b_f32_d4_g2",
+                "attn_dec_b_f32_d4_g4",
+                "attn_dec_b_f32_d4_g8",
+            ],
+        ],
+    ];
     let max = attn_dec_group(s)?;
     if !g.is_power_of_two() || g > max {
         return None;
     }
-    let name = match (s.head_dim, g) {
-        (64, 1) => "attn_dec_f32_d2_g1",
-        (64, 2) => "attn_dec_f32_d2_g2",
-        (64, 4) => "attn_dec_f32_d2_g4",
-        (64, _) => "attn_dec_f32_d2_g8",
-        (_, 1) => "attn_dec_f32_d4_g1",
-        (_, 2) => "attn_dec_f32_d4_g2",
-        (_, 4) => "attn_dec_f32_d4_g4",
-        _ => "attn_dec_f32_d4_g8",
-    };
-    Some(name)
+    Some(NAMES[batch as usize][(s.head_dim == 128) as usize][g.trailing_zeros() as usize])
 }
 
 /// Bytes of dynamic shared memory of `attn_dec_f32_*` for head dimension
@@ -402,7 +423,7 @@ impl Kernels {
             0 => self.kernel("attention", ATTN_KERNELS[hd.div_ceil(32) - 1]),
             warps => {
                 let g = plan.dec_heads;
-                let name = attn_dec_kernel(s, g)
+                let name = attn_dec_kernel(s, g, false)
                     .filter(|_| warps <= ATT_DEC_MAX_WARPS)
                     .ok_or_else(|| {
                         shape(K, format!("plan {plan:?}: no decode kernel for {s:?}"))
@@ -547,21 +568,7 @@ impl Kernels {
                 format!("{n} tokens x {zparts} head parts: grid too large"),
             ));
         }
-        const NAMES: [[&str; 4]; 2] = [
-            [
-                "attn_dec_b_f32_d2_g1",
-                "attn_dec_b_f32_d2_g2",
-                "attn_dec_b_f32_d2_g4",
-                "attn_dec_b_f32_d2_g8",
-            ],
-            [
-                "attn_dec_b_f32_d4_g1",
-                "attn_dec_b_f32_d4_g2",
-                "attn_dec_b_f32_d4_g4",
-                "attn_dec_b_f32_d4_g8",
-            ],
-        ];
-        let name = NAMES[(hd == 128) as usize][heads.trailing_zeros() as usize];
+        let name = attn_dec_kernel(&one, heads, true).expect("attn_dec_group's shape");
         let kernel = self.kernel("attention", name)?;
         let zp = zparts as i32;
         let c = cfg(

@@ -102,50 +102,13 @@ impl Kernels {
         k_max: usize,
         SelectOut { out, scratch }: SelectOut<'_>,
     ) -> Result<()> {
-        const K: &str = "select_top_k_f32";
-        if k_max == 0 || k_max > SELECT_MAX_K || k_max > n_vocab {
-            return Err(shape(
-                K,
-                format!(
-                    "k = {k_max}: must be 1 ..= {SELECT_MAX_K} and at most the {n_vocab} tokens"
-                ),
-            ));
-        }
-        check_len(K, "logits", logits.len(), n_vocab)?;
-        check_len(K, "args", args.len(), SELECT_ARGS)?;
-        check_len(K, "out", out.len(), 2 * k_max)?;
-        check_len(K, "scratch", scratch.len(), SELECT_SCRATCH)?;
-        let kernel = self.kernel("sample", K)?;
-        // A block per SAMPLE_BLOCK_LOGITS logits, at most one wave (more
-        // would only queue).
-        let blocks = n_vocab
-            .div_ceil(SAMPLE_BLOCK_LOGITS)
-            .min(self.resident_blocks(&kernel, SAMPLE_THREADS, 0)?)
-            .clamp(1, SAMPLE_MAX_BLOCKS);
-        let nv = to_i32(K, "n_vocab", n_vocab)?;
-        let pen_cap = to_i32(K, "penalties", (args.len() - SELECT_ARGS) / 2)?;
-        let k_cap = k_max as i32;
-        // SAFETY: select_top_k_f32(float* logits, int n_vocab, const int* args,
-        // int pen_cap, int k_cap, int* out, int* scratch): the blocks read
-        // logits[..n_vocab] (block 0 alone writes them: penalties), read
-        // args[..SELECT_ARGS + 2 * pen_cap] (n_pen clamped to pen_cap),
-        // write out[..2k] with k clamped to k_cap (<= SAMPLE_MAX_K, the
-        // shared arrays) and scratch[..SELECT_SCRATCH] (pairs of the
-        // blocks, at most SAMPLE_MAX_BLOCKS, and the counter); lengths
-        // checked above.
-        unsafe {
-            stream
-                .launch(&kernel)
-                .buf_mut(logits)
-                .scalar(&nv)
-                .view(args)
-                .scalar(&pen_cap)
-                .scalar(&k_cap)
-                .buf_mut(out)
-                .buf_mut(scratch)
-                .run(cfg((blocks as u32, 1, 1), SAMPLE_THREADS))?
+        let rows = SelectRows {
+            rows: 1,
+            n_vocab,
+            args_stride: args.len(),
+            k_max,
         };
-        Ok(())
+        self.select_top_k_rows(stream, logits, args, rows, SelectOut { out, scratch })
     }
 
     /// [`Kernels::select_top_k`] over `rows` rows of `logits` (row r at r
@@ -190,7 +153,8 @@ impl Kernels {
         check_len(K, "out", out.len(), rows * 2 * k_max)?;
         check_len(K, "scratch", scratch.len(), rows * SELECT_SCRATCH)?;
         let kernel = self.kernel("sample", K)?;
-        // Blocks of a row: as select_top_k, the rows sharing one wave.
+        // A block per SAMPLE_BLOCK_LOGITS logits of a row, the rows' blocks
+        // at most one wave (more would only queue).
         let blocks = n_vocab
             .div_ceil(SAMPLE_BLOCK_LOGITS)
             .min((self.resident_blocks(&kernel, SAMPLE_THREADS, 0)? / rows).max(1))
@@ -201,11 +165,14 @@ impl Kernels {
         let k_cap = k_max as i32;
         // SAFETY: select_top_k_rows_f32(float* logits, int n_vocab, const
         // int* args, int args_stride, int pen_cap, int k_cap, int* out, int*
-        // scratch): block (b, r) does select_top_k_f32's work (see there) on
-        // logits[r * n_vocab..][..n_vocab], args[r * args_stride..] (its
-        // pairs clamped to pen_cap, within the stride), out[r * 2 k_cap..]
-        // [..2 k_cap] and scratch[r * SELECT_SCRATCH..][..SELECT_SCRATCH];
-        // r < rows; lengths checked above.
+        // scratch): blocks (b, r), r < rows, read row r's logits[r *
+        // n_vocab..][..n_vocab] (block (0, r) alone writes them: penalties)
+        // and args[r * args_stride..][..SELECT_ARGS + 2 pen_cap] (n_pen
+        // clamped to pen_cap, within the stride), write out[r * 2 k_cap..]
+        // [..2k] with k clamped to k_cap (<= SAMPLE_MAX_K, the shared
+        // arrays) and scratch[r * SELECT_SCRATCH..][..SELECT_SCRATCH] (pairs
+        // of the row's blocks, at most SAMPLE_MAX_BLOCKS, and its counter);
+        // lengths checked above.
         unsafe {
             stream
                 .launch(&kernel)

@@ -122,6 +122,23 @@ pub struct Selection {
     pub presence: f32,
 }
 
+/// Whether `tokens` may follow the `used` tokens of a cache of `n_ctx`: the
+/// room for them, and every id in the vocabulary (each backend checks a
+/// step's input with this before anything changes).
+pub(crate) fn check_input(used: usize, n_ctx: usize, tokens: &[u32], n_vocab: usize) -> Result<()> {
+    if used + tokens.len() > n_ctx {
+        return Err(ModelError::ContextFull {
+            needed: tokens.len(),
+            used,
+            n_ctx,
+        });
+    }
+    match tokens.iter().find(|&&t| t as usize >= n_vocab) {
+        Some(&id) => Err(ModelError::BadToken { id, n_vocab }),
+        None => Ok(()),
+    }
+}
+
 /// What the engine needs to know of any backend's cache.
 pub trait KvState {
     /// Tokens stored.

@@ -3,10 +3,12 @@
 //! with `batch_decode` off, bitwise each sequence's own forward. Every
 //! test needs a GPU (ignored without one; run by the GPU pack).
 
+mod gpu_common;
+
 use std::sync::Arc;
 
+use gpu_common::{argmax, rel_err, synth, tokens as ids};
 use m40_device::testing::gpu_device;
-use m40_gguf::synth::{write_model, FileType, Shape, SynthOptions};
 use m40_gguf::GgmlType;
 use m40_model::cpu::{CpuBackend, CpuCache};
 use m40_model::gpu::{GpuBackend, GpuCache, GpuOptions};
@@ -15,28 +17,6 @@ use m40_model::{Backend, KvState, Logits, Model, Selection, SeqStep, StepOut, Wa
 /// The relative error the GPU is allowed against the CPU.
 const TOL: f64 = 1e-3;
 
-fn rel_err(a: &[f32], b: &[f32]) -> f64 {
-    let (mut num, mut den) = (0f64, 0f64);
-    for (x, y) in a.iter().zip(b) {
-        num += (*x as f64 - *y as f64).powi(2);
-        den += (*y as f64).powi(2);
-    }
-    (num / den.max(1e-30)).sqrt()
-}
-
-fn synth(dir: &std::path::Path, shape: &str, ty: GgmlType) -> Arc<Model> {
-    let shape = Shape::find(shape).unwrap();
-    let path = dir.join(format!("{}-{ty}.gguf", shape.name));
-    let f = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
-    let opts = SynthOptions {
-        shape,
-        ty: FileType::All(ty),
-        seed: 5,
-    };
-    write_model(f, &opts, |_, _| {}).unwrap();
-    Arc::new(Model::open(&path).unwrap())
-}
-
 fn gpu(model: &Arc<Model>, batch_decode: bool) -> GpuBackend {
     let opts = GpuOptions {
         kv_tokens: 8192,
@@ -44,19 +24,6 @@ fn gpu(model: &Arc<Model>, batch_decode: bool) -> GpuBackend {
         ..Default::default()
     };
     GpuBackend::new(gpu_device("batched steps"), model.clone(), opts).unwrap()
-}
-
-/// Pseudo-random ids below `n` from `seed`.
-fn ids(len: usize, n: usize, seed: u64) -> Vec<u32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s % n as u64) as u32
-        })
-        .collect()
 }
 
 /// The logits of each of `steps`.
@@ -123,16 +90,6 @@ fn batched_decode_matches_cpu() {
             }
         }
     }
-}
-
-fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, x) in v.iter().enumerate() {
-        if *x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 /// A step mixing decodes, a prompt chunk and a chunk that wants nothing

@@ -9,11 +9,14 @@
 
 #[path = "../../m40-gguf/tests/common/mod.rs"]
 mod common;
+mod gpu_common;
+
+use gpu_common::{argmax, rel_err, synth, tokens};
 
 use std::sync::Arc;
 
 use m40_device::testing::gpu_device;
-use m40_gguf::synth::{write_model, FileType, Shape, SynthOptions};
+use m40_gguf::synth::FileType;
 use m40_gguf::GgmlType;
 use m40_model::cpu::CpuBackend;
 use m40_model::gpu::{GpuBackend, GpuOptions};
@@ -21,26 +24,6 @@ use m40_model::{Backend, KvState, Logits, Model, ModelError};
 
 /// The relative error the issue allows between GPU and CPU logits.
 const TOL: f64 = 1e-3;
-
-/// ||a - b|| / ||b|| over one position's logits.
-fn rel_err(a: &[f32], b: &[f32]) -> f64 {
-    let (mut num, mut den) = (0f64, 0f64);
-    for (x, y) in a.iter().zip(b) {
-        num += (*x as f64 - *y as f64).powi(2);
-        den += (*y as f64).powi(2);
-    }
-    (num / den.max(1e-30)).sqrt()
-}
-
-fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, x) in v.iter().enumerate() {
-        if *x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
 
 /// Top logit minus the runner-up.
 fn margin(v: &[f32]) -> f32 {
@@ -52,19 +35,6 @@ fn margin(v: &[f32]) -> f32 {
         .map(|(_, x)| *x)
         .fold(f32::NEG_INFINITY, f32::max);
     v[b] - second
-}
-
-/// Deterministic pseudo-random token ids below `n_vocab`.
-fn tokens(n: usize, n_vocab: usize, seed: u64) -> Vec<u32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s % n_vocab as u64) as u32
-        })
-        .collect()
 }
 
 fn gpu(model: &Arc<Model>, kv_tokens: usize, max_batch: usize) -> GpuBackend {
@@ -222,24 +192,6 @@ fn zoo_gpu_logits_match_cpu() {
 }
 
 /// A random-weight model of `shape` in `ty`, written to a temp dir.
-fn synth(dir: &std::path::Path, shape: &str, ty: impl Into<FileType>) -> Arc<Model> {
-    let ty = ty.into();
-    let shape = Shape::find(shape).unwrap();
-    let path = dir.join(format!("{}-{}.gguf", shape.name, ty.name()));
-    let f = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
-    write_model(
-        f,
-        &SynthOptions {
-            shape,
-            ty,
-            seed: 11,
-        },
-        |_, _| {},
-    )
-    .unwrap();
-    Arc::new(Model::open(&path).unwrap())
-}
-
 /// GPU vs CPU on a random model: the last position's logits after prompts
 /// of the given lengths, then every step of `decode` greedy steps (both fed
 /// the CPU's tokens).

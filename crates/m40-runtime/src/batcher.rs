@@ -395,13 +395,9 @@ impl Loop {
         c.running.store(running, Ordering::SeqCst);
         let free = self.sched.free_pages();
         c.pages_used
-            .store(self.limits_pages().saturating_sub(free), Ordering::SeqCst);
+            .store(self.sched.pages().saturating_sub(free), Ordering::SeqCst);
         let cached = self.prefix.as_ref().map_or(0, PrefixCache::len);
         c.prefix_pages.store(cached, Ordering::Relaxed);
-    }
-
-    fn limits_pages(&self) -> usize {
-        self.sched.pages()
     }
 
     /// Run `step`, sample where it computed a sequence's last token, and

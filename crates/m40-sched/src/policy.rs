@@ -202,7 +202,7 @@ impl Scheduler {
             return false;
         }
         let s = self.seqs.get_mut(&id).expect("scheduled");
-        if to >= s.tokens || s.generated > 0 && to >= s.tokens - 1 {
+        if to >= s.tokens {
             return false;
         }
         s.computed = s.computed.max(to);

@@ -1,5 +1,6 @@
 //! kernels/attention.cu: paged attention, every plan, against the CPU.
 
+use super::common::{batch_tables, write_kv};
 use super::*;
 use m40_kernels::{AttnInputs, AttnShape};
 
@@ -86,11 +87,7 @@ fn paged_attention_matches_cpu() {
         let pages = n_keys.div_ceil(KV_PAGE);
         let pool_pages = pages + 3;
         // A shuffled choice of pages.
-        let mut ids: Vec<i32> = (0..pool_pages as i32).collect();
-        for i in (1..ids.len()).rev() {
-            ids.swap(i, rng.below(i + 1));
-        }
-        let table: Vec<i32> = ids[..pages].to_vec();
+        let table: Vec<i32> = rng.shuffled(pool_pages)[..pages].to_vec();
         // Past the keys (a bucket's plan covers them): pages no pool has.
         let bucket_start = start + 500;
         let mut table_ext = table.clone();
@@ -101,13 +98,7 @@ fn paged_attention_matches_cpu() {
         // Pools in FP16 at each key's page and slot; spare rows poisoned.
         let mut kp = vec![0xFFFFu16; pool_pages * KV_PAGE * kv_dim];
         let mut vp = kp.clone();
-        for j in 0..n_keys {
-            let at = (table[j / KV_PAGE] as usize * KV_PAGE + j % KV_PAGE) * kv_dim;
-            for c in 0..kv_dim {
-                kp[at + c] = half::f16::from_f32(kk[j * kv_dim + c]).to_bits();
-                vp[at + c] = half::f16::from_f32(vv[j * kv_dim + c]).to_bits();
-            }
-        }
+        write_kv(&mut kp, &mut vp, &table, &kk, &vv, kv_dim);
         let kpool = s.upload(&kp, "kpool").unwrap();
         let vpool = s.upload(&vp, "vpool").unwrap();
         let tg = s.upload(&table_ext, "table").unwrap();
@@ -230,33 +221,6 @@ fn paged_attention_matches_cpu() {
     assert!(decoded >= 7 * 6, "{decoded} launches of the decode kernel");
 }
 
-/// Pages for sequences of `keys[s]` keys from one shuffled pool with
-/// `spare` pages more: each sequence's block table, the tables one after
-/// another, and where each one starts.
-fn batch_tables(
-    rng: &mut Rng,
-    keys: &[usize],
-    spare: usize,
-) -> (Vec<Vec<i32>>, Vec<i32>, Vec<i32>, usize) {
-    use m40_kernels::KV_PAGE;
-    let need: usize = keys.iter().map(|k| k.div_ceil(KV_PAGE)).sum();
-    let pool_pages = need + spare;
-    let mut ids: Vec<i32> = (0..pool_pages as i32).collect();
-    for i in (1..ids.len()).rev() {
-        ids.swap(i, rng.below(i + 1));
-    }
-    let (mut tables, mut all, mut tab) = (Vec::new(), Vec::new(), Vec::new());
-    let mut next = 0;
-    for k in keys {
-        let n = k.div_ceil(KV_PAGE);
-        tab.push(all.len() as i32);
-        tables.push(ids[next..next + n].to_vec());
-        all.extend_from_slice(&ids[next..next + n]);
-        next += n;
-    }
-    (tables, all, tab, pool_pages)
-}
-
 /// The batched decode kernel (one query token of each of up to 50
 /// sequences, each at its own position over its own pages of one shared
 /// pool) against each sequence's own CPU attention, for head dimensions 64
@@ -291,13 +255,7 @@ fn batched_decode_attention_matches_cpu() {
         for (t, table) in tables.iter().enumerate() {
             let kk = rng.vec(keys[t] * kv_dim, -1.0, 1.0);
             let vv = rng.vec(keys[t] * kv_dim, -1.0, 1.0);
-            for j in 0..keys[t] {
-                let at = (table[j / KV_PAGE] as usize * KV_PAGE + j % KV_PAGE) * kv_dim;
-                for c in 0..kv_dim {
-                    kp[at + c] = half::f16::from_f32(kk[j * kv_dim + c]).to_bits();
-                    vp[at + c] = half::f16::from_f32(vv[j * kv_dim + c]).to_bits();
-                }
-            }
+            write_kv(&mut kp, &mut vp, table, &kk, &vv, kv_dim);
             let one = AttnShape {
                 n_tok: 1,
                 start: pos[t],

@@ -417,10 +417,7 @@ fn qkv_gemv_with_rope_kv_matches_the_unfolded_path() {
             let x = s.upload(&rng.vec(cols, -1.0, 1.0), "x").unwrap();
             let pages = (start + 1).div_ceil(KV_PAGE);
             let pool_pages = pages + 2;
-            let mut ids: Vec<i32> = (0..pool_pages as i32).collect();
-            for i in (1..ids.len()).rev() {
-                ids.swap(i, rng.below(i + 1));
-            }
+            let ids = rng.shuffled(pool_pages);
             let table = s.upload(&ids[..pages], "table").unwrap();
             let pos = s.upload(&[start as i32], "pos").unwrap();
             let inv: Vec<f32> = (0..n_rot / 2)

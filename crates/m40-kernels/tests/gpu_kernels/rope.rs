@@ -1,7 +1,39 @@
 //! kernels/rope.cu: RoPE with the append to the paged KV pools.
 
+use super::common::batch_tables;
 use super::*;
 use m40_kernels::KvAppend;
+
+/// The pools after an append: pool row r holds token `rows[r]`'s roped key
+/// (within one FP16 step of the CPU's: the FP32 rotations may round apart)
+/// and value (exact), or, written by no token, its poison.
+fn check_pools(
+    what: &str,
+    (kp, vp): (&[u16], &[u16]),
+    rows: &[Option<usize>],
+    (want_k, vx): (&[f32], &[f32]),
+    kv_dim: usize,
+) {
+    for (r, tok) in rows.iter().enumerate() {
+        for c in 0..kv_dim {
+            let (gk, gv) = (kp[r * kv_dim + c], vp[r * kv_dim + c]);
+            let Some(t) = *tok else {
+                assert_eq!((gk, gv), (0xFFFF, 0xFFFF), "{what}: pool row {r} written");
+                continue;
+            };
+            let wk = half::f16::from_f32(want_k[t * kv_dim + c]);
+            let wv = half::f16::from_f32(vx[t * kv_dim + c]).to_bits();
+            let gkf = half::f16::from_bits(gk).to_f32();
+            let step = (wk.to_f32().abs() * 2f32.powi(-10)).max(2f32.powi(-24));
+            assert!(
+                (gkf - wk.to_f32()).abs() <= step,
+                "{what}: k token {t} dim {c}: {gkf} want {}",
+                wk.to_f32()
+            );
+            assert_eq!(gv, wv, "{what}: v token {t} dim {c}");
+        }
+    }
+}
 
 /// RoPE of Q in place and of K into the paged FP16 cache with V, in one
 /// launch: q against the CPU rope, the pools against the FP16 of the CPU's
@@ -39,11 +71,7 @@ fn rope_kv_append_matches_cpu() {
             let kv_dim = n_kv * hd;
             let pages = (start + n_tok).div_ceil(KV_PAGE);
             let pool_pages = pages + 2;
-            let mut ids: Vec<i32> = (0..pool_pages as i32).collect();
-            for i in (1..ids.len()).rev() {
-                ids.swap(i, rng.below(i + 1));
-            }
-            let table: Vec<i32> = ids[..pages].to_vec();
+            let table: Vec<i32> = rng.shuffled(pool_pages)[..pages].to_vec();
             let q = rng.vec(n_tok * n_head * hd, -2.0, 2.0);
             let kx = rng.vec(n_tok * kv_dim, -2.0, 2.0);
             let vx = rng.vec(n_tok * kv_dim, -2.0, 2.0);
@@ -100,25 +128,7 @@ fn rope_kv_append_matches_cpu() {
                 let p = start + t;
                 rows[table[p / KV_PAGE] as usize * KV_PAGE + p % KV_PAGE] = Some(t);
             }
-            for (r, tok) in rows.iter().enumerate() {
-                for c in 0..kv_dim {
-                    let (gk, gv) = (kp[r * kv_dim + c], vp[r * kv_dim + c]);
-                    let Some(t) = *tok else {
-                        assert_eq!((gk, gv), (0xFFFF, 0xFFFF), "{what}: pool row {r} written");
-                        continue;
-                    };
-                    let wk = half::f16::from_f32(want_k[t * kv_dim + c]);
-                    let wv = half::f16::from_f32(vx[t * kv_dim + c]).to_bits();
-                    let gkf = half::f16::from_bits(gk).to_f32();
-                    let step = (wk.to_f32().abs() * 2f32.powi(-10)).max(2f32.powi(-24));
-                    assert!(
-                        (gkf - wk.to_f32()).abs() <= step,
-                        "{what}: k token {t} dim {c}: {gkf} want {}",
-                        wk.to_f32()
-                    );
-                    assert_eq!(gv, wv, "{what}: v token {t} dim {c}");
-                }
-            }
+            check_pools(&what, (&kp, &vp), &rows, (&want_k, &vx), kv_dim);
         }
     }
 }
@@ -145,19 +155,8 @@ fn rope_kv_append_batch_matches_cpu() {
             let kv_dim = n_kv * hd;
             let pos: Vec<usize> = (0..b).map(|_| rng.below(3000)).collect();
             // Each sequence's pages: disjoint, shuffled, in one pool.
-            let counts: Vec<usize> = pos.iter().map(|p| (p + 1).div_ceil(KV_PAGE)).collect();
-            let pool_pages = counts.iter().sum::<usize>() + 2;
-            let mut ids: Vec<i32> = (0..pool_pages as i32).collect();
-            for i in (1..ids.len()).rev() {
-                ids.swap(i, rng.below(i + 1));
-            }
-            let mut tab = Vec::new();
-            let mut at = 0;
-            for c in &counts {
-                tab.push(at as i32);
-                at += c;
-            }
-            let tables = &ids[..at];
+            let keys: Vec<usize> = pos.iter().map(|p| p + 1).collect();
+            let (_, tables, tab, pool_pages) = batch_tables(&mut rng, &keys, 2);
             let q = rng.vec(b * n_head * hd, -2.0, 2.0);
             let kx = rng.vec(b * kv_dim, -2.0, 2.0);
             let vx = rng.vec(b * kv_dim, -2.0, 2.0);
@@ -171,7 +170,7 @@ fn rope_kv_append_batch_matches_cpu() {
             let vg = s.upload(&vx, "v").unwrap();
             let pos_i: Vec<i32> = pos.iter().map(|&p| p as i32).collect();
             let pg = s.upload(&pos_i, "pos").unwrap();
-            let tg = s.upload(tables, "tables").unwrap();
+            let tg = s.upload(&tables, "tables").unwrap();
             let tabg = s.upload(&tab, "tab").unwrap();
             let fg = s.upload(&rope.inv_freq, "inv_freq").unwrap();
             let mut kpool = s.alloc::<u16>(pool_pages * KV_PAGE * kv_dim, "kp").unwrap();
@@ -214,25 +213,7 @@ fn rope_kv_append_batch_matches_cpu() {
                 let page = tables[tab[t] as usize + p / KV_PAGE] as usize;
                 rows[page * KV_PAGE + p % KV_PAGE] = Some(t);
             }
-            for (r, tok) in rows.iter().enumerate() {
-                for c in 0..kv_dim {
-                    let (gk, gv) = (kp[r * kv_dim + c], vp[r * kv_dim + c]);
-                    let Some(t) = *tok else {
-                        assert_eq!((gk, gv), (0xFFFF, 0xFFFF), "{what}: pool row {r} written");
-                        continue;
-                    };
-                    let wk = half::f16::from_f32(want_k[t * kv_dim + c]);
-                    let wv = half::f16::from_f32(vx[t * kv_dim + c]).to_bits();
-                    let gkf = half::f16::from_bits(gk).to_f32();
-                    let step = (wk.to_f32().abs() * 2f32.powi(-10)).max(2f32.powi(-24));
-                    assert!(
-                        (gkf - wk.to_f32()).abs() <= step,
-                        "{what}: k token {t} dim {c}: {gkf} want {}",
-                        wk.to_f32()
-                    );
-                    assert_eq!(gv, wv, "{what}: v token {t} dim {c}");
-                }
-            }
+            check_pools(&what, (&kp, &vp), &rows, (&want_k, &vx), kv_dim);
         }
     }
 }

@@ -203,19 +203,7 @@ impl CpuBackend {
         let hp = self.model.hparams();
         // Every sequence's input is checked before any cache changes.
         for (cache, tokens, _) in seqs.iter() {
-            if cache.len + tokens.len() > cache.n_ctx {
-                return Err(ModelError::ContextFull {
-                    needed: tokens.len(),
-                    used: cache.len,
-                    n_ctx: cache.n_ctx,
-                });
-            }
-            if let Some(&t) = tokens.iter().find(|&&t| t as usize >= hp.n_vocab) {
-                return Err(ModelError::BadToken {
-                    id: t,
-                    n_vocab: hp.n_vocab,
-                });
-            }
+            crate::check_input(cache.len, cache.n_ctx, tokens, hp.n_vocab)?;
         }
         // (sequence, position) of every token of the step, in order.
         let at: Vec<(usize, usize)> = seqs
@@ -440,6 +428,24 @@ impl Backend for CpuBackend {
     }
 }
 
+/// A GGUF file (in memory) of one matrix `w` of `rows` x `cols` in `ty`,
+/// named "w": the CPU matmul tests' operand.
+#[cfg(test)]
+pub(crate) fn matrix_file(
+    ty: m40_gguf::GgmlType,
+    rows: usize,
+    cols: usize,
+    w: &[f32],
+) -> m40_gguf::GgufFile {
+    use m40_gguf::{quant::quantize_to_vec, GgufFile, GgufWriter, Metadata, TensorSpec};
+    let spec = TensorSpec::new("w", ty, &[cols as u64, rows as u64]);
+    let md = Metadata::new();
+    let mut wr = GgufWriter::new(Vec::new(), &md, std::slice::from_ref(&spec)).unwrap();
+    wr.write_tensor(&quantize_to_vec(ty, w).unwrap()[..])
+        .unwrap();
+    GgufFile::from_bytes(wr.finish().unwrap()).unwrap()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -492,8 +498,7 @@ mod tests {
     /// kernel of its own and by both maths, on fresh inputs.
     #[test]
     fn a_tokens_product_is_the_same_alone_or_in_a_batch() {
-        use m40_gguf::quant::quantize_to_vec;
-        use m40_gguf::{GgmlType, GgufFile, GgufWriter, Metadata, TensorSpec};
+        use m40_gguf::GgmlType;
         let seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(7, |d| d.as_nanos() as u64);
@@ -518,13 +523,7 @@ mod tests {
             GgmlType::Q4_K,
             GgmlType::Q6_K,
         ] {
-            let w = values(rows * cols);
-            let spec = TensorSpec::new("w", ty, &[cols as u64, rows as u64]);
-            let md = Metadata::new();
-            let mut wr = GgufWriter::new(Vec::new(), &md, std::slice::from_ref(&spec)).unwrap();
-            wr.write_tensor(&quantize_to_vec(ty, &w).unwrap()[..])
-                .unwrap();
-            let file = GgufFile::from_bytes(wr.finish().unwrap()).unwrap();
+            let file = matrix_file(ty, rows, cols, &values(rows * cols));
             let view = file.tensor("w").unwrap();
             for q8 in [false, true] {
                 if q8 && !q8::supported(ty) {

@@ -357,8 +357,7 @@ mod avx2 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use m40_gguf::quant::{dequantize, quantize_to_vec};
-    use m40_gguf::{GgufFile, GgufWriter, Metadata, TensorSpec};
+    use m40_gguf::quant::dequantize;
 
     /// A pseudo-random stream in [-1, 1), fresh per seed.
     fn values(n: usize, seed: u64) -> Vec<f32> {
@@ -389,12 +388,7 @@ mod tests {
             }
             let (rows, cols) = (37usize, 320usize);
             let w = values(rows * cols, seed ^ ty as u64);
-            let md = Metadata::new();
-            let spec = TensorSpec::new("w", ty, &[cols as u64, rows as u64]);
-            let mut wr = GgufWriter::new(Vec::new(), &md, std::slice::from_ref(&spec)).unwrap();
-            wr.write_tensor(&quantize_to_vec(ty, &w).unwrap()[..])
-                .unwrap();
-            let file = GgufFile::from_bytes(wr.finish().unwrap()).unwrap();
+            let file = super::super::matrix_file(ty, rows, cols, &w);
             let view = file.tensor("w").unwrap();
             for n_tok in [1usize, 3, 4, 9] {
                 let mut x = values(n_tok * cols, seed.wrapping_add(n_tok as u64));

@@ -45,19 +45,7 @@ impl GpuBackend {
         let hp = self.model.hparams();
         // Every sequence's input is checked before any runs.
         for s in seqs.iter() {
-            if let Some(&t) = s.tokens.iter().find(|&&t| t as usize >= hp.n_vocab) {
-                return Err(ModelError::BadToken {
-                    id: t,
-                    n_vocab: hp.n_vocab,
-                });
-            }
-            if s.cache.len() + s.tokens.len() > s.cache.n_ctx() {
-                return Err(ModelError::ContextFull {
-                    needed: s.tokens.len(),
-                    used: s.cache.len(),
-                    n_ctx: s.cache.n_ctx(),
-                });
-            }
+            crate::check_input(s.cache.len(), s.cache.n_ctx(), s.tokens, hp.n_vocab)?;
             if !s.cache.is_of(&self.pages) {
                 return Err(ModelError::Unsupported(
                     "a KV cache of another GPU backend".into(),

@@ -17,7 +17,7 @@ use super::workspace::{
     norm_bufs, res_bufs, Norm, Res, Select, Workspace, GEMV_TOKENS, LOGIT_ROWS,
 };
 use super::{lock, GpuBackend, State};
-use crate::error::{ModelError, Result};
+use crate::error::Result;
 use crate::{KvState, Logits};
 
 /// The attention of `n_tok` tokens of one sequence from position `start`
@@ -516,7 +516,8 @@ impl GpuBackend {
         AttnPlan::choose(shape, sm, self.decode_attention)
     }
 
-    /// One step of at most max_batch tokens at positions start..start+n;
+    /// One step of at most max_batch tokens at positions start..start+n
+    /// (checked by `run`: room and ids);
     /// with `sel` (and `want` Last), the selection from the last logits.
     pub(super) fn step(
         &self,
@@ -530,14 +531,6 @@ impl GpuBackend {
         let hp = self.model.hparams();
         let n = tokens.len();
         let start = cache.len();
-        for &t in tokens {
-            if t as usize >= hp.n_vocab {
-                return Err(ModelError::BadToken {
-                    id: t,
-                    n_vocab: hp.n_vocab,
-                });
-            }
-        }
         debug_assert!(sel.is_none() || want == Logits::Last);
         let State {
             work: w,

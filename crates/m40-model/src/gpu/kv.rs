@@ -160,14 +160,7 @@ impl GpuCache {
     /// sequence's own tokens go to pages of its own.
     pub fn share_prefix(&self, tokens: usize, n_ctx: usize) -> GpuCache {
         let full = (tokens.min(self.len).min(n_ctx) / KV_PAGE).min(self.pages.len());
-        let pages = self.pages[..full].to_vec();
-        self.pool.share(&pages);
-        GpuCache {
-            pages,
-            len: full * KV_PAGE,
-            n_ctx,
-            pool: self.pool.clone(),
-        }
+        GpuCache::with_prefix(self.pool.clone(), &self.pages[..full], n_ctx)
     }
 
     /// Before tokens are written at `len`: where the page they start in

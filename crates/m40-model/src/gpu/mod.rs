@@ -427,13 +427,12 @@ impl GpuBackend {
         mut sel: Option<Select<'_>>,
     ) -> Result<()> {
         let n = tokens.len();
-        if cache.len() + n > cache.n_ctx() {
-            return Err(ModelError::ContextFull {
-                needed: n,
-                used: cache.len(),
-                n_ctx: cache.n_ctx(),
-            });
-        }
+        crate::check_input(
+            cache.len(),
+            cache.n_ctx(),
+            tokens,
+            self.model.hparams().n_vocab,
+        )?;
         if n == 0 {
             return Ok(());
         }

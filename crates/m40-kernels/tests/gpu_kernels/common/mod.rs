@@ -42,6 +42,15 @@ impl Rng {
         (self.next_u64() % n as u64) as usize
     }
 
+    /// 0..n in a random order (a shuffled choice of KV pages).
+    pub fn shuffled(&mut self, n: usize) -> Vec<i32> {
+        let mut ids: Vec<i32> = (0..n as i32).collect();
+        for i in (1..ids.len()).rev() {
+            ids.swap(i, self.below(i + 1));
+        }
+        ids
+    }
+
     pub fn vec(&mut self, n: usize, lo: f32, hi: f32) -> Vec<f32> {
         (0..n).map(|_| self.uniform(lo, hi)).collect()
     }
@@ -135,4 +144,48 @@ pub fn check(what: &str, gpu: &[f32], cpu: &[f32], tol: impl Fn(usize) -> f64) {
         worst.0,
         worst.1
     );
+}
+
+/// Disjoint shuffled pages of one pool for sequences of `keys[s]` tokens,
+/// with `spare` pages more: each sequence's block table, the tables one
+/// after another, where each starts in that list, and the pool's pages.
+pub fn batch_tables(
+    rng: &mut Rng,
+    keys: &[usize],
+    spare: usize,
+) -> (Vec<Vec<i32>>, Vec<i32>, Vec<i32>, usize) {
+    use m40_kernels::KV_PAGE;
+    let need: usize = keys.iter().map(|k| k.div_ceil(KV_PAGE)).sum();
+    let pool_pages = need + spare;
+    let ids = rng.shuffled(pool_pages);
+    let (mut tables, mut tab) = (Vec::new(), Vec::new());
+    let mut next = 0;
+    for k in keys {
+        let n = k.div_ceil(KV_PAGE);
+        tab.push(next as i32);
+        tables.push(ids[next..next + n].to_vec());
+        next += n;
+    }
+    let all = ids[..next].to_vec();
+    (tables, all, tab, pool_pages)
+}
+
+/// Keys `k` and values `v` (tokens of `kv_dim`) in FP16 at their pages and
+/// slots of the pools `kp` and `vp` under block table `table`.
+pub fn write_kv(
+    kp: &mut [u16],
+    vp: &mut [u16],
+    table: &[i32],
+    k: &[f32],
+    v: &[f32],
+    kv_dim: usize,
+) {
+    use m40_kernels::KV_PAGE;
+    for j in 0..k.len() / kv_dim {
+        let at = (table[j / KV_PAGE] as usize * KV_PAGE + j % KV_PAGE) * kv_dim;
+        for c in 0..kv_dim {
+            kp[at + c] = half::f16::from_f32(k[j * kv_dim + c]).to_bits();
+            vp[at + c] = half::f16::from_f32(v[j * kv_dim + c]).to_bits();
+        }
+    }
 }
