@@ -10,7 +10,9 @@
 // Launch: grid (ceil(N / BN), ceil(M / BM)), block Tile::THREADS, for the
 // tile of the kernel's name: gemm_* 64 x 128 (BM tokens x BN weight rows,
 // 128 threads), gemm_small_* 64 x 64 (256 threads; prompts of at most 64
-// tokens, and matrices too small to fill the GPU with the large tile).
+// tokens, and matrices too small to fill the GPU with the large tile),
+// gemm_narrow_packed_* 32 x 128 (128 threads; packed weights, at most 32
+// tokens).
 //
 // Why this shape on Maxwell: a block computes a BM x BN tile of Y from
 // k-steps of 32 (one quantized sub-block). Each thread holds a TM x TN
@@ -316,6 +318,13 @@ __device__ __forceinline__ void gemm_tile(const u8* __restrict__ W, const float*
 typedef Tile<64, 128, 8, 8> Large;
 typedef Tile<64, 64, 4, 4> Small;
 #define GEMM_LARGE_BLOCKS 3
+// The narrow tile (packed weights): 32 tokens x 128 rows, 4 x 8 outputs a
+// thread, for batched decode steps of 17 to 32 sequences, which the 64-token
+// tiles would half fill. Each W float4 read from shared memory feeds 4
+// FMAs per token group, and a warp's X reads are two broadcasts. 40 KB of
+// shared memory: 5 blocks an SM on an H100, 2 on the M40.
+typedef Tile<32, 128, 4, 8> Narrow;
+#define GEMM_NARROW_BLOCKS 4
 
 #define GEMM_ENTRY(entry, T, L, blocks)                                                                      \
     extern "C" __global__ void __launch_bounds__(T::THREADS, blocks)                                          \
@@ -343,7 +352,8 @@ struct LargeLoader<PartsQ6_K> {
 
 #define GEMM_PACKED_KERNEL(name, P)                                                        \
     GEMM_ENTRY(gemm_packed_##name##_f32, Large, LargeLoader<P>::type, GEMM_LARGE_BLOCKS) \
-    GEMM_ENTRY(gemm_small_packed_##name##_f32, Small, ByRow<Packed<P>>, 4)
+    GEMM_ENTRY(gemm_small_packed_##name##_f32, Small, ByRow<Packed<P>>, 4)               \
+    GEMM_ENTRY(gemm_narrow_packed_##name##_f32, Narrow, LargeLoader<P>::type, GEMM_NARROW_BLOCKS)
 M40_PART_PACKED(GEMM_PACKED_KERNEL)
 
 #ifdef M40_WITH_COMMON

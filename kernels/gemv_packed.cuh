@@ -385,6 +385,37 @@ __device__ __forceinline__ void gemv_packed(const GemvArgs& a, int vb) {
         typedef typename P::Planes::Item Item;
         const int step = 8 * ksplit, run = lane >> 2;
         int b = run + 8 * sub;
+        if (B > 1) {
+            // Several tokens: each item's weights are decoded by the same
+            // instructions for every token (x differs), so the loop is
+            // software-pipelined: the next U blocks' loads are issued
+            // before this U's arithmetic, and tokens past m read token m - 1's
+            // x (their sums are not written), so no branch separates the
+            // tokens' x loads and ptxas issues them together.
+            Item cur[U], nxt[U];
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+                if (b + u * step < nb) cur[u] = planes.load(b + u * step);
+            for (; b < nb; b += U * step) {
+                const int bn = b + U * step;
+#pragma unroll
+                for (int u = 0; u < U; ++u)
+                    if (bn + u * step < nb) nxt[u] = planes.load(bn + u * step);
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    if (b + u * step >= nb) break;
+                    float4 xa[B], xb[B];
+#pragma unroll
+                    for (int t = 0; t < B; ++t)
+                        P::x8(x + (t < m ? t : m - 1) * ld + (b + u * step) * 32, q, xa[t], xb[t]);
+#pragma unroll
+                    for (int t = 0; t < B; ++t) P::dot(cur[u], q, xa[t], xb[t], acc[t]);
+                }
+#pragma unroll
+                for (int u = 0; u < U; ++u) cur[u] = nxt[u];
+            }
+            b = nb;  // nothing left for the one-token loops below
+        }
         // While every lane of the warp has U blocks left (a warp-uniform
         // condition, so the whole warp reaches the __syncwarp).
         for (; b - run + 7 + (U - 1) * step < nb; b += U * step) {

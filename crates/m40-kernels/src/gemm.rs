@@ -10,23 +10,32 @@ use crate::layout::{PackedMatrix, QMatrix, RowSplit};
 use crate::pack::PackFormat;
 use crate::Kernels;
 
-/// kernels/gemm.cu: the tiles (tokens x weight rows) of `gemm_*` and
-/// `gemm_small_*`, and their threads (8 x 8 outputs each in the large tile,
-/// 4 x 4 in the small one).
+/// kernels/gemm.cu: the tiles (tokens x weight rows) of `gemm_*`,
+/// `gemm_small_*` and `gemm_narrow_packed_*`, and their threads (8 x 8
+/// outputs each in the large tile, 4 x 4 in the small one, 4 x 8 in the
+/// narrow one).
 const GEMM_TILE: (usize, usize) = (64, 128);
 const GEMM_SMALL_TILE: (usize, usize) = (64, 64);
+const GEMM_NARROW_TILE: (usize, usize) = (32, 128);
 const GEMM_THREADS: u32 = (GEMM_TILE.0 * GEMM_TILE.1 / 64) as u32;
 const GEMM_SMALL_THREADS: u32 = 256;
+const GEMM_NARROW_THREADS: u32 = (GEMM_NARROW_TILE.0 * GEMM_NARROW_TILE.1 / 32) as u32;
 /// The large-tile kernel whose occupancy [`Kernels::gemm_slots`] reads
 /// (every large-tile kernel has the same shared memory and 147-167
 /// registers on sm_52, all under the 170 that three blocks per SM allow).
 const GEMM_SLOTS_KERNEL: &str = "gemm_packed_q4_0_f32";
-/// The same for the small tile (63-64 registers, 32 KB of shared memory).
+/// The same for the small tile (63-64 registers, 32 KB of shared memory)
+/// and the narrow one (40 KB).
 const GEMM_SMALL_SLOTS_KERNEL: &str = "gemm_small_packed_q4_0_f32";
-/// Tokens up to which the small tile runs (the large one would mostly
-/// compute rows of zeros); matrices too small to give the large tile one
-/// block per two SMs take it too.
+const GEMM_NARROW_SLOTS_KERNEL: &str = "gemm_narrow_packed_q4_0_f32";
+/// Tokens up to which GGUF-layout weights take the small tile (the large
+/// one would mostly compute rows of zeros); matrices too small to give the
+/// large tile one block per two SMs take it too.
 const GEMM_SMALL_MAX_M: usize = 64;
+/// Tokens up to which packed weights take the narrow tile (a batched
+/// decode step of up to 32 sequences: the 64-token tiles would compute as
+/// many rows of zeros as of tokens).
+const GEMM_NARROW_MAX_M: usize = 32;
 /// Splits over K at most (8: short and medium prompts' small grids; 4 was
 /// slower, BENCHMARKS.md, "Measurements behind constants"), and
 /// k-steps (of 32) a split keeps at least: 16, or 128 where the unsplit
@@ -45,6 +54,9 @@ pub struct GemmSlots {
     pub sms: usize,
     pub per_sm: usize,
     pub small_per_sm: usize,
+    /// Narrow-tile blocks an SM holds; 0 where the format has no narrow
+    /// kernel (GGUF-layout weights).
+    pub narrow_per_sm: usize,
 }
 
 impl GemmSlots {
@@ -73,29 +85,58 @@ pub(crate) fn gemm_k_splits(m: usize, n: usize, k: usize, gpu: GemmSlots) -> usi
     gemm_plan(m, n, k, gpu).splits
 }
 
+/// A GEMM tile (tokens x weight rows): kernels/gemm.cu.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemmTile {
+    /// 64 x 128.
+    Large,
+    /// 64 x 64.
+    Small,
+    /// 32 x 128, packed weights only.
+    Narrow,
+}
+
+impl GemmTile {
+    fn shape(self) -> ((usize, usize), u32) {
+        match self {
+            GemmTile::Large => (GEMM_TILE, GEMM_THREADS),
+            GemmTile::Small => (GEMM_SMALL_TILE, GEMM_SMALL_THREADS),
+            GemmTile::Narrow => (GEMM_NARROW_TILE, GEMM_NARROW_THREADS),
+        }
+    }
+}
+
 /// A prefill GEMM's tile and splits over K ([`gemm_k_splits`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GemmPlan {
-    /// The 64 x 64 tile (else the large one).
-    pub small: bool,
+    pub tile: GemmTile,
     pub splits: usize,
 }
 
 /// The tile and splits of a GEMM of `m` tokens by an `n` x `k` matrix on
-/// `gpu`: the small tile for up to 64 tokens, and where the large tile's
-/// grid is under half the SMs and no split fills three quarters of its
-/// slots; each split over its own tile's slots.
+/// `gpu`: the narrow tile for up to 32 tokens where the format has one,
+/// the small tile for up to 64 tokens, and where the large tile's grid is
+/// under half the SMs and no split fills three quarters of its slots;
+/// each split over its own tile's slots.
 pub fn gemm_plan(m: usize, n: usize, k: usize, gpu: GemmSlots) -> GemmPlan {
     let sms = gpu.sms.max(1);
-    let small = || {
-        let per_sm = gpu.small_per_sm.max(1);
-        let tiles = n.div_ceil(GEMM_SMALL_TILE.1) * m.div_ceil(GEMM_SMALL_TILE.0);
+    let over = |tile: GemmTile, per_sm: usize| {
+        let per_sm = per_sm.max(1);
+        let ((bm, bn), _) = tile.shape();
+        let tiles = n.div_ceil(bn) * m.div_ceil(bm);
         GemmPlan {
-            small: true,
+            tile,
             splits: best_split(tiles, k, sms * per_sm, per_sm).0,
         }
     };
-    if m <= GEMM_SMALL_MAX_M {
+    let small = || over(GemmTile::Small, gpu.small_per_sm);
+    if m <= GEMM_NARROW_MAX_M && gpu.narrow_per_sm > 0 {
+        return over(GemmTile::Narrow, gpu.narrow_per_sm);
+    }
+    // Packed weights (those with a narrow tile) take the large one from 33
+    // tokens: on an H200, 8B Q4_0 decode steps of 40 to 64 sequences ran
+    // 1.33-1.36x faster than with the small tile (BENCHMARKS.md).
+    if m <= GEMM_SMALL_MAX_M && gpu.narrow_per_sm == 0 {
         return small();
     }
     let tiles = gemm_large_tiles(m, n);
@@ -106,7 +147,7 @@ pub fn gemm_plan(m: usize, n: usize, k: usize, gpu: GemmSlots) -> GemmPlan {
         return small();
     }
     GemmPlan {
-        small: false,
+        tile: GemmTile::Large,
         splits,
     }
 }
@@ -237,7 +278,7 @@ impl Kernels {
             ));
         }
         let g = GemmArgs {
-            kernels: [f.gemm, f.gemm_small],
+            kernels: [f.gemm, f.gemm_small, f.gemm_narrow],
             data: w.data,
             need: f.packed_bytes(w.rows, w.cols),
             n: w.rows,
@@ -255,7 +296,11 @@ impl Kernels {
     /// This device's SMs and the GEMM tiles' blocks per SM (the occupancy
     /// calculator's, looked up once), read from Q4_0's packed kernels.
     pub fn gemm_slots(&self) -> Result<GemmSlots> {
-        self.slots_of([GEMM_SLOTS_KERNEL, GEMM_SMALL_SLOTS_KERNEL])
+        self.slots_of([
+            GEMM_SLOTS_KERNEL,
+            GEMM_SMALL_SLOTS_KERNEL,
+            GEMM_NARROW_SLOTS_KERNEL,
+        ])
     }
 
     /// [`Kernels::gemm_slots`] read from the kernels that multiply `ty` (its
@@ -266,13 +311,15 @@ impl Kernels {
     /// the slots are the same for every format (a GPU test checks).
     pub fn gemm_slots_for(&self, ty: m40_gguf::GgmlType, packed: bool) -> Result<GemmSlots> {
         let names = match PackFormat::of(ty).filter(|_| packed) {
-            Some(f) => [f.gemm, f.gemm_small],
+            Some(f) => [f.gemm, f.gemm_small, f.gemm_narrow],
             None => gemm_names(&KernelFormat::of(ty, "gemm")?),
         };
         self.slots_of(names)
     }
 
-    fn slots_of(&self, [large, small]: [&'static str; 2]) -> Result<GemmSlots> {
+    /// The slots of a format's large, small and narrow kernels (no narrow
+    /// kernel: an empty name).
+    fn slots_of(&self, [large, small, narrow]: [&'static str; 3]) -> Result<GemmSlots> {
         let sms = self.device().info().sm_count.max(1) as usize;
         let per_sm = |name, threads| -> Result<usize> {
             let kernel = self.handle("gemm", name)?;
@@ -282,6 +329,10 @@ impl Kernels {
             sms,
             per_sm: per_sm(large, GEMM_THREADS)?,
             small_per_sm: per_sm(small, GEMM_SMALL_THREADS)?,
+            narrow_per_sm: match narrow {
+                "" => 0,
+                n => per_sm(n, GEMM_NARROW_THREADS)?,
+            },
         })
     }
 
@@ -324,12 +375,18 @@ impl Kernels {
             .map(|p| (p, s));
         // Without the scratch, a large tile chosen for its split falls back
         // to the small one.
-        let small = plan.small || (splits.is_none() && 2 * gemm_large_tiles(m, n) < gpu.sms);
-        let (name, (bm, bn), threads) = if small {
-            (w.kernels[1], GEMM_SMALL_TILE, GEMM_SMALL_THREADS)
-        } else {
-            (w.kernels[0], GEMM_TILE, GEMM_THREADS)
+        let tile = match plan.tile {
+            GemmTile::Large if splits.is_none() && 2 * gemm_large_tiles(m, n) < gpu.sms => {
+                GemmTile::Small
+            }
+            t => t,
         };
+        let ((bm, bn), threads) = tile.shape();
+        let name = w.kernels[match tile {
+            GemmTile::Large => 0,
+            GemmTile::Small => 1,
+            GemmTile::Narrow => 2,
+        }];
         let kernel = self.kernel("gemm", name)?;
         let grid = (
             n.div_ceil(bn) as u32,
@@ -411,8 +468,8 @@ impl Kernels {
 /// The weights of a GEMM launch: the kernel, its buffer and the bytes it
 /// reads.
 struct GemmArgs<'a, 'v> {
-    /// The large- and small-tile kernels.
-    kernels: [&'static str; 2],
+    /// The large-, small- and narrow-tile kernels (no narrow one: "").
+    kernels: [&'static str; 3],
     data: &'a DeviceView<'v, u8>,
     need: usize,
     n: usize,
@@ -420,8 +477,9 @@ struct GemmArgs<'a, 'v> {
     row_bytes: usize,
 }
 
-/// The large- and small-tile GEMM kernels of a format.
-pub(crate) fn gemm_names(f: &KernelFormat) -> [&'static str; 2] {
+/// The large- and small-tile GEMM kernels of a format (GGUF layout: no
+/// narrow one).
+pub(crate) fn gemm_names(f: &KernelFormat) -> [&'static str; 3] {
     GEMM_KERNELS
         .iter()
         .find(|(ty, _)| *ty == f.symbol)
@@ -431,10 +489,10 @@ pub(crate) fn gemm_names(f: &KernelFormat) -> [&'static str; 2] {
 
 macro_rules! gemm_names {
     ($($s:literal),*) => {
-        [$(($s, [concat!("gemm_", $s, "_f32"), concat!("gemm_small_", $s, "_f32")])),*]
+        [$(($s, [concat!("gemm_", $s, "_f32"), concat!("gemm_small_", $s, "_f32"), ""])),*]
     };
 }
-const GEMM_KERNELS: [(&str, [&str; 2]); 15] = gemm_names!(
+const GEMM_KERNELS: [(&str, [&str; 3]); 15] = gemm_names!(
     "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k",
     "q6_k", "iq4_nl", "iq4_xs"
 );
@@ -449,11 +507,13 @@ mod tests {
             sms: 132,
             per_sm: 3,
             small_per_sm: 4,
+            narrow_per_sm: 0,
         };
         const M40: GemmSlots = GemmSlots {
             sms: 24,
             per_sm: 2,
             small_per_sm: 3,
+            narrow_per_sm: 0,
         };
         // An H100 (396 slots), 512 tokens, 8B: the Q/K/V stack's 384 tiles
         // fill 97%; o and down (256 tiles, 65%: over half) split only with
@@ -483,6 +543,7 @@ mod tests {
             sms: 132,
             per_sm: 1,
             small_per_sm: 1,
+            narrow_per_sm: 1,
         };
         assert_eq!(gemm_k_splits(512, 3072, 4096, one), 2);
         assert_eq!(gemm_k_splits(512, 4096, 4096, one), 1);
@@ -508,7 +569,14 @@ mod tests {
         // M40, 10 large tiles in 4 splits fill 83%, 8 in 6 all 48 slots; 4
         // (7 splits: 58%) run as 8 small ones in 8 (89% of 72). SmolLM2's
         // 576 columns are too few k-steps to split.
-        let plan = |small, splits| GemmPlan { small, splits };
+        let plan = |small, splits| GemmPlan {
+            tile: if small {
+                GemmTile::Small
+            } else {
+                GemmTile::Large
+            },
+            splits,
+        };
         assert_eq!(gemm_plan(128, 4096, 4096, H100), plan(false, 6));
         assert_eq!(gemm_plan(512, 512, 4096, H100), plan(true, 8));
         assert_eq!(gemm_plan(128, 640, 4096, M40), plan(false, 4));
@@ -520,7 +588,33 @@ mod tests {
             sms: 0,
             per_sm: 0,
             small_per_sm: 0,
+            narrow_per_sm: 0,
         };
         assert_eq!(gemm_k_splits(512, 6144, 4096, none), 1);
+    }
+
+    #[test]
+    fn packed_weights_take_the_narrow_tile_then_the_large_one() {
+        // An H100's slots for packed weights (5 narrow blocks an SM).
+        const H100: GemmSlots = GemmSlots {
+            sms: 132,
+            per_sm: 3,
+            small_per_sm: 4,
+            narrow_per_sm: 5,
+        };
+        let plan = |tile, splits| GemmPlan { tile, splits };
+        // A decode step of 17 to 32 sequences, 8B: gate/up's 224 narrow
+        // tiles (34% of 660 slots) in 5 splits (85%); Q/K/V's 48 in 7 (51%).
+        assert_eq!(
+            gemm_plan(32, 28672, 4096, H100),
+            plan(GemmTile::Narrow, 5)
+        );
+        assert_eq!(gemm_plan(17, 6144, 4096, H100), plan(GemmTile::Narrow, 7));
+        // 33 to 64 tokens: the large tile (gate/up: 224 tiles, 57% of 396
+        // slots, over half: whole, its 128 k-steps too few to split), where
+        // its grid fills half the SMs or a split fills three quarters of its
+        // slots; else the small one (SmolLM2's Q/K/V).
+        assert_eq!(gemm_plan(64, 28672, 4096, H100), plan(GemmTile::Large, 1));
+        assert_eq!(gemm_plan(40, 576, 576, H100), plan(GemmTile::Small, 1));
     }
 }

@@ -475,11 +475,12 @@ impl Kernels {
             (3..=4, _) => f.gemv_batch[1],
             _ => f.gemv_batch[2],
         };
+        // More than GEMV_BATCH tokens run as launches of equal size (the
+        // kernel computes all of its B tokens, repeating the last for m < B).
+        let chunk = m.div_ceil(m.div_ceil(GEMV_BATCH));
         // One token is an op the persistent kernel has (crate::decode),
         // planned then for its resident blocks.
-        let exec = self.exec(m == 1, || {
-            self.kernel("gemv_packed", name(m.min(GEMV_BATCH)))
-        })?;
+        let exec = self.exec(m == 1, || self.kernel("gemv_packed", name(chunk)))?;
         let slots = match &exec {
             Exec::Launch(k) => {
                 let split3 = if m == 1 && f.split3 {
@@ -548,7 +549,7 @@ impl Kernels {
             Some(Fold::Take { .. }) => FOLD_TAKE,
             None => FOLD_NONE,
         };
-        for t0 in (0..m).step_by(GEMV_BATCH) {
+        for t0 in (0..m).step_by(chunk) {
             let sc = GemvScalars {
                 r1,
                 r2,
@@ -556,7 +557,7 @@ impl Kernels {
                 nb,
                 ks,
                 t0: t0 as i32,
-                m: (m - t0).min(GEMV_BATCH) as i32,
+                m: (m - t0).min(chunk) as i32,
                 mode,
                 n_part: n_part_i,
                 rope: rope_i,
@@ -580,8 +581,9 @@ impl Kernels {
             // for the parameters): reads the
             // packed groups of W (length checked: packed_bytes) and rows t0 ..
             // t0 + m of x (at most the checked m * nb * 32 floats) with 16-byte
-            // loads (both aligned, checked), writes row r < nrows of those
-            // tokens (m <= B: the kernel was picked for min(m, GEMV_BATCH)) to
+            // loads (both aligned, checked; a kernel of B > m tokens reads
+            // token t0 + m - 1 again for the rest), writes row r < nrows of
+            // those tokens (m <= B: the kernel was picked for `chunk`) to
             // its part (y, y1, y2 split at r1 <= r2 <= nrows; each part's
             // length checked by `bounds` for all m tokens), or adds it to y (m,
             // nrows; checked), or with glu writes row r / 2 of y (m, nrows / 2;

@@ -35,6 +35,9 @@ pub struct PackFormat {
     /// small-tile twin for prompts of at most 64 tokens.
     pub gemm: &'static str,
     pub gemm_small: &'static str,
+    /// `gemm_narrow_packed_{symbol}_f32`: the 32-token tile (batched decode
+    /// steps of 17 to 32 sequences).
+    pub gemm_narrow: &'static str,
     /// `embed_packed_{symbol}_f32` (kernels/embed.cu).
     pub embed: &'static str,
     /// Weights and GGUF bytes per block.
@@ -71,6 +74,7 @@ macro_rules! pformat {
             ],
             gemm: concat!("gemm_packed_", $sym, "_f32"),
             gemm_small: concat!("gemm_small_packed_", $sym, "_f32"),
+            gemm_narrow: concat!("gemm_narrow_packed_", $sym, "_f32"),
             embed: concat!("embed_packed_", $sym, "_f32"),
             qk: $qk,
             block_bytes: $bytes,

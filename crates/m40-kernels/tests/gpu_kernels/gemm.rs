@@ -159,9 +159,11 @@ fn gemm_every_format_matches_cpu() {
             );
         }
     }
-    // The packed layout (rows not a multiple of 4: a padded group).
+    // The packed layout (rows not a multiple of 4: a padded group), and the
+    // narrow tile's batched decode steps of 17 and 32 tokens.
     for f in PackFormat::ALL {
-        for mnk in shapes(f.qk) {
+        let narrow = [(17, 130, 2 * f.qk), (32, 301, 16 * f.qk)];
+        for mnk in shapes(f.qk).into_iter().chain(narrow) {
             packed_gemm_case(&s, &k, &mut rng, f.ty, mnk, None);
         }
     }
@@ -215,21 +217,26 @@ fn gemm_every_format_matches_cpu() {
         )))
         .collect();
     // Deep splits (5 to 8) need long rows: 4096 columns (128 k-steps), the
-    // 8B model's o at 128 tokens (large tile) and at 40 (small tile).
+    // 8B model's o at 128 tokens (large tile), at 40 (small tile) and at 24
+    // (narrow tile: a batched decode step).
     let deep = 4096;
-    let deep_shapes: Vec<(usize, usize)> = [(128, false), (40, true)]
-        .into_iter()
-        .filter_map(|(m, small)| {
-            let n = (1..64).map(|t| 128 * t - 3).find(|&n| {
-                let plan = gemm_plan(m, n, deep, gpu);
-                plan.small == small && plan.splits >= 5
-            });
-            if n.is_none() {
-                println!("no {m}-token shape of {deep} columns splits 5 ways or more on this GPU");
-            }
-            n.map(|n| (m, n))
-        })
-        .collect();
+    let deep_shapes: Vec<(usize, usize)> = [
+        (128, GemmTile::Large),
+        (40, GemmTile::Small),
+        (24, GemmTile::Narrow),
+    ]
+    .into_iter()
+    .filter_map(|(m, tile)| {
+        let n = (1..64).map(|t| 128 * t - 3).find(|&n| {
+            let plan = gemm_plan(m, n, deep, gpu);
+            plan.tile == tile && plan.splits >= 5
+        });
+        if n.is_none() {
+            println!("no {m}-token shape of {deep} columns splits 5 ways or more on this GPU");
+        }
+        n.map(|n| (m, n))
+    })
+    .collect();
     let most = shapes
         .iter()
         .map(|&(m, n)| gemm_scratch_len(m, n, kk, gpu))

@@ -27,8 +27,8 @@ use m40_device::{Device, DeviceBuffer, DeviceView, Stream};
 use m40_gguf::GgmlType;
 use m40_kernels::{
     gemm_large_tiles, gemm_plan, gemm_scratch_len, interleave_glu, pack_gemv, select_args, Fold,
-    GemvOut, KernelError, KernelFormat, Kernels, PackFormat, PackedMatrix, Penalties, QMatrix,
-    RopeParams, RopeStyle, RowSplit, PACKED_GEMV_MAX_TOKENS, SELECT_ARGS, SELECT_MAX_K,
+    GemmTile, GemvOut, KernelError, KernelFormat, Kernels, PackFormat, PackedMatrix, Penalties,
+    QMatrix, RopeParams, RopeStyle, RowSplit, PACKED_GEMV_MAX_TOKENS, SELECT_ARGS, SELECT_MAX_K,
     SELECT_SCRATCH,
 };
 use m40_model::cpu::ops;
