@@ -605,10 +605,7 @@ mod tests {
         let plan = |tile, splits| GemmPlan { tile, splits };
         // A decode step of 17 to 32 sequences, 8B: gate/up's 224 narrow
         // tiles (34% of 660 slots) in 5 splits (85%); Q/K/V's 48 in 7 (51%).
-        assert_eq!(
-            gemm_plan(32, 28672, 4096, H100),
-            plan(GemmTile::Narrow, 5)
-        );
+        assert_eq!(gemm_plan(32, 28672, 4096, H100), plan(GemmTile::Narrow, 5));
         assert_eq!(gemm_plan(17, 6144, 4096, H100), plan(GemmTile::Narrow, 7));
         // 33 to 64 tokens: the large tile (gate/up: 224 tiles, 57% of 396
         // slots, over half: whole, its 128 k-steps too few to split), where

@@ -37,10 +37,12 @@ fn logits(outs: Vec<StepOut>) -> Vec<Vec<f32>> {
 }
 
 /// Sequences of different lengths (1 to 150 tokens of prompt, so some
-/// cross pages and some share none) decode 4 tokens in batched steps of
-/// all of them; every sequence's logits each step against its CPU logits,
-/// fed the same tokens. Batches of 2 to 40 (the packed GEMV of a few
-/// tokens and the GEMM), two shapes (3 and 2 query heads per KV head).
+/// cross pages and some share none) run their prompts in one batched step
+/// (those of up to JOIN_CHUNK tokens joined, the others alone), then
+/// decode 4 tokens in batched steps of all of them; every sequence's
+/// logits each step against its CPU logits, fed the same tokens. Batches
+/// of 2 to 40 (the packed GEMV of a few tokens and the GEMM), two shapes
+/// (3 and 2 query heads per KV head).
 #[test]
 #[ignore = "needs a GPU"]
 fn batched_decode_matches_cpu() {
@@ -55,15 +57,35 @@ fn batched_decode_matches_cpu() {
             let mut cc: Vec<CpuCache> = Vec::new();
             let mut gc: Vec<GpuCache> = Vec::new();
             let mut next: Vec<u32> = Vec::new();
+            let mut prompts = Vec::new();
+            let mut first = Vec::new();
             for s in 0..b {
                 let prompt = ids(1 + (s * 37) % 150, n_vocab, (b * 100 + s) as u64);
                 let mut c = cpu.new_cache(200).unwrap();
-                let mut gcache = g.new_cache(200).unwrap();
                 let l = cpu.forward(&mut c, &prompt, Logits::Last).unwrap();
-                g.forward(&mut gcache, &prompt, Logits::None).unwrap();
                 next.push(argmax(&l));
+                first.push(l);
                 cc.push(c);
-                gc.push(gcache);
+                gc.push(g.new_cache(200).unwrap());
+                prompts.push(prompt);
+            }
+            let mut steps: Vec<SeqStep<'_, GpuCache>> = gc
+                .iter_mut()
+                .zip(&prompts)
+                .map(|(cache, t)| SeqStep {
+                    cache,
+                    tokens: t,
+                    want: Want::Logits,
+                })
+                .collect();
+            let got = logits(g.forward_batch(&mut steps).unwrap());
+            for s in 0..b {
+                let e = rel_err(&got[s], &first[s]);
+                assert!(
+                    e <= TOL,
+                    "{shape} {ty}: batch {b}, prompt of {} tokens: rel err {e:.2e}",
+                    prompts[s].len()
+                );
             }
             for step in 0..4 {
                 let toks: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
@@ -92,9 +114,11 @@ fn batched_decode_matches_cpu() {
     }
 }
 
-/// A step mixing decodes, a prompt chunk and a chunk that wants nothing
-/// answers each as asked; with `batch_decode` off the decodes are bitwise
-/// each sequence's own forward (batch invariance).
+/// A step mixing decodes, short prompt chunks (one for its logits, one for
+/// nothing: both join the batched forward) and a long one (alone) answers
+/// each as asked, and the chunks' keys and values are in place for the
+/// next token; with `batch_decode` off everything is bitwise each
+/// sequence's own forward (batch invariance).
 #[test]
 #[ignore = "needs a GPU"]
 fn mixed_steps_and_the_invariant_mode() {
@@ -104,7 +128,10 @@ fn mixed_steps_and_the_invariant_mode() {
     for batch_decode in [true, false] {
         let g = gpu(&model, batch_decode);
         let alone = gpu(&model, false);
-        let prompts: Vec<Vec<u32>> = (0..6).map(|s| ids(10 + 7 * s, n_vocab, s as u64)).collect();
+        // 10 to 45 tokens, and 100 (over JOIN_CHUNK: alone).
+        let prompts: Vec<Vec<u32>> = (0..7)
+            .map(|s| ids(if s == 6 { 100 } else { 10 + 7 * s }, n_vocab, s as u64))
+            .collect();
         let (mut caches, mut solo): (Vec<GpuCache>, Vec<GpuCache>) = (Vec::new(), Vec::new());
         for p in &prompts[..4] {
             let mut c = g.new_cache(300).unwrap();
@@ -115,11 +142,11 @@ fn mixed_steps_and_the_invariant_mode() {
             solo.push(c);
         }
         // Sequences 0-3 decode; 4 runs its prompt for its logits, 5 a
-        // chunk for nothing.
-        for _ in 0..2 {
+        // chunk for nothing, 6 a long prompt for its logits.
+        for _ in 0..3 {
             caches.push(g.new_cache(300).unwrap());
         }
-        let toks: Vec<Vec<u32>> = (0..6)
+        let toks: Vec<Vec<u32>> = (0..7)
             .map(|s| {
                 if s < 4 {
                     vec![(s * 11) as u32]
@@ -150,6 +177,7 @@ fn mixed_steps_and_the_invariant_mode() {
             Want::Select(top5.clone()),
             Want::Logits,
             Want::Nothing,
+            Want::Logits,
         ];
         let mut steps: Vec<SeqStep<'_, GpuCache>> = caches
             .iter_mut()
@@ -217,11 +245,37 @@ fn mixed_steps_and_the_invariant_mode() {
                 assert_eq!(got, &want, "sequence {s}: not bitwise its own step");
             }
         }
-        let StepOut::Logits(p4) = &outs[4] else {
-            panic!("logits expected")
-        };
+        // The prompts' logits: the joined chunk within the tolerance of
+        // its own forward (bitwise with batch_decode off), the long one
+        // bitwise (alone either way).
+        for s in [4, 6] {
+            let StepOut::Logits(got) = &outs[s] else {
+                panic!("logits expected")
+            };
+            let mut c = alone.new_cache(300).unwrap();
+            let want = alone.forward(&mut c, &prompts[s], Logits::Last).unwrap();
+            if batch_decode && s == 4 {
+                let e = rel_err(got, &want);
+                assert!(
+                    e <= TOL,
+                    "prompt {s}: rel err {e:.2e} against its own forward"
+                );
+            } else {
+                assert_eq!(got, &want, "prompt {s}: not bitwise its own forward");
+            }
+        }
+        // The chunk that wanted nothing left its keys and values: its next
+        // token's logits against a solo run of the same tokens.
+        let next = [7u32];
+        let got = g.forward(&mut caches[5], &next, Logits::Last).unwrap();
         let mut c = alone.new_cache(300).unwrap();
-        let want = alone.forward(&mut c, &prompts[4], Logits::Last).unwrap();
-        assert_eq!(p4, &want, "a prompt runs alone: bitwise its own forward");
+        alone.forward(&mut c, &prompts[5], Logits::None).unwrap();
+        let want = alone.forward(&mut c, &next, Logits::Last).unwrap();
+        if batch_decode {
+            let e = rel_err(&got, &want);
+            assert!(e <= TOL, "after a joined chunk: rel err {e:.2e}");
+        } else {
+            assert_eq!(got, want, "after a chunk alone: not bitwise");
+        }
     }
 }

@@ -5,9 +5,16 @@
 //! ```text
 //! cargo run --release -p m40-serve --example load -- [--url URL] [--model NAME|PATH]
 //!     [--clients 1,8,32] [--requests N] [--max-tokens N] [--ctx N] [--cpu]
+//!     [--probe N]
 //! ```
 //! Without `--url` it loads the model (default: the default model) and
 //! serves it in this process on a loopback port.
+//!
+//! `--probe N`: then the time to first token of a short request alone
+//! (median of 5), and of 10 short requests sent while N other clients keep
+//! the server busy (each sending requests one after another), against the
+//! bound "2x alone plus one step" (a step: the server's steps over the
+//! probe's wall time, from /metrics).
 
 use std::io::{BufRead, BufReader};
 use std::sync::Arc;
@@ -25,6 +32,7 @@ struct Args {
     max_tokens: usize,
     ctx: usize,
     cpu: bool,
+    probe: Option<usize>,
 }
 
 fn args() -> Args {
@@ -36,6 +44,7 @@ fn args() -> Args {
         max_tokens: 32,
         ctx: 2048,
         cpu: false,
+        probe: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -48,6 +57,7 @@ fn args() -> Args {
             "--max-tokens" => a.max_tokens = v().parse().unwrap(),
             "--ctx" => a.ctx = v().parse().unwrap(),
             "--cpu" => a.cpu = true,
+            "--probe" => a.probe = Some(v().parse().unwrap()),
             other => panic!("unknown argument {other}"),
         }
     }
@@ -108,6 +118,73 @@ fn one(
         total: start.elapsed(),
         tokens,
     })
+}
+
+/// A counter of the server's /metrics.
+fn metric(agent: &ureq::Agent, url: &str, name: &str) -> f64 {
+    let text = agent
+        .get(&format!("{url}/metrics"))
+        .call()
+        .expect("GET /metrics")
+        .into_body()
+        .read_to_string()
+        .expect("the metrics");
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{name} in /metrics"))
+}
+
+/// `--probe`: a short request's time to first token alone and beside
+/// `busy` clients.
+fn probe(agent: &ureq::Agent, url: &str, model: &str, busy: usize, max_tokens: usize) {
+    let short = |i: usize| format!("Say hello to {i}.");
+    let mut alone: Vec<Duration> = (0..5)
+        .map(|i| one(agent, url, model, &short(i), 4).expect("a probe").ttft)
+        .collect();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let handles: Vec<_> = (0..busy)
+        .map(|c| {
+            let (agent, url, model, stop) = (
+                agent.clone(),
+                url.to_string(),
+                model.to_string(),
+                stop.clone(),
+            );
+            std::thread::spawn(move || {
+                let mut i = 0;
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    let prompt =
+                        format!("Client {c}, request {i}: tell a long story about the number {i}.");
+                    let _ = one(&agent, &url, &model, &prompt, max_tokens);
+                    i += 1;
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(2));
+    let (s0, t0) = (metric(agent, url, "m40_steps_total"), Instant::now());
+    let mut loaded: Vec<Duration> = (0..10)
+        .map(|i| {
+            std::thread::sleep(Duration::from_millis(100));
+            one(agent, url, model, &short(100 + i), 4)
+                .expect("a probe")
+                .ttft
+        })
+        .collect();
+    let (s1, wall) = (metric(agent, url, "m40_steps_total"), t0.elapsed());
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    for h in handles {
+        h.join().unwrap();
+    }
+    let step_ms = wall.as_secs_f64() * 1e3 / (s1 - s0).max(1.0);
+    let solo = pct(&mut alone, 0.5);
+    let bound = 2.0 * solo + step_ms;
+    let (p50, worst) = (pct(&mut loaded, 0.5), pct(&mut loaded, 1.0));
+    println!(
+        "probe: TTFT alone {solo:.1} ms (median of 5); beside {busy} busy clients {p50:.1} ms median, \
+         {worst:.1} ms worst of 10; a step {step_ms:.1} ms; bound 2x alone + a step = {bound:.1} ms: {}",
+        if worst <= bound { "met" } else { "not met" }
+    );
 }
 
 fn pct(v: &mut [Duration], p: f64) -> f64 {
@@ -202,5 +279,8 @@ fn main() {
             pct(&mut lat, 0.5),
             pct(&mut lat, 0.99),
         );
+    }
+    if let Some(busy) = a.probe {
+        probe(&agent, &url, &model, busy, a.max_tokens);
     }
 }

@@ -1,16 +1,18 @@
-//! Batched decode steps: one token of each of several sequences through one
-//! forward. The weight matmuls take all of the step's tokens together (the
-//! packed GEMV of several tokens, or the GEMM), so the weights are read
-//! once for the batch; RoPE with the KV append and attention take each
-//! token at its own position over its own sequence's pages, in one launch
-//! each per layer (`rope_kv_append_batch`, `attention_decode_batch`).
+//! Batched steps: the decode tokens and short prompt chunks of several
+//! sequences through one forward, each token a row. The weight matmuls take
+//! all of the step's rows together (the packed GEMV of several tokens, or
+//! the GEMM), so the weights are read once for the batch; RoPE with the KV
+//! append and attention take each row at its own position over its own
+//! sequence's pages, in one launch each per layer (`rope_kv_append_batch`,
+//! `attention_decode_batch`).
 //!
 //! Where the sequences ask for a selection, the rows' selections run in
 //! one launch (`select_top_k_rows`) and only their candidates come back.
 //!
 //! Not bitwise the same as each sequence's own step: the one-token step
 //! folds the norms and RoPE into its GEMVs, and splits long contexts'
-//! keys. `GpuOptions::batch_decode` off runs each sequence alone instead.
+//! keys; a prompt alone takes the prefill attention. With
+//! `GpuOptions::batch_decode` off each sequence runs alone instead.
 
 use super::forward::{Residual, StepAttn};
 use super::kv::GpuCache;
@@ -21,12 +23,14 @@ use crate::error::{ModelError, Result};
 use crate::KvState;
 use m40_kernels::{select_args, Penalties, SelectOut, SelectRows, KV_PAGE, SELECT_ARGS};
 
-impl GpuBackend {
-    /// Sequences one batched decode step takes at most.
-    fn batch_cap(&self) -> usize {
-        self.max_batch.min(LOGIT_ROWS)
-    }
+/// Prompt chunks of at most this many tokens join a batched step, each
+/// token a row at its own position (decode attention over its sequence's
+/// keys so far); longer ones run alone, through the prefill attention,
+/// which reads each key once per tile of queries instead of once per
+/// query.
+pub const JOIN_CHUNK: usize = 64;
 
+impl GpuBackend {
     /// Whether this backend batches decode steps: `batch_decode`, and a
     /// shape the batched attention takes (head dimension 64 or 128, at
     /// most 8 query heads per KV head).
@@ -36,8 +40,9 @@ impl GpuBackend {
         self.batch_decode && matches!(hp.head_dim, 64 | 128) && (1..=8).contains(&group)
     }
 
-    /// [`crate::Backend::forward_batch`]: the sequences that decode one
-    /// token (two or more) in batched steps, each other one alone.
+    /// [`crate::Backend::forward_batch`]: the decode tokens and short
+    /// prompt chunks ([`JOIN_CHUNK`]) of two or more sequences in batched
+    /// steps, each other sequence alone.
     pub(super) fn forward_batch_gpu(
         &self,
         seqs: &mut [SeqStep<'_, GpuCache>],
@@ -52,28 +57,45 @@ impl GpuBackend {
                 ));
             }
         }
-        let decodes: Vec<usize> = (0..seqs.len())
-            .filter(|&i| seqs[i].tokens.len() == 1 && seqs[i].want != Want::Nothing)
+        let join = JOIN_CHUNK.min(self.max_batch);
+        let joined: Vec<usize> = (0..seqs.len())
+            .filter(|&i| (1..=join).contains(&seqs[i].tokens.len()))
             .collect();
-        if !self.batches_decode() || decodes.len() < 2 {
+        if !self.batches_decode() || joined.len() < 2 {
             return forward_each(self, seqs);
         }
         let mut out = vec![StepOut::Nothing; seqs.len()];
         for i in 0..seqs.len() {
-            if !decodes.contains(&i) {
+            if !joined.contains(&i) {
                 out[i] = forward_each(self, &mut seqs[i..=i])?.remove(0);
             }
         }
-        for group in decodes.chunks(self.batch_cap()) {
-            let tokens: Vec<u32> = group.iter().map(|&i| seqs[i].tokens[0]).collect();
-            let wants: Vec<Want> = group.iter().map(|&i| seqs[i].want.clone()).collect();
+        // Groups of at most max_batch rows and LOGIT_ROWS sequences.
+        let mut groups: Vec<Vec<usize>> = Vec::new();
+        let mut rows = 0;
+        for &i in &joined {
+            let n = seqs[i].tokens.len();
+            match groups.last_mut() {
+                Some(g) if rows + n <= self.max_batch && g.len() < LOGIT_ROWS => g.push(i),
+                _ => {
+                    groups.push(vec![i]);
+                    rows = 0;
+                }
+            }
+            rows += n;
+        }
+        for group in groups {
+            let steps: Vec<(&[u32], Want)> = group
+                .iter()
+                .map(|&i| (seqs[i].tokens, seqs[i].want.clone()))
+                .collect();
             let mut caches: Vec<&mut GpuCache> = seqs
                 .iter_mut()
                 .enumerate()
                 .filter(|(i, _)| group.contains(i))
                 .map(|(_, s)| &mut *s.cache)
                 .collect();
-            let outs = self.decode_batch(&mut caches, &tokens, &wants)?;
+            let outs = self.step_batch(&mut caches, &steps)?;
             for (&i, o) in group.iter().zip(outs) {
                 out[i] = o;
             }
@@ -81,20 +103,24 @@ impl GpuBackend {
         Ok(out)
     }
 
-    /// One token of each of `caches` (checked by the caller: in the
-    /// vocabulary, room in the context) through one forward; each one's
-    /// logits, or the selection its `Want` asks for (all the rows' in one
-    /// launch, `select_top_k_rows`; its logits instead where the inputs
-    /// have no room for the rows' penalties).
-    fn decode_batch(
+    /// The tokens of each of `caches` (`steps`: one to JOIN_CHUNK each,
+    /// checked by the caller: in the vocabulary, room in the context)
+    /// through one forward, each token a row at its own position; each
+    /// sequence's logits after its last token, or the selection its `Want`
+    /// asks for (all the rows' in one launch, `select_top_k_rows`; its
+    /// logits instead where the inputs have no room for the rows'
+    /// penalties). Rows: every sequence's tokens but its last, then the
+    /// sequences' last tokens, whose rows alone reach the output matmul.
+    fn step_batch(
         &self,
         caches: &mut [&mut GpuCache],
-        tokens: &[u32],
-        wants: &[Want],
+        steps: &[(&[u32], Want)],
     ) -> Result<Vec<StepOut>> {
         let hp = self.model.hparams();
-        let (n, n_vocab) = (tokens.len(), hp.n_vocab);
-        debug_assert!(n <= LOGIT_ROWS && wants.len() == n);
+        let n_vocab = hp.n_vocab;
+        let seqs = steps.len();
+        debug_assert!(seqs <= LOGIT_ROWS && caches.len() == seqs);
+        let wants: Vec<&Want> = steps.iter().map(|(_, w)| w).collect();
         // The rows' selection arguments, `stride` apart (a row that wants
         // logits selects its argmax, unused).
         let args: Vec<Option<Vec<i32>>> = wants
@@ -105,7 +131,7 @@ impl GpuBackend {
             })
             .collect::<Result<_>>()?;
         let stride = args.iter().flatten().map(Vec::len).max().unwrap_or(0);
-        let select = stride > 0 && n * stride <= SELECT_ARGS + 2 * n_vocab;
+        let select = stride > 0 && seqs * stride <= SELECT_ARGS + 2 * n_vocab;
         let mut sel = Vec::new();
         if select {
             let plain = select_args(1, Penalties::NONE, &[]);
@@ -118,7 +144,11 @@ impl GpuBackend {
         let mut st = lock(&self.state);
         let State { work: w, pools, .. } = &mut *st;
         let before: Vec<usize> = caches.iter().map(|c| c.len()).collect();
-        let tables: usize = caches.iter().map(|c| (c.len() + 1).div_ceil(KV_PAGE)).sum();
+        let tables: usize = caches
+            .iter()
+            .zip(steps)
+            .map(|(c, (t, _))| (c.len() + t.len()).div_ceil(KV_PAGE))
+            .sum();
         if tables > self.pages.pages() {
             // Sequences sharing prefix pages can list more pages than the
             // pool has: the inputs have no room for their tables.
@@ -127,25 +157,37 @@ impl GpuBackend {
                 self.pages.pages()
             )));
         }
-        for c in caches.iter_mut() {
+        for (c, (t, _)) in caches.iter_mut().zip(steps) {
             if let Some((from, to)) = c.unshare_tail()? {
                 pools.copy_page(&self.stream, from, to)?;
             }
-            c.extend_to(c.len() + 1)?;
+            c.extend_to(c.len() + t.len())?;
         }
+        // (sequence, token index) of each row: the leading tokens, then
+        // each sequence's last.
+        let lead = steps
+            .iter()
+            .enumerate()
+            .flat_map(|(j, (t, _))| (0..t.len() - 1).map(move |i| (j, i)));
+        let last = steps.iter().enumerate().map(|(j, (t, _))| (j, t.len() - 1));
+        let rows: Vec<(usize, usize)> = lead.chain(last).collect();
+        let (n, first_last) = (rows.len(), rows.len() - seqs);
+        let tokens: Vec<u32> = rows.iter().map(|&(j, i)| steps[j].0[i]).collect();
+        let pos: Vec<usize> = rows.iter().map(|&(j, i)| before[j] + i).collect();
+        let of: Vec<usize> = rows.iter().map(|&(j, _)| j).collect();
         let pages: Vec<&[u32]> = caches.iter().map(|c| c.pages()).collect();
-        self.upload_batch(w, tokens, &before, &pages, &sel)?;
-        let max_start = *before.iter().max().expect("a batch");
+        self.upload_batch(w, &tokens, &pos, &pages, &of, &sel)?;
+        let max_start = *pos.iter().max().expect("a batch");
         self.enqueue(w, pools, n, max_start, StepAttn::Batch, false)?;
-        for (c, &p) in caches.iter_mut().zip(&before) {
-            c.set_len(p + 1);
+        for ((c, &p), (t, _)) in caches.iter_mut().zip(&before).zip(steps) {
+            c.set_len(p + t.len());
         }
-        self.logits(w, 0..n, Residual::Done)?;
-        let mut out = vec![StepOut::Nothing; n];
+        self.logits(w, first_last..n, Residual::Done)?;
+        let mut out = vec![StepOut::Nothing; seqs];
         // Rows that want their logits come to the host before any
         // selection penalizes its row in place.
         for (r, a) in args.iter().enumerate() {
-            if !(select && a.is_some()) {
+            if *wants[r] == Want::Logits || (!select && a.is_some()) {
                 let mut row = vec![0f32; n_vocab];
                 self.stream
                     .copy_to_host(&w.logits.slice(r * n_vocab..(r + 1) * n_vocab)?, &mut row)?;
@@ -163,7 +205,7 @@ impl GpuBackend {
                 .unwrap_or(1);
             let at = self.sel_at();
             let rows = SelectRows {
-                rows: n,
+                rows: seqs,
                 n_vocab,
                 args_stride: stride,
                 k_max,
@@ -172,10 +214,10 @@ impl GpuBackend {
                 out: &mut w.sel_out,
                 scratch: &mut w.sel_scratch,
             };
-            let args_v = w.inputs.slice(at..at + n * stride)?;
+            let args_v = w.inputs.slice(at..at + seqs * stride)?;
             self.kernels
                 .select_top_k_rows(&self.stream, &mut w.logits, &args_v, rows, so)?;
-            let mut got = vec![0i32; n * 2 * k_max];
+            let mut got = vec![0i32; seqs * 2 * k_max];
             self.stream
                 .copy_to_host(&w.sel_out.slice(0..got.len())?, &mut got)?;
             for (r, want) in wants.iter().enumerate() {

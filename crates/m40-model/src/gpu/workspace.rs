@@ -241,31 +241,37 @@ impl GpuBackend {
         2 * self.max_batch + self.pages.pages()
     }
 
-    /// Upload a batched decode step's inputs: one token of each sequence,
-    /// its position, and the sequences' block tables one after another
-    /// with where each starts (`tables` must fit the pool's page count),
-    /// then the rows' selection arguments `sel` (`select_rows`).
+    /// Upload a batched step's inputs: each row's token and position, the
+    /// sequences' block tables one after another (`tables` must fit the
+    /// pool's page count) with where row i's (`of[i]`) starts, then the
+    /// sequences' selection arguments `sel` (`select_rows`).
     pub(super) fn upload_batch(
         &self,
         w: &mut Workspace,
         tokens: &[u32],
         pos: &[usize],
         tables: &[&[u32]],
+        of: &[usize],
         sel: &[i32],
     ) -> Result<()> {
         let b = self.max_batch;
         let mut v = vec![0i32; self.sel_at()];
+        // The tables one after another, and where each starts.
         let mut at = 2 * b;
-        for (i, ((&t, &p), table)) in tokens.iter().zip(pos).zip(tables).enumerate() {
-            v[i] = t as i32;
-            v[b + i] = p as i32;
-            v[self.tab_at() + i] = (at - 2 * b) as i32;
+        let mut starts = Vec::with_capacity(tables.len());
+        for table in tables {
+            starts.push((at - 2 * b) as i32);
             for &page in *table {
                 v[at] = page as i32;
                 at += 1;
             }
         }
         debug_assert!(at <= self.tab_at(), "the tables fit the pool's page count");
+        for (i, ((&t, &p), &j)) in tokens.iter().zip(pos).zip(of).enumerate() {
+            v[i] = t as i32;
+            v[b + i] = p as i32;
+            v[self.tab_at() + i] = starts[j];
+        }
         v.extend_from_slice(sel);
         self.stream.copy_to_device(&v, &mut w.inputs)?;
         Ok(())
