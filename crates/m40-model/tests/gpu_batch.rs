@@ -36,6 +36,25 @@ fn logits(outs: Vec<StepOut>) -> Vec<Vec<f32>> {
         .collect()
 }
 
+/// One batched step of `tokens[i]` on each of `caches`, every sequence's
+/// logits.
+fn batch_logits<T: AsRef<[u32]>>(
+    g: &GpuBackend,
+    caches: &mut [GpuCache],
+    tokens: &[T],
+) -> Vec<Vec<f32>> {
+    let mut steps: Vec<SeqStep<'_, GpuCache>> = caches
+        .iter_mut()
+        .zip(tokens)
+        .map(|(cache, t)| SeqStep {
+            cache,
+            tokens: t.as_ref(),
+            want: Want::Logits,
+        })
+        .collect();
+    logits(g.forward_batch(&mut steps).unwrap())
+}
+
 /// Sequences of different lengths (1 to 150 tokens of prompt, so some
 /// cross pages and some share none) run their prompts in one batched step
 /// (those of up to JOIN_CHUNK tokens joined, the others alone), then
@@ -69,16 +88,7 @@ fn batched_decode_matches_cpu() {
                 gc.push(g.new_cache(200).unwrap());
                 prompts.push(prompt);
             }
-            let mut steps: Vec<SeqStep<'_, GpuCache>> = gc
-                .iter_mut()
-                .zip(&prompts)
-                .map(|(cache, t)| SeqStep {
-                    cache,
-                    tokens: t,
-                    want: Want::Logits,
-                })
-                .collect();
-            let got = logits(g.forward_batch(&mut steps).unwrap());
+            let got = batch_logits(&g, &mut gc, &prompts);
             for s in 0..b {
                 let e = rel_err(&got[s], &first[s]);
                 assert!(
@@ -89,16 +99,7 @@ fn batched_decode_matches_cpu() {
             }
             for step in 0..4 {
                 let toks: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
-                let mut steps: Vec<SeqStep<'_, GpuCache>> = gc
-                    .iter_mut()
-                    .zip(&toks)
-                    .map(|(cache, t)| SeqStep {
-                        cache,
-                        tokens: t,
-                        want: Want::Logits,
-                    })
-                    .collect();
-                let got = logits(g.forward_batch(&mut steps).unwrap());
+                let got = batch_logits(&g, &mut gc, &toks);
                 for s in 0..b {
                     let want = cpu.forward(&mut cc[s], &toks[s], Logits::Last).unwrap();
                     let e = rel_err(&got[s], &want);
