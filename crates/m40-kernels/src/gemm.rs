@@ -72,7 +72,8 @@ impl GemmSlots {
 /// a tenth of the slots. A launch's waves are its blocks over the slots;
 /// where an SM holds several blocks and the grid fills half of them, a
 /// split must keep 128 k-steps. Prompts of up to 64 tokens take the small
-/// tile, split over its own slots. Grids of fewer large tiles than half
+/// tile (GGUF-layout weights) or, packed, the narrow tile up to 32 tokens
+/// and the large one above, split over their own slots. Grids of fewer large tiles than half
 /// the SMs take the large tile only where a split keeps three quarters of
 /// its slots busy, else the small one, split over its slots ([`gemm_plan`]). Examples
 /// at 512 tokens: an H100 (132 SMs, 3 large blocks each) runs 8B's Q/K/V
@@ -114,10 +115,11 @@ pub struct GemmPlan {
 }
 
 /// The tile and splits of a GEMM of `m` tokens by an `n` x `k` matrix on
-/// `gpu`: the narrow tile for up to 32 tokens where the format has one,
-/// the small tile for up to 64 tokens, and where the large tile's grid is
-/// under half the SMs and no split fills three quarters of its slots;
-/// each split over its own tile's slots.
+/// `gpu`: where the format has a narrow tile (packed weights), it for up
+/// to 32 tokens and the large one above; else the small tile for up to 64
+/// tokens; and the small one where the large tile's grid is under half the
+/// SMs and no split fills three quarters of its slots; each split over
+/// its own tile's slots.
 pub fn gemm_plan(m: usize, n: usize, k: usize, gpu: GemmSlots) -> GemmPlan {
     let sms = gpu.sms.max(1);
     let over = |tile: GemmTile, per_sm: usize| {
@@ -133,11 +135,15 @@ pub fn gemm_plan(m: usize, n: usize, k: usize, gpu: GemmSlots) -> GemmPlan {
     if m <= GEMM_NARROW_MAX_M && gpu.narrow_per_sm > 0 {
         return over(GemmTile::Narrow, gpu.narrow_per_sm);
     }
-    // Packed weights (those with a narrow tile) take the large one from 33
-    // tokens: on an H200, 8B Q4_0 decode steps of 40 to 64 sequences ran
-    // 1.33-1.36x faster than with the small tile (BENCHMARKS.md).
-    if m <= GEMM_SMALL_MAX_M && gpu.narrow_per_sm == 0 {
-        return small();
+    if m <= GEMM_SMALL_MAX_M {
+        // Packed weights (those with a narrow tile) take the large one
+        // from 33 tokens, split over its slots: on an H200, 8B Q4_0 decode
+        // steps of 40 to 64 sequences ran 1.33-1.36x faster than with the
+        // small tile (BENCHMARKS.md).
+        return match gpu.narrow_per_sm {
+            0 => small(),
+            _ => over(GemmTile::Large, gpu.per_sm),
+        };
     }
     let tiles = gemm_large_tiles(m, n);
     let (splits, fill) = best_split(tiles, k, gpu.blocks(), gpu.per_sm);
@@ -607,11 +613,13 @@ mod tests {
         // tiles (34% of 660 slots) in 5 splits (85%); Q/K/V's 48 in 7 (51%).
         assert_eq!(gemm_plan(32, 28672, 4096, H100), plan(GemmTile::Narrow, 5));
         assert_eq!(gemm_plan(17, 6144, 4096, H100), plan(GemmTile::Narrow, 7));
-        // 33 to 64 tokens: the large tile (gate/up: 224 tiles, 57% of 396
-        // slots, over half: whole, its 128 k-steps too few to split), where
-        // its grid fills half the SMs or a split fills three quarters of its
-        // slots; else the small one (SmolLM2's Q/K/V).
+        // 33 to 64 tokens: the large tile, split over its slots (gate/up:
+        // 224 tiles, 57% of 396 slots, over half: whole, its 128 k-steps
+        // too few to split; Q/K/V: 48 tiles, 12%, in 8 splits, 97%).
+        // Without a split and under half the SMs' worth of tiles, the
+        // launcher runs the small one (SmolLM2's Q/K/V: 18 k-steps).
         assert_eq!(gemm_plan(64, 28672, 4096, H100), plan(GemmTile::Large, 1));
-        assert_eq!(gemm_plan(40, 576, 576, H100), plan(GemmTile::Small, 1));
+        assert_eq!(gemm_plan(40, 6144, 4096, H100), plan(GemmTile::Large, 8));
+        assert_eq!(gemm_plan(40, 576, 576, H100), plan(GemmTile::Large, 1));
     }
 }

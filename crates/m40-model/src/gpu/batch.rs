@@ -142,7 +142,11 @@ impl GpuBackend {
             }
         }
         let mut st = lock(&self.state);
-        let State { work: w, pools, .. } = &mut *st;
+        let State {
+            work: w,
+            pools,
+            graphs,
+        } = &mut *st;
         let before: Vec<usize> = caches.iter().map(|c| c.len()).collect();
         let tables: usize = caches
             .iter()
@@ -178,11 +182,17 @@ impl GpuBackend {
         let pages: Vec<&[u32]> = caches.iter().map(|c| c.pages()).collect();
         self.upload_batch(w, &tokens, &pos, &pages, &of, &sel)?;
         let max_start = *pos.iter().max().expect("a batch");
-        self.enqueue(w, pools, n, max_start, StepAttn::Batch, false)?;
+        // A step of one token per sequence replays its graph; one with
+        // prompt chunks (rows of any count) launches its kernels.
+        if n == seqs && self.graphs.load(std::sync::atomic::Ordering::Relaxed) {
+            self.batch_graph_step(w, pools, graphs, n, max_start)?;
+        } else {
+            self.enqueue(w, pools, n, max_start, StepAttn::Batch, false)?;
+            self.logits(w, first_last..n, Residual::Done)?;
+        }
         for ((c, &p), (t, _)) in caches.iter_mut().zip(&before).zip(steps) {
             c.set_len(p + t.len());
         }
-        self.logits(w, first_last..n, Residual::Done)?;
         let mut out = vec![StepOut::Nothing; seqs];
         // Rows that want their logits come to the host before any
         // selection penalizes its row in place.

@@ -1,8 +1,9 @@
 //! Decode steps replayed from captured CUDA graphs: one graph per context
 //! bucket (the largest position its attention plan covers), with the token
-//! selection and without. The kernels read the position, token id and
-//! block table from device memory, so one graph serves every position and
-//! sequence of its bucket.
+//! selection and without; and batched decode steps (one token of each of
+//! several sequences), one graph per (sequences, context bucket). The
+//! kernels read the positions, token ids and block tables from device
+//! memory, so one graph serves every position and sequence of its bucket.
 //!
 //! The one seam of the persistent decode kernel (`GpuOptions::persistent`,
 //! kernels/decode.cu): with it, a graph's one-token GEMVs and attention are
@@ -13,7 +14,7 @@ use std::collections::HashMap;
 
 use m40_kernels::{DecodeProgram, KV_PAGE};
 
-use super::forward::{attn_shape, StepAttn};
+use super::forward::{attn_shape, Residual, StepAttn};
 use super::kv::Pools;
 use super::workspace::Workspace;
 use super::GpuBackend;
@@ -38,8 +39,22 @@ pub(super) struct StepGraph {
     _program: Option<DecodeProgram>,
 }
 
-/// The captured steps, by (with the selection, context bucket).
-pub(super) type Graphs = HashMap<(bool, usize), StepGraph>;
+/// What a graph was captured for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) enum GraphKey {
+    /// One sequence's token: with the selection, context bucket.
+    Step(bool, usize),
+    /// One token of each of this many sequences (their logits), context
+    /// bucket (the largest position).
+    Batch(usize, usize),
+}
+
+/// The captured steps.
+pub(super) type Graphs = HashMap<GraphKey, StepGraph>;
+
+/// Batched-step graphs kept at most (a few hundred nodes each); past it
+/// they are dropped, and captured again as steps need them.
+const BATCH_GRAPHS: usize = 256;
 
 impl GpuBackend {
     /// The one-token step at `start` whose inputs are uploaded, replayed
@@ -54,7 +69,7 @@ impl GpuBackend {
         selects: bool,
     ) -> Result<()> {
         let max_start = self.graph_bucket(start);
-        let key = (selects, max_start);
+        let key = GraphKey::Step(selects, max_start);
         if !graphs.contains_key(&key) {
             let shape = attn_shape(self.model.hparams(), 1, max_start);
             let plan = self.attn_plan(&shape);
@@ -91,6 +106,46 @@ impl GpuBackend {
         // of this backend, which live as long as it does (the state mutex
         // is held), and the attention scratch it was captured with (a
         // larger scratch drops every graph: see `scratch`).
+        unsafe { graphs[&key].graph.launch()? };
+        Ok(())
+    }
+
+    /// A batched decode step of `n` sequences (one token each, inputs
+    /// uploaded; positions at most `max_start`) replayed from its graph
+    /// (captured on first use): every sequence's logits into `w.logits`.
+    /// Its attention covers the context bucket of `max_start`: the blocks
+    /// past a token's own position have no keys.
+    pub(super) fn batch_graph_step(
+        &self,
+        w: &mut Workspace,
+        pools: &mut Pools,
+        graphs: &mut Graphs,
+        n: usize,
+        max_start: usize,
+    ) -> Result<()> {
+        let key = GraphKey::Batch(n, self.graph_bucket(max_start));
+        let GraphKey::Batch(_, bucket) = key else {
+            unreachable!("a batch key")
+        };
+        if !graphs.contains_key(&key) {
+            let batch = |k: &GraphKey| matches!(k, GraphKey::Batch(..));
+            if graphs.keys().filter(|k| batch(k)).count() >= BATCH_GRAPHS {
+                graphs.retain(|k, _| !batch(k));
+            }
+            let graph = self.stream.capture(|_| -> Result<()> {
+                self.enqueue(w, pools, n, bucket, StepAttn::Batch, false)?;
+                self.logits(w, 0..n, Residual::Done)
+            })?;
+            graphs.insert(
+                key,
+                StepGraph {
+                    graph,
+                    _program: None,
+                },
+            );
+        }
+        // SAFETY: as in graph_step (batched steps use no attention
+        // scratch).
         unsafe { graphs[&key].graph.launch()? };
         Ok(())
     }

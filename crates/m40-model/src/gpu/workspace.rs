@@ -2,8 +2,6 @@
 //! step's inputs on the device, the attention and GEMM split scratch, and
 //! the token selection's buffers.
 
-use std::collections::HashMap;
-
 use m40_device::{DeviceBuffer, Stream};
 use m40_gguf::HyperParams;
 use m40_kernels::{
@@ -11,7 +9,7 @@ use m40_kernels::{
     SELECT_MAX_K, SELECT_SCRATCH,
 };
 
-use super::graphs::StepGraph;
+use super::graphs::Graphs;
 use super::GpuBackend;
 use crate::error::Result;
 use crate::Backend;
@@ -301,7 +299,7 @@ impl GpuBackend {
     pub(super) fn scratch(
         &self,
         w: &mut Workspace,
-        graphs: &mut HashMap<(bool, usize), StepGraph>,
+        graphs: &mut Graphs,
         plan: &AttnPlan,
         shape: &AttnShape,
     ) -> Result<()> {
