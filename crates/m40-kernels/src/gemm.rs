@@ -114,6 +114,14 @@ pub struct GemmPlan {
     pub splits: usize,
 }
 
+impl GemmPlan {
+    /// The blocks it launches for `m` tokens by `n` rows.
+    pub fn blocks(&self, m: usize, n: usize) -> usize {
+        let ((bm, bn), _) = self.tile.shape();
+        m.div_ceil(bm) * n.div_ceil(bn) * self.splits
+    }
+}
+
 /// The tile and splits of a GEMM of `m` tokens by an `n` x `k` matrix on
 /// `gpu`: where the format has a narrow tile (packed weights), it for up
 /// to 32 tokens and the large one above; else the small tile for up to 64

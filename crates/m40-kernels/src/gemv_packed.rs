@@ -12,8 +12,9 @@ use crate::pack::{PackFormat, PACK_ROWS};
 use crate::rope::{KvAppend, RopeStyle};
 use crate::Kernels;
 
-/// Tokens one [`Kernels::gemv_packed_batch`] call takes at most.
-pub const PACKED_GEMV_MAX_TOKENS: usize = 16;
+/// Tokens one [`Kernels::gemv_packed_batch`] call takes at most (launches
+/// of up to 8 each).
+pub const PACKED_GEMV_MAX_TOKENS: usize = 64;
 
 /// Tokens one packed GEMV launch takes at most (more run as several).
 const GEMV_BATCH: usize = 8;

@@ -210,6 +210,65 @@ struct Loop {
     /// each cached page holds the pool once more.
     prefix: Option<PrefixCache>,
     page_tokens: usize,
+    /// `M40_STEP_STATS=N`: every N steps, the mean time a step spends
+    /// planning, preparing, in the backend and after, to stderr.
+    stats: Option<StepStats>,
+}
+
+/// Step timings summed over `M40_STEP_STATS` steps.
+#[derive(Default)]
+struct StepStats {
+    every: usize,
+    steps: usize,
+    mixed: usize,
+    rows: usize,
+    seqs: usize,
+    idle: f64,
+    plan: f64,
+    prepare: f64,
+    forward: f64,
+    after: f64,
+}
+
+impl StepStats {
+    fn add(&mut self, rows: usize, seqs: usize, t: [f64; 5]) {
+        self.steps += 1;
+        self.mixed += (rows > seqs) as usize;
+        self.rows += rows;
+        self.seqs += seqs;
+        for (sum, v) in [
+            &mut self.idle,
+            &mut self.plan,
+            &mut self.prepare,
+            &mut self.forward,
+            &mut self.after,
+        ]
+        .into_iter()
+        .zip(t)
+        {
+            *sum += v;
+        }
+        if self.steps == self.every {
+            let n = self.steps as f64;
+            let ms = |v: f64| v * 1e3 / n;
+            eprintln!(
+                "steps {}: {:.1} rows, {:.1} sequences, {} with prompt rows; ms a step: idle {:.3}, plan {:.3}, prepare {:.3}, backend {:.3}, after {:.3}",
+                self.steps,
+                self.rows as f64 / n,
+                self.seqs as f64 / n,
+                self.mixed,
+                ms(self.idle),
+                ms(self.plan),
+                ms(self.prepare),
+                ms(self.forward),
+                ms(self.after)
+            );
+            *self = StepStats {
+                every: self.every,
+                ..Default::default()
+            };
+        }
+    }
 }
 
 impl Loop {
@@ -234,10 +293,19 @@ impl Loop {
             next_id: 0,
             prefix,
             page_tokens: l.page_tokens,
+            stats: std::env::var("M40_STEP_STATS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .filter(|&n: &usize| n > 0)
+                .map(|every| StepStats {
+                    every,
+                    ..Default::default()
+                }),
         }
     }
 
     fn run(mut self) {
+        let mut mark = std::time::Instant::now();
         loop {
             let new = {
                 let mut inbox = lock(&self.shared.inbox);
@@ -253,6 +321,7 @@ impl Loop {
                 }
                 std::mem::take(&mut inbox.new)
             };
+            let woke = std::time::Instant::now();
             for sub in new {
                 self.admit(sub);
             }
@@ -262,6 +331,7 @@ impl Loop {
                 continue;
             }
             let step = self.sched.plan();
+            let planned = std::time::Instant::now();
             if !step.preempted.is_empty() {
                 let c = &self.shared.counters;
                 c.preemptions
@@ -276,8 +346,27 @@ impl Loop {
                 // a preemption just freed: plan again.
                 continue;
             }
-            self.run_step(&step);
+            let t = self.run_step(&step);
             self.publish();
+            let done = std::time::Instant::now();
+            if let Some(s) = &mut self.stats {
+                let secs = |a: std::time::Instant, b: std::time::Instant| (b - a).as_secs_f64();
+                let rows =
+                    step.decode.len() + step.prefill.iter().map(|(_, r)| r.len()).sum::<usize>();
+                let seqs = step.decode.len() + step.prefill.len();
+                s.add(
+                    rows,
+                    seqs,
+                    [
+                        secs(mark, woke),
+                        secs(woke, planned),
+                        secs(planned, t[0]),
+                        secs(t[0], t[1]),
+                        secs(t[1], done),
+                    ],
+                );
+            }
+            mark = done;
         }
     }
 
@@ -402,7 +491,8 @@ impl Loop {
 
     /// Run `step`, sample where it computed a sequence's last token, and
     /// end the sequences that are done.
-    fn run_step(&mut self, step: &Step) {
+    /// Runs `step`; when the backend started and returned.
+    fn run_step(&mut self, step: &Step) -> [std::time::Instant; 2] {
         let backend = &self.core.backend;
         let max_k = backend.select_max_k();
         // (id, the step's tokens, want, whether it samples), in step order.
@@ -504,7 +594,9 @@ impl Loop {
         // The tokens computed (a cached prefix's are not).
         let ran: usize = parts.iter().map(|(_, t, _, _)| t.len()).sum();
         c.step_tokens.fetch_add(ran as u64, Ordering::Relaxed);
+        let started = std::time::Instant::now();
         let result = backend.forward_batch(&mut steps);
+        let returned = std::time::Instant::now();
         drop(steps);
         let mut ended: Vec<SeqId> = Vec::new();
         match result {
@@ -552,5 +644,6 @@ impl Loop {
         for id in self.sched.complete(step, &ended) {
             self.remove(id);
         }
+        [started, returned]
     }
 }

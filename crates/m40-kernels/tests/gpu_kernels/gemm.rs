@@ -422,7 +422,7 @@ fn stacked_and_batched_matmuls_write_each_part() {
                 cols,
             };
             let wd = dequant(f.ty, &w, rows, cols);
-            for m in [1usize, 2, 3, 5, 8, 13, 16, 70] {
+            for m in [1usize, 2, 3, 5, 8, 13, 16, 40, 70] {
                 let x = rng.vec(m * cols, -1.0, 1.0);
                 let xg = s.upload(&x, "x").unwrap();
                 let mut bufs: Vec<DeviceBuffer<f32>> = parts
@@ -430,7 +430,7 @@ fn stacked_and_batched_matmuls_write_each_part() {
                     .map(|&r| s.alloc::<f32>(m * r + TAIL, "y").unwrap())
                     .collect();
                 // Some(split): the GEMV (split None: the launcher's own),
-                // for up to 16 tokens; None: the GEMM, for 3 and 70.
+                // for up to 64 tokens; None: the GEMM, for 3 and 70.
                 let mut runs: Vec<Option<Option<u32>>> = Vec::new();
                 if m <= PACKED_GEMV_MAX_TOKENS {
                     runs.extend([None, Some(1), Some(2), Some(3), Some(4)].map(Some));

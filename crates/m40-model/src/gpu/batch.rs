@@ -30,6 +30,10 @@ use m40_kernels::{select_args, Penalties, SelectOut, SelectRows, KV_PAGE, SELECT
 /// query.
 pub const JOIN_CHUNK: usize = 64;
 
+/// Rows a batched step with prompt rows is padded to a multiple of, so
+/// that its graph serves other steps of about its size.
+const PAD_ROWS: usize = 16;
+
 impl GpuBackend {
     /// Whether this backend batches decode steps: `batch_decode`, and a
     /// shape the batched attention takes (head dimension 64 or 128, at
@@ -174,7 +178,23 @@ impl GpuBackend {
             .enumerate()
             .flat_map(|(j, (t, _))| (0..t.len() - 1).map(move |i| (j, i)));
         let last = steps.iter().enumerate().map(|(j, (t, _))| (j, t.len() - 1));
-        let rows: Vec<(usize, usize)> = lead.chain(last).collect();
+        let mut rows: Vec<(usize, usize)> = lead.chain(last).collect();
+        // A step with prompt rows replays a graph for its row count
+        // rounded up to a multiple of PAD_ROWS: the padding repeats the
+        // first sequence's last row before the last rows (the same token at
+        // the same position: its keys and values are the same bits, written
+        // to the same place), and computes no logits.
+        let graphs_on = self.graphs.load(std::sync::atomic::Ordering::Relaxed);
+        let padded = match rows.len() {
+            n if n == seqs => n,
+            n => n.next_multiple_of(PAD_ROWS),
+        };
+        let graph = graphs_on && padded <= self.max_batch;
+        if graph {
+            let at = rows.len() - seqs;
+            let fill = vec![rows[at]; padded - rows.len()];
+            rows.splice(at..at, fill);
+        }
         let (n, first_last) = (rows.len(), rows.len() - seqs);
         let tokens: Vec<u32> = rows.iter().map(|&(j, i)| steps[j].0[i]).collect();
         let pos: Vec<usize> = rows.iter().map(|&(j, i)| before[j] + i).collect();
@@ -182,10 +202,8 @@ impl GpuBackend {
         let pages: Vec<&[u32]> = caches.iter().map(|c| c.pages()).collect();
         self.upload_batch(w, &tokens, &pos, &pages, &of, &sel)?;
         let max_start = *pos.iter().max().expect("a batch");
-        // A step of one token per sequence replays its graph; one with
-        // prompt chunks (rows of any count) launches its kernels.
-        if n == seqs && self.graphs.load(std::sync::atomic::Ordering::Relaxed) {
-            self.batch_graph_step(w, pools, graphs, n, max_start)?;
+        if graph {
+            self.batch_graph_step(w, pools, graphs, n, seqs, max_start)?;
         } else {
             self.enqueue(w, pools, n, max_start, StepAttn::Batch, false)?;
             self.logits(w, first_last..n, Residual::Done)?;

@@ -7,14 +7,14 @@
 use m40_device::{DeviceBuffer, DeviceView};
 use m40_gguf::HyperParams;
 use m40_kernels::{
-    AddResidual, AttnInputs, AttnPlan, AttnScratch, AttnShape, Fold, GemmOpts, GemvOpts, GemvOut,
-    KvAppend, RopeKv, RopeStyle, RowSplit,
+    gemm_plan, AddResidual, AttnInputs, AttnPlan, AttnScratch, AttnShape, Fold, GemmOpts, GemvOpts,
+    GemvOut, KvAppend, RopeKv, RopeStyle, RowSplit,
 };
 
 use super::kv::{GpuCache, Pools};
 use super::weights::{Mat, MatView, Stack};
 use super::workspace::{
-    norm_bufs, res_bufs, Norm, Res, Select, Workspace, GEMV_TOKENS, LOGIT_ROWS,
+    norm_bufs, res_bufs, Norm, Res, Select, Workspace, GEMV_MAX_TOKENS, GEMV_TOKENS, LOGIT_ROWS,
 };
 use super::{lock, GpuBackend, State};
 use crate::error::Result;
@@ -80,8 +80,8 @@ pub(super) enum StepAttn {
 
 impl GpuBackend {
     /// y = W x for `n` rows of x into the parts of `y` (several: a stacked
-    /// matrix, always packed): the GEMV for up to `w.gemv_rows()` rows, the
-    /// GEMM for more (y += W x with `accumulate`, GEMM only).
+    /// matrix, always packed): the GEMV where `gemv_takes` says, the
+    /// GEMM otherwise (y += W x with `accumulate`, GEMM only).
     fn gemm_or_gemv(
         &self,
         w: &Mat,
@@ -96,7 +96,7 @@ impl GpuBackend {
             w.packed || n > 1 || !accumulate,
             "the row GEMV does not accumulate"
         );
-        if let (MatView::Packed(m), true) = (w.view(&data), n <= GEMV_TOKENS) {
+        if let (MatView::Packed(m), true) = (w.view(&data), self.gemv_takes(w, n)) {
             let (x, fold) = self.fold_in(x);
             let out = match y.bufs {
                 [y] if accumulate => GemvOut::Add(y),
@@ -223,7 +223,7 @@ impl GpuBackend {
             [st] if st.glu => {
                 let data = st.mat.data.view();
                 match st.mat.view(&data) {
-                    MatView::Packed(m) if n <= GEMV_TOKENS => {
+                    MatView::Packed(m) if self.gemv_takes(&st.mat, n) => {
                         let (h, fold) = self.fold_in(h);
                         let opts = GemvOpts {
                             m: n,
@@ -251,7 +251,7 @@ impl GpuBackend {
     /// `next_norm` (the weight of the norm that follows, when its GEMVs
     /// take a folded norm: see `folds`) the one-token GEMV also emits that
     /// norm's h and partial sums. Otherwise rows that go through the GEMV
-    /// (up to `wt.gemv_rows()`) land in `w.proj` and are left pending: the
+    /// (`gemv_takes`) land in `w.proj` and are left pending: the
     /// next [`Self::norm`] adds them as it normalizes.
     fn matmul_res(
         &self,
@@ -280,13 +280,29 @@ impl GpuBackend {
                 .gemv_packed_to(&self.stream, &m, a, GemvOut::Add(w.x), opts)?;
             return Ok(Residual::Folded(l.blocks));
         }
-        if n <= wt.gemv_rows() && !(wt.packed && self.fuse) {
+        if self.gemv_takes(wt, n) && !(wt.packed && self.fuse) {
             self.matmul(wt, Input::Rows(a), w.proj, n, false)?;
             Ok(Residual::Pending)
         } else {
             self.matmul(wt, Input::Rows(a), w.x, n, true)?;
             Ok(Residual::Done)
         }
+    }
+
+    /// Whether `n` rows of x go through `w`'s GEMV: one row; packed, up to
+    /// GEMV_TOKENS, or up to GEMV_MAX_TOKENS where the GEMM would launch
+    /// fewer blocks than the GPU has SMs (a small model's matrices on a
+    /// large GPU: on an H200, SmolLM2's decode steps of 32 sequences took
+    /// 5.2 ms through the GEMM's 24 blocks).
+    pub(super) fn gemv_takes(&self, w: &Mat, n: usize) -> bool {
+        if !w.packed {
+            return n == 1;
+        }
+        let few = || {
+            let p = gemm_plan(n, w.rows, w.cols, self.gemm_slots);
+            p.blocks(n, w.rows) < self.gemm_slots.sms
+        };
+        n <= GEMV_TOKENS || (n <= GEMV_MAX_TOKENS && few())
     }
 
     /// Whether the norm before `mats` folds into their GEMVs (and the

@@ -44,9 +44,9 @@ pub(super) struct StepGraph {
 pub(super) enum GraphKey {
     /// One sequence's token: with the selection, context bucket.
     Step(bool, usize),
-    /// One token of each of this many sequences (their logits), context
-    /// bucket (the largest position).
-    Batch(usize, usize),
+    /// A batched step: rows, sequences (the last rows, whose logits it
+    /// computes), context bucket (the largest position).
+    Batch(usize, usize, usize),
 }
 
 /// The captured steps.
@@ -110,23 +110,22 @@ impl GpuBackend {
         Ok(())
     }
 
-    /// A batched decode step of `n` sequences (one token each, inputs
-    /// uploaded; positions at most `max_start`) replayed from its graph
-    /// (captured on first use): every sequence's logits into `w.logits`.
-    /// Its attention covers the context bucket of `max_start`: the blocks
-    /// past a token's own position have no keys.
+    /// A batched step of `n` rows whose last `seqs` are the sequences'
+    /// last tokens (inputs uploaded; positions at most `max_start`)
+    /// replayed from its graph (captured on first use): those rows' logits
+    /// into `w.logits`. Its attention covers the context bucket of
+    /// `max_start`: the blocks past a row's own position have no keys.
     pub(super) fn batch_graph_step(
         &self,
         w: &mut Workspace,
         pools: &mut Pools,
         graphs: &mut Graphs,
         n: usize,
+        seqs: usize,
         max_start: usize,
     ) -> Result<()> {
-        let key = GraphKey::Batch(n, self.graph_bucket(max_start));
-        let GraphKey::Batch(_, bucket) = key else {
-            unreachable!("a batch key")
-        };
+        let bucket = self.graph_bucket(max_start);
+        let key = GraphKey::Batch(n, seqs, bucket);
         if !graphs.contains_key(&key) {
             let batch = |k: &GraphKey| matches!(k, GraphKey::Batch(..));
             if graphs.keys().filter(|k| batch(k)).count() >= BATCH_GRAPHS {
@@ -134,7 +133,7 @@ impl GpuBackend {
             }
             let graph = self.stream.capture(|_| -> Result<()> {
                 self.enqueue(w, pools, n, bucket, StepAttn::Batch, false)?;
-                self.logits(w, 0..n, Residual::Done)
+                self.logits(w, n - seqs..n, Residual::Done)
             })?;
             graphs.insert(
                 key,

@@ -123,6 +123,8 @@ pub struct GpuBackend {
     inv_freq: DeviceBuffer<f32>,
     rope: RopeParams,
     max_batch: usize,
+    /// The GEMM's block slots on this device (its tiles and splits).
+    gemm_slots: GemmSlots,
     /// `GpuOptions::fuse`: one-token steps add the output projections to x
     /// in their GEMV and fold the norms after them.
     fuse: bool,
@@ -269,6 +271,7 @@ impl GpuBackend {
             inv_freq,
             rope,
             max_batch,
+            gemm_slots: gpu,
             fuse: opts.fuse,
             persistent: opts.persistent,
             decode_attention: opts.decode_attention,

@@ -10,7 +10,6 @@ use m40_kernels::{
     PACK_ROWS,
 };
 
-use super::workspace::GEMV_TOKENS;
 use super::GpuOptions;
 use crate::error::Result;
 use crate::Model;
@@ -25,16 +24,6 @@ pub(super) struct Mat {
 }
 
 impl Mat {
-    /// Rows of x up to which a matmul runs through the GEMV (one; packed:
-    /// the batched GEMV's GEMV_TOKENS).
-    pub(super) fn gemv_rows(&self) -> usize {
-        if self.packed {
-            GEMV_TOKENS
-        } else {
-            1
-        }
-    }
-
     /// The launchers' view of the matrix: packed, or GGUF rows.
     pub(super) fn view<'a>(&self, data: &'a DeviceView<'a, u8>) -> MatView<'a> {
         let (ty, rows, cols) = (self.ty, self.rows, self.cols);

@@ -29,7 +29,14 @@ pub(super) const LOGIT_ROWS: usize = 64;
 /// Tokens up to which a step runs packed matrices through the batched GEMV
 /// (each weight loaded once for all of them) rather than the GEMM tile
 /// (BENCHMARKS.md, the batched table).
-pub(super) const GEMV_TOKENS: usize = m40_kernels::PACKED_GEMV_MAX_TOKENS;
+pub(super) const GEMV_TOKENS: usize = 16;
+
+/// Tokens up to which a matrix whose GEMM would not give every SM a block
+/// (a small model's on a large GPU) takes the batched GEMV: launches of 8
+/// tokens, the matrix read again by each (from L2 when it fits). On an
+/// H200, decode steps of 24-32 sequences ran 1.2-2.0x faster so for
+/// SmolLM2's and a 1B's shapes, 48-64 10-23% slower (BENCHMARKS.md).
+pub(super) const GEMV_MAX_TOKENS: usize = 32;
 
 /// Activations for `max_batch` tokens, and the attention split scratch.
 pub(super) struct Workspace {
@@ -46,7 +53,7 @@ pub(super) struct Workspace {
     pub(super) k: DeviceBuffer<f32>,
     pub(super) v: DeviceBuffer<f32>,
     pub(super) att: DeviceBuffer<f32>,
-    /// The output projections of up to GEMV_TOKENS tokens before they join
+    /// The output projections of up to GEMV_MAX_TOKENS tokens before they join
     /// the residual (decode, short steps).
     pub(super) proj: DeviceBuffer<f32>,
     /// A folded norm's partial sums of squares, one per block of the
@@ -90,7 +97,7 @@ impl Workspace {
             k: a(b * kv_dim, "activations")?,
             v: a(b * kv_dim, "activations")?,
             att: a(b * q_dim, "activations")?,
-            proj: a(b.min(GEMV_TOKENS) * hp.n_embd, "activations")?,
+            proj: a(b.min(GEMV_MAX_TOKENS) * hp.n_embd, "activations")?,
             norm_part: a(hp.n_embd.div_ceil(PACK_ROWS), "activations")?,
             gate: a(b * hp.n_ff, "activations")?,
             up: a(2 * b * hp.n_ff, "activations")?,
@@ -114,11 +121,11 @@ impl Workspace {
         let kv_dim = (hp.n_head_kv * hp.head_dim) as u64;
         let (bb, pages) = (b as u64, n_pages as u64);
         // x, h, q, att, k, v, gate, up (twice: a gate/up stack's output) per
-        // token; GEMV_TOKENS tokens' projections; a folded norm's partial sums;
+        // token; GEMV_MAX_TOKENS tokens' projections; a folded norm's partial sums;
         // LOGIT_ROWS rows of logits; the step inputs (ids, positions, block
         // table, a selection's arguments); the token selection's results.
         4 * (bb * (2 * d + 2 * q + 2 * kv_dim + 3 * ff + 3)
-            + bb.min(GEMV_TOKENS as u64) * d
+            + bb.min(GEMV_MAX_TOKENS as u64) * d
             + d.div_ceil(PACK_ROWS as u64)
             + LOGIT_ROWS as u64 * hp.n_vocab as u64
             + pages
