@@ -257,10 +257,16 @@ impl Sampler {
                 logit: l,
             })
             .collect();
-        c.sort_by(|a, b| b.logit.total_cmp(&a.logit).then(a.id.cmp(&b.id)));
+        // Most likely first, ties by id: a strict total order, so the top
+        // k found by a partial selection and then sorted are exactly the
+        // first k of the whole row sorted (a full sort of a 49k-token row
+        // took ~1.7 ms a token on the CPU machine, in the step loop).
+        let order = |a: &Cand, b: &Cand| b.logit.total_cmp(&a.logit).then(a.id.cmp(&b.id));
         if p.top_k > 0 && p.top_k < c.len() {
+            c.select_nth_unstable_by(p.top_k - 1, order);
             c.truncate(p.top_k);
         }
+        c.sort_by(order);
         self.nucleus(c)
     }
 
