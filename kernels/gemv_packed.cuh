@@ -414,7 +414,11 @@ __device__ __forceinline__ void gemv_packed(const GemvArgs& a, int vb) {
 #pragma unroll
                 for (int u = 0; u < U; ++u) cur[u] = nxt[u];
             }
-            b = nb;  // nothing left for the one-token loops below
+            // Nothing left for the loops below, which B = 1 runs. (Put in
+            // an else branch, they made the several-token kernels' code
+            // differ and some spill on sm_52; as they are, every kernel's
+            // PTX is what was measured.)
+            b = nb;
         }
         // While every lane of the warp has U blocks left (a warp-uniform
         // condition, so the whole warp reaches the __syncwarp).

@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
 use m40_device::Device;
-use m40_gguf::synth::{write_model, FileType, Shape, SynthOptions};
+use m40_gguf::synth::{token_ids as random_tokens, write_model, FileType, Shape, SynthOptions};
 use m40_gguf::HyperParams;
 use m40_kernels::Kernels;
 use m40_model::gpu::{GpuBackend, GpuOptions};
@@ -192,18 +192,6 @@ struct TestResult {
     llama_cpp: Option<f64>,
 }
 
-pub(super) fn random_tokens(n: usize, n_vocab: usize, seed: u64) -> Vec<u32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s % n_vocab as u64) as u32
-        })
-        .collect()
-}
-
 fn pp_test(g: &GpuBackend, n: usize, reps: usize, c: &Ceilings) -> Result<TestResult> {
     let hp = g.hparams().clone();
     let toks = random_tokens(n, hp.n_vocab, 1);
@@ -251,13 +239,7 @@ fn tg_test(
         )?;
     }
     let toks = random_tokens(n, hp.n_vocab, 3);
-    let greedy = Selection {
-        k: 1,
-        penalties: Vec::new(),
-        repeat: 1.0,
-        frequency: 0.0,
-        presence: 0.0,
-    };
+    let greedy = Selection::greedy();
     let mut t = Vec::new();
     for r in 0..=reps {
         cache.truncate(depth);

@@ -21,7 +21,9 @@ use m40_model::gpu::{GpuBackend, GpuOptions};
 use m40_model::{Backend, Logits, Model, Selection, SeqStep, Want};
 use serde_json::json;
 
-use super::bench::{random_tokens, Args};
+use m40_gguf::synth::token_ids as random_tokens;
+
+use super::bench::Args;
 
 /// One row of the table.
 struct Row {
@@ -52,13 +54,7 @@ fn run_batch<B: Backend>(be: &B, b: usize, npp: usize, ntg: usize) -> Result<(f6
     // backend selects (the GPU), else the logits.
     let want = match be.select_max_k() {
         0 => Want::Logits,
-        _ => Want::Select(Selection {
-            k: 1,
-            penalties: Vec::new(),
-            repeat: 1.0,
-            frequency: 0.0,
-            presence: 0.0,
-        }),
+        _ => Want::Select(Selection::greedy()),
     };
     let t1 = Instant::now();
     for _ in 0..ntg {

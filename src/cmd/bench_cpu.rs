@@ -12,7 +12,9 @@ use m40_model::cpu::{CpuBackend, CpuMath};
 use m40_model::{Backend, Logits, Model};
 use serde_json::json;
 
-use super::bench::{random_tokens, Args};
+use m40_gguf::synth::token_ids as random_tokens;
+
+use super::bench::Args;
 
 /// Median and range of `f`'s tokens/s over `reps` runs after a warm-up.
 fn measure(

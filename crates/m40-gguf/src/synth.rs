@@ -438,6 +438,20 @@ pub fn write_model<W: Write>(
     w.finish()
 }
 
+/// `n` token ids below `n_vocab`, a fixed stream per seed (xorshift): prompts
+/// for benchmarks and tests of synthetic models.
+pub fn token_ids(n: usize, n_vocab: usize, seed: u64) -> Vec<u32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s % n_vocab as u64) as u32
+        })
+        .collect()
+}
+
 /// Names of the tensors a synthetic model of `shape` holds, for callers that
 /// want to check them.
 pub fn tensor_names(shape: &Shape) -> Vec<String> {

@@ -105,6 +105,12 @@ impl GemmTile {
             GemmTile::Narrow => (GEMM_NARROW_TILE, GEMM_NARROW_THREADS),
         }
     }
+
+    /// Its tiles over `m` tokens by `n` rows.
+    fn tiles(self, m: usize, n: usize) -> usize {
+        let ((bm, bn), _) = self.shape();
+        m.div_ceil(bm) * n.div_ceil(bn)
+    }
 }
 
 /// A prefill GEMM's tile and splits over K ([`gemm_k_splits`]).
@@ -117,8 +123,7 @@ pub struct GemmPlan {
 impl GemmPlan {
     /// The blocks it launches for `m` tokens by `n` rows.
     pub fn blocks(&self, m: usize, n: usize) -> usize {
-        let ((bm, bn), _) = self.tile.shape();
-        m.div_ceil(bm) * n.div_ceil(bn) * self.splits
+        self.tile.tiles(m, n) * self.splits
     }
 }
 
@@ -132,11 +137,9 @@ pub fn gemm_plan(m: usize, n: usize, k: usize, gpu: GemmSlots) -> GemmPlan {
     let sms = gpu.sms.max(1);
     let over = |tile: GemmTile, per_sm: usize| {
         let per_sm = per_sm.max(1);
-        let ((bm, bn), _) = tile.shape();
-        let tiles = n.div_ceil(bn) * m.div_ceil(bm);
         GemmPlan {
             tile,
-            splits: best_split(tiles, k, sms * per_sm, per_sm).0,
+            splits: best_split(tile.tiles(m, n), k, sms * per_sm, per_sm).0,
         }
     };
     let small = || over(GemmTile::Small, gpu.small_per_sm);
@@ -195,7 +198,7 @@ fn best_split(tiles: usize, k: usize, slots: usize, per_sm: usize) -> (usize, f6
 
 /// Large tiles of a GEMM of `m` tokens by a matrix of `n` rows.
 pub fn gemm_large_tiles(m: usize, n: usize) -> usize {
-    n.div_ceil(GEMM_TILE.1) * m.div_ceil(GEMM_TILE.0)
+    GemmTile::Large.tiles(m, n)
 }
 
 /// Floats of scratch the GEMM of `m` tokens by an `n` x `k` matrix takes

@@ -122,6 +122,19 @@ pub struct Selection {
     pub presence: f32,
 }
 
+impl Selection {
+    /// The argmax, no penalties: what a greedy request asks for.
+    pub fn greedy() -> Selection {
+        Selection {
+            k: 1,
+            penalties: Vec::new(),
+            repeat: 1.0,
+            frequency: 0.0,
+            presence: 0.0,
+        }
+    }
+}
+
 /// Whether `tokens` may follow the `used` tokens of a cache of `n_ctx`: the
 /// room for them, and every id in the vocabulary (each backend checks a
 /// step's input with this before anything changes).

@@ -157,13 +157,7 @@ fn mixed_steps_and_the_invariant_mode() {
             })
             .collect();
         // 2 and 3 ask for a selection (greedy; the 5 best after penalties).
-        let greedy = Selection {
-            k: 1,
-            penalties: Vec::new(),
-            repeat: 1.0,
-            frequency: 0.0,
-            presence: 0.0,
-        };
+        let greedy = Selection::greedy();
         let top5 = Selection {
             k: 5,
             penalties: vec![(3, 2), (17, 1), (400, 5)],

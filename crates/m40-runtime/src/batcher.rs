@@ -223,11 +223,8 @@ struct StepStats {
     mixed: usize,
     rows: usize,
     seqs: usize,
-    idle: f64,
-    plan: f64,
-    prepare: f64,
-    forward: f64,
-    after: f64,
+    /// Seconds idle, planning, preparing, in the backend, after.
+    times: [f64; 5],
 }
 
 impl StepStats {
@@ -236,32 +233,18 @@ impl StepStats {
         self.mixed += (rows > seqs) as usize;
         self.rows += rows;
         self.seqs += seqs;
-        for (sum, v) in [
-            &mut self.idle,
-            &mut self.plan,
-            &mut self.prepare,
-            &mut self.forward,
-            &mut self.after,
-        ]
-        .into_iter()
-        .zip(t)
-        {
+        for (sum, v) in self.times.iter_mut().zip(t) {
             *sum += v;
         }
         if self.steps == self.every {
             let n = self.steps as f64;
-            let ms = |v: f64| v * 1e3 / n;
+            let [idle, plan, prepare, backend, after] = self.times.map(|v| v * 1e3 / n);
             eprintln!(
-                "steps {}: {:.1} rows, {:.1} sequences, {} with prompt rows; ms a step: idle {:.3}, plan {:.3}, prepare {:.3}, backend {:.3}, after {:.3}",
+                "steps {}: {:.1} rows, {:.1} sequences, {} with prompt rows; ms a step: idle {idle:.3}, plan {plan:.3}, prepare {prepare:.3}, backend {backend:.3}, after {after:.3}",
                 self.steps,
                 self.rows as f64 / n,
                 self.seqs as f64 / n,
                 self.mixed,
-                ms(self.idle),
-                ms(self.plan),
-                ms(self.prepare),
-                ms(self.forward),
-                ms(self.after)
             );
             *self = StepStats {
                 every: self.every,

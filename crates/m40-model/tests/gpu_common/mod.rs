@@ -1,9 +1,10 @@
 //! Shared by the GPU model tests (gpu_forward, gpu_batch): random-weight
-//! models, token ids, and how logits are compared.
+//! models, token ids (m40_gguf's), and how logits are compared.
 #![allow(dead_code)]
 
 use std::sync::Arc;
 
+pub use m40_gguf::synth::token_ids as tokens;
 use m40_gguf::synth::{write_model, FileType, Shape, SynthOptions};
 use m40_model::Model;
 
@@ -26,19 +27,6 @@ pub fn argmax(v: &[f32]) -> u32 {
         }
     }
     best as u32
-}
-
-/// Deterministic pseudo-random token ids below `n_vocab`.
-pub fn tokens(n: usize, n_vocab: usize, seed: u64) -> Vec<u32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s % n_vocab as u64) as u32
-        })
-        .collect()
 }
 
 /// A random-weight model of `shape` in `ty`, written into `dir`.
