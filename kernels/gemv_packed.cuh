@@ -80,10 +80,19 @@ struct QuantScalePlanes {
 __device__ __forceinline__ float lo_half(u32 w) { return h2f((u16)w); }
 __device__ __forceinline__ float hi_half(u32 w) { return h2f((u16)(w >> 16)); }
 
+// The 8 weights a * u + c of an eighth whose unit floats u (quant.cuh
+// unit_byte) are t0's bytes (paired with x8's x) then t1's (with y).
+__device__ __forceinline__ void units8_weights(u32 t0, u32 t1, float a, float c, float (&w)[8]) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w[i] = fmaf(unit_byte(t0, i), a, c), w[4 + i] = fmaf(unit_byte(t1, i), a, c);
+}
+
 // Each format: Planes (its lane's loads of one block: an Item), U blocks of
 // loads in flight per lane, SPLIT3 (see gemv_packed below), x8 (quant.cuh),
-// and dot(), which adds the 4 rows' sums over eighth q of the item's block
-// to acc.
+// dot(), which adds the 4 rows' sums over eighth q of the item's block to
+// acc, and weights(), the same eighth's 4 x 8 weights as floats, which
+// launches of DQ tokens or more use instead (measured per format on an
+// H200: BENCHMARKS.md, "Several tokens, weights decoded once").
 
 // Q4_0: eighth q is the low and high nibbles of qs[4q .. 4q+3] (weights
 // 4q .. 4q+3 and 16+4q .. 16+4q+3), one 32-bit word per row.
@@ -91,6 +100,7 @@ struct PackQ4_0 {
     typedef QuantScalePlanes<1, 2> Planes;
     static constexpr int U = 4;
     static constexpr bool SPLIT3 = false;
+    static constexpr int DQ = 4;
     X8_NIBBLE_SPLIT
     __device__ static void dot(const Planes::Item& it, int, float4 x, float4 y, float* acc) {
         const uint4 qv = it.q[0];
@@ -104,6 +114,16 @@ struct PackQ4_0 {
             acc[j] = fmaf(d[j], fmaf(16.0f, S, X24), acc[j]);
         }
     }
+    // w = d (v - 8) = 16 d u - 24 d with u = 1 + v / 16 (exact: one rounding
+    // of an exact product).
+    __device__ static void weights(const Planes::Item& it, int, float (&w)[4][8]) {
+        const uint4 qv = it.q[0];
+        const uint2 sv = it.s;
+        const u32 v[4] = {qv.x, qv.y, qv.z, qv.w};
+        const float d[4] = {lo_half(sv.x), hi_half(sv.x), lo_half(sv.y), hi_half(sv.y)};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) units8_weights(units_lo4(v[j]), units_hi4(v[j]), 16.0f * d[j], -24.0f * d[j], w[j]);
+    }
 };
 
 // Q4_1: as Q4_0, w = d v + m.
@@ -111,6 +131,7 @@ struct PackQ4_1 {
     typedef QuantScalePlanes<1, 4> Planes;
     static constexpr int U = 4;
     static constexpr bool SPLIT3 = false;
+    static constexpr int DQ = 4;
     X8_NIBBLE_SPLIT
     __device__ static void dot(const Planes::Item& it, int, float4 x, float4 y, float* acc) {
         const uint4 qv = it.q[0], sv = it.s;
@@ -124,6 +145,17 @@ struct PackQ4_1 {
             acc[j] = fmaf(16.0f * d, S, fmaf(hi_half(s[j]) - 16.0f * d, X, acc[j]));
         }
     }
+    // w = d v + m = 16 d u + (m - 16 d).
+    __device__ static void weights(const Planes::Item& it, int, float (&w)[4][8]) {
+        const uint4 qv = it.q[0], sv = it.s;
+        const u32 v[4] = {qv.x, qv.y, qv.z, qv.w};
+        const u32 s[4] = {sv.x, sv.y, sv.z, sv.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const float d = lo_half(s[j]);
+            units8_weights(units_lo4(v[j]), units_hi4(v[j]), 16.0f * d, hi_half(s[j]) - 16.0f * d, w[j]);
+        }
+    }
 };
 
 // Q8_0: eighth q is qs[8q .. 8q+7], two words per row, stored biased by 128
@@ -132,15 +164,33 @@ struct PackQ8_0 {
     typedef QuantScalePlanes<2, 2> Planes;
     static constexpr int U = 2;
     static constexpr bool SPLIT3 = true;
+    static constexpr int DQ = 8;
     X8_CONSECUTIVE
-    __device__ static void dot(const Planes::Item& it, int, float4 x, float4 y, float* acc) {
+    // The item's 8 quant words (row j: 2j, 2j + 1) and 4 row scales.
+    __device__ static void unpack(const Planes::Item& it, u32 (&w)[8], float (&d)[4]) {
         const uint4* qv = it.q;
         const uint2 sv = it.s;
-        const u32 w[8] = {qv[0].x, qv[0].y, qv[0].z, qv[0].w, qv[1].x, qv[1].y, qv[1].z, qv[1].w};
-        const float d[4] = {lo_half(sv.x), hi_half(sv.x), lo_half(sv.y), hi_half(sv.y)};
+        w[0] = qv[0].x, w[1] = qv[0].y, w[2] = qv[0].z, w[3] = qv[0].w;
+        w[4] = qv[1].x, w[5] = qv[1].y, w[6] = qv[1].z, w[7] = qv[1].w;
+        d[0] = lo_half(sv.x), d[1] = hi_half(sv.x), d[2] = lo_half(sv.y), d[3] = hi_half(sv.y);
+    }
+    __device__ static void dot(const Planes::Item& it, int, float4 x, float4 y, float* acc) {
+        u32 w[8];
+        float d[4];
+        unpack(it, w, d);
 #pragma unroll
         for (int j = 0; j < 4; ++j)
             acc[j] = fmaf(d[j], dot4_bytes(w[2 * j], x, 128.0f) + dot4_bytes(w[2 * j + 1], y, 128.0f), acc[j]);
+    }
+    // w = d (byte - 128): the magic float less 2^23 + 128 is exact.
+    __device__ static void weights(const Planes::Item& it, int, float (&w)[4][8]) {
+        u32 v[8];
+        float d[4];
+        unpack(it, v, d);
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int i = 0; i < 8; ++i) w[j][i] = (magic_byte(v[2 * j + (i >> 2)], i & 3) - 8388736.0f) * d[j];
     }
 };
 
@@ -150,6 +200,7 @@ struct PackF16 {
     typedef QuantScalePlanes<4, 0> Planes;
     static constexpr int U = 1;
     static constexpr bool SPLIT3 = true;
+    static constexpr int DQ = 4;
     X8_CONSECUTIVE
     __device__ static void dot(const Planes::Item& it, int, float4 x, float4 y, float* acc) {
         const uint4* qv = it.q;
@@ -162,6 +213,14 @@ struct PackF16 {
             a = fmaf(lo_half(h.z), y.x, a), a = fmaf(hi_half(h.z), y.y, a);
             a = fmaf(lo_half(h.w), y.z, a), a = fmaf(hi_half(h.w), y.w, a);
             acc[j] = a;
+        }
+    }
+    __device__ static void weights(const Planes::Item& it, int, float (&w)[4][8]) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const u32 h[4] = {it.q[j].x, it.q[j].y, it.q[j].z, it.q[j].w};
+#pragma unroll
+            for (int i = 0; i < 4; ++i) w[j][2 * i] = lo_half(h[i]), w[j][2 * i + 1] = hi_half(h[i]);
         }
     }
 };
@@ -202,6 +261,7 @@ struct PackQ6_K {
     typedef Q6KPlanes Planes;
     static constexpr int U = 2;
     static constexpr bool SPLIT3 = true;
+    static constexpr int DQ = 8;
     X8_CONSECUTIVE
     __device__ static void dot(const Planes::Item& it, int q, float4 x, float4 y, float* acc) {
         const float X96 = -96.0f * hsum8(x, y);
@@ -218,6 +278,21 @@ struct PackQ6_K {
             const u32 scw = (j < 2 ? it.sc.x : it.sc.y) >> (16 * (j & 1) + sh);
             const float sc = (float)(int)(signed char)(scw & 0xff);
             acc[j] = fmaf(d[j] * sc, fmaf(64.0f, S, X96), acc[j]);
+        }
+    }
+    // w = d sc (v - 32) = 64 d sc u - 96 d sc with u = 1 + v / 64.
+    __device__ static void weights(const Planes::Item& it, int q, float (&w)[4][8]) {
+        const u32 v[4] = {it.lo.x, it.lo.y, it.lo.z, it.lo.w};
+        const float d[4] = {lo_half(it.d.x), hi_half(it.d.x), lo_half(it.d.y), hi_half(it.d.y)};
+        const int sh = 8 * (q >> 1);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const u32 H = (j < 2 ? it.hi.x : it.hi.y) >> (4 * (j & 1));
+            const u32 t0 = ((v[j] << 1) & 0x1e1e1e1eu) | ((H << 5) & 0x60606060u) | 0x80808080u;
+            const u32 t1 = ((v[j] >> 3) & 0x1e1e1e1eu) | ((H << 3) & 0x60606060u) | 0x80808080u;
+            const u32 scw = (j < 2 ? it.sc.x : it.sc.y) >> (16 * (j & 1) + sh);
+            const float ds = d[j] * (float)(int)(signed char)(scw & 0xff);
+            units8_weights(t0, t1, 64.0f * ds, -96.0f * ds, w[j]);
         }
     }
 };
@@ -254,6 +329,7 @@ struct PackQ4_K {
     typedef Q4KPlanes Planes;
     static constexpr int U = 2;
     static constexpr bool SPLIT3 = true;
+    static constexpr int DQ = 4;
     X8_NIBBLE_SPLIT
     __device__ static void dot(const Planes::Item& it, int, float4 x, float4 y, float* acc) {
         const float X = hsum8(x, y);
@@ -266,6 +342,18 @@ struct PackQ4_K {
             const float a = 16.0f * lo_half(dd[j]) * (float)(sm & 0xff);
             const float c = hi_half(dd[j]) * (float)((sm >> 8) & 0xff);
             acc[j] = fmaf(a, S, fmaf(-(a + c), X, acc[j]));
+        }
+    }
+    // w = 16 d sc (u - 1) - dmin m.
+    __device__ static void weights(const Planes::Item& it, int, float (&w)[4][8]) {
+        const u32 v[4] = {it.q.x, it.q.y, it.q.z, it.q.w};
+        const u32 dd[4] = {it.d.x, it.d.y, it.d.z, it.d.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const u32 sm = (j < 2 ? it.sm.x : it.sm.y) >> (16 * (j & 1));
+            const float a = 16.0f * lo_half(dd[j]) * (float)(sm & 0xff);
+            const float c = hi_half(dd[j]) * (float)((sm >> 8) & 0xff);
+            units8_weights(units_lo4(v[j]), units_hi4(v[j]), a, -(a + c), w[j]);
         }
     }
 };
@@ -386,12 +474,21 @@ __device__ __forceinline__ void gemv_packed(const GemvArgs& a, int vb) {
         const int step = 8 * ksplit, run = lane >> 2;
         int b = run + 8 * sub;
         if (B > 1) {
-            // Several tokens: each item's weights are decoded by the same
-            // instructions for every token (x differs), so the loop is
-            // software-pipelined: the next U blocks' loads are issued
-            // before this U's arithmetic, and tokens past m read token m - 1's
-            // x (their sums are not written), so no branch separates the
-            // tokens' x loads and ptxas issues them together.
+            // Several tokens: from P::DQ tokens each item's weights are
+            // decoded once into floats (P::weights) and used by every
+            // token, one FMA a weight and token; below it (and for B = 1)
+            // P::dot decodes the quants' units and adds each token's x
+            // sums, which costs fewer instructions for few tokens. The loop is software-pipelined (the next U
+            // blocks' loads are issued before this U's arithmetic), and
+            // tokens past m read token m - 1's x (their sums are not
+            // written), so no branch separates the tokens' x loads. xb:
+            // x at this lane's block b, advanced with b; xo: each token's
+            // offset from it (32-bit: a register a token, not two).
+            const float* xb = x + b * 32;
+            int xo[B];
+#pragma unroll
+            for (int t = 0; t < B; ++t) xo[t] = (t < m ? t : m - 1) * (int)ld;
+            const int xs = step * 32;
             Item cur[U], nxt[U];
 #pragma unroll
             for (int u = 0; u < U; ++u)
@@ -404,13 +501,29 @@ __device__ __forceinline__ void gemv_packed(const GemvArgs& a, int vb) {
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     if (b + u * step >= nb) break;
-                    float4 xa[B], xb[B];
+                    if (B >= P::DQ) {
+                        float w[4][8];
+                        P::weights(cur[u], q, w);
 #pragma unroll
-                    for (int t = 0; t < B; ++t)
-                        P::x8(x + (t < m ? t : m - 1) * ld + (b + u * step) * 32, q, xa[t], xb[t]);
+                        for (int t = 0; t < B; ++t) {
+                            float4 xa, xc;
+                            P::x8(xb + xo[t] + u * xs, q, xa, xc);
+                            const float xv[8] = {xa.x, xa.y, xa.z, xa.w, xc.x, xc.y, xc.z, xc.w};
 #pragma unroll
-                    for (int t = 0; t < B; ++t) P::dot(cur[u], q, xa[t], xb[t], acc[t]);
+                            for (int j = 0; j < 4; ++j)
+#pragma unroll
+                                for (int i = 0; i < 8; ++i) acc[t][j] = fmaf(w[j][i], xv[i], acc[t][j]);
+                        }
+                    } else {
+                        float4 xa[B], xc[B];
+#pragma unroll
+                        for (int t = 0; t < B; ++t)
+                            P::x8(x + (t < m ? t : m - 1) * ld + (b + u * step) * 32, q, xa[t], xc[t]);
+#pragma unroll
+                        for (int t = 0; t < B; ++t) P::dot(cur[u], q, xa[t], xc[t], acc[t]);
+                    }
                 }
+                xb += U * xs;
 #pragma unroll
                 for (int u = 0; u < U; ++u) cur[u] = nxt[u];
             }
