@@ -35,7 +35,10 @@ struct Args {
     probe: Option<usize>,
 }
 
-fn args() -> Args {
+const USAGE: &str = "usage: load [--url URL] [--model M] [--clients 1,8,32] [--requests N] \
+[--max-tokens N] [--ctx N] [--cpu] [--probe BUSY]";
+
+fn args() -> Result<Args, String> {
     let mut a = Args {
         url: None,
         model: m40_runtime::store::DEFAULT_MODEL.into(),
@@ -46,22 +49,32 @@ fn args() -> Args {
         cpu: false,
         probe: None,
     };
+    fn num(k: &str, v: &str) -> Result<usize, String> {
+        v.parse()
+            .map_err(|_| format!("{k} takes a number, not {v:?}"))
+    }
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
-        let mut v = || it.next().unwrap_or_else(|| panic!("{k} needs a value"));
+        let mut v = || it.next().ok_or_else(|| format!("{k} needs a value"));
         match k.as_str() {
-            "--url" => a.url = Some(v()),
-            "--model" => a.model = v(),
-            "--clients" => a.clients = v().split(',').map(|c| c.parse().unwrap()).collect(),
-            "--requests" => a.requests = Some(v().parse().unwrap()),
-            "--max-tokens" => a.max_tokens = v().parse().unwrap(),
-            "--ctx" => a.ctx = v().parse().unwrap(),
+            "--url" => a.url = Some(v()?),
+            "--model" => a.model = v()?,
+            "--clients" => {
+                a.clients = v()?
+                    .split(',')
+                    .map(|c| num("--clients", c))
+                    .collect::<Result<_, _>>()?
+            }
+            "--requests" => a.requests = Some(num(&k, &v()?)?),
+            "--max-tokens" => a.max_tokens = num(&k, &v()?)?,
+            "--ctx" => a.ctx = num(&k, &v()?)?,
             "--cpu" => a.cpu = true,
-            "--probe" => a.probe = Some(v().parse().unwrap()),
-            other => panic!("unknown argument {other}"),
+            "--probe" => a.probe = Some(num(&k, &v()?)?),
+            "-h" | "--help" => return Err(String::new()),
+            other => return Err(format!("unknown argument {other}")),
         }
     }
-    a
+    Ok(a)
 }
 
 /// One request's figures.
@@ -194,7 +207,16 @@ fn pct(v: &mut [Duration], p: f64) -> f64 {
 }
 
 fn main() {
-    let a = args();
+    let a = match args() {
+        Ok(a) => a,
+        Err(e) => {
+            if !e.is_empty() {
+                eprintln!("load: {e}");
+            }
+            eprintln!("{USAGE}");
+            std::process::exit(2);
+        }
+    };
     let (url, model) = match &a.url {
         Some(u) => (u.trim_end_matches('/').to_string(), a.model.clone()),
         None => {
@@ -280,6 +302,20 @@ fn main() {
             pct(&mut lat, 0.99),
         );
     }
+    // What the server did over all of it (the warm-up included): prompt
+    // tokens, those the prefix cache saved, and the tokens a step took.
+    let m = |name| metric(&agent, &url, name);
+    let (prompt, saved, hits) = (
+        m("m40_prompt_tokens_total"),
+        m("m40_prefill_tokens_saved_total"),
+        m("m40_prefix_cache_hits_total"),
+    );
+    let (steps, step_tokens) = (m("m40_steps_total"), m("m40_step_tokens_total"));
+    println!(
+        "server: {prompt} prompt tokens, {saved} of them from the prefix cache ({hits} hits); \
+         {steps} steps, {:.1} tokens a step",
+        step_tokens / steps.max(1.0)
+    );
     if let Some(busy) = a.probe {
         probe(&agent, &url, &model, busy, a.max_tokens);
     }
