@@ -35,8 +35,6 @@ pub enum GgufError {
     BadTensor { name: String, what: String },
     #[error("duplicate {kind} `{name}`")]
     Duplicate { kind: &'static str, name: String },
-    #[error("gguf-rs-lib: {0}")]
-    Library(String),
     #[error("metadata key `{key}` is missing")]
     MissingKey { key: String },
     #[error("metadata key `{key}`: expected {expected}, found {found}")]
@@ -70,9 +68,3 @@ pub enum GgufError {
 }
 
 pub type Result<T, E = GgufError> = std::result::Result<T, E>;
-
-impl From<gguf_rs_lib::error::GGUFError> for GgufError {
-    fn from(e: gguf_rs_lib::error::GGUFError) -> Self {
-        GgufError::Library(e.to_string())
-    }
-}

@@ -1,17 +1,15 @@
-//! Opening GGUF files: a memory map, the header and metadata decoded through
-//! gguf-rs-lib, and zero-copy tensor views.
+//! Opening GGUF files: a memory map, the header and metadata decoded by a
+//! bounds-checked walk (crate::header), and zero-copy tensor views.
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
-use gguf_rs_lib::reader::{GGUFFileReader, GGUFReaderConfig};
 use memmap2::Mmap;
 
 use crate::error::{GgufError, Result};
+use crate::header::read_header;
 use crate::metadata::Metadata;
-use crate::prescan::prescan;
 use crate::types::GgmlType;
 
 /// Where a tensor's bytes live and how to read them.
@@ -108,50 +106,6 @@ impl std::fmt::Debug for GgufFile {
     }
 }
 
-/// Presents a GGUF v2 file to gguf-rs-lib, which accepts only v3, as v3.
-/// The two versions have the same layout (v3 added only big-endian files,
-/// which m40-llm does not read), so only the version field differs.
-struct AsV3<'a> {
-    bytes: &'a [u8],
-    pos: u64,
-}
-
-impl Read for AsV3<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let start = (self.pos as usize).min(self.bytes.len());
-        let n = buf.len().min(self.bytes.len() - start);
-        buf[..n].copy_from_slice(&self.bytes[start..start + n]);
-        let v3 = 3u32.to_le_bytes();
-        for (i, b) in buf[..n].iter_mut().enumerate() {
-            let at = start + i;
-            if (4..8).contains(&at) {
-                *b = v3[at - 4];
-            }
-        }
-        self.pos += n as u64;
-        Ok(n)
-    }
-}
-
-impl Seek for AsV3<'_> {
-    fn seek(&mut self, pos: SeekFrom) -> std::io::Result<u64> {
-        let len = self.bytes.len() as i128;
-        let new = match pos {
-            SeekFrom::Start(p) => p as i128,
-            SeekFrom::End(d) => len + d as i128,
-            SeekFrom::Current(d) => self.pos as i128 + d as i128,
-        };
-        if new < 0 {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                "seek before start",
-            ));
-        }
-        self.pos = new as u64;
-        Ok(self.pos)
-    }
-}
-
 impl GgufFile {
     /// Memory-map and parse `path`.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
@@ -173,87 +127,32 @@ impl GgufFile {
     }
 
     fn parse(path: PathBuf, bytes: Bytes) -> Result<Self> {
-        let data = bytes.as_slice();
-        let scan = prescan(data)?;
-        let config = GGUFReaderConfig {
-            validate_integrity: true,
-            ..Default::default()
-        };
-        let reader = GGUFFileReader::with_config(
-            AsV3 {
-                bytes: data,
-                pos: 0,
-            },
-            config,
-        )?;
-        if reader.tensor_count() as u64 != scan.tensor_count
-            || reader.metadata().len() as u64 != scan.kv_count
-        {
-            return Err(GgufError::Library(
-                "decoded counts differ from the header".into(),
-            ));
-        }
-        let metadata = Metadata::from_lib(reader.metadata())?;
-        let alignment = reader.tensor_alignment();
-        let data_offset = reader.tensor_data_offset();
-        debug_assert!(data_offset >= scan.descriptors_end);
-
-        let mut tensors = Vec::with_capacity(reader.tensor_infos().len());
-        let mut index = HashMap::with_capacity(tensors.capacity());
-        for t in reader.tensor_infos() {
-            let name = t.name().to_string();
-            let id = t.tensor_type() as u32;
-            let ty = GgmlType::from_id(id).ok_or_else(|| GgufError::UnknownType {
-                name: name.clone(),
-                id,
-            })?;
-            let shape: Vec<u64> = t.shape().dims().to_vec();
-            let bad = |what: String| GgufError::BadTensor {
-                name: name.clone(),
-                what,
-            };
-            let n: u64 = shape
-                .iter()
-                .try_fold(1u64, |a, &d| a.checked_mul(d))
-                .ok_or_else(|| bad("element count overflows".into()))?;
-            let n_bytes = ty
-                .row_bytes(n)
-                .ok_or_else(|| bad("size overflows".into()))?;
-            let offset = data_offset
-                .checked_add(t.data_offset())
-                .ok_or_else(|| bad("offset overflows".into()))?;
-            let end = offset
-                .checked_add(n_bytes)
-                .ok_or_else(|| bad("offset overflows".into()))?;
-            if end > data.len() as u64 {
-                return Err(bad(format!(
-                    "data [{offset}, {end}) runs past the end of the file ({} bytes)",
-                    data.len()
-                )));
-            }
-            if index.insert(name.clone(), tensors.len()).is_some() {
-                return Err(GgufError::Duplicate {
-                    kind: "tensor",
-                    name,
-                });
-            }
+        let h = read_header(bytes.as_slice())?;
+        let mut tensors = Vec::with_capacity(h.tensors.len());
+        let mut index = HashMap::with_capacity(h.tensors.len());
+        for t in h.tensors {
+            let offset = h.data_offset + t.offset;
+            // read_header checked the data against the end of the file from
+            // the data section's start.
+            debug_assert!(offset + t.n_bytes <= bytes.as_slice().len() as u64);
+            index.insert(t.name.clone(), tensors.len());
             tensors.push(TensorInfo {
-                name,
-                ty,
-                shape,
+                name: t.name,
+                ty: t.ty,
+                shape: t.shape,
                 offset,
-                n_bytes,
+                n_bytes: t.n_bytes,
             });
         }
         Ok(Self {
             path,
             bytes,
-            version: scan.version,
-            metadata,
+            version: h.version,
+            metadata: h.metadata,
             tensors,
             index,
-            alignment,
-            data_offset,
+            alignment: h.alignment,
+            data_offset: h.data_offset,
         })
     }
 

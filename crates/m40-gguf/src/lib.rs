@@ -1,9 +1,10 @@
 //! m40-gguf: GGUF files for m40-llm.
 //!
 //! - [`GgufFile`] opens GGUF v2/v3 with a memory map; metadata and tensor
-//!   descriptors are decoded through gguf-rs-lib after a bounds-checked walk
-//!   ([`prescan`](crate::prescan)) rejects malformed headers; tensor data is
-//!   served as zero-copy [`TensorView`]s.
+//!   descriptors are decoded by a bounds-checked walk
+//!   ([`header`](crate::header)) that names the offset and key of any
+//!   problem and, like llama.cpp, takes any UTF-8 key; tensor data is served
+//!   as zero-copy [`TensorView`]s. gguf-rs-lib writes files ([`GgufWriter`]).
 //! - [`Metadata`] gives typed access with errors that name the key.
 //! - [`HyperParams`] reads the llama family's shape and checks its tensors.
 //! - [`quant`] holds the GGML block formats and CPU (de)quantization.
@@ -13,9 +14,9 @@
 
 pub mod error;
 mod file;
+mod header;
 pub mod hparams;
 pub mod metadata;
-mod prescan;
 pub mod quant;
 pub mod synth;
 pub mod types;

@@ -147,24 +147,6 @@ impl Value {
         }
     }
 
-    fn from_lib(v: &MetadataValue) -> Result<Value> {
-        Ok(match v {
-            MetadataValue::U8(x) => Value::U8(*x),
-            MetadataValue::I8(x) => Value::I8(*x),
-            MetadataValue::U16(x) => Value::U16(*x),
-            MetadataValue::I16(x) => Value::I16(*x),
-            MetadataValue::U32(x) => Value::U32(*x),
-            MetadataValue::I32(x) => Value::I32(*x),
-            MetadataValue::U64(x) => Value::U64(*x),
-            MetadataValue::I64(x) => Value::I64(*x),
-            MetadataValue::F32(x) => Value::F32(*x),
-            MetadataValue::F64(x) => Value::F64(*x),
-            MetadataValue::Bool(x) => Value::Bool(*x),
-            MetadataValue::String(s) => Value::String(s.clone()),
-            MetadataValue::Array(a) => Value::Array(Array::from_lib(a)?),
-        })
-    }
-
     /// The gguf-rs-lib value, for writing.
     pub(crate) fn to_lib(&self) -> MetadataValue {
         match self {
@@ -185,58 +167,7 @@ impl Value {
     }
 }
 
-macro_rules! convert_array {
-    ($values:expr, $variant:ident, $lib:ident) => {{
-        let mut out = Vec::with_capacity($values.len());
-        for v in $values {
-            match v {
-                MetadataValue::$lib(x) => out.push(x.clone()),
-                other => {
-                    return Err(GgufError::Library(format!(
-                        "array element of type {:?} in an array of {}",
-                        other.value_type(),
-                        stringify!($lib)
-                    )))
-                }
-            }
-        }
-        Array::$variant(out)
-    }};
-}
-
 impl Array {
-    fn from_lib(a: &MetadataArray) -> Result<Array> {
-        let v = &a.values;
-        Ok(match a.element_type {
-            GGUFValueType::U8 => convert_array!(v, U8, U8),
-            GGUFValueType::I8 => convert_array!(v, I8, I8),
-            GGUFValueType::U16 => convert_array!(v, U16, U16),
-            GGUFValueType::I16 => convert_array!(v, I16, I16),
-            GGUFValueType::U32 => convert_array!(v, U32, U32),
-            GGUFValueType::I32 => convert_array!(v, I32, I32),
-            GGUFValueType::U64 => convert_array!(v, U64, U64),
-            GGUFValueType::I64 => convert_array!(v, I64, I64),
-            GGUFValueType::F32 => convert_array!(v, F32, F32),
-            GGUFValueType::F64 => convert_array!(v, F64, F64),
-            GGUFValueType::Bool => convert_array!(v, Bool, Bool),
-            GGUFValueType::String => convert_array!(v, String, String),
-            GGUFValueType::Array => {
-                let mut out = Vec::with_capacity(v.len());
-                for x in v {
-                    match x {
-                        MetadataValue::Array(inner) => out.push(Array::from_lib(inner)?),
-                        _ => {
-                            return Err(GgufError::Library(
-                                "non-array in an array of arrays".into(),
-                            ))
-                        }
-                    }
-                }
-                Array::Array(out)
-            }
-        })
-    }
-
     fn to_lib(&self) -> MetadataArray {
         fn wrap<T: Clone>(
             ty: GGUFValueType,
@@ -314,14 +245,6 @@ fn wrong(key: &str, expected: &'static str, v: &Value) -> GgufError {
 impl Metadata {
     pub fn new() -> Self {
         Self::default()
-    }
-
-    pub(crate) fn from_lib(m: &gguf_rs_lib::format::metadata::Metadata) -> Result<Self> {
-        let mut entries = BTreeMap::new();
-        for (k, v) in m.iter() {
-            entries.insert(k.clone(), Value::from_lib(v)?);
-        }
-        Ok(Self { entries })
     }
 
     pub(crate) fn to_lib(&self) -> gguf_rs_lib::format::metadata::Metadata {
@@ -522,7 +445,7 @@ mod tests {
     }
 
     #[test]
-    fn lib_round_trip_keeps_every_type() {
+    fn written_and_read_back_keeps_every_type() {
         let mut m = Metadata::new();
         let vals = [
             Value::U8(1),
@@ -545,7 +468,10 @@ mod tests {
         for (i, v) in vals.iter().enumerate() {
             m.insert(format!("k{i}"), v.clone());
         }
-        let back = Metadata::from_lib(&m.to_lib()).unwrap();
-        assert_eq!(back, m);
+        let file = crate::GgufWriter::new(Vec::new(), &m, &[])
+            .and_then(|w| w.finish())
+            .unwrap();
+        let back = crate::GgufFile::from_bytes(file).unwrap();
+        assert_eq!(back.metadata(), &m);
     }
 }

@@ -96,6 +96,63 @@ fn the_valid_image_opens() {
 }
 
 #[test]
+fn keys_llama_cpp_writes_open_whatever_their_spelling() {
+    // gguf-rs-lib's reader refused every key that is not dot-separated
+    // lower_snake_case; llama.cpp writes architectures with '-' in their keys
+    // and reads any UTF-8 key.
+    let mut img = Image::valid();
+    img.kvs[0].2 = string("command-r");
+    img.kvs.push((
+        "command-r.attention.layer_norm_epsilon".into(),
+        6,
+        1e-5f32.to_le_bytes().to_vec(),
+    ));
+    img.kvs.push((
+        "gpt-oss.expert_count".into(),
+        4,
+        32u32.to_le_bytes().to_vec(),
+    ));
+    img.kvs.push(("Some.Vendor Key".into(), 8, string("kept")));
+    let f = open(&img).unwrap();
+    let m = f.metadata();
+    assert_eq!(m.str("general.architecture").unwrap(), "command-r");
+    assert_eq!(
+        m.opt_f64("command-r.attention.layer_norm_epsilon").unwrap(),
+        Some(1e-5f32.into())
+    );
+    assert_eq!(m.u64("gpt-oss.expert_count").unwrap(), 32);
+    assert_eq!(m.str("Some.Vendor Key").unwrap(), "kept");
+    assert_eq!(f.tensors().len(), 2);
+}
+
+#[test]
+fn alignment_is_read_and_checked() {
+    // general.alignment 64: b.weight's offset 96 is off it, 128 is on it.
+    let mut img = Image::valid();
+    img.kvs
+        .push(("general.alignment".into(), 4, 64u32.to_le_bytes().to_vec()));
+    let e = err(&img);
+    assert!(e.contains("b.weight") && e.contains("alignment 64"), "{e}");
+    img.tensors[1].3 = 128;
+    // The image pads its header to 32 bytes; the data starts at the next
+    // multiple of 64, up to 32 bytes later: room for b.weight either way.
+    img.data_len = 128 + 16 + 32;
+    let f = open(&img).unwrap();
+    assert_eq!(f.alignment(), 64);
+    assert!(f.data_offset().is_multiple_of(64));
+    assert_eq!(f.tensor("b.weight").unwrap().to_f32().unwrap().len(), 4);
+    // Not a power of two, or not a u32: refused, as llama.cpp does.
+    for (ty, v) in [
+        (4u32, 48u32.to_le_bytes().to_vec()),
+        (10, 64u64.to_le_bytes().to_vec()),
+    ] {
+        let mut img = Image::valid();
+        img.kvs.push(("general.alignment".into(), ty, v));
+        assert!(err(&img).contains("general.alignment"));
+    }
+}
+
+#[test]
 fn version_2_opens_and_other_versions_do_not() {
     let mut img = Image::valid();
     img.version = 2;
