@@ -19,27 +19,7 @@ TG=${TG:-64}
 if [ ! -x "$T/build/bin/llama-bench" ]; then
     echo "== building llama-bench from llama-cpp-python==$VER (PyPI sdist) into $T" >&2
     mkdir -p "$T"
-    # The sdist straight from PyPI (`pip download` would build it to read
-    # its metadata).
-    mkdir -p "$T/sdist"
-    python3 - "$VER" "$T/sdist" <<'PY'
-import hashlib, json, os, sys, urllib.request
-ver, dest = sys.argv[1], sys.argv[2]
-# PyPI's simple index (PEP 691 JSON): the file and its sha256.
-req = urllib.request.Request("https://pypi.org/simple/llama-cpp-python/",
-                             headers={"Accept": "application/vnd.pypi.simple.v1+json"})
-files = json.load(urllib.request.urlopen(req))["files"]
-name = f"llama_cpp_python-{ver}.tar.gz"
-sdist = next(f for f in files if f["filename"] == name)
-path = f"{dest}/{name}"
-if not os.path.exists(path):
-    urllib.request.urlretrieve(sdist["url"], path)
-digest = hashlib.sha256(open(path, "rb").read()).hexdigest()
-if digest != sdist["hashes"]["sha256"]:
-    os.remove(path)
-    sys.exit(f"{path}: sha256 {digest}, PyPI says {sdist['hashes']['sha256']}")
-PY
-    tar xzf "$T"/sdist/llama_cpp_python-$VER.tar.gz -C "$T"
+    tar xzf "$(VER=$VER scripts/llamacpp-sdist.sh)" -C "$T"
     CMAKE=$(command -v cmake || true)
     if [ -z "$CMAKE" ]; then
         python3 -m pip install -q --target "$T/cmake" cmake

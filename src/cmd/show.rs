@@ -28,6 +28,8 @@ fn tokenizer_kind(f: &GgufFile) -> String {
     let kind = match model {
         Some("llama") => "SentencePiece (llama)",
         Some("gpt2") => "byte-level BPE (gpt2)",
+        Some("gemma4") => "BPE over SentencePiece text (gemma4)",
+        Some("bert") => "WordPiece (bert)",
         Some(other) => other,
         None => return "none".into(),
     };

@@ -4,9 +4,13 @@
 use std::collections::HashMap;
 
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+use tokenizers::decoders::wordpiece::WordPiece as WordPieceDecoder;
 use tokenizers::models::bpe::BPE;
+use tokenizers::models::wordpiece::WordPiece;
+use tokenizers::normalizers::bert::BertNormalizer;
 use tokenizers::normalizers::NormalizerWrapper;
 use tokenizers::normalizers::{Prepend, Replace, Sequence as NormalizerSequence, NFC};
+use tokenizers::pre_tokenizers::bert::BertPreTokenizer;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::punctuation::Punctuation;
@@ -27,6 +31,8 @@ pub enum PreSplit {
     Llama3,
     /// Qwen2: Llama 3's regex with single digits, NFC normalization.
     Qwen2,
+    /// Qwen3.5: Qwen2's, with combining marks (\p{M}) inside words.
+    Qwen35,
     /// Single digits, then GPT-2's regex (StarCoder, Refact, Command-R, SmolLM).
     DigitsGpt2,
     /// Falcon: punctuation runs, GPT-2's regex, digit runs, triples of digits.
@@ -39,9 +45,13 @@ pub enum PreSplit {
 
 const LLAMA3_RE: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const QWEN2_RE: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN35_RE: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const GPT2_RE: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
 const CJK_RE: &str = "[一-龥ࠀ-一가-퟿]+";
-const DEEPSEEK_LLM_LETTERS: &str = r"\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-ώᾀ-ᾴᾶ-ᾼιῂ-ῄῆ-ῌῐ-ΐῖ-Ίῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤΩℨK-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+";
+// The letters of deepseek-llm's tokenizer.json. Six of its characters are
+// written as escapes: NFC (which an editor may apply to the source) maps
+// them to other code points and turns their ranges inside out.
+const DEEPSEEK_LLM_LETTERS: &str = r"\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-\x{1F7D}ᾀ-ᾴᾶ-ᾼ\x{1FBE}ῂ-ῄῆ-ῌῐ-\x{1FD3}ῖ-\x{1FDB}ῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤ\x{2126}ℨ\x{212A}-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+";
 const DEEPSEEK_LLM_PUNCT: &str = r"\s?[!-/:-~！-／：-～‘-‟　-。]+";
 
 impl PreSplit {
@@ -51,6 +61,7 @@ impl PreSplit {
             "default" => PreSplit::Default,
             "llama3" | "llama-v3" | "llama-bpe" | "dbrx" | "smaug-bpe" => PreSplit::Llama3,
             "qwen2" | "qwen2.5" | "qwen-2.5" | "deepseek-r1-qwen" => PreSplit::Qwen2,
+            "qwen35" => PreSplit::Qwen35,
             "gpt-2" | "gpt2" | "mpt" | "olmo" | "jais" | "phi-2" => PreSplit::Gpt2,
             "starcoder" | "refact" | "command-r" | "smollm" | "codeshell" | "exaone"
             | "minerva-7b" => PreSplit::DigitsGpt2,
@@ -78,6 +89,7 @@ fn pre_tokenizer(split_kind: PreSplit) -> Result<PreTokenizerWrapper> {
         PreSplit::Gpt2 => vec![byte_level(true)],
         PreSplit::Llama3 => vec![split(LLAMA3_RE)?, byte_level(false)],
         PreSplit::Qwen2 => vec![split(QWEN2_RE)?, byte_level(false)],
+        PreSplit::Qwen35 => vec![split(QWEN35_RE)?, byte_level(false)],
         PreSplit::DigitsGpt2 => vec![Digits::new(true).into(), byte_level(true)],
         PreSplit::Falcon => vec![
             Punctuation::new(SplitDelimiterBehavior::Contiguous).into(),
@@ -167,8 +179,11 @@ pub fn build(vocab: &Vocab) -> Result<(Tokenizer, Option<PreSplit>)> {
     let hf_vocab: tokenizers::models::bpe::Vocab =
         index.iter().map(|(k, &v)| (k.to_string(), v)).collect();
     let (tokenizer, split_kind) = match vocab.kind {
-        VocabKind::Spm => {
-            let merges = spm_merges(&vocab.tokens, &vocab.scores, &index);
+        VocabKind::Spm | VocabKind::SpmBpe => {
+            let merges = match vocab.kind {
+                VocabKind::Spm => spm_merges(&vocab.tokens, &vocab.scores, &index),
+                _ => bpe_merges(&vocab.merges)?,
+            };
             let mut b = BPE::builder()
                 .vocab_and_merges(hf_vocab, merges)
                 .byte_fallback(true)
@@ -183,7 +198,41 @@ pub fn build(vocab: &Vocab) -> Result<(Tokenizer, Option<PreSplit>)> {
             }
             norms.push(Replace::new(" ", "▁").map_err(hf)?.into());
             t.with_normalizer(Some(NormalizerSequence::new(norms)));
+            if vocab.kind == VocabKind::SpmBpe {
+                // llama.cpp splits gemma4's text only into runs of newlines
+                // and runs of everything else.
+                t.with_pre_tokenizer(Some(split(r"[^\n]+|[\n]+")?));
+            }
             // Decoding is ours (Tokenizer::spm_decode), as llama.cpp does it.
+            (t, None)
+        }
+        VocabKind::Wpm => {
+            // Back to BERT's spelling: `▁x` starts a word (`x`), a bare `x`
+            // continues one (`##x`), `[CLS]`-style names stay.
+            let wp_vocab: tokenizers::models::bpe::Vocab = index
+                .iter()
+                .map(|(&t, &i)| {
+                    let piece = match t.strip_prefix('▁') {
+                        Some(word) => word.to_string(),
+                        None if t.starts_with('[') && t.ends_with(']') => t.to_string(),
+                        None => format!("##{t}"),
+                    };
+                    (piece, i)
+                })
+                .collect();
+            let unk = vocab
+                .unk
+                .map_or("[UNK]".to_string(), |u| vocab.tokens[u as usize].clone());
+            let model = WordPiece::builder()
+                .vocab(wp_vocab)
+                .unk_token(unk)
+                .build()
+                .map_err(hf)?;
+            let mut t = Tokenizer::new(model);
+            // Uncased, as llama.cpp's WPM always lowercases.
+            t.with_normalizer(Some(BertNormalizer::new(true, true, None, true)));
+            t.with_pre_tokenizer(Some(BertPreTokenizer));
+            t.with_decoder(Some(WordPieceDecoder::default()));
             (t, None)
         }
         VocabKind::Bpe => {

@@ -143,8 +143,8 @@ impl Tokenizer {
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         self.check(ids)?;
         match self.vocab.kind {
-            VocabKind::Spm => Ok(self.spm_decode(ids, true)),
-            VocabKind::Bpe => self.parsing.decode(ids, true).map_err(error::hf),
+            VocabKind::Spm | VocabKind::SpmBpe => Ok(self.spm_decode(ids, true)),
+            VocabKind::Bpe | VocabKind::Wpm => self.parsing.decode(ids, true).map_err(error::hf),
         }
     }
 
@@ -152,8 +152,8 @@ impl Tokenizer {
     pub fn decode_with_special(&self, ids: &[u32]) -> Result<String> {
         self.check(ids)?;
         match self.vocab.kind {
-            VocabKind::Spm => Ok(self.spm_decode(ids, false)),
-            VocabKind::Bpe => self.parsing.decode(ids, false).map_err(error::hf),
+            VocabKind::Spm | VocabKind::SpmBpe => Ok(self.spm_decode(ids, false)),
+            VocabKind::Bpe | VocabKind::Wpm => self.parsing.decode(ids, false).map_err(error::hf),
         }
     }
 

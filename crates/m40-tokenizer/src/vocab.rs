@@ -37,6 +37,13 @@ pub enum VocabKind {
     Spm,
     /// `gpt2`: byte-level BPE with explicit merges and a pre-tokenizer split.
     Bpe,
+    /// `gemma4`: BPE with explicit merges over SentencePiece-style text (`▁`
+    /// for spaces, raw UTF-8 with byte fallback), split only at newlines.
+    SpmBpe,
+    /// `bert`: WordPiece. GGUF stores word-initial pieces with a leading `▁`
+    /// and continuations bare (llama.cpp's converter turns BERT's `##x` into
+    /// `x` and `x` into `▁x`).
+    Wpm,
 }
 
 /// Everything `tokenizer.ggml.*` says.
@@ -70,6 +77,8 @@ impl Vocab {
         let kind = match model {
             "llama" => VocabKind::Spm,
             "gpt2" => VocabKind::Bpe,
+            "gemma4" => VocabKind::SpmBpe,
+            "bert" => VocabKind::Wpm,
             other => return Err(TokenizerError::UnsupportedModel(other.to_string())),
         };
         let tokens = md
@@ -104,10 +113,10 @@ impl Vocab {
             .opt_str_array("tokenizer.ggml.merges")?
             .map(<[String]>::to_vec)
             .unwrap_or_default();
-        if kind == VocabKind::Bpe && merges.is_empty() {
-            return Err(TokenizerError::BadVocab(
-                "a gpt2 tokenizer needs tokenizer.ggml.merges".into(),
-            ));
+        if matches!(kind, VocabKind::Bpe | VocabKind::SpmBpe) && merges.is_empty() {
+            return Err(TokenizerError::BadVocab(format!(
+                "a {model} tokenizer needs tokenizer.ggml.merges"
+            )));
         }
         let id = |key: &str| -> Result<Option<u32>> {
             match md.opt_i64(key)? {
@@ -120,7 +129,7 @@ impl Vocab {
                 None => Ok(None),
             }
         };
-        let default_bos = kind == VocabKind::Spm;
+        let default_bos = matches!(kind, VocabKind::Spm | VocabKind::SpmBpe);
         Ok(Vocab {
             kind,
             pre: md.opt_str("tokenizer.ggml.pre")?.map(str::to_string),

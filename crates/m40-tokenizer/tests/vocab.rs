@@ -8,65 +8,16 @@ mod common;
 use m40_gguf::GgufFile;
 use m40_tokenizer::{Encode, Tokenizer};
 
-const SEP: &str = "\n__ggml_vocab_test__\n";
-
-fn cases(td: &std::path::Path, name: &str) -> Vec<(String, Vec<u32>)> {
-    let inp = std::fs::read(td.join(format!("vocab/ggml-vocab-{name}.gguf.inp"))).unwrap();
-    let inp = String::from_utf8(inp).unwrap();
-    let mut strings: Vec<&str> = inp.split(SEP).collect();
-    if inp.ends_with(SEP) {
-        strings.pop();
-    }
-    let out =
-        std::fs::read_to_string(td.join(format!("vocab/ggml-vocab-{name}.gguf.out"))).unwrap();
-    let lines: Vec<&str> = out.split('\n').collect();
-    assert!(
-        lines.len() >= strings.len(),
-        "{name}: {} outputs for {} inputs",
-        lines.len(),
-        strings.len()
-    );
-    strings
-        .iter()
-        .zip(lines)
-        .map(|(s, l)| {
-            (
-                s.to_string(),
-                l.split_whitespace().map(|x| x.parse().unwrap()).collect(),
-            )
-        })
-        .collect()
-}
+mod vectors;
 
 fn check(name: &str) {
     let Some(td) = common::testdata() else { return };
-    let f = GgufFile::open(td.join(format!("vocab/ggml-vocab-{name}.gguf"))).unwrap();
-    let tok = Tokenizer::from_gguf(&f).unwrap();
-    let literal = Encode {
-        parse_special: false,
-        add_special: false,
-    };
-    let mut failures = Vec::new();
-    let cases = cases(&td, name);
-    assert!(cases.len() > 40, "{name}: only {} cases", cases.len());
-    for (text, want) in &cases {
-        let got = tok.encode(text, literal).unwrap();
-        if &got != want {
-            failures.push(format!("{text:?}\n   got  {got:?}\n   want {want:?}"));
-            continue;
-        }
-        // Lossless both ways: byte-level BPE always; SentencePiece too, as
-        // its decoder strips exactly the one space the normalizer prepends.
-        let back = tok.decode(&got).unwrap();
-        if &back != text {
-            failures.push(format!("decode {text:?} gave {back:?}"));
-        }
-    }
+    let (n, failures) = vectors::run(&td.join("vocab"), name, true).unwrap();
+    assert!(n > 40, "{name}: only {n} cases");
     assert!(
         failures.is_empty(),
-        "{name}: {} of {} cases differ:\n{}",
+        "{name}: {} of {n} cases differ:\n{}",
         failures.len(),
-        cases.len(),
         failures.join("\n")
     );
 }
@@ -116,7 +67,7 @@ fn unknown_pre_falls_back_to_gpt2_split() {
         parse_special: false,
         add_special: false,
     };
-    for (text, want) in cases(&td, "gpt-2") {
+    for (text, want) in vectors::cases(&td.join("vocab"), "gpt-2") {
         assert_eq!(tok.encode(&text, literal).unwrap(), want, "{text:?}");
     }
     // Every pre the issue names maps to a split.
