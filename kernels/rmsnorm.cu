@@ -95,3 +95,10 @@ extern "C" __global__ void rmsnorm_f32(const float* x, const float* w, float* y,
 extern "C" __global__ void add_rmsnorm_f32(float* x, const float* d, const float* w, float* y, int n, float eps) {
     rmsnorm_block(x, d, w, y, n, eps);
 }
+
+// x = rmsnorm(x) * w in place, row by row (qwen3's per-head query and key
+// norms: rows of head_dim). Each element is read before the same thread
+// writes it, and after the whole row's sum.
+extern "C" __global__ void rmsnorm_inplace_f32(float* x, const float* w, int n, float eps) {
+    rmsnorm_block(x, nullptr, w, x, n, eps);
+}

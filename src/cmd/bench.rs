@@ -29,7 +29,7 @@ pub struct Args {
     /// Model file or store name (or use --shape).
     pub model: Option<String>,
     /// Generate a random-weight model of this shape instead: tiny,
-    /// smollm2-135m, llama-1b or llama-8b.
+    /// smollm2-135m, llama-1b, llama-8b, qwen3-tiny or qwen3-8b.
     #[arg(long, conflicts_with = "model")]
     pub shape: Option<String>,
     /// Weight type of the generated model.

@@ -8,7 +8,8 @@ use m40_gguf::synth::{write_model, FileType, Shape, SynthOptions, SHAPES};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Model shape: tiny, smollm2-135m, llama-1b or llama-8b.
+    /// Model shape: tiny, smollm2-135m, llama-1b, llama-8b (llama); qwen3-tiny,
+    /// qwen3-8b (qwen3).
     #[arg(long)]
     pub shape: String,
     /// Weight type: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K, or

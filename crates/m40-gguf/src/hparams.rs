@@ -11,6 +11,10 @@ pub enum Arch {
     Llama,
     /// Qwen2: Q/K/V biases, NeoX RoPE.
     Qwen2,
+    /// Qwen3 (dense): NeoX RoPE, no biases, an RMSNorm over each query and
+    /// key head before RoPE (`attn_q_norm`, `attn_k_norm`), and a head size
+    /// of its own (`attention.key_length`).
+    Qwen3,
 }
 
 impl Arch {
@@ -18,6 +22,7 @@ impl Arch {
         match name {
             "llama" => Ok(Arch::Llama),
             "qwen2" => Ok(Arch::Qwen2),
+            "qwen3" => Ok(Arch::Qwen3),
             other => Err(GgufError::UnsupportedArchitecture(other.to_string())),
         }
     }
@@ -26,6 +31,7 @@ impl Arch {
         match self {
             Arch::Llama => "llama",
             Arch::Qwen2 => "qwen2",
+            Arch::Qwen3 => "qwen3",
         }
     }
 }
@@ -75,6 +81,9 @@ pub struct HyperParams {
     pub tied_output: bool,
     /// `attn_{q,k,v}.bias` present (qwen2 always).
     pub qkv_bias: bool,
+    /// `attn_{q,k}_norm`: each query and key head RMS-normed (weights of
+    /// `head_dim`) before RoPE (qwen3).
+    pub qk_norm: bool,
 }
 
 /// The names of one layer's tensors.
@@ -88,6 +97,8 @@ pub struct LayerNames {
     pub bq: String,
     pub bk: String,
     pub bv: String,
+    pub q_norm: String,
+    pub k_norm: String,
     pub ffn_norm: String,
     pub ffn_gate: String,
     pub ffn_up: String,
@@ -106,6 +117,8 @@ impl LayerNames {
             bq: n("attn_q.bias"),
             bk: n("attn_k.bias"),
             bv: n("attn_v.bias"),
+            q_norm: n("attn_q_norm.weight"),
+            k_norm: n("attn_k_norm.weight"),
             ffn_norm: n("ffn_norm.weight"),
             ffn_gate: n("ffn_gate.weight"),
             ffn_up: n("ffn_up.weight"),
@@ -222,7 +235,7 @@ impl HyperParams {
             .unwrap_or(1e-5) as f32;
         let rope_style = match arch {
             Arch::Llama => RopeStyle::Normal,
-            Arch::Qwen2 => RopeStyle::Neox,
+            Arch::Qwen2 | Arch::Qwen3 => RopeStyle::Neox,
         };
         Ok(Self {
             arch,
@@ -241,6 +254,7 @@ impl HyperParams {
             rms_eps,
             tied_output: true,
             qkv_bias: arch == Arch::Qwen2,
+            qk_norm: arch == Arch::Qwen3,
         })
     }
 
@@ -287,6 +301,10 @@ impl HyperParams {
                 out.push((n.bq, vec![q]));
                 out.push((n.bk, vec![kv]));
                 out.push((n.bv, vec![kv]));
+            }
+            if self.qk_norm {
+                out.push((n.q_norm, vec![self.head_dim as u64]));
+                out.push((n.k_norm, vec![self.head_dim as u64]));
             }
             out.push((n.wo, vec![q, d]));
             out.push((n.ffn_norm, vec![d]));

@@ -11,7 +11,7 @@ use std::io::{Read, Write};
 use rayon::prelude::*;
 
 use crate::error::{GgufError, Result};
-use crate::hparams::{HyperParams, LayerNames, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
+use crate::hparams::{Arch, HyperParams, LayerNames, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
 use crate::metadata::{Array, Metadata, Value};
 use crate::quant;
 use crate::types::GgmlType;
@@ -21,10 +21,13 @@ use crate::writer::{GgufWriter, TensorSpec};
 #[derive(Clone, Debug, PartialEq)]
 pub struct Shape {
     pub name: &'static str,
+    pub arch: Arch,
     pub n_layer: usize,
     pub n_embd: usize,
     pub n_head: usize,
     pub n_head_kv: usize,
+    /// The head size, where it is not n_embd / n_head (qwen3's 0.6B-4B).
+    pub head_dim: Option<usize>,
     pub n_ff: usize,
     pub n_vocab: usize,
     pub n_ctx_train: usize,
@@ -36,6 +39,8 @@ pub struct Shape {
 pub const SHAPES: &[Shape] = &[
     Shape {
         name: "tiny",
+        arch: Arch::Llama,
+        head_dim: None,
         n_layer: 2,
         n_embd: 256,
         n_head: 4,
@@ -48,6 +53,8 @@ pub const SHAPES: &[Shape] = &[
     },
     Shape {
         name: "smollm2-135m",
+        arch: Arch::Llama,
+        head_dim: None,
         n_layer: 30,
         n_embd: 576,
         n_head: 9,
@@ -60,6 +67,8 @@ pub const SHAPES: &[Shape] = &[
     },
     Shape {
         name: "llama-1b",
+        arch: Arch::Llama,
+        head_dim: None,
         n_layer: 16,
         n_embd: 2048,
         n_head: 32,
@@ -72,6 +81,8 @@ pub const SHAPES: &[Shape] = &[
     },
     Shape {
         name: "llama-8b",
+        arch: Arch::Llama,
+        head_dim: None,
         n_layer: 32,
         n_embd: 4096,
         n_head: 32,
@@ -82,6 +93,35 @@ pub const SHAPES: &[Shape] = &[
         rope_freq_base: 500000.0,
         tied_output: false,
     },
+    // Qwen3's tiny test shape: a head size (64) that is not n_embd / n_head.
+    Shape {
+        name: "qwen3-tiny",
+        arch: Arch::Qwen3,
+        head_dim: Some(64),
+        n_layer: 2,
+        n_embd: 128,
+        n_head: 4,
+        n_head_kv: 2,
+        n_ff: 384,
+        n_vocab: 512,
+        n_ctx_train: 4096,
+        rope_freq_base: 1000000.0,
+        tied_output: false,
+    },
+    Shape {
+        name: "qwen3-8b",
+        arch: Arch::Qwen3,
+        head_dim: Some(128),
+        n_layer: 36,
+        n_embd: 4096,
+        n_head: 32,
+        n_head_kv: 8,
+        n_ff: 12288,
+        n_vocab: 151936,
+        n_ctx_train: 40960,
+        rope_freq_base: 1000000.0,
+        tied_output: false,
+    },
 ];
 
 impl Shape {
@@ -89,24 +129,34 @@ impl Shape {
         SHAPES.iter().find(|s| s.name.eq_ignore_ascii_case(name))
     }
 
+    pub fn head_dim(&self) -> usize {
+        self.head_dim.unwrap_or(self.n_embd / self.n_head)
+    }
+
     fn hparams(&self) -> HyperParams {
+        let neox = matches!(self.arch, Arch::Qwen2 | Arch::Qwen3);
         HyperParams {
-            arch: crate::hparams::Arch::Llama,
+            arch: self.arch,
             n_layer: self.n_layer,
             n_embd: self.n_embd,
             n_head: self.n_head,
             n_head_kv: self.n_head_kv,
-            head_dim: self.n_embd / self.n_head,
+            head_dim: self.head_dim(),
             n_ff: self.n_ff,
             n_vocab: self.n_vocab,
             n_ctx_train: self.n_ctx_train,
             rope_freq_base: self.rope_freq_base,
-            rope_dim: self.n_embd / self.n_head,
-            rope_style: crate::hparams::RopeStyle::Normal,
+            rope_dim: self.head_dim(),
+            rope_style: if neox {
+                crate::hparams::RopeStyle::Neox
+            } else {
+                crate::hparams::RopeStyle::Normal
+            },
             rope_scaling: crate::hparams::RopeScaling::None,
             rms_eps: 1e-5,
             tied_output: self.tied_output,
-            qkv_bias: false,
+            qkv_bias: self.arch == Arch::Qwen2,
+            qk_norm: self.arch == Arch::Qwen3,
         }
     }
 }
@@ -245,23 +295,29 @@ pub fn metadata(shape: &Shape, ty: FileType) -> Metadata {
     let mut md = Metadata::new();
     let s = |v: &str| Value::String(v.to_string());
     let u = |v: usize| Value::U32(v as u32);
-    md.insert("general.architecture", s("llama"));
+    let a = shape.arch.name();
+    let key = |k: &str| format!("{a}.{k}");
+    md.insert("general.architecture", s(a));
     md.insert(
         "general.name",
         s(&format!("m40-llm synthetic {} {}", shape.name, ty)),
     );
     md.insert("general.file_type", Value::U32(ty.id()));
     md.insert("general.quantization_version", Value::U32(2));
-    md.insert("llama.block_count", u(shape.n_layer));
-    md.insert("llama.embedding_length", u(shape.n_embd));
-    md.insert("llama.attention.head_count", u(shape.n_head));
-    md.insert("llama.attention.head_count_kv", u(shape.n_head_kv));
-    md.insert("llama.feed_forward_length", u(shape.n_ff));
-    md.insert("llama.context_length", u(shape.n_ctx_train));
-    md.insert("llama.rope.freq_base", Value::F32(shape.rope_freq_base));
-    md.insert("llama.rope.dimension_count", u(shape.n_embd / shape.n_head));
-    md.insert("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5));
-    md.insert("llama.vocab_size", u(shape.n_vocab));
+    md.insert(key("block_count"), u(shape.n_layer));
+    md.insert(key("embedding_length"), u(shape.n_embd));
+    md.insert(key("attention.head_count"), u(shape.n_head));
+    md.insert(key("attention.head_count_kv"), u(shape.n_head_kv));
+    if shape.head_dim.is_some() {
+        md.insert(key("attention.key_length"), u(shape.head_dim()));
+        md.insert(key("attention.value_length"), u(shape.head_dim()));
+    }
+    md.insert(key("feed_forward_length"), u(shape.n_ff));
+    md.insert(key("context_length"), u(shape.n_ctx_train));
+    md.insert(key("rope.freq_base"), Value::F32(shape.rope_freq_base));
+    md.insert(key("rope.dimension_count"), u(shape.head_dim()));
+    md.insert(key("attention.layer_norm_rms_epsilon"), Value::F32(1e-5));
+    md.insert(key("vocab_size"), u(shape.n_vocab));
     tokenizer_metadata(&mut md, shape.n_vocab);
     md
 }

@@ -407,6 +407,7 @@ mod tests {
             "fill_random",
             "fma_probe",
             "rmsnorm_f32",
+            "rmsnorm_inplace_f32",
             "rope_kv_norm_f32",
             "rope_kv_neox_f32",
             "swiglu_f32",

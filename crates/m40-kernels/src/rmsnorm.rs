@@ -51,6 +51,53 @@ impl Kernels {
         self.rmsnorm_launch(stream, Norm::Add(x, d), w, y, rows, eps)
     }
 
+    /// x = x / sqrt(mean(x^2) + eps) * w in place, for each of `rows` rows
+    /// of w.len() (qwen3's per-head query and key norms). x: at least
+    /// (rows, n); w: (n).
+    pub fn rmsnorm_in_place(
+        &self,
+        stream: &Stream,
+        x: &mut DeviceBuffer<f32>,
+        w: &DeviceView<'_, f32>,
+        rows: usize,
+        eps: f32,
+    ) -> Result<()> {
+        const NAME: &str = "rmsnorm_inplace_f32";
+        let n = w.len();
+        if rows == 0 || n == 0 {
+            return Ok(());
+        }
+        check_len(NAME, "x", x.len(), rows * n)?;
+        if n.is_multiple_of(4) && !w.is_aligned(16) {
+            return Err(shape(
+                NAME,
+                format!(
+                    "rows of {n} floats are read with 16-byte loads: w must be 16-byte aligned"
+                ),
+            ));
+        }
+        let kernel = self.kernel("rmsnorm", NAME)?;
+        let n = to_i32(NAME, "n", n)?;
+        let grid = (
+            u32::try_from(rows).map_err(|_| shape(NAME, format!("{rows} rows")))?,
+            1,
+            1,
+        );
+        // SAFETY: rmsnorm_inplace_f32(float* x, const float* w, int n, float eps):
+        // block r reads and writes x[r*n..][..n] (a whole allocation: 16-byte
+        // aligned) and reads w[..n]: lengths and alignment checked above.
+        unsafe {
+            stream
+                .launch(&kernel)
+                .buf_mut(x)
+                .view(w)
+                .scalar(&n)
+                .scalar(&eps)
+                .run(cfg(grid, RMSNORM_THREADS))?
+        };
+        Ok(())
+    }
+
     fn rmsnorm_launch(
         &self,
         stream: &Stream,

@@ -276,6 +276,21 @@ fn synth_tiny_q4_k_m_gpu_matches_cpu() {
     check_shape("tiny", &[FileType::Q4KM], &[1, 5, 17, 512], 64);
 }
 
+/// qwen3: each query and key head RMS-normed before RoPE (NeoX style), a
+/// head size (64) that is not n_embd / n_head (128 / 4).
+#[test]
+#[ignore = "needs a GPU"]
+fn synth_qwen3_gpu_matches_cpu() {
+    gpu_device("synth_qwen3_gpu_matches_cpu");
+    let types = [
+        FileType::All(GgmlType::F32),
+        FileType::All(GgmlType::F16),
+        FileType::All(GgmlType::Q8_0),
+        FileType::All(GgmlType::Q4_0),
+    ];
+    check_shape("qwen3-tiny", &types, &[1, 5, 17, 100], 32);
+}
+
 /// The persistent decode kernel (`GpuOptions::persistent`) gives the
 /// logits of the launch-per-kernel graph: SmolLM2's shape (3 query heads
 /// per KV head, head dim 64) in Q4_0, Q8_0, F16 (every op in the program)

@@ -13,11 +13,12 @@
 
 #[path = "../../m40-gguf/tests/common/mod.rs"]
 mod common;
+mod reference;
 
 use std::sync::Arc;
 
 use m40_model::cpu::CpuBackend;
-use m40_model::{Backend, Logits, Model};
+use m40_model::{Backend, Model};
 use serde_json::Value;
 
 fn tolerance(file: &str) -> f64 {
@@ -38,12 +39,7 @@ fn zoo_logits_match_llama_cpp() {
     let reference: Value =
         serde_json::from_slice(&std::fs::read(td.join("quant-zoo/llamacpp-logits.json")).unwrap())
             .unwrap();
-    let tokens: Vec<u32> = reference["token_ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap() as u32)
-        .collect();
+    let tokens = reference::token_ids(&reference);
     let models = reference["models"].as_object().unwrap();
     assert_eq!(models.len(), 15);
     let mut report = Vec::new();
@@ -53,41 +49,18 @@ fn zoo_logits_match_llama_cpp() {
         let cpu = CpuBackend::new(model.clone()).unwrap();
         let n_vocab = cpu.hparams().n_vocab;
         // All at once (batched prefill) and one token at a time must agree too.
-        let mut cache = cpu.new_cache(64).unwrap();
-        let all = cpu.forward(&mut cache, &tokens, Logits::All).unwrap();
-        let mut cache = cpu.new_cache(64).unwrap();
-        let mut one_by_one = Vec::new();
-        for &t in &tokens {
-            one_by_one.extend(cpu.forward(&mut cache, &[t], Logits::Last).unwrap());
-        }
+        let [all, one_by_one] = reference::all_and_one_by_one(&cpu, &tokens);
         let want = r["logits"].as_array().unwrap();
         let argmax = r["argmax"].as_array().unwrap();
         let mut worst = 0f64;
         let mut worst_batch = 0f64;
         for (pos, wrow) in want.iter().enumerate() {
-            let wrow: Vec<f64> = wrow
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_f64().unwrap())
-                .collect();
+            let wrow = reference::row(wrow);
+            let norm = wrow.iter().map(|v| v * v).sum::<f64>().sqrt();
             let got = &all[pos * n_vocab..(pos + 1) * n_vocab];
             let seq = &one_by_one[pos * n_vocab..(pos + 1) * n_vocab];
-            let norm = wrow.iter().map(|v| v * v).sum::<f64>().sqrt();
-            let err = got
-                .iter()
-                .zip(&wrow)
-                .map(|(g, w)| (*g as f64 - w).powi(2))
-                .sum::<f64>()
-                .sqrt()
-                / norm;
-            let berr = got
-                .iter()
-                .zip(seq)
-                .map(|(g, s)| (*g as f64 - *s as f64).powi(2))
-                .sum::<f64>()
-                .sqrt()
-                / norm;
+            let err = reference::rel_err(got, wrow.iter().copied(), &wrow);
+            let berr = reference::rel_err(got, seq.iter().map(|&s| s as f64), &wrow);
             worst = worst.max(err);
             worst_batch = worst_batch.max(berr);
             let mut sorted = wrow.clone();

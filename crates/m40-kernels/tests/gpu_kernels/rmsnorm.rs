@@ -50,5 +50,26 @@ fn rmsnorm_matches_cpu() {
         });
         let got_x = s.download(&xg).unwrap();
         check(&format!("add_rmsnorm {rows}x{n} x"), &got_x, &sum, |_| 0.0);
+
+        // In place (qwen3's head norms), in a buffer longer than the rows:
+        // the tail, poisoned, stays as it was.
+        let mut buf = x.clone();
+        buf.extend(std::iter::repeat_n(f32::from_bits(0x7fc0_dead), 7));
+        let mut xg = s.upload(&buf, "x").unwrap();
+        k.rmsnorm_in_place(&s, &mut xg, &wg.view(), rows, eps)
+            .unwrap();
+        let got = s.download(&xg).unwrap();
+        let mut want = x.clone();
+        ops::rmsnorm(&mut want, &w, eps);
+        check(
+            &format!("rmsnorm_in_place {rows}x{n}"),
+            &got[..rows * n],
+            &want,
+            |i| 2e-5 * want[i].abs() as f64 + 1e-7,
+        );
+        assert!(
+            got[rows * n..].iter().all(|v| v.to_bits() == 0x7fc0_dead),
+            "rmsnorm_in_place {rows}x{n}: wrote past its rows"
+        );
     }
 }

@@ -29,6 +29,9 @@ struct LayerVecs {
     bq: Option<Vec<f32>>,
     bk: Option<Vec<f32>>,
     bv: Option<Vec<f32>>,
+    /// qwen3: each query / key head's RMSNorm weights (head_dim).
+    q_norm: Option<Vec<f32>>,
+    k_norm: Option<Vec<f32>>,
 }
 
 /// How the CPU backend multiplies by the weights.
@@ -102,6 +105,8 @@ impl CpuBackend {
                 bq: bias(&n.bq)?,
                 bk: bias(&n.bk)?,
                 bv: bias(&n.bv)?,
+                q_norm: hp.qk_norm.then(|| vec_f32(&model, &n.q_norm)).transpose()?,
+                k_norm: hp.qk_norm.then(|| vec_f32(&model, &n.k_norm)).transpose()?,
             });
         }
         let rope = Rope::for_model(&model)?;
@@ -242,6 +247,11 @@ impl CpuBackend {
             add_bias(&mut q, &lv.bq);
             add_bias(&mut k, &lv.bk);
             add_bias(&mut v, &lv.bv);
+            // rmsnorm takes rows of the weights' length: here, every head.
+            if let (Some(qn), Some(kn)) = (&lv.q_norm, &lv.k_norm) {
+                rmsnorm(&mut q, qn, hp.rms_eps);
+                rmsnorm(&mut k, kn, hp.rms_eps);
+            }
             for (i, &(_, pos)) in at.iter().enumerate() {
                 self.rope.apply(&mut q[i * q_dim..(i + 1) * q_dim], hd, pos);
                 self.rope
@@ -470,6 +480,7 @@ mod tests {
             rms_eps: 1e-5,
             tied_output: false,
             qkv_bias: false,
+            qk_norm: false,
         }
     }
 

@@ -404,6 +404,7 @@ impl GpuBackend {
                 && n == 1
                 && layer.qkv.iter().all(|st| st.mat.packed)
                 && layer.bias.is_none()
+                && layer.qk_norm.is_none()
                 && self.rope.style == RopeStyle::Normal;
             // Where this layer's rotated keys and values go.
             let mut kv = KvAppend {
@@ -444,6 +445,10 @@ impl GpuBackend {
                     k.add_rows(s, &mut w.q, &bq.view(), n)?;
                     k.add_rows(s, &mut w.k, &bk.view(), n)?;
                     k.add_rows(s, &mut w.v, &bv.view(), n)?;
+                }
+                if let Some([qn, kn]) = &layer.qk_norm {
+                    k.rmsnorm_in_place(s, &mut w.q, &qn.view(), n * hp.n_head, hp.rms_eps)?;
+                    k.rmsnorm_in_place(s, &mut w.k, &kn.view(), n * hp.n_head_kv, hp.rms_eps)?;
                 }
                 let (kv_k, kv_v) = (w.k.slice(0..n * kv_dim)?, w.v.slice(0..n * kv_dim)?);
                 match &tab {

@@ -81,6 +81,8 @@ pub(super) struct Layer {
     pub(super) attn_norm: DeviceBuffer<f32>,
     pub(super) ffn_norm: DeviceBuffer<f32>,
     pub(super) bias: Option<[DeviceBuffer<f32>; 3]>,
+    /// qwen3: the query and key head norms' weights (head_dim each).
+    pub(super) qk_norm: Option<[DeviceBuffer<f32>; 2]>,
     /// Q, K, V in one to three stacks.
     pub(super) qkv: Vec<Stack>,
     pub(super) wo: Mat,
@@ -203,10 +205,16 @@ impl Weights {
             } else {
                 None
             };
+            let qk_norm = if hp.qk_norm {
+                Some([f32s(&n.q_norm)?, f32s(&n.k_norm)?])
+            } else {
+                None
+            };
             layers.push(Layer {
                 attn_norm: f32s(&n.attn_norm)?,
                 ffn_norm: f32s(&n.ffn_norm)?,
                 bias,
+                qk_norm,
                 qkv: stacks(&[&n.wq, &n.wk, &n.wv], true, false)?,
                 wo: one(stacks(&[&n.wo], true, false)?),
                 gate_up: stacks(&[&n.ffn_gate, &n.ffn_up], true, true)?,

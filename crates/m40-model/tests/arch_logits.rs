@@ -1,0 +1,64 @@
+//! The CPU engine against llama.cpp on each architecture's tiny synthetic
+//! model: `m40-llm synth` writes it (seed 0), and llama.cpp's logits for the
+//! same file at every position of a 16-token sequence are committed in
+//! tests/data (scripts/arch-references.sh made them: llama.cpp from the PyPI
+//! sdist of llama-cpp-python, CPU). Here the test writes the same model
+//! again, byte for byte, and compares.
+
+use std::sync::Arc;
+
+use m40_gguf::synth::{write_model, FileType, Shape, SynthOptions};
+use m40_gguf::GgmlType;
+use m40_model::cpu::CpuBackend;
+use m40_model::{Backend, Model};
+use serde_json::Value;
+
+mod reference;
+
+/// ||ours - llama.cpp|| / ||llama.cpp|| over each position's logits, at most.
+/// llama.cpp rounds F16 models' activations to F16 before each matmul.
+fn tolerance(ty: GgmlType) -> f64 {
+    match ty {
+        GgmlType::F32 => 1e-3,
+        _ => 5e-3,
+    }
+}
+
+fn check(shape: &str, ty: GgmlType) {
+    let path = format!(
+        "{}/tests/data/llamacpp-{shape}-{}.json",
+        env!("CARGO_MANIFEST_DIR"),
+        ty.name()
+    );
+    let reference: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let tokens = reference::token_ids(&reference);
+    let opts = SynthOptions {
+        shape: Shape::find(shape).unwrap(),
+        ty: FileType::All(ty),
+        seed: 0,
+    };
+    let bytes = write_model(Vec::new(), &opts, |_, _| {}).unwrap();
+    let file = m40_gguf::GgufFile::from_bytes(bytes).unwrap();
+    let model = Arc::new(Model::from_file(file).unwrap());
+    let cpu = CpuBackend::new(model).unwrap();
+    let n_vocab = cpu.hparams().n_vocab;
+    assert_eq!(reference["n_vocab"].as_u64(), Some(n_vocab as u64));
+    // The whole sequence at once, and one token at a time.
+    let [all, one_by_one] = reference::all_and_one_by_one(&cpu, &tokens);
+    let mut worst = 0f64;
+    for (pos, want) in reference["logits"].as_array().unwrap().iter().enumerate() {
+        let want = reference::row(want);
+        for got in [&all, &one_by_one] {
+            let got = &got[pos * n_vocab..(pos + 1) * n_vocab];
+            worst = worst.max(reference::rel_err(got, want.iter().copied(), &want));
+        }
+    }
+    eprintln!("{shape} {ty}: worst relative error {worst:.2e}");
+    assert!(worst <= tolerance(ty), "{shape} {ty}: {worst:.2e}");
+}
+
+#[test]
+fn qwen3_matches_llama_cpp() {
+    check("qwen3-tiny", GgmlType::F32);
+    check("qwen3-tiny", GgmlType::F16);
+}

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# llama.cpp's logits for the architectures' tiny synthetic models, committed
+# as crates/m40-model/tests/data/llamacpp-SHAPE-TYPE.json (the test
+# arch_logits.rs writes the same models with `synth` and compares). Builds
+# llama.cpp from the PyPI sdist on first use (scripts/llamacpp-logits.sh).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo build -q --release --bin m40-llm
+OUT=crates/m40-model/tests/data
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+# BOS, then 15 ids spread over the 512-token vocabulary.
+IDS="1 300 45 7 511 260 33 128 77 402 5 219 384 96 150 451"
+for shape in qwen3-tiny; do
+    for ty in F32 F16; do
+        target/release/m40-llm synth --shape "$shape" --type "$ty" "$TMP/m.gguf" >&2
+        # shellcheck disable=SC2086
+        scripts/llamacpp-logits.sh "$TMP/m.gguf" $IDS 2>/dev/null >"$OUT/llamacpp-$shape-$ty.json"
+        echo "$OUT/llamacpp-$shape-$ty.json" >&2
+    done
+done
