@@ -49,6 +49,19 @@ enum Command {
     Stop(cmd::store::StopArgs),
 }
 
+/// Output piped into a reader that stops early (`m40-llm show M | head`)
+/// ends the command quietly, as it does other Unix tools, instead of a
+/// panic in `println!` (Rust ignores SIGPIPE by default). Not for `serve`,
+/// which writes to its clients' sockets and must outlive any one of them.
+fn end_quietly_on_closed_pipes() {
+    #[cfg(unix)]
+    // SAFETY: restores the default action of one signal before any thread
+    // that could receive it starts; no handler runs.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn main() -> ExitCode {
     // Library warnings (an unknown pre-tokenizer, an odd special token id) go
     // to stderr; RUST_LOG adjusts the level.
@@ -60,6 +73,9 @@ fn main() -> ExitCode {
         .without_time()
         .init();
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Serve(_)) {
+        end_quietly_on_closed_pipes();
+    }
     let result = match cli.command {
         Command::Run(a) => cmd::run::run(a),
         Command::Serve(a) => cmd::serve::run(a),

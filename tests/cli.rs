@@ -82,6 +82,29 @@ fn show_works_on_tokenizer_only_files() {
     );
 }
 
+/// `m40-llm show M | head -1` where head is gone before show writes: the
+/// command ends without a panic's message (println! panicked on the
+/// closed pipe).
+#[test]
+fn output_into_a_closed_pipe_ends_quietly() {
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny.gguf");
+    synth_tiny(&model, "Q8_0");
+    let mut child = bin()
+        .arg("show")
+        .arg(&model)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The reading end closes while the command is still opening the model.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+}
+
 #[test]
 fn synth_output_opens_shows_and_dequantizes() {
     let dir = tempfile::tempdir().unwrap();
