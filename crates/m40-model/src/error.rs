@@ -18,11 +18,12 @@ pub enum ModelError {
     },
     #[error("token id {id} is outside the vocabulary of {n_vocab}")]
     BadToken { id: u32, n_vocab: usize },
-    #[error("the model needs {need} of GPU memory on {device}, which has {free}; use a smaller context (KV cache) or a smaller quantization, or run on the CPU")]
+    #[error("the model needs {need} of GPU memory on {device}, which has {free}; {hint}")]
     GpuMemory {
         device: String,
         need: String,
         free: String,
+        hint: String,
     },
     #[error("{what} needs {need} of memory and this machine has {available} available; {hint}")]
     HostMemory {

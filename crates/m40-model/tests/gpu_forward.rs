@@ -580,6 +580,11 @@ fn too_little_gpu_memory_is_a_clear_error() {
     let msg = err.to_string();
     assert!(matches!(err, ModelError::GpuMemory { .. }), "{msg}");
     assert!(msg.contains("KV cache for 1073741824 tokens"), "{msg}");
+    // And what would fit: some thousands of tokens of this tiny model.
+    assert!(
+        msg.contains("tokens fits (of the 1073741824 asked)"),
+        "{msg}"
+    );
     assert_eq!(dev.budget_used(), used, "nothing was allocated");
 }
 

@@ -149,10 +149,15 @@ fn gib(b: u64) -> String {
     format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
 }
 
-/// Device memory a [`GpuBackend`] for `model` with `opts` allocates on
-/// `gpu` (its GEMM slots size the split-K scratch), bytes: (weights, KV
-/// pool, workspace).
-fn memory_needed(model: &Model, opts: &GpuOptions, gpu: GemmSlots) -> (u64, u64, u64) {
+/// Device memory a [`GpuBackend`] for `model` with `opts` and a KV pool of
+/// `kv_tokens` allocates on `gpu` (its GEMM slots size the split-K
+/// scratch), bytes: (weights, KV pool, workspace).
+fn memory_needed(
+    model: &Model,
+    opts: &GpuOptions,
+    gpu: GemmSlots,
+    kv_tokens: usize,
+) -> (u64, u64, u64) {
     let hp = model.hparams();
     let file = model.file();
     let weights: u64 = hp
@@ -171,10 +176,42 @@ fn memory_needed(model: &Model, opts: &GpuOptions, gpu: GemmSlots) -> (u64, u64,
             .tensor_info("rope_freqs.weight")
             .map_or(0, |t| t.n_bytes);
     let kv_dim = (hp.n_head_kv * hp.head_dim) as u64;
-    let pages = opts.kv_tokens.div_ceil(KV_PAGE);
+    let pages = kv_tokens.div_ceil(KV_PAGE);
     let kv = 2 * hp.n_layer as u64 * pages as u64 * KV_PAGE as u64 * kv_dim * 2;
     let work = Workspace::bytes(hp, opts.max_batch.max(1), pages, gpu);
     (weights, kv, work)
+}
+
+/// The largest KV pool, in whole pages and at most `asked` tokens, whose
+/// total memory (`total(tokens)`, growing with tokens) is within `limit`;
+/// 0 when not even one page fits.
+fn max_kv_tokens(asked: usize, limit: u64, total: impl Fn(usize) -> u64) -> usize {
+    let (mut lo, mut hi) = (0, asked.div_ceil(KV_PAGE));
+    // Invariant: lo pages fit (0 trivially); more than hi do not matter.
+    while lo < hi {
+        let mid = (lo + hi).div_ceil(2);
+        if total(mid * KV_PAGE) <= limit {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    lo * KV_PAGE
+}
+
+/// What to do about a model that does not fit: the KV pool that would fit
+/// (`fits` tokens, of `asked`), or, when none does, the weights' size.
+fn fit_hint(fits: usize, asked: usize, weights: u64) -> String {
+    if fits == 0 {
+        format!(
+            "not even one {KV_PAGE}-token page of KV cache fits beside the {} of weights: use a smaller quantization, or run on the CPU",
+            gib(weights)
+        )
+    } else {
+        format!(
+            "a KV cache of {fits} tokens fits (of the {asked} asked): use a context of at most {fits} tokens (fewer parallel sequences), a smaller quantization, or run on the CPU"
+        )
+    }
 }
 
 impl GpuBackend {
@@ -207,11 +244,15 @@ impl GpuBackend {
             let t = model.tensor(&model.layer(0).ffn_up).info;
             kernels.gemm_slots_for(t.ty, packs(&opts, t.ty, t.row_len()))?
         };
-        let (w, kv, work) = memory_needed(&model, &opts, gpu);
+        let (w, kv, work) = memory_needed(&model, &opts, gpu, opts.kv_tokens);
         let need = w + kv + work;
         let (free, total) = device.memory()?;
         let limit = (device.budget_left() as u64).min(free as u64);
         if need > limit {
+            let fits = max_kv_tokens(opts.kv_tokens, limit, |t| {
+                let (w, kv, work) = memory_needed(&model, &opts, gpu, t);
+                w + kv + work
+            });
             return Err(ModelError::GpuMemory {
                 device: device.info().name.clone(),
                 need: format!(
@@ -223,6 +264,7 @@ impl GpuBackend {
                     gib(work)
                 ),
                 free: format!("{} of {} free", gib(free as u64), gib(total as u64)),
+                hint: fit_hint(fits, opts.kv_tokens, w),
             });
         }
 
@@ -462,5 +504,38 @@ impl GpuBackend {
         // Surface errors the kernels raised while running.
         self.stream.synchronize()?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_kv_pool_that_fits_is_the_largest_whole_pages_within_the_limit() {
+        // 1000 bytes fixed, 10 a token: a limit of 1000 + 10 * 100 holds
+        // 100 tokens, 96 in whole pages of 32.
+        let total = |t: usize| 1000 + 10 * t as u64;
+        assert_eq!(max_kv_tokens(4096, 2000, total), 96);
+        // Exactly whole pages: all of them.
+        assert_eq!(max_kv_tokens(4096, 1000 + 10 * 128, total), 128);
+        // Everything asked fits: what was asked, in whole pages.
+        assert_eq!(max_kv_tokens(100, u64::MAX, total), 128);
+        // Not one page, or not even the fixed part.
+        assert_eq!(max_kv_tokens(4096, 1000 + 10 * 31, total), 0);
+        assert_eq!(max_kv_tokens(4096, 500, total), 0);
+        // A total that grows faster than linearly (a workspace growing
+        // with the pages) is searched the same way.
+        let steep = |t: usize| (t as u64) * (t as u64);
+        assert_eq!(max_kv_tokens(1 << 20, 100 * 100, steep), 96);
+    }
+
+    #[test]
+    fn the_hint_says_what_fits() {
+        let h = fit_hint(2048, 1 << 20, 5 << 30);
+        assert!(h.contains("2048 tokens fits (of the 1048576 asked)"), "{h}");
+        let h = fit_hint(0, 4096, 5 << 30);
+        assert!(h.contains("5.00 GiB of weights"), "{h}");
+        assert!(h.contains("smaller quantization"), "{h}");
     }
 }
