@@ -29,8 +29,14 @@ pub enum PreSplit {
     Gpt2,
     /// Llama 3: one regex with 1-3 digit groups; BPE ignores merges for whole-vocab words.
     Llama3,
+    /// Llama 3's regex with every word merged (DBRX, Smaug), as llama.cpp
+    /// runs those types.
+    Llama3Split,
     /// Qwen2: Llama 3's regex with single digits, NFC normalization.
     Qwen2,
+    /// Qwen2's regex without NFC, as llama.cpp runs it for the other models
+    /// of its type (StableLM 2, Hunyuan, Solar Open, ...).
+    Qwen2Split,
     /// Qwen3.5: Qwen2's, with combining marks (\p{M}) inside words.
     Qwen35,
     /// Single digits, then GPT-2's regex (StarCoder, Refact, Command-R, SmolLM).
@@ -59,12 +65,23 @@ impl PreSplit {
     pub fn from_pre(pre: &str) -> Option<Self> {
         Some(match pre {
             "default" => PreSplit::Default,
-            "llama3" | "llama-v3" | "llama-bpe" | "dbrx" | "smaug-bpe" => PreSplit::Llama3,
+            // Grouped as llama.cpp's llama-vocab.cpp groups them: each name
+            // by its pre type, each type by the split it runs
+            // (tests/llamacpp_vocab.rs checks the table against that file).
+            "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral"
+            | "midm-2.0" | "lfm2" | "jina-v5-nano" => PreSplit::Llama3,
+            "dbrx" | "smaug-bpe" => PreSplit::Llama3Split,
             "qwen2" | "qwen2.5" | "qwen-2.5" | "deepseek-r1-qwen" => PreSplit::Qwen2,
+            "kormo" | "f2llmv2" | "megrez" | "stablelm2" | "hunyuan" | "solar-open" => {
+                PreSplit::Qwen2Split
+            }
             "qwen35" => PreSplit::Qwen35,
-            "gpt-2" | "gpt2" | "mpt" | "olmo" | "jais" | "phi-2" => PreSplit::Gpt2,
+            "gpt-2" | "gpt2" | "mpt" | "olmo" | "jais" | "phi-2" | "jina-es" | "jina-de"
+            | "gigachat" | "jina-v2-es" | "jina-v2-de" | "a.x-4.0" | "mellum" | "modern-bert"
+            | "jina-v1-en" | "jina-v2-code" | "roberta-bpe" | "exaone4" | "trillion"
+            | "granite-docling" => PreSplit::Gpt2,
             "starcoder" | "refact" | "command-r" | "smollm" | "codeshell" | "exaone"
-            | "minerva-7b" => PreSplit::DigitsGpt2,
+            | "minerva-7b" | "mellum2" => PreSplit::DigitsGpt2,
             "falcon" => PreSplit::Falcon,
             "deepseek-coder" => PreSplit::DeepseekCoder,
             "deepseek-llm" => PreSplit::DeepseekLlm,
@@ -87,8 +104,8 @@ fn byte_level(use_regex: bool) -> PreTokenizerWrapper {
 fn pre_tokenizer(split_kind: PreSplit) -> Result<PreTokenizerWrapper> {
     let seq: Vec<PreTokenizerWrapper> = match split_kind {
         PreSplit::Gpt2 => vec![byte_level(true)],
-        PreSplit::Llama3 => vec![split(LLAMA3_RE)?, byte_level(false)],
-        PreSplit::Qwen2 => vec![split(QWEN2_RE)?, byte_level(false)],
+        PreSplit::Llama3 | PreSplit::Llama3Split => vec![split(LLAMA3_RE)?, byte_level(false)],
+        PreSplit::Qwen2 | PreSplit::Qwen2Split => vec![split(QWEN2_RE)?, byte_level(false)],
         PreSplit::Qwen35 => vec![split(QWEN35_RE)?, byte_level(false)],
         PreSplit::DigitsGpt2 => vec![Digits::new(true).into(), byte_level(true)],
         PreSplit::Falcon => vec![

@@ -121,3 +121,93 @@ fn vocabularies_without_vectors_load_or_name_their_model() {
         }
     }
 }
+
+/// The `tokenizer.ggml.pre` values of llama.cpp's llama-vocab.cpp (fetched
+/// beside the vocabularies), each with its pre type: the branches
+/// `if (tokenizer_pre == "a" || tokenizer_pre == "b") { pre_type =
+/// LLAMA_VOCAB_PRE_TYPE_T;` (other comparisons with a name are skipped).
+fn llama_cpp_pre_types(src: &str) -> Vec<(String, String)> {
+    const NAME: &str = "tokenizer_pre == \"";
+    const TYPE: &str = "pre_type = LLAMA_VOCAB_PRE_TYPE_";
+    let mut out = Vec::new();
+    let mut names: Vec<String> = Vec::new();
+    let mut rest = src;
+    while let Some(at) = rest.find(NAME) {
+        let r = &rest[at + NAME.len()..];
+        let end = r.find('"').unwrap();
+        names.push(r[..end].to_string());
+        let after = r[end + 1..].trim_start();
+        rest = after;
+        if let Some(more) = after.strip_prefix("||") {
+            rest = more;
+            continue;
+        }
+        // The branch's body: `) {` then the assignment, or not a branch.
+        let body = after
+            .strip_prefix(')')
+            .map(str::trim_start)
+            .and_then(|b| b.strip_prefix('{'))
+            .map(str::trim_start)
+            .and_then(|b| b.strip_prefix(TYPE));
+        if let Some(t) = body {
+            let end = t
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap();
+            out.extend(names.drain(..).map(|n| (n, t[..end].to_string())));
+        } else {
+            names.clear();
+        }
+    }
+    out
+}
+
+#[test]
+fn pre_tokenizer_names_follow_llama_cpp() {
+    use m40_tokenizer::PreSplit;
+    let Some(dir) = dir() else { return };
+    let src = std::fs::read_to_string(dir.join("llama-vocab.cpp")).unwrap();
+    let table = llama_cpp_pre_types(&src);
+    assert!(table.len() >= 80, "only {} pre values read", table.len());
+    // llama.cpp's pre types by the split they run (its regex lists), for
+    // the splits we have.
+    let split = |t: &str| -> Option<PreSplit> {
+        Some(match t {
+            "DEFAULT" => PreSplit::Default,
+            "LLAMA3" => PreSplit::Llama3,
+            "DBRX" | "SMAUG" => PreSplit::Llama3Split,
+            "QWEN2" | "STABLELM2" | "HUNYUAN" | "SOLAR_OPEN" => PreSplit::Qwen2Split,
+            "QWEN35" => PreSplit::Qwen35,
+            "GPT2" | "MPT" | "OLMO" | "JAIS" | "TRILLION" | "GRANITE_DOCLING" => PreSplit::Gpt2,
+            "STARCODER" | "REFACT" | "COMMAND_R" | "SMOLLM" | "CODESHELL" | "EXAONE"
+            | "MINERVA" | "MELLUM2" => PreSplit::DigitsGpt2,
+            "FALCON" => PreSplit::Falcon,
+            "DEEPSEEK_CODER" => PreSplit::DeepseekCoder,
+            "DEEPSEEK_LLM" => PreSplit::DeepseekLlm,
+            _ => return None,
+        })
+    };
+    let (mut covered, mut missing) = (0, Vec::new());
+    for (name, ty) in &table {
+        match (split(ty), PreSplit::from_pre(name)) {
+            (Some(want), Some(got)) => {
+                // Qwen2's own names add NFC (Hugging Face's Qwen2 tokenizers
+                // normalize; the vectors need it): the same split otherwise.
+                let got = if got == PreSplit::Qwen2 {
+                    PreSplit::Qwen2Split
+                } else {
+                    got
+                };
+                assert_eq!(got, want, "`{name}` (LLAMA_VOCAB_PRE_TYPE_{ty})");
+                covered += 1;
+            }
+            (Some(_), None) => panic!("`{name}` (LLAMA_VOCAB_PRE_TYPE_{ty}) has a split we run"),
+            (None, Some(got)) => panic!("`{name}` (LLAMA_VOCAB_PRE_TYPE_{ty}) is not {got:?}"),
+            (None, None) => missing.push(format!("{name} ({ty})")),
+        }
+    }
+    eprintln!(
+        "{covered} of {} pre values run llama.cpp's split; not yet: {}",
+        table.len(),
+        missing.join(", ")
+    );
+}
