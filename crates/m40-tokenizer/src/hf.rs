@@ -39,6 +39,12 @@ pub enum PreSplit {
     Qwen2Split,
     /// Qwen3.5: Qwen2's, with combining marks (\p{M}) inside words.
     Qwen35,
+    /// GPT-4o's o200k split (Llama 4, MiniMax-M2, ...): words by case,
+    /// contractions attached, 1-3 digit groups.
+    Gpt4o,
+    /// Mistral's Tekken: o200k's word split, single digits, no
+    /// contractions; whole-vocabulary words skip the merges.
+    Tekken,
     /// Single digits, then GPT-2's regex (StarCoder, Refact, Command-R, SmolLM).
     DigitsGpt2,
     /// Falcon: punctuation runs, GPT-2's regex, digit runs, triples of digits.
@@ -52,6 +58,8 @@ pub enum PreSplit {
 const LLAMA3_RE: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const QWEN2_RE: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const QWEN35_RE: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const GPT4O_RE: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const TEKKEN_RE: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const GPT2_RE: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
 const CJK_RE: &str = "[一-龥ࠀ-一가-퟿]+";
 // The letters of deepseek-llm's tokenizer.json. Six of its characters are
@@ -76,6 +84,8 @@ impl PreSplit {
                 PreSplit::Qwen2Split
             }
             "qwen35" => PreSplit::Qwen35,
+            "gpt-4o" | "llama4" | "kanana2" | "talkie" | "minimax-m2" => PreSplit::Gpt4o,
+            "tekken" => PreSplit::Tekken,
             "gpt-2" | "gpt2" | "mpt" | "olmo" | "jais" | "phi-2" | "jina-es" | "jina-de"
             | "gigachat" | "jina-v2-es" | "jina-v2-de" | "a.x-4.0" | "mellum" | "modern-bert"
             | "jina-v1-en" | "jina-v2-code" | "roberta-bpe" | "exaone4" | "trillion"
@@ -107,6 +117,8 @@ fn pre_tokenizer(split_kind: PreSplit) -> Result<PreTokenizerWrapper> {
         PreSplit::Llama3 | PreSplit::Llama3Split => vec![split(LLAMA3_RE)?, byte_level(false)],
         PreSplit::Qwen2 | PreSplit::Qwen2Split => vec![split(QWEN2_RE)?, byte_level(false)],
         PreSplit::Qwen35 => vec![split(QWEN35_RE)?, byte_level(false)],
+        PreSplit::Gpt4o => vec![split(GPT4O_RE)?, byte_level(false)],
+        PreSplit::Tekken => vec![split(TEKKEN_RE)?, byte_level(false)],
         PreSplit::DigitsGpt2 => vec![Digits::new(true).into(), byte_level(true)],
         PreSplit::Falcon => vec![
             Punctuation::new(SplitDelimiterBehavior::Contiguous).into(),
@@ -263,7 +275,7 @@ pub fn build(vocab: &Vocab) -> Result<(Tokenizer, Option<PreSplit>)> {
             let merges = bpe_merges(&vocab.merges)?;
             let b = BPE::builder()
                 .vocab_and_merges(hf_vocab, merges)
-                .ignore_merges(split_kind == PreSplit::Llama3);
+                .ignore_merges(matches!(split_kind, PreSplit::Llama3 | PreSplit::Tekken));
             let mut t = Tokenizer::new(b.build().map_err(hf)?);
             if split_kind == PreSplit::Qwen2 {
                 t.with_normalizer(Some(NFC));

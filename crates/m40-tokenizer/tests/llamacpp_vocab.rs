@@ -177,6 +177,8 @@ fn pre_tokenizer_names_follow_llama_cpp() {
             "DBRX" | "SMAUG" => PreSplit::Llama3Split,
             "QWEN2" | "STABLELM2" | "HUNYUAN" | "SOLAR_OPEN" => PreSplit::Qwen2Split,
             "QWEN35" => PreSplit::Qwen35,
+            "GPT4O" | "MINIMAX_M2" => PreSplit::Gpt4o,
+            "TEKKEN" => PreSplit::Tekken,
             "GPT2" | "MPT" | "OLMO" | "JAIS" | "TRILLION" | "GRANITE_DOCLING" => PreSplit::Gpt2,
             "STARCODER" | "REFACT" | "COMMAND_R" | "SMOLLM" | "CODESHELL" | "EXAONE"
             | "MINERVA" | "MELLUM2" => PreSplit::DigitsGpt2,
@@ -204,6 +206,27 @@ fn pre_tokenizer_names_follow_llama_cpp() {
             (None, Some(got)) => panic!("`{name}` (LLAMA_VOCAB_PRE_TYPE_{ty}) is not {got:?}"),
             (None, None) => missing.push(format!("{name} ({ty})")),
         }
+    }
+    // Every split we map a name to builds and runs (a regex Oniguruma
+    // refuses fails here: deepseek-llm's once did), over GPT-2's vocabulary.
+    let gpt2 = GgufFile::open(dir.join("ggml-vocab-gpt-2.gguf")).unwrap();
+    let literal = Encode {
+        parse_special: false,
+        add_special: false,
+    };
+    for (name, _) in table
+        .iter()
+        .filter(|(n, _)| PreSplit::from_pre(n).is_some())
+    {
+        let mut vocab = m40_tokenizer::Vocab::from_metadata(gpt2.metadata()).unwrap();
+        vocab.pre = Some(name.clone());
+        let tok = Tokenizer::from_vocab(vocab).unwrap_or_else(|e| panic!("{name}: {e}"));
+        // Already NFC, so Qwen2's normalizer leaves it as it is.
+        let text = "Hello World's 12345 ünïcödé, 日本語 CamelCase\r\n\n  x";
+        let ids = tok
+            .encode(text, literal)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(tok.decode(&ids).unwrap(), text, "{name}");
     }
     eprintln!(
         "{covered} of {} pre values run llama.cpp's split; not yet: {}",
