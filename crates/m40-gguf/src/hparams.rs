@@ -27,6 +27,25 @@ impl Arch {
         }
     }
 
+    /// How the architecture pairs RoPE's dimensions.
+    pub fn rope_style(self) -> RopeStyle {
+        match self {
+            Arch::Llama => RopeStyle::Normal,
+            Arch::Qwen2 | Arch::Qwen3 => RopeStyle::Neox,
+        }
+    }
+
+    /// Whether its Q/K/V always carry biases (llama files may too: see
+    /// [`HyperParams::from_file`]).
+    pub fn qkv_bias(self) -> bool {
+        self == Arch::Qwen2
+    }
+
+    /// Whether each query and key head is RMS-normed before RoPE.
+    pub fn qk_norm(self) -> bool {
+        self == Arch::Qwen3
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Arch::Llama => "llama",
@@ -233,10 +252,6 @@ impl HyperParams {
         let rms_eps = md
             .opt_f64(&key("attention.layer_norm_rms_epsilon"))?
             .unwrap_or(1e-5) as f32;
-        let rope_style = match arch {
-            Arch::Llama => RopeStyle::Normal,
-            Arch::Qwen2 | Arch::Qwen3 => RopeStyle::Neox,
-        };
         Ok(Self {
             arch,
             n_layer,
@@ -249,12 +264,12 @@ impl HyperParams {
             n_ctx_train,
             rope_freq_base,
             rope_dim,
-            rope_style,
+            rope_style: arch.rope_style(),
             rope_scaling,
             rms_eps,
             tied_output: true,
-            qkv_bias: arch == Arch::Qwen2,
-            qk_norm: arch == Arch::Qwen3,
+            qkv_bias: arch.qkv_bias(),
+            qk_norm: arch.qk_norm(),
         })
     }
 
@@ -264,7 +279,7 @@ impl HyperParams {
     pub fn from_file(file: &GgufFile) -> Result<Self> {
         let mut hp = Self::from_metadata(file.metadata())?;
         hp.tied_output = file.tensor_info(OUTPUT).is_none();
-        hp.qkv_bias = hp.arch == Arch::Qwen2 || file.tensor_info(&LayerNames::new(0).bq).is_some();
+        hp.qkv_bias = hp.arch.qkv_bias() || file.tensor_info(&LayerNames::new(0).bq).is_some();
         for (name, shape) in hp.expected_tensors() {
             let info = file
                 .tensor_info(&name)

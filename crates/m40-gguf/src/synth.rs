@@ -26,7 +26,9 @@ pub struct Shape {
     pub n_embd: usize,
     pub n_head: usize,
     pub n_head_kv: usize,
-    /// The head size, where it is not n_embd / n_head (qwen3's 0.6B-4B).
+    /// The head size the file states (`attention.key_length`; qwen3's
+    /// files always do, and from 0.6B to 4B it is not n_embd / n_head);
+    /// `None`: n_embd / n_head, unstated.
     pub head_dim: Option<usize>,
     pub n_ff: usize,
     pub n_vocab: usize,
@@ -134,7 +136,6 @@ impl Shape {
     }
 
     fn hparams(&self) -> HyperParams {
-        let neox = matches!(self.arch, Arch::Qwen2 | Arch::Qwen3);
         HyperParams {
             arch: self.arch,
             n_layer: self.n_layer,
@@ -147,16 +148,12 @@ impl Shape {
             n_ctx_train: self.n_ctx_train,
             rope_freq_base: self.rope_freq_base,
             rope_dim: self.head_dim(),
-            rope_style: if neox {
-                crate::hparams::RopeStyle::Neox
-            } else {
-                crate::hparams::RopeStyle::Normal
-            },
+            rope_style: self.arch.rope_style(),
             rope_scaling: crate::hparams::RopeScaling::None,
             rms_eps: 1e-5,
             tied_output: self.tied_output,
-            qkv_bias: self.arch == Arch::Qwen2,
-            qk_norm: self.arch == Arch::Qwen3,
+            qkv_bias: self.arch.qkv_bias(),
+            qk_norm: self.arch.qk_norm(),
         }
     }
 }

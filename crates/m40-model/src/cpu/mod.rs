@@ -29,9 +29,8 @@ struct LayerVecs {
     bq: Option<Vec<f32>>,
     bk: Option<Vec<f32>>,
     bv: Option<Vec<f32>>,
-    /// qwen3: each query / key head's RMSNorm weights (head_dim).
-    q_norm: Option<Vec<f32>>,
-    k_norm: Option<Vec<f32>>,
+    /// qwen3: the query and key heads' RMSNorm weights (head_dim each).
+    qk_norm: Option<[Vec<f32>; 2]>,
 }
 
 /// How the CPU backend multiplies by the weights.
@@ -105,8 +104,11 @@ impl CpuBackend {
                 bq: bias(&n.bq)?,
                 bk: bias(&n.bk)?,
                 bv: bias(&n.bv)?,
-                q_norm: hp.qk_norm.then(|| vec_f32(&model, &n.q_norm)).transpose()?,
-                k_norm: hp.qk_norm.then(|| vec_f32(&model, &n.k_norm)).transpose()?,
+                qk_norm: if hp.qk_norm {
+                    Some([vec_f32(&model, &n.q_norm)?, vec_f32(&model, &n.k_norm)?])
+                } else {
+                    None
+                },
             });
         }
         let rope = Rope::for_model(&model)?;
@@ -248,7 +250,7 @@ impl CpuBackend {
             add_bias(&mut k, &lv.bk);
             add_bias(&mut v, &lv.bv);
             // rmsnorm takes rows of the weights' length: here, every head.
-            if let (Some(qn), Some(kn)) = (&lv.q_norm, &lv.k_norm) {
+            if let Some([qn, kn]) = &lv.qk_norm {
                 rmsnorm(&mut q, qn, hp.rms_eps);
                 rmsnorm(&mut k, kn, hp.rms_eps);
             }
