@@ -8,11 +8,11 @@
 #define ATTN_PARAMS                                                                                               \
     const float *q, const u16 *kpool, const u16 *vpool, const int *table, float *out, float *part_ml,             \
         const int *pos, int n_tok, int n_head, int n_head_kv, int hd, int tpb, int gw, int hparts, int split_len, \
-        float scale_log2
+        float scale_log2, int window, float softcap_log2
 #define ATTN_ARGS                                                                                                 \
     extern __shared__ __align__(16) float att_smem[];                                                             \
     const AttnArgs a = {q, kpool, vpool, table, out, part_ml, pos, n_tok, n_head, n_head_kv, hd, tpb, gw, hparts, \
-                        split_len, scale_log2}
+                        split_len, scale_log2, window, softcap_log2}
 
 // attn_f32_r<R>: head dimensions up to 32 R (each lane holds R of the output).
 #define ATTN_KERNEL(R)                                                             \

@@ -8,7 +8,9 @@
 // table[p / KV_PAGE], slot p % KV_PAGE.
 //
 // attn_f32_r<R>: query token i (of n_tok, at position start + i, start =
-// pos[0] read from device memory) attends to keys 0 ..= start + i. Grid (ceil(n_tok / tpb), n_head_kv * hparts, splits),
+// pos[0] read from device memory) attends to keys 0 ..= start + i (with a
+// sliding window, the `window` newest of them; every kernel here skips the
+// pages before a window and masks the rest). Grid (ceil(n_tok / tpb), n_head_kv * hparts, splits),
 // block 32 * tpb * gw threads, dynamic shared memory attn_shared_bytes(hd,
 // warps). A block serves tpb consecutive query tokens and gw of the query
 // heads that share one KV head (GQA); warp w takes token w / gw and head
@@ -40,8 +42,21 @@ struct AttnArgs {  // the kernels' parameters, in their order
     int n_tok, n_head, n_head_kv, hd;
     int tpb, gw, hparts; // tokens per block, heads per block, blocks per KV head
     int split_len;       // keys per split (a multiple of KV_PAGE)
-    float scale_log2;    // 1/sqrt(hd) * log2(e): scores in base 2
+    float scale_log2;    // the score scale (1/sqrt(hd) unless the model says) * log2(e): scores in base 2
+    int window;          // > 0: query position p sees keys p - window + 1 ..= p only (sliding window)
+    float softcap_log2;  // > 0: scores soft-capped, c tanh(s / c), c = the cap * log2(e) (gemma2)
 };
+
+// The first key position query position p may see (0 without a window).
+__device__ __forceinline__ int attn_first_key(const AttnArgs& a, int p) {
+    return a.window > 0 ? max(0, p - a.window + 1) : 0;
+}
+
+// A base-2 score soft-capped as the model asks (c tanh(s / c) in base e is
+// c' tanh(s' / c') in base 2, c' = c log2(e)).
+__device__ __forceinline__ float attn_softcap(const AttnArgs& a, float s) {
+    return a.softcap_log2 > 0.0f ? a.softcap_log2 * tanhf(s / a.softcap_log2) : s;
+}
 
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
@@ -146,15 +161,20 @@ __device__ __forceinline__ void attn_block(const AttnArgs& a, float* smem, int b
     const int start = a.pos[0];
     const int block_end = min(start + last_tok + 1, (z + 1) * a.split_len);
     const int my_end = active ? min(start + i + 1, (z + 1) * a.split_len) : 0;
+    // With a window, keys before the block's first token's first key are
+    // skipped whole pages at a time, and each warp masks its own.
+    const int block_lo = attn_first_key(a, start + tok0) / KV_PAGE * KV_PAGE;
+    const int my_lo = active ? attn_first_key(a, start + i) : 0;
     float m = ATT_NEG_INF, l = 0.0f, acc[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[r] = 0.0f;
 
-    for (int j0 = z * a.split_len; j0 < block_end; j0 += KV_PAGE) {
+    for (int j0 = max(z * a.split_len, block_lo); j0 < block_end; j0 += KV_PAGE) {
         __syncthreads();  // the previous chunk is consumed (and q is written)
         attn_stage(a, g, j0, block_end, Ks, Vs);
         __syncthreads();
-        if (!active || j0 >= my_end) continue;
+        // (A chunk the warp does not skip holds one of its keys.)
+        if (!active || j0 >= my_end || j0 + KV_PAGE <= my_lo) continue;
         // Lane l scores key j0 + l.
         const u32* kr = Ks + lane * (hw + 1);
         float s = 0.0f;
@@ -163,8 +183,9 @@ __device__ __forceinline__ void attn_block(const AttnArgs& a, float* smem, int b
             s = fmaf(qs[2 * w], h2f((u16)(kk & 0xffff)), s);
             s = fmaf(qs[2 * w + 1], h2f((u16)(kk >> 16)), s);
         }
-        if (j0 + lane >= my_end) s = ATT_NEG_INF;
-        const float m_new = fmaxf(m, warp_max(s));  // finite: key j0 < my_end is valid
+        s = attn_softcap(a, s);
+        if (j0 + lane >= my_end || j0 + lane < my_lo) s = ATT_NEG_INF;
+        const float m_new = fmaxf(m, warp_max(s));  // finite: the chunk holds one of the warp's keys
         const float corr = exp2f(m - m_new);
         const float p = exp2f(s - m_new);
         l = l * corr + warp_sum(p);
@@ -358,14 +379,18 @@ __device__ __forceinline__ void attn_tile_block(const AttnArgs& a, float* smem, 
         if (r < tpb * group && i < a.n_tok) v = a.q[((long long)i * a.n_head + g * group + r % group) * HD + d] * a.scale_log2;
         Qs[d * ATT_TILE_ROWS + r] = v;
     }
-    // This thread's rows: the last key each may see (-1: no row).
-    int lim[4];
+    // This thread's rows: the first and last key each may see (last -1:
+    // no row).
+    int lo[4], lim[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const int r = 4 * rg + i, tok = tok0 + r / group;
         lim[i] = r < tpb * group && tok < a.n_tok ? start + tok : -1;
+        lo[i] = attn_first_key(a, start + tok);
     }
-    const int end = start + min(tok0 + tpb, a.n_tok);  // keys of the block: [0, end)
+    // Keys of the block: [first, end), first at a page start.
+    const int first = attn_first_key(a, start + tok0) / KV_PAGE * KV_PAGE;
+    const int end = start + min(tok0 + tpb, a.n_tok);
     float m[4], l[4], o[4][DPT];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -374,8 +399,8 @@ __device__ __forceinline__ void attn_tile_block(const AttnArgs& a, float* smem, 
         for (int d = 0; d < DPT; ++d) o[i][d] = 0.0f;
     }
     AttnTilePage<DPT> kn, vn;
-    attn_tile_load<DPT>(a, a.kpool, g, 0, end, true, kn);
-    for (int j0 = 0; j0 < end; j0 += KV_PAGE) {
+    attn_tile_load<DPT>(a, a.kpool, g, first, end, true, kn);
+    for (int j0 = first; j0 < end; j0 += KV_PAGE) {
         __syncthreads();  // the previous page's V and P are consumed (and Qs is written)
         attn_tile_store<DPT>(kn, true, KV);
         attn_tile_load<DPT>(a, a.vpool, g, j0, end, false, vn);
@@ -396,8 +421,10 @@ __device__ __forceinline__ void attn_tile_block(const AttnArgs& a, float* smem, 
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
 #pragma unroll
-            for (int c = 0; c < 2; ++c)
-                if (j0 + 2 * kg + c > lim[i]) s[i][c] = ATT_NEG_INF;
+            for (int c = 0; c < 2; ++c) {
+                const int key = j0 + 2 * kg + c;
+                s[i][c] = key > lim[i] || key < lo[i] ? ATT_NEG_INF : attn_softcap(a, s[i][c]);
+            }
             float mx = fmaxf(s[i][0], s[i][1]);
 #pragma unroll
             for (int off = 8; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
@@ -489,6 +516,10 @@ __device__ __forceinline__ void attn_dec_block(const AttnArgs& a, float* smem, i
     float* Ls = Ms + ATT_DEC_MAX_WARPS * G;
     float* Os = Ls + ATT_DEC_MAX_WARPS * G;        // [warps][G][HD]
     const int k0 = z * a.split_len, end = min(a.pos[0] + 1, k0 + a.split_len);
+    // The first key (a window's, in this split), and the first pass at
+    // the multiple of ATT_DEC_KEYS below it: every pass holds a key of
+    // [lo, end) (k0 and a split's end are multiples of KV_PAGE).
+    const int lo = max(k0, attn_first_key(a, a.pos[0]));
     // q of the G heads (16-byte aligned rows), all of a thread's loads
     // before its stores: one round trip for up to 4 float4s a thread.
     {
@@ -520,14 +551,14 @@ __device__ __forceinline__ void attn_dec_block(const AttnArgs& a, float* smem, i
     // The first pass's page, read under the barrier; each pass reads the
     // next one's with its own loads.
     const int jstep = ATT_DEC_KEYS * nw;
-    int j0 = k0 + ATT_DEC_KEYS * warp;
+    int j0 = lo / ATT_DEC_KEYS * ATT_DEC_KEYS + ATT_DEC_KEYS * warp;
     int page = j0 < end ? a.table[j0 / KV_PAGE] : 0;
     __syncthreads();  // Qs is written
     float* ps = Ps + warp * ATT_DEC_KEYS * G;
     for (; j0 < end; j0 += jstep) {
         // Rows of the pass's 16 keys: consecutive slots of one page.
         const long long row0 = (long long)page * KV_PAGE + j0 % KV_PAGE;
-        const bool ok = j0 + kl < end;
+        const bool ok = j0 + kl < end && j0 + kl >= lo;
         const uint4* kp = (const uint4*)(a.kpool + (row0 + kl) * kv_dim + g * HD + half * (HD / 2));
         uint4 kv[KC];
 #pragma unroll
@@ -568,12 +599,12 @@ __device__ __forceinline__ void attn_dec_block(const AttnArgs& a, float* smem, i
         }
 #pragma unroll
         for (int h = 0; h < G; ++h) {
-            float sh = s[h] + __shfl_xor_sync(0xffffffffu, s[h], 16);
+            float sh = attn_softcap(a, s[h] + __shfl_xor_sync(0xffffffffu, s[h], 16));
             if (!ok) sh = ATT_NEG_INF;
             float mx = sh;
 #pragma unroll
             for (int o = 8; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-            const float mn = fmaxf(m[h], mx);  // finite: key j0 is valid
+            const float mn = fmaxf(m[h], mx);  // finite: the pass holds a key of [lo, end)
             const float corr = exp2f(m[h] - mn), p = exp2f(sh - mn);
             l[h] = l[h] * corr + p;
             m[h] = mn;

@@ -26,6 +26,12 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
 // SiLU(g) * u, the gate of SwiGLU.
 __device__ __forceinline__ float swiglu1(float g, float u) { return g / (1.0f + __expf(-g)) * u; }
 
+// GELU(g) * u with GELU's tanh approximation, the gate of GeGLU (gemma);
+// tanhf, not a fast approximation: the CPU reference's tanh.
+__device__ __forceinline__ float geglu1(float g, float u) {
+    return 0.5f * g * (1.0f + tanhf(0.7978845608f * g * (1.0f + 0.044715f * g * g))) * u;
+}
+
 // RoPE's angle for a rotary pair: theta = p * inv_freq in FP32 (p = the
 // position times pos_scale), its sine and cosine in double precision
 // (theta reaches thousands of radians, where --use_fast_math's __sinf is

@@ -1,4 +1,5 @@
-// Element-wise kernels of the forward pass: SwiGLU, residual add, FP32->FP16.
+// Element-wise kernels of the forward pass: SwiGLU and GeGLU, residual add,
+// scaling and soft-capping, FP32->FP16.
 //
 // Layout: flat arrays of n elements (the launcher passes the product of the
 // shape). Launch: grid ceil(n / ELEMENTWISE_THREADS) (capped, grid-stride
@@ -15,6 +16,24 @@
 extern "C" __global__ void swiglu_f32(float* g, const float* u, long long n) {
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
         g[i] = swiglu1(g[i], u[i]);
+}
+
+// g[i] = gelu(g[i]) * u[i] (GeGLU, tanh approximation); as swiglu_f32.
+extern "C" __global__ void geglu_f32(float* g, const float* u, long long n) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        g[i] = geglu1(g[i], u[i]);
+}
+
+// x[i] *= s (gemma's embedding scale). x (n) FP32.
+extern "C" __global__ void scale_f32(float* x, long long n, float s) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        x[i] *= s;
+}
+
+// x[i] = c tanh(x[i] / c): logits soft-capped to (-c, c) (gemma2). x (n) FP32.
+extern "C" __global__ void softcap_f32(float* x, long long n, float c) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        x[i] = c * tanhf(x[i] / c);
 }
 
 // SwiGLU of an interleaved gate/up projection (gemv_packed.cu's glu layout):

@@ -2,7 +2,7 @@
 
 use crate::error::{GgufError, Result};
 use crate::file::GgufFile;
-use crate::metadata::Metadata;
+use crate::metadata::{Array, Metadata, Value};
 
 /// Architectures m40-llm runs (`general.architecture`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -15,6 +15,15 @@ pub enum Arch {
     /// key head before RoPE (`attn_q_norm`, `attn_k_norm`), and a head size
     /// of its own (`attention.key_length`).
     Qwen3,
+    /// Gemma 2: embeddings times sqrt(n_embd), GELU-gated FFN, RMSNorms of
+    /// the attention and FFN outputs (`post_attention_norm`,
+    /// `post_ffw_norm`), attention and final logits soft-capped, every
+    /// other layer a sliding window; NeoX RoPE, output tied.
+    Gemma2,
+    /// Gemma 3: Gemma 2's layers with Qwen3's head norms instead of the
+    /// attention soft-cap; five sliding-window layers (RoPE base 10,000)
+    /// to one global.
+    Gemma3,
 }
 
 impl Arch {
@@ -23,6 +32,8 @@ impl Arch {
             "llama" => Ok(Arch::Llama),
             "qwen2" => Ok(Arch::Qwen2),
             "qwen3" => Ok(Arch::Qwen3),
+            "gemma2" => Ok(Arch::Gemma2),
+            "gemma3" => Ok(Arch::Gemma3),
             other => Err(GgufError::UnsupportedArchitecture(other.to_string())),
         }
     }
@@ -31,7 +42,7 @@ impl Arch {
     pub fn rope_style(self) -> RopeStyle {
         match self {
             Arch::Llama => RopeStyle::Normal,
-            Arch::Qwen2 | Arch::Qwen3 => RopeStyle::Neox,
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma2 | Arch::Gemma3 => RopeStyle::Neox,
         }
     }
 
@@ -43,7 +54,12 @@ impl Arch {
 
     /// Whether each query and key head is RMS-normed before RoPE.
     pub fn qk_norm(self) -> bool {
-        self == Arch::Qwen3
+        matches!(self, Arch::Qwen3 | Arch::Gemma3)
+    }
+
+    /// Gemma's layer: scaled embeddings, GELU gate, post-norms.
+    pub fn gemma(self) -> bool {
+        matches!(self, Arch::Gemma2 | Arch::Gemma3)
     }
 
     pub fn name(self) -> &'static str {
@@ -51,6 +67,8 @@ impl Arch {
             Arch::Llama => "llama",
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
+            Arch::Gemma2 => "gemma2",
+            Arch::Gemma3 => "gemma3",
         }
     }
 }
@@ -62,6 +80,29 @@ pub enum RopeStyle {
     Normal,
     /// Halves (x0, x_{d/2}), ... (GPT-NeoX; qwen2).
     Neox,
+}
+
+/// The activation of the FFN's gate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// silu(gate) * up (SwiGLU).
+    Silu,
+    /// gelu(gate) * up with GELU's tanh approximation (GeGLU; gemma).
+    GeluTanh,
+}
+
+/// Sliding-window attention (gemma2/3): on its layers a token attends to
+/// the `window` newest keys, its own included (positions p - window + 1
+/// ..= p), as llama.cpp's standard SWA mask.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SlidingWindow {
+    pub window: usize,
+    /// Per layer: whether it is a sliding-window layer.
+    pub layers: Vec<bool>,
+    /// The sliding-window layers' RoPE base, and their linear scaling
+    /// factor (1: none; gemma3 scales only its global layers).
+    pub rope_freq_base: f32,
+    pub rope_linear: f32,
 }
 
 /// RoPE context scaling (`rope.scaling.type`).
@@ -103,6 +144,21 @@ pub struct HyperParams {
     /// `attn_{q,k}_norm`: each query and key head RMS-normed (weights of
     /// `head_dim`) before RoPE (qwen3).
     pub qk_norm: bool,
+    /// The FFN gate's activation.
+    pub act: Activation,
+    /// Token embeddings are multiplied by this (gemma: sqrt(n_embd)).
+    pub embd_scale: f32,
+    /// Attention scores are q.k times this (1/sqrt(head_dim) but for
+    /// gemma's 27B models).
+    pub attn_scale: f32,
+    /// Scores soft-capped to c tanh(s / c) before the softmax (gemma2).
+    pub attn_softcap: Option<f32>,
+    /// Logits soft-capped likewise (gemma2; gemma3 where the file says).
+    pub final_softcap: Option<f32>,
+    /// `post_attention_norm` and `post_ffw_norm`: the attention's and the
+    /// FFN's outputs RMS-normed before their residual add (gemma).
+    pub post_norms: bool,
+    pub sliding_window: Option<SlidingWindow>,
 }
 
 /// The names of one layer's tensors.
@@ -122,6 +178,8 @@ pub struct LayerNames {
     pub ffn_gate: String,
     pub ffn_up: String,
     pub ffn_down: String,
+    pub attn_post_norm: String,
+    pub ffn_post_norm: String,
 }
 
 impl LayerNames {
@@ -142,6 +200,8 @@ impl LayerNames {
             ffn_gate: n("ffn_gate.weight"),
             ffn_up: n("ffn_up.weight"),
             ffn_down: n("ffn_down.weight"),
+            attn_post_norm: n("post_attention_norm.weight"),
+            ffn_post_norm: n("post_ffw_norm.weight"),
         }
     }
 }
@@ -252,6 +312,35 @@ impl HyperParams {
         let rms_eps = md
             .opt_f64(&key("attention.layer_norm_rms_epsilon"))?
             .unwrap_or(1e-5) as f32;
+        let linear = match rope_scaling {
+            RopeScaling::Linear { factor } => factor,
+            _ => 1.0,
+        };
+        let sliding_window = sliding_window(md, arch, n_layer, rope_freq_base, linear)?;
+        let opt_f32 = |k: &str| -> Result<Option<f32>> {
+            Ok(md.opt_f64(&key(k))?.map(|v| v as f32).filter(|&v| v != 0.0))
+        };
+        // As llama.cpp: gemma2 caps unless its file says otherwise; gemma3
+        // only where its file asks.
+        let (attn_softcap, final_softcap) = match arch {
+            Arch::Gemma2 => (
+                Some(opt_f32("attn_logit_softcapping")?.unwrap_or(50.0)),
+                Some(opt_f32("final_logit_softcapping")?.unwrap_or(30.0)),
+            ),
+            Arch::Gemma3 => (None, opt_f32("final_logit_softcapping")?),
+            _ => (None, None),
+        };
+        // Gemma's 27B models scale queries by 1/sqrt(n_embd / n_head)
+        // (their query_pre_attn_scalar), which GGUF does not record:
+        // llama.cpp knows them by their layer count, and so do we.
+        let gemma_27b = matches!((arch, n_layer), (Arch::Gemma2, 46) | (Arch::Gemma3, 62));
+        let attn_scale = 1.0
+            / (if gemma_27b {
+                (n_embd / n_head) as f32
+            } else {
+                head_dim as f32
+            })
+            .sqrt();
         Ok(Self {
             arch,
             n_layer,
@@ -270,7 +359,29 @@ impl HyperParams {
             tied_output: true,
             qkv_bias: arch.qkv_bias(),
             qk_norm: arch.qk_norm(),
+            act: if arch.gemma() {
+                Activation::GeluTanh
+            } else {
+                Activation::Silu
+            },
+            embd_scale: if arch.gemma() {
+                (n_embd as f32).sqrt()
+            } else {
+                1.0
+            },
+            attn_scale,
+            attn_softcap,
+            final_softcap,
+            post_norms: arch.gemma(),
+            sliding_window,
         })
+    }
+
+    /// Whether layer `l` attends through a sliding window.
+    pub fn is_swa(&self, l: usize) -> bool {
+        self.sliding_window
+            .as_ref()
+            .is_some_and(|s| s.layers.get(l).copied().unwrap_or(false))
     }
 
     /// Read the hyperparameters and check every tensor the forward pass needs:
@@ -278,7 +389,8 @@ impl HyperParams {
     /// from what the file holds.
     pub fn from_file(file: &GgufFile) -> Result<Self> {
         let mut hp = Self::from_metadata(file.metadata())?;
-        hp.tied_output = file.tensor_info(OUTPUT).is_none();
+        // gemma2's output is its embedding even where a file has both.
+        hp.tied_output = hp.arch == Arch::Gemma2 || file.tensor_info(OUTPUT).is_none();
         hp.qkv_bias = hp.arch.qkv_bias() || file.tensor_info(&LayerNames::new(0).bq).is_some();
         for (name, shape) in hp.expected_tensors() {
             let info = file
@@ -322,10 +434,16 @@ impl HyperParams {
                 out.push((n.k_norm, vec![self.head_dim as u64]));
             }
             out.push((n.wo, vec![q, d]));
+            if self.post_norms {
+                out.push((n.attn_post_norm, vec![d]));
+            }
             out.push((n.ffn_norm, vec![d]));
             out.push((n.ffn_gate, vec![d, ff]));
             out.push((n.ffn_up, vec![d, ff]));
             out.push((n.ffn_down, vec![ff, d]));
+            if self.post_norms {
+                out.push((n.ffn_post_norm, vec![d]));
+            }
         }
         out.push((OUTPUT_NORM.to_string(), vec![d]));
         if !self.tied_output {
@@ -333,4 +451,58 @@ impl HyperParams {
         }
         out
     }
+}
+
+/// The sliding window of a gemma2/3 file, as llama.cpp reads it:
+/// `attention.sliding_window` (gemma2: 4096 when absent; gemma3: none when
+/// absent or 0) and `attention.sliding_window_pattern`, a per-layer array
+/// of flags or a period n (layers with l % n < n - 1 slide; gemma2 2,
+/// gemma3 6).
+fn sliding_window(
+    md: &Metadata,
+    arch: Arch,
+    n_layer: usize,
+    rope_freq_base: f32,
+    rope_linear: f32,
+) -> Result<Option<SlidingWindow>> {
+    let a = arch.name();
+    let key = |k: &str| format!("{a}.{k}");
+    let (default_window, period, swa_base, swa_linear) = match arch {
+        Arch::Gemma2 => (Some(4096), 2, rope_freq_base, rope_linear),
+        Arch::Gemma3 => (None, 6, 10000.0, 1.0),
+        _ => return Ok(None),
+    };
+    let window = match md.opt_usize(&key("attention.sliding_window"))? {
+        Some(0) => None,
+        Some(w) => Some(w),
+        None => default_window,
+    };
+    let Some(window) = window else {
+        return Ok(None);
+    };
+    let pattern_key = key("attention.sliding_window_pattern");
+    let layers = match md.get(&pattern_key) {
+        Some(Value::Array(Array::Bool(flags))) => {
+            if flags.len() != n_layer {
+                return Err(bad(format!(
+                    "{pattern_key} has {} flags for {n_layer} layers",
+                    flags.len()
+                )));
+            }
+            flags.clone()
+        }
+        _ => {
+            let n = md.opt_usize(&pattern_key)?.unwrap_or(period);
+            (0..n_layer).map(|l| n == 0 || l % n < n - 1).collect()
+        }
+    };
+    let rope_freq_base = md
+        .opt_f64(&key("rope.freq_base_swa"))?
+        .map_or(swa_base, |v| v as f32);
+    Ok(Some(SlidingWindow {
+        window,
+        layers,
+        rope_freq_base,
+        rope_linear: swa_linear,
+    }))
 }

@@ -35,6 +35,13 @@ pub struct Shape {
     pub n_ctx_train: usize,
     pub rope_freq_base: f32,
     pub tied_output: bool,
+    /// Gemma: `attention.sliding_window` and `sliding_window_pattern` (the
+    /// period n: layers l % n < n - 1 slide), and the global layers'
+    /// linear RoPE scaling factor (`rope.scaling.factor`; 1: none).
+    pub swa: Option<(usize, usize)>,
+    pub rope_linear: f32,
+    /// gemma2's `attn_logit_softcapping`, where not its default (50).
+    pub attn_softcap: Option<f32>,
 }
 
 /// The shapes the synthesizer knows: `tiny` matches the quant zoo.
@@ -52,6 +59,9 @@ pub const SHAPES: &[Shape] = &[
         n_ctx_train: 2048,
         rope_freq_base: 10000.0,
         tied_output: false,
+        swa: None,
+        rope_linear: 1.0,
+        attn_softcap: None,
     },
     Shape {
         name: "smollm2-135m",
@@ -66,6 +76,9 @@ pub const SHAPES: &[Shape] = &[
         n_ctx_train: 8192,
         rope_freq_base: 100000.0,
         tied_output: true,
+        swa: None,
+        rope_linear: 1.0,
+        attn_softcap: None,
     },
     Shape {
         name: "llama-1b",
@@ -80,6 +93,9 @@ pub const SHAPES: &[Shape] = &[
         n_ctx_train: 131072,
         rope_freq_base: 500000.0,
         tied_output: true,
+        swa: None,
+        rope_linear: 1.0,
+        attn_softcap: None,
     },
     Shape {
         name: "llama-8b",
@@ -94,6 +110,9 @@ pub const SHAPES: &[Shape] = &[
         n_ctx_train: 131072,
         rope_freq_base: 500000.0,
         tied_output: false,
+        swa: None,
+        rope_linear: 1.0,
+        attn_softcap: None,
     },
     // Qwen3's tiny test shape: a head size (64) that is not n_embd / n_head.
     Shape {
@@ -109,6 +128,9 @@ pub const SHAPES: &[Shape] = &[
         n_ctx_train: 4096,
         rope_freq_base: 1000000.0,
         tied_output: false,
+        swa: None,
+        rope_linear: 1.0,
+        attn_softcap: None,
     },
     Shape {
         name: "qwen3-8b",
@@ -123,6 +145,63 @@ pub const SHAPES: &[Shape] = &[
         n_ctx_train: 40960,
         rope_freq_base: 1000000.0,
         tied_output: false,
+        swa: None,
+        rope_linear: 1.0,
+        attn_softcap: None,
+    },
+    // Gemma's tiny test shapes: head size 64 (not 128 / 4), a window of
+    // 5 keys so a 16-token test crosses it, global and window layers.
+    Shape {
+        name: "gemma2-tiny",
+        arch: Arch::Gemma2,
+        head_dim: Some(64),
+        n_layer: 2,
+        n_embd: 128,
+        n_head: 4,
+        n_head_kv: 2,
+        n_ff: 384,
+        n_vocab: 512,
+        n_ctx_train: 8192,
+        rope_freq_base: 10000.0,
+        tied_output: true,
+        swa: Some((5, 2)),
+        rope_linear: 1.0,
+        // Small enough that capping changes the random model's scores.
+        attn_softcap: Some(1.5),
+    },
+    Shape {
+        name: "gemma3-tiny",
+        arch: Arch::Gemma3,
+        head_dim: Some(64),
+        n_layer: 3,
+        n_embd: 128,
+        n_head: 4,
+        n_head_kv: 2,
+        n_ff: 384,
+        n_vocab: 512,
+        n_ctx_train: 32768,
+        rope_freq_base: 1000000.0,
+        tied_output: true,
+        swa: Some((5, 3)),
+        rope_linear: 8.0,
+        attn_softcap: None,
+    },
+    Shape {
+        name: "gemma3-12b",
+        arch: Arch::Gemma3,
+        head_dim: Some(256),
+        n_layer: 48,
+        n_embd: 3840,
+        n_head: 16,
+        n_head_kv: 8,
+        n_ff: 15360,
+        n_vocab: 262144,
+        n_ctx_train: 131072,
+        rope_freq_base: 1000000.0,
+        tied_output: true,
+        swa: Some((1024, 6)),
+        rope_linear: 8.0,
+        attn_softcap: None,
     },
 ];
 
@@ -135,26 +214,13 @@ impl Shape {
         self.head_dim.unwrap_or(self.n_embd / self.n_head)
     }
 
+    /// The hyperparameters a reader finds in this shape's file: read back
+    /// from its own metadata, so the two cannot disagree.
     fn hparams(&self) -> HyperParams {
-        HyperParams {
-            arch: self.arch,
-            n_layer: self.n_layer,
-            n_embd: self.n_embd,
-            n_head: self.n_head,
-            n_head_kv: self.n_head_kv,
-            head_dim: self.head_dim(),
-            n_ff: self.n_ff,
-            n_vocab: self.n_vocab,
-            n_ctx_train: self.n_ctx_train,
-            rope_freq_base: self.rope_freq_base,
-            rope_dim: self.head_dim(),
-            rope_style: self.arch.rope_style(),
-            rope_scaling: crate::hparams::RopeScaling::None,
-            rms_eps: 1e-5,
-            tied_output: self.tied_output,
-            qkv_bias: self.arch.qkv_bias(),
-            qk_norm: self.arch.qk_norm(),
-        }
+        let mut hp = HyperParams::from_metadata(&metadata(self, FileType::All(GgmlType::F32)))
+            .expect("every shape's metadata is valid");
+        hp.tied_output = self.tied_output;
+        hp
     }
 }
 
@@ -314,6 +380,17 @@ pub fn metadata(shape: &Shape, ty: FileType) -> Metadata {
     md.insert(key("rope.freq_base"), Value::F32(shape.rope_freq_base));
     md.insert(key("rope.dimension_count"), u(shape.head_dim()));
     md.insert(key("attention.layer_norm_rms_epsilon"), Value::F32(1e-5));
+    if let Some((window, period)) = shape.swa {
+        md.insert(key("attention.sliding_window"), u(window));
+        md.insert(key("attention.sliding_window_pattern"), u(period));
+    }
+    if let Some(c) = shape.attn_softcap {
+        md.insert(key("attn_logit_softcapping"), Value::F32(c));
+    }
+    if shape.rope_linear != 1.0 {
+        md.insert(key("rope.scaling.type"), s("linear"));
+        md.insert(key("rope.scaling.factor"), Value::F32(shape.rope_linear));
+    }
     md.insert(key("vocab_size"), u(shape.n_vocab));
     tokenizer_metadata(&mut md, shape.n_vocab);
     md

@@ -18,13 +18,26 @@ const ATT_MAX_WARPS: usize = 8;
 /// keys before it (and itself). The kernels read the start from device
 /// memory (`pos[0]`), so a captured launch replays at any position; `start`
 /// here is the largest it will be (the launcher checks buffers against it).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AttnShape {
     pub n_tok: usize,
     pub start: usize,
     pub n_head: usize,
     pub n_head_kv: usize,
     pub head_dim: usize,
+    /// How scores are formed and which keys count.
+    pub scores: Scores,
+}
+
+/// An attention's scores: q.k times `scale` (None: 1/sqrt(head_dim)),
+/// soft-capped to c tanh(s / c) where `softcap` > 0 (gemma2), over the
+/// `window` newest keys (a token's own included) where `window` > 0 (a
+/// sliding-window layer), else over every key before it.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Scores {
+    pub scale: Option<f32>,
+    pub softcap: f32,
+    pub window: usize,
 }
 
 impl AttnShape {
@@ -610,7 +623,10 @@ fn attn_scalars(s: &AttnShape, plan: &AttnPlan) -> Result<AttnScalars> {
             plan.hparts as i32,
             i("split_len", plan.split_len)?,
         ],
-        scale_log2: std::f32::consts::LOG2_E / (s.head_dim as f32).sqrt(),
+        scale_log2: std::f32::consts::LOG2_E
+            * s.scores.scale.unwrap_or(1.0 / (s.head_dim as f32).sqrt()),
+        window: i("window", s.scores.window)?,
+        softcap_log2: std::f32::consts::LOG2_E * s.scores.softcap.max(0.0),
     })
 }
 
@@ -627,17 +643,19 @@ pub struct AttnInputs<'x, 'v> {
 }
 
 /// Attention's scalar parameters: n_tok, n_head, n_head_kv, hd, tpb, gw,
-/// hparts, split_len; scale_log2.
+/// hparts, split_len; scale_log2, window, softcap_log2.
 struct AttnScalars {
     ints: [i32; 8],
     scale_log2: f32,
+    window: i32,
+    softcap_log2: f32,
 }
 
 /// The parameters of attn_f32_r<R> (kernels/attention.cu; attention.cuh's
 /// `AttnArgs`, which decode.cu reads from memory, has the same fields): const float* q, const u16* kpool, const
 /// u16* vpool, const int* table, float* out, float* part_ml, const int* pos,
 /// int n_tok, int n_head, int n_head_kv, int hd, int tpb, int gw, int
-/// hparts, int split_len, float scale_log2.
+/// hparts, int split_len, float scale_log2, int window, float softcap_log2.
 fn push_attn<'l, A: KernelArgs<'l>>(
     l: A,
     p: &'l AttnInputs<'_, '_>,
@@ -660,6 +678,8 @@ fn push_attn<'l, A: KernelArgs<'l>>(
         l = l.scalar(v);
     }
     l.scalar(&sc.scale_log2)
+        .scalar(&sc.window)
+        .scalar(&sc.softcap_log2)
 }
 
 /// Attention's arguments (see [`push_attn`]), for [`Kernels::submit`].

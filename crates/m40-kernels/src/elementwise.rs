@@ -1,5 +1,5 @@
-//! Element-wise kernels (kernels/elementwise.cu): SwiGLU, the residual
-//! add, bias rows, FP32 to FP16.
+//! Element-wise kernels (kernels/elementwise.cu): SwiGLU and GeGLU, the
+//! residual add, bias rows, scaling and soft-capping, FP32 to FP16.
 
 use m40_device::{DeviceBuffer, DeviceView, Stream};
 
@@ -28,6 +28,72 @@ impl Kernels {
         n: usize,
     ) -> Result<()> {
         self.in_place("swiglu_f32", stream, g, u, n)
+    }
+
+    /// g = gelu(g) * u over the first `n` elements (GeGLU, GELU's tanh
+    /// approximation).
+    pub fn geglu(
+        &self,
+        stream: &Stream,
+        g: &mut DeviceBuffer<f32>,
+        u: &DeviceView<'_, f32>,
+        n: usize,
+    ) -> Result<()> {
+        self.in_place("geglu_f32", stream, g, u, n)
+    }
+
+    /// x = x * s over the first `n` elements.
+    pub fn scale(
+        &self,
+        stream: &Stream,
+        x: &mut DeviceBuffer<f32>,
+        n: usize,
+        s: f32,
+    ) -> Result<()> {
+        self.map("scale_f32", stream, x, n, s)
+    }
+
+    /// x = c tanh(x / c) over the first `n` elements (c > 0).
+    pub fn softcap(
+        &self,
+        stream: &Stream,
+        x: &mut DeviceBuffer<f32>,
+        n: usize,
+        c: f32,
+    ) -> Result<()> {
+        if c <= 0.0 || !c.is_finite() {
+            return Err(shape("softcap_f32", format!("cap {c}: must be positive")));
+        }
+        self.map("softcap_f32", stream, x, n, c)
+    }
+
+    /// The kernels (float* x, long long n, float c) over x[..n].
+    fn map(
+        &self,
+        name: &'static str,
+        stream: &Stream,
+        x: &mut DeviceBuffer<f32>,
+        n: usize,
+        c: f32,
+    ) -> Result<()> {
+        check_len(name, "x", x.len(), n)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let kernel = self.kernel("elementwise", name)?;
+        let grid = (self.flat_grid(n), 1, 1);
+        let n = n as i64;
+        // SAFETY: scale_f32 and softcap_f32 are (float* x, long long n,
+        // float c), grid-stride over i < n; the length is checked above.
+        unsafe {
+            stream
+                .launch(&kernel)
+                .buf_mut(x)
+                .scalar(&n)
+                .scalar(&c)
+                .run(cfg(grid, ELEMENTWISE_THREADS))?
+        };
+        Ok(())
     }
 
     /// SwiGLU of an interleaved gate/up projection gu (m, 2f) (the rows of a
@@ -130,7 +196,7 @@ impl Kernels {
         let kernel = self.kernel("elementwise", name)?;
         let grid = (self.flat_grid(n), 1, 1);
         let n = n as i64;
-        // SAFETY: swiglu_f32 and add_f32 are (float* y, const float* x, long long n),
+        // SAFETY: swiglu_f32, geglu_f32 and add_f32 are (float* y, const float* x, long long n),
         // grid-stride over i < n; lengths checked above.
         unsafe {
             stream

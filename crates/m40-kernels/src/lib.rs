@@ -37,7 +37,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use m40_device::{Device, Kernel, Module};
 
 pub use attention::{
-    attn_shared_bytes, AttnInputs, AttnPlan, AttnScratch, AttnShape, MAX_HEAD_DIM,
+    attn_shared_bytes, AttnInputs, AttnPlan, AttnScratch, AttnShape, Scores, MAX_HEAD_DIM,
 };
 pub use decode::DecodeProgram;
 pub use error::{KernelError, Result};

@@ -62,3 +62,19 @@ fn qwen3_matches_llama_cpp() {
     check("qwen3-tiny", GgmlType::F32);
     check("qwen3-tiny", GgmlType::F16);
 }
+
+/// Soft-capped scores and logits, GeGLU, post-norms, a sliding window of 5
+/// keys on layer 0 (of 2), scaled embeddings.
+#[test]
+fn gemma2_matches_llama_cpp() {
+    check("gemma2-tiny", GgmlType::F32);
+    check("gemma2-tiny", GgmlType::F16);
+}
+
+/// Gemma 2's layers with head norms: two window layers (RoPE base 10,000,
+/// unscaled) and one global (base 1e6, positions / 8).
+#[test]
+fn gemma3_matches_llama_cpp() {
+    check("gemma3-tiny", GgmlType::F32);
+    check("gemma3-tiny", GgmlType::F16);
+}

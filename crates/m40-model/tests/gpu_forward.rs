@@ -291,6 +291,25 @@ fn synth_qwen3_gpu_matches_cpu() {
     check_shape("qwen3-tiny", &types, &[1, 5, 17, 100], 32);
 }
 
+/// gemma2 and gemma3: scaled embeddings, GeGLU, post-norms, soft-capped
+/// scores (gemma2) and logits, a sliding window of 5 keys on some layers
+/// (their own RoPE base on gemma3): prompts of 1 to 100 tokens (the
+/// prefill tile kernel skips whole pages before the window) and 32 decode
+/// steps (the decode kernel masks within a pass).
+#[test]
+#[ignore = "needs a GPU"]
+fn synth_gemma_gpu_matches_cpu() {
+    gpu_device("synth_gemma_gpu_matches_cpu");
+    let types = [
+        FileType::All(GgmlType::F32),
+        FileType::All(GgmlType::F16),
+        FileType::All(GgmlType::Q8_0),
+        FileType::All(GgmlType::Q4_0),
+    ];
+    check_shape("gemma2-tiny", &types, &[1, 5, 17, 100], 32);
+    check_shape("gemma3-tiny", &types, &[1, 5, 17, 100], 32);
+}
+
 /// The persistent decode kernel (`GpuOptions::persistent`) gives the
 /// logits of the launch-per-kernel graph: SmolLM2's shape (3 query heads
 /// per KV head, head dim 64) in Q4_0, Q8_0, F16 (every op in the program)

@@ -13,6 +13,7 @@ fn attention_plans_cover_every_key() {
                         n_head,
                         n_head_kv,
                         head_dim: 64,
+                        scores: Default::default(),
                     };
                     let p = AttnPlan::new(&s, sm);
                     let what = format!("{s:?} {sm}: {p:?}");
@@ -38,6 +39,7 @@ fn attention_plans_cover_every_key() {
         n_head: 32,
         n_head_kv: 8,
         head_dim: 128,
+        scores: Default::default(),
     };
     let p = AttnPlan::new(&s, 132);
     assert_eq!((p.splits, p.split_len, p.dec_warps), (32, 4 * KV_PAGE, 8));
@@ -84,6 +86,7 @@ fn attention_plans_cover_every_key() {
             n_head,
             n_head_kv,
             head_dim,
+            scores: Default::default(),
         };
         AttnPlan::new(&s, 132).tile
     };

@@ -5,26 +5,43 @@ use super::*;
 use m40_kernels::{AttnInputs, AttnShape};
 
 /// The causal attention of one sequence in f64 from FP16-rounded K and V:
-/// q (n_tok, n_head, hd), k and v (n_keys, n_kv * hd), query i at position start + i.
+/// q (n_tok, n_head, hd), k and v (n_keys, n_kv * hd), query i at position
+/// start + i; scores as `s.scores` says (scale, soft-cap, window).
 fn attention_reference(q: &[f32], k: &[f32], v: &[f32], s: &AttnShape) -> Vec<f32> {
     let (n_tok, start, n_head, n_kv, hd) = (s.n_tok, s.start, s.n_head, s.n_head_kv, s.head_dim);
+    let scale = s
+        .scores
+        .scale
+        .map_or(1.0 / (hd as f64).sqrt(), |v| v as f64);
+    let cap = s.scores.softcap as f64;
     let r = |x: f32| half::f16::from_f32(x).to_f32() as f64;
     let kv_dim = n_kv * hd;
     let group = n_head / n_kv;
     let mut out = vec![0f32; n_tok * n_head * hd];
     for i in 0..n_tok {
         let len = start + i + 1;
+        let lo = match s.scores.window {
+            0 => 0,
+            w => len.saturating_sub(w),
+        };
         for h in 0..n_head {
             let g = h / group;
             let qh = &q[(i * n_head + h) * hd..][..hd];
             let scores: Vec<f64> = (0..len)
                 .map(|j| {
                     let kr = &k[j * kv_dim + g * hd..][..hd];
-                    qh.iter()
+                    let s = qh
+                        .iter()
                         .zip(kr)
                         .map(|(a, b)| *a as f64 * r(*b))
                         .sum::<f64>()
-                        / (hd as f64).sqrt()
+                        * scale;
+                    let s = if cap > 0.0 { cap * (s / cap).tanh() } else { s };
+                    if j < lo {
+                        f64::NEG_INFINITY
+                    } else {
+                        s
+                    }
                 })
                 .collect();
             let mx = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
@@ -39,16 +56,46 @@ fn attention_reference(q: &[f32], k: &[f32], v: &[f32], s: &AttnShape) -> Vec<f3
     out
 }
 
+/// One attention launch under `plan` (None: the launcher's; `p` is the
+/// plan it will take, for the scratch): its output (poisoned before) and
+/// the plan it ran.
+fn run_attention(
+    s: &Stream,
+    k: &Kernels,
+    shape: &AttnShape,
+    inputs: &AttnInputs<'_, '_>,
+    p: m40_kernels::AttnPlan,
+    plan: Option<m40_kernels::AttnPlan>,
+) -> (Vec<f32>, m40_kernels::AttnPlan) {
+    let mut out = s
+        .alloc::<f32>(shape.n_tok * shape.n_head * shape.head_dim, "out")
+        .unwrap();
+    s.fill_bytes(&mut out, 0xFF).unwrap();
+    let (np, nml) = p.scratch_len(shape);
+    let mut part = s.alloc::<f32>(np.max(1), "part").unwrap();
+    let mut part_ml = s.alloc::<f32>(nml.max(1), "part_ml").unwrap();
+    s.fill_bytes(&mut part, 0xFF).unwrap();
+    let scratch = m40_kernels::AttnScratch {
+        part: &mut part,
+        part_ml: &mut part_ml,
+    };
+    let launched = k
+        .attention(s, shape, inputs, &mut out, Some(scratch), plan)
+        .unwrap();
+    (s.download(&out).unwrap(), launched)
+}
+
 /// Attention over a shuffled page table (pages out of order, a pool with
 /// spare pages poisoned), for GQA groups of 1 to 16, head sizes from 32 to
-/// 256 (not all multiples of 32 or of 8), prefill and decode, with the
-/// launcher's plan and with forced key splits. The pools are written on
+/// 256 (not all multiples of 32 or of 8), prefill and decode, plain and
+/// gemma's scores (windows, soft-caps, scales), with the launcher's plan
+/// and with forced key splits. The pools are written on
 /// the host (rope_kv_append_matches_cpu checks the kernel that fills them).
 #[test]
 #[ignore = "needs a GPU"]
 fn paged_attention_matches_cpu() {
     let (_dev, s, k, mut rng) = setup("paged_attention_matches_cpu");
-    use m40_kernels::{AttnPlan, AttnScratch, KV_PAGE};
+    use m40_kernels::{AttnPlan, Scores, KV_PAGE};
     // (n_head, n_kv, hd, start, n_tok)
     // hd 68 and 36 are not multiples of 8: the 4-byte staging path.
     // Prompts of 32 tokens or more with head dimension 64 or 128 run the
@@ -58,30 +105,50 @@ fn paged_attention_matches_cpu() {
     // heads per KV head run the decode kernel (groups of 2, 3, 4, 8, 1, 6:
     // its G of 2, 4, 4, 8, 1, 8), also under a plan made for a later
     // position (a captured decode step's bucket).
-    let cases: [(usize, usize, usize, usize, usize); 20] = [
-        (4, 2, 64, 0, 1),
-        (6, 2, 68, 50, 5),
-        (4, 1, 36, 90, 1),
-        (9, 3, 64, 0, 37),
-        (9, 3, 64, 40, 1),
-        (32, 8, 128, 0, 70),
-        (32, 8, 128, 1000, 1),
-        (32, 8, 128, 300, 17),
-        (16, 1, 80, 5, 9),
-        (4, 4, 256, 63, 2),
-        (14, 2, 32, 100, 3),
-        (8, 2, 96, 33, 31),
-        (32, 8, 128, 300, 100),
-        (8, 8, 64, 17, 64),
-        (16, 2, 128, 0, 33),
-        (32, 1, 64, 5, 40),
-        (16, 2, 128, 200, 1),
-        (8, 8, 128, 5, 1),
-        (12, 2, 64, 300, 1),
-        (4, 4, 64, 31, 1),
+    // Then gemma's scores: sliding windows (the tile kernel skipping pages
+    // before them, decode passes partly before them, splits wholly before
+    // them; the warp kernel at hd 256 and 96), soft-caps, scales of their
+    // own.
+    let plain = Scores::default();
+    let sc = |window, softcap, scale| Scores {
+        scale,
+        softcap,
+        window,
+    };
+    let cases: [(usize, usize, usize, usize, usize, Scores); 30] = [
+        (4, 2, 64, 0, 1, plain),
+        (6, 2, 68, 50, 5, plain),
+        (4, 1, 36, 90, 1, plain),
+        (9, 3, 64, 0, 37, plain),
+        (9, 3, 64, 40, 1, plain),
+        (32, 8, 128, 0, 70, plain),
+        (32, 8, 128, 1000, 1, plain),
+        (32, 8, 128, 300, 17, plain),
+        (16, 1, 80, 5, 9, plain),
+        (4, 4, 256, 63, 2, plain),
+        (14, 2, 32, 100, 3, plain),
+        (8, 2, 96, 33, 31, plain),
+        (32, 8, 128, 300, 100, plain),
+        (8, 8, 64, 17, 64, plain),
+        (16, 2, 128, 0, 33, plain),
+        (32, 1, 64, 5, 40, plain),
+        (16, 2, 128, 200, 1, plain),
+        (8, 8, 128, 5, 1, plain),
+        (12, 2, 64, 300, 1, plain),
+        (4, 4, 64, 31, 1, plain),
+        (4, 2, 64, 0, 40, sc(5, 0.0, None)),
+        (32, 8, 128, 300, 70, sc(100, 0.7, Some(0.05))),
+        (8, 8, 64, 17, 64, sc(0, 0.5, None)),
+        (9, 3, 64, 200, 1, sc(40, 0.0, None)),
+        (16, 2, 128, 1000, 1, sc(33, 1.5, Some(0.0625))),
+        (4, 2, 64, 90, 1, sc(1, 0.0, None)),
+        (4, 4, 256, 63, 20, sc(7, 0.8, Some(0.0625))),
+        (6, 2, 96, 90, 3, sc(1, 0.0, None)),
+        (4, 2, 64, 500, 1, sc(4096, 2.0, None)),
+        (32, 8, 128, 40, 33, sc(32, 0.0, None)),
     ];
     let (mut tiled, mut decoded) = (0, 0);
-    for (n_head, n_kv, hd, start, n_tok) in cases {
+    for (n_head, n_kv, hd, start, n_tok, scores) in cases {
         let kv_dim = n_kv * hd;
         let n_keys = start + n_tok;
         let pages = n_keys.div_ceil(KV_PAGE);
@@ -108,6 +175,7 @@ fn paged_attention_matches_cpu() {
             n_head,
             n_head_kv: n_kv,
             head_dim: hd,
+            scores,
         };
         let want = attention_reference(&q, &kk, &vv, &shape);
         let qg = s.upload(&q, "q").unwrap();
@@ -177,34 +245,16 @@ fn paged_attention_matches_cpu() {
             plans.push((bucket, None));
             plans.push((bucket, Some(AttnPlan::new(&bucket, 24))));
         }
+        let inputs = AttnInputs {
+            q: &qg.view(),
+            kpool: &kpool.view(),
+            vpool: &vpool.view(),
+            table: &tg.view(),
+            pos: &pos.view(),
+        };
         for (shape, plan) in plans {
-            let mut out = s.alloc::<f32>(n_tok * n_head * hd, "out").unwrap();
-            s.fill_bytes(&mut out, 0xFF).unwrap();
             let p = plan.unwrap_or_else(|| AttnPlan::new(&shape, _dev.info().sm_count as usize));
-            let (np, nml) = p.scratch_len(&shape);
-            let mut part = s.alloc::<f32>(np.max(1), "part").unwrap();
-            let mut part_ml = s.alloc::<f32>(nml.max(1), "part_ml").unwrap();
-            s.fill_bytes(&mut part, 0xFF).unwrap();
-            let launched = k
-                .attention(
-                    &s,
-                    &shape,
-                    &AttnInputs {
-                        q: &qg.view(),
-                        kpool: &kpool.view(),
-                        vpool: &vpool.view(),
-                        table: &tg.view(),
-                        pos: &pos.view(),
-                    },
-                    &mut out,
-                    Some(AttnScratch {
-                        part: &mut part,
-                        part_ml: &mut part_ml,
-                    }),
-                    plan,
-                )
-                .unwrap();
-            let got = s.download(&out).unwrap();
+            let (got, launched) = run_attention(&s, &k, &shape, &inputs, p, plan);
             tiled += launched.tile as usize;
             decoded += (launched.dec_warps > 0) as usize;
             check(
@@ -244,65 +294,21 @@ fn batched_decode_attention_matches_cpu() {
         (4, 1, 64, 2),
     ];
     for (n_head, n_kv, hd, b) in cases {
-        let kv_dim = n_kv * hd;
-        let pos: Vec<usize> = (0..b).map(|_| rng.below(600)).collect();
-        let keys: Vec<usize> = pos.iter().map(|p| p + 1).collect();
-        let (tables, all, tab, pool_pages) = batch_tables(&mut rng, &keys, 3);
-        let mut kp = vec![0xFFFFu16; pool_pages * KV_PAGE * kv_dim];
-        let mut vp = kp.clone();
-        let q = rng.vec(b * n_head * hd, -1.0, 1.0);
-        let mut want = Vec::new();
-        for (t, table) in tables.iter().enumerate() {
-            let kk = rng.vec(keys[t] * kv_dim, -1.0, 1.0);
-            let vv = rng.vec(keys[t] * kv_dim, -1.0, 1.0);
-            write_kv(&mut kp, &mut vp, table, &kk, &vv, kv_dim);
-            let one = AttnShape {
-                n_tok: 1,
-                start: pos[t],
-                n_head,
-                n_head_kv: n_kv,
-                head_dim: hd,
-            };
-            let qt = &q[t * n_head * hd..(t + 1) * n_head * hd];
-            want.extend(attention_reference(qt, &kk, &vv, &one));
-        }
-        let shape = AttnShape {
-            n_tok: b,
-            start: *pos.iter().max().unwrap(),
-            n_head,
-            n_head_kv: n_kv,
-            head_dim: hd,
+        let heads = (n_head, n_kv, hd);
+        batched_decode_case(&s, &k, &mut rng, heads, b, 600, Default::default());
+    }
+    // gemma's scores: each sequence's window from its own position.
+    for (n_head, n_kv, hd, b, window, softcap) in [
+        (9, 3, 64, 7, 20, 0.0f32),
+        (32, 8, 128, 5, 50, 1.0),
+        (4, 2, 64, 40, 1, 0.6),
+    ] {
+        let scores = m40_kernels::Scores {
+            scale: None,
+            softcap,
+            window,
         };
-        let kpool = s.upload(&kp, "kpool").unwrap();
-        let vpool = s.upload(&vp, "vpool").unwrap();
-        let tg = s.upload(&all, "tables").unwrap();
-        let tabg = s.upload(&tab, "tab").unwrap();
-        let qg = s.upload(&q, "q").unwrap();
-        let pos_i: Vec<i32> = pos.iter().map(|&p| p as i32).collect();
-        let pg = s.upload(&pos_i, "pos").unwrap();
-        let mut out = s.alloc::<f32>(b * n_head * hd, "out").unwrap();
-        s.fill_bytes(&mut out, 0xFF).unwrap();
-        k.attention_decode_batch(
-            &s,
-            &shape,
-            &AttnInputs {
-                q: &qg.view(),
-                kpool: &kpool.view(),
-                vpool: &vpool.view(),
-                table: &tg.view(),
-                pos: &pg.view(),
-            },
-            &tabg.view(),
-            &mut out,
-        )
-        .unwrap();
-        let got = s.download(&out).unwrap();
-        check(
-            &format!("batched decode attention {b} x {n_head}/{n_kv}x{hd}"),
-            &got,
-            &want,
-            |_| 2e-5,
-        );
+        batched_decode_case(&s, &k, &mut rng, (n_head, n_kv, hd), b, 300, scores);
     }
     // No decode kernel for head dimension 80: an error, not a launch.
     let shape = AttnShape {
@@ -311,6 +317,7 @@ fn batched_decode_attention_matches_cpu() {
         n_head: 4,
         n_head_kv: 2,
         head_dim: 80,
+        scores: Default::default(),
     };
     let z = s.upload(&vec![0f32; 2 * 4 * 80], "q").unwrap();
     let p16 = s.upload(&vec![0u16; KV_PAGE * 160], "pool").unwrap();
@@ -326,4 +333,77 @@ fn batched_decode_attention_matches_cpu() {
     assert!(k
         .attention_decode_batch(&s, &shape, &inputs, &i2.view(), &mut out)
         .is_err());
+}
+
+/// The batched decode kernel over `b` sequences of `heads` (query heads,
+/// KV heads, head size), each at a position below `max_pos` over its own
+/// shuffled pages of one pool, against each one's CPU attention.
+fn batched_decode_case(
+    s: &Stream,
+    k: &Kernels,
+    rng: &mut Rng,
+    (n_head, n_kv, hd): (usize, usize, usize),
+    b: usize,
+    max_pos: usize,
+    scores: m40_kernels::Scores,
+) {
+    use m40_kernels::KV_PAGE;
+    let kv_dim = n_kv * hd;
+    let pos: Vec<usize> = (0..b).map(|_| rng.below(max_pos)).collect();
+    let keys: Vec<usize> = pos.iter().map(|p| p + 1).collect();
+    let (tables, all, tab, pool_pages) = batch_tables(rng, &keys, 3);
+    let mut kp = vec![0xFFFFu16; pool_pages * KV_PAGE * kv_dim];
+    let mut vp = kp.clone();
+    let q = rng.vec(b * n_head * hd, -1.0, 1.0);
+    let mut want = Vec::new();
+    for (t, table) in tables.iter().enumerate() {
+        let kk = rng.vec(keys[t] * kv_dim, -1.0, 1.0);
+        let vv = rng.vec(keys[t] * kv_dim, -1.0, 1.0);
+        write_kv(&mut kp, &mut vp, table, &kk, &vv, kv_dim);
+        let one = AttnShape {
+            n_tok: 1,
+            start: pos[t],
+            n_head,
+            n_head_kv: n_kv,
+            head_dim: hd,
+            scores,
+        };
+        let qt = &q[t * n_head * hd..(t + 1) * n_head * hd];
+        want.extend(attention_reference(qt, &kk, &vv, &one));
+    }
+    let shape = AttnShape {
+        n_tok: b,
+        start: *pos.iter().max().unwrap(),
+        n_head,
+        n_head_kv: n_kv,
+        head_dim: hd,
+        scores,
+    };
+    let pos_i: Vec<i32> = pos.iter().map(|&p| p as i32).collect();
+    let (kpool, vpool) = (
+        s.upload(&kp, "kpool").unwrap(),
+        s.upload(&vp, "vpool").unwrap(),
+    );
+    let (tg, tabg) = (
+        s.upload(&all, "tables").unwrap(),
+        s.upload(&tab, "tab").unwrap(),
+    );
+    let (qg, pg) = (s.upload(&q, "q").unwrap(), s.upload(&pos_i, "pos").unwrap());
+    let mut out = s.alloc::<f32>(b * n_head * hd, "out").unwrap();
+    s.fill_bytes(&mut out, 0xFF).unwrap();
+    let inputs = AttnInputs {
+        q: &qg.view(),
+        kpool: &kpool.view(),
+        vpool: &vpool.view(),
+        table: &tg.view(),
+        pos: &pg.view(),
+    };
+    k.attention_decode_batch(s, &shape, &inputs, &tabg.view(), &mut out)
+        .unwrap();
+    check(
+        &format!("batched decode attention {b} x {n_head}/{n_kv}x{hd} {scores:?}"),
+        &s.download(&out).unwrap(),
+        &want,
+        |_| 2e-5,
+    );
 }

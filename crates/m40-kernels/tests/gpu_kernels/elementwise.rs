@@ -1,4 +1,5 @@
-//! kernels/elementwise.cu: SwiGLU, add, bias rows, FP32 to FP16.
+//! kernels/elementwise.cu: SwiGLU, GeGLU, add, scale, soft-cap, bias rows,
+//! FP32 to FP16.
 
 use super::*;
 
@@ -20,6 +21,36 @@ fn swiglu_add_and_f16_match_cpu() {
             &want,
             |i| 1e-5 * want[i].abs() as f64 + 1e-12,
         );
+
+        let mut want = g.clone();
+        ops::geglu(&mut want, &u);
+        let mut gg = s.upload(&g, "g").unwrap();
+        k.geglu(&s, &mut gg, &ug.view(), n).unwrap();
+        check(
+            &format!("geglu {n}"),
+            &s.download(&gg).unwrap(),
+            &want,
+            |i| 1e-5 * want[i].abs() as f64 + 2e-5,
+        );
+
+        for (c, what) in [(0.37f32, "scale"), (30.0, "softcap"), (0.5, "softcap")] {
+            let mut want = g.clone();
+            let mut xg = s.upload(&g, "x").unwrap();
+            if what == "scale" {
+                want.iter_mut().for_each(|v| *v *= c);
+                k.scale(&s, &mut xg, n, c).unwrap();
+            } else {
+                ops::softcap(&mut want, c);
+                k.softcap(&s, &mut xg, n, c).unwrap();
+            }
+            check(
+                &format!("{what} {c} {n}"),
+                &s.download(&xg).unwrap(),
+                &want,
+                |i| 1e-6 * want[i].abs().max(1.0) as f64,
+            );
+        }
+        assert!(k.softcap(&s, &mut gg, n, 0.0).is_err());
 
         let want: Vec<f32> = g.iter().zip(&u).map(|(a, b)| a + b).collect();
         let mut yg = s.upload(&g, "y").unwrap();

@@ -19,8 +19,9 @@ use rayon::prelude::*;
 use crate::error::{ModelError, Result};
 use crate::host::human_bytes;
 use crate::{Backend, KvState, Logits, Model, SeqStep, StepOut, Want};
+use m40_gguf::hparams::Activation;
 use matmul::matmul;
-use ops::{rmsnorm, softmax, swiglu, Rope};
+use ops::{geglu, rmsnorm, softcap, softmax, swiglu, Rope};
 
 /// Small per-layer vectors kept as f32 (norm weights, biases).
 struct LayerVecs {
@@ -31,6 +32,8 @@ struct LayerVecs {
     bv: Option<Vec<f32>>,
     /// qwen3: the query and key heads' RMSNorm weights (head_dim each).
     qk_norm: Option<[Vec<f32>; 2]>,
+    /// gemma: the RMSNorm weights of the attention's and the FFN's outputs.
+    post_norms: Option<[Vec<f32>; 2]>,
 }
 
 /// How the CPU backend multiplies by the weights.
@@ -53,6 +56,8 @@ pub struct CpuBackend {
     layers: Vec<LayerVecs>,
     output_norm: Vec<f32>,
     rope: Rope,
+    /// The sliding-window layers' RoPE (gemma), where they differ.
+    rope_window: Option<Rope>,
 }
 
 /// A contiguous FP16 KV cache. Per layer: k, v of (n_ctx, n_head_kv * head_dim).
@@ -109,9 +114,18 @@ impl CpuBackend {
                 } else {
                     None
                 },
+                post_norms: if hp.post_norms {
+                    Some([
+                        vec_f32(&model, &n.attn_post_norm)?,
+                        vec_f32(&model, &n.ffn_post_norm)?,
+                    ])
+                } else {
+                    None
+                },
             });
         }
         let rope = Rope::for_model(&model)?;
+        let rope_window = Rope::for_window(&model)?;
         let output_norm = vec_f32(&model, OUTPUT_NORM)?;
         Ok(Self {
             model,
@@ -119,6 +133,7 @@ impl CpuBackend {
             layers,
             output_norm,
             rope,
+            rope_window,
         })
     }
 
@@ -148,13 +163,18 @@ impl CpuBackend {
                 });
             }
             dequantize(embd.info.ty, embd.row(t as usize), row)?;
+            if hp.embd_scale != 1.0 {
+                row.iter_mut().for_each(|v| *v *= hp.embd_scale);
+            }
         }
         Ok(())
     }
 
     /// Causal GQA attention of a step's tokens, each over its own
-    /// sequence's cache up to and including its position: `at[i]` = (the
+    /// sequence's cache up to and including its position (on a
+    /// sliding-window layer, its `window` newest keys): `at[i]` = (the
     /// cache of token i, its position). q: (n, n_head*hd); out likewise.
+    /// Scores are q.k times the model's scale, soft-capped where it says.
     /// Each (token, KV head) is computed alone, in the same order whatever
     /// else the step holds.
     fn attention(
@@ -167,7 +187,12 @@ impl CpuBackend {
     ) {
         let hp = self.model.hparams();
         let (hd, group) = (hp.head_dim, hp.n_head / hp.n_head_kv);
-        let scale = 1.0 / (hd as f32).sqrt();
+        let (scale, cap) = (hp.attn_scale, hp.attn_softcap);
+        let window = hp
+            .sliding_window
+            .as_ref()
+            .filter(|_| hp.is_swa(layer))
+            .map(|w| w.window);
         // One task per (token, KV head): its `group` query heads are contiguous.
         out.par_chunks_mut(group * hd)
             .enumerate()
@@ -176,22 +201,26 @@ impl CpuBackend {
                 let (seq, pos) = at[i];
                 let cache = caches[seq];
                 let (kc, vc, kv_dim) = (&cache.k[layer], &cache.v[layer], cache.kv_dim);
-                let len = pos + 1;
+                let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
+                let len = pos + 1 - first;
                 let qh = &q[i * hp.n_head * hd + g * group * hd..][..group * hd];
                 let mut scores = vec![0f32; group * len];
                 let mut row = vec![0f32; hd];
                 for j in 0..len {
-                    kc[j * kv_dim + g * hd..][..hd].convert_to_f32_slice(&mut row);
+                    kc[(first + j) * kv_dim + g * hd..][..hd].convert_to_f32_slice(&mut row);
                     for h in 0..group {
                         scores[h * len + j] = simd::dot(&qh[h * hd..(h + 1) * hd], &row) * scale;
                     }
+                }
+                if let Some(c) = cap {
+                    softcap(&mut scores, c);
                 }
                 for h in 0..group {
                     softmax(&mut scores[h * len..(h + 1) * len]);
                 }
                 o.fill(0.0);
                 for j in 0..len {
-                    vc[j * kv_dim + g * hd..][..hd].convert_to_f32_slice(&mut row);
+                    vc[(first + j) * kv_dim + g * hd..][..hd].convert_to_f32_slice(&mut row);
                     for h in 0..group {
                         let p = scores[h * len + j];
                         for (acc, v) in o[h * hd..(h + 1) * hd].iter_mut().zip(&row) {
@@ -254,10 +283,13 @@ impl CpuBackend {
                 rmsnorm(&mut q, qn, hp.rms_eps);
                 rmsnorm(&mut k, kn, hp.rms_eps);
             }
+            let rope = match &self.rope_window {
+                Some(r) if hp.is_swa(l) => r,
+                _ => &self.rope,
+            };
             for (i, &(_, pos)) in at.iter().enumerate() {
-                self.rope.apply(&mut q[i * q_dim..(i + 1) * q_dim], hd, pos);
-                self.rope
-                    .apply(&mut k[i * kv_dim..(i + 1) * kv_dim], hd, pos);
+                rope.apply(&mut q[i * q_dim..(i + 1) * q_dim], hd, pos);
+                rope.apply(&mut k[i * kv_dim..(i + 1) * kv_dim], hd, pos);
             }
             for (i, &(s, pos)) in at.iter().enumerate() {
                 let cache = &mut *seqs[s].0;
@@ -268,14 +300,23 @@ impl CpuBackend {
             let caches: Vec<&CpuCache> = seqs.iter().map(|(c, _, _)| &**c).collect();
             self.attention(&caches, &at, l, &q, &mut att);
             self.matmul(&names.wo, &att, n, &mut proj)?;
+            if let Some([post, _]) = &lv.post_norms {
+                rmsnorm(&mut proj, post, hp.rms_eps);
+            }
             x.iter_mut().zip(&proj).for_each(|(x, p)| *x += p);
 
             h.copy_from_slice(&x);
             rmsnorm(&mut h, &lv.ffn_norm, hp.rms_eps);
             self.matmul(&names.ffn_gate, &h, n, &mut gate)?;
             self.matmul(&names.ffn_up, &h, n, &mut up)?;
-            swiglu(&mut gate, &up);
+            match hp.act {
+                Activation::Silu => swiglu(&mut gate, &up),
+                Activation::GeluTanh => geglu(&mut gate, &up),
+            }
             self.matmul(&names.ffn_down, &gate, n, &mut proj)?;
+            if let Some([_, post]) = &lv.post_norms {
+                rmsnorm(&mut proj, post, hp.rms_eps);
+            }
             x.iter_mut().zip(&proj).for_each(|(x, p)| *x += p);
         }
         // The rows each sequence wants logits of, all through one matmul.
@@ -304,6 +345,9 @@ impl CpuBackend {
         let out_name = if hp.tied_output { TOKEN_EMBD } else { OUTPUT };
         let mut logits = vec![0f32; n_rows * hp.n_vocab];
         self.matmul(out_name, &rows, n_rows, &mut logits)?;
+        if let Some(c) = hp.final_softcap {
+            softcap(&mut logits, c);
+        }
         let mut at_row = 0;
         for (s, r) in wanted {
             out[s] = logits[at_row * hp.n_vocab..(at_row + r.len()) * hp.n_vocab].to_vec();
@@ -483,6 +527,13 @@ mod tests {
             tied_output: false,
             qkv_bias: false,
             qk_norm: false,
+            act: Activation::Silu,
+            embd_scale: 1.0,
+            attn_scale: 128f32.powf(-0.5),
+            attn_softcap: None,
+            final_softcap: None,
+            post_norms: false,
+            sliding_window: None,
         }
     }
 

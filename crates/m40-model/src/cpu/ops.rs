@@ -52,9 +52,28 @@ impl Rope {
         }
     }
 
-    /// The RoPE of `model`: its style, dimension and base, linear scaling,
-    /// and the per-dimension factors of `rope_freqs.weight` when present.
+    /// The RoPE of `model`'s global layers (and of every layer without a
+    /// sliding window): its style, dimension and base, linear scaling, and
+    /// the per-dimension factors of `rope_freqs.weight` when present.
     pub fn for_model(model: &crate::Model) -> crate::Result<Self> {
+        let hp = model.hparams();
+        let linear = match hp.rope_scaling {
+            m40_gguf::hparams::RopeScaling::Linear { factor } => factor,
+            _ => 1.0,
+        };
+        Self::with_base(model, hp.rope_freq_base, linear)
+    }
+
+    /// The RoPE of `model`'s sliding-window layers, where it has them:
+    /// their own base and scaling.
+    pub fn for_window(model: &crate::Model) -> crate::Result<Option<Self>> {
+        match &model.hparams().sliding_window {
+            Some(w) => Self::with_base(model, w.rope_freq_base, w.rope_linear).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn with_base(model: &crate::Model, base: f32, linear: f32) -> crate::Result<Self> {
         let hp = model.hparams();
         let freq_factors = match model.file().tensor("rope_freqs.weight") {
             Some(t) => Some(t.to_f32()?),
@@ -68,14 +87,10 @@ impl Rope {
                 "rope_freqs.weight does not match the RoPE dimension".into(),
             ));
         }
-        let linear = match hp.rope_scaling {
-            m40_gguf::hparams::RopeScaling::Linear { factor } => factor,
-            _ => 1.0,
-        };
         Ok(Self::new(
             hp.rope_style,
             hp.rope_dim,
-            hp.rope_freq_base,
+            base,
             linear,
             freq_factors.as_deref(),
         ))
@@ -105,6 +120,25 @@ pub fn swiglu(g: &mut [f32], u: &[f32]) {
     for (g, u) in g.iter_mut().zip(u) {
         *g = *g / (1.0 + (-*g).exp()) * u;
     }
+}
+
+/// GELU with its tanh approximation (llama.cpp's ggml_gelu, PyTorch's
+/// gelu(approximate="tanh")).
+pub fn gelu_tanh(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + 0.044715 * x * x)).tanh())
+}
+
+/// `g = gelu(g) * u`, GeGLU's gate.
+pub fn geglu(g: &mut [f32], u: &[f32]) {
+    for (g, u) in g.iter_mut().zip(u) {
+        *g = gelu_tanh(*g) * u;
+    }
+}
+
+/// `x = c tanh(x / c)`: soft-capping to (-c, c).
+pub fn softcap(x: &mut [f32], c: f32) {
+    x.iter_mut().for_each(|v| *v = c * (*v / c).tanh());
 }
 
 /// In-place softmax.

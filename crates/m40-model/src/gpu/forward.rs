@@ -5,10 +5,11 @@
 //! KV append folded into the Q/K/V GEMV).
 
 use m40_device::{DeviceBuffer, DeviceView};
+use m40_gguf::hparams::Activation;
 use m40_gguf::HyperParams;
 use m40_kernels::{
     gemm_plan, AddResidual, AttnInputs, AttnPlan, AttnScratch, AttnShape, Fold, GemmOpts, GemvOpts,
-    GemvOut, KvAppend, RopeKv, RopeStyle, RowSplit,
+    GemvOut, KvAppend, RopeKv, RopeStyle, RowSplit, Scores,
 };
 
 use super::kv::{GpuCache, Pools};
@@ -21,14 +22,36 @@ use crate::error::Result;
 use crate::{KvState, Logits};
 
 /// The attention of `n_tok` tokens of one sequence from position `start`
-/// (at most: the kernels read the start from the device).
+/// (at most: the kernels read the start from the device), on a layer
+/// without a sliding window (see [`layer_shape`]).
 pub(super) fn attn_shape(hp: &HyperParams, n_tok: usize, start: usize) -> AttnShape {
+    let plain = 1.0 / (hp.head_dim as f32).sqrt();
     AttnShape {
         n_tok,
         start,
         n_head: hp.n_head,
         n_head_kv: hp.n_head_kv,
         head_dim: hp.head_dim,
+        scores: Scores {
+            scale: (hp.attn_scale != plain).then_some(hp.attn_scale),
+            softcap: hp.attn_softcap.unwrap_or(0.0),
+            window: 0,
+        },
+    }
+}
+
+/// `shape` on layer `l`: with its sliding window, where it has one.
+fn layer_shape(hp: &HyperParams, shape: &AttnShape, l: usize) -> AttnShape {
+    let window = match &hp.sliding_window {
+        Some(w) if hp.is_swa(l) => w.window,
+        _ => 0,
+    };
+    AttnShape {
+        scores: Scores {
+            window,
+            ..shape.scores
+        },
+        ..*shape
     }
 }
 
@@ -208,7 +231,8 @@ impl GpuBackend {
 
     /// gate = silu(gate h) * up h for `n` rows of h: through the SwiGLU
     /// GEMV, or the GEMM into `up` (2 n_ff per row) and swiglu_pairs, for an
-    /// interleaved stack; else the two projections and swiglu.
+    /// interleaved stack; else the two projections and swiglu (geglu where
+    /// the model's gate is GELU: its stacks are never interleaved).
     fn gate_up(
         &self,
         stacks: &[Stack],
@@ -240,7 +264,10 @@ impl GpuBackend {
             }
             _ => {
                 self.matmul_stacks(stacks, h, &mut [&mut *gate, &mut *up], n)?;
-                k.swiglu(s, gate, &up.view(), n * n_ff)?;
+                match self.model.hparams().act {
+                    Activation::Silu => k.swiglu(s, gate, &up.view(), n * n_ff)?,
+                    Activation::GeluTanh => k.geglu(s, gate, &up.view(), n * n_ff)?,
+                }
             }
         }
         Ok(())
@@ -287,6 +314,24 @@ impl GpuBackend {
             self.matmul(wt, Input::Rows(a), w.x, n, true)?;
             Ok(Residual::Done)
         }
+    }
+
+    /// gemma's residual connection x += rmsnorm(W a) * post for `n` rows
+    /// of a: W a into `proj` (the workspace's), normed there, and left
+    /// pending (the next norm adds it to x).
+    fn post_normed(
+        &self,
+        wt: &Mat,
+        a: &DeviceView<'_, f32>,
+        post: &DeviceBuffer<f32>,
+        proj: &mut DeviceBuffer<f32>,
+        n: usize,
+    ) -> Result<Residual> {
+        self.matmul(wt, Input::Rows(a), proj, n, false)?;
+        let eps = self.model.hparams().rms_eps;
+        self.kernels
+            .rmsnorm_in_place(&self.stream, proj, &post.view(), n, eps)?;
+        Ok(Residual::Pending)
     }
 
     /// Whether `n` rows of x go through `w`'s GEMV: one row; packed, up to
@@ -385,6 +430,9 @@ impl GpuBackend {
             MatView::Packed(m) => k.embed_packed(s, &m, &ids, &mut w.x)?,
             MatView::Rows(m) => k.embed(s, &m, &ids, &mut w.x)?,
         }
+        if hp.embd_scale != 1.0 {
+            k.scale(s, &mut w.x, n * hp.n_embd, hp.embd_scale)?;
+        }
         let shape = attn_shape(hp, n, max_start);
         // How the last residual connection was left (see matmul_res).
         let mut res = Residual::Done;
@@ -395,7 +443,10 @@ impl GpuBackend {
             self.norm_after(norm_bufs!(w), &layer.attn_norm, n, res)?;
             let (hv, pv) = (w.h.view(), w.norm_part.view());
             let xin = res.input(&hv, &pv);
-            let inv_freq = self.inv_freq.view();
+            let (inv_freq, rope) = match &self.rope_window {
+                Some((f, p)) if hp.is_swa(l) => (f.view(), p),
+                _ => (self.inv_freq.view(), &self.rope),
+            };
             // One token through packed Q/K/V stacks (one, or a run of them
             // per format: a Q4_K_M layer's Q/K and its Q6_K V), no bias,
             // llama's RoPE style: the GEMVs rotate and append to the cache
@@ -405,13 +456,13 @@ impl GpuBackend {
                 && layer.qkv.iter().all(|st| st.mat.packed)
                 && layer.bias.is_none()
                 && layer.qk_norm.is_none()
-                && self.rope.style == RopeStyle::Normal;
+                && rope.style == RopeStyle::Normal;
             // Where this layer's rotated keys and values go.
             let mut kv = KvAppend {
                 n_head_kv: hp.n_head_kv,
                 pos: &pos_v,
                 inv_freq: &inv_freq,
-                p: &self.rope,
+                p: rope,
                 kpool: &mut pools.k[l],
                 vpool: &mut pools.v[l],
                 table: &table,
@@ -463,6 +514,7 @@ impl GpuBackend {
                 table: &table,
                 pos: &pos_v,
             };
+            let shape = layer_shape(hp, &shape, l);
             match (&tab, attn) {
                 (Some(tab), _) => k.attention_decode_batch(s, &shape, &inputs, tab, &mut w.att)?,
                 (None, StepAttn::Batch) => unreachable!("a batch has its table offsets"),
@@ -476,8 +528,13 @@ impl GpuBackend {
             }
             let av = w.att.view();
             let ffn = layer.gate_up.iter().map(|s| &s.mat);
-            let emit = self.folds(&layer.wo, ffn, n).then_some(&layer.ffn_norm);
-            res = self.matmul_res(&layer.wo, &av, res_bufs!(w), n, emit)?;
+            res = match &layer.post_norms {
+                Some([post, _]) => self.post_normed(&layer.wo, &av, post, &mut w.proj, n)?,
+                None => {
+                    let emit = self.folds(&layer.wo, ffn, n).then_some(&layer.ffn_norm);
+                    self.matmul_res(&layer.wo, &av, res_bufs!(w), n, emit)?
+                }
+            };
 
             self.norm_after(norm_bufs!(w), &layer.ffn_norm, n, res)?;
             let (hv, pv) = (w.h.view(), w.norm_part.view());
@@ -494,7 +551,10 @@ impl GpuBackend {
                 None => (last_logits && self.folds(&layer.down, std::iter::once(out_w), n))
                     .then_some(&self.weights.output_norm),
             };
-            res = self.matmul_res(&layer.down, &gv, res_bufs!(w), n, emit)?;
+            res = match &layer.post_norms {
+                Some([_, post]) => self.post_normed(&layer.down, &gv, post, &mut w.proj, n)?,
+                None => self.matmul_res(&layer.down, &gv, res_bufs!(w), n, emit)?,
+            };
         }
         if res == Residual::Pending && (n > 1 || !last_logits) {
             k.add(s, &mut w.x, &w.proj.view(), n * hp.n_embd)?;
@@ -519,7 +579,8 @@ impl GpuBackend {
         if let Residual::Folded(_) = res {
             debug_assert_eq!(rows, 0..1, "a folded norm is one token's");
             let (hv, pv) = (w.h.view(), w.norm_part.view());
-            return self.matmul(out_w, res.input(&hv, &pv), &mut w.logits, 1, false);
+            self.matmul(out_w, res.input(&hv, &pv), &mut w.logits, 1, false)?;
+            return self.softcap_logits(w, 1);
         }
         self.norm(
             norm_bufs!(w),
@@ -527,7 +588,18 @@ impl GpuBackend {
             rows,
             res == Residual::Pending,
         )?;
-        self.matmul(out_w, Input::Rows(&w.h.view()), &mut w.logits, n, false)
+        self.matmul(out_w, Input::Rows(&w.h.view()), &mut w.logits, n, false)?;
+        self.softcap_logits(w, n)
+    }
+
+    /// gemma: the `n` rows of logits in `w.logits` soft-capped.
+    fn softcap_logits(&self, w: &mut Workspace, n: usize) -> Result<()> {
+        let hp = self.model.hparams();
+        if let Some(c) = hp.final_softcap {
+            self.kernels
+                .softcap(&self.stream, &mut w.logits, n * hp.n_vocab, c)?;
+        }
+        Ok(())
     }
 
     /// The attention plan of `shape` on this device

@@ -122,6 +122,8 @@ pub struct GpuBackend {
     weights: Weights,
     inv_freq: DeviceBuffer<f32>,
     rope: RopeParams,
+    /// The sliding-window layers' RoPE (gemma), where they have their own.
+    rope_window: Option<(DeviceBuffer<f32>, RopeParams)>,
     max_batch: usize,
     /// The GEMM's block slots on this device (its tiles and splits).
     gemm_slots: GemmSlots,
@@ -271,9 +273,7 @@ impl GpuBackend {
         let stream = device.new_stream()?;
         let weights = Weights::upload(&model, &opts, &stream, w)?;
 
-        let cpu_rope = Rope::for_model(&model)?;
-        let inv_freq = stream.upload(&cpu_rope.inv_freq, "RoPE frequencies")?;
-        let rope = RopeParams {
+        let params = |r: &Rope| RopeParams {
             style: match hp.rope_style {
                 GgufRope::Normal => RopeStyle::Normal,
                 GgufRope::Neox => RopeStyle::Neox,
@@ -281,7 +281,17 @@ impl GpuBackend {
             n_head: hp.n_head,
             head_dim: hp.head_dim,
             n_rot: hp.rope_dim,
-            pos_scale: cpu_rope.pos_scale,
+            pos_scale: r.pos_scale,
+        };
+        let cpu_rope = Rope::for_model(&model)?;
+        let inv_freq = stream.upload(&cpu_rope.inv_freq, "RoPE frequencies")?;
+        let rope = params(&cpu_rope);
+        let rope_window = match Rope::for_window(&model)? {
+            Some(r) => Some((
+                stream.upload(&r.inv_freq, "sliding-window RoPE frequencies")?,
+                params(&r),
+            )),
+            None => None,
         };
 
         let kv_dim = hp.n_head_kv * hp.head_dim;
@@ -312,6 +322,7 @@ impl GpuBackend {
             weights,
             inv_freq,
             rope,
+            rope_window,
             max_batch,
             gemm_slots: gpu,
             fuse: opts.fuse,

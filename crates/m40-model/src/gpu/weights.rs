@@ -3,7 +3,7 @@
 //! model needs (kernel modules, bytes) known before anything is uploaded.
 
 use m40_device::{DeviceBuffer, DeviceView, Stream};
-use m40_gguf::hparams::{OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
+use m40_gguf::hparams::{Activation, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
 use m40_gguf::GgmlType;
 use m40_kernels::{
     interleave_glu, modules_for, pack_gemv, KernelFormat, PackFormat, PackedMatrix, QMatrix,
@@ -83,6 +83,8 @@ pub(super) struct Layer {
     pub(super) bias: Option<[DeviceBuffer<f32>; 3]>,
     /// qwen3: the query and key head norms' weights (head_dim each).
     pub(super) qk_norm: Option<[DeviceBuffer<f32>; 2]>,
+    /// gemma: the attention's and the FFN's output norms' weights.
+    pub(super) post_norms: Option<[DeviceBuffer<f32>; 2]>,
     /// Q, K, V in one to three stacks.
     pub(super) qkv: Vec<Stack>,
     pub(super) wo: Mat,
@@ -210,14 +212,22 @@ impl Weights {
             } else {
                 None
             };
+            let post_norms = if hp.post_norms {
+                Some([f32s(&n.attn_post_norm)?, f32s(&n.ffn_post_norm)?])
+            } else {
+                None
+            };
+            // The interleaved gate/up GEMV computes SwiGLU only.
+            let silu = hp.act == Activation::Silu;
             layers.push(Layer {
                 attn_norm: f32s(&n.attn_norm)?,
                 ffn_norm: f32s(&n.ffn_norm)?,
                 bias,
                 qk_norm,
+                post_norms,
                 qkv: stacks(&[&n.wq, &n.wk, &n.wv], true, false)?,
                 wo: one(stacks(&[&n.wo], true, false)?),
-                gate_up: stacks(&[&n.ffn_gate, &n.ffn_up], true, true)?,
+                gate_up: stacks(&[&n.ffn_gate, &n.ffn_up], true, silu)?,
                 down: one(stacks(&[&n.ffn_down], true, false)?),
             });
         }

@@ -97,7 +97,7 @@ impl Workspace {
             k: a(b * kv_dim, "activations")?,
             v: a(b * kv_dim, "activations")?,
             att: a(b * q_dim, "activations")?,
-            proj: a(b.min(GEMV_MAX_TOKENS) * hp.n_embd, "activations")?,
+            proj: a(proj_rows(hp, b) * hp.n_embd, "activations")?,
             norm_part: a(hp.n_embd.div_ceil(PACK_ROWS), "activations")?,
             gate: a(b * hp.n_ff, "activations")?,
             up: a(2 * b * hp.n_ff, "activations")?,
@@ -121,17 +121,28 @@ impl Workspace {
         let kv_dim = (hp.n_head_kv * hp.head_dim) as u64;
         let (bb, pages) = (b as u64, n_pages as u64);
         // x, h, q, att, k, v, gate, up (twice: a gate/up stack's output) per
-        // token; GEMV_MAX_TOKENS tokens' projections; a folded norm's partial sums;
+        // token; the pending projections (`proj_rows`); a folded norm's partial sums;
         // LOGIT_ROWS rows of logits; the step inputs (ids, positions, block
         // table, a selection's arguments); the token selection's results.
         4 * (bb * (2 * d + 2 * q + 2 * kv_dim + 3 * ff + 3)
-            + bb.min(GEMV_MAX_TOKENS as u64) * d
+            + proj_rows(hp, b) as u64 * d
             + d.div_ceil(PACK_ROWS as u64)
             + LOGIT_ROWS as u64 * hp.n_vocab as u64
             + pages
             + (SELECT_ARGS + 2 * hp.n_vocab + LOGIT_ROWS * (2 * SELECT_MAX_K + SELECT_SCRATCH))
                 as u64
             + gemm_scratch(hp, b.max(1), gpu) as u64)
+    }
+}
+
+/// Rows of `proj`: GEMV_MAX_TOKENS (only the GEMV's outputs wait there)
+/// or, where the outputs are normed before they join x (gemma's post
+/// norms), the whole step's.
+fn proj_rows(hp: &HyperParams, b: usize) -> usize {
+    if hp.post_norms {
+        b
+    } else {
+        b.min(GEMV_MAX_TOKENS)
     }
 }
 
