@@ -29,7 +29,8 @@ pub struct Args {
     /// Model file or store name (or use --shape).
     pub model: Option<String>,
     /// Generate a random-weight model of this shape instead: tiny,
-    /// smollm2-135m, llama-1b, llama-8b, qwen3-tiny or qwen3-8b.
+    /// smollm2-135m, llama-1b, llama-8b, qwen3-tiny, qwen3-8b, gemma2-tiny,
+    /// gemma3-tiny or gemma3-12b.
     #[arg(long, conflicts_with = "model")]
     pub shape: Option<String>,
     /// Weight type of the generated model.

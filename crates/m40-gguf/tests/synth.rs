@@ -210,3 +210,64 @@ fn q4_k_m_mixes_q4_k_and_q6_k_as_llama_quantize_does() {
     assert_eq!(FileType::parse("Q6_K"), Some(FileType::All(GgmlType::Q6_K)));
     assert_eq!(FileType::parse("IQ4_XS"), None);
 }
+
+/// gemma's hyperparameters as llama.cpp reads them: the synthetic shapes'
+/// windows and patterns; gemma2's defaults where its keys are missing
+/// (window 4096, every other layer, caps 50 and 30); a pattern given as
+/// per-layer flags; gemma3 without a window; a flag array of the wrong
+/// length is an error that names the key.
+#[test]
+fn gemma_windows_caps_and_scales_read_as_llama_cpp_does() {
+    use m40_gguf::hparams::{Activation, Arch};
+    use m40_gguf::synth::{metadata, FileType, Shape};
+    use m40_gguf::{Array, Value};
+    let md = |shape: &str| metadata(Shape::find(shape).unwrap(), FileType::All(GgmlType::F32));
+    let hp = HyperParams::from_metadata(&md("gemma3-tiny")).unwrap();
+    assert_eq!(hp.arch, Arch::Gemma3);
+    let w = hp.sliding_window.as_ref().unwrap();
+    assert_eq!(
+        (w.window, w.rope_freq_base, w.rope_linear),
+        (5, 10000.0, 1.0)
+    );
+    // Period 3 over 3 layers: two window layers, then a global one.
+    assert_eq!(w.layers, [true, true, false]);
+    assert_eq!(hp.act, Activation::GeluTanh);
+    assert!(hp.post_norms && hp.qk_norm);
+    assert_eq!((hp.attn_softcap, hp.final_softcap), (None, None));
+    assert_eq!(hp.embd_scale, 128f32.sqrt());
+    assert_eq!(hp.attn_scale, 1.0 / 8.0);
+
+    let mut g2 = md("gemma2-tiny");
+    let hp = HyperParams::from_metadata(&g2).unwrap();
+    assert_eq!((hp.attn_softcap, hp.final_softcap), (Some(1.5), Some(30.0)));
+    assert!(!hp.qk_norm && hp.is_swa(0) && !hp.is_swa(1));
+    // Without its keys, gemma2 takes llama.cpp's defaults.
+    let mut bare = m40_gguf::Metadata::new();
+    for (k, v) in g2.iter() {
+        if !k.contains("sliding_window") && !k.contains("softcapping") {
+            bare.insert(k, v.clone());
+        }
+    }
+    let hp = HyperParams::from_metadata(&bare).unwrap();
+    let w = hp.sliding_window.as_ref().unwrap();
+    assert_eq!((w.window, w.layers.as_slice()), (4096, &[true, false][..]));
+    assert_eq!(
+        (hp.attn_softcap, hp.final_softcap),
+        (Some(50.0), Some(30.0))
+    );
+    // Flags, layer by layer.
+    let key = "gemma2.attention.sliding_window_pattern";
+    g2.insert(key, Value::Array(Array::Bool(vec![false, true])));
+    let hp = HyperParams::from_metadata(&g2).unwrap();
+    assert!(!hp.is_swa(0) && hp.is_swa(1));
+    g2.insert(key, Value::Array(Array::Bool(vec![true])));
+    let e = HyperParams::from_metadata(&g2).unwrap_err().to_string();
+    assert!(e.contains(key) && e.contains("1 flags for 2 layers"), "{e}");
+    // gemma3 with a window of 0: none.
+    let mut g3 = md("gemma3-tiny");
+    g3.insert("gemma3.attention.sliding_window", Value::U32(0));
+    assert!(HyperParams::from_metadata(&g3)
+        .unwrap()
+        .sliding_window
+        .is_none());
+}
