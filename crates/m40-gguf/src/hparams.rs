@@ -24,6 +24,10 @@ pub enum Arch {
     /// attention soft-cap; five sliding-window layers (RoPE base 10,000)
     /// to one global.
     Gemma3,
+    /// IBM Granite 3.x (dense): llama's layer with four multipliers, of the
+    /// embeddings, the attention scores, each residual branch and (divided
+    /// by) the logits.
+    Granite,
 }
 
 impl Arch {
@@ -34,6 +38,7 @@ impl Arch {
             "qwen3" => Ok(Arch::Qwen3),
             "gemma2" => Ok(Arch::Gemma2),
             "gemma3" => Ok(Arch::Gemma3),
+            "granite" => Ok(Arch::Granite),
             other => Err(GgufError::UnsupportedArchitecture(other.to_string())),
         }
     }
@@ -41,7 +46,7 @@ impl Arch {
     /// How the architecture pairs RoPE's dimensions.
     pub fn rope_style(self) -> RopeStyle {
         match self {
-            Arch::Llama => RopeStyle::Normal,
+            Arch::Llama | Arch::Granite => RopeStyle::Normal,
             Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma2 | Arch::Gemma3 => RopeStyle::Neox,
         }
     }
@@ -69,6 +74,7 @@ impl Arch {
             Arch::Qwen3 => "qwen3",
             Arch::Gemma2 => "gemma2",
             Arch::Gemma3 => "gemma3",
+            Arch::Granite => "granite",
         }
     }
 }
@@ -159,6 +165,11 @@ pub struct HyperParams {
     /// FFN's outputs RMS-normed before their residual add (gemma).
     pub post_norms: bool,
     pub sliding_window: Option<SlidingWindow>,
+    /// Each residual branch (attention, FFN) is multiplied by this before
+    /// its add (granite's `residual_scale`; 1 elsewhere).
+    pub residual_scale: f32,
+    /// Logits are divided by this (granite's `logit_scale`; 1 elsewhere).
+    pub logit_scale: f32,
 }
 
 /// The names of one layer's tensors.
@@ -334,13 +345,26 @@ impl HyperParams {
         // (their query_pre_attn_scalar), which GGUF does not record:
         // llama.cpp knows them by their layer count, and so do we.
         let gemma_27b = matches!((arch, n_layer), (Arch::Gemma2, 46) | (Arch::Gemma3, 62));
-        let attn_scale = 1.0
+        let mut attn_scale = 1.0
             / (if gemma_27b {
                 (n_embd / n_head) as f32
             } else {
                 head_dim as f32
             })
             .sqrt();
+        // granite's multipliers (llama.cpp reads them for granite only; 0
+        // or absent: none, but the logits' is required).
+        let (mut embd_scale, mut residual_scale, mut logit_scale) = (1.0, 1.0, 1.0);
+        if arch.gemma() {
+            embd_scale = (n_embd as f32).sqrt();
+        }
+        if arch == Arch::Granite {
+            embd_scale = opt_f32("embedding_scale")?.unwrap_or(1.0);
+            residual_scale = opt_f32("residual_scale")?.unwrap_or(1.0);
+            attn_scale = opt_f32("attention.scale")?.unwrap_or(attn_scale);
+            logit_scale = opt_f32("logit_scale")?
+                .ok_or_else(|| bad(format!("{a}.logit_scale is missing (granite needs it)")))?;
+        }
         Ok(Self {
             arch,
             n_layer,
@@ -364,17 +388,21 @@ impl HyperParams {
             } else {
                 Activation::Silu
             },
-            embd_scale: if arch.gemma() {
-                (n_embd as f32).sqrt()
-            } else {
-                1.0
-            },
+            embd_scale,
             attn_scale,
             attn_softcap,
             final_softcap,
             post_norms: arch.gemma(),
             sliding_window,
+            residual_scale,
+            logit_scale,
         })
+    }
+
+    /// Whether a layer's attention and FFN outputs are transformed (normed
+    /// or scaled) before they join the residual stream.
+    pub fn residual_transformed(&self) -> bool {
+        self.post_norms || self.residual_scale != 1.0
     }
 
     /// Whether layer `l` attends through a sliding window.
@@ -392,6 +420,25 @@ impl HyperParams {
         // gemma2's output is its embedding even where a file has both.
         hp.tied_output = hp.arch == Arch::Gemma2 || file.tensor_info(OUTPUT).is_none();
         hp.qkv_bias = hp.arch.qkv_bias() || file.tensor_info(&LayerNames::new(0).bq).is_some();
+        // Biases llama.cpp reads for some architectures and we do not run:
+        // refused, never ignored.
+        for b in [
+            "attn_output.bias",
+            "ffn_gate.bias",
+            "ffn_up.bias",
+            "ffn_down.bias",
+        ] {
+            let name = format!("blk.0.{b}");
+            if file.tensor_info(&name).is_some() {
+                return Err(GgufError::BadTensor {
+                    name,
+                    what: format!(
+                        "{} models with this bias are not supported by m40-llm",
+                        hp.arch.name()
+                    ),
+                });
+            }
+        }
         for (name, shape) in hp.expected_tensors() {
             let info = file
                 .tensor_info(&name)

@@ -186,6 +186,25 @@ pub const SHAPES: &[Shape] = &[
         rope_linear: 8.0,
         attn_softcap: None,
     },
+    // Granite's tiny test shape: head size 64 (its attention multiplier
+    // 1/64, not 1/8).
+    Shape {
+        name: "granite-tiny",
+        arch: Arch::Granite,
+        head_dim: None,
+        n_layer: 2,
+        n_embd: 256,
+        n_head: 4,
+        n_head_kv: 2,
+        n_ff: 512,
+        n_vocab: 512,
+        n_ctx_train: 4096,
+        rope_freq_base: 10000000.0,
+        tied_output: true,
+        swa: None,
+        rope_linear: 1.0,
+        attn_softcap: None,
+    },
     Shape {
         name: "gemma3-12b",
         arch: Arch::Gemma3,
@@ -383,6 +402,17 @@ pub fn metadata(shape: &Shape, ty: FileType) -> Metadata {
     if let Some((window, period)) = shape.swa {
         md.insert(key("attention.sliding_window"), u(window));
         md.insert(key("attention.sliding_window_pattern"), u(period));
+    }
+    if shape.arch == Arch::Granite {
+        // Granite 3's multipliers (its 2B and 8B configs): the attention's
+        // is 1 / head size.
+        md.insert(key("embedding_scale"), Value::F32(12.0));
+        md.insert(key("residual_scale"), Value::F32(0.22));
+        md.insert(
+            key("attention.scale"),
+            Value::F32(1.0 / shape.head_dim() as f32),
+        );
+        md.insert(key("logit_scale"), Value::F32(8.0));
     }
     if let Some(c) = shape.attn_softcap {
         md.insert(key("attn_logit_softcapping"), Value::F32(c));

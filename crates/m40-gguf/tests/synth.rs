@@ -271,3 +271,31 @@ fn gemma_windows_caps_and_scales_read_as_llama_cpp_does() {
         .sliding_window
         .is_none());
 }
+
+/// granite's multipliers as llama.cpp reads them; its logit scale is
+/// required.
+#[test]
+fn granite_multipliers_are_read_and_the_logit_scale_is_required() {
+    use m40_gguf::synth::{metadata, FileType, Shape};
+    let md = metadata(
+        Shape::find("granite-tiny").unwrap(),
+        FileType::All(GgmlType::F32),
+    );
+    let hp = HyperParams::from_metadata(&md).unwrap();
+    assert_eq!(
+        (
+            hp.embd_scale,
+            hp.attn_scale,
+            hp.residual_scale,
+            hp.logit_scale
+        ),
+        (12.0, 1.0 / 64.0, 0.22, 8.0)
+    );
+    assert!(hp.residual_transformed() && !hp.post_norms);
+    let mut bare = m40_gguf::Metadata::new();
+    for (k, v) in md.iter().filter(|(k, _)| *k != "granite.logit_scale") {
+        bare.insert(k, v.clone());
+    }
+    let e = HyperParams::from_metadata(&bare).unwrap_err().to_string();
+    assert!(e.contains("granite.logit_scale"), "{e}");
+}

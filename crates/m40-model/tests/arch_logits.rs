@@ -78,3 +78,11 @@ fn gemma3_matches_llama_cpp() {
     check("gemma3-tiny", GgmlType::F32);
     check("gemma3-tiny", GgmlType::F16);
 }
+
+/// Granite's multipliers: embeddings x 12, scores x 1/64 (not 1/8), each
+/// residual branch x 0.22, logits / 8.
+#[test]
+fn granite_matches_llama_cpp() {
+    check("granite-tiny", GgmlType::F32);
+    check("granite-tiny", GgmlType::F16);
+}

@@ -310,6 +310,20 @@ fn synth_gemma_gpu_matches_cpu() {
     check_shape("gemma3-tiny", &types, &[1, 5, 17, 100], 32);
 }
 
+/// granite: embedding, score, residual and logit multipliers (the residual
+/// branches leave the folded one-token path for the scaled one).
+#[test]
+#[ignore = "needs a GPU"]
+fn synth_granite_gpu_matches_cpu() {
+    gpu_device("synth_granite_gpu_matches_cpu");
+    let types = [
+        FileType::All(GgmlType::F16),
+        FileType::All(GgmlType::Q8_0),
+        FileType::All(GgmlType::Q4_K),
+    ];
+    check_shape("granite-tiny", &types, &[1, 5, 17, 100], 32);
+}
+
 /// The persistent decode kernel (`GpuOptions::persistent`) gives the
 /// logits of the launch-per-kernel graph: SmolLM2's shape (3 query heads
 /// per KV head, head dim 64) in Q4_0, Q8_0, F16 (every op in the program)

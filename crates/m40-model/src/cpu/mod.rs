@@ -303,7 +303,7 @@ impl CpuBackend {
             if let Some([post, _]) = &lv.post_norms {
                 rmsnorm(&mut proj, post, hp.rms_eps);
             }
-            x.iter_mut().zip(&proj).for_each(|(x, p)| *x += p);
+            add_residual(&mut x, &proj, hp.residual_scale);
 
             h.copy_from_slice(&x);
             rmsnorm(&mut h, &lv.ffn_norm, hp.rms_eps);
@@ -317,7 +317,7 @@ impl CpuBackend {
             if let Some([_, post]) = &lv.post_norms {
                 rmsnorm(&mut proj, post, hp.rms_eps);
             }
-            x.iter_mut().zip(&proj).for_each(|(x, p)| *x += p);
+            add_residual(&mut x, &proj, hp.residual_scale);
         }
         // The rows each sequence wants logits of, all through one matmul.
         let mut wanted = Vec::new(); // (sequence, rows)
@@ -345,6 +345,10 @@ impl CpuBackend {
         let out_name = if hp.tied_output { TOKEN_EMBD } else { OUTPUT };
         let mut logits = vec![0f32; n_rows * hp.n_vocab];
         self.matmul(out_name, &rows, n_rows, &mut logits)?;
+        if hp.logit_scale != 1.0 {
+            let s = 1.0 / hp.logit_scale;
+            logits.iter_mut().for_each(|v| *v *= s);
+        }
         if let Some(c) = hp.final_softcap {
             softcap(&mut logits, c);
         }
@@ -413,6 +417,15 @@ fn kv_too_big(hp: &HyperParams, n_ctx: usize) -> ModelError {
         need: human_bytes(kv),
         available: crate::host::available_memory().map_or_else(|| "less".into(), human_bytes),
         hint: "use a smaller context".into(),
+    }
+}
+
+/// x += s * p: a residual branch (scaled by granite's multiplier).
+fn add_residual(x: &mut [f32], p: &[f32], s: f32) {
+    if s == 1.0 {
+        x.iter_mut().zip(p).for_each(|(x, p)| *x += p);
+    } else {
+        x.iter_mut().zip(p).for_each(|(x, p)| *x += s * p);
     }
 }
 
@@ -534,6 +547,8 @@ mod tests {
             final_softcap: None,
             post_norms: false,
             sliding_window: None,
+            residual_scale: 1.0,
+            logit_scale: 1.0,
         }
     }
 

@@ -316,21 +316,28 @@ impl GpuBackend {
         }
     }
 
-    /// gemma's residual connection x += rmsnorm(W a) * post for `n` rows
-    /// of a: W a into `proj` (the workspace's), normed there, and left
-    /// pending (the next norm adds it to x).
-    fn post_normed(
+    /// A residual connection whose branch is transformed before it joins
+    /// x, for `n` rows of a: W a into `proj` (the workspace's), there
+    /// RMS-normed by `post` (gemma's post-norms) and scaled by the model's
+    /// residual multiplier (granite's), and left pending (the next norm
+    /// adds it to x).
+    fn transformed_res(
         &self,
         wt: &Mat,
         a: &DeviceView<'_, f32>,
-        post: &DeviceBuffer<f32>,
+        post: Option<&DeviceBuffer<f32>>,
         proj: &mut DeviceBuffer<f32>,
         n: usize,
     ) -> Result<Residual> {
+        let (k, s) = (&self.kernels, &self.stream);
+        let hp = self.model.hparams();
         self.matmul(wt, Input::Rows(a), proj, n, false)?;
-        let eps = self.model.hparams().rms_eps;
-        self.kernels
-            .rmsnorm_in_place(&self.stream, proj, &post.view(), n, eps)?;
+        if let Some(post) = post {
+            k.rmsnorm_in_place(s, proj, &post.view(), n, hp.rms_eps)?;
+        }
+        if hp.residual_scale != 1.0 {
+            k.scale(s, proj, n * hp.n_embd, hp.residual_scale)?;
+        }
         Ok(Residual::Pending)
     }
 
@@ -528,12 +535,12 @@ impl GpuBackend {
             }
             let av = w.att.view();
             let ffn = layer.gate_up.iter().map(|s| &s.mat);
-            res = match &layer.post_norms {
-                Some([post, _]) => self.post_normed(&layer.wo, &av, post, &mut w.proj, n)?,
-                None => {
-                    let emit = self.folds(&layer.wo, ffn, n).then_some(&layer.ffn_norm);
-                    self.matmul_res(&layer.wo, &av, res_bufs!(w), n, emit)?
-                }
+            res = if hp.residual_transformed() {
+                let post = layer.post_norms.as_ref().map(|[p, _]| p);
+                self.transformed_res(&layer.wo, &av, post, &mut w.proj, n)?
+            } else {
+                let emit = self.folds(&layer.wo, ffn, n).then_some(&layer.ffn_norm);
+                self.matmul_res(&layer.wo, &av, res_bufs!(w), n, emit)?
             };
 
             self.norm_after(norm_bufs!(w), &layer.ffn_norm, n, res)?;
@@ -551,9 +558,11 @@ impl GpuBackend {
                 None => (last_logits && self.folds(&layer.down, std::iter::once(out_w), n))
                     .then_some(&self.weights.output_norm),
             };
-            res = match &layer.post_norms {
-                Some([_, post]) => self.post_normed(&layer.down, &gv, post, &mut w.proj, n)?,
-                None => self.matmul_res(&layer.down, &gv, res_bufs!(w), n, emit)?,
+            res = if hp.residual_transformed() {
+                let post = layer.post_norms.as_ref().map(|[_, p]| p);
+                self.transformed_res(&layer.down, &gv, post, &mut w.proj, n)?
+            } else {
+                self.matmul_res(&layer.down, &gv, res_bufs!(w), n, emit)?
             };
         }
         if res == Residual::Pending && (n > 1 || !last_logits) {
@@ -580,7 +589,7 @@ impl GpuBackend {
             debug_assert_eq!(rows, 0..1, "a folded norm is one token's");
             let (hv, pv) = (w.h.view(), w.norm_part.view());
             self.matmul(out_w, res.input(&hv, &pv), &mut w.logits, 1, false)?;
-            return self.softcap_logits(w, 1);
+            return self.finish_logits(w, 1);
         }
         self.norm(
             norm_bufs!(w),
@@ -589,12 +598,21 @@ impl GpuBackend {
             res == Residual::Pending,
         )?;
         self.matmul(out_w, Input::Rows(&w.h.view()), &mut w.logits, n, false)?;
-        self.softcap_logits(w, n)
+        self.finish_logits(w, n)
     }
 
-    /// gemma: the `n` rows of logits in `w.logits` soft-capped.
-    fn softcap_logits(&self, w: &mut Workspace, n: usize) -> Result<()> {
+    /// The `n` rows of logits in `w.logits` divided by the model's logit
+    /// scale (granite) and soft-capped (gemma), where it says.
+    fn finish_logits(&self, w: &mut Workspace, n: usize) -> Result<()> {
         let hp = self.model.hparams();
+        if hp.logit_scale != 1.0 {
+            self.kernels.scale(
+                &self.stream,
+                &mut w.logits,
+                n * hp.n_vocab,
+                1.0 / hp.logit_scale,
+            )?;
+        }
         if let Some(c) = hp.final_softcap {
             self.kernels
                 .softcap(&self.stream, &mut w.logits, n * hp.n_vocab, c)?;

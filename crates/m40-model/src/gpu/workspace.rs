@@ -136,10 +136,10 @@ impl Workspace {
 }
 
 /// Rows of `proj`: GEMV_MAX_TOKENS (only the GEMV's outputs wait there)
-/// or, where the outputs are normed before they join x (gemma's post
-/// norms), the whole step's.
+/// or, where the outputs are normed or scaled before they join x (gemma's
+/// post-norms, granite's multiplier), the whole step's.
 fn proj_rows(hp: &HyperParams, b: usize) -> usize {
-    if hp.post_norms {
+    if hp.residual_transformed() {
         b
     } else {
         b.min(GEMV_MAX_TOKENS)
