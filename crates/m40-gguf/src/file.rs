@@ -44,6 +44,24 @@ impl TensorInfo {
     pub fn row_bytes(&self) -> usize {
         (self.n_bytes / self.n_rows() as u64) as usize
     }
+
+    /// Matrices of a 3-D tensor (a mixture's experts): `shape[2]`, else 1.
+    pub fn n_matrices(&self) -> usize {
+        self.shape.get(2).map_or(1, |&n| n as usize)
+    }
+
+    /// The info of matrix `i` of a 3-D tensor (expert `i`): `shape[1]` rows
+    /// of `shape[0]`, its bytes the i-th slab (see [`TensorView::matrix`]).
+    pub fn matrix(&self, i: usize) -> TensorInfo {
+        let per = self.n_bytes / self.n_matrices() as u64;
+        TensorInfo {
+            name: format!("{}[{i}]", self.name),
+            ty: self.ty,
+            shape: self.shape[..2.min(self.shape.len())].to_vec(),
+            offset: self.offset + i as u64 * per,
+            n_bytes: per,
+        }
+    }
 }
 
 /// A tensor's descriptor and its bytes, borrowed from the file's map.
@@ -54,6 +72,16 @@ pub struct TensorView<'a> {
 }
 
 impl<'a> TensorView<'a> {
+    /// Matrix `i` of a 3-D tensor (expert `i`), under `info` =
+    /// `self.info.matrix(i)`.
+    pub fn matrix(&self, info: &'a TensorInfo, i: usize) -> TensorView<'a> {
+        let per = info.n_bytes as usize;
+        TensorView {
+            info,
+            data: &self.data[i * per..(i + 1) * per],
+        }
+    }
+
     /// The bytes of row `i`.
     pub fn row(&self, i: usize) -> &'a [u8] {
         let rb = self.info.row_bytes();

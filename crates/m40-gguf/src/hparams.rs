@@ -24,6 +24,10 @@ pub enum Arch {
     /// attention soft-cap; five sliding-window layers (RoPE base 10,000)
     /// to one global.
     Gemma3,
+    /// Qwen3's mixture of experts (30B-A3B, 235B-A22B): Qwen3's attention,
+    /// an FFN of `expert_count` experts of which each token takes the
+    /// `expert_used_count` its router scores highest.
+    Qwen3Moe,
     /// IBM Granite 3.x (dense): llama's layer with four multipliers, of the
     /// embeddings, the attention scores, each residual branch and (divided
     /// by) the logits.
@@ -36,6 +40,7 @@ impl Arch {
             "llama" => Ok(Arch::Llama),
             "qwen2" => Ok(Arch::Qwen2),
             "qwen3" => Ok(Arch::Qwen3),
+            "qwen3moe" => Ok(Arch::Qwen3Moe),
             "gemma2" => Ok(Arch::Gemma2),
             "gemma3" => Ok(Arch::Gemma3),
             "granite" => Ok(Arch::Granite),
@@ -47,7 +52,9 @@ impl Arch {
     pub fn rope_style(self) -> RopeStyle {
         match self {
             Arch::Llama | Arch::Granite => RopeStyle::Normal,
-            Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma2 | Arch::Gemma3 => RopeStyle::Neox,
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma2 | Arch::Gemma3 => {
+                RopeStyle::Neox
+            }
         }
     }
 
@@ -59,7 +66,7 @@ impl Arch {
 
     /// Whether each query and key head is RMS-normed before RoPE.
     pub fn qk_norm(self) -> bool {
-        matches!(self, Arch::Qwen3 | Arch::Gemma3)
+        matches!(self, Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3)
     }
 
     /// Gemma's layer: scaled embeddings, GELU gate, post-norms.
@@ -72,6 +79,7 @@ impl Arch {
             Arch::Llama => "llama",
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
+            Arch::Qwen3Moe => "qwen3moe",
             Arch::Gemma2 => "gemma2",
             Arch::Gemma3 => "gemma3",
             Arch::Granite => "granite",
@@ -109,6 +117,17 @@ pub struct SlidingWindow {
     /// factor (1: none; gemma3 scales only its global layers).
     pub rope_freq_base: f32,
     pub rope_linear: f32,
+}
+
+/// A mixture-of-experts FFN (qwen3moe; llama files with experts: Mixtral):
+/// per token, softmax over the router's `n_expert` logits, the
+/// `n_expert_used` highest (their weights renormalized to sum 1), each a
+/// SwiGLU FFN of `n_ff_exp`, summed by weight.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Moe {
+    pub n_expert: usize,
+    pub n_expert_used: usize,
+    pub n_ff_exp: usize,
 }
 
 /// RoPE context scaling (`rope.scaling.type`).
@@ -170,6 +189,8 @@ pub struct HyperParams {
     pub residual_scale: f32,
     /// Logits are divided by this (granite's `logit_scale`; 1 elsewhere).
     pub logit_scale: f32,
+    /// The FFN is a mixture of experts (every layer).
+    pub moe: Option<Moe>,
 }
 
 /// The names of one layer's tensors.
@@ -191,6 +212,11 @@ pub struct LayerNames {
     pub ffn_down: String,
     pub attn_post_norm: String,
     pub ffn_post_norm: String,
+    /// MoE: the router, and the experts' matrices (3-D: one per expert).
+    pub ffn_gate_inp: String,
+    pub ffn_gate_exps: String,
+    pub ffn_up_exps: String,
+    pub ffn_down_exps: String,
 }
 
 impl LayerNames {
@@ -213,6 +239,10 @@ impl LayerNames {
             ffn_down: n("ffn_down.weight"),
             attn_post_norm: n("post_attention_norm.weight"),
             ffn_post_norm: n("post_ffw_norm.weight"),
+            ffn_gate_inp: n("ffn_gate_inp.weight"),
+            ffn_gate_exps: n("ffn_gate_exps.weight"),
+            ffn_up_exps: n("ffn_up_exps.weight"),
+            ffn_down_exps: n("ffn_down_exps.weight"),
         }
     }
 }
@@ -365,6 +395,7 @@ impl HyperParams {
             logit_scale = opt_f32("logit_scale")?
                 .ok_or_else(|| bad(format!("{a}.logit_scale is missing (granite needs it)")))?;
         }
+        let moe = moe(md, arch, n_ff)?;
         Ok(Self {
             arch,
             n_layer,
@@ -396,6 +427,7 @@ impl HyperParams {
             sliding_window,
             residual_scale,
             logit_scale,
+            moe,
         })
     }
 
@@ -485,9 +517,17 @@ impl HyperParams {
                 out.push((n.attn_post_norm, vec![d]));
             }
             out.push((n.ffn_norm, vec![d]));
-            out.push((n.ffn_gate, vec![d, ff]));
-            out.push((n.ffn_up, vec![d, ff]));
-            out.push((n.ffn_down, vec![ff, d]));
+            if let Some(m) = self.moe {
+                let (e, fe) = (m.n_expert as u64, m.n_ff_exp as u64);
+                out.push((n.ffn_gate_inp, vec![d, e]));
+                out.push((n.ffn_gate_exps, vec![d, fe, e]));
+                out.push((n.ffn_up_exps, vec![d, fe, e]));
+                out.push((n.ffn_down_exps, vec![fe, d, e]));
+            } else {
+                out.push((n.ffn_gate, vec![d, ff]));
+                out.push((n.ffn_up, vec![d, ff]));
+                out.push((n.ffn_down, vec![ff, d]));
+            }
             if self.post_norms {
                 out.push((n.ffn_post_norm, vec![d]));
             }
@@ -551,5 +591,45 @@ fn sliding_window(
         layers,
         rope_freq_base,
         rope_linear: swa_linear,
+    }))
+}
+
+/// The mixture of experts of a file, as llama.cpp reads it:
+/// `expert_count` (none: a dense FFN; qwen3moe must have experts),
+/// `expert_used_count`, and the experts' FFN size (qwen3moe:
+/// `expert_feed_forward_length`, else n_ff / used; llama: n_ff). Both run
+/// with their expert weights renormalized and unscaled.
+fn moe(md: &Metadata, arch: Arch, n_ff: usize) -> Result<Option<Moe>> {
+    let a = arch.name();
+    let key = |k: &str| format!("{a}.{k}");
+    let n_expert = md.opt_usize(&key("expert_count"))?.unwrap_or(0);
+    if n_expert == 0 {
+        if arch == Arch::Qwen3Moe {
+            return Err(bad(format!("{a}.expert_count is missing or 0")));
+        }
+        return Ok(None);
+    }
+    if !matches!(arch, Arch::Llama | Arch::Qwen3Moe) {
+        return Err(bad(format!("{a} with experts is not supported")));
+    }
+    let used = md.opt_usize(&key("expert_used_count"))?.unwrap_or(0);
+    if used == 0 || used > n_expert {
+        return Err(bad(format!(
+            "{used} experts used of {n_expert} (must be 1..={n_expert})"
+        )));
+    }
+    let n_ff_exp = match arch {
+        Arch::Qwen3Moe => md
+            .opt_usize(&key("expert_feed_forward_length"))?
+            .unwrap_or(n_ff / used),
+        _ => n_ff,
+    };
+    if n_ff_exp == 0 {
+        return Err(bad("experts with a zero FFN size".into()));
+    }
+    Ok(Some(Moe {
+        n_expert,
+        n_expert_used: used,
+        n_ff_exp,
     }))
 }

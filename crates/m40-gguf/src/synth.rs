@@ -42,6 +42,8 @@ pub struct Shape {
     pub rope_linear: f32,
     /// gemma2's `attn_logit_softcapping`, where not its default (50).
     pub attn_softcap: Option<f32>,
+    /// A mixture of experts: (experts, used per token, their FFN size).
+    pub moe: Option<(usize, usize, usize)>,
 }
 
 /// The shapes the synthesizer knows: `tiny` matches the quant zoo.
@@ -62,6 +64,7 @@ pub const SHAPES: &[Shape] = &[
         swa: None,
         rope_linear: 1.0,
         attn_softcap: None,
+        moe: None,
     },
     Shape {
         name: "smollm2-135m",
@@ -79,6 +82,7 @@ pub const SHAPES: &[Shape] = &[
         swa: None,
         rope_linear: 1.0,
         attn_softcap: None,
+        moe: None,
     },
     Shape {
         name: "llama-1b",
@@ -96,6 +100,7 @@ pub const SHAPES: &[Shape] = &[
         swa: None,
         rope_linear: 1.0,
         attn_softcap: None,
+        moe: None,
     },
     Shape {
         name: "llama-8b",
@@ -113,6 +118,7 @@ pub const SHAPES: &[Shape] = &[
         swa: None,
         rope_linear: 1.0,
         attn_softcap: None,
+        moe: None,
     },
     // Qwen3's tiny test shape: a head size (64) that is not n_embd / n_head.
     Shape {
@@ -131,6 +137,7 @@ pub const SHAPES: &[Shape] = &[
         swa: None,
         rope_linear: 1.0,
         attn_softcap: None,
+        moe: None,
     },
     Shape {
         name: "qwen3-8b",
@@ -148,6 +155,7 @@ pub const SHAPES: &[Shape] = &[
         swa: None,
         rope_linear: 1.0,
         attn_softcap: None,
+        moe: None,
     },
     // Gemma's tiny test shapes: head size 64 (not 128 / 4), a window of
     // 5 keys so a 16-token test crosses it, global and window layers.
@@ -168,6 +176,7 @@ pub const SHAPES: &[Shape] = &[
         rope_linear: 1.0,
         // Small enough that capping changes the random model's scores.
         attn_softcap: Some(1.5),
+        moe: None,
     },
     Shape {
         name: "gemma3-tiny",
@@ -185,6 +194,7 @@ pub const SHAPES: &[Shape] = &[
         swa: Some((5, 3)),
         rope_linear: 8.0,
         attn_softcap: None,
+        moe: None,
     },
     // Granite's tiny test shape: head size 64 (its attention multiplier
     // 1/64, not 1/8).
@@ -204,6 +214,63 @@ pub const SHAPES: &[Shape] = &[
         swa: None,
         rope_linear: 1.0,
         attn_softcap: None,
+        moe: None,
+    },
+    // Mixtures of experts: qwen3moe's tiny shape (8 experts, 3 a token),
+    // Mixtral's (llama with 4 experts, 2 a token), and Qwen3-30B-A3B.
+    Shape {
+        name: "qwen3moe-tiny",
+        arch: Arch::Qwen3Moe,
+        head_dim: Some(64),
+        n_layer: 2,
+        n_embd: 128,
+        n_head: 4,
+        n_head_kv: 2,
+        n_ff: 384,
+        n_vocab: 512,
+        n_ctx_train: 4096,
+        rope_freq_base: 1000000.0,
+        tied_output: false,
+        swa: None,
+        rope_linear: 1.0,
+        attn_softcap: None,
+        moe: Some((8, 3, 128)),
+    },
+    Shape {
+        name: "mixtral-tiny",
+        arch: Arch::Llama,
+        head_dim: None,
+        n_layer: 2,
+        n_embd: 256,
+        n_head: 4,
+        n_head_kv: 2,
+        n_ff: 256,
+        n_vocab: 512,
+        n_ctx_train: 4096,
+        rope_freq_base: 1000000.0,
+        tied_output: false,
+        swa: None,
+        rope_linear: 1.0,
+        attn_softcap: None,
+        moe: Some((4, 2, 256)),
+    },
+    Shape {
+        name: "qwen3-30b-a3b",
+        arch: Arch::Qwen3Moe,
+        head_dim: Some(128),
+        n_layer: 48,
+        n_embd: 2048,
+        n_head: 32,
+        n_head_kv: 4,
+        n_ff: 6144,
+        n_vocab: 151936,
+        n_ctx_train: 40960,
+        rope_freq_base: 1000000.0,
+        tied_output: false,
+        swa: None,
+        rope_linear: 1.0,
+        attn_softcap: None,
+        moe: Some((128, 8, 768)),
     },
     Shape {
         name: "gemma3-12b",
@@ -221,6 +288,7 @@ pub const SHAPES: &[Shape] = &[
         swa: Some((1024, 6)),
         rope_linear: 8.0,
         attn_softcap: None,
+        moe: None,
     },
 ];
 
@@ -403,6 +471,13 @@ pub fn metadata(shape: &Shape, ty: FileType) -> Metadata {
         md.insert(key("attention.sliding_window"), u(window));
         md.insert(key("attention.sliding_window_pattern"), u(period));
     }
+    if let Some((n_expert, used, n_ff_exp)) = shape.moe {
+        md.insert(key("expert_count"), u(n_expert));
+        md.insert(key("expert_used_count"), u(used));
+        if shape.arch == Arch::Qwen3Moe {
+            md.insert(key("expert_feed_forward_length"), u(n_ff_exp));
+        }
+    }
     if shape.arch == Arch::Granite {
         // Granite 3's multipliers (its 2B and 8B configs): the attention's
         // is 1 / head size.
@@ -448,6 +523,9 @@ fn init_for(name: &str, hp: &HyperParams) -> Init {
         Init::Uniform(1.0 / ((hp.n_head * hp.head_dim) as f32).sqrt() / residual)
     } else if name.ends_with("ffn_down.weight") {
         Init::Uniform(1.0 / (hp.n_ff as f32).sqrt() / residual)
+    } else if name.ends_with("ffn_down_exps.weight") {
+        let n_ff_exp = hp.moe.map_or(hp.n_ff, |m| m.n_ff_exp);
+        Init::Uniform(1.0 / (n_ff_exp as f32).sqrt() / residual)
     } else {
         Init::Uniform(1.0 / d.sqrt())
     }
@@ -569,7 +647,8 @@ pub fn write_model<W: Write>(
         .expected_tensors()
         .into_iter()
         .map(|(name, shape)| {
-            let ty = if shape.len() == 1 {
+            // Routers stay F32, as llama-quantize leaves them.
+            let ty = if shape.len() == 1 || name.ends_with("ffn_gate_inp.weight") {
                 GgmlType::F32
             } else {
                 opts.ty.matrix_type(&name, shape[0] as usize, &hp)

@@ -86,3 +86,18 @@ fn granite_matches_llama_cpp() {
     check("granite-tiny", GgmlType::F32);
     check("granite-tiny", GgmlType::F16);
 }
+
+/// qwen3moe: 8 experts, 3 a token (each token's router, softmax, top 3
+/// renormalized), Qwen3's attention.
+#[test]
+fn qwen3moe_matches_llama_cpp() {
+    check("qwen3moe-tiny", GgmlType::F32);
+    check("qwen3moe-tiny", GgmlType::F16);
+}
+
+/// Mixtral: a llama file with 4 experts, 2 a token.
+#[test]
+fn mixtral_matches_llama_cpp() {
+    check("mixtral-tiny", GgmlType::F32);
+    check("mixtral-tiny", GgmlType::F16);
+}

@@ -19,7 +19,8 @@ use rayon::prelude::*;
 use crate::error::{ModelError, Result};
 use crate::host::human_bytes;
 use crate::{Backend, KvState, Logits, Model, SeqStep, StepOut, Want};
-use m40_gguf::hparams::Activation;
+use m40_gguf::hparams::{Activation, LayerNames};
+use m40_gguf::TensorView;
 use matmul::matmul;
 use ops::{geglu, rmsnorm, softcap, softmax, swiglu, Rope};
 
@@ -143,13 +144,75 @@ impl CpuBackend {
 
     /// `out = W x` for the `n` rows of `x`, by this backend's math.
     fn matmul(&self, name: &str, x: &[f32], n: usize, out: &mut [f32]) -> Result<()> {
-        let w = self.model.tensor(name);
+        self.matmul_view(&self.model.tensor(name), x, n, out)
+    }
+
+    fn matmul_view(&self, w: &TensorView<'_>, x: &[f32], n: usize, out: &mut [f32]) -> Result<()> {
         if self.math == CpuMath::Quantized && q8::supported(w.info.ty) {
-            q8::matmul_q8(&w, x, n, out);
+            q8::matmul_q8(w, x, n, out);
             Ok(())
         } else {
-            matmul(&w, x, n, out)
+            matmul(w, x, n, out)
         }
+    }
+
+    /// The mixture-of-experts FFN of layer `names` for the `n` rows of h
+    /// into `out` (n, n_embd): each token's experts as [`route`] picks
+    /// them, every expert's tokens through its matrices together, and
+    /// each token's outputs summed in the order of its experts (the same
+    /// arithmetic whatever else the step holds).
+    fn moe_ffn(&self, names: &LayerNames, h: &[f32], n: usize, out: &mut [f32]) -> Result<()> {
+        let hp = self.model.hparams();
+        let m = hp.moe.expect("a mixture");
+        let (d, k, ff) = (hp.n_embd, m.n_expert_used, m.n_ff_exp);
+        let mut logits = vec![0f32; n * m.n_expert];
+        self.matmul(&names.ffn_gate_inp, h, n, &mut logits)?;
+        let routes: Vec<Vec<(usize, f32)>> = logits
+            .chunks_exact(m.n_expert)
+            .map(|l| route(l, k))
+            .collect();
+        let [gw, uw, dw] = [
+            &names.ffn_gate_exps,
+            &names.ffn_up_exps,
+            &names.ffn_down_exps,
+        ]
+        .map(|name| self.model.tensor(name));
+        // Every (token, slot)'s expert output, (n, k, d).
+        let mut slots = vec![0f32; n * k * d];
+        for e in 0..m.n_expert {
+            let mine: Vec<(usize, usize)> = (0..n)
+                .flat_map(|t| {
+                    let r = &routes[t];
+                    (0..k).filter(move |&j| r[j].0 == e).map(move |j| (t, j))
+                })
+                .collect();
+            if mine.is_empty() {
+                continue;
+            }
+            let ne = mine.len();
+            let xs: Vec<f32> = mine
+                .iter()
+                .flat_map(|&(t, _)| h[t * d..(t + 1) * d].iter().copied())
+                .collect();
+            let (gi, ui, di) = (gw.info.matrix(e), uw.info.matrix(e), dw.info.matrix(e));
+            let (mut g, mut u) = (vec![0f32; ne * ff], vec![0f32; ne * ff]);
+            self.matmul_view(&gw.matrix(&gi, e), &xs, ne, &mut g)?;
+            self.matmul_view(&uw.matrix(&ui, e), &xs, ne, &mut u)?;
+            swiglu(&mut g, &u);
+            let mut y = vec![0f32; ne * d];
+            self.matmul_view(&dw.matrix(&di, e), &g, ne, &mut y)?;
+            for (i, &(t, j)) in mine.iter().enumerate() {
+                slots[(t * k + j) * d..][..d].copy_from_slice(&y[i * d..(i + 1) * d]);
+            }
+        }
+        for (t, o) in out.chunks_exact_mut(d).enumerate().take(n) {
+            o.fill(0.0);
+            for (j, &(_, w)) in routes[t].iter().enumerate() {
+                let y = &slots[(t * k + j) * d..][..d];
+                o.iter_mut().zip(y).for_each(|(o, y)| *o += w * y);
+            }
+        }
+        Ok(())
     }
 
     fn embed(&self, tokens: &[u32], x: &mut [f32]) -> Result<()> {
@@ -307,6 +370,11 @@ impl CpuBackend {
 
             h.copy_from_slice(&x);
             rmsnorm(&mut h, &lv.ffn_norm, hp.rms_eps);
+            if hp.moe.is_some() {
+                self.moe_ffn(&names, &h, n, &mut proj)?;
+                add_residual(&mut x, &proj, hp.residual_scale);
+                continue;
+            }
             self.matmul(&names.ffn_gate, &h, n, &mut gate)?;
             self.matmul(&names.ffn_up, &h, n, &mut up)?;
             match hp.act {
@@ -418,6 +486,19 @@ fn kv_too_big(hp: &HyperParams, n_ctx: usize) -> ModelError {
         available: crate::host::available_memory().map_or_else(|| "less".into(), human_bytes),
         hint: "use a smaller context".into(),
     }
+}
+
+/// A token's experts from its router logits, as llama.cpp picks them:
+/// softmax over all, the `k` most probable (ties: the lower index), their
+/// probabilities renormalized to sum 1.
+pub fn route(logits: &[f32], k: usize) -> Vec<(usize, f32)> {
+    let mut p = logits.to_vec();
+    softmax(&mut p);
+    let mut order: Vec<usize> = (0..p.len()).collect();
+    order.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
+    order.truncate(k);
+    let sum = order.iter().map(|&e| p[e]).sum::<f32>().max(6.103_515_6e-5);
+    order.into_iter().map(|e| (e, p[e] / sum)).collect()
 }
 
 /// x += s * p: a residual branch (scaled by granite's multiplier).
@@ -549,6 +630,7 @@ mod tests {
             sliding_window: None,
             residual_scale: 1.0,
             logit_scale: 1.0,
+            moe: None,
         }
     }
 

@@ -226,6 +226,11 @@ impl GpuBackend {
                 hp.head_dim
             )));
         }
+        if hp.moe.is_some() {
+            return Err(ModelError::Unsupported(
+                "mixture-of-experts models on the GPU (they run on the CPU: --cpu)".into(),
+            ));
+        }
         if !hp.n_embd.is_multiple_of(32) || !hp.n_ff.is_multiple_of(32) {
             return Err(ModelError::Unsupported(format!(
                 "embedding {} / FFN {} not multiples of 32 on the GPU",
