@@ -246,3 +246,20 @@ template <> struct GemvOccupancy<FmtQ3_K> { static constexpr int value = 4; };
         gemv<F>(W, x, y, nrows, ncols, row_bytes, cb, ksplit);                                                   \
     }
 M40_PART_FORMATS(GEMV_KERNEL)
+
+// Mixture-of-experts GEMVs: gemv_id_<fmt>_f32 runs, for each slot j =
+// blockIdx.y (a token's j-th chosen expert, slot j of the step), the GEMV
+// of expert ids[j] (clamped to the n_mat matrices) of a 3-D tensor of
+// n_mat matrices of mat_bytes each: y[j] (nrows) = W[ids[j]] x[j / x_per]
+// (x_per = the experts a token takes where every slot of a token reads
+// the token's row, 1 where each slot has its own). Otherwise as
+// gemv_<fmt>_f32, each slot over the grid's x.
+#define GEMV_ID_KERNEL(name, F)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS, GemvOccupancy<F>::value)                      \
+        gemv_id_##name##_f32(const u8* W, const float* x, float* y, int nrows, int ncols, long long row_bytes,   \
+                             int cb, int ksplit, const int* ids, int n_mat, long long mat_bytes, int x_per) {   \
+        const int j = blockIdx.y, e = min(max(ids[j], 0), n_mat - 1);                                            \
+        gemv<F>(W + e * mat_bytes, x + (long long)(j / x_per) * ncols, y + (long long)j * nrows, nrows, ncols, \
+                row_bytes, cb, ksplit);                                                                          \
+    }
+M40_PART_FORMATS(GEMV_ID_KERNEL)

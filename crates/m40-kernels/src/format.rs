@@ -13,6 +13,7 @@ macro_rules! kformat {
             ty: GgmlType::$ty,
             symbol: $sym,
             gemv: concat!("gemv_", $sym, "_f32"),
+            gemv_id: concat!("gemv_id_", $sym, "_f32"),
             embed: concat!("embed_", $sym, "_f32"),
             qk: $qk,
             bytes: $bytes,
@@ -32,6 +33,8 @@ pub struct KernelFormat {
     pub symbol: &'static str,
     /// `gemv_{symbol}_f32`, `embed_{symbol}_f32`.
     pub gemv: &'static str,
+    /// `gemv_id_{symbol}_f32`: the experts' GEMV of a mixture.
+    pub gemv_id: &'static str,
     pub embed: &'static str,
     /// Weights per (pseudo-)block, bytes per block, 32-weight sub-blocks per block.
     pub qk: usize,

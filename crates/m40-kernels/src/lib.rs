@@ -19,6 +19,7 @@ mod embed;
 mod gemm;
 mod gemv;
 mod gemv_packed;
+mod moe;
 mod rmsnorm;
 mod rope;
 mod sample;
@@ -48,6 +49,7 @@ pub use gemm::{
 pub use gemv::GemvPlan;
 pub use gemv_packed::{Fold, GemvLaunch, GemvOpts, GemvOut, RopeKv, PACKED_GEMV_MAX_TOKENS};
 pub use layout::{PackedMatrix, QMatrix, RowSplit, KV_PAGE};
+pub use moe::{MoeShape, MOE_MAX_EXPERTS};
 pub use pack::{interleave_glu, pack_gemv, PackFormat, PACK_ROWS};
 pub use rmsnorm::AddResidual;
 pub use rope::{KvAppend, RopeParams, RopeStyle};
@@ -121,6 +123,7 @@ const MODULE_TABLE: &[(&str, &str)] = &[
     module!("gemv_packed.q4_1"),
     module!("gemv_packed.q4_k"),
     module!("gemv_packed.q6_k"),
+    module!("moe"),
     module!("rmsnorm"),
     module!("rope"),
     module!("sample"),

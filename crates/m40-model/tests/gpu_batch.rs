@@ -60,9 +60,10 @@ fn batch_logits<T: AsRef<[u32]>>(
 /// (those of up to JOIN_CHUNK tokens joined, the others alone), then
 /// decode 4 tokens in batched steps of all of them; every sequence's
 /// logits each step against its CPU logits, fed the same tokens. Batches
-/// of 2 to 40 (the packed GEMV of a few tokens and the GEMM), six shapes
+/// of 2 to 40 (the packed GEMV of a few tokens and the GEMM), seven shapes
 /// (3 and 2 query heads per KV head; qwen3's head norms; gemma's sliding
-/// windows, soft-caps and post-norms; granite's multipliers).
+/// windows, soft-caps and post-norms; granite's multipliers; qwen3moe's
+/// experts).
 #[test]
 #[ignore = "needs a GPU"]
 fn batched_decode_matches_cpu() {
@@ -74,6 +75,7 @@ fn batched_decode_matches_cpu() {
         ("gemma2-tiny", GgmlType::Q8_0),
         ("gemma3-tiny", GgmlType::Q4_0),
         ("granite-tiny", GgmlType::Q4_0),
+        ("qwen3moe-tiny", GgmlType::Q8_0),
     ] {
         let model = synth(dir.path(), shape, ty);
         let cpu = CpuBackend::new(model.clone()).unwrap();

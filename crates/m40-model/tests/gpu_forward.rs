@@ -310,6 +310,23 @@ fn synth_gemma_gpu_matches_cpu() {
     check_shape("gemma3-tiny", &types, &[1, 5, 17, 100], 32);
 }
 
+/// Mixtures of experts: qwen3moe (8 experts, 3 a token) and Mixtral (4, 2):
+/// routing on the device, the chosen experts' GEMVs, their weighted sum;
+/// prompts of 1 to 100 tokens and 32 decode steps.
+#[test]
+#[ignore = "needs a GPU"]
+fn synth_moe_gpu_matches_cpu() {
+    gpu_device("synth_moe_gpu_matches_cpu");
+    let types = [
+        FileType::All(GgmlType::F32),
+        FileType::All(GgmlType::F16),
+        FileType::All(GgmlType::Q8_0),
+        FileType::All(GgmlType::Q4_0),
+    ];
+    check_shape("qwen3moe-tiny", &types, &[1, 5, 17, 100], 32);
+    check_shape("mixtral-tiny", &[FileType::Q4KM], &[1, 17, 100], 32);
+}
+
 /// granite: embedding, score, residual and logit multipliers (the residual
 /// branches leave the folded one-token path for the scaled one).
 #[test]

@@ -15,6 +15,7 @@ mod embed;
 mod gemm;
 mod gemv;
 mod gemv_packed;
+mod moe;
 mod rmsnorm;
 mod rope;
 mod sample;

@@ -9,13 +9,14 @@ use m40_gguf::hparams::Activation;
 use m40_gguf::HyperParams;
 use m40_kernels::{
     gemm_plan, AddResidual, AttnInputs, AttnPlan, AttnScratch, AttnShape, Fold, GemmOpts, GemvOpts,
-    GemvOut, KvAppend, RopeKv, RopeStyle, RowSplit, Scores,
+    GemvOut, KvAppend, MoeShape, RopeKv, RopeStyle, RowSplit, Scores,
 };
 
 use super::kv::{GpuCache, Pools};
-use super::weights::{Mat, MatView, Stack};
+use super::weights::{Ffn, Mat, MatView, Stack};
 use super::workspace::{
-    norm_bufs, res_bufs, Norm, Res, Select, Workspace, GEMV_MAX_TOKENS, GEMV_TOKENS, LOGIT_ROWS,
+    norm_bufs, res_bufs, MoeBufs, Norm, Res, Select, Workspace, GEMV_MAX_TOKENS, GEMV_TOKENS,
+    LOGIT_ROWS,
 };
 use super::{lock, GpuBackend, State};
 use crate::error::Result;
@@ -316,6 +317,48 @@ impl GpuBackend {
         }
     }
 
+    /// A mixture of experts over the `n` normed rows of `w.h` (router,
+    /// gate, up and down: see [`Ffn::Moe`]): the router's logits, each
+    /// token's experts chosen on the device, the chosen experts' gate and up
+    /// GEMVs (one launch each for every token's experts), SwiGLU, their
+    /// down GEMVs, and each token's weighted sum into `w.proj`, left
+    /// pending (the next norm adds it to x).
+    fn moe_ffn(
+        &self,
+        [router, gate, up, down]: &[Mat; 4],
+        h: &DeviceView<'_, f32>,
+        b: &mut MoeBufs,
+        proj: &mut DeviceBuffer<f32>,
+        n: usize,
+    ) -> Result<Residual> {
+        let (k, s) = (&self.kernels, &self.stream);
+        let hp = self.model.hparams();
+        let m = hp.moe.expect("a mixture's layer");
+        let shape = MoeShape {
+            n,
+            k: m.n_expert_used,
+        };
+        self.matmul(router, Input::Rows(h), &mut b.logits, n, false)?;
+        k.moe_route(s, &b.logits.view(), m.n_expert, shape, &mut b.ids, &mut b.w)?;
+        let ids = b.ids.view();
+        for (mat, out) in [(gate, &mut b.gate), (up, &mut b.up)] {
+            let data = mat.data.view();
+            let MatView::Rows(q) = mat.view(&data) else {
+                unreachable!("experts stay in GGUF rows")
+            };
+            k.gemv_experts(s, &q, m.n_ff_exp, &ids, h, shape.k, out, shape)?;
+        }
+        let slots = n * shape.k;
+        k.swiglu(s, &mut b.gate, &b.up.view(), slots * m.n_ff_exp)?;
+        let data = down.data.view();
+        let MatView::Rows(q) = down.view(&data) else {
+            unreachable!("experts stay in GGUF rows")
+        };
+        k.gemv_experts(s, &q, hp.n_embd, &ids, &b.gate.view(), 1, &mut b.y, shape)?;
+        k.moe_combine(s, &b.y.view(), &b.w.view(), proj, hp.n_embd, shape)?;
+        Ok(Residual::Pending)
+    }
+
     /// A residual connection whose branch is transformed before it joins
     /// x, for `n` rows of a: W a into `proj` (the workspace's), there
     /// RMS-normed by `post` (gemma's post-norms) and scaled by the model's
@@ -534,35 +577,50 @@ impl GpuBackend {
                 }
             }
             let av = w.att.view();
-            let ffn = layer.gate_up.iter().map(|s| &s.mat);
             res = if hp.residual_transformed() {
                 let post = layer.post_norms.as_ref().map(|[p, _]| p);
                 self.transformed_res(&layer.wo, &av, post, &mut w.proj, n)?
             } else {
-                let emit = self.folds(&layer.wo, ffn, n).then_some(&layer.ffn_norm);
+                // The FFN norm folds into dense GEMVs only (a mixture's
+                // router reads a normed h).
+                let emit = match &layer.ffn {
+                    Ffn::Dense { gate_up, .. } => {
+                        let ffn = gate_up.iter().map(|s| &s.mat);
+                        self.folds(&layer.wo, ffn, n).then_some(&layer.ffn_norm)
+                    }
+                    Ffn::Moe(_) => None,
+                };
                 self.matmul_res(&layer.wo, &av, res_bufs!(w), n, emit)?
             };
 
             self.norm_after(norm_bufs!(w), &layer.ffn_norm, n, res)?;
+            let (gate_up, down) = match &layer.ffn {
+                Ffn::Dense { gate_up, down } => (gate_up, down),
+                Ffn::Moe(mats) => {
+                    let h = w.h.view();
+                    res = self.moe_ffn(mats, &h, &mut w.moe, &mut w.proj, n)?;
+                    continue;
+                }
+            };
             let (hv, pv) = (w.h.view(), w.norm_part.view());
             let xin = res.input(&hv, &pv);
-            self.gate_up(&layer.gate_up, xin, &mut w.gate, &mut w.up, n)?;
+            self.gate_up(gate_up, xin, &mut w.gate, &mut w.up, n)?;
             let gv = w.gate.view();
             // The norm after the down projection: the next layer's, or the
             // output norm when this step's logits follow.
             let emit = match self.weights.layers.get(l + 1) {
                 Some(next) => {
                     let qkv = next.qkv.iter().map(|s| &s.mat);
-                    self.folds(&layer.down, qkv, n).then_some(&next.attn_norm)
+                    self.folds(down, qkv, n).then_some(&next.attn_norm)
                 }
-                None => (last_logits && self.folds(&layer.down, std::iter::once(out_w), n))
+                None => (last_logits && self.folds(down, std::iter::once(out_w), n))
                     .then_some(&self.weights.output_norm),
             };
             res = if hp.residual_transformed() {
                 let post = layer.post_norms.as_ref().map(|[_, p]| p);
-                self.transformed_res(&layer.down, &gv, post, &mut w.proj, n)?
+                self.transformed_res(down, &gv, post, &mut w.proj, n)?
             } else {
-                self.matmul_res(&layer.down, &gv, res_bufs!(w), n, emit)?
+                self.matmul_res(down, &gv, res_bufs!(w), n, emit)?
             };
         }
         if res == Residual::Pending && (n > 1 || !last_logits) {

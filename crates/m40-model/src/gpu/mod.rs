@@ -33,7 +33,7 @@ use m40_gguf::hparams::{RopeStyle as GgufRope, TOKEN_EMBD};
 use m40_gguf::HyperParams;
 use m40_kernels::{
     select_args, AttnPlan, GemmSlots, Kernels, Penalties, RopeParams, RopeStyle, KV_PAGE,
-    MAX_HEAD_DIM, SELECT_MAX_K,
+    MAX_HEAD_DIM, MOE_MAX_EXPERTS, SELECT_MAX_K,
 };
 
 pub use kv::{GpuCache, PagePool};
@@ -226,10 +226,13 @@ impl GpuBackend {
                 hp.head_dim
             )));
         }
-        if hp.moe.is_some() {
-            return Err(ModelError::Unsupported(
-                "mixture-of-experts models on the GPU (they run on the CPU: --cpu)".into(),
-            ));
+        if let Some(m) = hp.moe {
+            if m.n_expert > MOE_MAX_EXPERTS || !m.n_ff_exp.is_multiple_of(32) {
+                return Err(ModelError::Unsupported(format!(
+                    "{} experts of FFN {} on the GPU (at most {MOE_MAX_EXPERTS}, FFN a multiple of 32)",
+                    m.n_expert, m.n_ff_exp
+                )));
+            }
         }
         if !hp.n_embd.is_multiple_of(32) || !hp.n_ff.is_multiple_of(32) {
             return Err(ModelError::Unsupported(format!(
@@ -248,7 +251,13 @@ impl GpuBackend {
         // The GEMM's slots from a format the model holds (loading another
         // format's kernels would JIT-compile them on a first run).
         let gpu = {
-            let t = model.tensor(&model.layer(0).ffn_up).info;
+            let l0 = model.layer(0);
+            let name = if hp.moe.is_some() {
+                &l0.ffn_gate_inp
+            } else {
+                &l0.ffn_up
+            };
+            let t = model.tensor(name).info;
             kernels.gemm_slots_for(t.ty, packs(&opts, t.ty, t.row_len()))?
         };
         let (w, kv, work) = memory_needed(&model, &opts, gpu, opts.kv_tokens);

@@ -61,7 +61,9 @@ pub(super) fn packs(opts: &GpuOptions, ty: GgmlType, cols: usize) -> bool {
 /// super-block).
 pub(super) fn device_bytes(opts: &GpuOptions, t: &m40_gguf::TensorInfo) -> u64 {
     match PackFormat::of(t.ty) {
-        Some(f) if packs(opts, t.ty, t.row_len()) => f.packed_bytes(t.n_rows(), t.row_len()) as u64,
+        Some(f) if !in_rows(t) && packs(opts, t.ty, t.row_len()) => {
+            f.packed_bytes(t.n_rows(), t.row_len()) as u64
+        }
         _ => t.n_bytes,
     }
 }
@@ -88,9 +90,17 @@ pub(super) struct Layer {
     /// Q, K, V in one to three stacks.
     pub(super) qkv: Vec<Stack>,
     pub(super) wo: Mat,
-    /// Gate and up in one or two stacks.
-    pub(super) gate_up: Vec<Stack>,
-    pub(super) down: Mat,
+    pub(super) ffn: Ffn,
+}
+
+/// A layer's FFN.
+pub(super) enum Ffn {
+    /// Gate and up in one or two stacks; down.
+    Dense { gate_up: Vec<Stack>, down: Mat },
+    /// A mixture of experts: the router (F32 as files keep it) and the
+    /// experts' 3-D gate, up and down tensors, in that order, in GGUF rows
+    /// (the experts' GEMV, `gemv_experts`, reads them).
+    Moe(Box<[Mat; 4]>),
 }
 
 /// Every weight of the model on the device.
@@ -227,8 +237,21 @@ impl Weights {
                 post_norms,
                 qkv: stacks(&[&n.wq, &n.wk, &n.wv], true, false)?,
                 wo: one(stacks(&[&n.wo], true, false)?),
-                gate_up: stacks(&[&n.ffn_gate, &n.ffn_up], true, silu)?,
-                down: one(stacks(&[&n.ffn_down], true, false)?),
+                ffn: if hp.moe.is_some() {
+                    let mut rows =
+                        |name: &str| -> Result<Mat> { Ok(one(stacks(&[name], false, false)?)) };
+                    Ffn::Moe(Box::new([
+                        rows(&n.ffn_gate_inp)?,
+                        rows(&n.ffn_gate_exps)?,
+                        rows(&n.ffn_up_exps)?,
+                        rows(&n.ffn_down_exps)?,
+                    ]))
+                } else {
+                    Ffn::Dense {
+                        gate_up: stacks(&[&n.ffn_gate, &n.ffn_up], true, silu)?,
+                        down: one(stacks(&[&n.ffn_down], true, false)?),
+                    }
+                },
             });
         }
         let output = if hp.tied_output {
@@ -260,7 +283,7 @@ pub(super) fn modules_needed(model: &Model, opts: &GpuOptions) -> Vec<&'static s
     let (mut packed, mut rows) = (Vec::new(), Vec::new());
     for (name, shape) in hp.expected_tensors() {
         // An untied token embedding is only gathered (the embed module).
-        if shape.len() != 2 || (name == TOKEN_EMBD && !hp.tied_output) {
+        if shape.len() < 2 || (name == TOKEN_EMBD && !hp.tied_output) {
             continue;
         }
         let Some(t) = file.tensor_info(&name) else {
@@ -269,11 +292,12 @@ pub(super) fn modules_needed(model: &Model, opts: &GpuOptions) -> Vec<&'static s
         let Ok(f) = KernelFormat::of(t.ty, "gpu backend") else {
             continue;
         };
-        let list = if PackFormat::of(t.ty).is_some() && packs(opts, t.ty, t.row_len()) {
-            &mut packed
-        } else {
-            &mut rows
-        };
+        let list =
+            if !in_rows(t) && PackFormat::of(t.ty).is_some() && packs(opts, t.ty, t.row_len()) {
+                &mut packed
+            } else {
+                &mut rows
+            };
         if !list.contains(&f.symbol) {
             list.push(f.symbol);
         }
@@ -295,5 +319,14 @@ pub(super) fn modules_needed(model: &Model, opts: &GpuOptions) -> Vec<&'static s
     if opts.persistent {
         m.push("decode");
     }
+    if hp.moe.is_some() {
+        m.push("moe");
+    }
     m
+}
+
+/// Whether a tensor stays in GGUF rows whatever the options: a mixture's
+/// experts and router.
+pub(super) fn in_rows(t: &m40_gguf::TensorInfo) -> bool {
+    t.shape.len() == 3 || t.name.ends_with("ffn_gate_inp.weight")
 }

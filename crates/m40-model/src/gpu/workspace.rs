@@ -70,6 +70,38 @@ pub(super) struct Workspace {
     pub(super) sel_scratch: DeviceBuffer<i32>,
     pub(super) part: DeviceBuffer<f32>,
     pub(super) part_ml: DeviceBuffer<f32>,
+    /// A mixture's step buffers (one element each for a dense model).
+    pub(super) moe: MoeBufs,
+}
+
+/// A mixture of experts' activations for b tokens of k experts each: the
+/// router's logits (b, n_expert), the chosen ids and weights (b, k), the
+/// experts' gate and up (b k, n_ff_exp) and outputs (b k, n_embd).
+pub(super) struct MoeBufs {
+    pub(super) logits: DeviceBuffer<f32>,
+    pub(super) ids: DeviceBuffer<i32>,
+    pub(super) w: DeviceBuffer<f32>,
+    pub(super) gate: DeviceBuffer<f32>,
+    pub(super) up: DeviceBuffer<f32>,
+    pub(super) y: DeviceBuffer<f32>,
+}
+
+/// Floats of [`MoeBufs`] for b tokens (ids counted as floats: 4 bytes).
+fn moe_floats(hp: &HyperParams, b: usize) -> [usize; 6] {
+    match hp.moe {
+        Some(m) => {
+            let slots = b * m.n_expert_used;
+            [
+                b * m.n_expert,
+                slots,
+                slots,
+                slots * m.n_ff_exp,
+                slots * m.n_ff_exp,
+                slots * hp.n_embd,
+            ]
+        }
+        None => [1; 6],
+    }
 }
 
 impl Workspace {
@@ -107,6 +139,17 @@ impl Workspace {
                 .alloc_zeroed::<i32>(LOGIT_ROWS * SELECT_SCRATCH, "token selection scratch")?,
             part: a(dec_part, "attention scratch")?,
             part_ml: a(dec_ml, "attention scratch")?,
+            moe: {
+                let [l, i, w, g, u, y] = moe_floats(hp, b);
+                MoeBufs {
+                    logits: a(l, "expert routing")?,
+                    ids: stream.alloc::<i32>(i, "expert routing")?,
+                    w: a(w, "expert routing")?,
+                    gate: a(g, "expert activations")?,
+                    up: a(u, "expert activations")?,
+                    y: a(y, "expert activations")?,
+                }
+            },
         })
     }
 
@@ -131,15 +174,17 @@ impl Workspace {
             + pages
             + (SELECT_ARGS + 2 * hp.n_vocab + LOGIT_ROWS * (2 * SELECT_MAX_K + SELECT_SCRATCH))
                 as u64
-            + gemm_scratch(hp, b.max(1), gpu) as u64)
+            + gemm_scratch(hp, b.max(1), gpu) as u64
+            + moe_floats(hp, b).iter().sum::<usize>() as u64)
     }
 }
 
 /// Rows of `proj`: GEMV_MAX_TOKENS (only the GEMV's outputs wait there)
 /// or, where the outputs are normed or scaled before they join x (gemma's
-/// post-norms, granite's multiplier), the whole step's.
+/// post-norms, granite's multiplier) or come from a mixture's combine,
+/// the whole step's.
 fn proj_rows(hp: &HyperParams, b: usize) -> usize {
-    if hp.residual_transformed() {
+    if hp.residual_transformed() || hp.moe.is_some() {
         b
     } else {
         b.min(GEMV_MAX_TOKENS)

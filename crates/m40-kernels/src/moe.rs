@@ -1,0 +1,210 @@
+//! Mixture-of-experts kernels (kernels/moe.cu, and gemv.cu's
+//! `gemv_id_*`): the router's choice of experts, their GEMVs, the
+//! weighted sum of their outputs.
+
+use m40_device::{DeviceBuffer, DeviceView, Stream};
+
+use crate::elementwise::ELEMENTWISE_THREADS;
+use crate::error::Result;
+use crate::format::{gemv_shared_bytes, KernelFormat, GEMV_WARPS};
+use crate::gemv::GemvPlan;
+use crate::launch::{cfg, check_len, shape, to_i32};
+use crate::layout::QMatrix;
+use crate::Kernels;
+
+/// Warps (tokens) per block of moe_route_f32 (`MOE_WARPS`), and the most
+/// experts it takes (32 lanes x `MOE_MAX_PER_LANE`).
+const MOE_WARPS: u32 = 4;
+pub const MOE_MAX_EXPERTS: usize = 32 * 32;
+
+/// A mixture's step: `n` tokens, each taking `k` of the experts.
+#[derive(Clone, Copy, Debug)]
+pub struct MoeShape {
+    pub n: usize,
+    pub k: usize,
+}
+
+impl Kernels {
+    /// Each of `s.n` tokens' experts from its router logits (n, n_expert):
+    /// softmax, the `s.k` most probable (ties: the lower index) into ids
+    /// (n, k) in order, their probabilities renormalized to sum 1 into w
+    /// (n, k). As m40-model's CPU `route`.
+    pub fn moe_route(
+        &self,
+        stream: &Stream,
+        logits: &DeviceView<'_, f32>,
+        n_expert: usize,
+        s: MoeShape,
+        ids: &mut DeviceBuffer<i32>,
+        w: &mut DeviceBuffer<f32>,
+    ) -> Result<()> {
+        const K: &str = "moe_route_f32";
+        if n_expert == 0 || n_expert > MOE_MAX_EXPERTS || s.k == 0 || s.k > n_expert {
+            return Err(shape(
+                K,
+                format!("{} of {n_expert} experts (at most {MOE_MAX_EXPERTS})", s.k),
+            ));
+        }
+        check_len(K, "logits", logits.len(), s.n * n_expert)?;
+        check_len(K, "ids", ids.len(), s.n * s.k)?;
+        check_len(K, "w", w.len(), s.n * s.k)?;
+        if s.n == 0 {
+            return Ok(());
+        }
+        let kernel = self.kernel("moe", K)?;
+        let grid = (
+            to_i32(K, "tokens", s.n.div_ceil(MOE_WARPS as usize))? as u32,
+            1,
+            1,
+        );
+        let (n, e, k) = (s.n as i32, n_expert as i32, s.k as i32);
+        // SAFETY: moe_route_f32(const float* logits, int* ids, float* w, int
+        // n, int E, int K): warp t < n reads logits[t E..][..E] and writes
+        // ids and w [t K..][..K]; lengths checked above, E <= 32 * 32.
+        unsafe {
+            stream
+                .launch(&kernel)
+                .view(logits)
+                .buf_mut(ids)
+                .buf_mut(w)
+                .scalar(&n)
+                .scalar(&e)
+                .scalar(&k)
+                .run(cfg(grid, 32 * MOE_WARPS))?
+        };
+        Ok(())
+    }
+
+    /// The experts' GEMVs of a step: for each slot j < n k (token j / k's
+    /// (j % k)-th expert), y[j] = W[ids[j]] x[j / x_per], W a 3-D tensor
+    /// of `w.rows / rows` matrices of `rows` rows (ids outside them are
+    /// clamped in: a bad id reads a wrong expert, never out of bounds).
+    /// `x_per`: k where the slots read their token's row (gate, up), 1
+    /// where each reads its own (down).
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemv_experts(
+        &self,
+        stream: &Stream,
+        w: &QMatrix<'_>,
+        rows: usize,
+        ids: &DeviceView<'_, i32>,
+        x: &DeviceView<'_, f32>,
+        x_per: usize,
+        y: &mut DeviceBuffer<f32>,
+        s: MoeShape,
+    ) -> Result<()> {
+        const K: &str = "gemv_experts";
+        let (ty, ncols) = (w.ty, w.cols);
+        let f = KernelFormat::of(ty, K)?;
+        let row_bytes = f.row_bytes(ncols, K)?;
+        if rows == 0 || !w.rows.is_multiple_of(rows) || x_per == 0 {
+            return Err(shape(
+                K,
+                format!("{} rows are not matrices of {rows}", w.rows),
+            ));
+        }
+        let n_mat = w.rows / rows;
+        let slots = s.n * s.k;
+        if slots == 0 {
+            return Ok(());
+        }
+        check_len(K, "weights", w.data.len(), w.rows * row_bytes)?;
+        check_len(K, "ids", ids.len(), slots)?;
+        check_len(K, "x", x.len(), slots.div_ceil(x_per) * ncols)?;
+        check_len(K, "y", y.len(), slots * rows)?;
+        if !x.is_aligned(16) || !(ncols * 4).is_multiple_of(16) {
+            return Err(shape(
+                K,
+                "x rows must start at multiples of 16 bytes".into(),
+            ));
+        }
+        if !w.data.is_aligned(2) || !(rows * row_bytes).is_multiple_of(2) {
+            return Err(shape(K, "matrices must start at even byte offsets".into()));
+        }
+        self.check_shared(K, gemv_shared_bytes(&f))?;
+        let kernel = self.kernel("gemv", f.gemv_id)?;
+        let resident = self.resident_blocks(&kernel, 32 * GEMV_WARPS, 0)?;
+        // The resident blocks shared by the slots (at least one a slot).
+        let plan = GemvPlan::new(&f, rows, ncols, resident.div_ceil(slots), None);
+        let grid = (plan.blocks, to_i32(K, "slots", slots)? as u32, 1);
+        if slots > 65535 {
+            return Err(shape(K, format!("{slots} slots: grid too large")));
+        }
+        let (cb, ks) = (plan.chunk_blocks as i32, plan.ksplit as i32);
+        let (nrows, ncols, row_bytes) = (
+            to_i32(K, "rows", rows)?,
+            to_i32(K, "ncols", ncols)?,
+            row_bytes as i64,
+        );
+        let (n_mat, mat_bytes, x_per) = (
+            to_i32(K, "matrices", n_mat)?,
+            (rows as i64) * row_bytes,
+            to_i32(K, "x_per", x_per)?,
+        );
+        // SAFETY: gemv_id_<fmt>_f32(const u8* W, const float* x, float* y,
+        // int nrows, int ncols, long long row_bytes, int cb, int ksplit,
+        // const int* ids, int n_mat, long long mat_bytes, int x_per): block
+        // (_, j) reads ids[j] (slots of them, checked), clamps it below
+        // n_mat (the whole tensor, checked) and runs gemv_<fmt>_f32's
+        // reads of that matrix (up to 15 bytes past a row's end: the next
+        // matrix or the buffer's TAIL_SLACK), of x row j / x_per (checked,
+        // 16-byte aligned) and its writes of y row j (checked).
+        unsafe {
+            stream
+                .launch(&kernel)
+                .view(w.data)
+                .view(x)
+                .buf_mut(y)
+                .scalar(&nrows)
+                .scalar(&ncols)
+                .scalar(&row_bytes)
+                .scalar(&cb)
+                .scalar(&ks)
+                .view(ids)
+                .scalar(&n_mat)
+                .scalar(&mat_bytes)
+                .scalar(&x_per)
+                .run(cfg(grid, 32 * GEMV_WARPS))?
+        };
+        Ok(())
+    }
+
+    /// out (n, d) = the sum over each token's k slots of w[t, j] y[t k +
+    /// j] (y: (n k, d)), in slot order.
+    pub fn moe_combine(
+        &self,
+        stream: &Stream,
+        y: &DeviceView<'_, f32>,
+        w: &DeviceView<'_, f32>,
+        out: &mut DeviceBuffer<f32>,
+        d: usize,
+        s: MoeShape,
+    ) -> Result<()> {
+        const K: &str = "moe_combine_f32";
+        let nd = s.n * d;
+        check_len(K, "y", y.len(), nd * s.k)?;
+        check_len(K, "w", w.len(), s.n * s.k)?;
+        check_len(K, "out", out.len(), nd)?;
+        if nd == 0 {
+            return Ok(());
+        }
+        let kernel = self.kernel("moe", K)?;
+        let grid = (self.flat_grid(nd), 1, 1);
+        let (nd, d, k) = (nd as i64, to_i32(K, "d", d)?, to_i32(K, "k", s.k)?);
+        // SAFETY: moe_combine_f32(const float* y, const float* w, float*
+        // out, long long nd, int d, int K): grid-stride over i < nd reading
+        // w[(i / d) K ..][..K] and y rows (i / d) K + j; lengths checked.
+        unsafe {
+            stream
+                .launch(&kernel)
+                .view(y)
+                .view(w)
+                .buf_mut(out)
+                .scalar(&nd)
+                .scalar(&d)
+                .scalar(&k)
+                .run(cfg(grid, ELEMENTWISE_THREADS))?
+        };
+        Ok(())
+    }
+}
