@@ -30,7 +30,8 @@ pub struct Args {
     pub model: Option<String>,
     /// Generate a random-weight model of this shape instead: tiny,
     /// smollm2-135m, llama-1b, llama-8b, qwen3-tiny, qwen3-8b, gemma2-tiny,
-    /// gemma3-tiny, gemma3-12b or granite-tiny.
+    /// gemma3-tiny, gemma3-12b, granite-tiny, qwen3moe-tiny, mixtral-tiny or
+    /// qwen3-30b-a3b.
     #[arg(long, conflicts_with = "model")]
     pub shape: Option<String>,
     /// Weight type of the generated model.
@@ -154,8 +155,10 @@ fn ceilings(dev: &std::sync::Arc<Device>) -> Result<Ceilings> {
     })
 }
 
-/// Bytes of the weights every decode step reads: each matrix once (the
-/// token embedding contributes one row, unless it is also the output).
+/// Bytes of the weights a one-token decode step reads: each matrix once
+/// (the token embedding contributes one row, unless it is also the
+/// output; a mixture's expert tensors, the token's `used` of their
+/// `n_expert` matrices).
 fn decode_weight_bytes(model: &Model) -> u64 {
     let hp = model.hparams();
     let f = model.file();
@@ -165,6 +168,8 @@ fn decode_weight_bytes(model: &Model) -> u64 {
         .map(|t| {
             if t.name == m40_gguf::hparams::TOKEN_EMBD && !hp.tied_output {
                 t.row_bytes() as u64
+            } else if let (3, Some(m)) = (t.shape.len(), hp.moe) {
+                t.n_bytes / m.n_expert as u64 * m.n_expert_used as u64
             } else {
                 t.n_bytes
             }
@@ -180,7 +185,12 @@ fn matmul_params(hp: &HyperParams) -> f64 {
         (hp.n_head_kv * hp.head_dim) as f64,
         hp.n_ff as f64,
     );
-    hp.n_layer as f64 * (d * q * 2.0 + d * kv * 2.0 + 3.0 * d * ff) + d * hp.n_vocab as f64
+    // A mixture: the router, and the token's experts' FFNs.
+    let ffn = match hp.moe {
+        Some(m) => d * m.n_expert as f64 + 3.0 * d * (m.n_ff_exp * m.n_expert_used) as f64,
+        None => 3.0 * d * ff,
+    };
+    hp.n_layer as f64 * (d * q * 2.0 + d * kv * 2.0 + ffn) + d * hp.n_vocab as f64
 }
 
 struct TestResult {
