@@ -101,7 +101,10 @@ __device__ __forceinline__ float masked_dot8(const u8* blk, int s, int q, int gb
 // (set, chunk) sequence and issues the next chunk's loads before it decodes
 // the current one. `stage` is the warp's GEMV_ROWS * VECS vectors of shared
 // memory; requires ksplit | GEMV_WARPS and ksplit <= the chunks per row.
-template <class F>
+// GLU: W's rows are a gate and an up matrix interleaved (interleave_glu:
+// per group of 4 rows, gate 2i, 2i + 1, up 2i, 2i + 1; nrows a multiple
+// of 4), and y (nrows / 2) = silu(gate) * up.
+template <class F, bool GLU = false>
 __device__ __forceinline__ void gemv_rows(const u8* __restrict__ W, long long row_bytes, const float* __restrict__ x,
                                           float* __restrict__ y, int nrows, int ncols, int cb, int ksplit,
                                           uint4* stage, float (*red)[GEMV_ROWS]) {
@@ -193,7 +196,31 @@ __device__ __forceinline__ void gemv_rows(const u8* __restrict__ W, long long ro
             xp += BSTEP * F::QK;
         }
         if (nset != set) {  // this warp's last chunk of the set
-            if (ksplit == 1) {
+            if (GLU) {
+                // The group's 4 sums (every lane: warp_sum's butterfly),
+                // through the split's shared memory when there is one.
+                float sums[GEMV_ROWS];
+#pragma unroll
+                for (int j = 0; j < GEMV_ROWS; ++j) sums[j] = warp_sum(acc[j]);
+                if (ksplit > 1) {
+                    if (lane == 0) {
+#pragma unroll
+                        for (int j = 0; j < GEMV_ROWS; ++j) red[warp][j] = sums[j];
+                    }
+                    __syncthreads();
+                    if (sub == 0) {
+#pragma unroll
+                        for (int j = 0; j < GEMV_ROWS; ++j) {
+                            float sum = red[warp][j];
+                            for (int t = 1; t < ksplit; ++t) sum += red[warp + t][j];
+                            sums[j] = sum;
+                        }
+                    }
+                    __syncthreads();  // `red` is free for the next set
+                }
+                if (sub == 0 && lane < 2 && g * GEMV_ROWS < nrows)
+                    y[g * 2 + lane] = swiglu1(sums[lane], sums[2 + lane]);
+            } else if (ksplit == 1) {
 #pragma unroll
                 for (int j = 0; j < GEMV_ROWS; ++j) {
                     const float sum = warp_sum(acc[j]);
@@ -223,12 +250,12 @@ __device__ __forceinline__ void gemv_rows(const u8* __restrict__ W, long long ro
     }
 }
 
-template <class F>
+template <class F, bool GLU = false>
 __device__ __forceinline__ void gemv(const u8* __restrict__ W, const float* __restrict__ x, float* __restrict__ y,
                                      int nrows, int ncols, long long row_bytes, int cb, int ksplit) {
     __shared__ uint4 stage[GEMV_WARPS][GEMV_ROWS * GemvChunk<F>::VECS];
     __shared__ float red[GEMV_WARPS][GEMV_ROWS];
-    gemv_rows<F>(W, row_bytes, x, y, nrows, ncols, cb, ksplit, stage[threadIdx.x >> 5], red);
+    gemv_rows<F, GLU>(W, row_bytes, x, y, nrows, ncols, cb, ksplit, stage[threadIdx.x >> 5], red);
 }
 
 // Blocks per SM the compiler must fit (register cap): 5 (96 registers on
@@ -253,7 +280,9 @@ M40_PART_FORMATS(GEMV_KERNEL)
 // n_mat matrices of mat_bytes each: y[j] (nrows) = W[ids[j]] x[j / x_per]
 // (x_per = the experts a token takes where every slot of a token reads
 // the token's row, 1 where each slot has its own). Otherwise as
-// gemv_<fmt>_f32, each slot over the grid's x.
+// gemv_<fmt>_f32, each slot over the grid's x. gemv_idglu_<fmt>_f32: the
+// experts' gate and up interleaved (gemv_rows' GLU), y[j] (nrows / 2) =
+// silu(gate) * up.
 #define GEMV_ID_KERNEL(name, F)                                                                                  \
     extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS, GemvOccupancy<F>::value)                      \
         gemv_id_##name##_f32(const u8* W, const float* x, float* y, int nrows, int ncols, long long row_bytes,   \
@@ -261,5 +290,12 @@ M40_PART_FORMATS(GEMV_KERNEL)
         const int j = blockIdx.y, e = min(max(ids[j], 0), n_mat - 1);                                            \
         gemv<F>(W + e * mat_bytes, x + (long long)(j / x_per) * ncols, y + (long long)j * nrows, nrows, ncols, \
                 row_bytes, cb, ksplit);                                                                          \
+    }                                                                                                            \
+    extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS, GemvOccupancy<F>::value)                      \
+        gemv_idglu_##name##_f32(const u8* W, const float* x, float* y, int nrows, int ncols, long long row_bytes, \
+                                int cb, int ksplit, const int* ids, int n_mat, long long mat_bytes, int x_per) { \
+        const int j = blockIdx.y, e = min(max(ids[j], 0), n_mat - 1);                                            \
+        gemv<F, true>(W + e * mat_bytes, x + (long long)(j / x_per) * ncols, y + (long long)j * (nrows / 2),   \
+                      nrows, ncols, row_bytes, cb, ksplit);                                                      \
     }
 M40_PART_FORMATS(GEMV_ID_KERNEL)

@@ -14,6 +14,7 @@ macro_rules! kformat {
             symbol: $sym,
             gemv: concat!("gemv_", $sym, "_f32"),
             gemv_id: concat!("gemv_id_", $sym, "_f32"),
+            gemv_idglu: concat!("gemv_idglu_", $sym, "_f32"),
             embed: concat!("embed_", $sym, "_f32"),
             qk: $qk,
             bytes: $bytes,
@@ -35,6 +36,9 @@ pub struct KernelFormat {
     pub gemv: &'static str,
     /// `gemv_id_{symbol}_f32`: the experts' GEMV of a mixture.
     pub gemv_id: &'static str,
+    /// `gemv_idglu_{symbol}_f32`: the same over interleaved gate/up
+    /// experts, SwiGLU applied.
+    pub gemv_idglu: &'static str,
     pub embed: &'static str,
     /// Weights per (pseudo-)block, bytes per block, 32-weight sub-blocks per block.
     pub qk: usize,

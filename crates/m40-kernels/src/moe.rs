@@ -80,7 +80,9 @@ impl Kernels {
     /// of `w.rows / rows` matrices of `rows` rows (ids outside them are
     /// clamped in: a bad id reads a wrong expert, never out of bounds).
     /// `x_per`: k where the slots read their token's row (gate, up), 1
-    /// where each reads its own (down).
+    /// where each reads its own (down). With `glu`, each matrix is an
+    /// expert's gate and up interleaved ([`crate::interleave_glu`]; rows a
+    /// multiple of 4) and y[j] (rows / 2) = silu(gate) * up.
     #[allow(clippy::too_many_arguments)]
     pub fn gemv_experts(
         &self,
@@ -92,6 +94,7 @@ impl Kernels {
         x_per: usize,
         y: &mut DeviceBuffer<f32>,
         s: MoeShape,
+        glu: bool,
     ) -> Result<()> {
         const K: &str = "gemv_experts";
         let (ty, ncols) = (w.ty, w.cols);
@@ -103,7 +106,14 @@ impl Kernels {
                 format!("{} rows are not matrices of {rows}", w.rows),
             ));
         }
+        if glu && !rows.is_multiple_of(4) {
+            return Err(shape(
+                K,
+                format!("{rows} interleaved gate/up rows: groups of 4"),
+            ));
+        }
         let n_mat = w.rows / rows;
+        let out_rows = if glu { rows / 2 } else { rows };
         let slots = s.n * s.k;
         if slots == 0 {
             return Ok(());
@@ -111,7 +121,7 @@ impl Kernels {
         check_len(K, "weights", w.data.len(), w.rows * row_bytes)?;
         check_len(K, "ids", ids.len(), slots)?;
         check_len(K, "x", x.len(), slots.div_ceil(x_per) * ncols)?;
-        check_len(K, "y", y.len(), slots * rows)?;
+        check_len(K, "y", y.len(), slots * out_rows)?;
         if !x.is_aligned(16) || !(ncols * 4).is_multiple_of(16) {
             return Err(shape(
                 K,
@@ -122,7 +132,7 @@ impl Kernels {
             return Err(shape(K, "matrices must start at even byte offsets".into()));
         }
         self.check_shared(K, gemv_shared_bytes(&f))?;
-        let kernel = self.kernel("gemv", f.gemv_id)?;
+        let kernel = self.kernel("gemv", if glu { f.gemv_idglu } else { f.gemv_id })?;
         let resident = self.resident_blocks(&kernel, 32 * GEMV_WARPS, 0)?;
         // The resident blocks shared by the slots (at least one a slot).
         let plan = GemvPlan::new(&f, rows, ncols, resident.div_ceil(slots), None);
@@ -141,14 +151,15 @@ impl Kernels {
             (rows as i64) * row_bytes,
             to_i32(K, "x_per", x_per)?,
         );
-        // SAFETY: gemv_id_<fmt>_f32(const u8* W, const float* x, float* y,
-        // int nrows, int ncols, long long row_bytes, int cb, int ksplit,
-        // const int* ids, int n_mat, long long mat_bytes, int x_per): block
-        // (_, j) reads ids[j] (slots of them, checked), clamps it below
-        // n_mat (the whole tensor, checked) and runs gemv_<fmt>_f32's
-        // reads of that matrix (up to 15 bytes past a row's end: the next
-        // matrix or the buffer's TAIL_SLACK), of x row j / x_per (checked,
-        // 16-byte aligned) and its writes of y row j (checked).
+        // SAFETY: gemv_id(glu)_<fmt>_f32(const u8* W, const float* x,
+        // float* y, int nrows, int ncols, long long row_bytes, int cb, int
+        // ksplit, const int* ids, int n_mat, long long mat_bytes, int
+        // x_per): block (_, j) reads ids[j] (slots of them, checked), clamps
+        // it below n_mat (the whole tensor, checked) and runs
+        // gemv_<fmt>_f32's reads of that matrix (up to 15 bytes past a
+        // row's end: the next matrix or the buffer's TAIL_SLACK), of x row
+        // j / x_per (checked, 16-byte aligned) and its writes of y row j
+        // (out_rows each, checked; glu: nrows a multiple of 4, checked).
         unsafe {
             stream
                 .launch(&kernel)

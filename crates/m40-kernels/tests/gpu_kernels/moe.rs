@@ -88,6 +88,7 @@ fn moe_route_experts_and_combine_match_cpu() {
                 x_per,
                 &mut y,
                 MoeShape { n, k: kk },
+                false,
             )
             .unwrap();
             let (mut want, mut mag) = (Vec::new(), Vec::new());
@@ -114,6 +115,55 @@ fn moe_route_experts_and_combine_match_cpu() {
                 &s.download(&y).unwrap(),
                 &want,
                 |i| 1e-5 * mag[i] + 1e-30,
+            );
+            if x_per != kk {
+                continue;
+            }
+            // Each expert's first half of rows as a gate and second as an
+            // up, interleaved: one launch gives silu(gate) * up.
+            let (half, row_b) = (rows / 2, w.len() / (n_mat * rows));
+            let mut glu = Vec::new();
+            for e in 0..n_mat {
+                let m = &w[e * rows * row_b..(e + 1) * rows * row_b];
+                let (g, u) = m.split_at(half * row_b);
+                glu.extend(m40_kernels::interleave_glu(g, u, half).unwrap());
+            }
+            let gg = s.upload(&glu, "interleaved experts").unwrap();
+            let mut yg = s.alloc::<f32>(n * kk * half, "y").unwrap();
+            s.fill_bytes(&mut yg, 0xFF).unwrap();
+            let m = QMatrix {
+                ty: f.ty,
+                data: &gg.view(),
+                rows: n_mat * rows,
+                cols,
+            };
+            k.gemv_experts(
+                &s,
+                &m,
+                rows,
+                &idg.view(),
+                &xg.view(),
+                kk,
+                &mut yg,
+                MoeShape { n, k: kk },
+                true,
+            )
+            .unwrap();
+            let silu = |v: f64| v / (1.0 + (-v).exp());
+            let (mut want_g, mut tol) = (Vec::new(), Vec::new());
+            for j in 0..n * kk {
+                for i in 0..half {
+                    let (g, u) = (want[j * rows + i] as f64, want[j * rows + half + i] as f64);
+                    let (mg, mu) = (mag[j * rows + i], mag[j * rows + half + i]);
+                    want_g.push((silu(g) * u) as f32);
+                    tol.push(2e-5 * (mg * u.abs() * 1.2 + silu(g).abs() * mu) + 1e-30);
+                }
+            }
+            check(
+                &format!("gemv_experts glu {}", f.ty),
+                &s.download(&yg).unwrap(),
+                &want_g,
+                |i| tol[i],
             );
         }
     }

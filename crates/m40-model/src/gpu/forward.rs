@@ -9,11 +9,11 @@ use m40_gguf::hparams::Activation;
 use m40_gguf::HyperParams;
 use m40_kernels::{
     gemm_plan, AddResidual, AttnInputs, AttnPlan, AttnScratch, AttnShape, Fold, GemmOpts, GemvOpts,
-    GemvOut, KvAppend, MoeShape, RopeKv, RopeStyle, RowSplit, Scores,
+    GemvOut, KvAppend, MoeShape, QMatrix, RopeKv, RopeStyle, RowSplit, Scores,
 };
 
 use super::kv::{GpuCache, Pools};
-use super::weights::{Ffn, Mat, MatView, Stack};
+use super::weights::{Experts, Ffn, Mat, MatView, MoeMats, Stack};
 use super::workspace::{
     norm_bufs, res_bufs, MoeBufs, Norm, Res, Select, Workspace, GEMV_MAX_TOKENS, GEMV_TOKENS,
     LOGIT_ROWS,
@@ -317,15 +317,15 @@ impl GpuBackend {
         }
     }
 
-    /// A mixture of experts over the `n` normed rows of `w.h` (router,
-    /// gate, up and down: see [`Ffn::Moe`]): the router's logits, each
-    /// token's experts chosen on the device, the chosen experts' gate and up
-    /// GEMVs (one launch each for every token's experts), SwiGLU, their
-    /// down GEMVs, and each token's weighted sum into `w.proj`, left
-    /// pending (the next norm adds it to x).
+    /// A mixture of experts over the `n` normed rows h ([`MoeMats`]): the
+    /// router's logits, each token's experts chosen on the device, the
+    /// chosen experts' gate and up GEMVs with SwiGLU (one launch for every
+    /// token's experts where they are interleaved), their down GEMVs, and
+    /// each token's weighted sum into `proj`, left pending (the next norm
+    /// adds it to x).
     fn moe_ffn(
         &self,
-        [router, gate, up, down]: &[Mat; 4],
+        mats: &MoeMats,
         h: &DeviceView<'_, f32>,
         b: &mut MoeBufs,
         proj: &mut DeviceBuffer<f32>,
@@ -338,23 +338,35 @@ impl GpuBackend {
             n,
             k: m.n_expert_used,
         };
-        self.matmul(router, Input::Rows(h), &mut b.logits, n, false)?;
+        self.matmul(&mats.router, Input::Rows(h), &mut b.logits, n, false)?;
         k.moe_route(s, &b.logits.view(), m.n_expert, shape, &mut b.ids, &mut b.w)?;
         let ids = b.ids.view();
-        for (mat, out) in [(gate, &mut b.gate), (up, &mut b.up)] {
+        type Launch<'f> = &'f mut dyn FnMut(&QMatrix<'_>) -> m40_kernels::Result<()>;
+        let rows = |mat: &Mat, f: Launch<'_>| -> Result<()> {
             let data = mat.data.view();
             let MatView::Rows(q) = mat.view(&data) else {
                 unreachable!("experts stay in GGUF rows")
             };
-            k.gemv_experts(s, &q, m.n_ff_exp, &ids, h, shape.k, out, shape)?;
-        }
-        let slots = n * shape.k;
-        k.swiglu(s, &mut b.gate, &b.up.view(), slots * m.n_ff_exp)?;
-        let data = down.data.view();
-        let MatView::Rows(q) = down.view(&data) else {
-            unreachable!("experts stay in GGUF rows")
+            Ok(f(&q)?)
         };
-        k.gemv_experts(s, &q, hp.n_embd, &ids, &b.gate.view(), 1, &mut b.y, shape)?;
+        let ff = m.n_ff_exp;
+        match &mats.gate_up {
+            Experts::Glu(gu) => rows(gu, &mut |q| {
+                k.gemv_experts(s, q, 2 * ff, &ids, h, shape.k, &mut b.gate, shape, true)
+            })?,
+            Experts::Split(gate, up) => {
+                for (mat, out) in [(gate, &mut b.gate), (up, &mut b.up)] {
+                    rows(mat, &mut |q| {
+                        k.gemv_experts(s, q, ff, &ids, h, shape.k, out, shape, false)
+                    })?;
+                }
+                k.swiglu(s, &mut b.gate, &b.up.view(), n * shape.k * ff)?;
+            }
+        }
+        let d = hp.n_embd;
+        rows(&mats.down, &mut |q| {
+            k.gemv_experts(s, q, d, &ids, &b.gate.view(), 1, &mut b.y, shape, false)
+        })?;
         k.moe_combine(s, &b.y.view(), &b.w.view(), proj, hp.n_embd, shape)?;
         Ok(Residual::Pending)
     }

@@ -97,10 +97,25 @@ pub(super) struct Layer {
 pub(super) enum Ffn {
     /// Gate and up in one or two stacks; down.
     Dense { gate_up: Vec<Stack>, down: Mat },
-    /// A mixture of experts: the router (F32 as files keep it) and the
-    /// experts' 3-D gate, up and down tensors, in that order, in GGUF rows
-    /// (the experts' GEMV, `gemv_experts`, reads them).
-    Moe(Box<[Mat; 4]>),
+    /// A mixture of experts.
+    Moe(Box<MoeMats>),
+}
+
+/// A mixture's matrices, in GGUF rows (the experts' GEMV, `gemv_experts`,
+/// reads them): the router (F32 as files keep it), the experts' gate and
+/// up, and their down.
+pub(super) struct MoeMats {
+    pub(super) router: Mat,
+    pub(super) gate_up: Experts,
+    pub(super) down: Mat,
+}
+
+pub(super) enum Experts {
+    /// Each expert's gate and up interleaved (`interleave_glu`): one GEMV
+    /// launch computes silu(gate) * up.
+    Glu(Mat),
+    /// Apart (their formats differ, or `GpuOptions::fuse` is off).
+    Split(Mat, Mat),
 }
 
 /// Every weight of the model on the device.
@@ -237,15 +252,39 @@ impl Weights {
                 post_norms,
                 qkv: stacks(&[&n.wq, &n.wk, &n.wv], true, false)?,
                 wo: one(stacks(&[&n.wo], true, false)?),
-                ffn: if hp.moe.is_some() {
-                    let mut rows =
-                        |name: &str| -> Result<Mat> { Ok(one(stacks(&[name], false, false)?)) };
-                    Ffn::Moe(Box::new([
-                        rows(&n.ffn_gate_inp)?,
-                        rows(&n.ffn_gate_exps)?,
-                        rows(&n.ffn_up_exps)?,
-                        rows(&n.ffn_down_exps)?,
-                    ]))
+                ffn: if let Some(m) = hp.moe {
+                    let (g, u) = (model.tensor(&n.ffn_gate_exps), model.tensor(&n.ffn_up_exps));
+                    let gate_up = if opts.fuse
+                        && g.info.ty == u.info.ty
+                        && m.n_ff_exp.is_multiple_of(2)
+                    {
+                        // Expert by expert: its gate and up interleaved.
+                        let mut joined = Vec::with_capacity(g.data.len() + u.data.len());
+                        for e in 0..m.n_expert {
+                            let (gi, ui) = (g.info.matrix(e), u.info.matrix(e));
+                            let (ge, ue) = (g.matrix(&gi, e), u.matrix(&ui, e));
+                            joined.extend(interleave_glu(ge.data, ue.data, m.n_ff_exp)?);
+                        }
+                        let data = stream
+                            .upload(&joined, &format!("{} + {}", n.ffn_gate_exps, n.ffn_up_exps))?;
+                        Experts::Glu(Mat {
+                            ty: g.info.ty,
+                            data,
+                            rows: 2 * g.info.n_rows(),
+                            cols: g.info.row_len(),
+                            packed: false,
+                        })
+                    } else {
+                        Experts::Split(
+                            one(stacks(&[&n.ffn_gate_exps], false, false)?),
+                            one(stacks(&[&n.ffn_up_exps], false, false)?),
+                        )
+                    };
+                    Ffn::Moe(Box::new(MoeMats {
+                        router: one(stacks(&[&n.ffn_gate_inp], false, false)?),
+                        gate_up,
+                        down: one(stacks(&[&n.ffn_down_exps], false, false)?),
+                    }))
                 } else {
                     Ffn::Dense {
                         gate_up: stacks(&[&n.ffn_gate, &n.ffn_up], true, silu)?,
