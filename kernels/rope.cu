@@ -116,3 +116,84 @@ extern "C" __global__ void rope_kv_b_norm_f32(ROPE_KV_ARGS, const int* tab) {
 extern "C" __global__ void rope_kv_b_neox_f32(ROPE_KV_ARGS, const int* tab) {
     rope_kv<true>(q, n_head, k, v, n_head_kv, pos, inv_freq, head_dim, n_rot, pos_scale, kpool, vpool, table, tab);
 }
+
+// rope_kv with each query and key head RMS-normed first (qwen3, gemma3's
+// attn_q_norm / attn_k_norm: x = x / sqrt(mean(x^2) + eps) * w over the
+// head, then RoPE), in one launch instead of two norms and a RoPE. As
+// rope_kv, each thread takes one pair of one head; a head's head_dim / 2
+// threads are whole warps (head_dim a multiple of 64, at most 256: the
+// launcher checks), so its sum of squares meets in shared memory. qn, kn:
+// the query and key norm weights (head_dim each).
+template <bool NEOX>
+__device__ __forceinline__ void rope_kv_qk_norm(float* q, int n_head, const float* k, const float* v, int n_head_kv,
+                                                const int* pos, const float* inv_freq, int head_dim, int n_rot,
+                                                float pos_scale, u16* kpool, u16* vpool, const int* table,
+                                                const int* tab, const float* qn, const float* kn, float eps) {
+    __shared__ float cs[2][ROPE_MAX_HALF];
+    __shared__ float wsum[ROPE_THREADS / 32];
+    const int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (tab != nullptr) table += tab[t];
+    const int half = n_rot / 2, slots = head_dim / 2;
+    const int hpb = ROPE_THREADS / slots;  // slots: 32, 64 or 128
+    const int p = pos[t];
+    rope_table(cs, p, inv_freq, half, pos_scale);
+    const long long row = kv_row(table, p) * n_head_kv * head_dim;
+    const int h = blockIdx.y * hpb + threadIdx.x / slots, i = threadIdx.x % slots;
+    const bool active = h < n_head + n_head_kv;
+    int a, b;
+    if (i < half) {
+        rope_pair<NEOX>(i, half, &a, &b);
+    } else {
+        a = n_rot + 2 * (i - half), b = a + 1;
+    }
+    const bool is_q = h < n_head;
+    const int kh = h - n_head;
+    float* xq = q + ((long long)t * n_head + h) * head_dim;
+    const long long src = ((long long)t * n_head_kv + kh) * head_dim;
+    float x0 = 0.0f, x1 = 0.0f;
+    if (active) {
+        x0 = is_q ? xq[a] : k[src + a];
+        x1 = is_q ? xq[b] : k[src + b];
+    }
+    const float ss = warp_sum(x0 * x0 + x1 * x1);
+    if (lane == 0) wsum[warp] = ss;
+    __syncthreads();
+    if (!active) return;
+    const int w0 = (threadIdx.x / slots) * (slots / 32);
+    float tot = 0.0f;
+    for (int w = 0; w < slots / 32; ++w) tot += wsum[w0 + w];
+    const float sc = rsqrtf(tot / (float)head_dim + eps);
+    const float* nw = is_q ? qn : kn;
+    x0 = x0 * sc * nw[a];
+    x1 = x1 * sc * nw[b];
+    if (i < half) {
+        const float s = cs[0][i], c = cs[1][i];
+        const float r0 = rope_rot0(x0, x1, s, c), r1 = rope_rot1(x0, x1, s, c);
+        x0 = r0, x1 = r1;
+    }
+    if (is_q) {
+        xq[a] = x0;
+        xq[b] = x1;
+    } else {
+        const long long dst = row + (long long)kh * head_dim;
+        kpool[dst + a] = f2h(x0);
+        kpool[dst + b] = f2h(x1);
+        vpool[dst + a] = f2h(v[src + a]);
+        vpool[dst + b] = f2h(v[src + b]);
+    }
+}
+
+#define ROPE_QKN_ARGS const float *qn, const float *kn, float eps
+#define ROPE_QKN_PASS q, n_head, k, v, n_head_kv, pos, inv_freq, head_dim, n_rot, pos_scale, kpool, vpool, table
+extern "C" __global__ void rope_kv_qkn_norm_f32(ROPE_KV_ARGS, ROPE_QKN_ARGS) {
+    rope_kv_qk_norm<false>(ROPE_QKN_PASS, nullptr, qn, kn, eps);
+}
+extern "C" __global__ void rope_kv_qkn_neox_f32(ROPE_KV_ARGS, ROPE_QKN_ARGS) {
+    rope_kv_qk_norm<true>(ROPE_QKN_PASS, nullptr, qn, kn, eps);
+}
+extern "C" __global__ void rope_kv_b_qkn_norm_f32(ROPE_KV_ARGS, const int* tab, ROPE_QKN_ARGS) {
+    rope_kv_qk_norm<false>(ROPE_QKN_PASS, tab, qn, kn, eps);
+}
+extern "C" __global__ void rope_kv_b_qkn_neox_f32(ROPE_KV_ARGS, const int* tab, ROPE_QKN_ARGS) {
+    rope_kv_qk_norm<true>(ROPE_QKN_PASS, tab, qn, kn, eps);
+}

@@ -52,7 +52,7 @@ pub use layout::{PackedMatrix, QMatrix, RowSplit, KV_PAGE};
 pub use moe::{MoeShape, MOE_MAX_EXPERTS};
 pub use pack::{interleave_glu, pack_gemv, PackFormat, PACK_ROWS};
 pub use rmsnorm::AddResidual;
-pub use rope::{KvAppend, RopeParams, RopeStyle};
+pub use rope::{HeadNorms, KvAppend, RopeParams, RopeStyle};
 pub use sample::{
     select_args, Penalties, SelectOut, SelectRows, SELECT_ARGS, SELECT_MAX_K, SELECT_SCRATCH,
 };

@@ -34,6 +34,15 @@ pub struct RopeParams {
 /// Where rotated keys and their values go: one sequence's pages of the
 /// FP16 KV pools (the layout of kernels/attention.cu), at positions read
 /// on the device.
+/// Per-head RMSNorm weights of the queries and keys (head_dim each), and
+/// the norm's epsilon.
+#[derive(Clone, Copy)]
+pub struct HeadNorms<'x, 'v> {
+    pub q: &'x DeviceView<'v, f32>,
+    pub k: &'x DeviceView<'v, f32>,
+    pub eps: f32,
+}
+
 pub struct KvAppend<'a, 'c> {
     pub n_head_kv: usize,
     /// pos[t]: token t's position (read on the device; `max_start` bounds
@@ -74,7 +83,7 @@ impl Kernels {
         v: &DeviceView<'_, f32>,
         kv: KvAppend<'_, '_>,
     ) -> Result<()> {
-        self.rope_kv(stream, q, k, v, kv, None)
+        self.rope_kv(stream, q, k, v, kv, None, None)
     }
 
     /// [`Kernels::rope_kv_append`] over tokens of different sequences (a
@@ -91,9 +100,41 @@ impl Kernels {
         tab: &DeviceView<'_, i32>,
     ) -> Result<()> {
         check_len("rope_kv_append_batch", "tab", tab.len(), kv.pos.len())?;
-        self.rope_kv(stream, q, k, v, kv, Some(tab))
+        self.rope_kv(stream, q, k, v, kv, Some(tab), None)
     }
 
+    /// [`Kernels::rope_kv_append`] (with `tab`: its batched form) with each
+    /// query and key head RMS-normed by `norms` before its rotation, in
+    /// the same launch (qwen3, gemma3). An error where the head size is
+    /// not a multiple of 64 (the caller norms the heads apart then).
+    #[allow(clippy::too_many_arguments)]
+    pub fn rope_kv_append_normed(
+        &self,
+        stream: &Stream,
+        q: &mut DeviceBuffer<f32>,
+        k: &DeviceView<'_, f32>,
+        v: &DeviceView<'_, f32>,
+        kv: KvAppend<'_, '_>,
+        tab: Option<&DeviceView<'_, i32>>,
+        norms: HeadNorms<'_, '_>,
+    ) -> Result<()> {
+        const K: &str = "rope_kv_append_normed";
+        let hd = kv.p.head_dim;
+        if !hd.is_multiple_of(64) || hd > 2 * ROPE_MAX_HALF {
+            return Err(shape(
+                K,
+                format!("head_dim {hd}: a multiple of 64, at most 256"),
+            ));
+        }
+        check_len(K, "q norm", norms.q.len(), hd)?;
+        check_len(K, "k norm", norms.k.len(), hd)?;
+        if let Some(tab) = tab {
+            check_len(K, "tab", tab.len(), kv.pos.len())?;
+        }
+        self.rope_kv(stream, q, k, v, kv, tab, Some(norms))
+    }
+
+    #[allow(clippy::too_many_arguments)]
     fn rope_kv(
         &self,
         stream: &Stream,
@@ -102,6 +143,7 @@ impl Kernels {
         v: &DeviceView<'_, f32>,
         kv: KvAppend<'_, '_>,
         tab: Option<&DeviceView<'_, i32>>,
+        norms: Option<HeadNorms<'_, '_>>,
     ) -> Result<()> {
         const K: &str = "rope_kv_append";
         let KvAppend {
@@ -146,11 +188,15 @@ impl Kernels {
         check_len(K, "table", table.len(), last.div_ceil(KV_PAGE))?;
         let pages = kpool.len() / (KV_PAGE * kv_dim).max(1);
         check_len(K, "vpool", vpool.len(), pages * KV_PAGE * kv_dim)?;
-        let name = match (p.style, tab.is_some()) {
-            (RopeStyle::Normal, false) => "rope_kv_norm_f32",
-            (RopeStyle::Neox, false) => "rope_kv_neox_f32",
-            (RopeStyle::Normal, true) => "rope_kv_b_norm_f32",
-            (RopeStyle::Neox, true) => "rope_kv_b_neox_f32",
+        let name = match (p.style, tab.is_some(), norms.is_some()) {
+            (RopeStyle::Normal, false, false) => "rope_kv_norm_f32",
+            (RopeStyle::Neox, false, false) => "rope_kv_neox_f32",
+            (RopeStyle::Normal, true, false) => "rope_kv_b_norm_f32",
+            (RopeStyle::Neox, true, false) => "rope_kv_b_neox_f32",
+            (RopeStyle::Normal, false, true) => "rope_kv_qkn_norm_f32",
+            (RopeStyle::Neox, false, true) => "rope_kv_qkn_neox_f32",
+            (RopeStyle::Normal, true, true) => "rope_kv_b_qkn_norm_f32",
+            (RopeStyle::Neox, true, true) => "rope_kv_b_qkn_neox_f32",
         };
         let kernel = self.kernel("rope", name)?;
         let heads_per_block = (ROPE_THREADS as usize / (hd / 2)).max(1);
@@ -177,7 +223,10 @@ impl Kernels {
         // k and v rows of token t and writes pool row kv_row(table, pos[t]) of
         // the pages the table names (below the pool's page count, kept so by
         // the caller); inv_freq[..n_rot/2] (<= ROPE_MAX_HALF, the shared
-        // table); lengths checked above.
+        // table); lengths checked above. The *_qkn_* kernels take const
+        // float* qn, const float* kn, float eps last (after tab) and read
+        // qn and kn [..head_dim] (checked by rope_kv_append_normed, with the
+        // head size its one-pair-a-thread blocks need).
         unsafe {
             let l = stream
                 .launch(&kernel)
@@ -194,8 +243,16 @@ impl Kernels {
                 .buf_mut(kpool)
                 .buf_mut(vpool)
                 .view(table);
-            match tab {
-                Some(tab) => l.view(tab).run(cfg(grid, ROPE_THREADS))?,
+            let l = match tab {
+                Some(tab) => l.view(tab),
+                None => l,
+            };
+            match &norms {
+                Some(nm) => l
+                    .view(nm.q)
+                    .view(nm.k)
+                    .scalar(&nm.eps)
+                    .run(cfg(grid, ROPE_THREADS))?,
                 None => l.run(cfg(grid, ROPE_THREADS))?,
             }
         };

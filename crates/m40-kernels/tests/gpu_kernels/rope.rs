@@ -76,22 +76,11 @@ fn rope_kv_append_matches_cpu() {
             let kx = rng.vec(n_tok * kv_dim, -2.0, 2.0);
             let vx = rng.vec(n_tok * kv_dim, -2.0, 2.0);
             let pos: Vec<i32> = (0..n_tok).map(|t| (start + t) as i32).collect();
-            let (mut want_q, mut want_k) = (q.clone(), kx.clone());
-            for t in 0..n_tok {
-                let p = start + t;
-                rope.apply(&mut want_q[t * n_head * hd..][..n_head * hd], hd, p);
-                rope.apply(&mut want_k[t * kv_dim..][..kv_dim], hd, p);
-            }
-            let mut qg = s.upload(&q, "q").unwrap();
             let kg = s.upload(&kx, "k").unwrap();
             let vg = s.upload(&vx, "v").unwrap();
             let pg = s.upload(&pos, "pos").unwrap();
             let tg = s.upload(&table, "table").unwrap();
             let fg = s.upload(&rope.inv_freq, "inv_freq").unwrap();
-            let mut kpool = s.alloc::<u16>(pool_pages * KV_PAGE * kv_dim, "kp").unwrap();
-            let mut vpool = s.alloc::<u16>(pool_pages * KV_PAGE * kv_dim, "vp").unwrap();
-            s.fill_bytes(&mut kpool, 0xFF).unwrap();
-            s.fill_bytes(&mut vpool, 0xFF).unwrap();
             let p = RopeParams {
                 style,
                 n_head,
@@ -99,12 +88,33 @@ fn rope_kv_append_matches_cpu() {
                 n_rot,
                 pos_scale: rope.pos_scale,
             };
-            k.rope_kv_append(
-                &s,
-                &mut qg,
-                &kg.view(),
-                &vg.view(),
-                KvAppend {
+            let mut rows = vec![None; pool_pages * KV_PAGE];
+            for t in 0..n_tok {
+                let p = start + t;
+                rows[table[p / KV_PAGE] as usize * KV_PAGE + p % KV_PAGE] = Some(t);
+            }
+            // Plain, and (head sizes that are multiples of 64) with each
+            // query and key head RMS-normed first in the same launch.
+            let norms = hd
+                .is_multiple_of(64)
+                .then(|| (rng.vec(hd, 0.5, 1.5), rng.vec(hd, 0.5, 1.5)));
+            for normed in [None, norms.as_ref()] {
+                let (mut want_q, mut want_k) = (q.clone(), kx.clone());
+                if let Some((qn, kn)) = normed {
+                    ops::rmsnorm(&mut want_q, qn, 1e-6);
+                    ops::rmsnorm(&mut want_k, kn, 1e-6);
+                }
+                for t in 0..n_tok {
+                    let p = start + t;
+                    rope.apply(&mut want_q[t * n_head * hd..][..n_head * hd], hd, p);
+                    rope.apply(&mut want_k[t * kv_dim..][..kv_dim], hd, p);
+                }
+                let mut qg = s.upload(&q, "q").unwrap();
+                let mut kpool = s.alloc::<u16>(pool_pages * KV_PAGE * kv_dim, "kp").unwrap();
+                let mut vpool = s.alloc::<u16>(pool_pages * KV_PAGE * kv_dim, "vp").unwrap();
+                s.fill_bytes(&mut kpool, 0xFF).unwrap();
+                s.fill_bytes(&mut vpool, 0xFF).unwrap();
+                let kv = KvAppend {
                     n_head_kv: n_kv,
                     pos: &pg.view(),
                     inv_freq: &fg.view(),
@@ -113,22 +123,32 @@ fn rope_kv_append_matches_cpu() {
                     vpool: &mut vpool,
                     table: &tg.view(),
                     max_start: start,
-                },
-            )
-            .unwrap();
-            let what =
-                format!("rope_kv {style:?} {n_tok}x{n_head}/{n_kv}x{hd} rot {n_rot} at {start}");
-            let got_q = s.download(&qg).unwrap();
-            check(&format!("{what}: q"), &got_q, &want_q, |_| {
-                2e-6 * 2.0 + 1e-7
-            });
-            let (kp, vp) = (s.download(&kpool).unwrap(), s.download(&vpool).unwrap());
-            let mut rows = vec![None; pool_pages * KV_PAGE];
-            for t in 0..n_tok {
-                let p = start + t;
-                rows[table[p / KV_PAGE] as usize * KV_PAGE + p % KV_PAGE] = Some(t);
+                };
+                let (kv_k, kv_v) = (kg.view(), vg.view());
+                match normed {
+                    None => k.rope_kv_append(&s, &mut qg, &kv_k, &kv_v, kv).unwrap(),
+                    Some((qn, kn)) => {
+                        let (qn, kn) = (s.upload(qn, "qn").unwrap(), s.upload(kn, "kn").unwrap());
+                        let norms = m40_kernels::HeadNorms {
+                            q: &qn.view(),
+                            k: &kn.view(),
+                            eps: 1e-6,
+                        };
+                        k.rope_kv_append_normed(&s, &mut qg, &kv_k, &kv_v, kv, None, norms)
+                            .unwrap()
+                    }
+                }
+                let what = format!(
+                    "rope_kv {style:?} {n_tok}x{n_head}/{n_kv}x{hd} rot {n_rot} at {start}, head norms {}",
+                    normed.is_some()
+                );
+                let got_q = s.download(&qg).unwrap();
+                check(&format!("{what}: q"), &got_q, &want_q, |i| {
+                    2e-6 * want_q[i].abs().max(2.0) as f64 + 1e-7
+                });
+                let (kp, vp) = (s.download(&kpool).unwrap(), s.download(&vpool).unwrap());
+                check_pools(&what, (&kp, &vp), &rows, (&want_k, &vx), kv_dim);
             }
-            check_pools(&what, (&kp, &vp), &rows, (&want_k, &vx), kv_dim);
         }
     }
 }

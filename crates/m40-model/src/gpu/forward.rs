@@ -9,7 +9,7 @@ use m40_gguf::hparams::Activation;
 use m40_gguf::HyperParams;
 use m40_kernels::{
     gemm_plan, AddResidual, AttnInputs, AttnPlan, AttnScratch, AttnShape, Fold, GemmOpts, GemvOpts,
-    GemvOut, KvAppend, MoeShape, QMatrix, RopeKv, RopeStyle, RowSplit, Scores,
+    GemvOut, HeadNorms, KvAppend, MoeShape, QMatrix, RopeKv, RopeStyle, RowSplit, Scores,
 };
 
 use super::kv::{GpuCache, Pools};
@@ -559,14 +559,29 @@ impl GpuBackend {
                     k.add_rows(s, &mut w.k, &bk.view(), n)?;
                     k.add_rows(s, &mut w.v, &bv.view(), n)?;
                 }
-                if let Some([qn, kn]) = &layer.qk_norm {
+                // Head norms in the RoPE launch where their head size
+                // allows (a multiple of 64), else apart before it.
+                let fused_norms = hd.is_multiple_of(64) && hd <= 256;
+                if let (Some([qn, kn]), false) = (&layer.qk_norm, fused_norms) {
                     k.rmsnorm_in_place(s, &mut w.q, &qn.view(), n * hp.n_head, hp.rms_eps)?;
                     k.rmsnorm_in_place(s, &mut w.k, &kn.view(), n * hp.n_head_kv, hp.rms_eps)?;
                 }
                 let (kv_k, kv_v) = (w.k.slice(0..n * kv_dim)?, w.v.slice(0..n * kv_dim)?);
-                match &tab {
-                    Some(tab) => k.rope_kv_append_batch(s, &mut w.q, &kv_k, &kv_v, kv, tab)?,
-                    None => k.rope_kv_append(s, &mut w.q, &kv_k, &kv_v, kv)?,
+                match (&layer.qk_norm, fused_norms) {
+                    (Some([qn, kn]), true) => {
+                        let (qn, kn) = (qn.view(), kn.view());
+                        let norms = HeadNorms {
+                            q: &qn,
+                            k: &kn,
+                            eps: hp.rms_eps,
+                        };
+                        let t = tab.as_ref();
+                        k.rope_kv_append_normed(s, &mut w.q, &kv_k, &kv_v, kv, t, norms)?
+                    }
+                    _ => match &tab {
+                        Some(tab) => k.rope_kv_append_batch(s, &mut w.q, &kv_k, &kv_v, kv, tab)?,
+                        None => k.rope_kv_append(s, &mut w.q, &kv_k, &kv_v, kv)?,
+                    },
                 }
             }
             let inputs = AttnInputs {
