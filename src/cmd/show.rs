@@ -71,6 +71,10 @@ pub fn run(a: Args) -> Result<()> {
             "n_head_kv": h.map(|h| h.n_head_kv),
             "head_dim": h.map(|h| h.head_dim),
             "n_ff": h.map(|h| h.n_ff),
+            "n_expert": h.and_then(|h| h.moe).map(|m| m.n_expert),
+            "n_expert_used": h.and_then(|h| h.moe).map(|m| m.n_expert_used),
+            "n_ff_exp": h.and_then(|h| h.moe).map(|m| m.n_ff_exp),
+            "sliding_window": h.and_then(|h| h.sliding_window.as_ref()).map(|w| w.window),
             "n_vocab": h.map(|h| h.n_vocab),
             "n_ctx_train": h.map(|h| h.n_ctx_train),
             "rope_freq_base": h.map(|h| h.rope_freq_base),
@@ -111,7 +115,20 @@ pub fn run(a: Args) -> Result<()> {
                 "  heads         {} (KV {}), head dim {}",
                 h.n_head, h.n_head_kv, h.head_dim
             );
-            println!("  feed-forward  {}", h.n_ff);
+            match h.moe {
+                Some(m) => println!(
+                    "  feed-forward  {} experts, {} a token, {} each",
+                    m.n_expert, m.n_expert_used, m.n_ff_exp
+                ),
+                None => println!("  feed-forward  {}", h.n_ff),
+            }
+            if let Some(w) = &h.sliding_window {
+                let n = w.layers.iter().filter(|&&s| s).count();
+                println!(
+                    "  window        {} keys on {n} of {} layers (RoPE base {})",
+                    w.window, h.n_layer, w.rope_freq_base
+                );
+            }
             println!("  vocabulary    {}", h.n_vocab);
             println!("  context       {} (trained)", h.n_ctx_train);
             println!(
