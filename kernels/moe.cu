@@ -11,12 +11,7 @@
 //
 // moe_combine_f32: out (n, d) = sum over j < K of w[t, j] y[t K + j] (y:
 // (n K, d), a slot's expert output), in slot order, each product rounded
-// and added (no contraction): the CPU's arithmetic; with `add`, out +=
-// that sum. Grid-stride over n d.
-//
-// moe_combine_add_rmsnorm_f32: the same sum added to the residual stream x
-// (n, d) and the next RMSNorm of x into h (x / sqrt(mean(x^2) + eps) * nw),
-// one block per row: the combine and the norm after it in one launch.
+// and added (no contraction): the CPU's arithmetic. Grid-stride over n d.
 #include "common.cuh"
 
 #define MOE_WARPS 4
@@ -63,33 +58,11 @@ extern "C" __global__ void moe_route_f32(const float* logits, int* ids, float* w
     }
 }
 
-// Token t's weighted sum of its K slots' outputs at dimension c.
-__device__ __forceinline__ float moe_sum(const float* y, const float* w, long long t, long long c, int d, int K) {
-    float acc = 0.0f;
-    for (int j = 0; j < K; ++j) acc = __fadd_rn(acc, __fmul_rn(w[t * K + j], y[(t * K + j) * d + c]));
-    return acc;
-}
-
-extern "C" __global__ void moe_combine_f32(const float* y, const float* w, float* out, long long nd, int d, int K,
-                                           int add) {
+extern "C" __global__ void moe_combine_f32(const float* y, const float* w, float* out, long long nd, int d, int K) {
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < nd; i += (long long)gridDim.x * blockDim.x) {
-        const float acc = moe_sum(y, w, i / d, i % d, d, K);
-        out[i] = add ? __fadd_rn(out[i], acc) : acc;
+        const long long t = i / d, c = i % d;
+        float acc = 0.0f;
+        for (int j = 0; j < K; ++j) acc = __fadd_rn(acc, __fmul_rn(w[t * K + j], y[(t * K + j) * d + c]));
+        out[i] = acc;
     }
-}
-
-extern "C" __global__ void moe_combine_add_rmsnorm_f32(const float* y, const float* w, float* x, const float* nw,
-                                                       float* h, int d, int K, float eps) {
-    __shared__ float scratch[32];
-    const long long t = blockIdx.x;
-    float* xr = x + t * d;
-    float ss = 0.0f;
-    for (int c = threadIdx.x; c < d; c += blockDim.x) {
-        const float v = __fadd_rn(xr[c], moe_sum(y, w, t, c, d, K));
-        xr[c] = v;
-        ss += v * v;
-    }
-    ss = block_sum(ss, scratch);  // (its barriers also publish x)
-    const float s = rsqrtf(ss / (float)d + eps);
-    for (int c = threadIdx.x; c < d; c += blockDim.x) h[t * d + c] = xr[c] * s * nw[c];
 }

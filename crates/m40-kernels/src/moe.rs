@@ -181,8 +181,7 @@ impl Kernels {
     }
 
     /// out (n, d) = the sum over each token's k slots of w[t, j] y[t k +
-    /// j] (y: (n k, d)), in slot order; with `add`, out += it.
-    #[allow(clippy::too_many_arguments)]
+    /// j] (y: (n k, d)), in slot order.
     pub fn moe_combine(
         &self,
         stream: &Stream,
@@ -191,7 +190,6 @@ impl Kernels {
         out: &mut DeviceBuffer<f32>,
         d: usize,
         s: MoeShape,
-        add: bool,
     ) -> Result<()> {
         const K: &str = "moe_combine_f32";
         let nd = s.n * d;
@@ -204,11 +202,9 @@ impl Kernels {
         let kernel = self.kernel("moe", K)?;
         let grid = (self.flat_grid(nd), 1, 1);
         let (nd, d, k) = (nd as i64, to_i32(K, "d", d)?, to_i32(K, "k", s.k)?);
-        let add = add as i32;
         // SAFETY: moe_combine_f32(const float* y, const float* w, float*
-        // out, long long nd, int d, int K, int add): grid-stride over i < nd
-        // reading w[(i / d) K ..][..K], y rows (i / d) K + j and out[i];
-        // lengths checked.
+        // out, long long nd, int d, int K): grid-stride over i < nd reading
+        // w[(i / d) K ..][..K] and y rows (i / d) K + j; lengths checked.
         unsafe {
             stream
                 .launch(&kernel)
@@ -218,56 +214,6 @@ impl Kernels {
                 .scalar(&nd)
                 .scalar(&d)
                 .scalar(&k)
-                .scalar(&add)
-                .run(cfg(grid, ELEMENTWISE_THREADS))?
-        };
-        Ok(())
-    }
-
-    /// x (n, d) += the weighted sum of each token's k slots of y (as
-    /// [`Kernels::moe_combine`]), then h = rmsnorm(x) * norm_w: a
-    /// mixture's output joined to the residual stream and the next norm, in
-    /// one launch.
-    #[allow(clippy::too_many_arguments)]
-    pub fn moe_combine_add_rmsnorm(
-        &self,
-        stream: &Stream,
-        y: &DeviceView<'_, f32>,
-        w: &DeviceView<'_, f32>,
-        x: &mut DeviceBuffer<f32>,
-        norm_w: &DeviceView<'_, f32>,
-        h: &mut DeviceBuffer<f32>,
-        s: MoeShape,
-        eps: f32,
-    ) -> Result<()> {
-        const K: &str = "moe_combine_add_rmsnorm_f32";
-        let d = norm_w.len();
-        let nd = s.n * d;
-        check_len(K, "y", y.len(), nd * s.k)?;
-        check_len(K, "w", w.len(), s.n * s.k)?;
-        check_len(K, "x", x.len(), nd)?;
-        check_len(K, "h", h.len(), nd)?;
-        if nd == 0 {
-            return Ok(());
-        }
-        let kernel = self.kernel("moe", K)?;
-        let grid = (to_i32(K, "tokens", s.n)? as u32, 1, 1);
-        let (d, k) = (to_i32(K, "d", d)?, to_i32(K, "k", s.k)?);
-        // SAFETY: moe_combine_add_rmsnorm_f32(const float* y, const float*
-        // w, float* x, const float* nw, float* h, int d, int K, float eps):
-        // block t < n reads w[t K..][..K], y rows t K + j, x row t and
-        // nw[..d], writes x row t and h row t; lengths checked.
-        unsafe {
-            stream
-                .launch(&kernel)
-                .view(y)
-                .view(w)
-                .buf_mut(x)
-                .view(norm_w)
-                .buf_mut(h)
-                .scalar(&d)
-                .scalar(&k)
-                .scalar(&eps)
                 .run(cfg(grid, ELEMENTWISE_THREADS))?
         };
         Ok(())

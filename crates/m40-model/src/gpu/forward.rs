@@ -9,13 +9,14 @@ use m40_gguf::hparams::Activation;
 use m40_gguf::HyperParams;
 use m40_kernels::{
     gemm_plan, AddResidual, AttnInputs, AttnPlan, AttnScratch, AttnShape, Fold, GemmOpts, GemvOpts,
-    GemvOut, HeadNorms, KvAppend, RopeKv, RopeStyle, RowSplit, Scores,
+    GemvOut, HeadNorms, KvAppend, MoeShape, QMatrix, RopeKv, RopeStyle, RowSplit, Scores,
 };
 
 use super::kv::{GpuCache, Pools};
-use super::weights::{Ffn, Mat, MatView, Stack};
+use super::weights::{Experts, Ffn, Mat, MatView, MoeMats, Stack};
 use super::workspace::{
-    norm_bufs, res_bufs, Norm, Res, Select, Workspace, GEMV_MAX_TOKENS, GEMV_TOKENS, LOGIT_ROWS,
+    norm_bufs, res_bufs, MoeBufs, Norm, Res, Select, Workspace, GEMV_MAX_TOKENS, GEMV_TOKENS,
+    LOGIT_ROWS,
 };
 use super::{lock, GpuBackend, State};
 use crate::error::Result;
@@ -59,7 +60,7 @@ fn layer_shape(hp: &HyperParams, shape: &AttnShape, l: usize) -> AttnShape {
 /// the h = x * weight of a folded RMSNorm, whose scale the GEMV computes
 /// from the `n` partial sums of squares in `part` (see [`Residual`]).
 #[derive(Clone, Copy)]
-pub(super) enum Input<'a> {
+enum Input<'a> {
     Rows(&'a DeviceView<'a, f32>),
     Folded {
         h: &'a DeviceView<'a, f32>,
@@ -79,9 +80,6 @@ pub(super) enum Residual {
     /// weight) and its blocks' n partial sums of x^2 to `w.norm_part`: the
     /// next GEMVs take the norm from there (`Input::Folded`).
     Folded(usize),
-    /// A mixture's experts' outputs and weights in `w.moe`: the next norm
-    /// adds their weighted sum (`moe_combine_add_rmsnorm`).
-    Experts,
 }
 
 impl Residual {
@@ -196,7 +194,7 @@ impl GpuBackend {
 
     /// y = W x for `n` rows of x (y += W x with `accumulate`; not through
     /// the GEMV of GGUF rows).
-    pub(super) fn matmul(
+    fn matmul(
         &self,
         w: &Mat,
         x: Input<'_>,
@@ -319,6 +317,60 @@ impl GpuBackend {
         }
     }
 
+    /// A mixture of experts over the `n` normed rows h ([`MoeMats`]): the
+    /// router's logits, each token's experts chosen on the device, the
+    /// chosen experts' gate and up GEMVs with SwiGLU (one launch for every
+    /// token's experts where they are interleaved), their down GEMVs, and
+    /// each token's weighted sum into `proj`, left pending (the next norm
+    /// adds it to x).
+    fn moe_ffn(
+        &self,
+        mats: &MoeMats,
+        h: &DeviceView<'_, f32>,
+        b: &mut MoeBufs,
+        proj: &mut DeviceBuffer<f32>,
+        n: usize,
+    ) -> Result<Residual> {
+        let (k, s) = (&self.kernels, &self.stream);
+        let hp = self.model.hparams();
+        let m = hp.moe.expect("a mixture's layer");
+        let shape = MoeShape {
+            n,
+            k: m.n_expert_used,
+        };
+        self.matmul(&mats.router, Input::Rows(h), &mut b.logits, n, false)?;
+        k.moe_route(s, &b.logits.view(), m.n_expert, shape, &mut b.ids, &mut b.w)?;
+        let ids = b.ids.view();
+        type Launch<'f> = &'f mut dyn FnMut(&QMatrix<'_>) -> m40_kernels::Result<()>;
+        let rows = |mat: &Mat, f: Launch<'_>| -> Result<()> {
+            let data = mat.data.view();
+            let MatView::Rows(q) = mat.view(&data) else {
+                unreachable!("experts stay in GGUF rows")
+            };
+            Ok(f(&q)?)
+        };
+        let ff = m.n_ff_exp;
+        match &mats.gate_up {
+            Experts::Glu(gu) => rows(gu, &mut |q| {
+                k.gemv_experts(s, q, 2 * ff, &ids, h, shape.k, &mut b.gate, shape, true)
+            })?,
+            Experts::Split(gate, up) => {
+                for (mat, out) in [(gate, &mut b.gate), (up, &mut b.up)] {
+                    rows(mat, &mut |q| {
+                        k.gemv_experts(s, q, ff, &ids, h, shape.k, out, shape, false)
+                    })?;
+                }
+                k.swiglu(s, &mut b.gate, &b.up.view(), n * shape.k * ff)?;
+            }
+        }
+        let d = hp.n_embd;
+        rows(&mats.down, &mut |q| {
+            k.gemv_experts(s, q, d, &ids, &b.gate.view(), 1, &mut b.y, shape, false)
+        })?;
+        k.moe_combine(s, &b.y.view(), &b.w.view(), proj, hp.n_embd, shape)?;
+        Ok(Residual::Pending)
+    }
+
     /// A residual connection whose branch is transformed before it joins
     /// x, for `n` rows of a: W a into `proj` (the workspace's), there
     /// RMS-normed by `post` (gemma's post-norms) and scaled by the model's
@@ -367,38 +419,28 @@ impl GpuBackend {
         self.fuse && n == 1 && producer.packed && mats.all(|m| m.packed)
     }
 
-    /// h = rmsnorm(x rows `rows`) * weight, adding the residual left as
-    /// `res` to x first: the pending rows `w.proj`, or a mixture's
-    /// weighted experts (rows then start at 0).
+    /// h = rmsnorm(x rows `rows`) * weight, adding the pending residual
+    /// rows `w.proj` to x first when `pending` (rows then start at 0).
     fn norm(
         &self,
         w: Norm<'_>,
         weight: &DeviceBuffer<f32>,
         rows: std::ops::Range<usize>,
-        res: Residual,
+        pending: bool,
     ) -> Result<()> {
         let (k, s) = (&self.kernels, &self.stream);
-        let hp = self.model.hparams();
-        let (eps, d) = (hp.rms_eps, hp.n_embd);
-        match res {
-            Residual::Pending => {
-                debug_assert_eq!(rows.start, 0, "pending residual rows start at 0");
-                let add = AddResidual {
-                    x: w.x,
-                    d: &w.proj.view(),
-                };
-                k.add_rmsnorm(s, add, &weight.view(), w.h, rows.len(), eps)?;
-            }
-            Residual::Experts => {
-                debug_assert_eq!(rows.start, 0, "pending experts' rows start at 0");
-                let shape = self.moe_shape(rows.len());
-                let (y, wts) = (w.moe.y.view(), w.moe.w.view());
-                k.moe_combine_add_rmsnorm(s, &y, &wts, w.x, &weight.view(), w.h, shape, eps)?;
-            }
-            _ => {
-                let x = w.x.slice(rows.start * d..rows.end * d)?;
-                k.rmsnorm(s, &x, &weight.view(), w.h, rows.len(), eps)?;
-            }
+        let eps = self.model.hparams().rms_eps;
+        let d = self.model.hparams().n_embd;
+        if pending {
+            debug_assert_eq!(rows.start, 0, "pending residual rows start at 0");
+            let add = AddResidual {
+                x: w.x,
+                d: &w.proj.view(),
+            };
+            k.add_rmsnorm(s, add, &weight.view(), w.h, rows.len(), eps)?;
+        } else {
+            let x = w.x.slice(rows.start * d..rows.end * d)?;
+            k.rmsnorm(s, &x, &weight.view(), w.h, rows.len(), eps)?;
         }
         Ok(())
     }
@@ -415,7 +457,7 @@ impl GpuBackend {
         if matches!(res, Residual::Folded(_)) {
             return Ok(());
         }
-        self.norm(w, weight, 0..n, res)
+        self.norm(w, weight, 0..n, res == Residual::Pending)
     }
 
     /// Queue the layers for `n` tokens whose inputs are uploaded, positions
@@ -583,7 +625,7 @@ impl GpuBackend {
                 Ffn::Dense { gate_up, down } => (gate_up, down),
                 Ffn::Moe(mats) => {
                     let h = w.h.view();
-                    res = self.moe_ffn(mats, &h, &mut w.moe, n)?;
+                    res = self.moe_ffn(mats, &h, &mut w.moe, &mut w.proj, n)?;
                     continue;
                 }
             };
@@ -608,15 +650,8 @@ impl GpuBackend {
                 self.matmul_res(down, &gv, res_bufs!(w), n, emit)?
             };
         }
-        if n > 1 || !last_logits {
-            match res {
-                Residual::Pending => k.add(s, &mut w.x, &w.proj.view(), n * hp.n_embd)?,
-                Residual::Experts => {
-                    let (y, wts) = (w.moe.y.view(), w.moe.w.view());
-                    k.moe_combine(s, &y, &wts, &mut w.x, hp.n_embd, self.moe_shape(n), true)?
-                }
-                _ => {}
-            }
+        if res == Residual::Pending && (n > 1 || !last_logits) {
+            k.add(s, &mut w.x, &w.proj.view(), n * hp.n_embd)?;
             res = Residual::Done;
         }
         if last_logits {
@@ -641,7 +676,12 @@ impl GpuBackend {
             self.matmul(out_w, res.input(&hv, &pv), &mut w.logits, 1, false)?;
             return self.finish_logits(w, 1);
         }
-        self.norm(norm_bufs!(w), &self.weights.output_norm, rows, res)?;
+        self.norm(
+            norm_bufs!(w),
+            &self.weights.output_norm,
+            rows,
+            res == Residual::Pending,
+        )?;
         self.matmul(out_w, Input::Rows(&w.h.view()), &mut w.logits, n, false)?;
         self.finish_logits(w, n)
     }

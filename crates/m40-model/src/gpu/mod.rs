@@ -23,7 +23,6 @@ mod batch;
 mod forward;
 mod graphs;
 mod kv;
-mod moe;
 mod weights;
 mod workspace;
 

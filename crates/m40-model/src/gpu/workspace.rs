@@ -181,16 +181,17 @@ impl Workspace {
 
 /// Rows of `proj`: GEMV_MAX_TOKENS (only the GEMV's outputs wait there)
 /// or, where the outputs are normed or scaled before they join x (gemma's
-/// post-norms, granite's multiplier), the whole step's.
+/// post-norms, granite's multiplier) or come from a mixture's combine,
+/// the whole step's.
 fn proj_rows(hp: &HyperParams, b: usize) -> usize {
-    if hp.residual_transformed() {
+    if hp.residual_transformed() || hp.moe.is_some() {
         b
     } else {
         b.min(GEMV_MAX_TOKENS)
     }
 }
 
-/// The [`Norm`] buffers of a workspace (a macro: it borrows four fields,
+/// The [`Norm`] buffers of a workspace (a macro: it borrows three fields,
 /// not the whole workspace).
 macro_rules! norm_bufs {
     ($w:expr) => {
@@ -198,18 +199,16 @@ macro_rules! norm_bufs {
             x: &mut $w.x,
             proj: &$w.proj,
             h: &mut $w.h,
-            moe: &$w.moe,
         }
     };
 }
 
-/// The buffers of a norm: the residual stream x, the pending residual
-/// rows, a mixture's pending experts, and the output.
+/// The buffers of a norm: the residual stream x, the pending one-row
+/// residual, and the output.
 pub(super) struct Norm<'a> {
     pub(super) x: &'a mut DeviceBuffer<f32>,
     pub(super) proj: &'a DeviceBuffer<f32>,
     pub(super) h: &'a mut DeviceBuffer<f32>,
-    pub(super) moe: &'a MoeBufs,
 }
 
 /// The buffers of a residual connection: the residual stream x, the
