@@ -47,11 +47,31 @@ pub struct Shape {
 }
 
 /// The shapes the synthesizer knows: `tiny` matches the quant zoo.
+/// What a shape does not state: a head size of n_embd / n_head, no window,
+/// no RoPE scaling, gemma2's default soft-cap, a dense FFN.
+const PLAIN: Shape = Shape {
+    name: "",
+    arch: Arch::Llama,
+    n_layer: 0,
+    n_embd: 0,
+    n_head: 0,
+    n_head_kv: 0,
+    head_dim: None,
+    n_ff: 0,
+    n_vocab: 0,
+    n_ctx_train: 0,
+    rope_freq_base: 10000.0,
+    tied_output: false,
+    swa: None,
+    rope_linear: 1.0,
+    attn_softcap: None,
+    moe: None,
+};
+
 pub const SHAPES: &[Shape] = &[
     Shape {
         name: "tiny",
         arch: Arch::Llama,
-        head_dim: None,
         n_layer: 2,
         n_embd: 256,
         n_head: 4,
@@ -61,15 +81,11 @@ pub const SHAPES: &[Shape] = &[
         n_ctx_train: 2048,
         rope_freq_base: 10000.0,
         tied_output: false,
-        swa: None,
-        rope_linear: 1.0,
-        attn_softcap: None,
-        moe: None,
+        ..PLAIN
     },
     Shape {
         name: "smollm2-135m",
         arch: Arch::Llama,
-        head_dim: None,
         n_layer: 30,
         n_embd: 576,
         n_head: 9,
@@ -79,15 +95,11 @@ pub const SHAPES: &[Shape] = &[
         n_ctx_train: 8192,
         rope_freq_base: 100000.0,
         tied_output: true,
-        swa: None,
-        rope_linear: 1.0,
-        attn_softcap: None,
-        moe: None,
+        ..PLAIN
     },
     Shape {
         name: "llama-1b",
         arch: Arch::Llama,
-        head_dim: None,
         n_layer: 16,
         n_embd: 2048,
         n_head: 32,
@@ -97,15 +109,11 @@ pub const SHAPES: &[Shape] = &[
         n_ctx_train: 131072,
         rope_freq_base: 500000.0,
         tied_output: true,
-        swa: None,
-        rope_linear: 1.0,
-        attn_softcap: None,
-        moe: None,
+        ..PLAIN
     },
     Shape {
         name: "llama-8b",
         arch: Arch::Llama,
-        head_dim: None,
         n_layer: 32,
         n_embd: 4096,
         n_head: 32,
@@ -115,10 +123,7 @@ pub const SHAPES: &[Shape] = &[
         n_ctx_train: 131072,
         rope_freq_base: 500000.0,
         tied_output: false,
-        swa: None,
-        rope_linear: 1.0,
-        attn_softcap: None,
-        moe: None,
+        ..PLAIN
     },
     // Qwen3's tiny test shape: a head size (64) that is not n_embd / n_head.
     Shape {
@@ -134,10 +139,7 @@ pub const SHAPES: &[Shape] = &[
         n_ctx_train: 4096,
         rope_freq_base: 1000000.0,
         tied_output: false,
-        swa: None,
-        rope_linear: 1.0,
-        attn_softcap: None,
-        moe: None,
+        ..PLAIN
     },
     Shape {
         name: "qwen3-8b",
@@ -152,10 +154,7 @@ pub const SHAPES: &[Shape] = &[
         n_ctx_train: 40960,
         rope_freq_base: 1000000.0,
         tied_output: false,
-        swa: None,
-        rope_linear: 1.0,
-        attn_softcap: None,
-        moe: None,
+        ..PLAIN
     },
     // Gemma's tiny test shapes: head size 64 (not 128 / 4), a window of
     // 5 keys so a 16-token test crosses it, global and window layers.
@@ -173,10 +172,9 @@ pub const SHAPES: &[Shape] = &[
         rope_freq_base: 10000.0,
         tied_output: true,
         swa: Some((5, 2)),
-        rope_linear: 1.0,
         // Small enough that capping changes the random model's scores.
         attn_softcap: Some(1.5),
-        moe: None,
+        ..PLAIN
     },
     Shape {
         name: "gemma3-tiny",
@@ -193,15 +191,13 @@ pub const SHAPES: &[Shape] = &[
         tied_output: true,
         swa: Some((5, 3)),
         rope_linear: 8.0,
-        attn_softcap: None,
-        moe: None,
+        ..PLAIN
     },
     // Granite's tiny test shape: head size 64 (its attention multiplier
     // 1/64, not 1/8).
     Shape {
         name: "granite-tiny",
         arch: Arch::Granite,
-        head_dim: None,
         n_layer: 2,
         n_embd: 256,
         n_head: 4,
@@ -211,10 +207,7 @@ pub const SHAPES: &[Shape] = &[
         n_ctx_train: 4096,
         rope_freq_base: 10000000.0,
         tied_output: true,
-        swa: None,
-        rope_linear: 1.0,
-        attn_softcap: None,
-        moe: None,
+        ..PLAIN
     },
     // Mixtures of experts: qwen3moe's tiny shape (8 experts, 3 a token),
     // Mixtral's (llama with 4 experts, 2 a token), and Qwen3-30B-A3B.
@@ -231,15 +224,12 @@ pub const SHAPES: &[Shape] = &[
         n_ctx_train: 4096,
         rope_freq_base: 1000000.0,
         tied_output: false,
-        swa: None,
-        rope_linear: 1.0,
-        attn_softcap: None,
         moe: Some((8, 3, 128)),
+        ..PLAIN
     },
     Shape {
         name: "mixtral-tiny",
         arch: Arch::Llama,
-        head_dim: None,
         n_layer: 2,
         n_embd: 256,
         n_head: 4,
@@ -249,10 +239,8 @@ pub const SHAPES: &[Shape] = &[
         n_ctx_train: 4096,
         rope_freq_base: 1000000.0,
         tied_output: false,
-        swa: None,
-        rope_linear: 1.0,
-        attn_softcap: None,
         moe: Some((4, 2, 256)),
+        ..PLAIN
     },
     Shape {
         name: "qwen3-30b-a3b",
@@ -267,10 +255,8 @@ pub const SHAPES: &[Shape] = &[
         n_ctx_train: 40960,
         rope_freq_base: 1000000.0,
         tied_output: false,
-        swa: None,
-        rope_linear: 1.0,
-        attn_softcap: None,
         moe: Some((128, 8, 768)),
+        ..PLAIN
     },
     Shape {
         name: "gemma3-12b",
@@ -287,8 +273,7 @@ pub const SHAPES: &[Shape] = &[
         tied_output: true,
         swa: Some((1024, 6)),
         rope_linear: 8.0,
-        attn_softcap: None,
-        moe: None,
+        ..PLAIN
     },
 ];
 

@@ -501,13 +501,10 @@ pub fn route(logits: &[f32], k: usize) -> Vec<(usize, f32)> {
     order.into_iter().map(|e| (e, p[e] / sum)).collect()
 }
 
-/// x += s * p: a residual branch (scaled by granite's multiplier).
+/// x += s * p: a residual branch (scaled by granite's multiplier; s * p
+/// is exactly p where s is 1).
 fn add_residual(x: &mut [f32], p: &[f32], s: f32) {
-    if s == 1.0 {
-        x.iter_mut().zip(p).for_each(|(x, p)| *x += p);
-    } else {
-        x.iter_mut().zip(p).for_each(|(x, p)| *x += s * p);
-    }
+    x.iter_mut().zip(p).for_each(|(x, p)| *x += s * p);
 }
 
 fn add_bias(x: &mut [f32], b: &Option<Vec<f32>>) {
