@@ -23,7 +23,8 @@
 //! A fourth table times the prefill GEMM (`Kernels::gemm_packed`, 512 tokens
 //! and the 8B model's Q/K/V, o, gate/up and down shapes) in TFLOP/s against
 //! the FP32 FMA rate measured in the same run (`fma_probe`);
-//! `M40_BENCH_GEMM_ONLY=1` runs only that one; `M40_BENCH_GEMM_SHAPE=28672x4096`
+//! `M40_BENCH_GEMM_ONLY=1` runs only that one, `M40_BENCH_GEMM_TOKENS=32`
+//! at 32 tokens instead; `M40_BENCH_GEMM_SHAPE=28672x4096`
 //! and `M40_BENCH_FORMAT=Q4_0` narrow it to one shape and format.
 //! `M40_BENCH_JSON=path` also writes the first two tables as JSON.
 //!
@@ -369,9 +370,15 @@ fn prefill(s: &Stream, k: &Kernels, big: &DeviceBuffer<u8>, l2_bytes: usize) {
         "| format | tokens | rows x cols | us | TFLOP/s | % of FMA rate | splits over K | us unsplit |"
     );
     println!("|---|---|---|---|---|---|---|---|");
-    let m = 512;
-    // `M40_BENCH_GEMM_SHAPE=ROWSxCOLS` and `M40_BENCH_FORMAT=T` narrow the
-    // table to one shape and format (a profiler's run).
+    // `M40_BENCH_GEMM_TOKENS=M` times M tokens (a decode batch's tiles)
+    // instead of 512; `M40_BENCH_GEMM_SHAPE=ROWSxCOLS` and
+    // `M40_BENCH_FORMAT=T` narrow the table to one shape and format (a
+    // profiler's run).
+    let m = std::env::var("M40_BENCH_GEMM_TOKENS")
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .filter(|&m| m > 0)
+        .unwrap_or(512);
     let shape = std::env::var("M40_BENCH_GEMM_SHAPE").ok();
     let format = std::env::var("M40_BENCH_FORMAT").ok();
     for f in PackFormat::ALL {
