@@ -63,3 +63,15 @@ extern "C" __global__ void add_rows_f32(float* y, const float* b, long long n, i
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
         y[i] += b[i % width];
 }
+
+// Llama 4's attention temperature (mistral3): row t of x (n_tok rows of
+// width, a step's queries) times 1 + s ln(floor(p / fl) + 1), p the row's
+// position: pos[t] (per_token: a batched step) or pos[0] + t (one sequence).
+extern "C" __global__ void attn_temp_f32(float* x, const int* pos, int per_token, int n_tok, int width, float s,
+                                         int fl) {
+    const long long n = (long long)n_tok * width;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        const int t = (int)(i / width), p = per_token ? pos[t] : pos[0] + t;
+        x[i] *= 1.0f + s * logf((float)(p / fl) + 1.0f);
+    }
+}

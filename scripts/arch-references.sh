@@ -11,7 +11,7 @@ TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 # BOS, then 15 ids spread over the 512-token vocabulary.
 IDS="1 300 45 7 511 260 33 128 77 402 5 219 384 96 150 451"
-for shape in ${SHAPES:-qwen3-tiny gemma2-tiny gemma3-tiny granite-tiny qwen3moe-tiny mixtral-tiny}; do
+for shape in ${SHAPES:-qwen3-tiny gemma2-tiny gemma3-tiny granite-tiny mistral3-tiny qwen3moe-tiny mixtral-tiny}; do
     for ty in F32 F16; do
         target/release/m40-llm synth --shape "$shape" --type "$ty" "$TMP/m.gguf" >&2
         # shellcheck disable=SC2086

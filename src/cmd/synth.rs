@@ -10,8 +10,8 @@ use m40_gguf::synth::{write_model, FileType, Shape, SynthOptions, SHAPES};
 pub struct Args {
     /// Model shape: tiny, smollm2-135m, llama-1b, llama-8b (llama); qwen3-tiny,
     /// qwen3-8b (qwen3); gemma2-tiny (gemma2); gemma3-tiny, gemma3-12b (gemma3);
-    /// granite-tiny (granite); qwen3moe-tiny, qwen3-30b-a3b (qwen3moe);
-    /// mixtral-tiny (llama with experts).
+    /// granite-tiny (granite); mistral3-tiny (mistral3); qwen3moe-tiny,
+    /// qwen3-30b-a3b (qwen3moe); mixtral-tiny (llama with experts).
     #[arg(long)]
     pub shape: String,
     /// Weight type: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K, or

@@ -32,6 +32,10 @@ pub enum Arch {
     /// embeddings, the attention scores, each residual branch and (divided
     /// by) the logits.
     Granite,
+    /// Mistral 3 / Ministral 3 (`mistral3`): llama's layer (dense, or
+    /// experts as Mixtral's), YaRN RoPE, and optionally llama 4's attention
+    /// temperature (`attention.temperature_scale`).
+    Mistral3,
 }
 
 impl Arch {
@@ -44,6 +48,7 @@ impl Arch {
             "gemma2" => Ok(Arch::Gemma2),
             "gemma3" => Ok(Arch::Gemma3),
             "granite" => Ok(Arch::Granite),
+            "mistral3" => Ok(Arch::Mistral3),
             other => Err(GgufError::UnsupportedArchitecture(other.to_string())),
         }
     }
@@ -51,7 +56,7 @@ impl Arch {
     /// How the architecture pairs RoPE's dimensions.
     pub fn rope_style(self) -> RopeStyle {
         match self {
-            Arch::Llama | Arch::Granite => RopeStyle::Normal,
+            Arch::Llama | Arch::Granite | Arch::Mistral3 => RopeStyle::Normal,
             Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma2 | Arch::Gemma3 => {
                 RopeStyle::Neox
             }
@@ -83,6 +88,7 @@ impl Arch {
             Arch::Gemma2 => "gemma2",
             Arch::Gemma3 => "gemma3",
             Arch::Granite => "granite",
+            Arch::Mistral3 => "mistral3",
         }
     }
 }
@@ -138,11 +144,66 @@ pub enum RopeScaling {
     Linear {
         factor: f32,
     },
-    /// YaRN, with the context the model was trained on.
+    /// YaRN (as llama.cpp's ggml_rope_yarn): dimension i's angle is
+    /// interpolated (divided by `factor`) or extrapolated (kept) by a ramp
+    /// between the dimensions that turn `beta_fast` and `beta_slow` times
+    /// over `original_context` positions, and q and k are scaled by
+    /// [`HyperParams::rope_mscale`].
     Yarn {
         factor: f32,
         original_context: usize,
+        beta_fast: f32,
+        beta_slow: f32,
+        /// `rope.scaling.yarn_log_multiplier` (mistral3; 0: none).
+        log_mul: f32,
     },
+}
+
+impl RopeScaling {
+    /// YaRN's ramp over the `dim / 2` rotated pairs: the share of pair i's
+    /// angle that is extrapolated (1: unscaled, 0: divided by the factor),
+    /// llama.cpp's `rope_yarn_ramp` over `ggml_rope_yarn_corr_dims` (with
+    /// `yarn_ext_factor` 1, its value for YaRN files). `None` unless YaRN.
+    pub fn yarn_ramp(&self, dim: usize, base: f32) -> Option<Vec<f32>> {
+        let RopeScaling::Yarn {
+            original_context,
+            beta_fast,
+            beta_slow,
+            ..
+        } = *self
+        else {
+            return None;
+        };
+        let corr = |rot: f32| {
+            dim as f32 * (original_context as f32 / (rot * 2.0 * std::f32::consts::PI)).ln()
+                / (2.0 * base.ln())
+        };
+        let low = corr(beta_fast).floor().max(0.0);
+        let high = corr(beta_slow).ceil().min(dim as f32 - 1.0);
+        Some(
+            (0..dim / 2)
+                .map(|i| {
+                    let y = (i as f32 - low) / (high - low).max(0.001);
+                    1.0 - y.clamp(0.0, 1.0)
+                })
+                .collect(),
+        )
+    }
+}
+
+/// Llama 4's attention temperature (mistral3): the queries at position p
+/// are multiplied by 1 + scale * ln(floor(p / floor) + 1) (1 below `floor`,
+/// YaRN's original context).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttnTemperature {
+    pub scale: f32,
+    pub floor: usize,
+}
+
+impl AttnTemperature {
+    pub fn at(&self, pos: usize) -> f32 {
+        1.0 + self.scale * ((pos / self.floor) as f32 + 1.0).ln()
+    }
 }
 
 /// Everything the forward pass needs to know about a model's shape.
@@ -174,8 +235,14 @@ pub struct HyperParams {
     /// Token embeddings are multiplied by this (gemma: sqrt(n_embd)).
     pub embd_scale: f32,
     /// Attention scores are q.k times this (1/sqrt(head_dim) but for
-    /// gemma's 27B models).
+    /// gemma's 27B models and granite; times [`Self::rope_mscale`] squared,
+    /// the factor llama.cpp's RoPE applies to both q and k).
     pub attn_scale: f32,
+    /// The queries' temperature by position (mistral3 where its file asks).
+    pub attn_temp: Option<AttnTemperature>,
+    /// `rope.scaling.attn_factor` (1 where absent): with YaRN's own factor,
+    /// the scale of RoPE's cos and sin ([`Self::rope_mscale`]).
+    pub rope_attn_factor: f32,
     /// Scores soft-capped to c tanh(s / c) before the softmax (gemma2).
     pub attn_softcap: Option<f32>,
     /// Logits soft-capped likewise (gemma2; gemma3 where the file says).
@@ -265,6 +332,7 @@ impl HyperParams {
             RopeScaling::Yarn {
                 factor,
                 original_context,
+                ..
             } if factor > 1.0 => self
                 .n_ctx_train
                 .max((original_context as f64 * factor as f64) as usize),
@@ -342,12 +410,27 @@ impl HyperParams {
             Some("linear") => RopeScaling::Linear {
                 factor: factor.unwrap_or(1.0) as f32,
             },
-            Some("yarn") => RopeScaling::Yarn {
-                factor: factor.unwrap_or(1.0) as f32,
-                original_context: md
-                    .opt_usize(&key("rope.scaling.original_context_length"))?
-                    .unwrap_or(n_ctx_train),
-            },
+            Some("yarn") => {
+                // llama.cpp reads the betas and the log multiplier for
+                // mistral3 (of the architectures here) and takes its
+                // defaults (32, 1, none) for the rest.
+                let yarn_key = |k: &str, default: f32| -> Result<f32> {
+                    Ok(if arch == Arch::Mistral3 {
+                        md.opt_f64(&key(k))?.map_or(default, |v| v as f32)
+                    } else {
+                        default
+                    })
+                };
+                RopeScaling::Yarn {
+                    factor: factor.unwrap_or(1.0) as f32,
+                    original_context: md
+                        .opt_usize(&key("rope.scaling.original_context_length"))?
+                        .unwrap_or(n_ctx_train),
+                    beta_fast: yarn_key("rope.scaling.yarn_beta_fast", 32.0)?,
+                    beta_slow: yarn_key("rope.scaling.yarn_beta_slow", 1.0)?,
+                    log_mul: yarn_key("rope.scaling.yarn_log_multiplier", 0.0)?,
+                }
+            }
             Some(other) => return Err(bad(format!("unknown RoPE scaling type `{other}`"))),
         };
         let rms_eps = md
@@ -396,7 +479,27 @@ impl HyperParams {
                 .ok_or_else(|| bad(format!("{a}.logit_scale is missing (granite needs it)")))?;
         }
         let moe = moe(md, arch, n_ff)?;
-        Ok(Self {
+        let rope_attn_factor = md
+            .opt_f64(&key("rope.scaling.attn_factor"))?
+            .map_or(1.0, |v| v as f32);
+        let attn_temp = match (arch, opt_f32("attention.temperature_scale")?) {
+            (Arch::Mistral3, Some(scale)) => {
+                let floor = match rope_scaling {
+                    RopeScaling::Yarn {
+                        original_context, ..
+                    } => original_context,
+                    _ => n_ctx_train,
+                };
+                if floor == 0 {
+                    return Err(bad(format!(
+                        "{a}.attention.temperature_scale needs a nonzero original context"
+                    )));
+                }
+                Some(AttnTemperature { scale, floor })
+            }
+            _ => None,
+        };
+        let mut hp = Self {
             arch,
             n_layer,
             n_embd,
@@ -428,7 +531,47 @@ impl HyperParams {
             residual_scale,
             logit_scale,
             moe,
-        })
+            attn_temp,
+            rope_attn_factor,
+        };
+        let m = hp.rope_mscale();
+        if m != 1.0 && hp.rope_dim != hp.head_dim {
+            return Err(bad(format!(
+                "RoPE with a magnitude scale ({m}: YaRN or rope.scaling.attn_factor) over {} of {} \
+                 head dimensions is not supported",
+                hp.rope_dim, hp.head_dim
+            )));
+        }
+        hp.attn_scale *= m * m;
+        Ok(hp)
+    }
+
+    /// The factor llama.cpp's RoPE multiplies its cos and sin by (so q and
+    /// k both): `rope.scaling.attn_factor`, and under YaRN its magnitude
+    /// scale 1 + 0.1 ln(factor) (over 1 + 0.1 m ln(factor) where the file
+    /// gives a log multiplier m), as llama_context sets `yarn_attn_factor`
+    /// and ggml's rope_yarn applies it.
+    pub fn rope_mscale(&self) -> f32 {
+        let yarn = match self.rope_scaling {
+            RopeScaling::Yarn {
+                factor, log_mul, ..
+            } => {
+                let m = |mul: f32| {
+                    if factor <= 1.0 {
+                        1.0
+                    } else {
+                        0.1 * mul * factor.ln() + 1.0
+                    }
+                };
+                if log_mul != 0.0 {
+                    m(1.0) / m(log_mul)
+                } else {
+                    m(1.0)
+                }
+            }
+            _ => 1.0,
+        };
+        self.rope_attn_factor * yarn
     }
 
     /// Whether a layer's attention and FFN outputs are transformed (normed
@@ -609,7 +752,7 @@ fn moe(md: &Metadata, arch: Arch, n_ff: usize) -> Result<Option<Moe>> {
         }
         return Ok(None);
     }
-    if !matches!(arch, Arch::Llama | Arch::Qwen3Moe) {
+    if !matches!(arch, Arch::Llama | Arch::Qwen3Moe | Arch::Mistral3) {
         return Err(bad(format!("{a} with experts is not supported")));
     }
     let used = md.opt_usize(&key("expert_used_count"))?.unwrap_or(0);

@@ -44,6 +44,12 @@ pub struct Shape {
     pub attn_softcap: Option<f32>,
     /// A mixture of experts: (experts, used per token, their FFN size).
     pub moe: Option<(usize, usize, usize)>,
+    /// YaRN RoPE scaling: (factor, original context, beta_fast, beta_slow,
+    /// log multiplier; the last three written where not llama.cpp's
+    /// defaults 32, 1, 0).
+    pub yarn: Option<(f32, usize, f32, f32, f32)>,
+    /// `attention.temperature_scale` (mistral3).
+    pub attn_temp: Option<f32>,
 }
 
 /// The shapes the synthesizer knows: `tiny` matches the quant zoo.
@@ -66,6 +72,8 @@ const PLAIN: Shape = Shape {
     rope_linear: 1.0,
     attn_softcap: None,
     moe: None,
+    yarn: None,
+    attn_temp: None,
 };
 
 pub const SHAPES: &[Shape] = &[
@@ -207,6 +215,28 @@ pub const SHAPES: &[Shape] = &[
         n_ctx_train: 4096,
         rope_freq_base: 10000000.0,
         tied_output: true,
+        ..PLAIN
+    },
+    // Mistral 3's tiny test shape: YaRN (factor 16 over an original
+    // context of 8, betas 4 and 0.75, log multiplier 0.5) and the
+    // attention temperature from position 8, so a 16-token test crosses
+    // it. RoPE base 2 puts YaRN's ramp over pairs 0-25 of 32 (with base
+    // 10^6 and this context it would cover none).
+    Shape {
+        name: "mistral3-tiny",
+        arch: Arch::Mistral3,
+        head_dim: Some(64),
+        n_layer: 2,
+        n_embd: 128,
+        n_head: 4,
+        n_head_kv: 2,
+        n_ff: 384,
+        n_vocab: 512,
+        n_ctx_train: 512,
+        rope_freq_base: 2.0,
+        tied_output: false,
+        yarn: Some((16.0, 8, 4.0, 0.75, 0.5)),
+        attn_temp: Some(0.3),
         ..PLAIN
     },
     // Mixtures of experts: qwen3moe's tiny shape (8 experts, 3 a token),
@@ -480,6 +510,23 @@ pub fn metadata(shape: &Shape, ty: FileType) -> Metadata {
     if shape.rope_linear != 1.0 {
         md.insert(key("rope.scaling.type"), s("linear"));
         md.insert(key("rope.scaling.factor"), Value::F32(shape.rope_linear));
+    }
+    if let Some((factor, original, beta_fast, beta_slow, log_mul)) = shape.yarn {
+        md.insert(key("rope.scaling.type"), s("yarn"));
+        md.insert(key("rope.scaling.factor"), Value::F32(factor));
+        md.insert(key("rope.scaling.original_context_length"), u(original));
+        for (k, v, default) in [
+            ("rope.scaling.yarn_beta_fast", beta_fast, 32.0),
+            ("rope.scaling.yarn_beta_slow", beta_slow, 1.0),
+            ("rope.scaling.yarn_log_multiplier", log_mul, 0.0),
+        ] {
+            if v != default {
+                md.insert(key(k), Value::F32(v));
+            }
+        }
+    }
+    if let Some(t) = shape.attn_temp {
+        md.insert(key("attention.temperature_scale"), Value::F32(t));
     }
     md.insert(key("vocab_size"), u(shape.n_vocab));
     tokenizer_metadata(&mut md, shape.n_vocab);

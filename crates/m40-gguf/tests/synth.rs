@@ -299,3 +299,77 @@ fn granite_multipliers_are_read_and_the_logit_scale_is_required() {
     let e = HyperParams::from_metadata(&bare).unwrap_err().to_string();
     assert!(e.contains("granite.logit_scale"), "{e}");
 }
+
+/// YaRN and mistral3's temperature as llama.cpp reads them: mistral3 reads
+/// the betas and the log multiplier, other architectures take llama.cpp's
+/// defaults; the magnitude scale (llama.cpp prints 1.1218 for this file's
+/// `yarn_attn_factor`) goes into the score scale squared; the temperature
+/// starts at the original context.
+#[test]
+fn yarn_and_the_attention_temperature_read_as_llama_cpp_does() {
+    use m40_gguf::hparams::{AttnTemperature, RopeScaling};
+    use m40_gguf::synth::{metadata, FileType, Shape};
+    use m40_gguf::Value;
+    let md = metadata(
+        Shape::find("mistral3-tiny").unwrap(),
+        FileType::All(GgmlType::F32),
+    );
+    let hp = HyperParams::from_metadata(&md).unwrap();
+    assert_eq!(
+        hp.rope_scaling,
+        RopeScaling::Yarn {
+            factor: 16.0,
+            original_context: 8,
+            beta_fast: 4.0,
+            beta_slow: 0.75,
+            log_mul: 0.5
+        }
+    );
+    let m = hp.rope_mscale();
+    assert!((m - 1.1218).abs() < 1e-4, "{m}");
+    assert!((hp.attn_scale - m * m / 8.0).abs() < 1e-7);
+    assert_eq!(hp.max_context(), 512);
+    let t = hp.attn_temp.unwrap();
+    assert_eq!(
+        t,
+        AttnTemperature {
+            scale: 0.3,
+            floor: 8
+        }
+    );
+    assert_eq!((t.at(0), t.at(7)), (1.0, 1.0));
+    assert!((t.at(8) - (1.0 + 0.3 * 2f32.ln())).abs() < 1e-7);
+    // The ramp: extrapolated (1) below pair 0, interpolated (0) from pair
+    // 25 (corr dims 0 and ceil(64 ln(8 / (0.75 2 pi)) / (2 ln 2)) = 25).
+    let ramp = hp.rope_scaling.yarn_ramp(64, 2.0).unwrap();
+    assert_eq!(ramp.len(), 32);
+    assert_eq!((ramp[0], ramp[25], ramp[31]), (1.0, 0.0, 0.0));
+    assert!((ramp[5] - (1.0 - 5.0 / 25.0)).abs() < 1e-6);
+
+    // The same keys in a qwen3 file: betas and multiplier ignored (32, 1,
+    // none), so its scale is 1 + 0.1 ln 16; no temperature.
+    let mut q = m40_gguf::Metadata::new();
+    for (k, v) in md.iter() {
+        q.insert(k.replace("mistral3.", "qwen3."), v.clone());
+    }
+    q.insert("general.architecture", Value::String("qwen3".into()));
+    let hq = HyperParams::from_metadata(&q).unwrap();
+    assert!(matches!(
+        hq.rope_scaling,
+        RopeScaling::Yarn {
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            log_mul: 0.0,
+            ..
+        }
+    ));
+    assert!((hq.rope_mscale() - (1.0 + 0.1 * 16f32.ln())).abs() < 1e-6);
+    assert!(hq.attn_temp.is_none());
+
+    // rope.scaling.attn_factor scales every RoPE; with partial rotary
+    // dimensions that scale is refused, not misapplied.
+    let mut p = md.clone();
+    p.insert("mistral3.rope.dimension_count", Value::U32(32));
+    let e = HyperParams::from_metadata(&p).unwrap_err().to_string();
+    assert!(e.contains("32 of 64 head dimensions"), "{e}");
+}

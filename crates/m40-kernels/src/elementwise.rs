@@ -67,6 +67,54 @@ impl Kernels {
         self.map("softcap_f32", stream, x, n, c)
     }
 
+    /// mistral3's attention temperature on a step's queries x (`n_tok`
+    /// rows of `width`): row t times 1 + scale ln(floor(p / floor) + 1), p
+    /// its position, `pos[t]` where `per_token` (a batched step), else
+    /// `pos[0] + t` (one sequence). The positions are read on the device.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attn_temperature(
+        &self,
+        stream: &Stream,
+        x: &mut DeviceBuffer<f32>,
+        pos: &DeviceView<'_, i32>,
+        per_token: bool,
+        n_tok: usize,
+        width: usize,
+        scale: f32,
+        floor: usize,
+    ) -> Result<()> {
+        const K: &str = "attn_temp_f32";
+        check_len(K, "x", x.len(), n_tok * width)?;
+        check_len(K, "pos", pos.len(), if per_token { n_tok } else { 1 })?;
+        if floor == 0 {
+            return Err(shape(K, "floor 0".into()));
+        }
+        let kernel = self.kernel("elementwise", K)?;
+        let grid = (self.flat_grid(n_tok * width), 1, 1);
+        let (pt, n, w, fl) = (
+            per_token as i32,
+            to_i32(K, "n_tok", n_tok)?,
+            to_i32(K, "width", width)?,
+            to_i32(K, "floor", floor)?,
+        );
+        // SAFETY: attn_temp_f32 is (float* x, const int* pos, int
+        // per_token, int n_tok, int width, float s, int fl), grid-stride
+        // over n_tok * width elements of x; the lengths are checked above.
+        unsafe {
+            stream
+                .launch(&kernel)
+                .buf_mut(x)
+                .view(pos)
+                .scalar(&pt)
+                .scalar(&n)
+                .scalar(&w)
+                .scalar(&scale)
+                .scalar(&fl)
+                .run(cfg(grid, ELEMENTWISE_THREADS))?
+        };
+        Ok(())
+    }
+
     /// The kernels (float* x, long long n, float c) over x[..n].
     fn map(
         &self,

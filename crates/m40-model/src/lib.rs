@@ -16,7 +16,7 @@ pub(crate) mod host;
 
 use std::path::Path;
 
-use m40_gguf::hparams::{LayerNames, RopeScaling};
+use m40_gguf::hparams::LayerNames;
 use m40_gguf::{GgufFile, HyperParams, TensorView};
 
 pub use batch::{SeqStep, StepOut, Want};
@@ -182,11 +182,6 @@ impl Model {
 
     pub fn from_file(file: GgufFile) -> Result<Self> {
         let hp = HyperParams::from_file(&file)?;
-        if let RopeScaling::Yarn { .. } = hp.rope_scaling {
-            return Err(ModelError::Unsupported(
-                "YaRN RoPE scaling is not implemented yet".into(),
-            ));
-        }
         for (name, _) in hp.expected_tensors() {
             let info = file
                 .tensor_info(&name)

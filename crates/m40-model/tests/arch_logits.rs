@@ -87,6 +87,15 @@ fn granite_matches_llama_cpp() {
     check("granite-tiny", GgmlType::F16);
 }
 
+/// mistral3: YaRN (factor 16 over 8 positions, the file's betas and log
+/// multiplier: the ramp over pairs 0-25 and the magnitude scale 1.1218)
+/// and the attention temperature, which scales positions 8-15's queries.
+#[test]
+fn mistral3_matches_llama_cpp() {
+    check("mistral3-tiny", GgmlType::F32);
+    check("mistral3-tiny", GgmlType::F16);
+}
+
 /// qwen3moe: 8 experts, 3 a token (each token's router, softmax, top 3
 /// renormalized), Qwen3's attention.
 #[test]

@@ -60,10 +60,10 @@ fn batch_logits<T: AsRef<[u32]>>(
 /// (those of up to JOIN_CHUNK tokens joined, the others alone), then
 /// decode 4 tokens in batched steps of all of them; every sequence's
 /// logits each step against its CPU logits, fed the same tokens. Batches
-/// of 2 to 40 (the packed GEMV of a few tokens and the GEMM), seven shapes
+/// of 2 to 40 (the packed GEMV of a few tokens and the GEMM), eight shapes
 /// (3 and 2 query heads per KV head; qwen3's head norms; gemma's sliding
 /// windows, soft-caps and post-norms; granite's multipliers; qwen3moe's
-/// experts).
+/// experts; mistral3's YaRN and temperature, per-token positions).
 #[test]
 #[ignore = "needs a GPU"]
 fn batched_decode_matches_cpu() {
@@ -76,6 +76,7 @@ fn batched_decode_matches_cpu() {
         ("gemma3-tiny", GgmlType::Q4_0),
         ("granite-tiny", GgmlType::Q4_0),
         ("qwen3moe-tiny", GgmlType::Q8_0),
+        ("mistral3-tiny", GgmlType::Q4_0),
     ] {
         let model = synth(dir.path(), shape, ty);
         let cpu = CpuBackend::new(model.clone()).unwrap();

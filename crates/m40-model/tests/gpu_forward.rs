@@ -341,6 +341,21 @@ fn synth_granite_gpu_matches_cpu() {
     check_shape("granite-tiny", &types, &[1, 5, 17, 100], 32);
 }
 
+/// mistral3: YaRN's frequencies and magnitude scale, and the attention
+/// temperature (from position 8: every prompt past 8 tokens and every
+/// decode step after the first prompt's 8th token), one sequence at a time.
+#[test]
+#[ignore = "needs a GPU"]
+fn synth_mistral3_gpu_matches_cpu() {
+    gpu_device("synth_mistral3_gpu_matches_cpu");
+    let types = [
+        FileType::All(GgmlType::F32),
+        FileType::All(GgmlType::Q8_0),
+        FileType::All(GgmlType::Q4_0),
+    ];
+    check_shape("mistral3-tiny", &types, &[1, 5, 17, 100], 32);
+}
+
 /// The persistent decode kernel (`GpuOptions::persistent`) gives the
 /// logits of the launch-per-kernel graph: SmolLM2's shape (3 query heads
 /// per KV head, head dim 64) in Q4_0, Q8_0, F16 (every op in the program)

@@ -114,3 +114,64 @@ fn add_rows_matches_cpu() {
         check(&format!("add_rows {rows}x{width}"), &got, &want, |_| 0.0);
     }
 }
+
+/// mistral3's attention temperature against `AttnTemperature::at`: one
+/// sequence (pos[0] + t) and a batch (pos[t]), positions across several
+/// floors; the rows past n_tok (poisoned) must stay as they were.
+#[test]
+#[ignore = "needs a GPU"]
+fn attn_temperature_matches_cpu() {
+    use m40_gguf::hparams::AttnTemperature;
+    let (_dev, s, k, mut rng) = setup("attn_temperature_matches_cpu");
+    for (n_tok, width, floor, per_token) in
+        [(1, 128, 4, false), (37, 96, 8, false), (29, 160, 3, true)]
+    {
+        let t = AttnTemperature {
+            scale: rng.uniform(0.05, 0.5),
+            floor,
+        };
+        let pos: Vec<i32> = match per_token {
+            true => (0..n_tok).map(|_| rng.uniform(0.0, 100.0) as i32).collect(),
+            false => vec![rng.uniform(0.0, 50.0) as i32],
+        };
+        let x = rng.vec(n_tok * width, -3.0, 3.0);
+        let tail = width + 5;
+        let mut want = x.clone();
+        for (i, v) in want.iter_mut().enumerate() {
+            let row = i / width;
+            let p = if per_token {
+                pos[row]
+            } else {
+                pos[0] + row as i32
+            };
+            *v *= t.at(p as usize);
+        }
+        let mut buf = x.clone();
+        buf.extend(std::iter::repeat_n(f32::NAN, tail));
+        let mut xg = s.upload(&buf, "x").unwrap();
+        let pg = s.upload(&pos, "pos").unwrap();
+        k.attn_temperature(
+            &s,
+            &mut xg,
+            &pg.view(),
+            per_token,
+            n_tok,
+            width,
+            t.scale,
+            t.floor,
+        )
+        .unwrap();
+        let got = s.download(&xg).unwrap();
+        let what = format!("attn_temp {n_tok}x{width} floor {floor} per_token {per_token}");
+        check(&what, &got[..n_tok * width], &want, |i| {
+            2e-6 * want[i].abs() as f64
+        });
+        assert!(
+            got[n_tok * width..].iter().all(|v| v.is_nan()),
+            "{what}: wrote past n_tok rows"
+        );
+        assert!(k
+            .attn_temperature(&s, &mut xg, &pg.view(), per_token, n_tok, width, t.scale, 0)
+            .is_err());
+    }
+}

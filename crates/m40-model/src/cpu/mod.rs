@@ -237,7 +237,8 @@ impl CpuBackend {
     /// sequence's cache up to and including its position (on a
     /// sliding-window layer, its `window` newest keys): `at[i]` = (the
     /// cache of token i, its position). q: (n, n_head*hd); out likewise.
-    /// Scores are q.k times the model's scale, soft-capped where it says.
+    /// Scores are q.k times the model's scale (and the query's temperature
+    /// where the model has one), soft-capped where it says.
     /// Each (token, KV head) is computed alone, in the same order whatever
     /// else the step holds.
     fn attention(
@@ -266,6 +267,8 @@ impl CpuBackend {
                 let (kc, vc, kv_dim) = (&cache.k[layer], &cache.v[layer], cache.kv_dim);
                 let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
                 let len = pos + 1 - first;
+                // mistral3's temperature scales the queries by position.
+                let scale = scale * hp.attn_temp.map_or(1.0, |t| t.at(pos));
                 let qh = &q[i * hp.n_head * hd + g * group * hd..][..group * hd];
                 let mut scores = vec![0f32; group * len];
                 let mut row = vec![0f32; hd];
@@ -628,6 +631,8 @@ mod tests {
             residual_scale: 1.0,
             logit_scale: 1.0,
             moe: None,
+            attn_temp: None,
+            rope_attn_factor: 1.0,
         }
     }
 

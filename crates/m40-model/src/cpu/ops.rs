@@ -1,7 +1,7 @@
 //! The element-wise and normalization operations of the forward pass. These
 //! are also the CPU references for the GPU kernels of the same names.
 
-use m40_gguf::hparams::RopeStyle;
+use m40_gguf::hparams::{RopeScaling, RopeStyle};
 
 /// `x = x / sqrt(mean(x^2) + eps) * w`, row by row. x: (n, d); w: (d).
 pub fn rmsnorm(x: &mut [f32], w: &[f32], eps: f32) {
@@ -53,15 +53,27 @@ impl Rope {
     }
 
     /// The RoPE of `model`'s global layers (and of every layer without a
-    /// sliding window): its style, dimension and base, linear scaling, and
-    /// the per-dimension factors of `rope_freqs.weight` when present.
+    /// sliding window): its style, dimension and base, linear or YaRN
+    /// scaling, and the per-dimension factors of `rope_freqs.weight` when
+    /// present. YaRN's angles are theta_i (1 - r_i) / factor + theta_i r_i
+    /// (its ramp r), one frequency per pair; its magnitude scale is in the
+    /// attention's score scale (`HyperParams::attn_scale`).
     pub fn for_model(model: &crate::Model) -> crate::Result<Self> {
         let hp = model.hparams();
         let linear = match hp.rope_scaling {
-            m40_gguf::hparams::RopeScaling::Linear { factor } => factor,
+            RopeScaling::Linear { factor } => factor,
             _ => 1.0,
         };
-        Self::with_base(model, hp.rope_freq_base, linear)
+        let mut rope = Self::with_base(model, hp.rope_freq_base, linear)?;
+        if let (RopeScaling::Yarn { factor, .. }, Some(ramp)) = (
+            hp.rope_scaling,
+            hp.rope_scaling.yarn_ramp(hp.rope_dim, hp.rope_freq_base),
+        ) {
+            for (f, r) in rope.inv_freq.iter_mut().zip(ramp) {
+                *f *= (1.0 - r) / factor + r;
+            }
+        }
+        Ok(rope)
     }
 
     /// The RoPE of `model`'s sliding-window layers, where it has them:

@@ -584,6 +584,10 @@ impl GpuBackend {
                     },
                 }
             }
+            if let Some(t) = hp.attn_temp {
+                let per_token = tab.is_some();
+                k.attn_temperature(s, &mut w.q, &pos_v, per_token, n, q_dim, t.scale, t.floor)?;
+            }
             let inputs = AttnInputs {
                 q: &w.q.slice(0..n * q_dim)?,
                 kpool: &pools.k[l].view(),
