@@ -215,7 +215,7 @@ fn fit_scale_min(
 /// `rmse_type` 1 and no importance weights, in its float operation order.
 /// The levels it leaves in `levels` (offset by nmax) are used only where the
 /// block's final scale rounds to zero.
-fn fit_scale_symmetric(nmax: i32, x: &[f32], levels: &mut [i8]) -> f32 {
+fn fit_scale_symmetric(nmax: i32, x: &[f32], levels: &mut [i8], search: bool) -> f32 {
     let (mut max, mut amax) = (0f32, 0f32);
     for &v in x {
         if v.abs() > amax {
@@ -245,7 +245,7 @@ fn fit_scale_symmetric(nmax: i32, x: &[f32], levels: &mut [i8]) -> f32 {
     let (sumlx, suml2) = sums(iscale);
     let mut scale = if suml2 != 0.0 { sumlx / suml2 } else { 0.0 };
     let mut best = scale * sumlx;
-    for is in (-9..=9).filter(|&is| is != 0) {
+    for is in (-9..=9).filter(|&is| search && is != 0) {
         let iscale = -(nmax as f32 + 0.1 * is as f32) / max;
         let (sumlx, suml2) = sums(iscale);
         if suml2 > 0.0 && sumlx * sumlx > best * suml2 {
@@ -264,6 +264,14 @@ fn fit_scale_symmetric(nmax: i32, x: &[f32], levels: &mut [i8]) -> f32 {
 /// scales and 8 mins quantized to 6 bits against their maxima, then every
 /// element requantized against the stored scale and min.
 pub fn block_q4_k(x: &[f32]) -> BlockQ4K {
+    block_q4_k_fit(x, true)
+}
+
+/// [`block_q4_k`] with or without the 20-candidate sweep of its scale fits
+/// (without: each sub-block's first fit, 21x less arithmetic; for random
+/// synthetic weights, where llama-quantize's exact choices do not matter).
+pub fn block_q4_k_fit(x: &[f32], search: bool) -> BlockQ4K {
+    let nstep = if search { 20 } else { -1 };
     let mut levels = [0u8; QK_K];
     let (mut scales, mut mins) = ([0f32; 8], [0f32; 8]);
     for (j, xs) in x.chunks_exact(32).enumerate() {
@@ -274,7 +282,7 @@ pub fn block_q4_k(x: &[f32]) -> BlockQ4K {
             *w = av_x + v.abs();
         }
         let l = &mut levels[32 * j..32 * j + 32];
-        (scales[j], mins[j]) = fit_scale_min(15, xs, &weights, l, (-1.0, 0.1, 20));
+        (scales[j], mins[j]) = fit_scale_min(15, xs, &weights, l, (-1.0, 0.1, nstep));
     }
     let max_scale = scales.iter().fold(0f32, |a, &s| if s > a { s } else { a });
     let max_min = mins.iter().fold(0f32, |a, &m| if m > a { m } else { a });
@@ -328,11 +336,17 @@ pub fn block_q4_k(x: &[f32]) -> BlockQ4K {
 /// fitted by [`fit_scale_symmetric`], the 16 scales quantized to signed 8
 /// bits against the largest, every element requantized to 6 bits.
 pub fn block_q6_k(x: &[f32]) -> BlockQ6K {
+    block_q6_k_fit(x, true)
+}
+
+/// [`block_q6_k`] with or without the 18-candidate sweep of its scale fits
+/// (as [`block_q4_k_fit`]).
+pub fn block_q6_k_fit(x: &[f32], search: bool) -> BlockQ6K {
     let mut levels = [0i8; QK_K];
     let mut scales = [0f32; QK_K / 16];
     let (mut max_scale, mut max_abs) = (0f32, 0f32);
     for (ib, xs) in x.chunks_exact(16).enumerate() {
-        let s = fit_scale_symmetric(32, xs, &mut levels[16 * ib..16 * ib + 16]);
+        let s = fit_scale_symmetric(32, xs, &mut levels[16 * ib..16 * ib + 16], search);
         scales[ib] = s;
         if s.abs() > max_abs {
             max_abs = s.abs();
