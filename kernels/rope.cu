@@ -1,8 +1,10 @@
 // Rotary position embedding: for each token t, head h and pair i < n_rot /
 // 2, rotate (x[a], x[b]) by theta = pos[t] * pos_scale * inv_freq[i], where
 // (a, b) = (2i, 2i+1) for the normal style (llama) and (i, i + n_rot/2) for
-// NeoX (qwen2). Dimensions from n_rot up pass through. inv_freq (n_rot / 2)
-// FP32: base^(-2i/n_rot), divided by any per-dimension factors. The queries
+// NeoX (qwen2), and multiply it by m = inv_freq[n_rot / 2] (llama.cpp's
+// scale of cos and sin: YaRN's magnitude, rope.scaling.attn_factor; 1
+// without). Dimensions from n_rot up pass through. inv_freq (n_rot / 2 + 1)
+// FP32: base^(-2i/n_rot), divided by any per-dimension factors, then m. The queries
 // are rotated in place and the keys on their way into the KV cache
 // (rope_kv_*_f32 below, one launch with the values beside them). Each block
 // first computes the sin/cos of its token's pairs into shared memory (once
@@ -19,16 +21,16 @@
 #define ROPE_THREADS 256
 #define ROPE_MAX_HALF 128  // head_dim <= 256
 
-// The sin/cos of token position p's pairs into the block's table cs, then
-// a barrier.
+// The sin/cos of token position p's pairs, times the magnitude scale
+// inv_freq[half], into the block's table cs, then a barrier.
 __device__ __forceinline__ void rope_table(float (*cs)[ROPE_MAX_HALF], int pos, const float* inv_freq, int half,
                                            float pos_scale) {
-    const float p = (float)pos * pos_scale;
+    const float p = (float)pos * pos_scale, m = inv_freq[half];
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         float sn, c;
         rope_sin_cos(p, inv_freq[i], &sn, &c);
-        cs[0][i] = sn;
-        cs[1][i] = c;
+        cs[0][i] = sn * m;
+        cs[1][i] = c * m;
     }
     __syncthreads();
 }

@@ -2,6 +2,9 @@
 // JSON: {"token_ids": [...], "n_vocab": V, "logits": [[V floats] per position]}.
 // Built against the llama.cpp of the PyPI sdist by scripts/llamacpp-logits.sh.
 //   llamacpp_logits MODEL.gguf ID ID ...
+// The context is 64 tokens (or the sequence's length if longer), or
+// LLAMACPP_N_CTX where set (LongRoPE chooses its factors by it); the JSON
+// records it as "n_ctx".
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -23,6 +26,8 @@ int main(int argc, char **argv) {
     }
     struct llama_context_params cp = llama_context_default_params();
     cp.n_ctx = n < 64 ? 64 : n;
+    const char *nc = getenv("LLAMACPP_N_CTX");
+    if (nc && atoi(nc) > n) cp.n_ctx = atoi(nc);
     cp.n_batch = cp.n_ctx;
     cp.n_ubatch = cp.n_ctx;
     cp.n_threads = 1;
@@ -48,7 +53,7 @@ int main(int argc, char **argv) {
     }
     printf("{\"token_ids\": [");
     for (int i = 0; i < n; i++) printf("%s%d", i ? ", " : "", b.token[i]);
-    printf("], \"n_vocab\": %d, \"logits\": [", n_vocab);
+    printf("], \"n_vocab\": %d, \"n_ctx\": %u, \"logits\": [", n_vocab, cp.n_ctx);
     for (int i = 0; i < n; i++) {
         const float *l = llama_get_logits_ith(ctx, i);
         printf("%s[", i ? ",\n" : "\n");

@@ -30,7 +30,7 @@ pub struct Args {
     pub model: Option<String>,
     /// Generate a random-weight model of this shape instead: tiny,
     /// smollm2-135m, llama-1b, llama-8b, qwen3-tiny, qwen3-8b, gemma2-tiny,
-    /// gemma3-tiny, gemma3-12b, granite-tiny, mistral3-tiny, qwen3moe-tiny,
+    /// gemma3-tiny, gemma3-12b, granite-tiny, mistral3-tiny, phi3-tiny, qwen3moe-tiny,
     /// mixtral-tiny or qwen3-30b-a3b.
     #[arg(long, conflicts_with = "model")]
     pub shape: Option<String>,

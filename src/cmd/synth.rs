@@ -10,7 +10,7 @@ use m40_gguf::synth::{write_model, FileType, Shape, SynthOptions, SHAPES};
 pub struct Args {
     /// Model shape: tiny, smollm2-135m, llama-1b, llama-8b (llama); qwen3-tiny,
     /// qwen3-8b (qwen3); gemma2-tiny (gemma2); gemma3-tiny, gemma3-12b (gemma3);
-    /// granite-tiny (granite); mistral3-tiny (mistral3); qwen3moe-tiny,
+    /// granite-tiny (granite); mistral3-tiny (mistral3); phi3-tiny (phi3); qwen3moe-tiny,
     /// qwen3-30b-a3b (qwen3moe); mixtral-tiny (llama with experts).
     #[arg(long)]
     pub shape: String,

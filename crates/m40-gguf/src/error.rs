@@ -51,7 +51,7 @@ pub enum GgufError {
         expected: Vec<u64>,
         found: Vec<u64>,
     },
-    #[error("unsupported architecture `{0}`: m40-llm runs the llama family (llama, mistral, mixtral, smollm, tinyllama), qwen2, qwen3, qwen3moe, gemma2, gemma3, granite and mistral3")]
+    #[error("unsupported architecture `{0}`: m40-llm runs the llama family (llama, mistral, mixtral, smollm, tinyllama), qwen2, qwen3, qwen3moe, gemma2, gemma3, granite, mistral3 and phi3")]
     UnsupportedArchitecture(String),
     #[error("invalid hyperparameters: {0}")]
     BadHyperparameters(String),

@@ -206,6 +206,55 @@ impl GgufFile {
         self.index.get(name).map(|&i| &self.tensors[i])
     }
 
+    /// Replace the 2-D tensor `name` by consecutive row ranges of it, each
+    /// a tensor of its own (`parts`: name and rows, in order, covering all
+    /// its rows; a part may take the whole tensor's name): phi3's fused
+    /// Q/K/V and gate/up, seen as the matrices the forward pass reads. The
+    /// bytes are the file's, not copied.
+    pub fn split_rows(&mut self, name: &str, parts: &[(String, usize)]) -> Result<()> {
+        let bad = |what: String| GgufError::BadTensor {
+            name: name.to_string(),
+            what,
+        };
+        let Some(&i) = self.index.get(name) else {
+            return Err(bad("missing".into()));
+        };
+        let info = self.tensors[i].clone();
+        let rows: usize = parts.iter().map(|p| p.1).sum();
+        if info.shape.len() != 2 || rows != info.n_rows() {
+            return Err(bad(format!(
+                "shape {:?} cannot be split into rows {:?}",
+                info.shape,
+                parts.iter().map(|p| p.1).collect::<Vec<_>>()
+            )));
+        }
+        let rb = info.row_bytes() as u64;
+        self.index.remove(name);
+        let mut first = 0u64;
+        for (k, (part, n)) in parts.iter().enumerate() {
+            let t = TensorInfo {
+                name: part.clone(),
+                ty: info.ty,
+                shape: vec![info.shape[0], *n as u64],
+                offset: info.offset + first * rb,
+                n_bytes: *n as u64 * rb,
+            };
+            first += *n as u64;
+            // The first part reuses the tensor's slot, the rest are added.
+            let slot = if k == 0 {
+                self.tensors[i] = t;
+                i
+            } else {
+                self.tensors.push(t);
+                self.tensors.len() - 1
+            };
+            if self.index.insert(part.clone(), slot).is_some() {
+                return Err(bad(format!("part `{part}` names an existing tensor")));
+            }
+        }
+        Ok(())
+    }
+
     /// A zero-copy view of a tensor's data.
     pub fn tensor(&self, name: &str) -> Option<TensorView<'_>> {
         self.tensor_info(name).map(|info| self.view(info))

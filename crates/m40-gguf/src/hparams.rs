@@ -36,6 +36,11 @@ pub enum Arch {
     /// experts as Mixtral's), YaRN RoPE, and optionally llama 4's attention
     /// temperature (`attention.temperature_scale`).
     Mistral3,
+    /// Phi-3 / Phi-4 (`phi3`): llama's layer with Q/K/V in one matrix
+    /// (`attn_qkv`) and gate and up in one (`ffn_up`, gate first), NeoX
+    /// RoPE, LongRoPE's per-dimension factors (`rope_factors_long` and
+    /// `_short`) where the file has them.
+    Phi3,
 }
 
 impl Arch {
@@ -49,6 +54,7 @@ impl Arch {
             "gemma3" => Ok(Arch::Gemma3),
             "granite" => Ok(Arch::Granite),
             "mistral3" => Ok(Arch::Mistral3),
+            "phi3" => Ok(Arch::Phi3),
             other => Err(GgufError::UnsupportedArchitecture(other.to_string())),
         }
     }
@@ -57,9 +63,12 @@ impl Arch {
     pub fn rope_style(self) -> RopeStyle {
         match self {
             Arch::Llama | Arch::Granite | Arch::Mistral3 => RopeStyle::Normal,
-            Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma2 | Arch::Gemma3 => {
-                RopeStyle::Neox
-            }
+            Arch::Qwen2
+            | Arch::Qwen3
+            | Arch::Qwen3Moe
+            | Arch::Gemma2
+            | Arch::Gemma3
+            | Arch::Phi3 => RopeStyle::Neox,
         }
     }
 
@@ -89,6 +98,7 @@ impl Arch {
             Arch::Gemma3 => "gemma3",
             Arch::Granite => "granite",
             Arch::Mistral3 => "mistral3",
+            Arch::Phi3 => "phi3",
         }
     }
 }
@@ -218,6 +228,10 @@ pub struct HyperParams {
     pub n_ff: usize,
     pub n_vocab: usize,
     pub n_ctx_train: usize,
+    /// `rope.scaling.original_context_length`, else the trained context
+    /// (llama.cpp's n_ctx_orig_yarn): LongRoPE takes its long factors for
+    /// contexts beyond it, its short ones up to it.
+    pub n_ctx_orig: usize,
     pub rope_freq_base: f32,
     pub rope_dim: usize,
     pub rope_style: RopeStyle,
@@ -235,8 +249,7 @@ pub struct HyperParams {
     /// Token embeddings are multiplied by this (gemma: sqrt(n_embd)).
     pub embd_scale: f32,
     /// Attention scores are q.k times this (1/sqrt(head_dim) but for
-    /// gemma's 27B models and granite; times [`Self::rope_mscale`] squared,
-    /// the factor llama.cpp's RoPE applies to both q and k).
+    /// gemma's 27B models and granite).
     pub attn_scale: f32,
     /// The queries' temperature by position (mistral3 where its file asks).
     pub attn_temp: Option<AttnTemperature>,
@@ -259,6 +272,10 @@ pub struct HyperParams {
     /// The FFN is a mixture of experts (every layer).
     pub moe: Option<Moe>,
 }
+
+/// A fused matrix of a file: its name, its row length, and its parts' names
+/// and rows, in order ([`HyperParams::fused_tensors`]).
+pub type Fused = (String, usize, Vec<(String, usize)>);
 
 /// The names of one layer's tensors.
 #[derive(Clone, Debug)]
@@ -499,7 +516,7 @@ impl HyperParams {
             }
             _ => None,
         };
-        let mut hp = Self {
+        Ok(Self {
             arch,
             n_layer,
             n_embd,
@@ -509,6 +526,10 @@ impl HyperParams {
             n_ff,
             n_vocab,
             n_ctx_train,
+            n_ctx_orig: md
+                .opt_usize(&key("rope.scaling.original_context_length"))?
+                .filter(|&n| n > 0)
+                .unwrap_or(n_ctx_train),
             rope_freq_base,
             rope_dim,
             rope_style: arch.rope_style(),
@@ -533,17 +554,7 @@ impl HyperParams {
             moe,
             attn_temp,
             rope_attn_factor,
-        };
-        let m = hp.rope_mscale();
-        if m != 1.0 && hp.rope_dim != hp.head_dim {
-            return Err(bad(format!(
-                "RoPE with a magnitude scale ({m}: YaRN or rope.scaling.attn_factor) over {} of {} \
-                 head dimensions is not supported",
-                hp.rope_dim, hp.head_dim
-            )));
-        }
-        hp.attn_scale *= m * m;
-        Ok(hp)
+        })
     }
 
     /// The factor llama.cpp's RoPE multiplies its cos and sin by (so q and
@@ -614,7 +625,29 @@ impl HyperParams {
                 });
             }
         }
-        for (name, shape) in hp.expected_tensors() {
+        // Fused matrices (phi3) stand for their parts where the file has
+        // them.
+        let fused: Vec<(String, Vec<u64>)> = hp
+            .fused_tensors()
+            .into_iter()
+            .filter(|(name, _, _)| file.tensor_info(name).is_some())
+            .map(|(name, cols, parts)| {
+                let rows = parts.iter().map(|p| p.1 as u64).sum();
+                (name, vec![cols as u64, rows])
+            })
+            .collect();
+        let parts: Vec<String> = hp
+            .fused_tensors()
+            .into_iter()
+            .filter(|(name, _, _)| file.tensor_info(name).is_some())
+            .flat_map(|(_, _, parts)| parts.into_iter().map(|p| p.0))
+            .collect();
+        let want = hp
+            .expected_tensors()
+            .into_iter()
+            .filter(|(name, _)| !parts.contains(name))
+            .chain(fused);
+        for (name, shape) in want {
             let info = file
                 .tensor_info(&name)
                 .ok_or_else(|| GgufError::MissingTensor(name.clone()))?;
@@ -629,8 +662,68 @@ impl HyperParams {
         Ok(hp)
     }
 
+    /// phi3's fused matrices: per layer `attn_qkv` (n_embd columns; the Q,
+    /// K and V rows) and `ffn_up` (gate rows, then up rows), each with its
+    /// parts' names and rows. Empty for the other architectures.
+    pub fn fused_tensors(&self) -> Vec<Fused> {
+        if self.arch != Arch::Phi3 {
+            return Vec::new();
+        }
+        let (q, kv) = (self.n_head * self.head_dim, self.n_head_kv * self.head_dim);
+        (0..self.n_layer)
+            .flat_map(|l| {
+                let n = LayerNames::new(l);
+                [
+                    (
+                        format!("blk.{l}.attn_qkv.weight"),
+                        self.n_embd,
+                        vec![(n.wq, q), (n.wk, kv), (n.wv, kv)],
+                    ),
+                    (
+                        n.ffn_up.clone(),
+                        self.n_embd,
+                        vec![(n.ffn_gate, self.n_ff), (n.ffn_up, self.n_ff)],
+                    ),
+                ]
+            })
+            .collect()
+    }
+
+    /// [`Self::expected_tensors`] as a phi3 file lays them out: each group
+    /// of [`Self::fused_tensors`] as its fused matrix, where its first part
+    /// would be.
+    pub fn file_tensors(&self) -> Vec<(String, Vec<u64>)> {
+        let fused = self.fused_tensors();
+        let mut out = Vec::new();
+        for (name, shape) in self.expected_tensors() {
+            match fused.iter().find(|f| f.2.iter().any(|p| p.0 == name)) {
+                Some((f, cols, parts)) if parts[0].0 == name => {
+                    let rows = parts.iter().map(|p| p.1 as u64).sum();
+                    out.push((f.clone(), vec![*cols as u64, rows]));
+                }
+                Some(_) => {}
+                None => out.push((name, shape)),
+            }
+        }
+        out
+    }
+
+    /// Split the fused matrices `file` holds (see [`Self::fused_tensors`])
+    /// into their parts' names, so the forward passes read phi3 as llama.
+    /// A file with separate Q, K and V keeps them.
+    pub fn unfuse(&self, file: &mut GgufFile) -> Result<()> {
+        for (name, _, parts) in self.fused_tensors() {
+            let rows: usize = parts.iter().map(|p| p.1).sum();
+            if file.tensor_info(&name).is_some_and(|t| t.n_rows() == rows) {
+                file.split_rows(&name, &parts)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Every tensor the model needs, with its GGUF shape (row length first), in
-    /// the order llama.cpp writes them.
+    /// the order llama.cpp writes them (phi3's fused matrices as their
+    /// parts: [`Self::fused_tensors`]).
     pub fn expected_tensors(&self) -> Vec<(String, Vec<u64>)> {
         let (d, q, kv, ff, v) = (
             self.n_embd as u64,

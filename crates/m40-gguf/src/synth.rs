@@ -53,6 +53,9 @@ pub struct Shape {
     pub yarn: Option<(f32, usize, f32, f32, f32)>,
     /// `attention.temperature_scale` (mistral3).
     pub attn_temp: Option<f32>,
+    /// LongRoPE (phi3): the original context, `rope.scaling.attn_factor`,
+    /// and `rope_factors_long` / `_short` tensors.
+    pub longrope: Option<(usize, f32)>,
 }
 
 /// The shapes the synthesizer knows: `tiny` matches the quant zoo.
@@ -77,6 +80,7 @@ const PLAIN: Shape = Shape {
     moe: None,
     yarn: None,
     attn_temp: None,
+    longrope: None,
 };
 
 pub const SHAPES: &[Shape] = &[
@@ -240,6 +244,25 @@ pub const SHAPES: &[Shape] = &[
         tied_output: false,
         yarn: Some((16.0, 8, 4.0, 0.75, 0.5)),
         attn_temp: Some(0.3),
+        ..PLAIN
+    },
+    // Phi-3's tiny test shape: fused Q/K/V and gate/up, LongRoPE factors
+    // over an original context of 256 (the short ones for contexts up to
+    // it, the long ones beyond; llama.cpp rounds its context up to a
+    // multiple of 256 before it chooses) and its attention factor.
+    Shape {
+        name: "phi3-tiny",
+        arch: Arch::Phi3,
+        n_layer: 2,
+        n_embd: 256,
+        n_head: 4,
+        n_head_kv: 2,
+        n_ff: 384,
+        n_vocab: 512,
+        n_ctx_train: 1024,
+        rope_freq_base: 10000.0,
+        tied_output: false,
+        longrope: Some((256, 1.2)),
         ..PLAIN
     },
     // Mixtures of experts: qwen3moe's tiny shape (8 experts, 3 a token),
@@ -433,12 +456,17 @@ impl std::fmt::Display for FileType {
 /// A byte-level SentencePiece vocabulary: `<unk>`, `<s>`, `</s>`, the 256
 /// byte tokens `<0x00>`..`<0xFF>` (so any text tokenizes through byte
 /// fallback), padded with unused tokens to `n_vocab`.
-fn tokenizer_metadata(md: &mut Metadata, n_vocab: usize) {
+fn tokenizer_metadata(md: &mut Metadata, n_vocab: usize, arch: Arch) {
     let mut tokens = vec!["<unk>".to_string(), "<s>".to_string(), "</s>".to_string()];
     let mut types = vec![2i32, 3, 3];
     for b in 0..=255u8 {
         tokens.push(format!("<0x{b:02X}>"));
         types.push(6);
+    }
+    // llama.cpp's vocabulary loader looks this token up in phi3 models.
+    if arch == Arch::Phi3 {
+        tokens.push("<|endoftext|>".into());
+        types.push(3);
     }
     while tokens.len() < n_vocab {
         tokens.push(format!("<unused{}>", tokens.len()));
@@ -528,11 +556,15 @@ pub fn metadata(shape: &Shape, ty: FileType) -> Metadata {
             }
         }
     }
+    if let Some((original, attn_factor)) = shape.longrope {
+        md.insert(key("rope.scaling.original_context_length"), u(original));
+        md.insert(key("rope.scaling.attn_factor"), Value::F32(attn_factor));
+    }
     if let Some(t) = shape.attn_temp {
         md.insert(key("attention.temperature_scale"), Value::F32(t));
     }
     md.insert(key("vocab_size"), u(shape.n_vocab));
-    tokenizer_metadata(&mut md, shape.n_vocab);
+    tokenizer_metadata(&mut md, shape.n_vocab, shape.arch);
     md
 }
 
@@ -548,7 +580,8 @@ enum Init {
 fn init_for(name: &str, hp: &HyperParams) -> Init {
     let d = hp.n_embd as f32;
     let residual = (2.0 * hp.n_layer as f32).sqrt();
-    if name.ends_with("norm.weight") {
+    // LongRoPE's factors divide frequencies: near 1, like a norm's weights.
+    if name.ends_with("norm.weight") || name.starts_with("rope_factors_") {
         Init::Norm
     } else if name == TOKEN_EMBD {
         Init::Uniform(d.powf(-0.25))
@@ -678,8 +711,13 @@ pub fn write_model<W: Write>(
     }
     let hp = opts.shape.hparams();
     let md = metadata(opts.shape, opts.ty);
-    let specs: Vec<TensorSpec> = hp
-        .expected_tensors()
+    let mut tensors = hp.file_tensors();
+    if opts.shape.longrope.is_some() {
+        for n in ["rope_factors_long.weight", "rope_factors_short.weight"] {
+            tensors.push((n.to_string(), vec![hp.rope_dim as u64 / 2]));
+        }
+    }
+    let specs: Vec<TensorSpec> = tensors
         .into_iter()
         .map(|(name, shape)| {
             // Routers stay F32, as llama-quantize leaves them.

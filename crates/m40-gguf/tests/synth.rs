@@ -327,7 +327,7 @@ fn yarn_and_the_attention_temperature_read_as_llama_cpp_does() {
     );
     let m = hp.rope_mscale();
     assert!((m - 1.1218).abs() < 1e-4, "{m}");
-    assert!((hp.attn_scale - m * m / 8.0).abs() < 1e-7);
+    assert_eq!(hp.attn_scale, 1.0 / 8.0);
     assert_eq!(hp.max_context(), 512);
     let t = hp.attn_temp.unwrap();
     assert_eq!(
@@ -366,10 +366,62 @@ fn yarn_and_the_attention_temperature_read_as_llama_cpp_does() {
     assert!((hq.rope_mscale() - (1.0 + 0.1 * 16f32.ln())).abs() < 1e-6);
     assert!(hq.attn_temp.is_none());
 
-    // rope.scaling.attn_factor scales every RoPE; with partial rotary
-    // dimensions that scale is refused, not misapplied.
+    // rope.scaling.attn_factor scales every RoPE, YaRN's or not.
     let mut p = md.clone();
-    p.insert("mistral3.rope.dimension_count", Value::U32(32));
-    let e = HyperParams::from_metadata(&p).unwrap_err().to_string();
-    assert!(e.contains("32 of 64 head dimensions"), "{e}");
+    p.insert("mistral3.rope.scaling.attn_factor", Value::F32(1.5));
+    let hp = HyperParams::from_metadata(&p).unwrap();
+    assert!((hp.rope_mscale() - 1.5 * m).abs() < 1e-5);
+}
+
+/// phi3 as llama.cpp lays it out: Q/K/V in one matrix and gate/up in one
+/// (gate first) in the file, read as their parts; the original context
+/// LongRoPE chooses by.
+#[test]
+fn phi3_fused_matrices_are_split_into_their_parts() {
+    use m40_gguf::synth::{write_model, FileType, Shape, SynthOptions};
+    let shape = Shape::find("phi3-tiny").unwrap();
+    let opts = SynthOptions {
+        shape,
+        ty: FileType::All(GgmlType::Q8_0),
+        seed: 0,
+    };
+    let bytes = write_model(Vec::new(), &opts, |_, _| {}).unwrap();
+    let mut f = m40_gguf::GgufFile::from_bytes(bytes).unwrap();
+    let hp = HyperParams::from_file(&f).unwrap();
+    assert_eq!((hp.n_ctx_train, hp.n_ctx_orig), (1024, 256));
+    assert!((hp.rope_mscale() - 1.2).abs() < 1e-6);
+    let qkv = f.tensor_info("blk.1.attn_qkv.weight").unwrap().clone();
+    let up = f.tensor_info("blk.1.ffn_up.weight").unwrap().clone();
+    assert_eq!(
+        (qkv.shape.clone(), up.shape.clone()),
+        (vec![256, 512], vec![256, 768])
+    );
+    assert!(f.tensor_info("blk.1.attn_q.weight").is_none());
+    hp.unfuse(&mut f).unwrap();
+    assert!(f.tensor_info("blk.1.attn_qkv.weight").is_none());
+    let rb = qkv.row_bytes() as u64;
+    for (name, rows, first) in [
+        ("attn_q", 256, 0),
+        ("attn_k", 128, 256),
+        ("attn_v", 128, 384),
+    ] {
+        let t = f.tensor_info(&format!("blk.1.{name}.weight")).unwrap();
+        assert_eq!(t.shape, vec![256, rows], "{name}");
+        assert_eq!(t.offset, qkv.offset + first * rb, "{name}");
+    }
+    let (g, u) = (
+        f.tensor_info("blk.1.ffn_gate.weight").unwrap(),
+        f.tensor_info("blk.1.ffn_up.weight").unwrap(),
+    );
+    assert_eq!((g.offset, u.offset), (up.offset, up.offset + 384 * rb));
+    assert_eq!(
+        (g.shape.clone(), u.shape.clone()),
+        (vec![256, 384], vec![256, 384])
+    );
+    // Splitting twice, or into rows that do not add up, is an error.
+    let e = f
+        .split_rows("blk.1.ffn_up.weight", &[("x".into(), 1)])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("cannot be split"), "{e}");
 }

@@ -48,7 +48,10 @@ pub struct KvAppend<'a, 'c> {
     /// pos[t]: token t's position (read on the device; `max_start` bounds
     /// pos[0], and the positions after it follow on: pos[t] = pos[0] + t).
     pub pos: &'a DeviceView<'a, i32>,
-    /// (n_rot / 2): base^(-2i/n_rot) with any per-dimension factors applied.
+    /// (n_rot / 2 + 1): base^(-2i/n_rot) with any per-dimension factors
+    /// applied, then the magnitude scale of the rotated dimensions
+    /// (`Rope::device_table`; the one-token GEMVs that rotate read only the
+    /// frequencies: their callers keep them to a scale of 1).
     pub inv_freq: &'a DeviceView<'a, f32>,
     pub p: &'a RopeParams,
     pub kpool: &'c mut DeviceBuffer<u16>,
@@ -178,7 +181,7 @@ impl Kernels {
         check_len(K, "q", q.len(), n_tok * p.n_head * hd)?;
         check_len(K, "k", k.len(), n_tok * kv_dim)?;
         check_len(K, "v", v.len(), n_tok * kv_dim)?;
-        check_len(K, "inv_freq", inv_freq.len(), p.n_rot / 2)?;
+        check_len(K, "inv_freq", inv_freq.len(), p.n_rot / 2 + 1)?;
         // One sequence's tokens follow on from pos[0]; a batch's are each
         // at most max_start, in tables the caller keeps within `table`.
         let last = match tab {
@@ -222,7 +225,7 @@ impl Kernels {
         // promise for a batch), rotates heads of token t of q in place, reads
         // k and v rows of token t and writes pool row kv_row(table, pos[t]) of
         // the pages the table names (below the pool's page count, kept so by
-        // the caller); inv_freq[..n_rot/2] (<= ROPE_MAX_HALF, the shared
+        // the caller); inv_freq[..=n_rot/2] (n_rot/2 <= ROPE_MAX_HALF, the shared
         // table); lengths checked above. The *_qkn_* kernels take const
         // float* qn, const float* kn, float eps last (after tab) and read
         // qn and kn [..head_dim] (checked by rope_kv_append_normed, with the

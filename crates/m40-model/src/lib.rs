@@ -169,10 +169,15 @@ pub trait KvState {
     }
 }
 
+/// The context a model is run with when none is asked for, where the
+/// model allows as much (Ollama's default).
+pub const DEFAULT_CONTEXT: usize = 4096;
+
 /// A loaded model: the file (memory-mapped) and its checked description.
 pub struct Model {
     file: GgufFile,
     hp: HyperParams,
+    context: usize,
 }
 
 impl Model {
@@ -180,8 +185,9 @@ impl Model {
         Self::from_file(GgufFile::open(path)?)
     }
 
-    pub fn from_file(file: GgufFile) -> Result<Self> {
+    pub fn from_file(mut file: GgufFile) -> Result<Self> {
         let hp = HyperParams::from_file(&file)?;
+        hp.unfuse(&mut file)?;
         for (name, _) in hp.expected_tensors() {
             let info = file
                 .tensor_info(&name)
@@ -190,7 +196,21 @@ impl Model {
                 return Err(ModelError::UnsupportedWeight { name, ty: info.ty });
             }
         }
-        Ok(Self { file, hp })
+        let context = hp.max_context().min(DEFAULT_CONTEXT);
+        Ok(Self { file, hp, context })
+    }
+
+    /// The context (tokens per sequence) the model will run with: LongRoPE
+    /// (phi3) takes its long factors beyond the original context and its
+    /// short ones up to it, as llama.cpp chooses by its context. Without
+    /// this, [`DEFAULT_CONTEXT`] or the model's own if shorter.
+    pub fn with_context(mut self, n_ctx: usize) -> Self {
+        self.context = n_ctx;
+        self
+    }
+
+    pub fn context(&self) -> usize {
+        self.context
     }
 
     pub fn hparams(&self) -> &HyperParams {

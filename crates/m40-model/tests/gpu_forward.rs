@@ -356,6 +356,21 @@ fn synth_mistral3_gpu_matches_cpu() {
     check_shape("mistral3-tiny", &types, &[1, 5, 17, 100], 32);
 }
 
+/// phi3: the fused Q/K/V and gate/up read as their parts (row ranges of
+/// one upload), NeoX RoPE with LongRoPE's factors and its magnitude scale
+/// in the RoPE kernels (not in the one-token GEMVs: the launch apart).
+#[test]
+#[ignore = "needs a GPU"]
+fn synth_phi3_gpu_matches_cpu() {
+    gpu_device("synth_phi3_gpu_matches_cpu");
+    let types = [
+        FileType::All(GgmlType::F16),
+        FileType::All(GgmlType::Q8_0),
+        FileType::Q4KM,
+    ];
+    check_shape("phi3-tiny", &types, &[1, 5, 17, 100], 32);
+}
+
 /// The persistent decode kernel (`GpuOptions::persistent`) gives the
 /// logits of the launch-per-kernel graph: SmolLM2's shape (3 query heads
 /// per KV head, head dim 64) in Q4_0, Q8_0, F16 (every op in the program)

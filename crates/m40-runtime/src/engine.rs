@@ -272,7 +272,7 @@ pub struct Engine {
 
 /// The context when none is asked for, where the model allows as much:
 /// Ollama's default, which keeps an 8B model's KV cache at 0.5 GiB.
-pub const DEFAULT_CONTEXT: usize = 4096;
+pub const DEFAULT_CONTEXT: usize = m40_model::DEFAULT_CONTEXT;
 
 /// The context `asked` (see [`EngineOptions::n_ctx`]) for a model of `hp`.
 fn context_length(hp: &m40_gguf::HyperParams, asked: Option<usize>) -> Result<usize> {
@@ -293,13 +293,14 @@ impl Engine {
     }
 
     pub fn from_path(path: &Path, opts: EngineOptions) -> Result<Self> {
-        let model = Arc::new(Model::open(path)?);
+        let model = Model::open(path)?;
+        let n_ctx = context_length(model.hparams(), opts.n_ctx)?;
+        let model = Arc::new(model.with_context(n_ctx));
         let tokenizer = Tokenizer::from_gguf(model.file())?;
         let template = match &opts.chat_template {
             Some(src) => ChatTemplate::new(src)?,
             None => tokenizer.chat_template()?,
         };
-        let n_ctx = context_length(model.hparams(), opts.n_ctx)?;
         let (backend, note) = pick_backend(&model, &opts, n_ctx)?;
         // The KV pool: the GPU's, or on the CPU a budget of as many tokens
         // (each sequence allocates its own).

@@ -420,8 +420,11 @@ fn qkv_gemv_with_rope_kv_matches_the_unfolded_path() {
             let ids = rng.shuffled(pool_pages);
             let table = s.upload(&ids[..pages], "table").unwrap();
             let pos = s.upload(&[start as i32], "pos").unwrap();
+            // The frequencies, then the magnitude scale (1: the GEMVs that
+            // rotate run only without one).
             let inv: Vec<f32> = (0..n_rot / 2)
                 .map(|i| 10000f32.powf(-2.0 * i as f32 / n_rot as f32))
+                .chain([1.0])
                 .collect();
             let inv = s.upload(&inv, "inv_freq").unwrap();
             let p = RopeParams {

@@ -67,7 +67,10 @@ fn rope_kv_append_matches_cpu() {
             (5, 8, 2, 80, 48, 7, 1.0),
         ];
         for (n_tok, n_head, n_kv, hd, n_rot, start, factor) in cases {
-            let rope = ops::Rope::new(cpu_style, n_rot, 10000.0, factor, None);
+            let mut rope = ops::Rope::new(cpu_style, n_rot, 10000.0, factor, None);
+            // Every other case with a magnitude scale (YaRN's, or
+            // rope.scaling.attn_factor's): the rotated dimensions only.
+            rope.mscale = [1.0, 1.25][n_tok % 2];
             let kv_dim = n_kv * hd;
             let pages = (start + n_tok).div_ceil(KV_PAGE);
             let pool_pages = pages + 2;
@@ -80,7 +83,7 @@ fn rope_kv_append_matches_cpu() {
             let vg = s.upload(&vx, "v").unwrap();
             let pg = s.upload(&pos, "pos").unwrap();
             let tg = s.upload(&table, "table").unwrap();
-            let fg = s.upload(&rope.inv_freq, "inv_freq").unwrap();
+            let fg = s.upload(&rope.device_table(), "inv_freq").unwrap();
             let p = RopeParams {
                 style,
                 n_head,
@@ -171,7 +174,8 @@ fn rope_kv_append_batch_matches_cpu() {
         for (b, n_head, n_kv, hd, n_rot) in
             [(1, 9, 3, 64, 64), (5, 32, 8, 128, 128), (33, 4, 2, 80, 48)]
         {
-            let rope = ops::Rope::new(cpu_style, n_rot, 10000.0, 1.0, None);
+            let mut rope = ops::Rope::new(cpu_style, n_rot, 10000.0, 1.0, None);
+            rope.mscale = [1.0, 1.2][b % 2];
             let kv_dim = n_kv * hd;
             let pos: Vec<usize> = (0..b).map(|_| rng.below(3000)).collect();
             // Each sequence's pages: disjoint, shuffled, in one pool.
@@ -192,7 +196,7 @@ fn rope_kv_append_batch_matches_cpu() {
             let pg = s.upload(&pos_i, "pos").unwrap();
             let tg = s.upload(&tables, "tables").unwrap();
             let tabg = s.upload(&tab, "tab").unwrap();
-            let fg = s.upload(&rope.inv_freq, "inv_freq").unwrap();
+            let fg = s.upload(&rope.device_table(), "inv_freq").unwrap();
             let mut kpool = s.alloc::<u16>(pool_pages * KV_PAGE * kv_dim, "kp").unwrap();
             let mut vpool = s.alloc::<u16>(pool_pages * KV_PAGE * kv_dim, "vp").unwrap();
             s.fill_bytes(&mut kpool, 0xFF).unwrap();

@@ -613,6 +613,7 @@ mod tests {
             n_ff: 14336,
             n_vocab: 128256,
             n_ctx_train: 131072,
+            n_ctx_orig: 131072,
             rope_freq_base: 500000.0,
             rope_dim: 128,
             rope_style: RopeStyle::Normal,

@@ -25,6 +25,10 @@ pub struct Rope {
     pub inv_freq: Vec<f32>,
     /// Positions are divided by this (linear scaling).
     pub pos_scale: f32,
+    /// The rotated dimensions are multiplied by this (llama.cpp's scale of
+    /// cos and sin: `HyperParams::rope_mscale`; the pass-through ones are
+    /// not).
+    pub mscale: f32,
 }
 
 impl Rope {
@@ -49,15 +53,25 @@ impl Rope {
             dim,
             inv_freq,
             pos_scale: 1.0 / linear_factor,
+            mscale: 1.0,
         }
+    }
+
+    /// The table the GPU's RoPE kernels read: the n_rot / 2 frequencies,
+    /// then the magnitude scale.
+    pub fn device_table(&self) -> Vec<f32> {
+        let mut t = self.inv_freq.clone();
+        t.push(self.mscale);
+        t
     }
 
     /// The RoPE of `model`'s global layers (and of every layer without a
     /// sliding window): its style, dimension and base, linear or YaRN
     /// scaling, and the per-dimension factors of `rope_freqs.weight` when
     /// present. YaRN's angles are theta_i (1 - r_i) / factor + theta_i r_i
-    /// (its ramp r), one frequency per pair; its magnitude scale is in the
-    /// attention's score scale (`HyperParams::attn_scale`).
+    /// (its ramp r), one frequency per pair; its magnitude scale (and
+    /// `rope.scaling.attn_factor`) multiply the rotated dimensions.
+    /// The sliding-window layers' RoPE (`for_window`) has neither.
     pub fn for_model(model: &crate::Model) -> crate::Result<Self> {
         let hp = model.hparams();
         let linear = match hp.rope_scaling {
@@ -65,6 +79,7 @@ impl Rope {
             _ => 1.0,
         };
         let mut rope = Self::with_base(model, hp.rope_freq_base, linear)?;
+        rope.mscale = hp.rope_mscale();
         if let (RopeScaling::Yarn { factor, .. }, Some(ramp)) = (
             hp.rope_scaling,
             hp.rope_scaling.yarn_ramp(hp.rope_dim, hp.rope_freq_base),
@@ -87,7 +102,17 @@ impl Rope {
 
     fn with_base(model: &crate::Model, base: f32, linear: f32) -> crate::Result<Self> {
         let hp = model.hparams();
-        let freq_factors = match model.file().tensor("rope_freqs.weight") {
+        // Per-dimension divisors: llama 3's `rope_freqs`, else LongRoPE's
+        // long factors beyond the original context, its short ones within.
+        let longrope = match model.context() > hp.n_ctx_orig {
+            true => "rope_factors_long.weight",
+            false => "rope_factors_short.weight",
+        };
+        let freq_factors = match model
+            .file()
+            .tensor("rope_freqs.weight")
+            .or_else(|| model.file().tensor(longrope))
+        {
             Some(t) => Some(t.to_f32()?),
             None => None,
         };
@@ -96,7 +121,8 @@ impl Rope {
             .is_some_and(|f| f.len() != hp.rope_dim / 2)
         {
             return Err(crate::ModelError::Unsupported(
-                "rope_freqs.weight does not match the RoPE dimension".into(),
+                "the RoPE factors (rope_freqs or rope_factors_*) do not match the RoPE dimension"
+                    .into(),
             ));
         }
         Ok(Self::new(
@@ -119,6 +145,7 @@ impl Rope {
                     RopeStyle::Normal => (2 * i, 2 * i + 1),
                     RopeStyle::Neox => (i, i + half),
                 };
+                let (sin, cos) = (sin * self.mscale, cos * self.mscale);
                 let (x0, x1) = (head[a], head[b]);
                 head[a] = x0 * cos - x1 * sin;
                 head[b] = x0 * sin + x1 * cos;

@@ -298,11 +298,11 @@ impl GpuBackend {
             pos_scale: r.pos_scale,
         };
         let cpu_rope = Rope::for_model(&model)?;
-        let inv_freq = stream.upload(&cpu_rope.inv_freq, "RoPE frequencies")?;
+        let inv_freq = stream.upload(&cpu_rope.device_table(), "RoPE frequencies")?;
         let rope = params(&cpu_rope);
         let rope_window = match Rope::for_window(&model)? {
             Some(r) => Some((
-                stream.upload(&r.inv_freq, "sliding-window RoPE frequencies")?,
+                stream.upload(&r.device_table(), "sliding-window RoPE frequencies")?,
                 params(&r),
             )),
             None => None,
