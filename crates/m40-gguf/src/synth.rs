@@ -56,6 +56,9 @@ pub struct Shape {
     /// LongRoPE (phi3): the original context, `rope.scaling.attn_factor`,
     /// and `rope_factors_long` / `_short` tensors.
     pub longrope: Option<(usize, f32)>,
+    /// Rotated dimensions per head (`rope.dimension_count`), where fewer
+    /// than the head size (Phi-4-mini: 96 of 128).
+    pub rope_dim: Option<usize>,
 }
 
 /// The shapes the synthesizer knows: `tiny` matches the quant zoo.
@@ -81,6 +84,7 @@ const PLAIN: Shape = Shape {
     yarn: None,
     attn_temp: None,
     longrope: None,
+    rope_dim: None,
 };
 
 pub const SHAPES: &[Shape] = &[
@@ -249,7 +253,9 @@ pub const SHAPES: &[Shape] = &[
     // Phi-3's tiny test shape: fused Q/K/V and gate/up, LongRoPE factors
     // over an original context of 256 (the short ones for contexts up to
     // it, the long ones beyond; llama.cpp rounds its context up to a
-    // multiple of 256 before it chooses) and its attention factor.
+    // multiple of 256 before it chooses) and its attention factor, which
+    // scales the rotated dimensions only: 48 of 64, as Phi-4-mini rotates
+    // 96 of 128.
     Shape {
         name: "phi3-tiny",
         arch: Arch::Phi3,
@@ -263,6 +269,7 @@ pub const SHAPES: &[Shape] = &[
         rope_freq_base: 10000.0,
         tied_output: false,
         longrope: Some((256, 1.2)),
+        rope_dim: Some(48),
         ..PLAIN
     },
     // Mixtures of experts: qwen3moe's tiny shape (8 experts, 3 a token),
@@ -511,7 +518,10 @@ pub fn metadata(shape: &Shape, ty: FileType) -> Metadata {
     md.insert(key("feed_forward_length"), u(shape.n_ff));
     md.insert(key("context_length"), u(shape.n_ctx_train));
     md.insert(key("rope.freq_base"), Value::F32(shape.rope_freq_base));
-    md.insert(key("rope.dimension_count"), u(shape.head_dim()));
+    md.insert(
+        key("rope.dimension_count"),
+        u(shape.rope_dim.unwrap_or(shape.head_dim())),
+    );
     md.insert(key("attention.layer_norm_rms_epsilon"), Value::F32(1e-5));
     if let Some((window, period)) = shape.swa {
         md.insert(key("attention.sliding_window"), u(window));
