@@ -392,7 +392,8 @@ template <class P, int B> struct InFlight {
 // one group: the two lanes of a pair swap sums (one shuffle), rotate, and
 // write q (FP32, rotated), K (FP16, rotated) and V (FP16) straight to q and
 // the KV pools at token row kv_row(table, pos[0]), with rope.cu's angles
-// and rotation (common.cuh rope_sin_cos, rope_rot0/1). Off (kpool null)
+// and rotation (common.cuh rope_sin_cos, rope_rot0/1) and its table's
+// magnitude scale, inv_freq[n_rot / 2]. Off (kpool null)
 // for everything else.
 //
 // The arguments, in the order of the kernels' parameters (gemv_packed.cu;
@@ -631,6 +632,9 @@ __device__ __forceinline__ void gemv_packed(const GemvArgs& a, int vb) {
                 if (i < (a.n_rot >> 1)) {
                     float sn, cs;
                     rope_sin_cos((float)a.pos[0] * a.pos_scale, a.inv_freq[i], &sn, &cs);
+                    // The magnitude scale after the frequencies (rope.cu).
+                    const float ms = a.inv_freq[a.n_rot >> 1];
+                    sn *= ms, cs *= ms;
                     const float x0 = (d & 1) ? other : mine, x1 = (d & 1) ? mine : other;
                     v = (d & 1) ? rope_rot1(x0, x1, sn, cs) : rope_rot0(x0, x1, sn, cs);
                 }

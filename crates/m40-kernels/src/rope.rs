@@ -50,8 +50,7 @@ pub struct KvAppend<'a, 'c> {
     pub pos: &'a DeviceView<'a, i32>,
     /// (n_rot / 2 + 1): base^(-2i/n_rot) with any per-dimension factors
     /// applied, then the magnitude scale of the rotated dimensions
-    /// (`Rope::device_table`; the one-token GEMVs that rotate read only the
-    /// frequencies: their callers keep them to a scale of 1).
+    /// (`Rope::device_table`; the one-token GEMVs that rotate read it too).
     pub inv_freq: &'a DeviceView<'a, f32>,
     pub p: &'a RopeParams,
     pub kpool: &'c mut DeviceBuffer<u16>,

@@ -364,7 +364,7 @@ fn packed_gemv_folded_norm_matches_cpu() {
 /// (within one FP16 step where V is a matrix of its own, whose launch may
 /// split its rows differently), every other pool row still poisoned; every
 /// packed format and split, full and partial rotation, GQA, scaled
-/// positions, shuffled pages; the whole stack and the runs of Q, K, V a
+/// positions, magnitude scales (1 and 1.15), shuffled pages; the whole stack and the runs of Q, K, V a
 /// model with several formats has (Q/K and V, Q and K/V, each alone).
 #[test]
 #[ignore = "needs a GPU"]
@@ -420,11 +420,11 @@ fn qkv_gemv_with_rope_kv_matches_the_unfolded_path() {
             let ids = rng.shuffled(pool_pages);
             let table = s.upload(&ids[..pages], "table").unwrap();
             let pos = s.upload(&[start as i32], "pos").unwrap();
-            // The frequencies, then the magnitude scale (1: the GEMVs that
-            // rotate run only without one).
+            // The frequencies, then the magnitude scale (YaRN's, or
+            // rope.scaling.attn_factor's), 1 or not by case.
             let inv: Vec<f32> = (0..n_rot / 2)
                 .map(|i| 10000f32.powf(-2.0 * i as f32 / n_rot as f32))
-                .chain([1.0])
+                .chain([[1.0, 1.15][start % 2]])
                 .collect();
             let inv = s.upload(&inv, "inv_freq").unwrap();
             let p = RopeParams {

@@ -511,15 +511,14 @@ impl GpuBackend {
             };
             // One token through packed Q/K/V stacks (one, or a run of them
             // per format: a Q4_K_M layer's Q/K and its Q6_K V), no bias,
-            // llama's RoPE style, no magnitude scale: the GEMVs rotate and
-            // append to the cache themselves.
+            // llama's RoPE style: the GEMVs rotate and append to the cache
+            // themselves.
             let rope_folded = self.fuse
                 && n == 1
                 && layer.qkv.iter().all(|st| st.mat.packed)
                 && layer.bias.is_none()
                 && layer.qk_norm.is_none()
-                && rope.style == RopeStyle::Normal
-                && hp.rope_mscale() == 1.0;
+                && rope.style == RopeStyle::Normal;
             // Where this layer's rotated keys and values go.
             let mut kv = KvAppend {
                 n_head_kv: hp.n_head_kv,
