@@ -438,7 +438,8 @@ impl Kernels {
                 }
                 check_len(K, "q", r.q.len(), r1)?;
                 check_len(K, "pos", r.kv.pos.len(), 1)?;
-                check_len(K, "inv_freq", r.kv.inv_freq.len(), p.n_rot / 2)?;
+                // The frequencies and the magnitude scale after them.
+                check_len(K, "inv_freq", r.kv.inv_freq.len(), p.n_rot / 2 + 1)?;
                 check_len(
                     K,
                     "table",
@@ -596,7 +597,7 @@ impl Kernels {
             // RopeKv output, m = 1, checked): the kernel writes q rows < r1
             // (q_dim or 0, checked), reads pos[0] (<= max_start, the
             // caller's promise), table[pos[0] / KV_PAGE] (length checked for
-            // max_start) and inv_freq[..n_rot / 2] (checked), and writes
+            // max_start) and inv_freq[..=n_rot / 2] (checked), and writes
             // rows r1 .. r2 (K) and r2 .. nrows (V; kv_dim each or none,
             // checked) to row kv_row(table, pos[0]) of the pools (pages below
             // the pool's count, kept so by the caller; vpool as long as
