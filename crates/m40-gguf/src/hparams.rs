@@ -3,6 +3,7 @@
 use crate::error::{GgufError, Result};
 use crate::file::GgufFile;
 use crate::metadata::{Array, Metadata, Value};
+pub use crate::rope::{AttnTemperature, RopeScaling};
 
 /// Architectures m40-llm runs (`general.architecture`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -146,76 +147,6 @@ pub struct Moe {
     pub n_ff_exp: usize,
 }
 
-/// RoPE context scaling (`rope.scaling.type`).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum RopeScaling {
-    None,
-    /// Positions divided by `factor`.
-    Linear {
-        factor: f32,
-    },
-    /// YaRN (as llama.cpp's ggml_rope_yarn): dimension i's angle is
-    /// interpolated (divided by `factor`) or extrapolated (kept) by a ramp
-    /// between the dimensions that turn `beta_fast` and `beta_slow` times
-    /// over `original_context` positions, and q and k are scaled by
-    /// [`HyperParams::rope_mscale`].
-    Yarn {
-        factor: f32,
-        original_context: usize,
-        beta_fast: f32,
-        beta_slow: f32,
-        /// `rope.scaling.yarn_log_multiplier` (mistral3; 0: none).
-        log_mul: f32,
-    },
-}
-
-impl RopeScaling {
-    /// YaRN's ramp over the `dim / 2` rotated pairs: the share of pair i's
-    /// angle that is extrapolated (1: unscaled, 0: divided by the factor),
-    /// llama.cpp's `rope_yarn_ramp` over `ggml_rope_yarn_corr_dims` (with
-    /// `yarn_ext_factor` 1, its value for YaRN files). `None` unless YaRN.
-    pub fn yarn_ramp(&self, dim: usize, base: f32) -> Option<Vec<f32>> {
-        let RopeScaling::Yarn {
-            original_context,
-            beta_fast,
-            beta_slow,
-            ..
-        } = *self
-        else {
-            return None;
-        };
-        let corr = |rot: f32| {
-            dim as f32 * (original_context as f32 / (rot * 2.0 * std::f32::consts::PI)).ln()
-                / (2.0 * base.ln())
-        };
-        let low = corr(beta_fast).floor().max(0.0);
-        let high = corr(beta_slow).ceil().min(dim as f32 - 1.0);
-        Some(
-            (0..dim / 2)
-                .map(|i| {
-                    let y = (i as f32 - low) / (high - low).max(0.001);
-                    1.0 - y.clamp(0.0, 1.0)
-                })
-                .collect(),
-        )
-    }
-}
-
-/// Llama 4's attention temperature (mistral3): the queries at position p
-/// are multiplied by 1 + scale * ln(floor(p / floor) + 1) (1 below `floor`,
-/// YaRN's original context).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct AttnTemperature {
-    pub scale: f32,
-    pub floor: usize,
-}
-
-impl AttnTemperature {
-    pub fn at(&self, pos: usize) -> f32 {
-        1.0 + self.scale * ((pos / self.floor) as f32 + 1.0).ln()
-    }
-}
-
 /// Everything the forward pass needs to know about a model's shape.
 #[derive(Clone, Debug, PartialEq)]
 pub struct HyperParams {
@@ -272,10 +203,6 @@ pub struct HyperParams {
     /// The FFN is a mixture of experts (every layer).
     pub moe: Option<Moe>,
 }
-
-/// A fused matrix of a file: its name, its row length, and its parts' names
-/// and rows, in order ([`HyperParams::fused_tensors`]).
-pub type Fused = (String, usize, Vec<(String, usize)>);
 
 /// The names of one layer's tensors.
 #[derive(Clone, Debug)]
@@ -557,32 +484,11 @@ impl HyperParams {
         })
     }
 
-    /// The factor llama.cpp's RoPE multiplies its cos and sin by (so q and
-    /// k both): `rope.scaling.attn_factor`, and under YaRN its magnitude
-    /// scale 1 + 0.1 ln(factor) (over 1 + 0.1 m ln(factor) where the file
-    /// gives a log multiplier m), as llama_context sets `yarn_attn_factor`
-    /// and ggml's rope_yarn applies it.
+    /// The factor llama.cpp's RoPE multiplies its cos and sin by
+    /// ([`crate::rope::mscale`] of this model's scaling and
+    /// `rope.scaling.attn_factor`).
     pub fn rope_mscale(&self) -> f32 {
-        let yarn = match self.rope_scaling {
-            RopeScaling::Yarn {
-                factor, log_mul, ..
-            } => {
-                let m = |mul: f32| {
-                    if factor <= 1.0 {
-                        1.0
-                    } else {
-                        0.1 * mul * factor.ln() + 1.0
-                    }
-                };
-                if log_mul != 0.0 {
-                    m(1.0) / m(log_mul)
-                } else {
-                    m(1.0)
-                }
-            }
-            _ => 1.0,
-        };
-        self.rope_attn_factor * yarn
+        crate::rope::mscale(self.rope_scaling, self.rope_attn_factor)
     }
 
     /// Whether a layer's attention and FFN outputs are transformed (normed
@@ -660,65 +566,6 @@ impl HyperParams {
             }
         }
         Ok(hp)
-    }
-
-    /// phi3's fused matrices: per layer `attn_qkv` (n_embd columns; the Q,
-    /// K and V rows) and `ffn_up` (gate rows, then up rows), each with its
-    /// parts' names and rows. Empty for the other architectures.
-    pub fn fused_tensors(&self) -> Vec<Fused> {
-        if self.arch != Arch::Phi3 {
-            return Vec::new();
-        }
-        let (q, kv) = (self.n_head * self.head_dim, self.n_head_kv * self.head_dim);
-        (0..self.n_layer)
-            .flat_map(|l| {
-                let n = LayerNames::new(l);
-                [
-                    (
-                        format!("blk.{l}.attn_qkv.weight"),
-                        self.n_embd,
-                        vec![(n.wq, q), (n.wk, kv), (n.wv, kv)],
-                    ),
-                    (
-                        n.ffn_up.clone(),
-                        self.n_embd,
-                        vec![(n.ffn_gate, self.n_ff), (n.ffn_up, self.n_ff)],
-                    ),
-                ]
-            })
-            .collect()
-    }
-
-    /// [`Self::expected_tensors`] as a phi3 file lays them out: each group
-    /// of [`Self::fused_tensors`] as its fused matrix, where its first part
-    /// would be.
-    pub fn file_tensors(&self) -> Vec<(String, Vec<u64>)> {
-        let fused = self.fused_tensors();
-        let mut out = Vec::new();
-        for (name, shape) in self.expected_tensors() {
-            match fused.iter().find(|f| f.2.iter().any(|p| p.0 == name)) {
-                Some((f, cols, parts)) if parts[0].0 == name => {
-                    let rows = parts.iter().map(|p| p.1 as u64).sum();
-                    out.push((f.clone(), vec![*cols as u64, rows]));
-                }
-                Some(_) => {}
-                None => out.push((name, shape)),
-            }
-        }
-        out
-    }
-
-    /// Split the fused matrices `file` holds (see [`Self::fused_tensors`])
-    /// into their parts' names, so the forward passes read phi3 as llama.
-    /// A file with separate Q, K and V keeps them.
-    pub fn unfuse(&self, file: &mut GgufFile) -> Result<()> {
-        for (name, _, parts) in self.fused_tensors() {
-            let rows: usize = parts.iter().map(|p| p.1).sum();
-            if file.tensor_info(&name).is_some_and(|t| t.n_rows() == rows) {
-                file.split_rows(&name, &parts)?;
-            }
-        }
-        Ok(())
     }
 
     /// Every tensor the model needs, with its GGUF shape (row length first), in

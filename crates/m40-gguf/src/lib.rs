@@ -14,10 +14,12 @@
 
 pub mod error;
 mod file;
+pub mod fused;
 mod header;
 pub mod hparams;
 pub mod metadata;
 pub mod quant;
+pub mod rope;
 pub mod synth;
 pub mod types;
 pub mod writer;
