@@ -228,6 +228,12 @@ impl GgufFile {
                 parts.iter().map(|p| p.1).collect::<Vec<_>>()
             )));
         }
+        if let Some((part, _)) = parts
+            .iter()
+            .find(|(p, _)| p != name && self.index.contains_key(p))
+        {
+            return Err(bad(format!("part `{part}` names an existing tensor")));
+        }
         let rb = info.row_bytes() as u64;
         self.index.remove(name);
         let mut first = 0u64;
@@ -248,9 +254,7 @@ impl GgufFile {
                 self.tensors.push(t);
                 self.tensors.len() - 1
             };
-            if self.index.insert(part.clone(), slot).is_some() {
-                return Err(bad(format!("part `{part}` names an existing tensor")));
-            }
+            self.index.insert(part.clone(), slot);
         }
         Ok(())
     }

@@ -37,11 +37,15 @@ impl HyperParams {
             .collect()
     }
 
-    /// [`Self::expected_tensors`] as a phi3 file lays them out: each group
-    /// of [`Self::fused_tensors`] as its fused matrix, where its first part
-    /// would be.
-    pub fn file_tensors(&self) -> Vec<(String, Vec<u64>)> {
-        let fused = self.fused_tensors();
+    /// [`Self::expected_tensors`] as a file lays them out: each group of
+    /// [`Self::fused_tensors`] that `fused(name)` says the file holds as
+    /// its fused matrix, where its first part would be.
+    pub fn file_tensors(&self, fused: impl Fn(&str) -> bool) -> Vec<(String, Vec<u64>)> {
+        let fused: Vec<Fused> = self
+            .fused_tensors()
+            .into_iter()
+            .filter(|f| fused(&f.0))
+            .collect();
         let mut out = Vec::new();
         for (name, shape) in self.expected_tensors() {
             match fused.iter().find(|f| f.2.iter().any(|p| p.0 == name)) {

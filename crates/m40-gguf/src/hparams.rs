@@ -346,6 +346,12 @@ impl HyperParams {
         }
         let rope_freq_base = md.opt_f64(&key("rope.freq_base"))?.unwrap_or(10000.0) as f32;
         let factor = md.opt_f64(&key("rope.scaling.factor"))?;
+        // llama.cpp's n_ctx_orig_yarn: YaRN's and LongRoPE's original
+        // context and mistral3's temperature floor (0 or absent: trained).
+        let n_ctx_orig = md
+            .opt_usize(&key("rope.scaling.original_context_length"))?
+            .filter(|&n| n > 0)
+            .unwrap_or(n_ctx_train);
         let rope_scaling = match md.opt_str(&key("rope.scaling.type"))? {
             None | Some("none") => match md.opt_f64(&key("rope.scale_linear"))? {
                 Some(f) if f != 1.0 => RopeScaling::Linear { factor: f as f32 },
@@ -367,9 +373,7 @@ impl HyperParams {
                 };
                 RopeScaling::Yarn {
                     factor: factor.unwrap_or(1.0) as f32,
-                    original_context: md
-                        .opt_usize(&key("rope.scaling.original_context_length"))?
-                        .unwrap_or(n_ctx_train),
+                    original_context: n_ctx_orig,
                     beta_fast: yarn_key("rope.scaling.yarn_beta_fast", 32.0)?,
                     beta_slow: yarn_key("rope.scaling.yarn_beta_slow", 1.0)?,
                     log_mul: yarn_key("rope.scaling.yarn_log_multiplier", 0.0)?,
@@ -427,20 +431,15 @@ impl HyperParams {
             .opt_f64(&key("rope.scaling.attn_factor"))?
             .map_or(1.0, |v| v as f32);
         let attn_temp = match (arch, opt_f32("attention.temperature_scale")?) {
-            (Arch::Mistral3, Some(scale)) => {
-                let floor = match rope_scaling {
-                    RopeScaling::Yarn {
-                        original_context, ..
-                    } => original_context,
-                    _ => n_ctx_train,
-                };
-                if floor == 0 {
-                    return Err(bad(format!(
-                        "{a}.attention.temperature_scale needs a nonzero original context"
-                    )));
-                }
-                Some(AttnTemperature { scale, floor })
+            (Arch::Mistral3, Some(_)) if n_ctx_orig == 0 => {
+                return Err(bad(format!(
+                    "{a}.attention.temperature_scale needs a nonzero original context"
+                )))
             }
+            (Arch::Mistral3, Some(scale)) => Some(AttnTemperature {
+                scale,
+                floor: n_ctx_orig,
+            }),
             _ => None,
         };
         Ok(Self {
@@ -453,10 +452,7 @@ impl HyperParams {
             n_ff,
             n_vocab,
             n_ctx_train,
-            n_ctx_orig: md
-                .opt_usize(&key("rope.scaling.original_context_length"))?
-                .filter(|&n| n > 0)
-                .unwrap_or(n_ctx_train),
+            n_ctx_orig,
             rope_freq_base,
             rope_dim,
             rope_style: arch.rope_style(),
@@ -533,27 +529,7 @@ impl HyperParams {
         }
         // Fused matrices (phi3) stand for their parts where the file has
         // them.
-        let fused: Vec<(String, Vec<u64>)> = hp
-            .fused_tensors()
-            .into_iter()
-            .filter(|(name, _, _)| file.tensor_info(name).is_some())
-            .map(|(name, cols, parts)| {
-                let rows = parts.iter().map(|p| p.1 as u64).sum();
-                (name, vec![cols as u64, rows])
-            })
-            .collect();
-        let parts: Vec<String> = hp
-            .fused_tensors()
-            .into_iter()
-            .filter(|(name, _, _)| file.tensor_info(name).is_some())
-            .flat_map(|(_, _, parts)| parts.into_iter().map(|p| p.0))
-            .collect();
-        let want = hp
-            .expected_tensors()
-            .into_iter()
-            .filter(|(name, _)| !parts.contains(name))
-            .chain(fused);
-        for (name, shape) in want {
+        for (name, shape) in hp.file_tensors(|name| file.tensor_info(name).is_some()) {
             let info = file
                 .tensor_info(&name)
                 .ok_or_else(|| GgufError::MissingTensor(name.clone()))?;

@@ -721,7 +721,7 @@ pub fn write_model<W: Write>(
     }
     let hp = opts.shape.hparams();
     let md = metadata(opts.shape, opts.ty);
-    let mut tensors = hp.file_tensors();
+    let mut tensors = hp.file_tensors(|_| true);
     if opts.shape.longrope.is_some() {
         for n in ["rope_factors_long.weight", "rope_factors_short.weight"] {
             tensors.push((n.to_string(), vec![hp.rope_dim as u64 / 2]));
