@@ -26,6 +26,13 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
 // SiLU(g) * u, the gate of SwiGLU.
 __device__ __forceinline__ float swiglu1(float g, float u) { return g / (1.0f + __expf(-g)) * u; }
 
+// gpt-oss's gate (ggml's swiglu_oai): g = min(g, 7), u = clamp(u, -7, 7),
+// g sigmoid(1.702 g) (u + 1); expf, as the CPU reference's exp.
+__device__ __forceinline__ float swiglu_oai1(float g, float u) {
+    const float x = fminf(g, 7.0f), y = fminf(fmaxf(u, -7.0f), 7.0f);
+    return x / (1.0f + expf(1.702f * -x)) * (y + 1.0f);
+}
+
 // GELU(g) * u with GELU's tanh approximation, the gate of GeGLU (gemma);
 // tanhf, not a fast approximation: the CPU reference's tanh.
 __device__ __forceinline__ float geglu1(float g, float u) {

@@ -1,4 +1,5 @@
-// Element-wise kernels of the forward pass: SwiGLU and GeGLU, residual add,
+// Element-wise kernels of the forward pass: SwiGLU, GeGLU and gpt-oss's
+// clamped SwiGLU, residual add,
 // scaling and soft-capping, FP32->FP16.
 //
 // Layout: flat arrays of n elements (the launcher passes the product of the
@@ -22,6 +23,12 @@ extern "C" __global__ void swiglu_f32(float* g, const float* u, long long n) {
 extern "C" __global__ void geglu_f32(float* g, const float* u, long long n) {
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
         g[i] = geglu1(g[i], u[i]);
+}
+
+// g[i] = swiglu_oai(g[i], u[i]) (gpt-oss's experts); as swiglu_f32.
+extern "C" __global__ void swiglu_oai_f32(float* g, const float* u, long long n) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        g[i] = swiglu_oai1(g[i], u[i]);
 }
 
 // x[i] *= s (gemma's embedding scale). x (n) FP32.

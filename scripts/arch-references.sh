@@ -11,8 +11,11 @@ TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 # BOS, then 15 ids spread over the 512-token vocabulary.
 IDS="1 300 45 7 511 260 33 128 77 402 5 219 384 96 150 451"
-for shape in ${SHAPES:-qwen3-tiny gemma2-tiny gemma3-tiny granite-tiny mistral3-tiny phi3-tiny qwen3moe-tiny mixtral-tiny}; do
-    for ty in F32 F16; do
+for shape in ${SHAPES:-qwen3-tiny gemma2-tiny gemma3-tiny granite-tiny mistral3-tiny phi3-tiny qwen3moe-tiny mixtral-tiny gpt-oss-tiny}; do
+    TYPES="F32 F16"
+    # gpt-oss is published as MXFP4 experts and Q8_0 for the rest.
+    [ "$shape" = gpt-oss-tiny ] && TYPES="F32 F16 MXFP4_MOE"
+    for ty in $TYPES; do
         target/release/m40-llm synth --shape "$shape" --type "$ty" "$TMP/m.gguf" >&2
         # shellcheck disable=SC2086
         scripts/llamacpp-logits.sh "$TMP/m.gguf" $IDS 2>/dev/null >"$OUT/llamacpp-$shape-$ty.json"

@@ -42,6 +42,13 @@ pub enum Arch {
     /// RoPE, LongRoPE's per-dimension factors (`rope_factors_long` and
     /// `_short`) where the file has them.
     Phi3,
+    /// OpenAI's gpt-oss (`gpt-oss`): biases on Q/K/V and the attention's
+    /// output, a learned sink logit per head in each softmax, every other
+    /// layer a sliding window (from layer 0), YaRN, NeoX RoPE, and a
+    /// mixture of experts with biases everywhere, its router's softmax
+    /// over the chosen experts only, and a clamped SwiGLU
+    /// ([`Activation::SwigluOai`]); `post_attention_norm` is its FFN norm.
+    GptOss,
 }
 
 impl Arch {
@@ -56,6 +63,7 @@ impl Arch {
             "granite" => Ok(Arch::Granite),
             "mistral3" => Ok(Arch::Mistral3),
             "phi3" => Ok(Arch::Phi3),
+            "gpt-oss" => Ok(Arch::GptOss),
             other => Err(GgufError::UnsupportedArchitecture(other.to_string())),
         }
     }
@@ -69,14 +77,15 @@ impl Arch {
             | Arch::Qwen3Moe
             | Arch::Gemma2
             | Arch::Gemma3
-            | Arch::Phi3 => RopeStyle::Neox,
+            | Arch::Phi3
+            | Arch::GptOss => RopeStyle::Neox,
         }
     }
 
     /// Whether its Q/K/V always carry biases (llama files may too: see
     /// [`HyperParams::from_file`]).
     pub fn qkv_bias(self) -> bool {
-        self == Arch::Qwen2
+        matches!(self, Arch::Qwen2 | Arch::GptOss)
     }
 
     /// Whether each query and key head is RMS-normed before RoPE.
@@ -100,6 +109,7 @@ impl Arch {
             Arch::Granite => "granite",
             Arch::Mistral3 => "mistral3",
             Arch::Phi3 => "phi3",
+            Arch::GptOss => "gpt-oss",
         }
     }
 }
@@ -120,9 +130,18 @@ pub enum Activation {
     Silu,
     /// gelu(gate) * up with GELU's tanh approximation (GeGLU; gemma).
     GeluTanh,
+    /// gpt-oss's experts: g = min(gate, 7), u = clamp(up, -7, 7),
+    /// g sigmoid(1.702 g) (u + 1) (ggml's swiglu_oai).
+    SwigluOai,
 }
 
-/// Sliding-window attention (gemma2/3): on its layers a token attends to
+impl Activation {
+    /// gpt-oss's clamp and sigmoid slope (llama.cpp's constants).
+    pub const OAI_LIMIT: f32 = 7.0;
+    pub const OAI_ALPHA: f32 = 1.702;
+}
+
+/// Sliding-window attention (gemma2/3, gpt-oss): on its layers a token attends to
 /// the `window` newest keys, its own included (positions p - window + 1
 /// ..= p), as llama.cpp's standard SWA mask.
 #[derive(Clone, Debug, PartialEq)]
@@ -145,6 +164,9 @@ pub struct Moe {
     pub n_expert: usize,
     pub n_expert_used: usize,
     pub n_ff_exp: usize,
+    /// gpt-oss: the router and every expert matrix add a bias
+    /// (`ffn_*.bias`; the experts' are (rows, n_expert)).
+    pub bias: bool,
 }
 
 /// Everything the forward pass needs to know about a model's shape.
@@ -202,6 +224,11 @@ pub struct HyperParams {
     pub logit_scale: f32,
     /// The FFN is a mixture of experts (every layer).
     pub moe: Option<Moe>,
+    /// `attn_output.bias` (gpt-oss).
+    pub out_bias: bool,
+    /// `attn_sinks.weight` (gpt-oss): per query head a logit in the
+    /// softmax's denominator with no value.
+    pub attn_sinks: bool,
 }
 
 /// The names of one layer's tensors.
@@ -228,6 +255,14 @@ pub struct LayerNames {
     pub ffn_gate_exps: String,
     pub ffn_up_exps: String,
     pub ffn_down_exps: String,
+    /// gpt-oss: the attention's output bias and sinks, the router's and
+    /// the experts' biases.
+    pub bo: String,
+    pub sinks: String,
+    pub ffn_gate_inp_b: String,
+    pub ffn_gate_exps_b: String,
+    pub ffn_up_exps_b: String,
+    pub ffn_down_exps_b: String,
 }
 
 impl LayerNames {
@@ -254,6 +289,12 @@ impl LayerNames {
             ffn_gate_exps: n("ffn_gate_exps.weight"),
             ffn_up_exps: n("ffn_up_exps.weight"),
             ffn_down_exps: n("ffn_down_exps.weight"),
+            bo: n("attn_output.bias"),
+            sinks: n("attn_sinks.weight"),
+            ffn_gate_inp_b: n("ffn_gate_inp.bias"),
+            ffn_gate_exps_b: n("ffn_gate_exps.bias"),
+            ffn_up_exps_b: n("ffn_up_exps.bias"),
+            ffn_down_exps_b: n("ffn_down_exps.bias"),
         }
     }
 }
@@ -461,10 +502,10 @@ impl HyperParams {
             tied_output: true,
             qkv_bias: arch.qkv_bias(),
             qk_norm: arch.qk_norm(),
-            act: if arch.gemma() {
-                Activation::GeluTanh
-            } else {
-                Activation::Silu
+            act: match arch {
+                a if a.gemma() => Activation::GeluTanh,
+                Arch::GptOss => Activation::SwigluOai,
+                _ => Activation::Silu,
             },
             embd_scale,
             attn_scale,
@@ -477,7 +518,19 @@ impl HyperParams {
             moe,
             attn_temp,
             rope_attn_factor,
+            out_bias: arch == Arch::GptOss,
+            attn_sinks: arch == Arch::GptOss,
         })
+    }
+
+    /// The names of layer `l`'s tensors: gpt-oss's FFN norm is its
+    /// `post_attention_norm`.
+    pub fn layer_names(&self, l: usize) -> LayerNames {
+        let mut n = LayerNames::new(l);
+        if self.arch == Arch::GptOss {
+            n.ffn_norm = std::mem::take(&mut n.attn_post_norm);
+        }
+        n
     }
 
     /// The factor llama.cpp's RoPE multiplies its cos and sin by
@@ -517,7 +570,7 @@ impl HyperParams {
             "ffn_down.bias",
         ] {
             let name = format!("blk.0.{b}");
-            if file.tensor_info(&name).is_some() {
+            if file.tensor_info(&name).is_some() && !(hp.out_bias && b == "attn_output.bias") {
                 return Err(GgufError::BadTensor {
                     name,
                     what: format!(
@@ -556,8 +609,9 @@ impl HyperParams {
             self.n_vocab as u64,
         );
         let mut out = vec![(TOKEN_EMBD.to_string(), vec![d, v])];
+        let h = self.n_head as u64;
         for l in 0..self.n_layer {
-            let n = LayerNames::new(l);
+            let n = self.layer_names(l);
             out.push((n.attn_norm, vec![d]));
             out.push((n.wq, vec![d, q]));
             out.push((n.wk, vec![d, kv]));
@@ -572,6 +626,12 @@ impl HyperParams {
                 out.push((n.k_norm, vec![self.head_dim as u64]));
             }
             out.push((n.wo, vec![q, d]));
+            if self.out_bias {
+                out.push((n.bo, vec![d]));
+            }
+            if self.attn_sinks {
+                out.push((n.sinks, vec![h]));
+            }
             if self.post_norms {
                 out.push((n.attn_post_norm, vec![d]));
             }
@@ -582,6 +642,12 @@ impl HyperParams {
                 out.push((n.ffn_gate_exps, vec![d, fe, e]));
                 out.push((n.ffn_up_exps, vec![d, fe, e]));
                 out.push((n.ffn_down_exps, vec![fe, d, e]));
+                if m.bias {
+                    out.push((n.ffn_gate_inp_b, vec![e]));
+                    out.push((n.ffn_gate_exps_b, vec![fe, e]));
+                    out.push((n.ffn_up_exps_b, vec![fe, e]));
+                    out.push((n.ffn_down_exps_b, vec![d, e]));
+                }
             } else {
                 out.push((n.ffn_gate, vec![d, ff]));
                 out.push((n.ffn_up, vec![d, ff]));
@@ -599,11 +665,13 @@ impl HyperParams {
     }
 }
 
-/// The sliding window of a gemma2/3 file, as llama.cpp reads it:
-/// `attention.sliding_window` (gemma2: 4096 when absent; gemma3: none when
-/// absent or 0) and `attention.sliding_window_pattern`, a per-layer array
-/// of flags or a period n (layers with l % n < n - 1 slide; gemma2 2,
-/// gemma3 6).
+/// The sliding window of a gemma2/3 or gpt-oss file, as llama.cpp reads
+/// it: `attention.sliding_window` (gemma2: 4096 when absent; gemma3: none
+/// when absent or 0; gpt-oss: required) and
+/// `attention.sliding_window_pattern`, a per-layer array of flags or a
+/// period n (layers with l % n < n - 1 slide; gemma2 and gpt-oss 2,
+/// gemma3 6). gpt-oss's window layers share the global RoPE (YaRN
+/// included) unless `rope.freq_base_swa` says otherwise.
 fn sliding_window(
     md: &Metadata,
     arch: Arch,
@@ -616,6 +684,12 @@ fn sliding_window(
     let (default_window, period, swa_base, swa_linear) = match arch {
         Arch::Gemma2 => (Some(4096), 2, rope_freq_base, rope_linear),
         Arch::Gemma3 => (None, 6, 10000.0, 1.0),
+        Arch::GptOss => {
+            if md.opt_usize(&key("attention.sliding_window"))?.is_none() {
+                return Err(bad(format!("{a}.attention.sliding_window is missing")));
+            }
+            (None, 2, rope_freq_base, rope_linear)
+        }
         _ => return Ok(None),
     };
     let window = match md.opt_usize(&key("attention.sliding_window"))? {
@@ -663,12 +737,15 @@ fn moe(md: &Metadata, arch: Arch, n_ff: usize) -> Result<Option<Moe>> {
     let key = |k: &str| format!("{a}.{k}");
     let n_expert = md.opt_usize(&key("expert_count"))?.unwrap_or(0);
     if n_expert == 0 {
-        if arch == Arch::Qwen3Moe {
+        if matches!(arch, Arch::Qwen3Moe | Arch::GptOss) {
             return Err(bad(format!("{a}.expert_count is missing or 0")));
         }
         return Ok(None);
     }
-    if !matches!(arch, Arch::Llama | Arch::Qwen3Moe | Arch::Mistral3) {
+    if !matches!(
+        arch,
+        Arch::Llama | Arch::Qwen3Moe | Arch::Mistral3 | Arch::GptOss
+    ) {
         return Err(bad(format!("{a} with experts is not supported")));
     }
     let used = md.opt_usize(&key("expert_used_count"))?.unwrap_or(0);
@@ -681,6 +758,9 @@ fn moe(md: &Metadata, arch: Arch, n_ff: usize) -> Result<Option<Moe>> {
         Arch::Qwen3Moe => md
             .opt_usize(&key("expert_feed_forward_length"))?
             .unwrap_or(n_ff / used),
+        Arch::GptOss => md
+            .opt_usize(&key("expert_feed_forward_length"))?
+            .unwrap_or(n_ff),
         _ => n_ff,
     };
     if n_ff_exp == 0 {
@@ -690,5 +770,6 @@ fn moe(md: &Metadata, arch: Arch, n_ff: usize) -> Result<Option<Moe>> {
         n_expert,
         n_expert_used: used,
         n_ff_exp,
+        bias: arch == Arch::GptOss,
     }))
 }

@@ -20,6 +20,7 @@ pub mod hparams;
 pub mod metadata;
 pub mod quant;
 pub mod rope;
+pub mod shapes;
 pub mod synth;
 pub mod types;
 pub mod writer;

@@ -247,16 +247,12 @@ impl Metadata {
         Self::default()
     }
 
-    pub(crate) fn to_lib(&self) -> gguf_rs_lib::format::metadata::Metadata {
-        let mut m = gguf_rs_lib::format::metadata::Metadata::new();
-        for (k, v) in &self.entries {
-            m.insert(k.clone(), v.to_lib());
-        }
-        m
-    }
-
     pub fn insert(&mut self, key: impl Into<String>, value: Value) {
         self.entries.insert(key.into(), value);
+    }
+
+    pub fn remove(&mut self, key: &str) -> Option<Value> {
+        self.entries.remove(key)
     }
 
     pub fn get(&self, key: &str) -> Option<&Value> {

@@ -17,338 +17,11 @@ use crate::error::{GgufError, Result};
 use crate::hparams::{Arch, HyperParams, LayerNames, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
 use crate::metadata::{Array, Metadata, Value};
 use crate::quant;
+pub use crate::shapes::{Shape, SHAPES};
 use crate::types::GgmlType;
 use crate::writer::{GgufWriter, TensorSpec};
 
-/// A model shape `m40-llm synth --shape` knows.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Shape {
-    pub name: &'static str,
-    pub arch: Arch,
-    pub n_layer: usize,
-    pub n_embd: usize,
-    pub n_head: usize,
-    pub n_head_kv: usize,
-    /// The head size the file states (`attention.key_length`; qwen3's
-    /// files always do, and from 0.6B to 4B it is not n_embd / n_head);
-    /// `None`: n_embd / n_head, unstated.
-    pub head_dim: Option<usize>,
-    pub n_ff: usize,
-    pub n_vocab: usize,
-    pub n_ctx_train: usize,
-    pub rope_freq_base: f32,
-    pub tied_output: bool,
-    /// Gemma: `attention.sliding_window` and `sliding_window_pattern` (the
-    /// period n: layers l % n < n - 1 slide), and the global layers'
-    /// linear RoPE scaling factor (`rope.scaling.factor`; 1: none).
-    pub swa: Option<(usize, usize)>,
-    pub rope_linear: f32,
-    /// gemma2's `attn_logit_softcapping`, where not its default (50).
-    pub attn_softcap: Option<f32>,
-    /// A mixture of experts: (experts, used per token, their FFN size).
-    pub moe: Option<(usize, usize, usize)>,
-    /// YaRN RoPE scaling: (factor, original context, beta_fast, beta_slow,
-    /// log multiplier; the last three written where not llama.cpp's
-    /// defaults 32, 1, 0).
-    pub yarn: Option<(f32, usize, f32, f32, f32)>,
-    /// `attention.temperature_scale` (mistral3).
-    pub attn_temp: Option<f32>,
-    /// LongRoPE (phi3): the original context, `rope.scaling.attn_factor`,
-    /// and `rope_factors_long` / `_short` tensors.
-    pub longrope: Option<(usize, f32)>,
-    /// Rotated dimensions per head (`rope.dimension_count`), where fewer
-    /// than the head size (Phi-4-mini: 96 of 128).
-    pub rope_dim: Option<usize>,
-}
-
-/// The shapes the synthesizer knows: `tiny` matches the quant zoo.
-/// What a shape does not state: a head size of n_embd / n_head, no window,
-/// no RoPE scaling, gemma2's default soft-cap, a dense FFN.
-const PLAIN: Shape = Shape {
-    name: "",
-    arch: Arch::Llama,
-    n_layer: 0,
-    n_embd: 0,
-    n_head: 0,
-    n_head_kv: 0,
-    head_dim: None,
-    n_ff: 0,
-    n_vocab: 0,
-    n_ctx_train: 0,
-    rope_freq_base: 10000.0,
-    tied_output: false,
-    swa: None,
-    rope_linear: 1.0,
-    attn_softcap: None,
-    moe: None,
-    yarn: None,
-    attn_temp: None,
-    longrope: None,
-    rope_dim: None,
-};
-
-pub const SHAPES: &[Shape] = &[
-    Shape {
-        name: "tiny",
-        arch: Arch::Llama,
-        n_layer: 2,
-        n_embd: 256,
-        n_head: 4,
-        n_head_kv: 2,
-        n_ff: 512,
-        n_vocab: 512,
-        n_ctx_train: 2048,
-        rope_freq_base: 10000.0,
-        tied_output: false,
-        ..PLAIN
-    },
-    Shape {
-        name: "smollm2-135m",
-        arch: Arch::Llama,
-        n_layer: 30,
-        n_embd: 576,
-        n_head: 9,
-        n_head_kv: 3,
-        n_ff: 1536,
-        n_vocab: 49152,
-        n_ctx_train: 8192,
-        rope_freq_base: 100000.0,
-        tied_output: true,
-        ..PLAIN
-    },
-    Shape {
-        name: "llama-1b",
-        arch: Arch::Llama,
-        n_layer: 16,
-        n_embd: 2048,
-        n_head: 32,
-        n_head_kv: 8,
-        n_ff: 8192,
-        n_vocab: 128256,
-        n_ctx_train: 131072,
-        rope_freq_base: 500000.0,
-        tied_output: true,
-        ..PLAIN
-    },
-    Shape {
-        name: "llama-8b",
-        arch: Arch::Llama,
-        n_layer: 32,
-        n_embd: 4096,
-        n_head: 32,
-        n_head_kv: 8,
-        n_ff: 14336,
-        n_vocab: 128256,
-        n_ctx_train: 131072,
-        rope_freq_base: 500000.0,
-        tied_output: false,
-        ..PLAIN
-    },
-    // Qwen3's tiny test shape: a head size (64) that is not n_embd / n_head.
-    Shape {
-        name: "qwen3-tiny",
-        arch: Arch::Qwen3,
-        head_dim: Some(64),
-        n_layer: 2,
-        n_embd: 128,
-        n_head: 4,
-        n_head_kv: 2,
-        n_ff: 384,
-        n_vocab: 512,
-        n_ctx_train: 4096,
-        rope_freq_base: 1000000.0,
-        tied_output: false,
-        ..PLAIN
-    },
-    Shape {
-        name: "qwen3-8b",
-        arch: Arch::Qwen3,
-        head_dim: Some(128),
-        n_layer: 36,
-        n_embd: 4096,
-        n_head: 32,
-        n_head_kv: 8,
-        n_ff: 12288,
-        n_vocab: 151936,
-        n_ctx_train: 40960,
-        rope_freq_base: 1000000.0,
-        tied_output: false,
-        ..PLAIN
-    },
-    // Gemma's tiny test shapes: head size 64 (not 128 / 4), a window of
-    // 5 keys so a 16-token test crosses it, global and window layers.
-    Shape {
-        name: "gemma2-tiny",
-        arch: Arch::Gemma2,
-        head_dim: Some(64),
-        n_layer: 2,
-        n_embd: 128,
-        n_head: 4,
-        n_head_kv: 2,
-        n_ff: 384,
-        n_vocab: 512,
-        n_ctx_train: 8192,
-        rope_freq_base: 10000.0,
-        tied_output: true,
-        swa: Some((5, 2)),
-        // Small enough that capping changes the random model's scores.
-        attn_softcap: Some(1.5),
-        ..PLAIN
-    },
-    Shape {
-        name: "gemma3-tiny",
-        arch: Arch::Gemma3,
-        head_dim: Some(64),
-        n_layer: 3,
-        n_embd: 128,
-        n_head: 4,
-        n_head_kv: 2,
-        n_ff: 384,
-        n_vocab: 512,
-        n_ctx_train: 32768,
-        rope_freq_base: 1000000.0,
-        tied_output: true,
-        swa: Some((5, 3)),
-        rope_linear: 8.0,
-        ..PLAIN
-    },
-    // Granite's tiny test shape: head size 64 (its attention multiplier
-    // 1/64, not 1/8).
-    Shape {
-        name: "granite-tiny",
-        arch: Arch::Granite,
-        n_layer: 2,
-        n_embd: 256,
-        n_head: 4,
-        n_head_kv: 2,
-        n_ff: 512,
-        n_vocab: 512,
-        n_ctx_train: 4096,
-        rope_freq_base: 10000000.0,
-        tied_output: true,
-        ..PLAIN
-    },
-    // Mistral 3's tiny test shape: YaRN (factor 16 over an original
-    // context of 8, betas 4 and 0.75, log multiplier 0.5) and the
-    // attention temperature from position 8, so a 16-token test crosses
-    // it. RoPE base 2 puts YaRN's ramp over pairs 0-25 of 32 (with base
-    // 10^6 and this context it would cover none).
-    Shape {
-        name: "mistral3-tiny",
-        arch: Arch::Mistral3,
-        head_dim: Some(64),
-        n_layer: 2,
-        n_embd: 128,
-        n_head: 4,
-        n_head_kv: 2,
-        n_ff: 384,
-        n_vocab: 512,
-        n_ctx_train: 512,
-        rope_freq_base: 2.0,
-        tied_output: false,
-        yarn: Some((16.0, 8, 4.0, 0.75, 0.5)),
-        attn_temp: Some(0.3),
-        ..PLAIN
-    },
-    // Phi-3's tiny test shape: fused Q/K/V and gate/up, LongRoPE factors
-    // over an original context of 256 (the short ones for contexts up to
-    // it, the long ones beyond; llama.cpp rounds its context up to a
-    // multiple of 256 before it chooses) and its attention factor, which
-    // scales the rotated dimensions only: 48 of 64, as Phi-4-mini rotates
-    // 96 of 128.
-    Shape {
-        name: "phi3-tiny",
-        arch: Arch::Phi3,
-        n_layer: 2,
-        n_embd: 256,
-        n_head: 4,
-        n_head_kv: 2,
-        n_ff: 384,
-        n_vocab: 512,
-        n_ctx_train: 1024,
-        rope_freq_base: 10000.0,
-        tied_output: false,
-        longrope: Some((256, 1.2)),
-        rope_dim: Some(48),
-        ..PLAIN
-    },
-    // Mixtures of experts: qwen3moe's tiny shape (8 experts, 3 a token),
-    // Mixtral's (llama with 4 experts, 2 a token), and Qwen3-30B-A3B.
-    Shape {
-        name: "qwen3moe-tiny",
-        arch: Arch::Qwen3Moe,
-        head_dim: Some(64),
-        n_layer: 2,
-        n_embd: 128,
-        n_head: 4,
-        n_head_kv: 2,
-        n_ff: 384,
-        n_vocab: 512,
-        n_ctx_train: 4096,
-        rope_freq_base: 1000000.0,
-        tied_output: false,
-        moe: Some((8, 3, 128)),
-        ..PLAIN
-    },
-    Shape {
-        name: "mixtral-tiny",
-        arch: Arch::Llama,
-        n_layer: 2,
-        n_embd: 256,
-        n_head: 4,
-        n_head_kv: 2,
-        n_ff: 256,
-        n_vocab: 512,
-        n_ctx_train: 4096,
-        rope_freq_base: 1000000.0,
-        tied_output: false,
-        moe: Some((4, 2, 256)),
-        ..PLAIN
-    },
-    Shape {
-        name: "qwen3-30b-a3b",
-        arch: Arch::Qwen3Moe,
-        head_dim: Some(128),
-        n_layer: 48,
-        n_embd: 2048,
-        n_head: 32,
-        n_head_kv: 4,
-        n_ff: 6144,
-        n_vocab: 151936,
-        n_ctx_train: 40960,
-        rope_freq_base: 1000000.0,
-        tied_output: false,
-        moe: Some((128, 8, 768)),
-        ..PLAIN
-    },
-    Shape {
-        name: "gemma3-12b",
-        arch: Arch::Gemma3,
-        head_dim: Some(256),
-        n_layer: 48,
-        n_embd: 3840,
-        n_head: 16,
-        n_head_kv: 8,
-        n_ff: 15360,
-        n_vocab: 262144,
-        n_ctx_train: 131072,
-        rope_freq_base: 1000000.0,
-        tied_output: true,
-        swa: Some((1024, 6)),
-        rope_linear: 8.0,
-        ..PLAIN
-    },
-];
-
 impl Shape {
-    pub fn find(name: &str) -> Option<&'static Shape> {
-        SHAPES.iter().find(|s| s.name.eq_ignore_ascii_case(name))
-    }
-
-    pub fn head_dim(&self) -> usize {
-        self.head_dim.unwrap_or(self.n_embd / self.n_head)
-    }
-
     /// The hyperparameters a reader finds in this shape's file: read back
     /// from its own metadata, so the two cannot disagree.
     fn hparams(&self) -> HyperParams {
@@ -369,6 +42,9 @@ pub enum FileType {
     /// tied embedding when there is none) and for `attn_v` and `ffn_down` in
     /// the first and last eighth of the layers and every third in between.
     Q4KM,
+    /// llama-quantize's MXFP4_MOE: the experts' matrices MXFP4, every
+    /// other matrix Q8_0 (gpt-oss's published files).
+    Mxfp4Moe,
 }
 
 impl FileType {
@@ -376,6 +52,9 @@ impl FileType {
     pub fn parse(name: &str) -> Option<FileType> {
         if name.eq_ignore_ascii_case("Q4_K_M") {
             return Some(FileType::Q4KM);
+        }
+        if name.eq_ignore_ascii_case("MXFP4_MOE") {
+            return Some(FileType::Mxfp4Moe);
         }
         GgmlType::from_name(name)
             .filter(|t| GgmlType::QUANTIZABLE.contains(t))
@@ -385,7 +64,7 @@ impl FileType {
     /// Every name [`FileType::parse`] accepts, comma-separated.
     pub fn names() -> String {
         let mut v: Vec<&str> = GgmlType::QUANTIZABLE.iter().map(|t| t.name()).collect();
-        v.push("Q4_K_M");
+        v.extend(["Q4_K_M", "MXFP4_MOE"]);
         v.join(", ")
     }
 
@@ -393,6 +72,7 @@ impl FileType {
         match self {
             FileType::All(t) => t.name(),
             FileType::Q4KM => "Q4_K_M",
+            FileType::Mxfp4Moe => "MXFP4_MOE",
         }
     }
 
@@ -410,9 +90,11 @@ impl FileType {
                 GgmlType::Q4_K => 14, // Q4_K_S
                 GgmlType::Q6_K => 18,
                 GgmlType::BF16 => 32,
+                GgmlType::MXFP4 => 38,
                 _ => 0,
             },
             FileType::Q4KM => 15,
+            FileType::Mxfp4Moe => 38,
         }
     }
 
@@ -439,6 +121,8 @@ impl FileType {
                     GgmlType::Q4_K
                 }
             }
+            FileType::Mxfp4Moe if name.ends_with("_exps.weight") => GgmlType::MXFP4,
+            FileType::Mxfp4Moe => GgmlType::Q8_0,
         };
         match ty {
             GgmlType::Q4_K if !row_len.is_multiple_of(256) => GgmlType::Q5_0,
@@ -530,7 +214,7 @@ pub fn metadata(shape: &Shape, ty: FileType) -> Metadata {
     if let Some((n_expert, used, n_ff_exp)) = shape.moe {
         md.insert(key("expert_count"), u(n_expert));
         md.insert(key("expert_used_count"), u(used));
-        if shape.arch == Arch::Qwen3Moe {
+        if matches!(shape.arch, Arch::Qwen3Moe | Arch::GptOss) {
             md.insert(key("expert_feed_forward_length"), u(n_ff_exp));
         }
     }
@@ -593,6 +277,15 @@ fn init_for(name: &str, hp: &HyperParams) -> Init {
     // LongRoPE's factors divide frequencies: near 1, like a norm's weights.
     if name.ends_with("norm.weight") || name.starts_with("rope_factors_") {
         Init::Norm
+    } else if name.ends_with("attn_sinks.weight") {
+        // Sinks of the scores' size, so they take a visible share.
+        Init::Uniform(1.0)
+    } else if name.ends_with("_exps.bias") && !name.contains("down") {
+        // gpt-oss's gate and up biases: wide enough that its clamp at 7
+        // bites on some (value, token).
+        Init::Uniform(4.0)
+    } else if name.ends_with(".bias") {
+        Init::Uniform(0.1 / residual)
     } else if name == TOKEN_EMBD {
         Init::Uniform(d.powf(-0.25))
     } else if name == OUTPUT {
@@ -730,8 +423,11 @@ pub fn write_model<W: Write>(
     let specs: Vec<TensorSpec> = tensors
         .into_iter()
         .map(|(name, shape)| {
-            // Routers stay F32, as llama-quantize leaves them.
-            let ty = if shape.len() == 1 || name.ends_with("ffn_gate_inp.weight") {
+            // Routers and biases stay F32, as llama-quantize leaves them.
+            let ty = if shape.len() == 1
+                || name.ends_with(".bias")
+                || name.ends_with("ffn_gate_inp.weight")
+            {
                 GgmlType::F32
             } else {
                 opts.ty.matrix_type(&name, shape[0] as usize, &hp)

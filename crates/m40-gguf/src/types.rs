@@ -90,6 +90,7 @@ impl GgmlType {
         GgmlType::Q6_K,
         GgmlType::IQ4_NL,
         GgmlType::IQ4_XS,
+        GgmlType::MXFP4,
     ];
 
     /// The formats [`crate::quant::quantize_row`] can produce.
@@ -104,6 +105,7 @@ impl GgmlType {
         GgmlType::Q5_1,
         GgmlType::Q4_K,
         GgmlType::Q6_K,
+        GgmlType::MXFP4,
     ];
 
     /// Whether m40-llm can dequantize (and so compute with) this type.

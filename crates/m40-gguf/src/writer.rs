@@ -1,12 +1,12 @@
-//! Writing GGUF v3 files tensor by tensor through gguf-rs-lib's stream writer,
-//! so a model never has to be held in memory whole.
+//! Writing GGUF v3 files tensor by tensor, so a model never has to be held
+//! in memory whole. gguf-rs-lib encodes the header, the metadata values and
+//! the tensor descriptors; the keys are written here, because gguf-rs-lib
+//! refuses keys llama.cpp writes (`gpt-oss.context_length`: architecture
+//! names with '-').
 
 use std::io::{Read, Write};
 
-use gguf_rs_lib::format::header::GGUFHeader;
-use gguf_rs_lib::format::types::GGUFTensorType;
-use gguf_rs_lib::tensor::{TensorInfo as LibTensorInfo, TensorShape};
-use gguf_rs_lib::writer::{GGUFStreamWriter, StreamWriterConfig};
+use gguf_rs_lib::format::header::{GGUFHeader, TensorInfo as LibTensorInfo};
 
 use crate::error::{GgufError, Result};
 use crate::metadata::Metadata;
@@ -52,71 +52,105 @@ impl TensorSpec {
 /// Writes header, metadata and descriptors up front; then each tensor's data
 /// in declaration order through [`GgufWriter::write_tensor`].
 pub struct GgufWriter<W: Write> {
-    inner: GGUFStreamWriter<W>,
-    infos: Vec<LibTensorInfo>,
+    out: Counted<W>,
+    /// Each declared tensor's size in bytes.
+    sizes: Vec<u64>,
     next: usize,
+}
+
+/// A sink that counts the bytes written, for the alignment padding.
+struct Counted<W> {
+    inner: W,
+    pos: u64,
+}
+
+impl<W: Write> Write for Counted<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.pos += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+impl<W: Write> Counted<W> {
+    fn pad(&mut self) -> Result<()> {
+        let n = self.pos.next_multiple_of(ALIGNMENT) - self.pos;
+        self.write_all(&vec![0u8; n as usize]).map_err(io)
+    }
 }
 
 fn lib_err(e: gguf_rs_lib::error::GGUFError) -> GgufError {
     GgufError::Write(e.to_string())
 }
 
+fn io(e: std::io::Error) -> GgufError {
+    GgufError::Write(e.to_string())
+}
+
 impl<W: Write> GgufWriter<W> {
     pub fn new(out: W, metadata: &Metadata, tensors: &[TensorSpec]) -> Result<Self> {
-        let mut infos = Vec::with_capacity(tensors.len());
+        let mut out = Counted { inner: out, pos: 0 };
+        GGUFHeader::new(tensors.len() as u64, metadata.len() as u64)
+            .write_to(&mut out)
+            .map_err(lib_err)?;
+        for (key, value) in metadata.iter() {
+            let v = value.to_lib();
+            out.write_all(&(key.len() as u64).to_le_bytes())
+                .and_then(|_| out.write_all(key.as_bytes()))
+                .and_then(|_| out.write_all(&(v.value_type() as u32).to_le_bytes()))
+                .map_err(io)?;
+            v.write_to(&mut out).map_err(lib_err)?;
+        }
+        let mut sizes = Vec::with_capacity(tensors.len());
         let mut offset = 0u64;
         for t in tensors {
             let size = t.n_bytes()?;
-            let ty = GGUFTensorType::from_u32(t.ty as u32).map_err(lib_err)?;
-            let shape = TensorShape::new(t.shape.clone()).map_err(lib_err)?;
-            infos.push(LibTensorInfo::new(t.name.clone(), shape, ty, offset));
-            offset = (offset + size).div_ceil(ALIGNMENT) * ALIGNMENT;
+            LibTensorInfo::new(t.name.clone(), t.shape.clone(), t.ty as u32, offset)
+                .write_to(&mut out)
+                .map_err(lib_err)?;
+            sizes.push(size);
+            offset = (offset + size).next_multiple_of(ALIGNMENT);
         }
-        let config = StreamWriterConfig {
-            tensor_alignment: ALIGNMENT as usize,
-            validate_data: true,
-            buffer_size: 1 << 20,
-        };
-        let mut inner = GGUFStreamWriter::with_config(out, config);
-        inner
-            .write_header(&GGUFHeader::new(
-                tensors.len() as u64,
-                metadata.len() as u64,
-            ))
-            .map_err(lib_err)?;
-        inner.write_metadata(&metadata.to_lib()).map_err(lib_err)?;
-        inner.write_tensor_infos(&infos).map_err(lib_err)?;
-        inner.align_for_tensor_data().map_err(lib_err)?;
+        out.pad()?;
         Ok(Self {
-            inner,
-            infos,
+            out,
+            sizes,
             next: 0,
         })
     }
 
     /// Write the next tensor's data, read from `data` (exactly its size).
     pub fn write_tensor(&mut self, data: impl Read) -> Result<()> {
-        let info = self
-            .infos
+        let &size = self
+            .sizes
             .get(self.next)
             .ok_or_else(|| GgufError::Write("more tensors written than declared".into()))?;
-        self.inner
-            .write_tensor_data_chunked(info, data)
-            .map_err(lib_err)?;
+        let mut data = data.take(size + 1);
+        let n = std::io::copy(&mut data, &mut self.out).map_err(io)?;
+        if n != size {
+            return Err(GgufError::Write(format!(
+                "tensor {} has {n} bytes of data, {size} declared",
+                self.next
+            )));
+        }
+        self.out.pad()?;
         self.next += 1;
         Ok(())
     }
 
     /// Flush and return the sink; every declared tensor must have been written.
     pub fn finish(mut self) -> Result<W> {
-        if self.next != self.infos.len() {
+        if self.next != self.sizes.len() {
             return Err(GgufError::Write(format!(
                 "{} of {} tensors written",
                 self.next,
-                self.infos.len()
+                self.sizes.len()
             )));
         }
-        self.inner.finalize().map_err(lib_err)?;
-        Ok(self.inner.into_inner())
+        self.out.flush().map_err(io)?;
+        Ok(self.out.inner)
     }
 }

@@ -425,3 +425,55 @@ fn phi3_fused_matrices_are_split_into_their_parts() {
         .to_string();
     assert!(e.contains("cannot be split"), "{e}");
 }
+
+/// gpt-oss as llama.cpp reads it: the architecture's name with '-' in
+/// every key, every other layer a window from layer 0 (the global RoPE on
+/// both), biases and sinks, `post_attention_norm` as the FFN norm, its
+/// published MXFP4_MOE mix; a file without its window is refused.
+#[test]
+fn gpt_oss_reads_as_llama_cpp_does() {
+    use m40_gguf::hparams::Activation;
+    use m40_gguf::synth::{metadata, write_model, FileType, Shape, SynthOptions};
+    let shape = Shape::find("gpt-oss-tiny").unwrap();
+    let opts = SynthOptions {
+        shape,
+        ty: FileType::Mxfp4Moe,
+        seed: 0,
+    };
+    let f =
+        m40_gguf::GgufFile::from_bytes(write_model(Vec::new(), &opts, |_, _| {}).unwrap()).unwrap();
+    let hp = HyperParams::from_file(&f).unwrap();
+    let w = hp.sliding_window.clone().unwrap();
+    assert_eq!((w.window, w.layers.clone()), (5, vec![true, false]));
+    assert_eq!(w.rope_freq_base, hp.rope_freq_base);
+    assert_eq!(
+        (hp.head_dim, hp.n_head * hp.head_dim, hp.n_embd),
+        (64, 256, 128)
+    );
+    assert!(hp.qkv_bias && hp.out_bias && hp.attn_sinks && !hp.post_norms);
+    assert_eq!(hp.act, Activation::SwigluOai);
+    let m = hp.moe.unwrap();
+    assert_eq!(
+        (m.n_expert, m.n_expert_used, m.n_ff_exp, m.bias),
+        (8, 3, 128, true)
+    );
+    assert_eq!(
+        hp.layer_names(1).ffn_norm,
+        "blk.1.post_attention_norm.weight"
+    );
+    for (name, ty) in [
+        ("blk.0.ffn_gate_exps.weight", GgmlType::MXFP4),
+        ("blk.0.ffn_down_exps.weight", GgmlType::MXFP4),
+        ("blk.0.ffn_down_exps.bias", GgmlType::F32),
+        ("blk.0.ffn_gate_inp.weight", GgmlType::F32),
+        ("blk.0.attn_q.weight", GgmlType::Q8_0),
+        ("blk.0.attn_sinks.weight", GgmlType::F32),
+        ("output.weight", GgmlType::Q8_0),
+    ] {
+        assert_eq!(f.tensor_info(name).unwrap().ty, ty, "{name}");
+    }
+    let mut md = metadata(shape, FileType::Mxfp4Moe);
+    md.remove("gpt-oss.attention.sliding_window");
+    let err = HyperParams::from_metadata(&md).unwrap_err().to_string();
+    assert!(err.contains("gpt-oss.attention.sliding_window"), "{err}");
+}

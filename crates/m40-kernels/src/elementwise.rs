@@ -42,6 +42,25 @@ impl Kernels {
         self.in_place("geglu_f32", stream, g, u, n)
     }
 
+    /// g = act(g) * u over the first `n` elements, by the model's gate
+    /// activation (SwiGLU, GeGLU, gpt-oss's clamped SwiGLU).
+    pub fn glu(
+        &self,
+        stream: &Stream,
+        act: m40_gguf::hparams::Activation,
+        g: &mut DeviceBuffer<f32>,
+        u: &DeviceView<'_, f32>,
+        n: usize,
+    ) -> Result<()> {
+        use m40_gguf::hparams::Activation;
+        let name = match act {
+            Activation::Silu => "swiglu_f32",
+            Activation::GeluTanh => "geglu_f32",
+            Activation::SwigluOai => "swiglu_oai_f32",
+        };
+        self.in_place(name, stream, g, u, n)
+    }
+
     /// x = x * s over the first `n` elements.
     pub fn scale(
         &self,
@@ -244,7 +263,7 @@ impl Kernels {
         let kernel = self.kernel("elementwise", name)?;
         let grid = (self.flat_grid(n), 1, 1);
         let n = n as i64;
-        // SAFETY: swiglu_f32, geglu_f32 and add_f32 are (float* y, const float* x, long long n),
+        // SAFETY: swiglu_f32, geglu_f32, swiglu_oai_f32 and add_f32 are (float* y, const float* x, long long n),
         // grid-stride over i < n; lengths checked above.
         unsafe {
             stream

@@ -226,7 +226,7 @@ impl Model {
     }
 
     pub(crate) fn layer(&self, l: usize) -> LayerNames {
-        LayerNames::new(l)
+        self.hp.layer_names(l)
     }
 }
 

@@ -16,6 +16,10 @@ pub const KVALUES_IQ4NL: [i8; 16] = [
     -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
 ];
 
+/// The E2M1 values of MXFP4 (doubled: the block's scale is half its
+/// power of two).
+pub const KVALUES_MXFP4: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
 /// `x = d * (q - 8)`, q in the low then high nibbles of `qs`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Pod, Zeroable)]
@@ -130,7 +134,17 @@ pub struct BlockIQ4XS {
     pub qs: [u8; QK_K / 2],
 }
 
+/// MXFP4 (OCP microscaling): `x = 2^(e - 128) * KVALUES_MXFP4[q]`, q in the
+/// low then high nibbles of `qs`; 17 bytes, so blocks are byte-aligned.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+pub struct BlockMXFP4 {
+    pub e: u8,
+    pub qs: [u8; QK32 / 2],
+}
+
 const _: () = {
+    assert!(std::mem::size_of::<BlockMXFP4>() == 17);
     assert!(std::mem::size_of::<BlockQ4_0>() == 18);
     assert!(std::mem::size_of::<BlockQ4_1>() == 20);
     assert!(std::mem::size_of::<BlockQ5_0>() == 22);

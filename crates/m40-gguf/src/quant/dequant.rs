@@ -179,6 +179,26 @@ pub fn block_iq4_nl(b: &BlockIQ4NL, y: &mut [f32]) {
     }
 }
 
+/// An E8M0 scale halved, as ggml's `GGML_E8M0_TO_FP32_HALF`: 2^(e - 128),
+/// the denormals 2^-128 and 2^-127 for e = 0 and 1.
+#[inline]
+pub fn e8m0_half(e: u8) -> f32 {
+    f32::from_bits(if e < 2 {
+        0x0020_0000 << e
+    } else {
+        (e as u32 - 1) << 23
+    })
+}
+
+#[inline]
+pub fn block_mxfp4(b: &BlockMXFP4, y: &mut [f32]) {
+    let d = e8m0_half(b.e);
+    for j in 0..QK32 / 2 {
+        y[j] = KVALUES_MXFP4[(b.qs[j] & 0xF) as usize] as f32 * d;
+        y[j + QK32 / 2] = KVALUES_MXFP4[(b.qs[j] >> 4) as usize] as f32 * d;
+    }
+}
+
 #[inline]
 pub fn block_iq4_xs(b: &BlockIQ4XS, y: &mut [f32]) {
     let d = b.d.to_f32();

@@ -78,6 +78,7 @@ pub fn dequantize(ty: GgmlType, src: &[u8], out: &mut [f32]) -> Result<()> {
         GgmlType::Q6_K => each_block::<BlockQ6K>(src, out, QK_K, d::block_q6_k),
         GgmlType::IQ4_NL => each_block::<BlockIQ4NL>(src, out, QK32, d::block_iq4_nl),
         GgmlType::IQ4_XS => each_block::<BlockIQ4XS>(src, out, QK_K, d::block_iq4_xs),
+        GgmlType::MXFP4 => each_block::<BlockMXFP4>(src, out, QK32, d::block_mxfp4),
         other => {
             return Err(GgufError::UnsupportedType {
                 ty: other,
@@ -125,6 +126,7 @@ pub fn quantize(ty: GgmlType, x: &[f32], out: &mut [u8]) -> Result<()> {
         GgmlType::Q5_1 => push_blocks(x, blocks::QK32, out, q::block_q5_1),
         GgmlType::Q4_K => push_blocks(x, blocks::QK_K, out, q::block_q4_k),
         GgmlType::Q6_K => push_blocks(x, blocks::QK_K, out, q::block_q6_k),
+        GgmlType::MXFP4 => push_blocks(x, blocks::QK32, out, q::block_mxfp4),
         other => {
             return Err(GgufError::UnsupportedType {
                 ty: other,

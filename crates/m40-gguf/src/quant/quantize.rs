@@ -43,6 +43,34 @@ fn signed_absmax(x: &[f32]) -> f32 {
     max
 }
 
+/// MXFP4 as ggml's `quantize_row_mxfp4_ref`: the scale 2^(floor(log2
+/// amax) - 2), each value the nearest of its 16 levels (ties: the first).
+pub fn block_mxfp4(x: &[f32]) -> BlockMXFP4 {
+    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+    // ggml converts the float to uint8_t (through an int on x86).
+    let e = if amax > 0.0 {
+        (amax.log2().floor() - 2.0 + 127.0) as i32 as u8
+    } else {
+        0
+    };
+    let d = super::dequant::e8m0_half(e);
+    let best = |v: f32| -> u8 {
+        let mut best = (0u8, (KVALUES_MXFP4[0] as f32 * d - v).abs());
+        for (i, &k) in KVALUES_MXFP4.iter().enumerate().skip(1) {
+            let err = (k as f32 * d - v).abs();
+            if err < best.1 {
+                best = (i as u8, err);
+            }
+        }
+        best.0
+    };
+    let mut qs = [0u8; QK32 / 2];
+    for j in 0..QK32 / 2 {
+        qs[j] = best(x[j]) | best(x[j + QK32 / 2]) << 4;
+    }
+    BlockMXFP4 { e, qs }
+}
+
 pub fn block_q4_0(x: &[f32]) -> BlockQ4_0 {
     let max = signed_absmax(x);
     let d = max / -8.0;

@@ -3,6 +3,7 @@
 
 pub(crate) mod fused;
 pub mod matmul;
+mod moe;
 pub mod ops;
 pub(crate) mod q8;
 pub(crate) mod simd;
@@ -19,10 +20,10 @@ use rayon::prelude::*;
 use crate::error::{ModelError, Result};
 use crate::host::human_bytes;
 use crate::{Backend, KvState, Logits, Model, SeqStep, StepOut, Want};
-use m40_gguf::hparams::{Activation, LayerNames};
 use m40_gguf::TensorView;
 use matmul::matmul;
-use ops::{geglu, rmsnorm, softcap, softmax, swiglu, Rope};
+pub use moe::route;
+use ops::{glu, rmsnorm, softcap, softmax_sink, Rope};
 
 /// Small per-layer vectors kept as f32 (norm weights, biases).
 struct LayerVecs {
@@ -35,6 +36,12 @@ struct LayerVecs {
     qk_norm: Option<[Vec<f32>; 2]>,
     /// gemma: the RMSNorm weights of the attention's and the FFN's outputs.
     post_norms: Option<[Vec<f32>; 2]>,
+    /// gpt-oss: the attention output's bias, the sink logit of each head.
+    bo: Option<Vec<f32>>,
+    sinks: Option<Vec<f32>>,
+    /// gpt-oss: the router's bias (n_expert) and the experts' biases of
+    /// gate, up (n_expert, n_ff_exp) and down (n_expert, n_embd).
+    moe_bias: Option<[Vec<f32>; 4]>,
 }
 
 /// How the CPU backend multiplies by the weights.
@@ -104,7 +111,21 @@ impl CpuBackend {
                     Ok(None)
                 }
             };
+            let opt = |on: bool, name: &str| -> Result<Option<Vec<f32>>> {
+                on.then(|| vec_f32(&model, name)).transpose()
+            };
             layers.push(LayerVecs {
+                bo: opt(hp.out_bias, &n.bo)?,
+                sinks: opt(hp.attn_sinks, &n.sinks)?,
+                moe_bias: match hp.moe {
+                    Some(m) if m.bias => Some([
+                        vec_f32(&model, &n.ffn_gate_inp_b)?,
+                        vec_f32(&model, &n.ffn_gate_exps_b)?,
+                        vec_f32(&model, &n.ffn_up_exps_b)?,
+                        vec_f32(&model, &n.ffn_down_exps_b)?,
+                    ]),
+                    _ => None,
+                },
                 attn_norm: vec_f32(&model, &n.attn_norm)?,
                 ffn_norm: vec_f32(&model, &n.ffn_norm)?,
                 bq: bias(&n.bq)?,
@@ -156,65 +177,6 @@ impl CpuBackend {
         }
     }
 
-    /// The mixture-of-experts FFN of layer `names` for the `n` rows of h
-    /// into `out` (n, n_embd): each token's experts as [`route`] picks
-    /// them, every expert's tokens through its matrices together, and
-    /// each token's outputs summed in the order of its experts (the same
-    /// arithmetic whatever else the step holds).
-    fn moe_ffn(&self, names: &LayerNames, h: &[f32], n: usize, out: &mut [f32]) -> Result<()> {
-        let hp = self.model.hparams();
-        let m = hp.moe.expect("a mixture");
-        let (d, k, ff) = (hp.n_embd, m.n_expert_used, m.n_ff_exp);
-        let mut logits = vec![0f32; n * m.n_expert];
-        self.matmul(&names.ffn_gate_inp, h, n, &mut logits)?;
-        let routes: Vec<Vec<(usize, f32)>> = logits
-            .chunks_exact(m.n_expert)
-            .map(|l| route(l, k))
-            .collect();
-        let [gw, uw, dw] = [
-            &names.ffn_gate_exps,
-            &names.ffn_up_exps,
-            &names.ffn_down_exps,
-        ]
-        .map(|name| self.model.tensor(name));
-        // Every (token, slot)'s expert output, (n, k, d).
-        let mut slots = vec![0f32; n * k * d];
-        for e in 0..m.n_expert {
-            let mine: Vec<(usize, usize)> = (0..n)
-                .flat_map(|t| {
-                    let r = &routes[t];
-                    (0..k).filter(move |&j| r[j].0 == e).map(move |j| (t, j))
-                })
-                .collect();
-            if mine.is_empty() {
-                continue;
-            }
-            let ne = mine.len();
-            let xs: Vec<f32> = mine
-                .iter()
-                .flat_map(|&(t, _)| h[t * d..(t + 1) * d].iter().copied())
-                .collect();
-            let (gi, ui, di) = (gw.info.matrix(e), uw.info.matrix(e), dw.info.matrix(e));
-            let (mut g, mut u) = (vec![0f32; ne * ff], vec![0f32; ne * ff]);
-            self.matmul_view(&gw.matrix(&gi, e), &xs, ne, &mut g)?;
-            self.matmul_view(&uw.matrix(&ui, e), &xs, ne, &mut u)?;
-            swiglu(&mut g, &u);
-            let mut y = vec![0f32; ne * d];
-            self.matmul_view(&dw.matrix(&di, e), &g, ne, &mut y)?;
-            for (i, &(t, j)) in mine.iter().enumerate() {
-                slots[(t * k + j) * d..][..d].copy_from_slice(&y[i * d..(i + 1) * d]);
-            }
-        }
-        for (t, o) in out.chunks_exact_mut(d).enumerate().take(n) {
-            o.fill(0.0);
-            for (j, &(_, w)) in routes[t].iter().enumerate() {
-                let y = &slots[(t * k + j) * d..][..d];
-                o.iter_mut().zip(y).for_each(|(o, y)| *o += w * y);
-            }
-        }
-        Ok(())
-    }
-
     fn embed(&self, tokens: &[u32], x: &mut [f32]) -> Result<()> {
         let hp = self.model.hparams();
         let embd = self.model.tensor(TOKEN_EMBD);
@@ -252,6 +214,7 @@ impl CpuBackend {
         let hp = self.model.hparams();
         let (hd, group) = (hp.head_dim, hp.n_head / hp.n_head_kv);
         let (scale, cap) = (hp.attn_scale, hp.attn_softcap);
+        let sinks = self.layers[layer].sinks.as_deref();
         let window = hp
             .sliding_window
             .as_ref()
@@ -282,7 +245,8 @@ impl CpuBackend {
                     softcap(&mut scores, c);
                 }
                 for h in 0..group {
-                    softmax(&mut scores[h * len..(h + 1) * len]);
+                    let sink = sinks.map(|s| s[g * group + h]);
+                    softmax_sink(&mut scores[h * len..(h + 1) * len], sink);
                 }
                 o.fill(0.0);
                 for j in 0..len {
@@ -366,6 +330,7 @@ impl CpuBackend {
             let caches: Vec<&CpuCache> = seqs.iter().map(|(c, _, _)| &**c).collect();
             self.attention(&caches, &at, l, &q, &mut att);
             self.matmul(&names.wo, &att, n, &mut proj)?;
+            add_bias(&mut proj, &lv.bo);
             if let Some([post, _]) = &lv.post_norms {
                 rmsnorm(&mut proj, post, hp.rms_eps);
             }
@@ -374,16 +339,13 @@ impl CpuBackend {
             h.copy_from_slice(&x);
             rmsnorm(&mut h, &lv.ffn_norm, hp.rms_eps);
             if hp.moe.is_some() {
-                self.moe_ffn(&names, &h, n, &mut proj)?;
+                self.moe_ffn(&names, lv.moe_bias.as_ref(), &h, n, &mut proj)?;
                 add_residual(&mut x, &proj, hp.residual_scale);
                 continue;
             }
             self.matmul(&names.ffn_gate, &h, n, &mut gate)?;
             self.matmul(&names.ffn_up, &h, n, &mut up)?;
-            match hp.act {
-                Activation::Silu => swiglu(&mut gate, &up),
-                Activation::GeluTanh => geglu(&mut gate, &up),
-            }
+            glu(hp.act, &mut gate, &up);
             self.matmul(&names.ffn_down, &gate, n, &mut proj)?;
             if let Some([_, post]) = &lv.post_norms {
                 rmsnorm(&mut proj, post, hp.rms_eps);
@@ -491,19 +453,6 @@ fn kv_too_big(hp: &HyperParams, n_ctx: usize) -> ModelError {
     }
 }
 
-/// A token's experts from its router logits, as llama.cpp picks them:
-/// softmax over all, the `k` most probable (ties: the lower index), their
-/// probabilities renormalized to sum 1.
-pub fn route(logits: &[f32], k: usize) -> Vec<(usize, f32)> {
-    let mut p = logits.to_vec();
-    softmax(&mut p);
-    let mut order: Vec<usize> = (0..p.len()).collect();
-    order.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
-    order.truncate(k);
-    let sum = order.iter().map(|&e| p[e]).sum::<f32>().max(6.103_515_6e-5);
-    order.into_iter().map(|e| (e, p[e] / sum)).collect()
-}
-
 /// x += s * p: a residual branch (scaled by granite's multiplier; s * p
 /// is exactly p where s is 1).
 fn add_residual(x: &mut [f32], p: &[f32], s: f32) {
@@ -599,7 +548,7 @@ pub(crate) fn matrix_file(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use m40_gguf::hparams::{Arch, RopeScaling, RopeStyle};
+    use m40_gguf::hparams::{Activation, Arch, RopeScaling, RopeStyle};
 
     /// An 8B-like shape: 32 layers, 8 KV heads of 128 (128 KiB a token).
     fn hp() -> HyperParams {
@@ -634,6 +583,8 @@ mod tests {
             moe: None,
             attn_temp: None,
             rope_attn_factor: 1.0,
+            out_bias: false,
+            attn_sinks: false,
         }
     }
 

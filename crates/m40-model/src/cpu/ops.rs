@@ -71,7 +71,7 @@ impl Rope {
     /// present. YaRN's angles are theta_i (1 - r_i) / factor + theta_i r_i
     /// (its ramp r), one frequency per pair; its magnitude scale (and
     /// `rope.scaling.attn_factor`) multiply the rotated dimensions.
-    /// The sliding-window layers' RoPE (`for_window`) has neither.
+    /// gemma3's sliding-window layers' RoPE (`for_window`) has neither.
     pub fn for_model(model: &crate::Model) -> crate::Result<Self> {
         let hp = model.hparams();
         let linear = match hp.rope_scaling {
@@ -91,12 +91,21 @@ impl Rope {
         Ok(rope)
     }
 
-    /// The RoPE of `model`'s sliding-window layers, where it has them:
-    /// their own base and scaling.
+    /// The RoPE of `model`'s sliding-window layers where it differs from
+    /// the global layers' (gemma3): their own base and linear scaling,
+    /// neither YaRN nor a magnitude scale. gemma2's and gpt-oss's window
+    /// layers share the global RoPE (`None`).
     pub fn for_window(model: &crate::Model) -> crate::Result<Option<Self>> {
-        match &model.hparams().sliding_window {
-            Some(w) => Self::with_base(model, w.rope_freq_base, w.rope_linear).map(Some),
-            None => Ok(None),
+        let hp = model.hparams();
+        let linear = match hp.rope_scaling {
+            RopeScaling::Linear { factor } => factor,
+            _ => 1.0,
+        };
+        match &hp.sliding_window {
+            Some(w) if (w.rope_freq_base, w.rope_linear) != (hp.rope_freq_base, linear) => {
+                Self::with_base(model, w.rope_freq_base, w.rope_linear).map(Some)
+            }
+            _ => Ok(None),
         }
     }
 
@@ -175,6 +184,28 @@ pub fn geglu(g: &mut [f32], u: &[f32]) {
     }
 }
 
+/// gpt-oss's gate (ggml's swiglu_oai): g = min(g, 7), u = clamp(u, -7, 7),
+/// `g = g sigmoid(1.702 g) (u + 1)`.
+pub fn swiglu_oai(g: &mut [f32], u: &[f32]) {
+    use m40_gguf::hparams::Activation;
+    let (limit, alpha) = (Activation::OAI_LIMIT, Activation::OAI_ALPHA);
+    for (g, u) in g.iter_mut().zip(u) {
+        let x = g.min(limit);
+        let y = u.clamp(-limit, limit);
+        *g = x / (1.0 + (alpha * -x).exp()) * (y + 1.0);
+    }
+}
+
+/// The gate of `act`: `g = act(g) * u` (gpt-oss's as [`swiglu_oai`]).
+pub fn glu(act: m40_gguf::hparams::Activation, g: &mut [f32], u: &[f32]) {
+    use m40_gguf::hparams::Activation;
+    match act {
+        Activation::Silu => swiglu(g, u),
+        Activation::GeluTanh => geglu(g, u),
+        Activation::SwigluOai => swiglu_oai(g, u),
+    }
+}
+
 /// `x = c tanh(x / c)`: soft-capping to (-c, c).
 pub fn softcap(x: &mut [f32], c: f32) {
     x.iter_mut().for_each(|v| *v = c * (*v / c).tanh());
@@ -182,11 +213,22 @@ pub fn softcap(x: &mut [f32], c: f32) {
 
 /// In-place softmax.
 pub fn softmax(x: &mut [f32]) {
-    let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    softmax_sink(x, None)
+}
+
+/// In-place softmax, with `sink` (gpt-oss's attention sinks) a logit in
+/// the denominator whose probability is dropped, as ggml's soft_max_ext.
+pub fn softmax_sink(x: &mut [f32], sink: Option<f32>) {
+    let max = x
+        .iter()
+        .fold(sink.unwrap_or(f32::NEG_INFINITY), |m, &v| m.max(v));
     let mut sum = 0.0;
     for v in x.iter_mut() {
         *v = (*v - max).exp();
         sum += *v;
+    }
+    if let Some(s) = sink {
+        sum += (s - max).exp();
     }
     for v in x.iter_mut() {
         *v /= sum;

@@ -5,7 +5,6 @@
 //! KV append folded into the Q/K/V GEMV).
 
 use m40_device::{DeviceBuffer, DeviceView};
-use m40_gguf::hparams::Activation;
 use m40_gguf::HyperParams;
 use m40_kernels::{
     gemm_plan, AddResidual, AttnInputs, AttnPlan, AttnScratch, AttnShape, Fold, GemmOpts, GemvOpts,
@@ -265,10 +264,7 @@ impl GpuBackend {
             }
             _ => {
                 self.matmul_stacks(stacks, h, &mut [&mut *gate, &mut *up], n)?;
-                match self.model.hparams().act {
-                    Activation::Silu => k.swiglu(s, gate, &up.view(), n * n_ff)?,
-                    Activation::GeluTanh => k.geglu(s, gate, &up.view(), n * n_ff)?,
-                }
+                k.glu(s, self.model.hparams().act, gate, &up.view(), n * n_ff)?;
             }
         }
         Ok(())
