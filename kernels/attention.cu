@@ -7,12 +7,12 @@
 // make.
 #define ATTN_PARAMS                                                                                               \
     const float *q, const u16 *kpool, const u16 *vpool, const int *table, float *out, float *part_ml,             \
-        const int *pos, int n_tok, int n_head, int n_head_kv, int hd, int tpb, int gw, int hparts, int split_len, \
+        const int *pos, const float *sinks, int n_tok, int n_head, int n_head_kv, int hd, int tpb, int gw, int hparts, int split_len, \
         float scale_log2, int window, float softcap_log2
 #define ATTN_ARGS                                                                                                 \
     extern __shared__ __align__(16) float att_smem[];                                                             \
-    const AttnArgs a = {q, kpool, vpool, table, out, part_ml, pos, n_tok, n_head, n_head_kv, hd, tpb, gw, hparts, \
-                        split_len, scale_log2, window, softcap_log2}
+    const AttnArgs a = {q,     kpool,     vpool, table, out, part_ml, pos, sinks, n_tok, n_head, n_head_kv, hd, \
+                        tpb, gw, hparts, split_len, scale_log2, window, softcap_log2}
 
 // attn_f32_r<R>: head dimensions up to 32 R (each lane holds R of the output).
 #define ATTN_KERNEL(R)                                                             \
@@ -30,12 +30,14 @@ ATTN_KERNEL(7)
 ATTN_KERNEL(8)
 
 extern "C" __global__ void __launch_bounds__(ATT_COMBINE_THREADS)
-    attn_combine_f32(const float* part, const float* part_ml, float* out, int splits, int hd) {
+    attn_combine_f32(const float* part, const float* part_ml, float* out, const float* sinks, int splits, int hd,
+                     int n_head) {
     __shared__ float wz[ATT_MAX_SPLITS];
     __shared__ float red[ATT_COMBINE_THREADS];
     __shared__ float scratch[32];
     const int per = (hd + gridDim.y - 1) / gridDim.y, d_lo = blockIdx.y * per;
-    attn_combine_row(part, part_ml, out, splits, hd, blockIdx.x, d_lo, min(hd, d_lo + per), wz, red, scratch);
+    attn_combine_row(part, part_ml, out, splits, hd, blockIdx.x, d_lo, min(hd, d_lo + per), wz, red, scratch, sinks,
+                     n_head);
 }
 
 // attn_tile_f32_d<DPT>: prefill in register tiles, head dimension 16 DPT

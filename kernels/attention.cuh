@@ -39,6 +39,7 @@ struct AttnArgs {  // the kernels' parameters, in their order
     float* out;          // (n_tok, n_head, hd), or partial sums when splits > 1
     float* part_ml;      // (n_tok, n_head, splits, 2): running max and sum per split
     const int* pos;      // pos[0]: position of query token 0
+    const float* sinks;  // null, or per query head a logit in each softmax's denominator (gpt-oss)
     int n_tok, n_head, n_head_kv, hd;
     int tpb, gw, hparts; // tokens per block, heads per block, blocks per KV head
     int split_len;       // keys per split (a multiple of KV_PAGE)
@@ -56,6 +57,14 @@ __device__ __forceinline__ int attn_first_key(const AttnArgs& a, int p) {
 // c' tanh(s' / c') in base 2, c' = c log2(e)).
 __device__ __forceinline__ float attn_softcap(const AttnArgs& a, float s) {
     return a.softcap_log2 > 0.0f ? a.softcap_log2 * tanhf(s / a.softcap_log2) : s;
+}
+
+// The softmax's denominator l (base 2, relative to the running max m) of
+// query head h, with its sink logit where the model has them: l + 2^(s
+// log2(e) - m). A sink far above every score makes it infinite, the
+// output 0: the limit.
+__device__ __forceinline__ float attn_denom(const float* sinks, int h, float m, float l) {
+    return sinks ? l + exp2f(sinks[h] * 1.4426950408889634f - m) : l;
 }
 
 __device__ __forceinline__ float warp_max(float v) {
@@ -207,6 +216,7 @@ __device__ __forceinline__ void attn_block(const AttnArgs& a, float* smem, int b
     if (!active) return;
     const long long row = (long long)i * a.n_head + h;
     if (splits == 1) {
+        l = attn_denom(a.sinks, h, m, l);
         const float inv = l > 0.0f ? 1.0f / l : 0.0f;
         float* o = a.out + row * hd;
 #pragma unroll
@@ -229,7 +239,8 @@ __device__ __forceinline__ void attn_block(const AttnArgs& a, float* smem, int b
 }
 
 // Merge the partials of `splits` splits: out[row] = sum_z acc_z 2^(m_z - M) /
-// sum_z l_z 2^(m_z - M), M = max m_z (splits with no keys have m = -inf, l = 0).
+// sum_z l_z 2^(m_z - M), M = max m_z (splits with no keys have m = -inf, l = 0),
+// the denominator with row's sink where `sinks` (row = token * n_head + head).
 // part: (rows, splits, hd); part_ml: (rows, splits, 2); out: (rows, hd).
 // Grid (rows, parts), block ATT_COMBINE_THREADS; splits <= ATT_MAX_SPLITS.
 // Block (row, y) merges dimensions [d_lo, d_hi) of its row, the y-th of
@@ -244,7 +255,7 @@ __device__ __forceinline__ void attn_block(const AttnArgs& a, float* smem, int b
 // floats, scratch: 32 floats of shared memory.
 __device__ __forceinline__ void attn_combine_row(const float* part, const float* part_ml, float* out, int splits,
                                                  int hd, long long row, int d_lo, int d_hi, float* wz, float* red,
-                                                 float* scratch) {
+                                                 float* scratch, const float* sinks, int n_head) {
     const float* ml = part_ml + row * splits * 2;
     float M = ATT_NEG_INF;
     for (int z = threadIdx.x; z < splits; z += blockDim.x) M = fmaxf(M, ml[2 * z]);
@@ -262,6 +273,7 @@ __device__ __forceinline__ void attn_combine_row(const float* part, const float*
         L += l > 0.0f ? l * w : 0.0f;
     }
     L = block_sum(L, scratch);  // (its barriers also publish wz)
+    L = attn_denom(sinks, (int)(row % n_head), M, L);
     const float inv = L > 0.0f ? 1.0f / L : 0.0f;
     const int nd = d_hi - d_lo, nc = max(1, (int)blockDim.x / nd);
     const int c = threadIdx.x / nd, d0 = threadIdx.x % nd;
@@ -470,7 +482,8 @@ __device__ __forceinline__ void attn_tile_block(const AttnArgs& a, float* smem, 
     for (int i = 0; i < 4; ++i) {
         if (lim[i] < 0) continue;
         const int r = 4 * rg + i, tok = tok0 + r / group;
-        const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+        const float li = attn_denom(a.sinks, g * group + r % group, m[i], l[i]);
+        const float inv = li > 0.0f ? 1.0f / li : 0.0f;
         float* out = a.out + ((long long)tok * a.n_head + g * group + r % group) * HD;
 #pragma unroll
         for (int c = 0; c < NC; ++c)
@@ -665,6 +678,7 @@ __device__ __forceinline__ void attn_dec_block(const AttnArgs& a, float* smem, i
         }
         const long long row = g * group + h0 + h;
         if (splits == 1) {
+            L = attn_denom(a.sinks, (int)row, M, L);
             a.out[row * HD + d] = L > 0.0f ? o / L : 0.0f;
         } else {
             a.out[(row * splits + z) * HD + d] = o;

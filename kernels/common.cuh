@@ -39,6 +39,12 @@ __device__ __forceinline__ float geglu1(float g, float u) {
     return 0.5f * g * (1.0f + tanhf(0.7978845608f * g * (1.0f + 0.044715f * g * g))) * u;
 }
 
+// act(g) * u of the gate activations (m40_gguf's Activation, in order:
+// 0 SwiGLU, 1 GeGLU, 2 gpt-oss's clamped SwiGLU).
+__device__ __forceinline__ float glu_act(int act, float g, float u) {
+    return act == 2 ? swiglu_oai1(g, u) : act == 1 ? geglu1(g, u) : swiglu1(g, u);
+}
+
 // RoPE's angle for a rotary pair: theta = p * inv_freq in FP32 (p = the
 // position times pos_scale), its sine and cosine in double precision
 // (theta reaches thousands of radians, where --use_fast_math's __sinf is

@@ -56,7 +56,8 @@ struct DecOpHead {
 struct DecCombine {
     const float *part, *part_ml;
     float* out;
-    int splits, hd;
+    const float* sinks;
+    int splits, hd, n_head;
 };
 
 #define DEC_FMT_F16 0
@@ -143,7 +144,7 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, DEC_MIN_BLOCKS)
             } else if (hd.kind == DEC_OP_COMBINE) {
                 const DecCombine& c = *(const DecCombine*)args;
                 attn_combine_row(c.part, c.part_ml, c.out, c.splits, c.hd, vb, 0, c.hd, dec_smem + DEC_THREADS, dec_smem,
-                                 scratch);
+                                 scratch, c.sinks, c.n_head);
             }
             __syncthreads();  // shared memory is free for the next virtual block
         }

@@ -1,4 +1,4 @@
-// m40-parts: common f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k q4_k q5_k q6_k iq4_nl iq4_xs
+// m40-parts: common f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k q4_k q5_k q6_k iq4_nl iq4_xs mxfp4
 // Prefill matmul: Y = X W^T (+ Y), for weights in any GGML format,
 // dequantized in the tile loader (never expanded in global memory).
 //

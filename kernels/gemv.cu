@@ -1,4 +1,4 @@
-// m40-parts: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k q4_k q5_k q6_k iq4_nl iq4_xs
+// m40-parts: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k q4_k q5_k q6_k iq4_nl iq4_xs mxfp4
 // Quantized GEMV: y[r] = sum_c W[r, c] * x[c], weights in any GGML format,
 // x and y FP32, accumulation FP32.
 //
@@ -103,11 +103,17 @@ __device__ __forceinline__ float masked_dot8(const u8* blk, int s, int q, int gb
 // memory; requires ksplit | GEMV_WARPS and ksplit <= the chunks per row.
 // GLU: W's rows are a gate and an up matrix interleaved (interleave_glu:
 // per group of 4 rows, gate 2i, 2i + 1, up 2i, 2i + 1; nrows a multiple
-// of 4), and y (nrows / 2) = silu(gate) * up.
+// of 4), and y (nrows / 2)[c] = glu_act(act, gate c + gb[c], up c + ub[c])
+// (`epi`; biases where not null).
+struct GluEpi {
+    const float *gb, *ub;
+    int act;
+};
+
 template <class F, bool GLU = false>
 __device__ __forceinline__ void gemv_rows(const u8* __restrict__ W, long long row_bytes, const float* __restrict__ x,
                                           float* __restrict__ y, int nrows, int ncols, int cb, int ksplit,
-                                          uint4* stage, float (*red)[GEMV_ROWS]) {
+                                          uint4* stage, float (*red)[GEMV_ROWS], GluEpi epi) {
     typedef GemvChunk<F> C;
     const int lane = threadIdx.x & 31, q = lane & 3, warp = threadIdx.x >> 5;
     const int sub = warp % ksplit, per_set = GEMV_WARPS / ksplit, slot = warp / ksplit;
@@ -218,8 +224,12 @@ __device__ __forceinline__ void gemv_rows(const u8* __restrict__ W, long long ro
                     }
                     __syncthreads();  // `red` is free for the next set
                 }
-                if (sub == 0 && lane < 2 && g * GEMV_ROWS < nrows)
-                    y[g * 2 + lane] = swiglu1(sums[lane], sums[2 + lane]);
+                if (sub == 0 && lane < 2 && g * GEMV_ROWS < nrows) {
+                    const int c = g * 2 + lane;
+                    const float gv = epi.gb ? sums[lane] + epi.gb[c] : sums[lane];
+                    const float uv = epi.ub ? sums[2 + lane] + epi.ub[c] : sums[2 + lane];
+                    y[c] = glu_act(epi.act, gv, uv);
+                }
             } else if (ksplit == 1) {
 #pragma unroll
                 for (int j = 0; j < GEMV_ROWS; ++j) {
@@ -252,10 +262,11 @@ __device__ __forceinline__ void gemv_rows(const u8* __restrict__ W, long long ro
 
 template <class F, bool GLU = false>
 __device__ __forceinline__ void gemv(const u8* __restrict__ W, const float* __restrict__ x, float* __restrict__ y,
-                                     int nrows, int ncols, long long row_bytes, int cb, int ksplit) {
+                                     int nrows, int ncols, long long row_bytes, int cb, int ksplit,
+                                     GluEpi epi = {nullptr, nullptr, 0}) {
     __shared__ uint4 stage[GEMV_WARPS][GEMV_ROWS * GemvChunk<F>::VECS];
     __shared__ float red[GEMV_WARPS][GEMV_ROWS];
-    gemv_rows<F, GLU>(W, row_bytes, x, y, nrows, ncols, cb, ksplit, stage[threadIdx.x >> 5], red);
+    gemv_rows<F, GLU>(W, row_bytes, x, y, nrows, ncols, cb, ksplit, stage[threadIdx.x >> 5], red, epi);
 }
 
 // Blocks per SM the compiler must fit (register cap): 5 (96 registers on
@@ -282,7 +293,8 @@ M40_PART_FORMATS(GEMV_KERNEL)
 // the token's row, 1 where each slot has its own). Otherwise as
 // gemv_<fmt>_f32, each slot over the grid's x. gemv_idglu_<fmt>_f32: the
 // experts' gate and up interleaved (gemv_rows' GLU), y[j] (nrows / 2) =
-// silu(gate) * up.
+// glu_act(act, gate + gb[e], up + ub[e]), gb and ub (n_mat, nrows / 2)
+// biases of the experts or null.
 #define GEMV_ID_KERNEL(name, F)                                                                                  \
     extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS, GemvOccupancy<F>::value)                      \
         gemv_id_##name##_f32(const u8* W, const float* x, float* y, int nrows, int ncols, long long row_bytes,   \
@@ -293,9 +305,11 @@ M40_PART_FORMATS(GEMV_KERNEL)
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS, GemvOccupancy<F>::value)                      \
         gemv_idglu_##name##_f32(const u8* W, const float* x, float* y, int nrows, int ncols, long long row_bytes, \
-                                int cb, int ksplit, const int* ids, int n_mat, long long mat_bytes, int x_per) { \
-        const int j = blockIdx.y, e = min(max(ids[j], 0), n_mat - 1);                                            \
-        gemv<F, true>(W + e * mat_bytes, x + (long long)(j / x_per) * ncols, y + (long long)j * (nrows / 2),   \
-                      nrows, ncols, row_bytes, cb, ksplit);                                                      \
+                                int cb, int ksplit, const int* ids, int n_mat, long long mat_bytes, int x_per,   \
+                                const float* gb, const float* ub, int act) {                                     \
+        const int j = blockIdx.y, e = min(max(ids[j], 0), n_mat - 1), ff = nrows / 2;                           \
+        const GluEpi epi = {gb ? gb + (long long)e * ff : nullptr, ub ? ub + (long long)e * ff : nullptr, act};  \
+        gemv<F, true>(W + e * mat_bytes, x + (long long)(j / x_per) * ncols, y + (long long)j * ff, nrows, ncols, \
+                      row_bytes, cb, ksplit, epi);                                                               \
     }
 M40_PART_FORMATS(GEMV_ID_KERNEL)

@@ -3,30 +3,40 @@
 // gemv_id_<fmt>_f32 (gemv.cu).
 //
 // moe_route_f32: one warp per token of n: softmax over the E router
-// logits (row t of logits), the K most probable experts (ties: the lower
+// logits (row t of logits, plus bias where not null: gpt-oss), the K most probable experts (ties: the lower
 // index) into ids (n, K) in that order, and their probabilities divided by
 // their sum (at least 6.1035e-5, as llama.cpp clamps) into w (n, K). Lane l
 // holds experts l, l + 32, ... (E <= 32 * MOE_MAX_PER_LANE). Block 32 *
 // MOE_WARPS threads, grid ceil(n / MOE_WARPS).
 //
+// moe_glu_f32: g (rows, width) = glu_act(act, g + gb[e], u + ub[e]), e =
+// ids[r] the expert of row r (a (token, slot) of n K): gpt-oss's gate and
+// up biases (gb, ub (E, width)) and its activation, where the experts'
+// gate and up are not interleaved. Grid-stride over rows * width.
+//
 // moe_combine_f32: out (n, d) = sum over j < K of w[t, j] y[t K + j] (y:
-// (n K, d), a slot's expert output), in slot order, each product rounded
+// (n K, d), a slot's expert output, plus b[ids[t K + j]] where b (E, d) is
+// not null: gpt-oss's down biases), in slot order, each product rounded
 // and added (no contraction): the CPU's arithmetic. Grid-stride over n d.
 #include "common.cuh"
 
 #define MOE_WARPS 4
 #define MOE_MAX_PER_LANE 32
 
-extern "C" __global__ void moe_route_f32(const float* logits, int* ids, float* w, int n, int E, int K) {
+// Router logit e of token t (row l), biased where the model has one.
+#define MOE_LOGIT(e) (bias ? __fadd_rn(l[e], bias[e]) : l[e])
+
+extern "C" __global__ void moe_route_f32(const float* logits, const float* bias, int* ids, float* w, int n, int E,
+                                         int K) {
     const int lane = threadIdx.x & 31, t = blockIdx.x * MOE_WARPS + (threadIdx.x >> 5);
     if (t >= n) return;
     const float* l = logits + (long long)t * E;
     float mx = __int_as_float(0xff800000);  // -inf
-    for (int e = lane; e < E; e += 32) mx = fmaxf(mx, l[e]);
+    for (int e = lane; e < E; e += 32) mx = fmaxf(mx, MOE_LOGIT(e));
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     float sum = 0.0f;
-    for (int e = lane; e < E; e += 32) sum += expf(l[e] - mx);
+    for (int e = lane; e < E; e += 32) sum += expf(MOE_LOGIT(e) - mx);
     sum = warp_sum(sum);
     const float inv = 1.0f / sum;
     unsigned taken = 0u;  // bit i: expert lane + 32 i is chosen
@@ -35,7 +45,7 @@ extern "C" __global__ void moe_route_f32(const float* logits, int* ids, float* w
         float best = -1.0f;
         int bi = 0x7fffffff;
         for (int i = 0, e = lane; e < E; ++i, e += 32) {
-            const float p = expf(l[e] - mx) * inv;
+            const float p = expf(MOE_LOGIT(e) - mx) * inv;
             if (!(taken >> i & 1u) && p > best) best = p, bi = e;
         }
 #pragma unroll
@@ -58,11 +68,24 @@ extern "C" __global__ void moe_route_f32(const float* logits, int* ids, float* w
     }
 }
 
-extern "C" __global__ void moe_combine_f32(const float* y, const float* w, float* out, long long nd, int d, int K) {
+extern "C" __global__ void moe_combine_f32(const float* y, const float* w, const int* ids, const float* b, float* out,
+                                           long long nd, int d, int K) {
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < nd; i += (long long)gridDim.x * blockDim.x) {
         const long long t = i / d, c = i % d;
         float acc = 0.0f;
-        for (int j = 0; j < K; ++j) acc = __fadd_rn(acc, __fmul_rn(w[t * K + j], y[(t * K + j) * d + c]));
+        for (int j = 0; j < K; ++j) {
+            const long long s = t * K + j;
+            const float v = b ? __fadd_rn(y[s * d + c], b[(long long)ids[s] * d + c]) : y[s * d + c];
+            acc = __fadd_rn(acc, __fmul_rn(w[s], v));
+        }
         out[i] = acc;
+    }
+}
+
+extern "C" __global__ void moe_glu_f32(float* g, const float* u, const int* ids, const float* gb, const float* ub,
+                                       long long n, int width, int act) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        const long long o = (long long)ids[i / width] * width + i % width;
+        g[i] = glu_act(act, __fadd_rn(g[i], gb[o]), __fadd_rn(u[i], ub[o]));
     }
 }

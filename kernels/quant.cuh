@@ -16,8 +16,9 @@
 //
 // Layouts are ggml's (crates/m40-gguf/src/quant/blocks.rs holds the same as
 // Rust structs; the CPU dequantization there is the reference). Every block
-// size is even and rows start at even byte offsets, so block starts are
-// 2-byte aligned: loads are u16 or pairs of u16, never wider.
+// size but MXFP4's is even and rows start at even byte offsets, so block
+// starts are 2-byte aligned: loads are u16 or pairs of u16, never wider
+// (MXFP4's 17-byte blocks load bytes).
 // `blk` may point to global or shared memory.
 //
 // Float formats (F32, F16, BF16) are cut into pseudo-blocks of 32 values; a
@@ -290,6 +291,62 @@ struct FmtIQ4_NL {
     DOT8_VIA_SPLIT_PARTS(FmtIQ4_NL)
 };
 
+// 4 bytes at any address (little-endian): two aligned words and a funnel
+// shift. Reads up to 3 bytes past p + 3, within the same aligned word.
+__device__ __forceinline__ u32 ld32_any(const u8* p) {
+    const u32* a = (const u32*)((unsigned long long)p & ~3ull);
+    return __funnelshift_r(a[0], a[1], ((u32)(unsigned long long)p & 3u) * 8u);
+}
+
+// MXFP4's E2M1 levels (doubled) of a 4-bit index, by byte_perm as
+// iq4_level: 0 1 2 3 4 6 8 12, then their negatives.
+__device__ __forceinline__ float fp4_level(int q) {
+    const u32 t0 = 0x03020100u, t1 = 0x0c080604u;  // 0 1 2 3 | 4 6 8 12
+    const u32 t2 = 0xfdfeff00u, t3 = 0xf4f8fafcu;  // 0 -1 -2 -3 | -4 -6 -8 -12
+    const u32 b = q < 8 ? __byte_perm(t0, t1, q) : __byte_perm(t2, t3, q - 8);
+    return u2f_sub((b & 0xff) ^ 0x80, 128);
+}
+
+// The unit bytes (see unit_byte: k = 5, v = level + 12 in 0 .. 24) of four
+// FP4 indices, one in the low 4 bits of each byte of n (upper bits zero):
+// the magnitude index (bits 0-2) of all four selects from an 8-byte table
+// in one byte_perm, once from the positive levels' and once from the
+// negative ones', and the sign bits pick per byte.
+__device__ __forceinline__ u32 fp4_units(u32 n) {
+    const u32 m3 = n & 0x07070707u, y = m3 | (m3 >> 4);
+    const u32 sel = __byte_perm(y, 0u, 0x0020u);  // the four 3-bit indices as nibbles
+    const u32 pos = __byte_perm(0xbcb8b4b0u, 0xe0d0c8c0u, sel);  // 0x80 | (12 + level) << 2
+    const u32 neg = __byte_perm(0xa4a8acb0u, 0x809098a0u, sel);  // 0x80 | (12 - level) << 2
+    u32 sign;  // 0xff where negative: prmt's sign-replicating selectors (8 + byte)
+    asm("prmt.b32 %0, %1, 0, 0xba98;" : "=r"(sign) : "r"((n << 4) & 0x80808080u));
+    return (pos & ~sign) | (neg & sign);
+}
+
+// e: E8M0 | qs[16]: 4-bit indices into the FP4 levels, nibbles as Q4_0;
+// x = 2^(e - 128) * level (ggml's GGML_E8M0_TO_FP32_HALF; e = 0 and 1
+// are denormal scales, flushed to zero as everything here is). 17-byte
+// blocks start at any byte: loads are bytes or ld32_any.
+__device__ __forceinline__ float e8m0_half(u32 e) {
+    return __uint_as_float(e < 2 ? 0x00200000u << e : (e - 1) << 23);
+}
+
+struct FmtMXFP4 {
+    static constexpr int QK = 32, BYTES = 17, SUBS = 1, FLOAT = 0;
+    __device__ static void part(const u8* b, int, int p, float v[4]) {
+        const float d = e8m0_half(b[0]);
+        const u32 q = ld32_any(b + 1 + 4 * (p & 3)) >> (4 * (p >> 2));
+#pragma unroll
+        for (int i = 0; i < 4; ++i) v[i] = d * fp4_level((q >> (8 * i)) & 15);
+    }
+    // As Q4_0's: sum level x = 32 S - 44 X over the unit floats 1 + v/32.
+    X8_NIBBLE_SPLIT
+    __device__ static float dot8(const u8* b, int, int q, float4 x, float4 y) {
+        const u32 w = ld32_any(b + 1 + 4 * q);
+        const float S = units8(fp4_units(w & 0x0f0f0f0fu), fp4_units((w >> 4) & 0x0f0f0f0fu), x, y);
+        return e8m0_half(b[0]) * fmaf(32.0f, S, -44.0f * hsum8(x, y));
+    }
+};
+
 // Super-blocks of 256 weights: sub-block s holds weights 32s .. 32s+31. Where
 // scales are per 16 weights, weight o of a sub-block takes scale 2s + o/16,
 // and o/16 = p/4.
@@ -478,7 +535,8 @@ struct FmtIQ4_XS {
 #define M40_FORMAT_q6_k(X) X(q6_k, FmtQ6_K)
 #define M40_FORMAT_iq4_nl(X) X(iq4_nl, FmtIQ4_NL)
 #define M40_FORMAT_iq4_xs(X) X(iq4_xs, FmtIQ4_XS)
-#define M40_FORMATS(X) M40_FORMAT_f32(X) M40_FORMAT_f16(X) M40_FORMAT_bf16(X) M40_FORMAT_q8_0(X) M40_FORMAT_q4_0(X) M40_FORMAT_q4_1(X) M40_FORMAT_q5_0(X) M40_FORMAT_q5_1(X) M40_FORMAT_q2_k(X) M40_FORMAT_q3_k(X) M40_FORMAT_q4_k(X) M40_FORMAT_q5_k(X) M40_FORMAT_q6_k(X) M40_FORMAT_iq4_nl(X) M40_FORMAT_iq4_xs(X)
+#define M40_FORMAT_mxfp4(X) X(mxfp4, FmtMXFP4)
+#define M40_FORMATS(X) M40_FORMAT_f32(X) M40_FORMAT_f16(X) M40_FORMAT_bf16(X) M40_FORMAT_q8_0(X) M40_FORMAT_q4_0(X) M40_FORMAT_q4_1(X) M40_FORMAT_q5_0(X) M40_FORMAT_q5_1(X) M40_FORMAT_q2_k(X) M40_FORMAT_q3_k(X) M40_FORMAT_q4_k(X) M40_FORMAT_q5_k(X) M40_FORMAT_q6_k(X) M40_FORMAT_iq4_nl(X) M40_FORMAT_iq4_xs(X) M40_FORMAT_mxfp4(X)
 
 // X(name, Parts*) (packed.cuh) for one format's packed layout (M40_PACKED_<name>: empty for
 // formats without one), and for every packed format (M40_PACKED_FORMATS).
@@ -497,6 +555,7 @@ struct FmtIQ4_XS {
 #define M40_PACKED_q6_k(X) X(q6_k, PartsQ6_K)
 #define M40_PACKED_iq4_nl(X)
 #define M40_PACKED_iq4_xs(X)
+#define M40_PACKED_mxfp4(X)
 #define M40_PACKED_FORMATS(X) M40_PACKED_f16(X) M40_PACKED_q8_0(X) M40_PACKED_q4_0(X) M40_PACKED_q4_1(X) M40_PACKED_q4_k(X) M40_PACKED_q6_k(X)
 
 // A source compiled in parts (its `// m40-parts:` line; cargo xtask ptx

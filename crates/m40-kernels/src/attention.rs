@@ -340,6 +340,7 @@ impl Kernels {
             vpool,
             table,
             pos,
+            sinks,
         } = *inputs;
         s.check(K)?;
         let sm = self.device().info().sm_count as usize;
@@ -355,6 +356,9 @@ impl Kernels {
         check_len(K, "table", table.len(), keys.div_ceil(KV_PAGE))?;
         check_len(K, "vpool", vpool.len(), kpool.len())?;
         check_len(K, "pos", pos.len(), 1)?;
+        if let Some(sk) = sinks {
+            check_len(K, "sinks", sk.len(), s.n_head)?;
+        }
         let smem = attn_shared_bytes(hd);
         self.check_shared(K, smem)?;
         let group = s.n_head / s.n_head_kv;
@@ -497,17 +501,20 @@ impl Kernels {
                 fold: 0,
                 grid: [0; 3],
             };
-            let comb = [plan.splits as i32, hd as i32];
+            let comb = [plan.splits as i32, hd as i32, s.n_head as i32];
             let mut a = CombineArgs {
                 s: &sc,
                 out,
+                sinks,
                 sc: &comb,
             };
             // SAFETY: attn_combine_f32(const float* part, const float* part_ml,
-            // float* out, int splits, int hd): block (r, y) reads
-            // part[(r*splits..)*hd], part_ml[r*splits*2..] and writes its
-            // slice of out[r*hd..][..hd], r < rows, y < parts <= hd; lengths
-            // checked above. Recorded: decode.cu's DecCombine, the same.
+            // float* out, const float* sinks, int splits, int hd, int
+            // n_head): block (r, y) reads part[(r*splits..)*hd],
+            // part_ml[r*splits*2..], sinks[r % n_head] (n_head of them,
+            // checked; or null) and writes its slice of out[r*hd..][..hd],
+            // r < rows, y < parts <= hd; lengths checked above. Recorded:
+            // decode.cu's DecCombine, the same.
             let c = cfg((rows as u32, parts, 1), ATT_COMBINE_THREADS, 0);
             unsafe { self.submit(stream, &exec, c, head, &mut a)? };
         }
@@ -542,6 +549,9 @@ impl Kernels {
         check_len(K, "out", out.len(), rows * hd)?;
         check_len(K, "pos", inputs.pos.len(), n)?;
         check_len(K, "tab", tab.len(), n)?;
+        if let Some(sk) = inputs.sinks {
+            check_len(K, "sinks", sk.len(), s.n_head)?;
+        }
         let keys = s.start + 1;
         check_len(K, "table", inputs.table.len(), keys.div_ceil(KV_PAGE))?;
         check_len(K, "vpool", inputs.vpool.len(), inputs.kpool.len())?;
@@ -640,6 +650,9 @@ pub struct AttnInputs<'x, 'v> {
     pub vpool: &'x DeviceView<'v, u16>,
     pub table: &'x DeviceView<'v, i32>,
     pub pos: &'x DeviceView<'v, i32>,
+    /// Per query head a logit in the softmax's denominator with no value
+    /// (gpt-oss's attention sinks; n_head of them).
+    pub sinks: Option<&'x DeviceView<'v, f32>>,
 }
 
 /// Attention's scalar parameters: n_tok, n_head, n_head_kv, hd, tpb, gw,
@@ -654,7 +667,7 @@ struct AttnScalars {
 /// The parameters of attn_f32_r<R> (kernels/attention.cu; attention.cuh's
 /// `AttnArgs`, which decode.cu reads from memory, has the same fields): const float* q, const u16* kpool, const
 /// u16* vpool, const int* table, float* out, float* part_ml, const int* pos,
-/// int n_tok, int n_head, int n_head_kv, int hd, int tpb, int gw, int
+/// const float* sinks, int n_tok, int n_head, int n_head_kv, int hd, int tpb, int gw, int
 /// hparts, int split_len, float scale_log2, int window, float softcap_log2.
 fn push_attn<'l, A: KernelArgs<'l>>(
     l: A,
@@ -673,7 +686,11 @@ fn push_attn<'l, A: KernelArgs<'l>>(
         Some(ml) => l.buf_mut(ml),
         None => l.null(),
     };
-    let mut l = l.view(p.pos);
+    let l = l.view(p.pos);
+    let mut l = match p.sinks {
+        Some(sk) => l.view(sk),
+        None => l.null(),
+    };
     for v in &sc.ints {
         l = l.scalar(v);
     }
@@ -700,29 +717,32 @@ impl OpArgs for AttnArgs<'_, '_, '_> {
 struct CombineArgs<'r, 's> {
     s: &'r AttnScratch<'s>,
     out: &'r mut DeviceBuffer<f32>,
-    sc: &'r [i32; 2],
+    sinks: Option<&'r DeviceView<'r, f32>>,
+    sc: &'r [i32; 3],
 }
 
 impl OpArgs for CombineArgs<'_, '_> {
     fn push<'l, A: KernelArgs<'l>>(&'l mut self, a: A) -> A {
-        push_combine(a, self.s, self.out, self.sc)
+        push_combine(a, self.s, self.out, self.sinks, self.sc)
     }
 }
 
 /// The parameters of attn_combine_f32 (kernels/attention.cu; decode.cu's
-/// `DecCombine`): const float* part, const float* part_ml, float* out, int
-/// splits, int hd (`sc`).
+/// `DecCombine`): const float* part, const float* part_ml, float* out,
+/// const float* sinks, int splits, int hd, int n_head (`sc`).
 fn push_combine<'l, A: KernelArgs<'l>>(
     l: A,
     s: &'l AttnScratch<'_>,
     out: &'l mut DeviceBuffer<f32>,
-    sc: &'l [i32; 2],
+    sinks: Option<&'l DeviceView<'l, f32>>,
+    sc: &'l [i32; 3],
 ) -> A {
-    l.buf(s.part)
-        .buf(s.part_ml)
-        .buf_mut(out)
-        .scalar(&sc[0])
-        .scalar(&sc[1])
+    let l = l.buf(s.part).buf(s.part_ml).buf_mut(out);
+    let l = match sinks {
+        Some(sk) => l.view(sk),
+        None => l.null(),
+    };
+    l.scalar(&sc[0]).scalar(&sc[1]).scalar(&sc[2])
 }
 
 #[cfg(test)]

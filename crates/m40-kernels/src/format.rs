@@ -48,7 +48,7 @@ pub struct KernelFormat {
 }
 
 impl KernelFormat {
-    pub const ALL: [KernelFormat; 15] = [
+    pub const ALL: [KernelFormat; 16] = [
         kformat!(F32, "f32", 32, 128, 1, true),
         kformat!(F16, "f16", 32, 64, 1, true),
         kformat!(BF16, "bf16", 32, 64, 1, true),
@@ -64,6 +64,7 @@ impl KernelFormat {
         kformat!(Q6_K, "q6_k", 256, 210, 8, false),
         kformat!(IQ4_NL, "iq4_nl", 32, 18, 1, false),
         kformat!(IQ4_XS, "iq4_xs", 256, 136, 8, false),
+        kformat!(MXFP4, "mxfp4", 32, 17, 1, false),
     ];
 
     /// The kernel format for `ty`, or an error naming the kernel that lacks it.

@@ -509,9 +509,9 @@ macro_rules! gemm_names {
         [$(($s, [concat!("gemm_", $s, "_f32"), concat!("gemm_small_", $s, "_f32"), ""])),*]
     };
 }
-const GEMM_KERNELS: [(&str, [&str; 3]); 15] = gemm_names!(
+const GEMM_KERNELS: [(&str, [&str; 3]); 16] = gemm_names!(
     "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k",
-    "q6_k", "iq4_nl", "iq4_xs"
+    "q6_k", "iq4_nl", "iq4_xs", "mxfp4"
 );
 
 #[cfg(test)]

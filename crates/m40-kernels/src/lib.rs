@@ -49,7 +49,7 @@ pub use gemm::{
 pub use gemv::GemvPlan;
 pub use gemv_packed::{Fold, GemvLaunch, GemvOpts, GemvOut, RopeKv, PACKED_GEMV_MAX_TOKENS};
 pub use layout::{PackedMatrix, QMatrix, RowSplit, KV_PAGE};
-pub use moe::{MoeShape, MOE_MAX_EXPERTS};
+pub use moe::{ExpertGlu, MoeShape, MOE_MAX_EXPERTS};
 pub use pack::{interleave_glu, pack_gemv, PackFormat, PACK_ROWS};
 pub use rmsnorm::AddResidual;
 pub use rope::{HeadNorms, KvAppend, RopeParams, RopeStyle};
@@ -102,6 +102,7 @@ const MODULE_TABLE: &[(&str, &str)] = &[
     module!("gemm.q6_k"),
     module!("gemm.iq4_nl"),
     module!("gemm.iq4_xs"),
+    module!("gemm.mxfp4"),
     module!("gemv.f32"),
     module!("gemv.f16"),
     module!("gemv.bf16"),
@@ -117,6 +118,7 @@ const MODULE_TABLE: &[(&str, &str)] = &[
     module!("gemv.q6_k"),
     module!("gemv.iq4_nl"),
     module!("gemv.iq4_xs"),
+    module!("gemv.mxfp4"),
     module!("gemv_packed.f16"),
     module!("gemv_packed.q8_0"),
     module!("gemv_packed.q4_0"),

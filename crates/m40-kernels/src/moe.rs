@@ -17,6 +17,25 @@ use crate::Kernels;
 const MOE_WARPS: u32 = 4;
 pub const MOE_MAX_EXPERTS: usize = 32 * 32;
 
+/// The gate activation and gate/up biases of the experts' GEMV over
+/// interleaved gate and up matrices ([`Kernels::gemv_experts`]).
+#[derive(Clone, Copy)]
+pub struct ExpertGlu<'a, 'v> {
+    pub act: m40_gguf::hparams::Activation,
+    /// The experts' gate and up biases, (n_expert, rows / 2) each.
+    pub bias: Option<[&'a DeviceView<'v, f32>; 2]>,
+}
+
+/// The kernels' number for an activation (common.cuh's `glu_act`).
+fn act_id(act: m40_gguf::hparams::Activation) -> i32 {
+    use m40_gguf::hparams::Activation;
+    match act {
+        Activation::Silu => 0,
+        Activation::GeluTanh => 1,
+        Activation::SwigluOai => 2,
+    }
+}
+
 /// A mixture's step: `n` tokens, each taking `k` of the experts.
 #[derive(Clone, Copy, Debug)]
 pub struct MoeShape {
@@ -28,11 +47,14 @@ impl Kernels {
     /// Each of `s.n` tokens' experts from its router logits (n, n_expert):
     /// softmax, the `s.k` most probable (ties: the lower index) into ids
     /// (n, k) in order, their probabilities renormalized to sum 1 into w
-    /// (n, k). As m40-model's CPU `route`.
+    /// (n, k). As m40-model's CPU `route`; the logits plus `bias`
+    /// (n_expert: gpt-oss's) where given.
+    #[allow(clippy::too_many_arguments)]
     pub fn moe_route(
         &self,
         stream: &Stream,
         logits: &DeviceView<'_, f32>,
+        bias: Option<&DeviceView<'_, f32>>,
         n_expert: usize,
         s: MoeShape,
         ids: &mut DeviceBuffer<i32>,
@@ -46,6 +68,9 @@ impl Kernels {
             ));
         }
         check_len(K, "logits", logits.len(), s.n * n_expert)?;
+        if let Some(b) = bias {
+            check_len(K, "bias", b.len(), n_expert)?;
+        }
         check_len(K, "ids", ids.len(), s.n * s.k)?;
         check_len(K, "w", w.len(), s.n * s.k)?;
         if s.n == 0 {
@@ -58,14 +83,17 @@ impl Kernels {
             1,
         );
         let (n, e, k) = (s.n as i32, n_expert as i32, s.k as i32);
-        // SAFETY: moe_route_f32(const float* logits, int* ids, float* w, int
-        // n, int E, int K): warp t < n reads logits[t E..][..E] and writes
-        // ids and w [t K..][..K]; lengths checked above, E <= 32 * 32.
+        // SAFETY: moe_route_f32(const float* logits, const float* bias, int*
+        // ids, float* w, int n, int E, int K): warp t < n reads logits[t
+        // E..][..E] and bias[..E] (or null) and writes ids and w [t
+        // K..][..K]; lengths checked above, E <= 32 * 32.
         unsafe {
-            stream
-                .launch(&kernel)
-                .view(logits)
-                .buf_mut(ids)
+            let l = stream.launch(&kernel).view(logits);
+            let l = match bias {
+                Some(b) => l.view(b),
+                None => l.null(),
+            };
+            l.buf_mut(ids)
                 .buf_mut(w)
                 .scalar(&n)
                 .scalar(&e)
@@ -82,7 +110,8 @@ impl Kernels {
     /// `x_per`: k where the slots read their token's row (gate, up), 1
     /// where each reads its own (down). With `glu`, each matrix is an
     /// expert's gate and up interleaved ([`crate::interleave_glu`]; rows a
-    /// multiple of 4) and y[j] (rows / 2) = silu(gate) * up.
+    /// multiple of 4) and y[j] (rows / 2) = act(gate + gate bias) * (up +
+    /// up bias), the biases of expert ids[j] where given.
     #[allow(clippy::too_many_arguments)]
     pub fn gemv_experts(
         &self,
@@ -94,7 +123,7 @@ impl Kernels {
         x_per: usize,
         y: &mut DeviceBuffer<f32>,
         s: MoeShape,
-        glu: bool,
+        glu: Option<ExpertGlu<'_, '_>>,
     ) -> Result<()> {
         const K: &str = "gemv_experts";
         let (ty, ncols) = (w.ty, w.cols);
@@ -106,14 +135,18 @@ impl Kernels {
                 format!("{} rows are not matrices of {rows}", w.rows),
             ));
         }
-        if glu && !rows.is_multiple_of(4) {
+        if glu.is_some() && !rows.is_multiple_of(4) {
             return Err(shape(
                 K,
                 format!("{rows} interleaved gate/up rows: groups of 4"),
             ));
         }
         let n_mat = w.rows / rows;
-        let out_rows = if glu { rows / 2 } else { rows };
+        let out_rows = if glu.is_some() { rows / 2 } else { rows };
+        if let Some(ExpertGlu { bias: Some(b), .. }) = glu {
+            check_len(K, "gate bias", b[0].len(), n_mat * out_rows)?;
+            check_len(K, "up bias", b[1].len(), n_mat * out_rows)?;
+        }
         let slots = s.n * s.k;
         if slots == 0 {
             return Ok(());
@@ -132,7 +165,12 @@ impl Kernels {
             return Err(shape(K, "matrices must start at even byte offsets".into()));
         }
         self.check_shared(K, gemv_shared_bytes(&f))?;
-        let kernel = self.kernel("gemv", if glu { f.gemv_idglu } else { f.gemv_id })?;
+        let name = if glu.is_some() {
+            f.gemv_idglu
+        } else {
+            f.gemv_id
+        };
+        let kernel = self.kernel("gemv", name)?;
         let resident = self.resident_blocks(&kernel, 32 * GEMV_WARPS, 0)?;
         // The resident blocks shared by the slots (at least one a slot).
         let plan = GemvPlan::new(&f, rows, ncols, resident.div_ceil(slots), None);
@@ -159,9 +197,13 @@ impl Kernels {
         // gemv_<fmt>_f32's reads of that matrix (up to 15 bytes past a
         // row's end: the next matrix or the buffer's TAIL_SLACK), of x row
         // j / x_per (checked, 16-byte aligned) and its writes of y row j
-        // (out_rows each, checked; glu: nrows a multiple of 4, checked).
+        // (out_rows each, checked; glu: nrows a multiple of 4, checked),
+        // and gemv_idglu's const float* gb, const float* ub, int act: the
+        // biases of expert e at [e out_rows..][..out_rows] (n_mat rows of
+        // them, checked; or null).
+        let act = glu.map_or(0, |g| act_id(g.act));
         unsafe {
-            stream
+            let l = stream
                 .launch(&kernel)
                 .view(w.data)
                 .view(x)
@@ -174,19 +216,91 @@ impl Kernels {
                 .view(ids)
                 .scalar(&n_mat)
                 .scalar(&mat_bytes)
-                .scalar(&x_per)
-                .run(cfg(grid, 32 * GEMV_WARPS))?
+                .scalar(&x_per);
+            match glu {
+                None => l.run(cfg(grid, 32 * GEMV_WARPS))?,
+                Some(g) => {
+                    let l = match g.bias {
+                        Some([gb, ub]) => l.view(gb).view(ub),
+                        None => l.null().null(),
+                    };
+                    l.scalar(&act).run(cfg(grid, 32 * GEMV_WARPS))?
+                }
+            }
+        };
+        Ok(())
+    }
+
+    /// g (n K rows of `width`) = act(g + gb[e]) * (u + ub[e]) over the
+    /// first rows, e = ids[r] the expert of row r (gpt-oss's gate and up
+    /// biases, gb and ub (n_expert, width), where its experts' gate and up
+    /// are not interleaved; ids from [`Self::moe_route`], below n_expert).
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_glu(
+        &self,
+        stream: &Stream,
+        act: m40_gguf::hparams::Activation,
+        g: &mut DeviceBuffer<f32>,
+        u: &DeviceView<'_, f32>,
+        ids: &DeviceView<'_, i32>,
+        [gb, ub]: [&DeviceView<'_, f32>; 2],
+        width: usize,
+        s: MoeShape,
+    ) -> Result<()> {
+        const K: &str = "moe_glu_f32";
+        let rows = s.n * s.k;
+        check_len(K, "g", g.len(), rows * width)?;
+        check_len(K, "u", u.len(), rows * width)?;
+        check_len(K, "ids", ids.len(), rows)?;
+        if width == 0 || gb.len() != ub.len() || !gb.len().is_multiple_of(width) {
+            return Err(shape(
+                K,
+                format!(
+                    "biases of {} and {} for rows of {width}",
+                    gb.len(),
+                    ub.len()
+                ),
+            ));
+        }
+        if rows == 0 {
+            return Ok(());
+        }
+        let kernel = self.kernel("moe", K)?;
+        let n = (rows * width) as i64;
+        let grid = (self.flat_grid(rows * width), 1, 1);
+        let (w, act) = (to_i32(K, "width", width)?, act_id(act));
+        // SAFETY: moe_glu_f32(float* g, const float* u, const int* ids, const
+        // float* gb, const float* ub, long long n, int width, int act):
+        // grid-stride over i < n = rows * width (g's and u's lengths,
+        // checked), reading ids[i / width] (rows, checked) and the biases
+        // at that id's row: ids come from moe_route, below n_expert, and
+        // the biases hold whole rows of width (checked; the caller passes
+        // n_expert of them).
+        unsafe {
+            stream
+                .launch(&kernel)
+                .buf_mut(g)
+                .view(u)
+                .view(ids)
+                .view(gb)
+                .view(ub)
+                .scalar(&n)
+                .scalar(&w)
+                .scalar(&act)
+                .run(cfg(grid, ELEMENTWISE_THREADS))?
         };
         Ok(())
     }
 
     /// out (n, d) = the sum over each token's k slots of w[t, j] y[t k +
     /// j] (y: (n k, d)), in slot order.
+    #[allow(clippy::too_many_arguments)]
     pub fn moe_combine(
         &self,
         stream: &Stream,
         y: &DeviceView<'_, f32>,
         w: &DeviceView<'_, f32>,
+        bias: Option<(&DeviceView<'_, i32>, &DeviceView<'_, f32>)>,
         out: &mut DeviceBuffer<f32>,
         d: usize,
         s: MoeShape,
@@ -196,21 +310,31 @@ impl Kernels {
         check_len(K, "y", y.len(), nd * s.k)?;
         check_len(K, "w", w.len(), s.n * s.k)?;
         check_len(K, "out", out.len(), nd)?;
+        if let Some((ids, b)) = bias {
+            check_len(K, "ids", ids.len(), s.n * s.k)?;
+            if d == 0 || !b.len().is_multiple_of(d) {
+                return Err(shape(K, format!("a bias of {} for rows of {d}", b.len())));
+            }
+        }
         if nd == 0 {
             return Ok(());
         }
         let kernel = self.kernel("moe", K)?;
         let grid = (self.flat_grid(nd), 1, 1);
         let (nd, d, k) = (nd as i64, to_i32(K, "d", d)?, to_i32(K, "k", s.k)?);
-        // SAFETY: moe_combine_f32(const float* y, const float* w, float*
-        // out, long long nd, int d, int K): grid-stride over i < nd reading
-        // w[(i / d) K ..][..K] and y rows (i / d) K + j; lengths checked.
+        // SAFETY: moe_combine_f32(const float* y, const float* w, const int*
+        // ids, const float* b, float* out, long long nd, int d, int K):
+        // grid-stride over i < nd reading w[(i / d) K ..][..K] and y rows
+        // (i / d) K + j, and with b, ids at those slots (checked) and b's
+        // row of each id (moe_route's, below n_expert; b holds whole rows
+        // of d, the caller passes n_expert); lengths checked.
         unsafe {
-            stream
-                .launch(&kernel)
-                .view(y)
-                .view(w)
-                .buf_mut(out)
+            let l = stream.launch(&kernel).view(y).view(w);
+            let l = match bias {
+                Some((ids, b)) => l.view(ids).view(b),
+                None => l.null().null(),
+            };
+            l.buf_mut(out)
                 .scalar(&nd)
                 .scalar(&d)
                 .scalar(&k)

@@ -5,7 +5,7 @@ use m40_gguf::GgufError;
 pub enum ModelError {
     #[error(transparent)]
     Gguf(#[from] GgufError),
-    #[error("tensor `{name}` is {ty}, which m40-llm cannot compute with yet (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, IQ4_NL, IQ4_XS)")]
+    #[error("tensor `{name}` is {ty}, which m40-llm cannot compute with yet (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, IQ4_NL, IQ4_XS, MXFP4)")]
     UnsupportedWeight {
         name: String,
         ty: m40_gguf::GgmlType,

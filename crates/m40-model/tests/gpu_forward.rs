@@ -371,6 +371,23 @@ fn synth_phi3_gpu_matches_cpu() {
     check_shape("phi3-tiny", &types, &[1, 5, 17, 100], 32);
 }
 
+/// gpt-oss: Q/K/V and output biases, attention sinks in every attention
+/// kernel (prefill tiles, decode, key splits), a window on layer 0, YaRN,
+/// experts with biases and the clamped SwiGLU; MXFP4 experts (the
+/// experts' GEMV by id) and MXFP4 everywhere (the GEMV of GGUF rows and
+/// the GEMM over 17-byte blocks at odd addresses).
+#[test]
+#[ignore = "needs a GPU"]
+fn synth_gpt_oss_gpu_matches_cpu() {
+    gpu_device("synth_gpt_oss_gpu_matches_cpu");
+    let types = [
+        FileType::All(GgmlType::F32),
+        FileType::Mxfp4Moe,
+        FileType::All(GgmlType::MXFP4),
+    ];
+    check_shape("gpt-oss-tiny", &types, &[1, 5, 17, 100], 32);
+}
+
 /// The persistent decode kernel (`GpuOptions::persistent`) gives the
 /// logits of the launch-per-kernel graph: SmolLM2's shape (3 query heads
 /// per KV head, head dim 64) in Q4_0, Q8_0, F16 (every op in the program)

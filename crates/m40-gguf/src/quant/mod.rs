@@ -138,7 +138,7 @@ pub fn quantize(ty: GgmlType, x: &[f32], out: &mut [u8]) -> Result<()> {
 }
 
 /// [`quantize`], but Q4_K and Q6_K without the candidate sweeps of their
-/// scale fits (each sub-block's first fit): the same format, 10-20x less
+/// scale fits (each sub-block's first fit), MXFP4 by thresholds: the same format, 10-20x less
 /// arithmetic, not llama-quantize's bytes. For random synthetic models
 /// (`synth`), whose values matter only through their format.
 pub fn quantize_fast(ty: GgmlType, x: &[f32], out: &mut [u8]) -> Result<()> {
@@ -151,6 +151,11 @@ pub fn quantize_fast(ty: GgmlType, x: &[f32], out: &mut [u8]) -> Result<()> {
         GgmlType::Q6_K => {
             check_sizes(ty, out.len(), x.len())?;
             push_blocks(x, blocks::QK_K, out, |b| quantize::block_q6_k_fit(b, false));
+            Ok(())
+        }
+        GgmlType::MXFP4 => {
+            check_sizes(ty, out.len(), x.len())?;
+            push_blocks(x, blocks::QK32, out, quantize::block_mxfp4_fast);
             Ok(())
         }
         _ => quantize(ty, x, out),
@@ -183,8 +188,8 @@ mod tests {
     use super::*;
 
     /// The fast K-quant fits: a valid block of the same format whose error
-    /// is close to the searched fit's (never far worse), and the other
-    /// types byte for byte `quantize`'s.
+    /// is close to the searched fit's (never far worse); MXFP4's the same
+    /// but for near-ties; the other types byte for byte `quantize`'s.
     #[test]
     fn fast_fits_stay_close_to_the_searched_ones() {
         let mut s = 0x2545_f491_4f6c_dd1du64;
@@ -215,6 +220,15 @@ mod tests {
             println!("{ty}: rms error {f:.5} fast, {e:.5} searched");
             assert!(f <= 1.25 * e, "{ty}: rms error {f} against {e}");
         }
+        // MXFP4 by thresholds: ggml's levels but for float near-ties.
+        let ty = GgmlType::MXFP4;
+        let n = ty.row_bytes(x.len() as u64).unwrap() as usize;
+        let (mut exact, mut fast) = (vec![0u8; n], vec![0u8; n]);
+        quantize(ty, &x, &mut exact).unwrap();
+        quantize_fast(ty, &x, &mut fast).unwrap();
+        let differ = exact.iter().zip(&fast).filter(|(a, b)| a != b).count();
+        assert!(differ * 1000 <= n, "MXFP4: {differ} of {n} bytes differ");
+        assert!(rms(ty, &fast) <= 1.001 * rms(ty, &exact));
         for ty in [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::F16] {
             let n = ty.row_bytes(x.len() as u64).unwrap() as usize;
             let (mut a, mut b) = (vec![0u8; n], vec![0u8; n]);

@@ -43,17 +43,22 @@ fn signed_absmax(x: &[f32]) -> f32 {
     max
 }
 
-/// MXFP4 as ggml's `quantize_row_mxfp4_ref`: the scale 2^(floor(log2
-/// amax) - 2), each value the nearest of its 16 levels (ties: the first).
-pub fn block_mxfp4(x: &[f32]) -> BlockMXFP4 {
+/// An MXFP4 block's exponent byte and its scale, as ggml's: 2^(floor(log2
+/// amax) - 2) (the float converted to uint8_t through an int on x86).
+fn mxfp4_scale(x: &[f32]) -> (u8, f32) {
     let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
-    // ggml converts the float to uint8_t (through an int on x86).
     let e = if amax > 0.0 {
         (amax.log2().floor() - 2.0 + 127.0) as i32 as u8
     } else {
         0
     };
-    let d = super::dequant::e8m0_half(e);
+    (e, super::dequant::e8m0_half(e))
+}
+
+/// MXFP4 as ggml's `quantize_row_mxfp4_ref`: the scale 2^(floor(log2
+/// amax) - 2), each value the nearest of its 16 levels (ties: the first).
+pub fn block_mxfp4(x: &[f32]) -> BlockMXFP4 {
+    let (e, d) = mxfp4_scale(x);
     let best = |v: f32| -> u8 {
         let mut best = (0u8, (KVALUES_MXFP4[0] as f32 * d - v).abs());
         for (i, &k) in KVALUES_MXFP4.iter().enumerate().skip(1) {
@@ -63,6 +68,29 @@ pub fn block_mxfp4(x: &[f32]) -> BlockMXFP4 {
             }
         }
         best.0
+    };
+    let mut qs = [0u8; QK32 / 2];
+    for j in 0..QK32 / 2 {
+        qs[j] = best(x[j]) | best(x[j + QK32 / 2]) << 4;
+    }
+    BlockMXFP4 { e, qs }
+}
+
+/// [`block_mxfp4`]'s format with each value's level by thresholds (the
+/// midpoints between levels) instead of a search over all 16: the same
+/// levels but where rounding makes a near-tie go the other way.
+pub fn block_mxfp4_fast(x: &[f32]) -> BlockMXFP4 {
+    let (e, d) = mxfp4_scale(x);
+    // Midpoints between the magnitudes 0 1 2 3 4 6 8 12 (times d).
+    const MID: [f32; 7] = [0.5, 1.5, 2.5, 3.5, 5.0, 7.0, 10.0];
+    let best = |v: f32| -> u8 {
+        let a = v.abs() / d;
+        let j = MID.iter().take_while(|&&m| a > m).count() as u8;
+        if v < 0.0 && j > 0 {
+            8 + j
+        } else {
+            j
+        }
     };
     let mut qs = [0u8; QK32 / 2];
     for j in 0..QK32 / 2 {

@@ -6,8 +6,15 @@ use m40_kernels::{AttnInputs, AttnShape};
 
 /// The causal attention of one sequence in f64 from FP16-rounded K and V:
 /// q (n_tok, n_head, hd), k and v (n_keys, n_kv * hd), query i at position
-/// start + i; scores as `s.scores` says (scale, soft-cap, window).
-fn attention_reference(q: &[f32], k: &[f32], v: &[f32], s: &AttnShape) -> Vec<f32> {
+/// start + i; scores as `s.scores` says (scale, soft-cap, window); each
+/// query head's sink logit in the denominator where `sinks`.
+fn attention_reference(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    s: &AttnShape,
+    sinks: Option<&[f32]>,
+) -> Vec<f32> {
     let (n_tok, start, n_head, n_kv, hd) = (s.n_tok, s.start, s.n_head, s.n_head_kv, s.head_dim);
     let scale = s
         .scores
@@ -44,9 +51,13 @@ fn attention_reference(q: &[f32], k: &[f32], v: &[f32], s: &AttnShape) -> Vec<f3
                     }
                 })
                 .collect();
-            let mx = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let sink = sinks.map(|sk| sk[h] as f64);
+            let mx = scores
+                .iter()
+                .cloned()
+                .fold(sink.unwrap_or(f64::NEG_INFINITY), f64::max);
             let p: Vec<f64> = scores.iter().map(|s| (s - mx).exp()).collect();
-            let sum: f64 = p.iter().sum();
+            let sum: f64 = p.iter().sum::<f64>() + sink.map_or(0.0, |s| (s - mx).exp());
             for d in 0..hd {
                 let o: f64 = (0..len).map(|j| p[j] * r(v[j * kv_dim + g * hd + d])).sum();
                 out[(i * n_head + h) * hd + d] = (o / sum) as f32;
@@ -88,8 +99,9 @@ fn run_attention(
 /// Attention over a shuffled page table (pages out of order, a pool with
 /// spare pages poisoned), for GQA groups of 1 to 16, head sizes from 32 to
 /// 256 (not all multiples of 32 or of 8), prefill and decode, plain and
-/// gemma's scores (windows, soft-caps, scales), with the launcher's plan
-/// and with forced key splits. The pools are written on
+/// gemma's scores (windows, soft-caps, scales), gpt-oss's sinks (every
+/// other case: a logit per query head in [-1, 3), the scores' range), with
+/// the launcher's plan and with forced key splits. The pools are written on
 /// the host (rope_kv_append_matches_cpu checks the kernel that fills them).
 #[test]
 #[ignore = "needs a GPU"]
@@ -148,7 +160,8 @@ fn paged_attention_matches_cpu() {
         (32, 8, 128, 40, 33, sc(32, 0.0, None)),
     ];
     let (mut tiled, mut decoded) = (0, 0);
-    for (n_head, n_kv, hd, start, n_tok, scores) in cases {
+    for (ci, (n_head, n_kv, hd, start, n_tok, scores)) in cases.into_iter().enumerate() {
+        let sinks = (ci % 2 == 1).then(|| rng.vec(n_head, -1.0, 3.0));
         let kv_dim = n_kv * hd;
         let n_keys = start + n_tok;
         let pages = n_keys.div_ceil(KV_PAGE);
@@ -177,7 +190,9 @@ fn paged_attention_matches_cpu() {
             head_dim: hd,
             scores,
         };
-        let want = attention_reference(&q, &kk, &vv, &shape);
+        let want = attention_reference(&q, &kk, &vv, &shape, sinks.as_deref());
+        let sg = sinks.as_ref().map(|v| s.upload(v, "sinks").unwrap());
+        let sv = sg.as_ref().map(|b| b.view());
         let qg = s.upload(&q, "q").unwrap();
         let pos = s.upload(&[start as i32], "pos").unwrap();
         let auto = AttnPlan::new(&shape, 132);
@@ -251,6 +266,7 @@ fn paged_attention_matches_cpu() {
             vpool: &vpool.view(),
             table: &tg.view(),
             pos: &pos.view(),
+            sinks: sv.as_ref(),
         };
         for (shape, plan) in plans {
             let p = plan.unwrap_or_else(|| AttnPlan::new(&shape, _dev.info().sm_count as usize));
@@ -329,6 +345,7 @@ fn batched_decode_attention_matches_cpu() {
         vpool: &p16.view(),
         table: &i2.view(),
         pos: &i2.view(),
+        sinks: None,
     };
     assert!(k
         .attention_decode_batch(&s, &shape, &inputs, &i2.view(), &mut out)
@@ -337,7 +354,8 @@ fn batched_decode_attention_matches_cpu() {
 
 /// The batched decode kernel over `b` sequences of `heads` (query heads,
 /// KV heads, head size), each at a position below `max_pos` over its own
-/// shuffled pages of one pool, against each one's CPU attention.
+/// shuffled pages of one pool, against each one's CPU attention; odd
+/// batches with attention sinks.
 fn batched_decode_case(
     s: &Stream,
     k: &Kernels,
@@ -355,6 +373,7 @@ fn batched_decode_case(
     let mut kp = vec![0xFFFFu16; pool_pages * KV_PAGE * kv_dim];
     let mut vp = kp.clone();
     let q = rng.vec(b * n_head * hd, -1.0, 1.0);
+    let sinks = (b % 2 == 1).then(|| rng.vec(n_head, -1.0, 3.0));
     let mut want = Vec::new();
     for (t, table) in tables.iter().enumerate() {
         let kk = rng.vec(keys[t] * kv_dim, -1.0, 1.0);
@@ -369,7 +388,7 @@ fn batched_decode_case(
             scores,
         };
         let qt = &q[t * n_head * hd..(t + 1) * n_head * hd];
-        want.extend(attention_reference(qt, &kk, &vv, &one));
+        want.extend(attention_reference(qt, &kk, &vv, &one, sinks.as_deref()));
     }
     let shape = AttnShape {
         n_tok: b,
@@ -391,17 +410,23 @@ fn batched_decode_case(
     let (qg, pg) = (s.upload(&q, "q").unwrap(), s.upload(&pos_i, "pos").unwrap());
     let mut out = s.alloc::<f32>(b * n_head * hd, "out").unwrap();
     s.fill_bytes(&mut out, 0xFF).unwrap();
+    let sg = sinks.as_ref().map(|v| s.upload(v, "sinks").unwrap());
+    let sv = sg.as_ref().map(|b| b.view());
     let inputs = AttnInputs {
         q: &qg.view(),
         kpool: &kpool.view(),
         vpool: &vpool.view(),
         table: &tg.view(),
         pos: &pg.view(),
+        sinks: sv.as_ref(),
     };
     k.attention_decode_batch(s, &shape, &inputs, &tabg.view(), &mut out)
         .unwrap();
     check(
-        &format!("batched decode attention {b} x {n_head}/{n_kv}x{hd} {scores:?}"),
+        &format!(
+            "batched decode attention {b} x {n_head}/{n_kv}x{hd} {scores:?} sinks {}",
+            sinks.is_some()
+        ),
         &s.download(&out).unwrap(),
         &want,
         |_| 2e-5,

@@ -4,35 +4,49 @@
 use super::*;
 use m40_kernels::MoeShape;
 
-/// Routing (softmax, top k, renormalized) of n tokens over E experts
-/// against m40-model's CPU `route`: the same experts in the same order,
-/// weights within rounding; the experts' GEMVs of every format (gate/up:
-/// slots read their token's row; down: their own) against each chosen
-/// expert's CPU product; the weighted sum in slot order.
+/// Routing (softmax, top k, renormalized; with a router bias every other
+/// case) of n tokens over E experts against m40-model's CPU `route`: the
+/// same experts in the same order, weights within rounding; the experts'
+/// GEMVs of every format (gate/up: slots read their token's row; down:
+/// their own) against each chosen expert's CPU product, interleaved gate
+/// and up with each activation, with and without gpt-oss's biases; the
+/// biased activation of gate and up apart (`moe_glu`); the weighted sum in
+/// slot order, with and without the down biases.
 #[test]
 #[ignore = "needs a GPU"]
 fn moe_route_experts_and_combine_match_cpu() {
     let (_dev, s, k, mut rng) = setup("moe_route_experts_and_combine_match_cpu");
-    for (n, e, kk) in [
+    for (ci, (n, e, kk)) in [
         (1, 8, 3),
         (5, 128, 8),
         (37, 4, 2),
         (3, 1000, 16),
         (2, 60, 60),
-    ] {
+        (4, 32, 4),
+    ]
+    .into_iter()
+    .enumerate()
+    {
         let logits = rng.vec(n * e, -4.0, 4.0);
         let lg = s.upload(&logits, "logits").unwrap();
+        let bias = (ci % 2 == 1).then(|| rng.vec(e, -2.0, 2.0));
+        let bg = bias.as_ref().map(|b| s.upload(b, "bias").unwrap());
+        let bv = bg.as_ref().map(|b| b.view());
         let shape = MoeShape { n, k: kk };
         let mut ids = s.alloc::<i32>(n * kk, "ids").unwrap();
         let mut w = s.alloc::<f32>(n * kk, "w").unwrap();
         s.fill_bytes(&mut ids, 0xFF).unwrap();
         s.fill_bytes(&mut w, 0xFF).unwrap();
-        k.moe_route(&s, &lg.view(), e, shape, &mut ids, &mut w)
+        k.moe_route(&s, &lg.view(), bv.as_ref(), e, shape, &mut ids, &mut w)
             .unwrap();
         let (gi, gw) = (s.download(&ids).unwrap(), s.download(&w).unwrap());
         let mut want_w = Vec::new();
         for t in 0..n {
-            let r = m40_model::cpu::route(&logits[t * e..(t + 1) * e], kk);
+            let mut l = logits[t * e..(t + 1) * e].to_vec();
+            if let Some(b) = &bias {
+                l.iter_mut().zip(b).for_each(|(l, b)| *l += b);
+            }
+            let r = m40_model::cpu::route(&l, kk);
             let ids_t: Vec<i32> = r.iter().map(|&(i, _)| i as i32).collect();
             assert_eq!(
                 &gi[t * kk..(t + 1) * kk],
@@ -52,6 +66,7 @@ fn moe_route_experts_and_combine_match_cpu() {
         .moe_route(
             &s,
             &s.upload(&[0f32; 4], "l").unwrap().view(),
+            None,
             4,
             MoeShape { n: 1, k: 5 },
             &mut s.alloc(5, "i").unwrap(),
@@ -88,7 +103,7 @@ fn moe_route_experts_and_combine_match_cpu() {
                 x_per,
                 &mut y,
                 MoeShape { n, k: kk },
-                false,
+                None,
             )
             .unwrap();
             let (mut want, mut mag) = (Vec::new(), Vec::new());
@@ -129,42 +144,80 @@ fn moe_route_experts_and_combine_match_cpu() {
                 glu.extend(m40_kernels::interleave_glu(g, u, half).unwrap());
             }
             let gg = s.upload(&glu, "interleaved experts").unwrap();
-            let mut yg = s.alloc::<f32>(n * kk * half, "y").unwrap();
-            s.fill_bytes(&mut yg, 0xFF).unwrap();
             let m = QMatrix {
                 ty: f.ty,
                 data: &gg.view(),
                 rows: n_mat * rows,
                 cols,
             };
-            k.gemv_experts(
-                &s,
-                &m,
-                rows,
-                &idg.view(),
-                &xg.view(),
-                kk,
-                &mut yg,
-                MoeShape { n, k: kk },
-                true,
-            )
-            .unwrap();
-            let silu = |v: f64| v / (1.0 + (-v).exp());
-            let (mut want_g, mut tol) = (Vec::new(), Vec::new());
-            for j in 0..n * kk {
-                for i in 0..half {
-                    let (g, u) = (want[j * rows + i] as f64, want[j * rows + half + i] as f64);
-                    let (mg, mu) = (mag[j * rows + i], mag[j * rows + half + i]);
-                    want_g.push((silu(g) * u) as f32);
-                    tol.push(2e-5 * (mg * u.abs() * 1.2 + silu(g).abs() * mu) + 1e-30);
-                }
-            }
-            check(
-                &format!("gemv_experts glu {}", f.ty),
-                &s.download(&yg).unwrap(),
-                &want_g,
-                |i| tol[i],
+            let (gb, ub) = (
+                rng.vec(n_mat * half, -8.0, 8.0),
+                rng.vec(n_mat * half, -8.0, 8.0),
             );
+            let (gbg, ubg) = (s.upload(&gb, "gb").unwrap(), s.upload(&ub, "ub").unwrap());
+            let (gbv, ubv) = (gbg.view(), ubg.view());
+            use m40_gguf::hparams::Activation;
+            for (act, biased) in [
+                (Activation::Silu, false),
+                (Activation::GeluTanh, false),
+                (Activation::SwigluOai, true),
+                (Activation::Silu, true),
+            ] {
+                let mut yg = s.alloc::<f32>(n * kk * half, "y").unwrap();
+                s.fill_bytes(&mut yg, 0xFF).unwrap();
+                let glu = m40_kernels::ExpertGlu {
+                    act,
+                    bias: biased.then_some([&gbv, &ubv]),
+                };
+                k.gemv_experts(
+                    &s,
+                    &m,
+                    rows,
+                    &idg.view(),
+                    &xg.view(),
+                    kk,
+                    &mut yg,
+                    MoeShape { n, k: kk },
+                    Some(glu),
+                )
+                .unwrap();
+                let (want_g, tol) =
+                    glu_reference(&want, &mag, &ids, rows, act, biased.then_some((&gb, &ub)));
+                check(
+                    &format!("gemv_experts glu {} {act:?} biased {biased}", f.ty),
+                    &s.download(&yg).unwrap(),
+                    &want_g,
+                    |i| tol[i],
+                );
+                // The same from gate and up apart (moe_glu, biased only).
+                if !biased {
+                    continue;
+                }
+                let (mut g, mut u) = (Vec::new(), Vec::new());
+                for j in 0..n * kk {
+                    g.extend(&want[j * rows..j * rows + half]);
+                    u.extend(&want[j * rows + half..(j + 1) * rows]);
+                }
+                let mut g_dev = s.upload(&g, "g").unwrap();
+                let u_dev = s.upload(&u, "u").unwrap();
+                k.moe_glu(
+                    &s,
+                    act,
+                    &mut g_dev,
+                    &u_dev.view(),
+                    &idg.view(),
+                    [&gbv, &ubv],
+                    half,
+                    MoeShape { n, k: kk },
+                )
+                .unwrap();
+                check(
+                    &format!("moe_glu {} {act:?}", f.ty),
+                    &s.download(&g_dev).unwrap(),
+                    &want_g,
+                    |i| tol[i],
+                );
+            }
         }
     }
 
@@ -187,10 +240,80 @@ fn moe_route_experts_and_combine_match_cpu() {
         &s,
         &yg.view(),
         &wg.view(),
+        None,
         &mut out,
         d,
         MoeShape { n, k: kk },
     )
     .unwrap();
     check("moe_combine", &s.download(&out).unwrap(), &want, |_| 0.0);
+    // With each slot's expert's down bias added to its output first.
+    let n_mat = 5;
+    let ids: Vec<i32> = (0..n * kk).map(|_| rng.below(n_mat) as i32).collect();
+    let b = rng.vec(n_mat * d, -1.0, 1.0);
+    let want: Vec<f32> = (0..n * d)
+        .map(|i| {
+            let (t, c) = (i / d, i % d);
+            (0..kk).fold(0f32, |acc, j| {
+                let sl = t * kk + j;
+                acc + wv[sl] * (y[sl * d + c] + b[ids[sl] as usize * d + c])
+            })
+        })
+        .collect();
+    let (ig, bg) = (s.upload(&ids, "ids").unwrap(), s.upload(&b, "b").unwrap());
+    s.fill_bytes(&mut out, 0xFF).unwrap();
+    k.moe_combine(
+        &s,
+        &yg.view(),
+        &wg.view(),
+        Some((&ig.view(), &bg.view())),
+        &mut out,
+        d,
+        MoeShape { n, k: kk },
+    )
+    .unwrap();
+    check(
+        "moe_combine biased",
+        &s.download(&out).unwrap(),
+        &want,
+        |_| 0.0,
+    );
+}
+
+/// act(gate + gb) * (up + ub) of each slot from the experts' exact
+/// products (`want`, slots of `rows`: gate rows, then up rows), with the
+/// slot's expert's biases where given; and a tolerance from the products'
+/// magnitudes (`mag`) through the activation's slope.
+fn glu_reference(
+    want: &[f32],
+    mag: &[f64],
+    ids: &[i32],
+    rows: usize,
+    act: m40_gguf::hparams::Activation,
+    bias: Option<(&Vec<f32>, &Vec<f32>)>,
+) -> (Vec<f32>, Vec<f64>) {
+    let half = rows / 2;
+    let (mut out, mut tol) = (Vec::new(), Vec::new());
+    for (j, &e) in ids.iter().enumerate() {
+        for i in 0..half {
+            let (mut g, mut u) = (want[j * rows + i], want[j * rows + half + i]);
+            if let Some((gb, ub)) = bias {
+                g += gb[e as usize * half + i];
+                u += ub[e as usize * half + i];
+            }
+            let (mut gv, uv) = ([g], [u]);
+            m40_model::cpu::ops::glu(act, &mut gv, &uv);
+            let (mg, mu) = (mag[j * rows + i], mag[j * rows + half + i]);
+            // |d act/dg| <= 1.2 (SwiGLU, GeGLU) and 2.1 (clamped SwiGLU at
+            // 7, times up + 1 <= 8); |d act/du| <= |act(g)| (+ 1 bound).
+            let slope = (u.abs() as f64 + 1.0) * 2.2;
+            tol.push(
+                2e-5 * (mg * slope + (gv[0].abs() as f64 + 8.0) * mu)
+                    + 1e-6 * gv[0].abs() as f64
+                    + 1e-30,
+            );
+            out.push(gv[0]);
+        }
+    }
+    (out, tol)
 }

@@ -8,14 +8,13 @@ use m40_device::{DeviceBuffer, DeviceView};
 use m40_gguf::HyperParams;
 use m40_kernels::{
     gemm_plan, AddResidual, AttnInputs, AttnPlan, AttnScratch, AttnShape, Fold, GemmOpts, GemvOpts,
-    GemvOut, HeadNorms, KvAppend, MoeShape, QMatrix, RopeKv, RopeStyle, RowSplit, Scores,
+    GemvOut, HeadNorms, KvAppend, RopeKv, RopeStyle, RowSplit, Scores,
 };
 
 use super::kv::{GpuCache, Pools};
-use super::weights::{Experts, Ffn, Mat, MatView, MoeMats, Stack};
+use super::weights::{Ffn, Mat, MatView, Stack};
 use super::workspace::{
-    norm_bufs, res_bufs, MoeBufs, Norm, Res, Select, Workspace, GEMV_MAX_TOKENS, GEMV_TOKENS,
-    LOGIT_ROWS,
+    norm_bufs, res_bufs, Norm, Res, Select, Workspace, GEMV_MAX_TOKENS, GEMV_TOKENS, LOGIT_ROWS,
 };
 use super::{lock, GpuBackend, State};
 use crate::error::Result;
@@ -59,7 +58,7 @@ fn layer_shape(hp: &HyperParams, shape: &AttnShape, l: usize) -> AttnShape {
 /// the h = x * weight of a folded RMSNorm, whose scale the GEMV computes
 /// from the `n` partial sums of squares in `part` (see [`Residual`]).
 #[derive(Clone, Copy)]
-enum Input<'a> {
+pub(super) enum Input<'a> {
     Rows(&'a DeviceView<'a, f32>),
     Folded {
         h: &'a DeviceView<'a, f32>,
@@ -193,7 +192,7 @@ impl GpuBackend {
 
     /// y = W x for `n` rows of x (y += W x with `accumulate`; not through
     /// the GEMV of GGUF rows).
-    fn matmul(
+    pub(super) fn matmul(
         &self,
         w: &Mat,
         x: Input<'_>,
@@ -311,60 +310,6 @@ impl GpuBackend {
             self.matmul(wt, Input::Rows(a), w.x, n, true)?;
             Ok(Residual::Done)
         }
-    }
-
-    /// A mixture of experts over the `n` normed rows h ([`MoeMats`]): the
-    /// router's logits, each token's experts chosen on the device, the
-    /// chosen experts' gate and up GEMVs with SwiGLU (one launch for every
-    /// token's experts where they are interleaved), their down GEMVs, and
-    /// each token's weighted sum into `proj`, left pending (the next norm
-    /// adds it to x).
-    fn moe_ffn(
-        &self,
-        mats: &MoeMats,
-        h: &DeviceView<'_, f32>,
-        b: &mut MoeBufs,
-        proj: &mut DeviceBuffer<f32>,
-        n: usize,
-    ) -> Result<Residual> {
-        let (k, s) = (&self.kernels, &self.stream);
-        let hp = self.model.hparams();
-        let m = hp.moe.expect("a mixture's layer");
-        let shape = MoeShape {
-            n,
-            k: m.n_expert_used,
-        };
-        self.matmul(&mats.router, Input::Rows(h), &mut b.logits, n, false)?;
-        k.moe_route(s, &b.logits.view(), m.n_expert, shape, &mut b.ids, &mut b.w)?;
-        let ids = b.ids.view();
-        type Launch<'f> = &'f mut dyn FnMut(&QMatrix<'_>) -> m40_kernels::Result<()>;
-        let rows = |mat: &Mat, f: Launch<'_>| -> Result<()> {
-            let data = mat.data.view();
-            let MatView::Rows(q) = mat.view(&data) else {
-                unreachable!("experts stay in GGUF rows")
-            };
-            Ok(f(&q)?)
-        };
-        let ff = m.n_ff_exp;
-        match &mats.gate_up {
-            Experts::Glu(gu) => rows(gu, &mut |q| {
-                k.gemv_experts(s, q, 2 * ff, &ids, h, shape.k, &mut b.gate, shape, true)
-            })?,
-            Experts::Split(gate, up) => {
-                for (mat, out) in [(gate, &mut b.gate), (up, &mut b.up)] {
-                    rows(mat, &mut |q| {
-                        k.gemv_experts(s, q, ff, &ids, h, shape.k, out, shape, false)
-                    })?;
-                }
-                k.swiglu(s, &mut b.gate, &b.up.view(), n * shape.k * ff)?;
-            }
-        }
-        let d = hp.n_embd;
-        rows(&mats.down, &mut |q| {
-            k.gemv_experts(s, q, d, &ids, &b.gate.view(), 1, &mut b.y, shape, false)
-        })?;
-        k.moe_combine(s, &b.y.view(), &b.w.view(), proj, hp.n_embd, shape)?;
-        Ok(Residual::Pending)
     }
 
     /// A residual connection whose branch is transformed before it joins
@@ -584,12 +529,14 @@ impl GpuBackend {
                 let per_token = tab.is_some();
                 k.attn_temperature(s, &mut w.q, &pos_v, per_token, n, q_dim, t.scale, t.floor)?;
             }
+            let sinks = layer.sinks.as_ref().map(|b| b.view());
             let inputs = AttnInputs {
                 q: &w.q.slice(0..n * q_dim)?,
                 kpool: &pools.k[l].view(),
                 vpool: &pools.v[l].view(),
                 table: &table,
                 pos: &pos_v,
+                sinks: sinks.as_ref(),
             };
             let shape = layer_shape(hp, &shape, l);
             match (&tab, attn) {
@@ -604,6 +551,11 @@ impl GpuBackend {
                 }
             }
             let av = w.att.view();
+            // gpt-oss's output bias joins x first (x is up to date here:
+            // the attention norm took any pending branch).
+            if let Some(bo) = &layer.bo {
+                k.add_rows(s, &mut w.x, &bo.view(), n)?;
+            }
             res = if hp.residual_transformed() {
                 let post = layer.post_norms.as_ref().map(|[p, _]| p);
                 self.transformed_res(&layer.wo, &av, post, &mut w.proj, n)?

@@ -23,6 +23,7 @@ mod batch;
 mod forward;
 mod graphs;
 mod kv;
+mod moe;
 mod weights;
 mod workspace;
 

@@ -87,6 +87,9 @@ pub(super) struct Layer {
     pub(super) qk_norm: Option<[DeviceBuffer<f32>; 2]>,
     /// gemma: the attention's and the FFN's output norms' weights.
     pub(super) post_norms: Option<[DeviceBuffer<f32>; 2]>,
+    /// gpt-oss: the attention output's bias, each query head's sink.
+    pub(super) bo: Option<DeviceBuffer<f32>>,
+    pub(super) sinks: Option<DeviceBuffer<f32>>,
     /// Q, K, V in one to three stacks.
     pub(super) qkv: Vec<Stack>,
     pub(super) wo: Mat,
@@ -108,11 +111,14 @@ pub(super) struct MoeMats {
     pub(super) router: Mat,
     pub(super) gate_up: Experts,
     pub(super) down: Mat,
+    /// gpt-oss: the router's bias (n_expert), the experts' gate, up
+    /// (n_expert, n_ff_exp) and down (n_expert, n_embd) biases.
+    pub(super) bias: Option<[DeviceBuffer<f32>; 4]>,
 }
 
 pub(super) enum Experts {
     /// Each expert's gate and up interleaved (`interleave_glu`): one GEMV
-    /// launch computes silu(gate) * up.
+    /// launch computes act(gate + bias) * (up + bias).
     Glu(Mat),
     /// Apart (their formats differ, or `GpuOptions::fuse` is off).
     Split(Mat, Mat),
@@ -242,14 +248,17 @@ impl Weights {
             } else {
                 None
             };
-            // The interleaved gate/up GEMV computes SwiGLU only.
+            // The interleaved dense gate/up GEMV computes SwiGLU only.
             let silu = hp.act == Activation::Silu;
+            let opt = |on: bool, name: &str| on.then(|| f32s(name)).transpose();
             layers.push(Layer {
                 attn_norm: f32s(&n.attn_norm)?,
                 ffn_norm: f32s(&n.ffn_norm)?,
                 bias,
                 qk_norm,
                 post_norms,
+                bo: opt(hp.out_bias, &n.bo)?,
+                sinks: opt(hp.attn_sinks, &n.sinks)?,
                 qkv: stacks(&[&n.wq, &n.wk, &n.wv], true, false)?,
                 wo: one(stacks(&[&n.wo], true, false)?),
                 ffn: if let Some(m) = hp.moe {
@@ -284,6 +293,15 @@ impl Weights {
                         router: one(stacks(&[&n.ffn_gate_inp], false, false)?),
                         gate_up,
                         down: one(stacks(&[&n.ffn_down_exps], false, false)?),
+                        bias: match m.bias {
+                            true => Some([
+                                f32s(&n.ffn_gate_inp_b)?,
+                                f32s(&n.ffn_gate_exps_b)?,
+                                f32s(&n.ffn_up_exps_b)?,
+                                f32s(&n.ffn_down_exps_b)?,
+                            ]),
+                            false => None,
+                        },
                     }))
                 } else {
                     Ffn::Dense {
@@ -321,8 +339,9 @@ pub(super) fn modules_needed(model: &Model, opts: &GpuOptions) -> Vec<&'static s
     let file = model.file();
     let (mut packed, mut rows) = (Vec::new(), Vec::new());
     for (name, shape) in hp.expected_tensors() {
-        // An untied token embedding is only gathered (the embed module).
-        if shape.len() < 2 || (name == TOKEN_EMBD && !hp.tied_output) {
+        // An untied token embedding is only gathered (the embed module);
+        // biases are added, not multiplied.
+        if shape.len() < 2 || name.ends_with(".bias") || (name == TOKEN_EMBD && !hp.tied_output) {
             continue;
         }
         let Some(t) = file.tensor_info(&name) else {

@@ -105,6 +105,14 @@ pub fn random_weights(rng: &mut Rng, ty: GgmlType, rows: usize, ncols: usize) ->
                 for &o in scale_offsets(ty) {
                     block[o..o + 2].copy_from_slice(&rng.scale_bits());
                 }
+                // MXFP4's E8M0 exponent: scales 2^-10 .. 2^-4, and now and
+                // then the two denormal ones (e = 0, 1).
+                if ty == GgmlType::MXFP4 {
+                    block[0] = match rng.below(32) {
+                        0 => rng.below(2) as u8,
+                        _ => 118 + rng.below(7) as u8,
+                    };
+                }
             }
             b
         }
