@@ -52,11 +52,14 @@ __device__ __forceinline__ void rope_pair(int i, int half, int* a, int* b) {
 // (the rotated pairs first, then the pass-through dimensions from n_rot
 // up, two by two); a K head's thread also moves the same two dimensions of
 // V. With `tab` (the batched kernels: tokens of different sequences), token
-// t's block table starts at table[tab[t]].
+// t's block table starts at table[tab[t]]. With `bias` ((n_head + 2
+// n_head_kv) head_dim: Q's, K's, then V's; qwen2, gpt-oss), each value is
+// biased first (the queries' pass-through dimensions too).
 template <bool NEOX>
 __device__ __forceinline__ void rope_kv(float* q, int n_head, const float* k, const float* v, int n_head_kv,
                                         const int* pos, const float* inv_freq, int head_dim, int n_rot,
-                                        float pos_scale, u16* kpool, u16* vpool, const int* table, const int* tab) {
+                                        float pos_scale, u16* kpool, u16* vpool, const int* table, const int* tab,
+                                        const float* bias) {
     __shared__ float cs[2][ROPE_MAX_HALF];
     const int t = blockIdx.x;
     if (tab != nullptr) table += tab[t];
@@ -74,17 +77,28 @@ __device__ __forceinline__ void rope_kv(float* q, int n_head, const float* k, co
         } else {
             a = n_rot + 2 * (i - half), b = a + 1;
         }
+        // This head's bias (Q heads, then K heads; V's after them).
+        const float* bh = bias ? bias + (long long)h * head_dim : nullptr;
         if (h < n_head) {
-            if (i >= half) continue;  // pass-through: stays as it is
             float* xh = q + ((long long)t * n_head + h) * head_dim;
+            if (i >= half) {  // pass-through: biased only
+                if (bh) xh[a] += bh[a], xh[b] += bh[b];
+                continue;
+            }
+            float x0 = xh[a], x1 = xh[b];
+            if (bh) x0 += bh[a], x1 += bh[b];
             const float s = cs[0][i], c = cs[1][i];
-            const float x0 = xh[a], x1 = xh[b];
             xh[a] = rope_rot0(x0, x1, s, c);
             xh[b] = rope_rot1(x0, x1, s, c);
         } else {
             const int kh = h - n_head;
             const long long src = ((long long)t * n_head_kv + kh) * head_dim;
             float x0 = k[src + a], x1 = k[src + b];
+            float v0 = v[src + a], v1 = v[src + b];
+            if (bh) {
+                const float* bv = bh + (long long)n_head_kv * head_dim;
+                x0 += bh[a], x1 += bh[b], v0 += bv[a], v1 += bv[b];
+            }
             if (i < half) {
                 const float s = cs[0][i], c = cs[1][i];
                 const float r0 = rope_rot0(x0, x1, s, c), r1 = rope_rot1(x0, x1, s, c);
@@ -93,8 +107,8 @@ __device__ __forceinline__ void rope_kv(float* q, int n_head, const float* k, co
             const long long dst = row + (long long)kh * head_dim;
             kpool[dst + a] = f2h(x0);
             kpool[dst + b] = f2h(x1);
-            vpool[dst + a] = f2h(v[src + a]);
-            vpool[dst + b] = f2h(v[src + b]);
+            vpool[dst + a] = f2h(v0);
+            vpool[dst + b] = f2h(v1);
         }
     }
 }
@@ -102,21 +116,24 @@ __device__ __forceinline__ void rope_kv(float* q, int n_head, const float* k, co
 #define ROPE_KV_ARGS                                                                                         \
     float *q, int n_head, const float *k, const float *v, int n_head_kv, const int *pos, const float *inv_freq, \
         int head_dim, int n_rot, float pos_scale, u16 *kpool, u16 *vpool, const int *table
-extern "C" __global__ void rope_kv_norm_f32(ROPE_KV_ARGS) {
+// bias: Q/K/V's biases or null (last).
+extern "C" __global__ void rope_kv_norm_f32(ROPE_KV_ARGS, const float* bias) {
     rope_kv<false>(q, n_head, k, v, n_head_kv, pos, inv_freq, head_dim, n_rot, pos_scale, kpool, vpool, table,
-                   nullptr);
+                   nullptr, bias);
 }
-extern "C" __global__ void rope_kv_neox_f32(ROPE_KV_ARGS) {
+extern "C" __global__ void rope_kv_neox_f32(ROPE_KV_ARGS, const float* bias) {
     rope_kv<true>(q, n_head, k, v, n_head_kv, pos, inv_freq, head_dim, n_rot, pos_scale, kpool, vpool, table,
-                  nullptr);
+                  nullptr, bias);
 }
 // The same over tokens of different sequences: token t's block table starts
 // at table[tab[t]] (a batched decode step).
-extern "C" __global__ void rope_kv_b_norm_f32(ROPE_KV_ARGS, const int* tab) {
-    rope_kv<false>(q, n_head, k, v, n_head_kv, pos, inv_freq, head_dim, n_rot, pos_scale, kpool, vpool, table, tab);
+extern "C" __global__ void rope_kv_b_norm_f32(ROPE_KV_ARGS, const int* tab, const float* bias) {
+    rope_kv<false>(q, n_head, k, v, n_head_kv, pos, inv_freq, head_dim, n_rot, pos_scale, kpool, vpool, table, tab,
+                   bias);
 }
-extern "C" __global__ void rope_kv_b_neox_f32(ROPE_KV_ARGS, const int* tab) {
-    rope_kv<true>(q, n_head, k, v, n_head_kv, pos, inv_freq, head_dim, n_rot, pos_scale, kpool, vpool, table, tab);
+extern "C" __global__ void rope_kv_b_neox_f32(ROPE_KV_ARGS, const int* tab, const float* bias) {
+    rope_kv<true>(q, n_head, k, v, n_head_kv, pos, inv_freq, head_dim, n_rot, pos_scale, kpool, vpool, table, tab,
+                  bias);
 }
 
 // rope_kv with each query and key head RMS-normed first (qwen3, gemma3's

@@ -85,7 +85,7 @@ impl Kernels {
         v: &DeviceView<'_, f32>,
         kv: KvAppend<'_, '_>,
     ) -> Result<()> {
-        self.rope_kv(stream, q, k, v, kv, None, None)
+        self.rope_kv(stream, q, k, v, kv, None, None, None)
     }
 
     /// [`Kernels::rope_kv_append`] over tokens of different sequences (a
@@ -102,7 +102,31 @@ impl Kernels {
         tab: &DeviceView<'_, i32>,
     ) -> Result<()> {
         check_len("rope_kv_append_batch", "tab", tab.len(), kv.pos.len())?;
-        self.rope_kv(stream, q, k, v, kv, Some(tab), None)
+        self.rope_kv(stream, q, k, v, kv, Some(tab), None, None)
+    }
+
+    /// [`Kernels::rope_kv_append`] (with `tab`: its batched form) with Q's,
+    /// K's and V's biases added first in the same launch: `bias` holds
+    /// them in that order ((n_head + 2 n_head_kv) head_dim; qwen2,
+    /// gpt-oss).
+    #[allow(clippy::too_many_arguments)]
+    pub fn rope_kv_append_biased(
+        &self,
+        stream: &Stream,
+        q: &mut DeviceBuffer<f32>,
+        k: &DeviceView<'_, f32>,
+        v: &DeviceView<'_, f32>,
+        kv: KvAppend<'_, '_>,
+        tab: Option<&DeviceView<'_, i32>>,
+        bias: &DeviceView<'_, f32>,
+    ) -> Result<()> {
+        const K: &str = "rope_kv_append_biased";
+        let heads = kv.p.n_head + 2 * kv.n_head_kv;
+        check_len(K, "bias", bias.len(), heads * kv.p.head_dim)?;
+        if let Some(tab) = tab {
+            check_len(K, "tab", tab.len(), kv.pos.len())?;
+        }
+        self.rope_kv(stream, q, k, v, kv, tab, None, Some(bias))
     }
 
     /// [`Kernels::rope_kv_append`] (with `tab`: its batched form) with each
@@ -133,7 +157,7 @@ impl Kernels {
         if let Some(tab) = tab {
             check_len(K, "tab", tab.len(), kv.pos.len())?;
         }
-        self.rope_kv(stream, q, k, v, kv, tab, Some(norms))
+        self.rope_kv(stream, q, k, v, kv, tab, Some(norms), None)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -146,6 +170,7 @@ impl Kernels {
         kv: KvAppend<'_, '_>,
         tab: Option<&DeviceView<'_, i32>>,
         norms: Option<HeadNorms<'_, '_>>,
+        bias: Option<&DeviceView<'_, f32>>,
     ) -> Result<()> {
         const K: &str = "rope_kv_append";
         let KvAppend {
@@ -228,7 +253,9 @@ impl Kernels {
         // table); lengths checked above. The *_qkn_* kernels take const
         // float* qn, const float* kn, float eps last (after tab) and read
         // qn and kn [..head_dim] (checked by rope_kv_append_normed, with the
-        // head size its one-pair-a-thread blocks need).
+        // head size its one-pair-a-thread blocks need). The others take
+        // const float* bias last: (n_head + 2 n_head_kv) head_dim floats
+        // (checked by rope_kv_append_biased) or null.
         unsafe {
             let l = stream
                 .launch(&kernel)
@@ -249,13 +276,14 @@ impl Kernels {
                 Some(tab) => l.view(tab),
                 None => l,
             };
-            match &norms {
-                Some(nm) => l
+            match (&norms, bias) {
+                (Some(nm), _) => l
                     .view(nm.q)
                     .view(nm.k)
                     .scalar(&nm.eps)
                     .run(cfg(grid, ROPE_THREADS))?,
-                None => l.run(cfg(grid, ROPE_THREADS))?,
+                (None, Some(b)) => l.view(b).run(cfg(grid, ROPE_THREADS))?,
+                (None, None) => l.null().run(cfg(grid, ROPE_THREADS))?,
             }
         };
         Ok(())

@@ -44,7 +44,8 @@ fn check_pools(
 /// launch: q against the CPU rope, the pools against the FP16 of the CPU's
 /// roped K (within one FP16 step: the FP32 rotations may round apart) and
 /// of V (exact) at the pages of a shuffled table; every other pool row
-/// keeps its poison.
+/// keeps its poison. Plain, with head norms, and with Q/K/V biases added
+/// first (the queries' pass-through dimensions too).
 #[test]
 #[ignore = "needs a GPU"]
 fn rope_kv_append_matches_cpu() {
@@ -106,11 +107,24 @@ fn rope_kv_append_matches_cpu() {
             let norms = hd
                 .is_multiple_of(64)
                 .then(|| (rng.vec(hd, 0.5, 1.5), rng.vec(hd, 0.5, 1.5)));
-            for normed in [None, norms.as_ref()] {
-                let (mut want_q, mut want_k) = (q.clone(), kx.clone());
+            let bias = rng.vec((n_head + 2 * n_kv) * hd, -1.0, 1.0);
+            let (bq, rest) = bias.split_at(n_head * hd);
+            let (bk, bv) = rest.split_at(kv_dim);
+            for (normed, biased) in [(None, false), (norms.as_ref(), false), (None, true)] {
+                let (mut want_q, mut want_k, mut want_v) = (q.clone(), kx.clone(), vx.clone());
                 if let Some((qn, kn)) = normed {
                     ops::rmsnorm(&mut want_q, qn, 1e-6);
                     ops::rmsnorm(&mut want_k, kn, 1e-6);
+                }
+                if biased {
+                    let add = |x: &mut [f32], b: &[f32]| {
+                        for row in x.chunks_exact_mut(b.len()) {
+                            row.iter_mut().zip(b).for_each(|(x, b)| *x += b);
+                        }
+                    };
+                    add(&mut want_q, bq);
+                    add(&mut want_k, bk);
+                    add(&mut want_v, bv);
                 }
                 for t in 0..n_tok {
                     let p = start + t;
@@ -133,7 +147,11 @@ fn rope_kv_append_matches_cpu() {
                     max_start: start,
                 };
                 let (kv_k, kv_v) = (kg.view(), vg.view());
+                let bg = s.upload(&bias, "bias").unwrap();
                 match normed {
+                    None if biased => k
+                        .rope_kv_append_biased(&s, &mut qg, &kv_k, &kv_v, kv, None, &bg.view())
+                        .unwrap(),
                     None => k.rope_kv_append(&s, &mut qg, &kv_k, &kv_v, kv).unwrap(),
                     Some((qn, kn)) => {
                         let (qn, kn) = (s.upload(qn, "qn").unwrap(), s.upload(kn, "kn").unwrap());
@@ -147,7 +165,7 @@ fn rope_kv_append_matches_cpu() {
                     }
                 }
                 let what = format!(
-                    "rope_kv {style:?} {n_tok}x{n_head}/{n_kv}x{hd} rot {n_rot} at {start}, head norms {}",
+                    "rope_kv {style:?} {n_tok}x{n_head}/{n_kv}x{hd} rot {n_rot} at {start}, head norms {}, biased {biased}",
                     normed.is_some()
                 );
                 let got_q = s.download(&qg).unwrap();
@@ -155,7 +173,7 @@ fn rope_kv_append_matches_cpu() {
                     2e-6 * want_q[i].abs().max(2.0) as f64 + 1e-7
                 });
                 let (kp, vp) = (s.download(&kpool).unwrap(), s.download(&vpool).unwrap());
-                check_pools(&what, (&kp, &vp), &rows, (&want_k, &vx), kv_dim);
+                check_pools(&what, (&kp, &vp), &rows, (&want_k, &want_v), kv_dim);
             }
         }
     }

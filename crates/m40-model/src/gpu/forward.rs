@@ -495,10 +495,13 @@ impl GpuBackend {
                 }
             } else {
                 self.matmul_stacks(&layer.qkv, xin, &mut [&mut w.q, &mut w.k, &mut w.v], n)?;
-                if let Some([bq, bk, bv]) = &layer.bias {
-                    k.add_rows(s, &mut w.q, &bq.view(), n)?;
-                    k.add_rows(s, &mut w.k, &bk.view(), n)?;
-                    k.add_rows(s, &mut w.v, &bv.view(), n)?;
+                // Biases in the RoPE launch; apart only before head norms
+                // (no architecture here has both).
+                if let (Some(b), Some(_)) = (&layer.bias, &layer.qk_norm) {
+                    let kd = kv_dim;
+                    k.add_rows(s, &mut w.q, &b.slice(0..q_dim)?, n)?;
+                    k.add_rows(s, &mut w.k, &b.slice(q_dim..q_dim + kd)?, n)?;
+                    k.add_rows(s, &mut w.v, &b.slice(q_dim + kd..q_dim + 2 * kd)?, n)?;
                 }
                 // Head norms in the RoPE launch where their head size
                 // allows (a multiple of 64), else apart before it.
@@ -519,9 +522,15 @@ impl GpuBackend {
                         let t = tab.as_ref();
                         k.rope_kv_append_normed(s, &mut w.q, &kv_k, &kv_v, kv, t, norms)?
                     }
-                    _ => match &tab {
-                        Some(tab) => k.rope_kv_append_batch(s, &mut w.q, &kv_k, &kv_v, kv, tab)?,
-                        None => k.rope_kv_append(s, &mut w.q, &kv_k, &kv_v, kv)?,
+                    _ => match (&tab, &layer.bias) {
+                        (t, Some(b)) => {
+                            let b = b.view();
+                            k.rope_kv_append_biased(s, &mut w.q, &kv_k, &kv_v, kv, t.as_ref(), &b)?
+                        }
+                        (Some(tab), None) => {
+                            k.rope_kv_append_batch(s, &mut w.q, &kv_k, &kv_v, kv, tab)?
+                        }
+                        (None, None) => k.rope_kv_append(s, &mut w.q, &kv_k, &kv_v, kv)?,
                     },
                 }
             }

@@ -82,7 +82,8 @@ pub(super) struct Stack {
 pub(super) struct Layer {
     pub(super) attn_norm: DeviceBuffer<f32>,
     pub(super) ffn_norm: DeviceBuffer<f32>,
-    pub(super) bias: Option<[DeviceBuffer<f32>; 3]>,
+    /// Q's, K's and V's biases, in one buffer in that order.
+    pub(super) bias: Option<DeviceBuffer<f32>>,
     /// qwen3: the query and key head norms' weights (head_dim each).
     pub(super) qk_norm: Option<[DeviceBuffer<f32>; 2]>,
     /// gemma: the attention's and the FFN's output norms' weights.
@@ -234,7 +235,10 @@ impl Weights {
         for l in 0..hp.n_layer {
             let n = model.layer(l);
             let bias = if hp.qkv_bias {
-                Some([f32s(&n.bq)?, f32s(&n.bk)?, f32s(&n.bv)?])
+                let mut b = model.tensor(&n.bq).to_f32()?;
+                b.extend(model.tensor(&n.bk).to_f32()?);
+                b.extend(model.tensor(&n.bv).to_f32()?);
+                Some(stream.upload(&b, &format!("blk.{l}.attn_qkv biases"))?)
             } else {
                 None
             };
