@@ -274,6 +274,7 @@ __device__ __forceinline__ void gemv(const u8* __restrict__ W, const float* __re
 template <class F> struct GemvOccupancy { static constexpr int value = 5; };
 template <> struct GemvOccupancy<FmtF32> { static constexpr int value = 4; };
 template <> struct GemvOccupancy<FmtQ3_K> { static constexpr int value = 4; };
+template <> struct GemvOccupancy<FmtMXFP4> { static constexpr int value = 4; };
 
 // cb: blocks per chunk (1 .. GemvChunk<F>::BLOCKS); ksplit: 1, 2 or 4 warps
 // per row group, at most the chunks per row.
