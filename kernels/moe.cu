@@ -9,6 +9,13 @@
 // holds experts l, l + 32, ... (E <= 32 * MOE_MAX_PER_LANE). Block 32 *
 // MOE_WARPS threads, grid ceil(n / MOE_WARPS).
 //
+// moe_router_f32: y (rows) = W x for one token through an F32 router of
+// few rows (W (rows, ncols) row-major, ncols a multiple of 4, W and x
+// 16-byte aligned): a block of MOE_ROUTER_THREADS per row, every thread's
+// float4 loads of W and x issued before its first FMA, a fixed-order block
+// sum. The GEMV of GGUF rows gives such a matrix 8 blocks walking each row
+// in 3 rounds of chunks (qwen3moe's 128 x 2048, gpt-oss's 32 x 2880).
+//
 // moe_glu_f32: g (rows, width) = glu_act(act, g + gb[e], u + ub[e]), e =
 // ids[r] the expert of row r (a (token, slot) of n K): gpt-oss's gate and
 // up biases (gb, ub (E, width)) and its activation, where the experts'
@@ -88,4 +95,30 @@ extern "C" __global__ void moe_glu_f32(float* g, const float* u, const int* ids,
         const long long o = (long long)ids[i / width] * width + i % width;
         g[i] = glu_act(act, __fadd_rn(g[i], gb[o]), __fadd_rn(u[i], ub[o]));
     }
+}
+
+#define MOE_ROUTER_THREADS 128
+#define MOE_ROUTER_U 8
+
+extern "C" __global__ void __launch_bounds__(MOE_ROUTER_THREADS)
+    moe_router_f32(const float* W, const float* x, float* y, int ncols) {
+    __shared__ float scratch[32];
+    const float4* w4 = (const float4*)(W + (long long)blockIdx.x * ncols);
+    const float4* x4 = (const float4*)x;
+    const int m = ncols / 4;
+    float acc = 0.0f;
+    for (int i0 = threadIdx.x; i0 < m; i0 += MOE_ROUTER_U * MOE_ROUTER_THREADS) {
+        float4 a[MOE_ROUTER_U], b[MOE_ROUTER_U];
+#pragma unroll
+        for (int u = 0; u < MOE_ROUTER_U; ++u) {
+            const int i = i0 + u * MOE_ROUTER_THREADS;
+            a[u] = i < m ? w4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            b[u] = i < m ? x4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int u = 0; u < MOE_ROUTER_U; ++u)
+            acc += a[u].x * b[u].x + a[u].y * b[u].y + a[u].z * b[u].z + a[u].w * b[u].w;
+    }
+    acc = block_sum(acc, scratch);
+    if (threadIdx.x == 0) y[blockIdx.x] = acc;
 }

@@ -36,6 +36,11 @@ fn act_id(act: m40_gguf::hparams::Activation) -> i32 {
     }
 }
 
+/// Rows at most of a router [`Kernels::moe_router`] takes (a block each).
+pub const MOE_ROUTER_MAX_ROWS: usize = 1024;
+/// Threads per block of moe_router_f32 (`MOE_ROUTER_THREADS`).
+const MOE_ROUTER_THREADS: u32 = 128;
+
 /// A mixture's step: `n` tokens, each taking `k` of the experts.
 #[derive(Clone, Copy, Debug)]
 pub struct MoeShape {
@@ -99,6 +104,62 @@ impl Kernels {
                 .scalar(&e)
                 .scalar(&k)
                 .run(cfg(grid, 32 * MOE_WARPS))?
+        };
+        Ok(())
+    }
+
+    /// y (w.rows) = W x for one token through an F32 router (at most
+    /// [`MOE_ROUTER_MAX_ROWS`] rows, a row length that is a multiple of 4,
+    /// W and x 16-byte aligned): a block a row, so a router of 32 or 128
+    /// rows is not the 8 latency-bound blocks the GEMV of GGUF rows gives
+    /// it.
+    /// Whether [`Self::moe_router`] takes `w`: F32, at most
+    /// [`MOE_ROUTER_MAX_ROWS`] rows of a multiple of 4, 16-byte aligned.
+    pub fn moe_router_takes(&self, w: &QMatrix<'_>) -> bool {
+        w.ty == m40_gguf::GgmlType::F32
+            && (1..=MOE_ROUTER_MAX_ROWS).contains(&w.rows)
+            && w.cols > 0
+            && w.cols.is_multiple_of(4)
+            && w.data.is_aligned(16)
+    }
+
+    pub fn moe_router(
+        &self,
+        stream: &Stream,
+        w: &QMatrix<'_>,
+        x: &DeviceView<'_, f32>,
+        y: &mut DeviceBuffer<f32>,
+    ) -> Result<()> {
+        const K: &str = "moe_router_f32";
+        if !self.moe_router_takes(w) {
+            return Err(shape(
+                K,
+                format!(
+                    "a {} router of {} x {} (F32, at most {MOE_ROUTER_MAX_ROWS} rows of a multiple of 4, 16-byte aligned)",
+                    w.ty, w.rows, w.cols
+                ),
+            ));
+        }
+        check_len(K, "weights", w.data.len(), w.rows * w.cols * 4)?;
+        check_len(K, "x", x.len(), w.cols)?;
+        check_len(K, "y", y.len(), w.rows)?;
+        if !x.is_aligned(16) {
+            return Err(shape(K, "x must start at a multiple of 16 bytes".into()));
+        }
+        let kernel = self.kernel("moe", K)?;
+        let ncols = to_i32(K, "ncols", w.cols)?;
+        // SAFETY: moe_router_f32(const float* W, const float* x, float* y,
+        // int ncols): block r < rows reads W[r ncols..][..ncols] and x[..ncols]
+        // as float4s (16-byte aligned, ncols a multiple of 4: checked) and
+        // writes y[r]; lengths checked above.
+        unsafe {
+            stream
+                .launch(&kernel)
+                .view(w.data)
+                .view(x)
+                .buf_mut(y)
+                .scalar(&ncols)
+                .run(cfg((w.rows as u32, 1, 1), MOE_ROUTER_THREADS))?
         };
         Ok(())
     }

@@ -317,3 +317,75 @@ fn glu_reference(
     }
     (out, tol)
 }
+
+/// The router of one token (`moe_router`: a block a row) against an f64
+/// product: routers of 1 to 1024 rows, row lengths of 4 to 4100 (a last
+/// round of partial float4s), output poisoned before; what it refuses.
+#[test]
+#[ignore = "needs a GPU"]
+fn moe_router_matches_cpu() {
+    let (_dev, s, k, mut rng) = setup("moe_router_matches_cpu");
+    for (rows, cols) in [
+        (32, 2880),
+        (128, 2048),
+        (1, 4),
+        (8, 4100),
+        (1024, 64),
+        (60, 1028),
+    ] {
+        let w = rng.vec(rows * cols, -1.0, 1.0);
+        let x = rng.vec(cols, -1.0, 1.0);
+        let (wg, xg) = (
+            s.upload(bytemuck::cast_slice::<f32, u8>(&w), "router")
+                .unwrap(),
+            s.upload(&x, "x").unwrap(),
+        );
+        let mut y = s.alloc::<f32>(rows, "y").unwrap();
+        s.fill_bytes(&mut y, 0xFF).unwrap();
+        let m = QMatrix {
+            ty: GgmlType::F32,
+            data: &wg.view(),
+            rows,
+            cols,
+        };
+        k.moe_router(&s, &m, &xg.view(), &mut y).unwrap();
+        let (want, mag): (Vec<f32>, Vec<f64>) = (0..rows)
+            .map(|r| {
+                let row = &w[r * cols..(r + 1) * cols];
+                let d: f64 = row.iter().zip(&x).map(|(a, b)| *a as f64 * *b as f64).sum();
+                let m: f64 = row
+                    .iter()
+                    .zip(&x)
+                    .map(|(a, b)| (*a as f64 * *b as f64).abs())
+                    .sum();
+                (d as f32, m)
+            })
+            .unzip();
+        check(
+            &format!("moe_router {rows} x {cols}"),
+            &s.download(&y).unwrap(),
+            &want,
+            |i| 1e-6 * mag[i] + 1e-30,
+        );
+    }
+    // Not F32, too many rows, a row length not a multiple of 4: refused.
+    let z = s.upload(&vec![0u8; 4 * 1025 * 8], "w").unwrap();
+    let x = s.upload(&[0f32; 8], "x").unwrap();
+    let mut y = s.alloc::<f32>(1025, "y").unwrap();
+    for (ty, rows, cols) in [
+        (GgmlType::F16, 4, 8),
+        (GgmlType::F32, 1025, 8),
+        (GgmlType::F32, 4, 6),
+    ] {
+        let m = QMatrix {
+            ty,
+            data: &z.view(),
+            rows,
+            cols,
+        };
+        assert!(
+            k.moe_router(&s, &m, &x.view(), &mut y).is_err(),
+            "{ty} {rows} x {cols}"
+        );
+    }
+}

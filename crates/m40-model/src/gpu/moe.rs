@@ -34,7 +34,14 @@ impl GpuBackend {
             n,
             k: m.n_expert_used,
         };
-        self.matmul(&mats.router, Input::Rows(h), &mut b.logits, n, false)?;
+        // One token through an F32 router: a block a row (moe_router).
+        let data = mats.router.data.view();
+        match mats.router.view(&data) {
+            MatView::Rows(q) if n == 1 && k.moe_router_takes(&q) => {
+                k.moe_router(s, &q, h, &mut b.logits)?
+            }
+            _ => self.matmul(&mats.router, Input::Rows(h), &mut b.logits, n, false)?,
+        }
         // gpt-oss's biases, as views: router, gate, up, down.
         let bias = mats.bias.as_ref().map(|bs| bs.each_ref().map(|b| b.view()));
         let router_b = bias.as_ref().map(|[r, ..]| r);
