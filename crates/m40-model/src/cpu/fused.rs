@@ -5,7 +5,7 @@
 
 use m40_gguf::quant::as_blocks;
 use m40_gguf::quant::blocks::{
-    scale_min_k4, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ6K, BlockQ8_0, QK32, QK_K,
+    scale_min_k4, BlockMXFP4, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ6K, BlockQ8_0, QK32, QK_K,
 };
 use m40_gguf::GgmlType;
 
@@ -15,7 +15,12 @@ pub fn supported(ty: GgmlType) -> bool {
     {
         matches!(
             ty,
-            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q4_K | GgmlType::Q6_K
+            GgmlType::Q4_0
+                | GgmlType::Q4_1
+                | GgmlType::Q8_0
+                | GgmlType::Q4_K
+                | GgmlType::Q6_K
+                | GgmlType::MXFP4
         ) && std::arch::is_x86_feature_detected!("avx2")
             && std::arch::is_x86_feature_detected!("fma")
             && std::arch::is_x86_feature_detected!("f16c")
@@ -57,6 +62,7 @@ pub fn dot_rows<const N: usize>(
             GgmlType::Q8_0 => return q8_0(&as_blocks::<BlockQ8_0>(row), x),
             GgmlType::Q4_K => return q4_k(&as_blocks::<BlockQ4K>(row), x, xsum),
             GgmlType::Q6_K => return q6_k(&as_blocks::<BlockQ6K>(row), x),
+            GgmlType::MXFP4 => return mxfp4(&as_blocks::<BlockMXFP4>(row), x),
             _ => {}
         }
     }
@@ -162,6 +168,38 @@ unsafe fn q4_0<const N: usize>(b: &[BlockQ4_0], x: [&[f32]; N], xsum: [&[f32]; N
         }
     }
     std::array::from_fn(|t| avx2::hsum(acc[t]) - 8.0 * off[t])
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C; each `x` holds 32 values per block.
+unsafe fn mxfp4<const N: usize>(b: &[BlockMXFP4], x: [&[f32]; N]) -> [f32; N] {
+    use std::arch::x86_64::*;
+    // The 16 FP4 levels (doubled) looked up per nibble with pshufb; the
+    // block's power-of-two scale multiplies the block's sum.
+    let table = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+    let mask = _mm_set1_epi8(0x0F);
+    let mut acc = [_mm256_setzero_ps(); N];
+    for (i, blk) in b.iter().enumerate() {
+        let d = m40_gguf::quant::dequant::e8m0_half(blk.e);
+        // SAFETY: qs is 16 bytes.
+        let v = unsafe { _mm_loadu_si128(blk.qs.as_ptr() as *const __m128i) };
+        let lo = _mm_shuffle_epi8(table, _mm_and_si128(v, mask));
+        let hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(v, 4), mask));
+        let f = |b: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+        let q = [
+            f(lo),
+            f(_mm_srli_si128(lo, 8)),
+            f(hi),
+            f(_mm_srli_si128(hi, 8)),
+        ];
+        for t in 0..N {
+            let v = avx2::qx(q, &x[t][i * QK32..]);
+            acc[t] = _mm256_fmadd_ps(v, _mm256_set1_ps(d), acc[t]);
+        }
+    }
+    std::array::from_fn(|t| avx2::hsum(acc[t]))
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -348,7 +386,12 @@ mod tests {
 
     #[test]
     fn fused_dots_match_dequantize_then_dot() {
-        for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+        for ty in [
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q8_0,
+            GgmlType::MXFP4,
+        ] {
             if !supported(ty) {
                 eprintln!("SKIP {ty}: no AVX2/FMA on this CPU");
                 continue;

@@ -637,6 +637,7 @@ mod tests {
             GgmlType::Q8_0,
             GgmlType::Q4_K,
             GgmlType::Q6_K,
+            GgmlType::MXFP4,
         ] {
             let file = matrix_file(ty, rows, cols, &values(rows * cols));
             let view = file.tensor("w").unwrap();
