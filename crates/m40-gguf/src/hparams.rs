@@ -425,10 +425,7 @@ impl HyperParams {
         let rms_eps = md
             .opt_f64(&key("attention.layer_norm_rms_epsilon"))?
             .unwrap_or(1e-5) as f32;
-        let linear = match rope_scaling {
-            RopeScaling::Linear { factor } => factor,
-            _ => 1.0,
-        };
+        let linear = rope_scaling.linear_factor();
         let sliding_window = sliding_window(md, arch, n_layer, rope_freq_base, linear)?;
         let opt_f32 = |k: &str| -> Result<Option<f32>> {
             Ok(md.opt_f64(&key(k))?.map(|v| v as f32).filter(|&v| v != 0.0))
@@ -561,8 +558,9 @@ impl HyperParams {
         // gemma2's output is its embedding even where a file has both.
         hp.tied_output = hp.arch == Arch::Gemma2 || file.tensor_info(OUTPUT).is_none();
         hp.qkv_bias = hp.arch.qkv_bias() || file.tensor_info(&LayerNames::new(0).bq).is_some();
-        // Biases llama.cpp reads for some architectures and we do not run:
-        // refused, never ignored.
+        // Biases llama.cpp reads for some architectures and this model's
+        // forward pass does not: refused, never ignored.
+        let reads: Vec<String> = hp.expected_tensors().into_iter().map(|(n, _)| n).collect();
         for b in [
             "attn_output.bias",
             "ffn_gate.bias",
@@ -570,7 +568,7 @@ impl HyperParams {
             "ffn_down.bias",
         ] {
             let name = format!("blk.0.{b}");
-            if file.tensor_info(&name).is_some() && !(hp.out_bias && b == "attn_output.bias") {
+            if file.tensor_info(&name).is_some() && !reads.contains(&name) {
                 return Err(GgufError::BadTensor {
                     name,
                     what: format!(

@@ -26,6 +26,15 @@ pub enum RopeScaling {
 }
 
 impl RopeScaling {
+    /// The linear scaling factor positions are divided by (1 but for
+    /// linear scaling).
+    pub fn linear_factor(&self) -> f32 {
+        match *self {
+            RopeScaling::Linear { factor } => factor,
+            _ => 1.0,
+        }
+    }
+
     /// YaRN's ramp over the `dim / 2` rotated pairs: the share of pair i's
     /// angle that is extrapolated (1: unscaled, 0: divided by the factor),
     /// llama.cpp's `rope_yarn_ramp` over `ggml_rope_yarn_corr_dims` (with

@@ -43,23 +43,28 @@ fn signed_absmax(x: &[f32]) -> f32 {
     max
 }
 
-/// An MXFP4 block's exponent byte and its scale, as ggml's: 2^(floor(log2
-/// amax) - 2) (the float converted to uint8_t through an int on x86).
-fn mxfp4_scale(x: &[f32]) -> (u8, f32) {
+/// An MXFP4 block of `x`: the exponent byte as ggml's, 2^(floor(log2
+/// amax) - 2) (the float converted to uint8_t through an int on x86), and
+/// each value's 4-bit index as `pick(value, scale)` chooses it.
+fn mxfp4_block(x: &[f32], pick: impl Fn(f32, f32) -> u8) -> BlockMXFP4 {
     let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
     let e = if amax > 0.0 {
         (amax.log2().floor() - 2.0 + 127.0) as i32 as u8
     } else {
         0
     };
-    (e, super::dequant::e8m0_half(e))
+    let d = super::dequant::e8m0_half(e);
+    let mut qs = [0u8; QK32 / 2];
+    for j in 0..QK32 / 2 {
+        qs[j] = pick(x[j], d) | pick(x[j + QK32 / 2], d) << 4;
+    }
+    BlockMXFP4 { e, qs }
 }
 
-/// MXFP4 as ggml's `quantize_row_mxfp4_ref`: the scale 2^(floor(log2
-/// amax) - 2), each value the nearest of its 16 levels (ties: the first).
+/// MXFP4 as ggml's `quantize_row_mxfp4_ref`: each value the nearest of its
+/// 16 levels (ties: the first).
 pub fn block_mxfp4(x: &[f32]) -> BlockMXFP4 {
-    let (e, d) = mxfp4_scale(x);
-    let best = |v: f32| -> u8 {
+    mxfp4_block(x, |v, d| {
         let mut best = (0u8, (KVALUES_MXFP4[0] as f32 * d - v).abs());
         for (i, &k) in KVALUES_MXFP4.iter().enumerate().skip(1) {
             let err = (k as f32 * d - v).abs();
@@ -68,35 +73,23 @@ pub fn block_mxfp4(x: &[f32]) -> BlockMXFP4 {
             }
         }
         best.0
-    };
-    let mut qs = [0u8; QK32 / 2];
-    for j in 0..QK32 / 2 {
-        qs[j] = best(x[j]) | best(x[j + QK32 / 2]) << 4;
-    }
-    BlockMXFP4 { e, qs }
+    })
 }
 
 /// [`block_mxfp4`]'s format with each value's level by thresholds (the
 /// midpoints between levels) instead of a search over all 16: the same
 /// levels but where rounding makes a near-tie go the other way.
 pub fn block_mxfp4_fast(x: &[f32]) -> BlockMXFP4 {
-    let (e, d) = mxfp4_scale(x);
     // Midpoints between the magnitudes 0 1 2 3 4 6 8 12 (times d).
     const MID: [f32; 7] = [0.5, 1.5, 2.5, 3.5, 5.0, 7.0, 10.0];
-    let best = |v: f32| -> u8 {
-        let a = v.abs() / d;
-        let j = MID.iter().take_while(|&&m| a > m).count() as u8;
+    mxfp4_block(x, |v, d| {
+        let j = MID.iter().take_while(|&&m| v.abs() / d > m).count() as u8;
         if v < 0.0 && j > 0 {
             8 + j
         } else {
             j
         }
-    };
-    let mut qs = [0u8; QK32 / 2];
-    for j in 0..QK32 / 2 {
-        qs[j] = best(x[j]) | best(x[j + QK32 / 2]) << 4;
-    }
-    BlockMXFP4 { e, qs }
+    })
 }
 
 pub fn block_q4_0(x: &[f32]) -> BlockQ4_0 {

@@ -104,13 +104,6 @@ impl CpuBackend {
         let mut layers = Vec::with_capacity(hp.n_layer);
         for l in 0..hp.n_layer {
             let n = model.layer(l);
-            let bias = |name: &str| -> Result<Option<Vec<f32>>> {
-                if hp.qkv_bias {
-                    vec_f32(&model, name).map(Some)
-                } else {
-                    Ok(None)
-                }
-            };
             let opt = |on: bool, name: &str| -> Result<Option<Vec<f32>>> {
                 on.then(|| vec_f32(&model, name)).transpose()
             };
@@ -128,9 +121,9 @@ impl CpuBackend {
                 },
                 attn_norm: vec_f32(&model, &n.attn_norm)?,
                 ffn_norm: vec_f32(&model, &n.ffn_norm)?,
-                bq: bias(&n.bq)?,
-                bk: bias(&n.bk)?,
-                bv: bias(&n.bv)?,
+                bq: opt(hp.qkv_bias, &n.bq)?,
+                bk: opt(hp.qkv_bias, &n.bk)?,
+                bv: opt(hp.qkv_bias, &n.bv)?,
                 qk_norm: if hp.qk_norm {
                     Some([vec_f32(&model, &n.q_norm)?, vec_f32(&model, &n.k_norm)?])
                 } else {
@@ -461,9 +454,7 @@ fn add_residual(x: &mut [f32], p: &[f32], s: f32) {
 
 fn add_bias(x: &mut [f32], b: &Option<Vec<f32>>) {
     if let Some(b) = b {
-        for row in x.chunks_exact_mut(b.len()) {
-            row.iter_mut().zip(b).for_each(|(v, b)| *v += b);
-        }
+        ops::add_rows(x, b);
     }
 }
 

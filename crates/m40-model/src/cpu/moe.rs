@@ -3,7 +3,7 @@
 
 use m40_gguf::hparams::LayerNames;
 
-use super::ops::{glu, softmax};
+use super::ops::{add_rows, glu, softmax};
 use super::CpuBackend;
 use crate::error::Result;
 
@@ -100,11 +100,4 @@ pub fn route(logits: &[f32], k: usize) -> Vec<(usize, f32)> {
     order.truncate(k);
     let sum = order.iter().map(|&e| p[e]).sum::<f32>().max(6.103_515_6e-5);
     order.into_iter().map(|e| (e, p[e] / sum)).collect()
-}
-
-/// Each row of x (rows of `b.len()`) plus b.
-fn add_rows(x: &mut [f32], b: &[f32]) {
-    for row in x.chunks_exact_mut(b.len()) {
-        row.iter_mut().zip(b).for_each(|(v, b)| *v += b);
-    }
 }

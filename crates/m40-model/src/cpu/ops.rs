@@ -15,6 +15,13 @@ pub fn rmsnorm(x: &mut [f32], w: &[f32], eps: f32) {
     }
 }
 
+/// Each row of x (rows of `b.len()`) plus b: a bias.
+pub fn add_rows(x: &mut [f32], b: &[f32]) {
+    for row in x.chunks_exact_mut(b.len()) {
+        row.iter_mut().zip(b).for_each(|(v, b)| *v += b);
+    }
+}
+
 /// RoPE parameters for one model.
 #[derive(Clone, Debug)]
 pub struct Rope {
@@ -74,10 +81,7 @@ impl Rope {
     /// gemma3's sliding-window layers' RoPE (`for_window`) has neither.
     pub fn for_model(model: &crate::Model) -> crate::Result<Self> {
         let hp = model.hparams();
-        let linear = match hp.rope_scaling {
-            RopeScaling::Linear { factor } => factor,
-            _ => 1.0,
-        };
+        let linear = hp.rope_scaling.linear_factor();
         let mut rope = Self::with_base(model, hp.rope_freq_base, linear)?;
         rope.mscale = hp.rope_mscale();
         if let (RopeScaling::Yarn { factor, .. }, Some(ramp)) = (
@@ -97,10 +101,7 @@ impl Rope {
     /// layers share the global RoPE (`None`).
     pub fn for_window(model: &crate::Model) -> crate::Result<Option<Self>> {
         let hp = model.hparams();
-        let linear = match hp.rope_scaling {
-            RopeScaling::Linear { factor } => factor,
-            _ => 1.0,
-        };
+        let linear = hp.rope_scaling.linear_factor();
         match &hp.sliding_window {
             Some(w) if (w.rope_freq_base, w.rope_linear) != (hp.rope_freq_base, linear) => {
                 Self::with_base(model, w.rope_freq_base, w.rope_linear).map(Some)
