@@ -4,7 +4,7 @@
 # table of tokenizer.ggml.pre values the tests check ours against) from the PyPI sdist of
 # llama-cpp-python into target/llamacpp-vocab (git-ignored; nothing of
 # llama.cpp is committed); prints the folder. The tokenizer tests read it
-# from M40_LLAMACPP_VOCAB.
+# from M40_LLAMACPP_VOCAB. Beside them, scripts/pre-vocab.py's vocabularies.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VER=${VER:-0.3.36}
@@ -20,4 +20,6 @@ if [ ! -f "$OUT/.from-$VER" ] || [ ! -f "$OUT/llama-vocab.cpp" ]; then
     rm -rf "$TMP"
     touch "$OUT/.from-$VER"
 fi
+# Our vocabularies that show a pre-tokenizer's split (scripts/pre-vocab.py).
+[ "$OUT/pre-texts.json" -nt scripts/pre-vocab.py ] || python3 scripts/pre-vocab.py "$OUT" >&2
 echo "$OUT"

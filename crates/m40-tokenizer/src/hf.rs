@@ -11,148 +11,11 @@ use tokenizers::normalizers::bert::BertNormalizer;
 use tokenizers::normalizers::NormalizerWrapper;
 use tokenizers::normalizers::{Prepend, Replace, Sequence as NormalizerSequence, NFC};
 use tokenizers::pre_tokenizers::bert::BertPreTokenizer;
-use tokenizers::pre_tokenizers::byte_level::ByteLevel;
-use tokenizers::pre_tokenizers::digits::Digits;
-use tokenizers::pre_tokenizers::punctuation::Punctuation;
-use tokenizers::pre_tokenizers::sequence::Sequence as PreSequence;
-use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
-use tokenizers::pre_tokenizers::PreTokenizerWrapper;
-use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer};
+use tokenizers::{AddedToken, Tokenizer};
 
 use crate::error::{hf, Result, TokenizerError};
+use crate::pre::{pre_tokenizer, PreSplit};
 use crate::vocab::{TokenType, Vocab, VocabKind};
-
-/// The pre-tokenizer split a `tokenizer.ggml.pre` value names.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PreSplit {
-    /// GPT-2's regex (ByteLevel with `use_regex`).
-    Gpt2,
-    /// Llama 3: one regex with 1-3 digit groups; BPE ignores merges for whole-vocab words.
-    Llama3,
-    /// Llama 3's regex with every word merged (DBRX, Smaug), as llama.cpp
-    /// runs those types.
-    Llama3Split,
-    /// Qwen2: Llama 3's regex with single digits, NFC normalization.
-    Qwen2,
-    /// Qwen2's regex without NFC, as llama.cpp runs it for the other models
-    /// of its type (StableLM 2, Hunyuan, Solar Open, ...).
-    Qwen2Split,
-    /// Qwen3.5: Qwen2's, with combining marks (\p{M}) inside words.
-    Qwen35,
-    /// GPT-4o's o200k split (Llama 4, MiniMax-M2, ...): words by case,
-    /// contractions attached, 1-3 digit groups.
-    Gpt4o,
-    /// Mistral's Tekken: o200k's word split, single digits, no
-    /// contractions; whole-vocabulary words skip the merges.
-    Tekken,
-    /// Single digits, then GPT-2's regex (StarCoder, Refact, Command-R, SmolLM).
-    DigitsGpt2,
-    /// Falcon: punctuation runs, GPT-2's regex, digit runs, triples of digits.
-    Falcon,
-    DeepseekCoder,
-    DeepseekLlm,
-    /// llama.cpp's default BPE split.
-    Default,
-}
-
-const LLAMA3_RE: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-const QWEN2_RE: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-const QWEN35_RE: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-const GPT4O_RE: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-const TEKKEN_RE: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-const GPT2_RE: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
-const CJK_RE: &str = "[一-龥ࠀ-一가-퟿]+";
-// The letters of deepseek-llm's tokenizer.json. Six of its characters are
-// written as escapes: NFC (which an editor may apply to the source) maps
-// them to other code points and turns their ranges inside out.
-const DEEPSEEK_LLM_LETTERS: &str = r"\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-\x{1F7D}ᾀ-ᾴᾶ-ᾼ\x{1FBE}ῂ-ῄῆ-ῌῐ-\x{1FD3}ῖ-\x{1FDB}ῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤ\x{2126}ℨ\x{212A}-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+";
-const DEEPSEEK_LLM_PUNCT: &str = r"\s?[!-/:-~！-／：-～‘-‟　-。]+";
-
-impl PreSplit {
-    /// The split for a `tokenizer.ggml.pre` value, or `None` if unknown.
-    pub fn from_pre(pre: &str) -> Option<Self> {
-        Some(match pre {
-            "default" => PreSplit::Default,
-            // Grouped as llama.cpp's llama-vocab.cpp groups them: each name
-            // by its pre type, each type by the split it runs
-            // (tests/llamacpp_vocab.rs checks the table against that file).
-            "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral"
-            | "midm-2.0" | "lfm2" | "jina-v5-nano" => PreSplit::Llama3,
-            "dbrx" | "smaug-bpe" => PreSplit::Llama3Split,
-            "qwen2" | "qwen2.5" | "qwen-2.5" | "deepseek-r1-qwen" => PreSplit::Qwen2,
-            "kormo" | "f2llmv2" | "megrez" | "stablelm2" | "hunyuan" | "solar-open" => {
-                PreSplit::Qwen2Split
-            }
-            "qwen35" => PreSplit::Qwen35,
-            "gpt-4o" | "llama4" | "kanana2" | "talkie" | "minimax-m2" => PreSplit::Gpt4o,
-            "tekken" => PreSplit::Tekken,
-            "gpt-2" | "gpt2" | "mpt" | "olmo" | "jais" | "phi-2" | "jina-es" | "jina-de"
-            | "gigachat" | "jina-v2-es" | "jina-v2-de" | "a.x-4.0" | "mellum" | "modern-bert"
-            | "jina-v1-en" | "jina-v2-code" | "roberta-bpe" | "exaone4" | "trillion"
-            | "granite-docling" => PreSplit::Gpt2,
-            "starcoder" | "refact" | "command-r" | "smollm" | "codeshell" | "exaone"
-            | "minerva-7b" | "mellum2" => PreSplit::DigitsGpt2,
-            "falcon" => PreSplit::Falcon,
-            "deepseek-coder" => PreSplit::DeepseekCoder,
-            "deepseek-llm" => PreSplit::DeepseekLlm,
-            _ => return None,
-        })
-    }
-}
-
-fn split(re: &str) -> Result<PreTokenizerWrapper> {
-    let pattern = SplitPattern::Regex(re.to_string());
-    Ok(Split::new(pattern, SplitDelimiterBehavior::Isolated, false)
-        .map_err(hf)?
-        .into())
-}
-
-fn byte_level(use_regex: bool) -> PreTokenizerWrapper {
-    ByteLevel::new(false, true, use_regex).into()
-}
-
-fn pre_tokenizer(split_kind: PreSplit) -> Result<PreTokenizerWrapper> {
-    let seq: Vec<PreTokenizerWrapper> = match split_kind {
-        PreSplit::Gpt2 => vec![byte_level(true)],
-        PreSplit::Llama3 | PreSplit::Llama3Split => vec![split(LLAMA3_RE)?, byte_level(false)],
-        PreSplit::Qwen2 | PreSplit::Qwen2Split => vec![split(QWEN2_RE)?, byte_level(false)],
-        PreSplit::Qwen35 => vec![split(QWEN35_RE)?, byte_level(false)],
-        PreSplit::Gpt4o => vec![split(GPT4O_RE)?, byte_level(false)],
-        PreSplit::Tekken => vec![split(TEKKEN_RE)?, byte_level(false)],
-        PreSplit::DigitsGpt2 => vec![Digits::new(true).into(), byte_level(true)],
-        PreSplit::Falcon => vec![
-            Punctuation::new(SplitDelimiterBehavior::Contiguous).into(),
-            byte_level(true),
-            Digits::new(false).into(),
-            split("[0-9][0-9][0-9]")?,
-        ],
-        PreSplit::DeepseekCoder => vec![
-            split(r"[\r\n]")?,
-            split(r"\s?\p{L}+")?,
-            split(r"\s?\p{P}+")?,
-            split(CJK_RE)?,
-            Digits::new(true).into(),
-            byte_level(false),
-        ],
-        PreSplit::DeepseekLlm => vec![
-            split(r"[\r\n]")?,
-            split(DEEPSEEK_LLM_LETTERS)?,
-            split(DEEPSEEK_LLM_PUNCT)?,
-            split(r"\s+$")?,
-            split(CJK_RE)?,
-            Digits::new(false).into(),
-            byte_level(false),
-        ],
-        PreSplit::Default => vec![
-            split(r"[\p{P}\$\+<=>\^~\|]+")?,
-            split(GPT2_RE)?,
-            Digits::new(false).into(),
-            split("[0-9][0-9][0-9]")?,
-            byte_level(false),
-        ],
-    };
-    Ok(PreSequence::new(seq).into())
-}
 
 /// SentencePiece merges from scores, as transformers' `SentencePieceExtractor`
 /// derives them: every split of every piece into two pieces of the
@@ -225,15 +88,28 @@ pub fn build(vocab: &Vocab) -> Result<(Tokenizer, Option<PreSplit>)> {
             if vocab.add_space_prefix {
                 norms.push(Prepend::new("▁".into()).into());
             }
-            norms.push(Replace::new(" ", "▁").map_err(hf)?.into());
-            t.with_normalizer(Some(NormalizerSequence::new(norms)));
-            if vocab.kind == VocabKind::SpmBpe {
-                // llama.cpp splits gemma4's text only into runs of newlines
-                // and runs of everything else.
-                t.with_pre_tokenizer(Some(split(r"[^\n]+|[\n]+")?));
+            // Raw UTF-8 BPE (gemma4's kind) splits as its pre says: runs of
+            // newlines and of the rest, or `whitespace`'s runs of
+            // non-whitespace, which alone keeps its spaces.
+            let raw_split = (vocab.kind == VocabKind::SpmBpe).then(|| {
+                vocab
+                    .pre
+                    .as_deref()
+                    .and_then(PreSplit::from_pre)
+                    .filter(|s| !s.byte_level())
+                    .unwrap_or(PreSplit::SpmStyle)
+            });
+            if raw_split != Some(PreSplit::Whitespace) {
+                norms.push(Replace::new(" ", "▁").map_err(hf)?.into());
+            }
+            if !norms.is_empty() {
+                t.with_normalizer(Some(NormalizerSequence::new(norms)));
+            }
+            if let Some(raw) = raw_split {
+                t.with_pre_tokenizer(Some(pre_tokenizer(raw)?));
             }
             // Decoding is ours (Tokenizer::spm_decode), as llama.cpp does it.
-            (t, None)
+            (t, raw_split)
         }
         VocabKind::Wpm => {
             // Back to BERT's spelling: `▁x` starts a word (`x`), a bare `x`
@@ -275,7 +151,7 @@ pub fn build(vocab: &Vocab) -> Result<(Tokenizer, Option<PreSplit>)> {
             let merges = bpe_merges(&vocab.merges)?;
             let b = BPE::builder()
                 .vocab_and_merges(hf_vocab, merges)
-                .ignore_merges(matches!(split_kind, PreSplit::Llama3 | PreSplit::Tekken));
+                .ignore_merges(split_kind.ignores_merges());
             let mut t = Tokenizer::new(b.build().map_err(hf)?);
             if split_kind == PreSplit::Qwen2 {
                 t.with_normalizer(Some(NFC));

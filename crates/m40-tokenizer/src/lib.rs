@@ -12,6 +12,7 @@
 
 pub mod error;
 mod hf;
+mod pre;
 mod stream;
 pub mod template;
 pub mod vocab;
@@ -19,7 +20,7 @@ pub mod vocab;
 use std::collections::BTreeSet;
 
 pub use error::{Result, TokenizerError};
-pub use hf::PreSplit;
+pub use pre::PreSplit;
 pub use stream::StreamDecoder;
 pub use template::{ChatTemplate, Message};
 pub use vocab::{TokenType, Vocab, VocabKind};

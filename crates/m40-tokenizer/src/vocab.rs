@@ -3,6 +3,7 @@
 use m40_gguf::Metadata;
 
 use crate::error::{Result, TokenizerError};
+use crate::pre::PreSplit;
 
 /// `tokenizer.ggml.token_type` values (llama.cpp's `llama_token_type`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,7 +39,9 @@ pub enum VocabKind {
     /// `gpt2`: byte-level BPE with explicit merges and a pre-tokenizer split.
     Bpe,
     /// `gemma4`: BPE with explicit merges over SentencePiece-style text (`▁`
-    /// for spaces, raw UTF-8 with byte fallback), split only at newlines.
+    /// for spaces, raw UTF-8 with byte fallback), split only at newlines;
+    /// also `gpt2` with a pre that reads raw UTF-8 (`sarvam-moe`,
+    /// `whitespace`: see `PreSplit::byte_level`).
     SpmBpe,
     /// `bert`: WordPiece. GGUF stores word-initial pieces with a leading `▁`
     /// and continuations bare (llama.cpp's converter turns BERT's `##x` into
@@ -76,7 +79,14 @@ impl Vocab {
             .ok_or(TokenizerError::NoTokenizer)?;
         let kind = match model {
             "llama" => VocabKind::Spm,
-            "gpt2" => VocabKind::Bpe,
+            // A BPE whose pre reads raw UTF-8 is gemma4's kind.
+            "gpt2" => match md
+                .opt_str("tokenizer.ggml.pre")?
+                .and_then(PreSplit::from_pre)
+            {
+                Some(split) if !split.byte_level() => VocabKind::SpmBpe,
+                _ => VocabKind::Bpe,
+            },
             "gemma4" => VocabKind::SpmBpe,
             "bert" => VocabKind::Wpm,
             other => return Err(TokenizerError::UnsupportedModel(other.to_string())),
@@ -154,6 +164,24 @@ impl Vocab {
             chat_template: md.opt_str("tokenizer.chat_template")?.map(str::to_string),
             tokens,
         })
+    }
+}
+
+impl Vocab {
+    /// The vocabulary read with another `tokenizer.ggml.pre`, as llama.cpp
+    /// reads a BPE model with that pre (a raw UTF-8 pre makes it gemma4's
+    /// kind). SentencePiece and WordPiece vocabularies only record it.
+    pub fn with_pre(mut self, pre: &str) -> Self {
+        if matches!(self.kind, VocabKind::Bpe | VocabKind::SpmBpe) {
+            let raw = PreSplit::from_pre(pre).is_some_and(|s| !s.byte_level());
+            self.kind = if raw {
+                VocabKind::SpmBpe
+            } else {
+                VocabKind::Bpe
+            };
+        }
+        self.pre = Some(pre.to_string());
+        self
     }
 }
 
