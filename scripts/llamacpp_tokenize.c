@@ -4,7 +4,7 @@
 // every pre-tokenizer name llama.cpp knows.
 //   llamacpp_tokenize VOCAB.gguf PRE MODEL|- TEXTS
 // TEXTS holds the texts separated by NUL bytes. Special tokens are neither
-// added nor parsed.
+// added nor parsed, or with LLAMACPP_SPECIAL=1 both.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,12 +52,14 @@ int main(int argc, char **argv) {
         return 1;
     }
     const struct llama_vocab *vocab = llama_model_get_vocab(model);
+    const char *sp = getenv("LLAMACPP_SPECIAL");
+    const bool special = sp && sp[0] == '1';
     int cap = 1 << 16;
     llama_token *ids = malloc(sizeof(llama_token) * cap);
     for (long at = 0; at < len;) {
         const char *text = buf + at;
         int n_text = (int)strlen(text);
-        int n = llama_tokenize(vocab, text, n_text, ids, cap, false, false);
+        int n = llama_tokenize(vocab, text, n_text, ids, cap, special, special);
         if (n < 0) {
             fprintf(stderr, "too many tokens\n");
             return 1;

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # llama.cpp's token ids for every tokenizer.ggml.pre value on our texts
-# (scripts/pre-references.py) into crates/m40-tokenizer/tests/data/llamacpp-pre.json.
+# and for the Unigram test vocabulary (scripts/pre-references.py) into
+# crates/m40-tokenizer/tests/data/llamacpp-{pre,ugm}.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DRIVER=$(scripts/llamacpp-driver.sh llamacpp_tokenize)
 VOCAB=$(scripts/llamacpp-vocab.sh)
-python3 scripts/pre-references.py "$DRIVER" "$VOCAB" crates/m40-tokenizer/tests/data/llamacpp-pre.json
+python3 scripts/pre-references.py "$DRIVER" "$VOCAB" crates/m40-tokenizer/tests/data

@@ -7,7 +7,7 @@ pub enum TokenizerError {
     Gguf(#[from] GgufError),
     #[error("the model has no tokenizer (no tokenizer.ggml.model)")]
     NoTokenizer,
-    #[error("unsupported tokenizer model `{0}`: m40-llm reads `llama` (SentencePiece), `gpt2` (byte-level BPE), `gemma4` (BPE over SentencePiece text) and `bert` (WordPiece)")]
+    #[error("unsupported tokenizer model `{0}`: m40-llm reads `llama` (SentencePiece), `gpt2` (byte-level BPE), `gemma4` (BPE over SentencePiece text), `t5` (Unigram) and `bert` (WordPiece)")]
     UnsupportedModel(String),
     #[error("bad tokenizer metadata: {0}")]
     BadVocab(String),

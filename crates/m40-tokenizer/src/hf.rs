@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::decoders::wordpiece::WordPiece as WordPieceDecoder;
 use tokenizers::models::bpe::BPE;
+use tokenizers::models::unigram::Unigram;
 use tokenizers::models::wordpiece::WordPiece;
 use tokenizers::normalizers::bert::BertNormalizer;
 use tokenizers::normalizers::NormalizerWrapper;
@@ -110,6 +111,19 @@ pub fn build(vocab: &Vocab) -> Result<(Tokenizer, Option<PreSplit>)> {
             }
             // Decoding is ours (Tokenizer::spm_decode), as llama.cpp does it.
             (t, raw_split)
+        }
+        VocabKind::Ugm => {
+            // Segmentation is ours (ugm.rs, as llama.cpp does it); this model
+            // only names the tokens and splits off the special ones.
+            let pieces: Vec<(String, f64)> = vocab
+                .tokens
+                .iter()
+                .zip(&vocab.scores)
+                .map(|(t, &s)| (t.clone(), s as f64))
+                .collect();
+            let unk = vocab.unk.map(|u| u as usize);
+            let model = Unigram::from(pieces, unk, false).map_err(hf)?;
+            (Tokenizer::new(model), None)
         }
         VocabKind::Wpm => {
             // Back to BERT's spelling: `▁x` starts a word (`x`), a bare `x`

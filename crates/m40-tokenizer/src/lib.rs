@@ -15,9 +15,11 @@ mod hf;
 mod pre;
 mod stream;
 pub mod template;
+mod ugm;
 pub mod vocab;
 
 use std::collections::BTreeSet;
+use tokenizers::{OffsetReferential, OffsetType};
 
 pub use error::{Result, TokenizerError};
 pub use pre::PreSplit;
@@ -52,6 +54,8 @@ pub struct Tokenizer {
     /// Treats control tokens in the input as text.
     literal: tokenizers::Tokenizer,
     split: Option<PreSplit>,
+    /// The Unigram segmenter (`t5` vocabularies).
+    ugm: Option<ugm::Ugm>,
     eog: BTreeSet<u32>,
 }
 
@@ -89,11 +93,16 @@ impl Tokenizer {
                 eog.insert(i as u32);
             }
         }
+        let ugm = match vocab.kind {
+            VocabKind::Ugm => Some(ugm::Ugm::new(&vocab)?),
+            _ => None,
+        };
         Ok(Self {
             vocab,
             parsing,
             literal,
             split,
+            ugm,
             eog,
         })
     }
@@ -118,12 +127,31 @@ impl Tokenizer {
         } else {
             &self.literal
         };
-        let enc = tk.encode_fast(text, false).map_err(error::hf)?;
-        let mut ids = Vec::with_capacity(enc.len() + 2);
+        let mut ids = Vec::with_capacity(text.len() / 3 + 2);
         if opts.add_special && self.vocab.add_bos {
             ids.extend(self.vocab.bos);
         }
-        ids.extend_from_slice(enc.get_ids());
+        match &self.ugm {
+            Some(ugm) => {
+                // Special tokens split off as for the other models, each
+                // stretch of text between them segmented on its own.
+                let pre = tk
+                    .get_added_vocabulary()
+                    .extract_and_normalize(None::<&tokenizers::NormalizerWrapper>, text);
+                for (piece, _, tokens) in
+                    pre.get_splits(OffsetReferential::Original, OffsetType::Byte)
+                {
+                    match tokens {
+                        Some(tokens) => ids.extend(tokens.iter().map(|t| t.id)),
+                        None => ugm.encode(piece, &mut ids)?,
+                    }
+                }
+            }
+            None => {
+                let enc = tk.encode_fast(text, false).map_err(error::hf)?;
+                ids.extend_from_slice(enc.get_ids());
+            }
+        }
         if opts.add_special && self.vocab.add_eos {
             ids.extend(self.vocab.eos);
         }
@@ -144,7 +172,7 @@ impl Tokenizer {
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         self.check(ids)?;
         match self.vocab.kind {
-            VocabKind::Spm | VocabKind::SpmBpe => Ok(self.spm_decode(ids, true)),
+            VocabKind::Spm | VocabKind::SpmBpe | VocabKind::Ugm => Ok(self.spm_decode(ids, true)),
             VocabKind::Bpe | VocabKind::Wpm => self.parsing.decode(ids, true).map_err(error::hf),
         }
     }
@@ -153,7 +181,7 @@ impl Tokenizer {
     pub fn decode_with_special(&self, ids: &[u32]) -> Result<String> {
         self.check(ids)?;
         match self.vocab.kind {
-            VocabKind::Spm | VocabKind::SpmBpe => Ok(self.spm_decode(ids, false)),
+            VocabKind::Spm | VocabKind::SpmBpe | VocabKind::Ugm => Ok(self.spm_decode(ids, false)),
             VocabKind::Bpe | VocabKind::Wpm => self.parsing.decode(ids, false).map_err(error::hf),
         }
     }

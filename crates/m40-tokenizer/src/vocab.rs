@@ -1,6 +1,6 @@
 //! The vocabulary as GGUF stores it (`tokenizer.ggml.*`).
 
-use m40_gguf::Metadata;
+use m40_gguf::metadata::{Array, Metadata};
 
 use crate::error::{Result, TokenizerError};
 use crate::pre::PreSplit;
@@ -43,6 +43,9 @@ pub enum VocabKind {
     /// also `gpt2` with a pre that reads raw UTF-8 (`sarvam-moe`,
     /// `whitespace`: see `PreSplit::byte_level`).
     SpmBpe,
+    /// `t5`: SentencePiece's Unigram (T5, XLM-R embeddings): the best
+    /// segmentation by token scores after the precompiled character map.
+    Ugm,
     /// `bert`: WordPiece. GGUF stores word-initial pieces with a leading `▁`
     /// and continuations bare (llama.cpp's converter turns BERT's `##x` into
     /// `x` and `x` into `▁x`).
@@ -68,6 +71,12 @@ pub struct Vocab {
     pub add_bos: bool,
     pub add_eos: bool,
     pub add_space_prefix: bool,
+    /// `tokenizer.ggml.remove_extra_whitespaces` (Unigram): one space
+    /// before each word, none elsewhere.
+    pub remove_extra_whitespaces: bool,
+    /// `tokenizer.ggml.precompiled_charsmap` (Unigram): SentencePiece's
+    /// normalization map.
+    pub precompiled_charsmap: Option<Vec<u8>>,
     /// `tokenizer.chat_template`, if the model carries one.
     pub chat_template: Option<String>,
 }
@@ -89,6 +98,7 @@ impl Vocab {
             },
             "gemma4" => VocabKind::SpmBpe,
             "bert" => VocabKind::Wpm,
+            "t5" => VocabKind::Ugm,
             other => return Err(TokenizerError::UnsupportedModel(other.to_string())),
         };
         let tokens = md
@@ -140,6 +150,24 @@ impl Vocab {
             }
         };
         let default_bos = matches!(kind, VocabKind::Spm | VocabKind::SpmBpe);
+        // llama.cpp's defaults for a t5 vocabulary: EOS 1, unknown 2, pad 0.
+        let ugm_default = |key: &str, v: u32| -> Result<Option<u32>> {
+            match id(key)? {
+                None if kind == VocabKind::Ugm && (v as usize) < n => Ok(Some(v)),
+                other => Ok(other),
+            }
+        };
+        let precompiled_charsmap = match md.opt_array("tokenizer.ggml.precompiled_charsmap")? {
+            None => None,
+            Some(Array::U8(b)) => Some(b.clone()),
+            Some(Array::I8(b)) => Some(b.iter().map(|&x| x as u8).collect()),
+            Some(other) => {
+                return Err(TokenizerError::BadVocab(format!(
+                    "tokenizer.ggml.precompiled_charsmap is an array of {}, not bytes",
+                    other.element_type_name()
+                )))
+            }
+        };
         Ok(Vocab {
             kind,
             pre: md.opt_str("tokenizer.ggml.pre")?.map(str::to_string),
@@ -147,20 +175,24 @@ impl Vocab {
             types,
             merges,
             bos: id("tokenizer.ggml.bos_token_id")?,
-            eos: id("tokenizer.ggml.eos_token_id")?,
+            eos: ugm_default("tokenizer.ggml.eos_token_id", 1)?,
             eot: id("tokenizer.ggml.eot_token_id")?,
             eom: id("tokenizer.ggml.eom_token_id")?,
-            unk: id("tokenizer.ggml.unknown_token_id")?,
-            pad: id("tokenizer.ggml.padding_token_id")?,
+            unk: ugm_default("tokenizer.ggml.unknown_token_id", 2)?,
+            pad: ugm_default("tokenizer.ggml.padding_token_id", 0)?,
             add_bos: md
                 .opt_bool("tokenizer.ggml.add_bos_token")?
                 .unwrap_or(default_bos),
             add_eos: md
                 .opt_bool("tokenizer.ggml.add_eos_token")?
-                .unwrap_or(false),
+                .unwrap_or(kind == VocabKind::Ugm),
             add_space_prefix: md
                 .opt_bool("tokenizer.ggml.add_space_prefix")?
                 .unwrap_or(kind == VocabKind::Spm),
+            remove_extra_whitespaces: md
+                .opt_bool("tokenizer.ggml.remove_extra_whitespaces")?
+                .unwrap_or(false),
+            precompiled_charsmap,
             chat_template: md.opt_str("tokenizer.chat_template")?.map(str::to_string),
             tokens,
         })

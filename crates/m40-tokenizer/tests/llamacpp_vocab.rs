@@ -2,7 +2,7 @@
 //! llama-cpp-python: `scripts/llamacpp-vocab.sh` fetches them into
 //! target/llamacpp-vocab (or the folder M40_LLAMACPP_VOCAB names). Those with
 //! test vectors reproduce every one of them (llama.cpp's test-tokenizer-0
-//! protocol); the others load, or name the tokenizer model they need.
+//! protocol); the others load and give back the text they encode.
 
 mod vectors;
 
@@ -93,7 +93,7 @@ fn every_vocabulary_reproduces_all_its_vectors() {
 }
 
 #[test]
-fn vocabularies_without_vectors_load_or_name_their_model() {
+fn vocabularies_without_vectors_load_and_round_trip() {
     let Some(dir) = dir() else { return };
     let literal = Encode {
         parse_special: false,
@@ -106,19 +106,11 @@ fn vocabularies_without_vectors_load_or_name_their_model() {
             .str("tokenizer.ggml.model")
             .unwrap()
             .to_string();
-        match Tokenizer::from_gguf(&f) {
-            Ok(t) => {
-                let text = "Hello world: 42 apples, naïve café.";
-                let ids = t.encode(text, literal).unwrap();
-                assert!(ids.len() > 4, "{name}: {ids:?}");
-                assert_eq!(t.decode(&ids).unwrap(), text, "{name}");
-            }
-            // Unigram (`t5`) is not read yet: the error names it.
-            Err(e) => {
-                assert_eq!(model, "t5", "{name}: {e}");
-                assert!(e.to_string().contains("`t5`"), "{name}: {e}");
-            }
-        }
+        let t = Tokenizer::from_gguf(&f).unwrap_or_else(|e| panic!("{name} ({model}): {e}"));
+        let text = "Hello world: 42 apples, naïve café.";
+        let ids = t.encode(text, literal).unwrap();
+        assert!(ids.len() > 4, "{name}: {ids:?}");
+        assert_eq!(t.decode(&ids).unwrap(), text, "{name}");
     }
 }
 
@@ -359,15 +351,11 @@ fn every_pre_value_splits_as_llama_cpp_does() {
                 continue;
             }
             if got != want {
-                let pieces = |ids: &[u32]| -> Vec<String> {
-                    ids.iter()
-                        .map(|&i| tok.piece(i).unwrap().to_string())
-                        .collect()
-                };
-                failures.push(format!(
-                    "{name} on {text:?}:\n  llama.cpp {:?}\n  ours      {:?}",
-                    pieces(&want),
-                    pieces(&got)
+                failures.push(difference(
+                    &tok,
+                    &format!("{name} on {text:?}"),
+                    &want,
+                    &got,
                 ));
             }
         }
@@ -386,4 +374,66 @@ fn every_pre_value_splits_as_llama_cpp_does() {
         "{} pre values, {checked} texts: as llama.cpp splits them but {differ} (HF_NOT_LLAMA_CPP)",
         pres.len()
     );
+}
+
+/// Two tokenizations of one text, as pieces.
+fn difference(tok: &Tokenizer, what: &str, want: &[u32], got: &[u32]) -> String {
+    let pieces = |ids: &[u32]| -> Vec<String> {
+        ids.iter()
+            .map(|&i| tok.piece(i).unwrap().to_string())
+            .collect()
+    };
+    format!(
+        "{what}:\n  llama.cpp {:?}\n  ours      {:?}",
+        pieces(want),
+        pieces(got)
+    )
+}
+
+/// llama.cpp's token ids for its Unigram (`t5`) test vocabulary,
+/// nomic-bert-moe (XLM-R's SentencePiece model with its precompiled
+/// character map), from scripts/pre-references.sh: literal text, and with
+/// special tokens parsed and added.
+#[test]
+fn unigram_tokenizes_as_llama_cpp_does() {
+    let Some(dir) = dir() else { return };
+    let data = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/llamacpp-ugm.json"
+    ))
+    .unwrap();
+    let data: serde_json::Value = serde_json::from_str(&data).unwrap();
+    let f = GgufFile::open(dir.join("ggml-vocab-nomic-bert-moe.gguf")).unwrap();
+    let tok = Tokenizer::from_gguf(&f).unwrap();
+    assert_eq!(tok.vocab().kind, VocabKind::Ugm);
+    let texts = data["texts"].as_array().unwrap();
+    let (mut failures, mut checked) = (Vec::new(), 0);
+    for (mode, special) in [("literal", false), ("special", true)] {
+        let opts = Encode {
+            parse_special: special,
+            add_special: special,
+        };
+        for (text, ids) in texts.iter().zip(data[mode].as_array().unwrap()) {
+            let text = text.as_str().unwrap();
+            let want: Vec<u32> = ids
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|i| i.as_u64().unwrap() as u32)
+                .collect();
+            let got = tok.encode(text, opts).unwrap();
+            checked += 1;
+            if got != want {
+                failures.push(difference(&tok, &format!("{mode} {text:?}"), &want, &got));
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {checked} differ:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    assert!(tok.encode("", Encode::default()).unwrap().is_empty());
+    eprintln!("Unigram: {checked} texts as llama.cpp");
 }

@@ -96,11 +96,14 @@ fn unsupported_or_broken_vocabularies_are_errors() {
         m40_tokenizer::Vocab::from_metadata(&md),
         Err(m40_tokenizer::TokenizerError::NoTokenizer)
     ));
-    md.insert("tokenizer.ggml.model", m40_gguf::Value::String("t5".into()));
+    md.insert(
+        "tokenizer.ggml.model",
+        m40_gguf::Value::String("rwkv".into()),
+    );
     let e = m40_tokenizer::Vocab::from_metadata(&md)
         .unwrap_err()
         .to_string();
-    assert!(e.contains("t5"), "{e}");
+    assert!(e.contains("`rwkv`") && e.contains("`t5`"), "{e}");
     md.insert(
         "tokenizer.ggml.model",
         m40_gguf::Value::String("gpt2".into()),
