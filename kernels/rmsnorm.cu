@@ -1,6 +1,8 @@
 // RMSNorm: y[r, i] = x[r, i] / sqrt(mean_i(x[r, i]^2) + eps) * w[i], and the
 // fused residual form: x[r, i] += d[r, i] first (x updated in place), then
-// the norm of the sum.
+// the norm of the sum. LayerNorm without bias (command-r) likewise:
+// y[r, i] = (x[r, i] - m) / sqrt(mean_i((x[r, i] - m)^2) + eps) * w[i], m
+// the row's mean (two passes over the row before the write, as ggml_norm).
 //
 // Layout: x, d, y (n_rows, n) row-major FP32; w (n) FP32.
 // Launch: grid (n_rows), block RMSNORM_THREADS; one block per row.
@@ -27,13 +29,19 @@ __device__ __forceinline__ float scale_mul(float a, float s, float w) { return a
 __device__ __forceinline__ float4 scale_mul(float4 a, float s, float4 w) {
     return make_float4(a.x * s * w.x, a.y * s * w.y, a.z * s * w.z, a.w * s * w.w);
 }
+__device__ __forceinline__ float hsum(float v) { return v; }
+__device__ __forceinline__ float hsum(float4 v) { return v.x + v.y + v.z + v.w; }
+__device__ __forceinline__ float sub(float a, float m) { return a - m; }
+__device__ __forceinline__ float4 sub(float4 a, float m) { return make_float4(a.x - m, a.y - m, a.z - m, a.w - m); }
 template <class V> __device__ __forceinline__ V zero();
 template <> __device__ __forceinline__ float zero<float>() { return 0.0f; }
 template <> __device__ __forceinline__ float4 zero<float4>() { return make_float4(0.0f, 0.0f, 0.0f, 0.0f); }
 
 // One row of m elements of V (m = n / 4 for float4). d (may be null): added
 // to x first, and the sum written back to x. y may alias x when d is null.
-template <class V>
+// CENTER: LayerNorm (the first pass sums x for the mean, a second the
+// squares about it).
+template <class V, bool CENTER>
 __device__ __forceinline__ void rmsnorm_row(V* x, const V* d, const V* w, V* y, int m, int n, float eps,
                                             float* scratch) {
     float ss = 0.0f;
@@ -55,16 +63,32 @@ __device__ __forceinline__ void rmsnorm_row(V* x, const V* d, const V* w, V* y, 
             }
         }
 #pragma unroll
-        for (int u = 0; u < RMSNORM_U; ++u) ss += sq(v[u]);
+        for (int u = 0; u < RMSNORM_U; ++u) ss += CENTER ? hsum(v[u]) : sq(v[u]);
     }
     ss = block_sum(ss, scratch);
+    float mean = 0.0f;
+    if (CENTER) {
+        mean = ss / (float)n;
+        ss = 0.0f;
+        for (int i0 = threadIdx.x; i0 < m; i0 += RMSNORM_U * blockDim.x) {
+            V v[RMSNORM_U];
+#pragma unroll
+            for (int u = 0; u < RMSNORM_U; ++u) {
+                const int i = i0 + u * blockDim.x;
+                v[u] = i < m ? sub(x[i], mean) : zero<V>();
+            }
+#pragma unroll
+            for (int u = 0; u < RMSNORM_U; ++u) ss += sq(v[u]);
+        }
+        ss = block_sum(ss, scratch);
+    }
     const float s = rsqrtf(ss / (float)n + eps);
     for (int i0 = threadIdx.x; i0 < m; i0 += RMSNORM_U * blockDim.x) {
         V v[RMSNORM_U], g[RMSNORM_U];
 #pragma unroll
         for (int u = 0; u < RMSNORM_U; ++u) {
             const int i = i0 + u * blockDim.x;
-            v[u] = i < m ? x[i] : zero<V>();
+            v[u] = i < m ? (CENTER ? sub(x[i], mean) : x[i]) : zero<V>();
             g[u] = i < m ? w[i] : zero<V>();
         }
 #pragma unroll
@@ -77,14 +101,18 @@ __device__ __forceinline__ void rmsnorm_row(V* x, const V* d, const V* w, V* y, 
 
 // The row of block blockIdx.x; 16-byte accesses when n is a multiple of 4
 // (the launcher passes 16-byte aligned buffers).
-__device__ __forceinline__ void rmsnorm_block(float* x, const float* d, const float* w, float* y, int n, float eps) {
+template <bool CENTER>
+__device__ __forceinline__ void norm_block(float* x, const float* d, const float* w, float* y, int n, float eps) {
     __shared__ float scratch[32];
     const long long o = (long long)blockIdx.x * n;
     if ((n & 3) == 0)
-        rmsnorm_row<float4>((float4*)(x + o), d ? (const float4*)(d + o) : nullptr, (const float4*)w,
-                            (float4*)(y + o), n >> 2, n, eps, scratch);
+        rmsnorm_row<float4, CENTER>((float4*)(x + o), d ? (const float4*)(d + o) : nullptr, (const float4*)w,
+                                    (float4*)(y + o), n >> 2, n, eps, scratch);
     else
-        rmsnorm_row<float>(x + o, d ? d + o : nullptr, w, y + o, n, n, eps, scratch);
+        rmsnorm_row<float, CENTER>(x + o, d ? d + o : nullptr, w, y + o, n, n, eps, scratch);
+}
+__device__ __forceinline__ void rmsnorm_block(float* x, const float* d, const float* w, float* y, int n, float eps) {
+    norm_block<false>(x, d, w, y, n, eps);
 }
 
 extern "C" __global__ void rmsnorm_f32(const float* x, const float* w, float* y, int n, float eps) {
@@ -96,9 +124,24 @@ extern "C" __global__ void add_rmsnorm_f32(float* x, const float* d, const float
     rmsnorm_block(x, d, w, y, n, eps);
 }
 
-// x = rmsnorm(x) * w in place, row by row (qwen3's per-head query and key
-// norms: rows of head_dim). Each element is read before the same thread
-// writes it, and after the whole row's sum.
-extern "C" __global__ void rmsnorm_inplace_f32(float* x, const float* w, int n, float eps) {
-    rmsnorm_block(x, nullptr, w, x, n, eps);
+// x = rmsnorm(x) * w in place, row by row (the per-head query and key
+// norms: rows of head_dim), row r with the weights w[(r % w_rows) * n..]
+// (qwen3's heads share one row, w_rows = 1; command-r+'s have one each).
+// Each element is read before the same thread writes it, and after the
+// whole row's sum.
+extern "C" __global__ void rmsnorm_inplace_f32(float* x, const float* w, int n, int w_rows, float eps) {
+    rmsnorm_block(x, nullptr, w + (long long)(blockIdx.x % w_rows) * n, x, n, eps);
+}
+
+// The LayerNorm forms of the three above.
+extern "C" __global__ void layernorm_f32(const float* x, const float* w, float* y, int n, float eps) {
+    norm_block<true>(const_cast<float*>(x), nullptr, w, y, n, eps);
+}
+
+extern "C" __global__ void add_layernorm_f32(float* x, const float* d, const float* w, float* y, int n, float eps) {
+    norm_block<true>(x, d, w, y, n, eps);
+}
+
+extern "C" __global__ void layernorm_inplace_f32(float* x, const float* w, int n, int w_rows, float eps) {
+    norm_block<true>(x, nullptr, w + (long long)(blockIdx.x % w_rows) * n, x, n, eps);
 }

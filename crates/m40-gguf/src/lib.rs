@@ -27,7 +27,7 @@ pub mod writer;
 
 pub use error::{GgufError, Result};
 pub use file::{GgufFile, TensorInfo, TensorView};
-pub use hparams::{Arch, HyperParams, RopeScaling, RopeStyle};
+pub use hparams::{Arch, HyperParams, NormKind, RopeScaling, RopeStyle};
 pub use metadata::{Array, Metadata, Value};
 pub use types::GgmlType;
 pub use writer::{GgufWriter, TensorSpec};

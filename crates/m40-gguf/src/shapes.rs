@@ -362,6 +362,51 @@ pub const SHAPES: &[Shape] = &[
         yarn: Some((32.0, 4096, 32.0, 1.0, 0.0)),
         ..PLAIN
     },
+    // Command-R's tiny test shapes: 2 layers; and 64 (Command-R+'s count,
+    // from which its files norm each query and key head), narrow.
+    Shape {
+        name: "command-r-tiny",
+        arch: Arch::CommandR,
+        n_layer: 2,
+        n_embd: 256,
+        n_head: 4,
+        n_head_kv: 2,
+        n_ff: 512,
+        n_vocab: 512,
+        n_ctx_train: 4096,
+        rope_freq_base: 10000.0,
+        tied_output: true,
+        ..PLAIN
+    },
+    Shape {
+        name: "command-r-plus-tiny",
+        arch: Arch::CommandR,
+        n_layer: 64,
+        n_embd: 64,
+        n_head: 4,
+        n_head_kv: 2,
+        n_ff: 128,
+        n_vocab: 512,
+        n_ctx_train: 4096,
+        rope_freq_base: 10000.0,
+        tied_output: true,
+        ..PLAIN
+    },
+    // Aya 23 8B (command-r).
+    Shape {
+        name: "aya-23-8b",
+        arch: Arch::CommandR,
+        n_layer: 32,
+        n_embd: 4096,
+        n_head: 32,
+        n_head_kv: 8,
+        n_ff: 14336,
+        n_vocab: 256000,
+        n_ctx_train: 8192,
+        rope_freq_base: 10000.0,
+        tied_output: true,
+        ..PLAIN
+    },
 ];
 
 impl Shape {

@@ -206,7 +206,13 @@ pub fn metadata(shape: &Shape, ty: FileType) -> Metadata {
         key("rope.dimension_count"),
         u(shape.rope_dim.unwrap_or(shape.head_dim())),
     );
-    md.insert(key("attention.layer_norm_rms_epsilon"), Value::F32(1e-5));
+    if shape.arch == Arch::CommandR {
+        md.insert(key("attention.layer_norm_epsilon"), Value::F32(1e-5));
+        // Command-R's and Aya 23's.
+        md.insert(key("logit_scale"), Value::F32(0.0625));
+    } else {
+        md.insert(key("attention.layer_norm_rms_epsilon"), Value::F32(1e-5));
+    }
     if let Some((window, period)) = shape.swa {
         md.insert(key("attention.sliding_window"), u(window));
         md.insert(key("attention.sliding_window_pattern"), u(period));
@@ -423,9 +429,11 @@ pub fn write_model<W: Write>(
     let specs: Vec<TensorSpec> = tensors
         .into_iter()
         .map(|(name, shape)| {
-            // Routers and biases stay F32, as llama-quantize leaves them.
+            // Routers, biases and norms (command-r+'s head norms are 2-D)
+            // stay F32, as llama-quantize leaves them.
             let ty = if shape.len() == 1
                 || name.ends_with(".bias")
+                || name.ends_with("norm.weight")
                 || name.ends_with("ffn_gate_inp.weight")
             {
                 GgmlType::F32

@@ -289,7 +289,7 @@ fn granite_multipliers_are_read_and_the_logit_scale_is_required() {
             hp.residual_scale,
             hp.logit_scale
         ),
-        (12.0, 1.0 / 64.0, 0.22, 8.0)
+        (12.0, 1.0 / 64.0, 0.22, 1.0 / 8.0)
     );
     assert!(hp.residual_transformed() && !hp.post_norms);
     let mut bare = m40_gguf::Metadata::new();
@@ -476,4 +476,54 @@ fn gpt_oss_reads_as_llama_cpp_does() {
     md.remove("gpt-oss.attention.sliding_window");
     let err = HyperParams::from_metadata(&md).unwrap_err().to_string();
     assert!(err.contains("gpt-oss.attention.sliding_window"), "{err}");
+}
+
+/// command-r as llama.cpp reads it: LayerNorm with its own epsilon key
+/// (required), parallel attention and FFN (no ffn_norm), the output tied to
+/// the embedding, logits times logit_scale; per-head Q/K LayerNorms (F32,
+/// (head_dim, heads)) from 64 layers on.
+#[test]
+fn command_r_reads_as_llama_cpp_does() {
+    use m40_gguf::synth::{metadata, write_model, FileType, Shape, SynthOptions};
+    use m40_gguf::NormKind;
+    for (name, layers, head_norms) in [
+        ("command-r-tiny", 2, false),
+        ("command-r-plus-tiny", 64, true),
+    ] {
+        let shape = Shape::find(name).unwrap();
+        let opts = SynthOptions {
+            shape,
+            ty: FileType::All(GgmlType::F16),
+            seed: 0,
+        };
+        let f = m40_gguf::GgufFile::from_bytes(write_model(Vec::new(), &opts, |_, _| {}).unwrap())
+            .unwrap();
+        let hp = HyperParams::from_file(&f).unwrap();
+        assert_eq!(
+            (hp.norm, hp.n_layer, hp.rms_eps),
+            (NormKind::Layer, layers, 1e-5)
+        );
+        assert!(hp.parallel && hp.tied_output && !hp.qkv_bias);
+        assert_eq!(hp.logit_scale, 0.0625);
+        assert_eq!(hp.rope_style, m40_gguf::RopeStyle::Normal);
+        assert_eq!(hp.qk_norm, head_norms, "{name}");
+        assert!(f.tensor_info("blk.0.ffn_norm.weight").is_none());
+        if head_norms {
+            let q = f.tensor_info("blk.0.attn_q_norm.weight").unwrap();
+            assert_eq!((q.ty, q.shape.clone()), (GgmlType::F32, vec![16, 4]));
+            let k = f.tensor_info("blk.0.attn_k_norm.weight").unwrap();
+            assert_eq!(k.shape, vec![16, 2]);
+        }
+        // The epsilon is required.
+        let md = metadata(shape, FileType::All(GgmlType::F32));
+        let mut bare = m40_gguf::Metadata::new();
+        for (k, v) in md
+            .iter()
+            .filter(|(k, _)| !k.ends_with("layer_norm_epsilon"))
+        {
+            bare.insert(k, v.clone());
+        }
+        let e = HyperParams::from_metadata(&bare).unwrap_err().to_string();
+        assert!(e.contains("command-r.attention.layer_norm_epsilon"), "{e}");
+    }
 }

@@ -1,6 +1,7 @@
-//! RMSNorm (kernels/rmsnorm.cu).
+//! RMSNorm and LayerNorm without bias (kernels/rmsnorm.cu).
 
 use m40_device::{DeviceBuffer, DeviceView, Stream};
+use m40_gguf::NormKind;
 
 use crate::error::Result;
 use crate::launch::{cfg, check_len, shape, to_i32};
@@ -34,7 +35,23 @@ impl Kernels {
         rows: usize,
         eps: f32,
     ) -> Result<()> {
-        self.rmsnorm_launch(stream, Norm::Plain(x), w, y, rows, eps)
+        self.norm(stream, NormKind::Rms, x, w, y, rows, eps)
+    }
+
+    /// y = norm(x) * w row by row, RMSNorm or LayerNorm ((x - mean) /
+    /// sqrt(var + eps) * w). x, y: (rows, n); w: (n).
+    #[allow(clippy::too_many_arguments)]
+    pub fn norm(
+        &self,
+        stream: &Stream,
+        kind: NormKind,
+        x: &DeviceView<'_, f32>,
+        w: &DeviceView<'_, f32>,
+        y: &mut DeviceBuffer<f32>,
+        rows: usize,
+        eps: f32,
+    ) -> Result<()> {
+        self.rmsnorm_launch(stream, kind, Norm::Plain(x), w, y, rows, eps)
     }
 
     /// The residual connection and the next norm in one launch: x += d,
@@ -48,7 +65,22 @@ impl Kernels {
         rows: usize,
         eps: f32,
     ) -> Result<()> {
-        self.rmsnorm_launch(stream, Norm::Add(x, d), w, y, rows, eps)
+        self.add_norm(stream, NormKind::Rms, AddResidual { x, d }, w, y, rows, eps)
+    }
+
+    /// [`Self::add_rmsnorm`] with the norm `kind` says.
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_norm(
+        &self,
+        stream: &Stream,
+        kind: NormKind,
+        AddResidual { x, d }: AddResidual<'_, '_>,
+        w: &DeviceView<'_, f32>,
+        y: &mut DeviceBuffer<f32>,
+        rows: usize,
+        eps: f32,
+    ) -> Result<()> {
+        self.rmsnorm_launch(stream, kind, Norm::Add(x, d), w, y, rows, eps)
     }
 
     /// x = x / sqrt(mean(x^2) + eps) * w in place, for each of `rows` rows
@@ -62,56 +94,115 @@ impl Kernels {
         rows: usize,
         eps: f32,
     ) -> Result<()> {
-        const NAME: &str = "rmsnorm_inplace_f32";
-        let n = w.len();
+        self.norm_in_place(stream, NormKind::Rms, x, w, rows, eps)
+    }
+
+    /// [`Self::rmsnorm_in_place`] with the norm `kind` says.
+    pub fn norm_in_place(
+        &self,
+        stream: &Stream,
+        kind: NormKind,
+        x: &mut DeviceBuffer<f32>,
+        w: &DeviceView<'_, f32>,
+        rows: usize,
+        eps: f32,
+    ) -> Result<()> {
+        self.head_norm(stream, kind, x, w, w.len(), rows, eps)
+    }
+
+    /// Each of `rows` rows of `n` of x normed in place, row r with the
+    /// weights w[(r % (w.len() / n)) * n..][..n]: the query or key heads'
+    /// norms, their weights one head's (shared) or every head's of a token
+    /// (command-r+). x: at least (rows, n); w: a multiple of n.
+    #[allow(clippy::too_many_arguments)]
+    pub fn head_norm(
+        &self,
+        stream: &Stream,
+        kind: NormKind,
+        x: &mut DeviceBuffer<f32>,
+        w: &DeviceView<'_, f32>,
+        n: usize,
+        rows: usize,
+        eps: f32,
+    ) -> Result<()> {
+        let name = match kind {
+            NormKind::Rms => "rmsnorm_inplace_f32",
+            NormKind::Layer => "layernorm_inplace_f32",
+        };
         if rows == 0 || n == 0 {
             return Ok(());
         }
-        check_len(NAME, "x", x.len(), rows * n)?;
+        if !w.len().is_multiple_of(n) || w.is_empty() {
+            return Err(shape(
+                name,
+                format!("{} weights are not rows of {n}", w.len()),
+            ));
+        }
+        check_len(name, "x", x.len(), rows * n)?;
         if n.is_multiple_of(4) && !w.is_aligned(16) {
             return Err(shape(
-                NAME,
+                name,
                 format!(
                     "rows of {n} floats are read with 16-byte loads: w must be 16-byte aligned"
                 ),
             ));
         }
-        let kernel = self.kernel("rmsnorm", NAME)?;
-        let n = to_i32(NAME, "n", n)?;
+        let kernel = self.kernel("rmsnorm", name)?;
+        let w_rows = to_i32(name, "w_rows", w.len() / n)?;
+        let n = to_i32(name, "n", n)?;
         let grid = (
-            u32::try_from(rows).map_err(|_| shape(NAME, format!("{rows} rows")))?,
+            u32::try_from(rows).map_err(|_| shape(name, format!("{rows} rows")))?,
             1,
             1,
         );
-        // SAFETY: rmsnorm_inplace_f32(float* x, const float* w, int n, float eps):
-        // block r reads and writes x[r*n..][..n] (a whole allocation: 16-byte
-        // aligned) and reads w[..n]: lengths and alignment checked above.
+        // SAFETY: rmsnorm_inplace_f32 / layernorm_inplace_f32(float* x, const float* w,
+        // int n, int w_rows, float eps): block r reads and writes x[r*n..][..n] (a whole
+        // allocation: 16-byte aligned) and reads w[(r % w_rows)*n..][..n], inside w
+        // (w_rows * n = w.len()): lengths and alignment checked above (rows of a
+        // multiple of 4 floats keep 16-byte alignment).
         unsafe {
             stream
                 .launch(&kernel)
                 .buf_mut(x)
                 .view(w)
                 .scalar(&n)
+                .scalar(&w_rows)
                 .scalar(&eps)
                 .run(cfg(grid, RMSNORM_THREADS))?
         };
         Ok(())
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn rmsnorm_launch(
         &self,
         stream: &Stream,
+        kind: NormKind,
         x: Norm<'_, '_>,
         w: &DeviceView<'_, f32>,
         y: &mut DeviceBuffer<f32>,
         rows: usize,
         eps: f32,
     ) -> Result<()> {
+        let layer = kind == NormKind::Layer;
         let (name, x_len, x_aligned) = match &x {
-            Norm::Plain(x) => ("rmsnorm_f32", x.len(), x.is_aligned(16)),
+            Norm::Plain(x) => (
+                if layer {
+                    "layernorm_f32"
+                } else {
+                    "rmsnorm_f32"
+                },
+                x.len(),
+                x.is_aligned(16),
+            ),
             Norm::Add(x, d) => {
-                check_len("add_rmsnorm_f32", "d", d.len(), rows * w.len())?;
-                ("add_rmsnorm_f32", x.len(), d.is_aligned(16))
+                let name = if layer {
+                    "add_layernorm_f32"
+                } else {
+                    "add_rmsnorm_f32"
+                };
+                check_len(name, "d", d.len(), rows * w.len())?;
+                (name, x.len(), d.is_aligned(16))
             }
         };
         let n = w.len();
@@ -133,9 +224,9 @@ impl Kernels {
             1,
             1,
         );
-        // SAFETY: rmsnorm_f32(const float* x, const float* w, float* y, int n, float eps)
-        // and add_rmsnorm_f32(float* x, const float* d, const float* w, float* y, int n,
-        // float eps); block r reads (and for add_rmsnorm writes) x[r*n..][..n], reads
+        // SAFETY: rmsnorm_f32 / layernorm_f32(const float* x, const float* w, float* y,
+        // int n, float eps) and add_rmsnorm_f32 / add_layernorm_f32(float* x, const float*
+        // d, const float* w, float* y, int n, float eps); block r reads (and for add_rmsnorm writes) x[r*n..][..n], reads
         // d[r*n..][..n] and w[..n], writes y[r*n..][..n]: lengths checked above; 16-byte
         // accesses when n % 4 == 0, alignment checked above (y is a whole allocation).
         unsafe {

@@ -144,3 +144,14 @@ fn gpt_oss_matches_llama_cpp() {
     check("gpt-oss-tiny", GgmlType::F16);
     check("gpt-oss-tiny", FileType::Mxfp4Moe);
 }
+
+/// command-r: LayerNorm, attention and FFN in parallel from one norm, the
+/// tied output times logit_scale (1/16); at 64 layers (Command-R+'s) a
+/// LayerNorm over each query and key head with weights per head.
+#[test]
+fn command_r_matches_llama_cpp() {
+    check("command-r-tiny", GgmlType::F32);
+    check("command-r-tiny", GgmlType::F16);
+    check("command-r-plus-tiny", GgmlType::F32);
+    check("command-r-plus-tiny", GgmlType::F16);
+}

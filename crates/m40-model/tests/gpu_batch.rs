@@ -60,11 +60,12 @@ fn batch_logits<T: AsRef<[u32]>>(
 /// (those of up to JOIN_CHUNK tokens joined, the others alone), then
 /// decode 4 tokens in batched steps of all of them; every sequence's
 /// logits each step against its CPU logits, fed the same tokens. Batches
-/// of 2 to 40 (the packed GEMV of a few tokens and the GEMM), ten shapes
+/// of 2 to 40 (the packed GEMV of a few tokens and the GEMM), eleven shapes
 /// (3 and 2 query heads per KV head; qwen3's head norms; gemma's sliding
 /// windows, soft-caps and post-norms; granite's multipliers; qwen3moe's
 /// experts; mistral3's YaRN and temperature, per-token positions; phi3's
-/// fused matrices and LongRoPE; gpt-oss's sinks, biases and MXFP4).
+/// fused matrices and LongRoPE; gpt-oss's sinks, biases and MXFP4;
+/// command-r's LayerNorm and parallel FFN).
 #[test]
 #[ignore = "needs a GPU"]
 fn batched_decode_matches_cpu() {
@@ -80,6 +81,7 @@ fn batched_decode_matches_cpu() {
         ("mistral3-tiny", GgmlType::Q4_0),
         ("phi3-tiny", GgmlType::Q8_0),
         ("gpt-oss-tiny", GgmlType::MXFP4),
+        ("command-r-tiny", GgmlType::Q8_0),
     ] {
         let model = synth(dir.path(), shape, ty);
         let cpu = CpuBackend::new(model.clone()).unwrap();

@@ -388,6 +388,23 @@ fn synth_gpt_oss_gpu_matches_cpu() {
     check_shape("gpt-oss-tiny", &types, &[1, 5, 17, 100], 32);
 }
 
+/// command-r: LayerNorm everywhere (the norm kernels' LayerNorm forms, the
+/// norms never folded into the GEMVs), attention and FFN in parallel from
+/// one norm, the tied output times logit_scale; Command-R+'s per-head Q/K
+/// LayerNorms (weights per head) at 64 layers; Q4_K_M as published.
+#[test]
+#[ignore = "needs a GPU"]
+fn synth_command_r_gpu_matches_cpu() {
+    gpu_device("synth_command_r_gpu_matches_cpu");
+    let types = [
+        FileType::All(GgmlType::F32),
+        FileType::Q4KM,
+        FileType::All(GgmlType::Q8_0),
+    ];
+    check_shape("command-r-tiny", &types, &[1, 5, 17, 100], 32);
+    check_shape("command-r-plus-tiny", &types[..1], &[1, 17], 8);
+}
+
 /// The persistent decode kernel (`GpuOptions::persistent`) gives the
 /// logits of the launch-per-kernel graph: SmolLM2's shape (3 query heads
 /// per KV head, head dim 64) in Q4_0, Q8_0, F16 (every op in the program)

@@ -1,39 +1,56 @@
-//! kernels/rmsnorm.cu: RMSNorm and the residual add with it.
+//! kernels/rmsnorm.cu: RMSNorm and LayerNorm, and the residual add with
+//! them.
 
 use super::*;
+use m40_gguf::NormKind;
 use m40_kernels::AddResidual;
 
 #[test]
 #[ignore = "needs a GPU"]
 fn rmsnorm_matches_cpu() {
     let (_dev, s, k, mut rng) = setup("rmsnorm_matches_cpu");
-    for (rows, n) in [(1, 1), (3, 31), (17, 576), (5, 4097), (2, 14336)] {
-        let x = rng.vec(rows * n, -2.0, 2.0);
+    for (kind, (rows, n)) in [NormKind::Rms, NormKind::Layer]
+        .into_iter()
+        .flat_map(|kind| {
+            [(1, 1), (3, 31), (17, 576), (5, 4097), (2, 14336)].map(|shape| (kind, shape))
+        })
+    {
+        // LayerNorm's rows sit off zero, so its mean matters.
+        let offset = if kind == NormKind::Layer { 3.0 } else { 0.0 };
+        let x: Vec<f32> = rng
+            .vec(rows * n, -2.0, 2.0)
+            .iter()
+            .map(|v| v + offset)
+            .collect();
         let w = rng.vec(n, -1.5, 1.5);
         let eps = 1e-5;
+        // Relative, and absolute for values near 0 (LayerNorm's centered
+        // ones carry the rounding of the mean).
+        let floor = if kind == NormKind::Layer { 2e-6 } else { 1e-7 };
         let mut want = x.clone();
-        ops::rmsnorm(&mut want, &w, eps);
+        ops::norm(kind, &mut want, &w, eps);
         let xg = s.upload(&x, "x").unwrap();
         let wg = s.upload(&w, "w").unwrap();
         let mut y = s.alloc::<f32>(rows * n, "y").unwrap();
         s.fill_bytes(&mut y, 0xFF).unwrap();
-        k.rmsnorm(&s, &xg.view(), &wg.view(), &mut y, rows, eps)
+        k.norm(&s, kind, &xg.view(), &wg.view(), &mut y, rows, eps)
             .unwrap();
         let got = s.download(&y).unwrap();
-        check(&format!("rmsnorm {rows}x{n}"), &got, &want, |i| {
-            2e-5 * want[i].abs() as f64 + 1e-7
+        check(&format!("{kind:?} norm {rows}x{n}"), &got, &want, |i| {
+            2e-5 * want[i].abs() as f64 + floor
         });
 
         // The fused residual form: x += d (checked exactly), y = norm(x).
         let d = rng.vec(rows * n, -1.0, 1.0);
         let sum: Vec<f32> = x.iter().zip(&d).map(|(a, b)| a + b).collect();
         let mut want = sum.clone();
-        ops::rmsnorm(&mut want, &w, eps);
+        ops::norm(kind, &mut want, &w, eps);
         let mut xg = s.upload(&x, "x").unwrap();
         let dg = s.upload(&d, "d").unwrap();
         s.fill_bytes(&mut y, 0xFF).unwrap();
-        k.add_rmsnorm(
+        k.add_norm(
             &s,
+            kind,
             AddResidual {
                 x: &mut xg,
                 d: &dg.view(),
@@ -45,31 +62,68 @@ fn rmsnorm_matches_cpu() {
         )
         .unwrap();
         let got = s.download(&y).unwrap();
-        check(&format!("add_rmsnorm {rows}x{n}"), &got, &want, |i| {
-            2e-5 * want[i].abs() as f64 + 1e-7
+        check(&format!("{kind:?} add_norm {rows}x{n}"), &got, &want, |i| {
+            2e-5 * want[i].abs() as f64 + floor
         });
         let got_x = s.download(&xg).unwrap();
-        check(&format!("add_rmsnorm {rows}x{n} x"), &got_x, &sum, |_| 0.0);
+        check(
+            &format!("{kind:?} add_norm {rows}x{n} x"),
+            &got_x,
+            &sum,
+            |_| 0.0,
+        );
 
         // In place (qwen3's head norms), in a buffer longer than the rows:
         // the tail, poisoned, stays as it was.
         let mut buf = x.clone();
         buf.extend(std::iter::repeat_n(f32::from_bits(0x7fc0_dead), 7));
         let mut xg = s.upload(&buf, "x").unwrap();
-        k.rmsnorm_in_place(&s, &mut xg, &wg.view(), rows, eps)
+        k.norm_in_place(&s, kind, &mut xg, &wg.view(), rows, eps)
             .unwrap();
         let got = s.download(&xg).unwrap();
         let mut want = x.clone();
-        ops::rmsnorm(&mut want, &w, eps);
+        ops::norm(kind, &mut want, &w, eps);
         check(
-            &format!("rmsnorm_in_place {rows}x{n}"),
+            &format!("{kind:?} norm_in_place {rows}x{n}"),
             &got[..rows * n],
             &want,
-            |i| 2e-5 * want[i].abs() as f64 + 1e-7,
+            |i| 2e-5 * want[i].abs() as f64 + floor,
         );
         assert!(
             got[rows * n..].iter().all(|v| v.to_bits() == 0x7fc0_dead),
-            "rmsnorm_in_place {rows}x{n}: wrote past its rows"
+            "{kind:?} norm_in_place {rows}x{n}: wrote past its rows"
         );
+    }
+}
+
+/// The head norms with weights per head (command-r+: (head_dim, heads))
+/// and shared (qwen3: one head's), RMS and LayerNorm, against the CPU's
+/// head_norm: 5 tokens of 6 heads.
+#[test]
+#[ignore = "needs a GPU"]
+fn head_norm_matches_cpu() {
+    let (_dev, s, k, mut rng) = setup("head_norm_matches_cpu");
+    let (tokens, heads) = (5, 6);
+    for kind in [NormKind::Rms, NormKind::Layer] {
+        for hd in [16, 64, 128] {
+            for w_heads in [1, heads] {
+                let x: Vec<f32> = rng
+                    .vec(tokens * heads * hd, -2.0, 2.0)
+                    .iter()
+                    .map(|v| v + 1.0)
+                    .collect();
+                let w = rng.vec(w_heads * hd, -1.5, 1.5);
+                let eps = 1e-5;
+                let mut want = x.clone();
+                ops::head_norm(kind, &mut want, &w, hd, eps);
+                let mut xg = s.upload(&x, "x").unwrap();
+                let wg = s.upload(&w, "w").unwrap();
+                k.head_norm(&s, kind, &mut xg, &wg.view(), hd, tokens * heads, eps)
+                    .unwrap();
+                let got = s.download(&xg).unwrap();
+                let what = format!("{kind:?} head_norm hd {hd}, weights of {w_heads} heads");
+                check(&what, &got, &want, |i| 2e-5 * want[i].abs() as f64 + 2e-6);
+            }
+        }
     }
 }

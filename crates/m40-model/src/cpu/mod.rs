@@ -23,16 +23,18 @@ use crate::{Backend, KvState, Logits, Model, SeqStep, StepOut, Want};
 use m40_gguf::TensorView;
 use matmul::matmul;
 pub use moe::route;
-use ops::{glu, rmsnorm, softcap, softmax_sink, Rope};
+use ops::{glu, head_norm, norm, rmsnorm, softcap, softmax_sink, Rope};
 
 /// Small per-layer vectors kept as f32 (norm weights, biases).
 struct LayerVecs {
     attn_norm: Vec<f32>,
-    ffn_norm: Vec<f32>,
+    /// None where attention and FFN share the attention norm (command-r).
+    ffn_norm: Option<Vec<f32>>,
     bq: Option<Vec<f32>>,
     bk: Option<Vec<f32>>,
     bv: Option<Vec<f32>>,
-    /// qwen3: the query and key heads' RMSNorm weights (head_dim each).
+    /// The query and key heads' norm weights (qwen3: head_dim each;
+    /// command-r+: every head's).
     qk_norm: Option<[Vec<f32>; 2]>,
     /// gemma: the RMSNorm weights of the attention's and the FFN's outputs.
     post_norms: Option<[Vec<f32>; 2]>,
@@ -120,7 +122,11 @@ impl CpuBackend {
                     _ => None,
                 },
                 attn_norm: vec_f32(&model, &n.attn_norm)?,
-                ffn_norm: vec_f32(&model, &n.ffn_norm)?,
+                ffn_norm: if hp.parallel {
+                    None
+                } else {
+                    Some(vec_f32(&model, &n.ffn_norm)?)
+                },
                 bq: opt(hp.qkv_bias, &n.bq)?,
                 bk: opt(hp.qkv_bias, &n.bk)?,
                 bv: opt(hp.qkv_bias, &n.bv)?,
@@ -294,17 +300,16 @@ impl CpuBackend {
         for (l, lv) in self.layers.iter().enumerate() {
             let names = self.model.layer(l);
             h.copy_from_slice(&x);
-            rmsnorm(&mut h, &lv.attn_norm, hp.rms_eps);
+            norm(hp.norm, &mut h, &lv.attn_norm, hp.rms_eps);
             self.matmul(&names.wq, &h, n, &mut q)?;
             self.matmul(&names.wk, &h, n, &mut k)?;
             self.matmul(&names.wv, &h, n, &mut v)?;
             add_bias(&mut q, &lv.bq);
             add_bias(&mut k, &lv.bk);
             add_bias(&mut v, &lv.bv);
-            // rmsnorm takes rows of the weights' length: here, every head.
             if let Some([qn, kn]) = &lv.qk_norm {
-                rmsnorm(&mut q, qn, hp.rms_eps);
-                rmsnorm(&mut k, kn, hp.rms_eps);
+                head_norm(hp.norm, &mut q, qn, hd, hp.rms_eps);
+                head_norm(hp.norm, &mut k, kn, hd, hp.rms_eps);
             }
             let rope = match &self.rope_window {
                 Some(r) if hp.is_swa(l) => r,
@@ -329,8 +334,11 @@ impl CpuBackend {
             }
             add_residual(&mut x, &proj, hp.residual_scale);
 
-            h.copy_from_slice(&x);
-            rmsnorm(&mut h, &lv.ffn_norm, hp.rms_eps);
+            // In parallel (command-r) the FFN reads the attention's input h.
+            if let Some(ffn_norm) = &lv.ffn_norm {
+                h.copy_from_slice(&x);
+                norm(hp.norm, &mut h, ffn_norm, hp.rms_eps);
+            }
             if hp.moe.is_some() {
                 self.moe_ffn(&names, lv.moe_bias.as_ref(), &h, n, &mut proj)?;
                 add_residual(&mut x, &proj, hp.residual_scale);
@@ -367,13 +375,12 @@ impl CpuBackend {
         for (_, r) in &wanted {
             rows.extend_from_slice(&x[r.start * d..r.end * d]);
         }
-        rmsnorm(&mut rows, &self.output_norm, hp.rms_eps);
+        norm(hp.norm, &mut rows, &self.output_norm, hp.rms_eps);
         let out_name = if hp.tied_output { TOKEN_EMBD } else { OUTPUT };
         let mut logits = vec![0f32; n_rows * hp.n_vocab];
         self.matmul(out_name, &rows, n_rows, &mut logits)?;
         if hp.logit_scale != 1.0 {
-            let s = 1.0 / hp.logit_scale;
-            logits.iter_mut().for_each(|v| *v *= s);
+            logits.iter_mut().for_each(|v| *v *= hp.logit_scale);
         }
         if let Some(c) = hp.final_softcap {
             softcap(&mut logits, c);
@@ -571,6 +578,8 @@ mod tests {
             sliding_window: None,
             residual_scale: 1.0,
             logit_scale: 1.0,
+            norm: m40_gguf::NormKind::Rms,
+            parallel: false,
             moe: None,
             attn_temp: None,
             rope_attn_factor: 1.0,

@@ -1,7 +1,7 @@
 //! The element-wise and normalization operations of the forward pass. These
 //! are also the CPU references for the GPU kernels of the same names.
 
-use m40_gguf::hparams::{RopeScaling, RopeStyle};
+use m40_gguf::hparams::{NormKind, RopeScaling, RopeStyle};
 
 /// `x = x / sqrt(mean(x^2) + eps) * w`, row by row. x: (n, d); w: (d).
 pub fn rmsnorm(x: &mut [f32], w: &[f32], eps: f32) {
@@ -11,6 +11,41 @@ pub fn rmsnorm(x: &mut [f32], w: &[f32], eps: f32) {
         let s = 1.0 / (ms + eps).sqrt();
         for (v, w) in row.iter_mut().zip(w) {
             *v = *v * s * w;
+        }
+    }
+}
+
+/// LayerNorm without bias of each row of x (rows of `w.len()`): (x -
+/// mean) / sqrt(var + eps) * w, as ggml_norm then the weight (its sums in
+/// f64).
+pub fn layernorm(x: &mut [f32], w: &[f32], eps: f32) {
+    let d = w.len();
+    for row in x.chunks_exact_mut(d) {
+        let mean = (row.iter().map(|&v| v as f64).sum::<f64>() / d as f64) as f32;
+        row.iter_mut().for_each(|v| *v -= mean);
+        let var = (row.iter().map(|&v| (v * v) as f64).sum::<f64>() / d as f64) as f32;
+        let s = 1.0 / (var + eps).sqrt();
+        for (v, w) in row.iter_mut().zip(w) {
+            *v = *v * s * w;
+        }
+    }
+}
+
+/// Each row of x (rows of `w.len()`) normed as `kind` says.
+pub fn norm(kind: NormKind, x: &mut [f32], w: &[f32], eps: f32) {
+    match kind {
+        NormKind::Rms => rmsnorm(x, w, eps),
+        NormKind::Layer => layernorm(x, w, eps),
+    }
+}
+
+/// Every head (of `hd`) of x normed: x's rows of `w.len()` each hold the
+/// heads w covers (one, its weights shared by every head: qwen3; or all
+/// of a token's, each with its own: command-r+).
+pub fn head_norm(kind: NormKind, x: &mut [f32], w: &[f32], hd: usize, eps: f32) {
+    for row in x.chunks_exact_mut(w.len()) {
+        for (head, w) in row.chunks_exact_mut(hd).zip(w.chunks_exact(hd)) {
+            norm(kind, head, w, eps);
         }
     }
 }

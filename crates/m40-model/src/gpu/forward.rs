@@ -5,7 +5,7 @@
 //! KV append folded into the Q/K/V GEMV).
 
 use m40_device::{DeviceBuffer, DeviceView};
-use m40_gguf::HyperParams;
+use m40_gguf::{HyperParams, NormKind};
 use m40_kernels::{
     gemm_plan, AddResidual, AttnInputs, AttnPlan, AttnScratch, AttnShape, Fold, GemmOpts, GemvOpts,
     GemvOut, HeadNorms, KvAppend, RopeKv, RopeStyle, RowSplit, Scores,
@@ -360,7 +360,8 @@ impl GpuBackend {
         self.fuse && n == 1 && producer.packed && mats.all(|m| m.packed)
     }
 
-    /// h = rmsnorm(x rows `rows`) * weight, adding the pending residual
+    /// h = norm(x rows `rows`) * weight (the model's RMSNorm or LayerNorm),
+    /// adding the pending residual
     /// rows `w.proj` to x first when `pending` (rows then start at 0).
     fn norm(
         &self,
@@ -370,18 +371,18 @@ impl GpuBackend {
         pending: bool,
     ) -> Result<()> {
         let (k, s) = (&self.kernels, &self.stream);
-        let eps = self.model.hparams().rms_eps;
-        let d = self.model.hparams().n_embd;
+        let hp = self.model.hparams();
+        let (eps, d, kind) = (hp.rms_eps, hp.n_embd, hp.norm);
         if pending {
             debug_assert_eq!(rows.start, 0, "pending residual rows start at 0");
             let add = AddResidual {
                 x: w.x,
                 d: &w.proj.view(),
             };
-            k.add_rmsnorm(s, add, &weight.view(), w.h, rows.len(), eps)?;
+            k.add_norm(s, kind, add, &weight.view(), w.h, rows.len(), eps)?;
         } else {
             let x = w.x.slice(rows.start * d..rows.end * d)?;
-            k.rmsnorm(s, &x, &weight.view(), w.h, rows.len(), eps)?;
+            k.norm(s, kind, &x, &weight.view(), w.h, rows.len(), eps)?;
         }
         Ok(())
     }
@@ -504,11 +505,16 @@ impl GpuBackend {
                     k.add_rows(s, &mut w.v, &b.slice(q_dim + kd..q_dim + 2 * kd)?, n)?;
                 }
                 // Head norms in the RoPE launch where their head size
-                // allows (a multiple of 64), else apart before it.
-                let fused_norms = hd.is_multiple_of(64) && hd <= 256;
+                // allows (a multiple of 64) and they are RMSNorms shared by
+                // the heads, else apart before it.
+                let fused_norms = hd.is_multiple_of(64)
+                    && hd <= 256
+                    && hp.norm == NormKind::Rms
+                    && hp.qk_norm_len(true) == hd;
                 if let (Some([qn, kn]), false) = (&layer.qk_norm, fused_norms) {
-                    k.rmsnorm_in_place(s, &mut w.q, &qn.view(), n * hp.n_head, hp.rms_eps)?;
-                    k.rmsnorm_in_place(s, &mut w.k, &kn.view(), n * hp.n_head_kv, hp.rms_eps)?;
+                    let (kind, eps) = (hp.norm, hp.rms_eps);
+                    k.head_norm(s, kind, &mut w.q, &qn.view(), hd, n * hp.n_head, eps)?;
+                    k.head_norm(s, kind, &mut w.k, &kn.view(), hd, n * hp.n_head_kv, eps)?;
                 }
                 let (kv_k, kv_v) = (w.k.slice(0..n * kv_dim)?, w.v.slice(0..n * kv_dim)?);
                 match (&layer.qk_norm, fused_norms) {
@@ -565,7 +571,15 @@ impl GpuBackend {
             if let Some(bo) = &layer.bo {
                 k.add_rows(s, &mut w.x, &bo.view(), n)?;
             }
-            res = if hp.residual_transformed() {
+            res = if hp.parallel {
+                // The FFN reads h, the attention's input, and its branch
+                // needs proj: the attention's joins x now.
+                let r = self.matmul_res(&layer.wo, &av, res_bufs!(w), n, None)?;
+                if r == Residual::Pending {
+                    k.add(s, &mut w.x, &w.proj.view(), n * hp.n_embd)?;
+                }
+                Residual::Done
+            } else if hp.residual_transformed() {
                 let post = layer.post_norms.as_ref().map(|[p, _]| p);
                 self.transformed_res(&layer.wo, &av, post, &mut w.proj, n)?
             } else {
@@ -574,14 +588,17 @@ impl GpuBackend {
                 let emit = match &layer.ffn {
                     Ffn::Dense { gate_up, .. } => {
                         let ffn = gate_up.iter().map(|s| &s.mat);
-                        self.folds(&layer.wo, ffn, n).then_some(&layer.ffn_norm)
+                        let norm = layer.ffn_norm.as_ref();
+                        norm.filter(|_| self.folds(&layer.wo, ffn, n))
                     }
                     Ffn::Moe(_) => None,
                 };
                 self.matmul_res(&layer.wo, &av, res_bufs!(w), n, emit)?
             };
 
-            self.norm_after(norm_bufs!(w), &layer.ffn_norm, n, res)?;
+            if let Some(ffn_norm) = &layer.ffn_norm {
+                self.norm_after(norm_bufs!(w), ffn_norm, n, res)?;
+            }
             let (gate_up, down) = match &layer.ffn {
                 Ffn::Dense { gate_up, down } => (gate_up, down),
                 Ffn::Moe(mats) => {
@@ -647,17 +664,13 @@ impl GpuBackend {
         self.finish_logits(w, n)
     }
 
-    /// The `n` rows of logits in `w.logits` divided by the model's logit
-    /// scale (granite) and soft-capped (gemma), where it says.
+    /// The `n` rows of logits in `w.logits` times the model's logit scale
+    /// (granite, command-r) and soft-capped (gemma), where it says.
     fn finish_logits(&self, w: &mut Workspace, n: usize) -> Result<()> {
         let hp = self.model.hparams();
         if hp.logit_scale != 1.0 {
-            self.kernels.scale(
-                &self.stream,
-                &mut w.logits,
-                n * hp.n_vocab,
-                1.0 / hp.logit_scale,
-            )?;
+            self.kernels
+                .scale(&self.stream, &mut w.logits, n * hp.n_vocab, hp.logit_scale)?;
         }
         if let Some(c) = hp.final_softcap {
             self.kernels

@@ -81,10 +81,12 @@ pub(super) struct Stack {
 
 pub(super) struct Layer {
     pub(super) attn_norm: DeviceBuffer<f32>,
-    pub(super) ffn_norm: DeviceBuffer<f32>,
+    /// None where attention and FFN share the attention norm (command-r).
+    pub(super) ffn_norm: Option<DeviceBuffer<f32>>,
     /// Q's, K's and V's biases, in one buffer in that order.
     pub(super) bias: Option<DeviceBuffer<f32>>,
-    /// qwen3: the query and key head norms' weights (head_dim each).
+    /// The query and key head norms' weights (qwen3: head_dim each;
+    /// command-r+: every head's).
     pub(super) qk_norm: Option<[DeviceBuffer<f32>; 2]>,
     /// gemma: the attention's and the FFN's output norms' weights.
     pub(super) post_norms: Option<[DeviceBuffer<f32>; 2]>,
@@ -257,7 +259,10 @@ impl Weights {
             let opt = |on: bool, name: &str| on.then(|| f32s(name)).transpose();
             layers.push(Layer {
                 attn_norm: f32s(&n.attn_norm)?,
-                ffn_norm: f32s(&n.ffn_norm)?,
+                ffn_norm: match hp.parallel {
+                    true => None,
+                    false => Some(f32s(&n.ffn_norm)?),
+                },
                 bias,
                 qk_norm,
                 post_norms,

@@ -2,8 +2,11 @@
 
 use crate::error::{GgufError, Result};
 use crate::file::GgufFile;
-use crate::metadata::{Array, Metadata, Value};
+use crate::metadata::Metadata;
 pub use crate::rope::{AttnTemperature, RopeScaling};
+
+mod parts;
+use parts::{moe, sliding_window};
 
 /// Architectures m40-llm runs (`general.architecture`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,6 +52,21 @@ pub enum Arch {
     /// over the chosen experts only, and a clamped SwiGLU
     /// ([`Activation::SwigluOai`]); `post_attention_norm` is its FFN norm.
     GptOss,
+    /// Cohere's Command-R (`command-r`; Aya 23 too): LayerNorm without
+    /// bias instead of RMSNorm, attention and FFN in parallel from one norm
+    /// (x + attn(n) + ffn(n)), llama's RoPE, the output tied to the
+    /// embedding, logits times `logit_scale`; from 64 layers (Command-R+)
+    /// a LayerNorm over each query and key head with weights per head.
+    CommandR,
+}
+
+/// How the model normalizes its activations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NormKind {
+    /// x / sqrt(mean(x^2) + eps) * w.
+    Rms,
+    /// (x - mean(x)) / sqrt(var(x) + eps) * w (no bias: command-r).
+    Layer,
 }
 
 impl Arch {
@@ -64,6 +82,7 @@ impl Arch {
             "mistral3" => Ok(Arch::Mistral3),
             "phi3" => Ok(Arch::Phi3),
             "gpt-oss" => Ok(Arch::GptOss),
+            "command-r" => Ok(Arch::CommandR),
             other => Err(GgufError::UnsupportedArchitecture(other.to_string())),
         }
     }
@@ -71,7 +90,7 @@ impl Arch {
     /// How the architecture pairs RoPE's dimensions.
     pub fn rope_style(self) -> RopeStyle {
         match self {
-            Arch::Llama | Arch::Granite | Arch::Mistral3 => RopeStyle::Normal,
+            Arch::Llama | Arch::Granite | Arch::Mistral3 | Arch::CommandR => RopeStyle::Normal,
             Arch::Qwen2
             | Arch::Qwen3
             | Arch::Qwen3Moe
@@ -110,6 +129,7 @@ impl Arch {
             Arch::Mistral3 => "mistral3",
             Arch::Phi3 => "phi3",
             Arch::GptOss => "gpt-oss",
+            Arch::CommandR => "command-r",
         }
     }
 }
@@ -189,13 +209,21 @@ pub struct HyperParams {
     pub rope_dim: usize,
     pub rope_style: RopeStyle,
     pub rope_scaling: RopeScaling,
+    /// The norms' epsilon (`attention.layer_norm_rms_epsilon`, or
+    /// `attention.layer_norm_epsilon` for LayerNorm models).
     pub rms_eps: f32,
+    /// RMSNorm or LayerNorm, every norm of the model.
+    pub norm: NormKind,
+    /// Attention and FFN both read the layer's one norm and both join x
+    /// (command-r): no `ffn_norm`.
+    pub parallel: bool,
     /// No `output.weight`: the token embedding is the output projection.
     pub tied_output: bool,
     /// `attn_{q,k,v}.bias` present (qwen2 always).
     pub qkv_bias: bool,
-    /// `attn_{q,k}_norm`: each query and key head RMS-normed (weights of
-    /// `head_dim`) before RoPE (qwen3).
+    /// `attn_{q,k}_norm`: each query and key head normed before RoPE
+    /// (qwen3: RMS, weights of `head_dim` shared by the heads; command-r+:
+    /// LayerNorm, weights of `head_dim` per head: [`Self::qk_norm_len`]).
     pub qk_norm: bool,
     /// The FFN gate's activation.
     pub act: Activation,
@@ -220,7 +248,8 @@ pub struct HyperParams {
     /// Each residual branch (attention, FFN) is multiplied by this before
     /// its add (granite's `residual_scale`; 1 elsewhere).
     pub residual_scale: f32,
-    /// Logits are divided by this (granite's `logit_scale`; 1 elsewhere).
+    /// Logits are multiplied by this (command-r's `logit_scale`; 1 /
+    /// granite's; 1 elsewhere).
     pub logit_scale: f32,
     /// The FFN is a mixture of experts (every layer).
     pub moe: Option<Moe>,
@@ -422,9 +451,20 @@ impl HyperParams {
             }
             Some(other) => return Err(bad(format!("unknown RoPE scaling type `{other}`"))),
         };
-        let rms_eps = md
-            .opt_f64(&key("attention.layer_norm_rms_epsilon"))?
-            .unwrap_or(1e-5) as f32;
+        let norm = match arch {
+            Arch::CommandR => NormKind::Layer,
+            _ => NormKind::Rms,
+        };
+        let rms_eps = match norm {
+            NormKind::Rms => md
+                .opt_f64(&key("attention.layer_norm_rms_epsilon"))?
+                .unwrap_or(1e-5) as f32,
+            // llama.cpp requires it of command-r.
+            NormKind::Layer => md
+                .opt_f64(&key("attention.layer_norm_epsilon"))?
+                .ok_or_else(|| bad(format!("{a}.attention.layer_norm_epsilon is missing")))?
+                as f32,
+        };
         let linear = rope_scaling.linear_factor();
         let sliding_window = sliding_window(md, arch, n_layer, rope_freq_base, linear)?;
         let opt_f32 = |k: &str| -> Result<Option<f32>> {
@@ -461,8 +501,13 @@ impl HyperParams {
             embd_scale = opt_f32("embedding_scale")?.unwrap_or(1.0);
             residual_scale = opt_f32("residual_scale")?.unwrap_or(1.0);
             attn_scale = opt_f32("attention.scale")?.unwrap_or(attn_scale);
-            logit_scale = opt_f32("logit_scale")?
-                .ok_or_else(|| bad(format!("{a}.logit_scale is missing (granite needs it)")))?;
+            // llama.cpp multiplies by 1 / it.
+            logit_scale = 1.0
+                / opt_f32("logit_scale")?
+                    .ok_or_else(|| bad(format!("{a}.logit_scale is missing (granite needs it)")))?;
+        }
+        if arch == Arch::CommandR {
+            logit_scale = opt_f32("logit_scale")?.unwrap_or(1.0);
         }
         let moe = moe(md, arch, n_ff)?;
         let rope_attn_factor = md
@@ -496,9 +541,12 @@ impl HyperParams {
             rope_style: arch.rope_style(),
             rope_scaling,
             rms_eps,
+            norm,
+            parallel: arch == Arch::CommandR,
             tied_output: true,
             qkv_bias: arch.qkv_bias(),
-            qk_norm: arch.qk_norm(),
+            // Command-R+ (64 layers and more) norms its heads.
+            qk_norm: arch.qk_norm() || (arch == Arch::CommandR && n_layer >= 64),
             act: match arch {
                 a if a.gemma() => Activation::GeluTanh,
                 Arch::GptOss => Activation::SwigluOai,
@@ -543,6 +591,15 @@ impl HyperParams {
         self.post_norms || self.residual_scale != 1.0
     }
 
+    /// The length of the query (`q`) or key head norms' weights: one
+    /// head's (qwen3, gemma3) or every head's (command-r+).
+    pub fn qk_norm_len(&self, q: bool) -> usize {
+        match self.arch {
+            Arch::CommandR => self.head_dim * if q { self.n_head } else { self.n_head_kv },
+            _ => self.head_dim,
+        }
+    }
+
     /// Whether layer `l` attends through a sliding window.
     pub fn is_swa(&self, l: usize) -> bool {
         self.sliding_window
@@ -555,8 +612,10 @@ impl HyperParams {
     /// from what the file holds.
     pub fn from_file(file: &GgufFile) -> Result<Self> {
         let mut hp = Self::from_metadata(file.metadata())?;
-        // gemma2's output is its embedding even where a file has both.
-        hp.tied_output = hp.arch == Arch::Gemma2 || file.tensor_info(OUTPUT).is_none();
+        // gemma2's and command-r's output is the embedding even where a
+        // file has both.
+        hp.tied_output =
+            matches!(hp.arch, Arch::Gemma2 | Arch::CommandR) || file.tensor_info(OUTPUT).is_none();
         hp.qkv_bias = hp.arch.qkv_bias() || file.tensor_info(&LayerNames::new(0).bq).is_some();
         // Biases llama.cpp reads for some architectures and this model's
         // forward pass does not: refused, never ignored.
@@ -620,8 +679,14 @@ impl HyperParams {
                 out.push((n.bv, vec![kv]));
             }
             if self.qk_norm {
-                out.push((n.q_norm, vec![self.head_dim as u64]));
-                out.push((n.k_norm, vec![self.head_dim as u64]));
+                let hd = self.head_dim as u64;
+                let (q, k) = (self.qk_norm_len(true), self.qk_norm_len(false));
+                let shape = |len: usize| match len as u64 {
+                    l if l == hd => vec![hd],
+                    l => vec![hd, l / hd],
+                };
+                out.push((n.q_norm, shape(q)));
+                out.push((n.k_norm, shape(k)));
             }
             out.push((n.wo, vec![q, d]));
             if self.out_bias {
@@ -633,7 +698,9 @@ impl HyperParams {
             if self.post_norms {
                 out.push((n.attn_post_norm, vec![d]));
             }
-            out.push((n.ffn_norm, vec![d]));
+            if !self.parallel {
+                out.push((n.ffn_norm, vec![d]));
+            }
             if let Some(m) = self.moe {
                 let (e, fe) = (m.n_expert as u64, m.n_ff_exp as u64);
                 out.push((n.ffn_gate_inp, vec![d, e]));
@@ -661,113 +728,4 @@ impl HyperParams {
         }
         out
     }
-}
-
-/// The sliding window of a gemma2/3 or gpt-oss file, as llama.cpp reads
-/// it: `attention.sliding_window` (gemma2: 4096 when absent; gemma3: none
-/// when absent or 0; gpt-oss: required) and
-/// `attention.sliding_window_pattern`, a per-layer array of flags or a
-/// period n (layers with l % n < n - 1 slide; gemma2 and gpt-oss 2,
-/// gemma3 6). gpt-oss's window layers share the global RoPE (YaRN
-/// included) unless `rope.freq_base_swa` says otherwise.
-fn sliding_window(
-    md: &Metadata,
-    arch: Arch,
-    n_layer: usize,
-    rope_freq_base: f32,
-    rope_linear: f32,
-) -> Result<Option<SlidingWindow>> {
-    let a = arch.name();
-    let key = |k: &str| format!("{a}.{k}");
-    let (default_window, period, swa_base, swa_linear) = match arch {
-        Arch::Gemma2 => (Some(4096), 2, rope_freq_base, rope_linear),
-        Arch::Gemma3 => (None, 6, 10000.0, 1.0),
-        Arch::GptOss => {
-            if md.opt_usize(&key("attention.sliding_window"))?.is_none() {
-                return Err(bad(format!("{a}.attention.sliding_window is missing")));
-            }
-            (None, 2, rope_freq_base, rope_linear)
-        }
-        _ => return Ok(None),
-    };
-    let window = match md.opt_usize(&key("attention.sliding_window"))? {
-        Some(0) => None,
-        Some(w) => Some(w),
-        None => default_window,
-    };
-    let Some(window) = window else {
-        return Ok(None);
-    };
-    let pattern_key = key("attention.sliding_window_pattern");
-    let layers = match md.get(&pattern_key) {
-        Some(Value::Array(Array::Bool(flags))) => {
-            if flags.len() != n_layer {
-                return Err(bad(format!(
-                    "{pattern_key} has {} flags for {n_layer} layers",
-                    flags.len()
-                )));
-            }
-            flags.clone()
-        }
-        _ => {
-            let n = md.opt_usize(&pattern_key)?.unwrap_or(period);
-            (0..n_layer).map(|l| n == 0 || l % n < n - 1).collect()
-        }
-    };
-    let rope_freq_base = md
-        .opt_f64(&key("rope.freq_base_swa"))?
-        .map_or(swa_base, |v| v as f32);
-    Ok(Some(SlidingWindow {
-        window,
-        layers,
-        rope_freq_base,
-        rope_linear: swa_linear,
-    }))
-}
-
-/// The mixture of experts of a file, as llama.cpp reads it:
-/// `expert_count` (none: a dense FFN; qwen3moe must have experts),
-/// `expert_used_count`, and the experts' FFN size (qwen3moe:
-/// `expert_feed_forward_length`, else n_ff / used; llama: n_ff). Both run
-/// with their expert weights renormalized and unscaled.
-fn moe(md: &Metadata, arch: Arch, n_ff: usize) -> Result<Option<Moe>> {
-    let a = arch.name();
-    let key = |k: &str| format!("{a}.{k}");
-    let n_expert = md.opt_usize(&key("expert_count"))?.unwrap_or(0);
-    if n_expert == 0 {
-        if matches!(arch, Arch::Qwen3Moe | Arch::GptOss) {
-            return Err(bad(format!("{a}.expert_count is missing or 0")));
-        }
-        return Ok(None);
-    }
-    if !matches!(
-        arch,
-        Arch::Llama | Arch::Qwen3Moe | Arch::Mistral3 | Arch::GptOss
-    ) {
-        return Err(bad(format!("{a} with experts is not supported")));
-    }
-    let used = md.opt_usize(&key("expert_used_count"))?.unwrap_or(0);
-    if used == 0 || used > n_expert {
-        return Err(bad(format!(
-            "{used} experts used of {n_expert} (must be 1..={n_expert})"
-        )));
-    }
-    let n_ff_exp = match arch {
-        Arch::Qwen3Moe => md
-            .opt_usize(&key("expert_feed_forward_length"))?
-            .unwrap_or(n_ff / used),
-        Arch::GptOss => md
-            .opt_usize(&key("expert_feed_forward_length"))?
-            .unwrap_or(n_ff),
-        _ => n_ff,
-    };
-    if n_ff_exp == 0 {
-        return Err(bad("experts with a zero FFN size".into()));
-    }
-    Ok(Some(Moe {
-        n_expert,
-        n_expert_used: used,
-        n_ff_exp,
-        bias: arch == Arch::GptOss,
-    }))
 }
