@@ -354,10 +354,15 @@ impl GpuBackend {
     }
 
     /// Whether the norm before `mats` folds into their GEMVs (and the
-    /// residual GEMV before it, `producer`): one token, `fuse`, and every
-    /// one of them packed.
+    /// residual GEMV before it, `producer`): one token, `fuse`, an RMSNorm
+    /// (the fold computes an RMS scale: LayerNorm models, command-r, run
+    /// their norms apart), and every one of them packed.
     fn folds<'m>(&self, producer: &Mat, mut mats: impl Iterator<Item = &'m Mat>, n: usize) -> bool {
-        self.fuse && n == 1 && producer.packed && mats.all(|m| m.packed)
+        self.fuse
+            && n == 1
+            && self.model.hparams().norm == NormKind::Rms
+            && producer.packed
+            && mats.all(|m| m.packed)
     }
 
     /// h = norm(x rows `rows`) * weight (the model's RMSNorm or LayerNorm),

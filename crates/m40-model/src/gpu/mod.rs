@@ -219,11 +219,8 @@ fn fit_hint(fits: usize, asked: usize, weights: u64) -> String {
 
 impl GpuBackend {
     /// The backend for `model` on `device` (`Device::open(ordinal)`).
-    pub fn new(device: Arc<Device>, model: Arc<Model>, mut opts: GpuOptions) -> Result<Self> {
+    pub fn new(device: Arc<Device>, model: Arc<Model>, opts: GpuOptions) -> Result<Self> {
         let hp = model.hparams().clone();
-        // A norm folded into the GEMVs is an RMSNorm; LayerNorm models
-        // (command-r) run their norms apart.
-        opts.fuse &= hp.norm == m40_gguf::NormKind::Rms;
         if hp.head_dim > MAX_HEAD_DIM || !hp.head_dim.is_multiple_of(2) {
             return Err(ModelError::Unsupported(format!(
                 "head dimension {} on the GPU (even, at most {MAX_HEAD_DIM})",
