@@ -25,6 +25,11 @@
 // (n K, d), a slot's expert output, plus b[ids[t K + j]] where b (E, d) is
 // not null: gpt-oss's down biases), in slot order, each product rounded
 // and added (no contraction): the CPU's arithmetic. Grid-stride over n d.
+//
+// moe_gather_f32: y (rows, d) row r = x row idx[r] / div (clamped into
+// x's src_rows rows): a prefill's slots gathered by expert (div K: each
+// slot reads its token's row) and their outputs put back in slot order
+// (div 1, the inverse order). Grid-stride over rows d.
 #include "common.cuh"
 
 #define MOE_WARPS 4
@@ -86,6 +91,15 @@ extern "C" __global__ void moe_combine_f32(const float* y, const float* w, const
             acc = __fadd_rn(acc, __fmul_rn(w[s], v));
         }
         out[i] = acc;
+    }
+}
+
+extern "C" __global__ void moe_gather_f32(const float* x, const int* idx, float* y, long long nd, int d, int div,
+                                          int src_rows) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < nd; i += (long long)gridDim.x * blockDim.x) {
+        const long long r = i / d, c = i % d;
+        const int s = min(max(idx[r] / div, 0), src_rows - 1);
+        y[i] = x[(long long)s * d + c];
     }
 }
 

@@ -110,6 +110,13 @@ impl Stream {
         self.inner.wait(&event.0).ctx("cuStreamWaitEvent")
     }
 
+    /// Whether this stream is being captured into a graph (then nothing
+    /// may synchronize on it).
+    pub fn is_capturing(&self) -> Result<bool> {
+        let status = self.inner.capture_status().ctx("cuStreamIsCapturing")?;
+        Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+    }
+
     /// Record the work `f` queues on this stream into a [`Graph`] instead of
     /// running it. The default stream cannot be captured: use a stream from
     /// [`Device::new_stream`]. Waits for all earlier work on the device first.
@@ -271,6 +278,32 @@ impl Stream {
         }
         let n = src.len() * std::mem::size_of::<T>();
         let mut view = dst.raw.slice_mut(0..n);
+        self.inner
+            .memcpy_dtod(&src.raw, &mut view)
+            .ctx("cuMemcpyDtoDAsync")
+    }
+
+    /// Device -> device into `dst`'s elements from `at` on, ordered on this
+    /// stream.
+    pub fn copy_device_at<T: Pod>(
+        &self,
+        src: &DeviceView<'_, T>,
+        dst: &mut DeviceBuffer<T>,
+        at: usize,
+    ) -> Result<()> {
+        let end = at.saturating_add(src.len());
+        if end > dst.len() {
+            return Err(DeviceError::Size {
+                what: "device -> device copy",
+                len: end,
+                capacity: dst.len(),
+            });
+        }
+        if src.is_empty() {
+            return Ok(());
+        }
+        let sz = std::mem::size_of::<T>();
+        let mut view = dst.raw.slice_mut(at * sz..end * sz);
         self.inner
             .memcpy_dtod(&src.raw, &mut view)
             .ctx("cuMemcpyDtoDAsync")

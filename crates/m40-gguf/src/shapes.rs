@@ -392,6 +392,22 @@ pub const SHAPES: &[Shape] = &[
         tied_output: true,
         ..PLAIN
     },
+    // Mixtral 8x7B (a llama file with 8 experts, 2 a token).
+    Shape {
+        name: "mixtral-8x7b",
+        arch: Arch::Llama,
+        n_layer: 32,
+        n_embd: 4096,
+        n_head: 32,
+        n_head_kv: 8,
+        n_ff: 14336,
+        n_vocab: 32000,
+        n_ctx_train: 32768,
+        rope_freq_base: 1000000.0,
+        tied_output: false,
+        moe: Some((8, 2, 14336)),
+        ..PLAIN
+    },
     // Aya 23 8B (command-r).
     Shape {
         name: "aya-23-8b",

@@ -403,4 +403,53 @@ impl Kernels {
         };
         Ok(())
     }
+
+    /// y (idx.len(), d): row r = x row idx[r] / div (x: rows of d; an
+    /// index past x's rows reads its last). A prefill's slots gathered by
+    /// expert (div k: each reads its token's row), and back (div 1).
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_gather(
+        &self,
+        stream: &Stream,
+        x: &DeviceView<'_, f32>,
+        idx: &DeviceView<'_, i32>,
+        div: usize,
+        y: &mut DeviceBuffer<f32>,
+        d: usize,
+    ) -> Result<()> {
+        const K: &str = "moe_gather_f32";
+        let rows = idx.len();
+        let nd = rows * d;
+        check_len(K, "y", y.len(), nd)?;
+        if nd == 0 {
+            return Ok(());
+        }
+        if div == 0 || !x.len().is_multiple_of(d) || x.is_empty() {
+            return Err(shape(
+                K,
+                format!("x of {} for rows of {d}, div {div}", x.len()),
+            ));
+        }
+        let kernel = self.kernel("moe", K)?;
+        let grid = (self.flat_grid(nd), 1, 1);
+        let src_rows = to_i32(K, "rows of x", x.len() / d)?;
+        let (nd, d, div) = (nd as i64, to_i32(K, "d", d)?, to_i32(K, "div", div)?);
+        // SAFETY: moe_gather_f32(const float* x, const int* idx, float* y,
+        // long long nd, int d, int div, int src_rows): grid-stride over i <
+        // nd = idx.len() d writing y[i] (checked) and reading idx[i / d] and
+        // x's row idx / div clamped into [0, src_rows) (src_rows d = x.len()).
+        unsafe {
+            stream
+                .launch(&kernel)
+                .view(x)
+                .view(idx)
+                .buf_mut(y)
+                .scalar(&nd)
+                .scalar(&d)
+                .scalar(&div)
+                .scalar(&src_rows)
+                .run(cfg(grid, ELEMENTWISE_THREADS))?
+        };
+        Ok(())
+    }
 }

@@ -389,3 +389,39 @@ fn moe_router_matches_cpu() {
         );
     }
 }
+
+/// `moe_gather`: rows gathered by index, each index divided by `div` (a
+/// prefill's slots reading their tokens' rows, div k; and back, div 1),
+/// an index past x's rows clamped to its last; every element exact, the
+/// output poisoned before.
+#[test]
+#[ignore = "needs a GPU"]
+fn moe_gather_matches_cpu() {
+    let (_dev, s, k, mut rng) = setup("moe_gather_matches_cpu");
+    for (src_rows, d, div, n) in [(7, 64, 3, 21), (40, 2048, 8, 320), (5, 32, 1, 9)] {
+        let x = rng.vec(src_rows * d, -4.0, 4.0);
+        let mut idx: Vec<i32> = (0..n).map(|_| rng.below(src_rows * div) as i32).collect();
+        // One index past x's rows: read as its last row.
+        idx[n - 1] = (src_rows * div + 5) as i32;
+        let want: Vec<f32> = idx
+            .iter()
+            .flat_map(|&i| {
+                let r = (i as usize / div).min(src_rows - 1);
+                x[r * d..(r + 1) * d].to_vec()
+            })
+            .collect();
+        let xg = s.upload(&x, "x").unwrap();
+        let ig = s.upload(&idx, "idx").unwrap();
+        let mut y = s.alloc::<f32>(n * d, "y").unwrap();
+        s.fill_bytes(&mut y, 0xFF).unwrap();
+        k.moe_gather(&s, &xg.view(), &ig.view(), div, &mut y, d)
+            .unwrap();
+        let got = s.download(&y).unwrap();
+        check(
+            &format!("moe_gather {n} rows of {d}, div {div}"),
+            &got,
+            &want,
+            |_| 0.0,
+        );
+    }
+}

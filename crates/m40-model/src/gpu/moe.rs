@@ -2,13 +2,23 @@
 //! routing on the device, the chosen experts' GEMVs by id.
 
 use m40_device::{DeviceBuffer, DeviceView};
-use m40_kernels::{ExpertGlu, MoeShape, QMatrix};
+use m40_gguf::hparams::Activation;
+use m40_kernels::{ExpertGlu, GemmOpts, MoeShape, QMatrix};
 
 use super::forward::{Input, Residual};
 use super::weights::{Experts, Mat, MatView, MoeMats};
 use super::workspace::MoeBufs;
 use super::GpuBackend;
-use crate::error::Result;
+use crate::error::{ModelError, Result};
+
+/// Steps whose slots average at least this many per expert (a prefill's,
+/// on a model of few experts) run each chosen expert as one GEMM over the
+/// tokens routed to it ([`GpuBackend::moe_grouped`]) instead of a GEMV per
+/// (token, slot), which reads an expert's matrices once for every token
+/// that chose it. Fewer rows make GEMMs too small to fill the GPU: on an
+/// H100, qwen3-30b-a3b's pp512 (128 experts, 8 a token: 32 rows an
+/// expert) ran at 510 t/s grouped against 1235 through the GEMVs.
+pub(super) const MOE_GROUP_ROWS: usize = 64;
 
 impl GpuBackend {
     /// A mixture of experts over the `n` normed rows h ([`MoeMats`]): the
@@ -54,6 +64,11 @@ impl GpuBackend {
             &mut b.ids,
             &mut b.w,
         )?;
+        if self.groups_experts(mats, n)? {
+            self.moe_grouped(mats, h, b, shape)?;
+            k.moe_combine(s, &b.y.view(), &b.w.view(), None, proj, hp.n_embd, shape)?;
+            return Ok(Residual::Pending);
+        }
         let ids = b.ids.view();
         type Launch<'f> = &'f mut dyn FnMut(&QMatrix<'_>) -> m40_kernels::Result<()>;
         let rows = |mat: &Mat, f: Launch<'_>| -> Result<()> {
@@ -104,5 +119,127 @@ impl GpuBackend {
         let down_b = bias.as_ref().map(|[.., db]| (&ids, db));
         k.moe_combine(s, &b.y.view(), &b.w.view(), down_b, proj, d, shape)?;
         Ok(Residual::Pending)
+    }
+
+    /// Whether a step of `n` tokens groups its slots by expert: at least
+    /// MOE_GROUP_ROWS slots an expert on average, two or more a token, no expert
+    /// biases (gpt-oss keeps the GEMVs), SiLU where gate and up are
+    /// interleaved, and the stream not being captured (the grouping reads
+    /// the routing on the host).
+    fn groups_experts(&self, mats: &MoeMats, n: usize) -> Result<bool> {
+        let hp = self.model.hparams();
+        let m = hp.moe.expect("a mixture's layer");
+        let silu_or_split = match mats.gate_up {
+            Experts::Glu(_) => hp.act == Activation::Silu,
+            Experts::Split(..) => true,
+        };
+        Ok(n * m.n_expert_used >= MOE_GROUP_ROWS * m.n_expert
+            && m.n_expert_used >= 2
+            && mats.bias.is_none()
+            && silu_or_split
+            && !self.stream.is_capturing()?)
+    }
+
+    /// The experts' FFNs of a step's `shape.n` tokens grouped by expert:
+    /// the routing (b.ids) read on the host and the slots ordered by expert
+    /// (b.order, and b.inverse back); the tokens' rows gathered in that
+    /// order into b.sorted; for each chosen expert one GEMM of gate and up
+    /// over its rows, the activation, one GEMM of down, its rows back into
+    /// b.sorted; then every slot's output into b.y in slot order, as
+    /// `moe_combine` reads it. The same sums as the GEMVs' per row (the
+    /// GEMM's), so the logits agree with the CPU's to the usual tolerance.
+    pub(super) fn moe_grouped(
+        &self,
+        mats: &MoeMats,
+        h: &DeviceView<'_, f32>,
+        b: &mut MoeBufs,
+        shape: MoeShape,
+    ) -> Result<()> {
+        let (k, s) = (&self.kernels, &self.stream);
+        let hp = self.model.hparams();
+        let m = hp.moe.expect("a mixture's layer");
+        let (d, ff, slots) = (hp.n_embd, m.n_ff_exp, shape.n * shape.k);
+        let mut ids = vec![0i32; slots];
+        s.copy_to_host(&b.ids.slice(0..slots)?, &mut ids)?;
+        // Counting sort of the slots by expert (stable: slot order within
+        // an expert).
+        let mut count = vec![0usize; m.n_expert + 1];
+        for &e in &ids {
+            let e = usize::try_from(e)
+                .ok()
+                .filter(|&e| e < m.n_expert)
+                .ok_or_else(|| {
+                    ModelError::Unsupported(format!("expert id {e} of {} experts", m.n_expert))
+                })?;
+            count[e + 1] += 1;
+        }
+        for e in 0..m.n_expert {
+            count[e + 1] += count[e];
+        }
+        let starts = count.clone();
+        let mut order = vec![0i32; slots];
+        let mut inverse = vec![0i32; slots];
+        for (j, &e) in ids.iter().enumerate() {
+            let at = &mut count[e as usize];
+            order[*at] = j as i32;
+            inverse[j] = *at as i32;
+            *at += 1;
+        }
+        s.copy_to_device(&order, &mut b.order)?;
+        s.copy_to_device(&inverse, &mut b.inverse)?;
+        k.moe_gather(s, h, &b.order.slice(0..slots)?, shape.k, &mut b.sorted, d)?;
+        for e in 0..m.n_expert {
+            let (off, c) = (starts[e], starts[e + 1] - starts[e]);
+            if c == 0 {
+                continue;
+            }
+            let x = b.sorted.slice(off * d..(off + c) * d)?;
+            // Expert e's matrix (`rows` rows of the 3-D tensor) times c rows.
+            let gemm = |mat: &Mat,
+                        rows: usize,
+                        x: &DeviceView<'_, f32>,
+                        y: &mut DeviceBuffer<f32>|
+             -> Result<()> {
+                debug_assert!(!mat.packed, "experts stay in GGUF rows");
+                let rb = mat
+                    .ty
+                    .row_bytes(mat.cols as u64)
+                    .expect("a GGUF row format") as usize;
+                let part = mat.data.slice(e * rows * rb..(e + 1) * rows * rb)?;
+                let w = QMatrix {
+                    ty: mat.ty,
+                    data: &part,
+                    rows,
+                    cols: mat.cols,
+                };
+                let opts = GemmOpts {
+                    accumulate: false,
+                    scratch: None,
+                };
+                Ok(k.gemm(s, &w, x, y, c, opts)?)
+            };
+            match &mats.gate_up {
+                Experts::Glu(gu) => {
+                    gemm(gu, 2 * ff, &x, &mut b.up)?;
+                    k.swiglu_pairs(s, &b.up.view(), &mut b.gate, c, ff)?;
+                }
+                Experts::Split(gate, up) => {
+                    gemm(gate, ff, &x, &mut b.gate)?;
+                    gemm(up, ff, &x, &mut b.up)?;
+                    k.glu(s, hp.act, &mut b.gate, &b.up.view(), c * ff)?;
+                }
+            }
+            gemm(&mats.down, d, &b.gate.slice(0..c * ff)?, &mut b.y)?;
+            s.copy_device_at(&b.y.slice(0..c * d)?, &mut b.sorted, off * d)?;
+        }
+        k.moe_gather(
+            s,
+            &b.sorted.view(),
+            &b.inverse.slice(0..slots)?,
+            1,
+            &mut b.y,
+            d,
+        )?;
+        Ok(())
     }
 }

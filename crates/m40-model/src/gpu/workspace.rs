@@ -84,13 +84,24 @@ pub(super) struct MoeBufs {
     pub(super) gate: DeviceBuffer<f32>,
     pub(super) up: DeviceBuffer<f32>,
     pub(super) y: DeviceBuffer<f32>,
+    /// A prefill's slots by expert ([`GpuBackend::moe_grouped`]): each
+    /// sorted position's slot, each slot's sorted position, and the
+    /// tokens' rows in that order (then the experts' outputs in it).
+    pub(super) order: DeviceBuffer<i32>,
+    pub(super) inverse: DeviceBuffer<i32>,
+    pub(super) sorted: DeviceBuffer<f32>,
 }
 
 /// Floats of [`MoeBufs`] for b tokens (ids counted as floats: 4 bytes).
-fn moe_floats(hp: &HyperParams, b: usize) -> [usize; 6] {
+fn moe_floats(hp: &HyperParams, b: usize) -> [usize; 9] {
     match hp.moe {
         Some(m) => {
             let slots = b * m.n_expert_used;
+            // The grouped prefill's buffers where a step can group.
+            let grouped = match slots >= super::moe::MOE_GROUP_ROWS * m.n_expert {
+                true => slots,
+                false => 1,
+            };
             [
                 b * m.n_expert,
                 slots,
@@ -98,9 +109,12 @@ fn moe_floats(hp: &HyperParams, b: usize) -> [usize; 6] {
                 slots * m.n_ff_exp,
                 slots * m.n_ff_exp,
                 slots * hp.n_embd,
+                grouped,
+                grouped,
+                grouped * hp.n_embd,
             ]
         }
-        None => [1; 6],
+        None => [1; 9],
     }
 }
 
@@ -140,7 +154,7 @@ impl Workspace {
             part: a(dec_part, "attention scratch")?,
             part_ml: a(dec_ml, "attention scratch")?,
             moe: {
-                let [l, i, w, g, u, y] = moe_floats(hp, b);
+                let [l, i, w, g, u, y, o, inv, sorted] = moe_floats(hp, b);
                 MoeBufs {
                     logits: a(l, "expert routing")?,
                     ids: stream.alloc::<i32>(i, "expert routing")?,
@@ -148,6 +162,9 @@ impl Workspace {
                     gate: a(g, "expert activations")?,
                     up: a(u, "expert activations")?,
                     y: a(y, "expert activations")?,
+                    order: stream.alloc::<i32>(o, "expert routing")?,
+                    inverse: stream.alloc::<i32>(inv, "expert routing")?,
+                    sorted: a(sorted, "expert activations")?,
                 }
             },
         })
