@@ -28,10 +28,8 @@ use serde_json::{json, Value};
 pub struct Args {
     /// Model file or store name (or use --shape).
     pub model: Option<String>,
-    /// Generate a random-weight model of this shape instead: tiny,
-    /// smollm2-135m, llama-1b, llama-8b, qwen3-tiny, qwen3-8b, gemma2-tiny,
-    /// gemma3-tiny, gemma3-12b, granite-tiny, mistral3-tiny, phi3-tiny, qwen3moe-tiny,
-    /// mixtral-tiny or qwen3-30b-a3b.
+    /// Generate a random-weight model of this shape instead (any shape
+    /// `m40-llm synth --shape` knows: its help lists them).
     #[arg(long, conflicts_with = "model")]
     pub shape: Option<String>,
     /// Weight type of the generated model.

@@ -11,7 +11,9 @@ pub struct Args {
     /// Model shape: tiny, smollm2-135m, llama-1b, llama-8b (llama); qwen3-tiny,
     /// qwen3-8b (qwen3); gemma2-tiny (gemma2); gemma3-tiny, gemma3-12b (gemma3);
     /// granite-tiny (granite); mistral3-tiny (mistral3); phi3-tiny (phi3); qwen3moe-tiny,
-    /// qwen3-30b-a3b (qwen3moe); mixtral-tiny (llama with experts).
+    /// qwen3-30b-a3b (qwen3moe); mixtral-tiny, mixtral-8x7b (llama with experts);
+    /// gpt-oss-tiny, gpt-oss-20b (gpt-oss); command-r-tiny, command-r-plus-tiny,
+    /// aya-23-8b (command-r).
     #[arg(long)]
     pub shape: String,
     /// Weight type: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K, or
