@@ -424,6 +424,7 @@ mod tests {
             "add_rows_f32",
             "f32_to_f16",
             "select_top_k_rows_f32",
+            "moe_gather_f32",
             "attn_combine_f32",
             "attn_f32_r4",
             "gemm_q4_k_f32",
