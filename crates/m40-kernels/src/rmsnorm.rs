@@ -10,7 +10,7 @@ use crate::Kernels;
 /// Threads per block of kernels/rmsnorm.cu.
 const RMSNORM_THREADS: u32 = 256;
 
-/// The x operand of an RMSNorm launch: read, or updated by a residual
+/// The x operand of a norm launch: read, or updated by a residual
 /// first.
 enum Norm<'x, 'v> {
     Plain(&'x DeviceView<'v, f32>),
@@ -18,28 +18,16 @@ enum Norm<'x, 'v> {
 }
 
 /// A residual connection x += d (x, d: (rows, n)) that
-/// [`Kernels::add_rmsnorm`] makes before its norm.
+/// [`Kernels::add_norm`] makes before its norm.
 pub struct AddResidual<'x, 'v> {
     pub x: &'x mut DeviceBuffer<f32>,
     pub d: &'x DeviceView<'v, f32>,
 }
 
 impl Kernels {
-    /// y = x / sqrt(mean(x^2) + eps) * w, row by row. x, y: (rows, n); w: (n).
-    pub fn rmsnorm(
-        &self,
-        stream: &Stream,
-        x: &DeviceView<'_, f32>,
-        w: &DeviceView<'_, f32>,
-        y: &mut DeviceBuffer<f32>,
-        rows: usize,
-        eps: f32,
-    ) -> Result<()> {
-        self.norm(stream, NormKind::Rms, x, w, y, rows, eps)
-    }
-
-    /// y = norm(x) * w row by row, RMSNorm or LayerNorm ((x - mean) /
-    /// sqrt(var + eps) * w). x, y: (rows, n); w: (n).
+    /// y = norm(x) * w row by row: RMSNorm (x / sqrt(mean(x^2) + eps) *
+    /// w) or LayerNorm ((x - mean) / sqrt(var + eps) * w). x, y: (rows,
+    /// n); w: (n).
     #[allow(clippy::too_many_arguments)]
     pub fn norm(
         &self,
@@ -51,24 +39,11 @@ impl Kernels {
         rows: usize,
         eps: f32,
     ) -> Result<()> {
-        self.rmsnorm_launch(stream, kind, Norm::Plain(x), w, y, rows, eps)
+        self.norm_launch(stream, kind, Norm::Plain(x), w, y, rows, eps)
     }
 
     /// The residual connection and the next norm in one launch: x += d,
-    /// then y = x / sqrt(mean(x^2) + eps) * w. x, d, y: (rows, n); w: (n).
-    pub fn add_rmsnorm(
-        &self,
-        stream: &Stream,
-        AddResidual { x, d }: AddResidual<'_, '_>,
-        w: &DeviceView<'_, f32>,
-        y: &mut DeviceBuffer<f32>,
-        rows: usize,
-        eps: f32,
-    ) -> Result<()> {
-        self.add_norm(stream, NormKind::Rms, AddResidual { x, d }, w, y, rows, eps)
-    }
-
-    /// [`Self::add_rmsnorm`] with the norm `kind` says.
+    /// then y = norm(x) * w. x, d, y: (rows, n); w: (n).
     #[allow(clippy::too_many_arguments)]
     pub fn add_norm(
         &self,
@@ -80,42 +55,16 @@ impl Kernels {
         rows: usize,
         eps: f32,
     ) -> Result<()> {
-        self.rmsnorm_launch(stream, kind, Norm::Add(x, d), w, y, rows, eps)
-    }
-
-    /// x = x / sqrt(mean(x^2) + eps) * w in place, for each of `rows` rows
-    /// of w.len() (qwen3's per-head query and key norms). x: at least
-    /// (rows, n); w: (n).
-    pub fn rmsnorm_in_place(
-        &self,
-        stream: &Stream,
-        x: &mut DeviceBuffer<f32>,
-        w: &DeviceView<'_, f32>,
-        rows: usize,
-        eps: f32,
-    ) -> Result<()> {
-        self.norm_in_place(stream, NormKind::Rms, x, w, rows, eps)
-    }
-
-    /// [`Self::rmsnorm_in_place`] with the norm `kind` says.
-    pub fn norm_in_place(
-        &self,
-        stream: &Stream,
-        kind: NormKind,
-        x: &mut DeviceBuffer<f32>,
-        w: &DeviceView<'_, f32>,
-        rows: usize,
-        eps: f32,
-    ) -> Result<()> {
-        self.head_norm(stream, kind, x, w, w.len(), rows, eps)
+        self.norm_launch(stream, kind, Norm::Add(x, d), w, y, rows, eps)
     }
 
     /// Each of `rows` rows of `n` of x normed in place, row r with the
-    /// weights w[(r % (w.len() / n)) * n..][..n]: the query or key heads'
-    /// norms, their weights one head's (shared) or every head's of a token
-    /// (command-r+). x: at least (rows, n); w: a multiple of n.
+    /// weights w[(r % (w.len() / n)) * n..][..n]: gemma's post-norms (w
+    /// one row), the query and key head norms with weights one head's
+    /// (shared: qwen3) or every head's of a token (command-r+). x: at
+    /// least (rows, n); w: a multiple of n.
     #[allow(clippy::too_many_arguments)]
-    pub fn head_norm(
+    pub fn norm_in_place(
         &self,
         stream: &Stream,
         kind: NormKind,
@@ -174,7 +123,7 @@ impl Kernels {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn rmsnorm_launch(
+    fn norm_launch(
         &self,
         stream: &Stream,
         kind: NormKind,

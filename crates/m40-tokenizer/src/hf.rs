@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::decoders::wordpiece::WordPiece as WordPieceDecoder;
 use tokenizers::models::bpe::BPE;
-use tokenizers::models::unigram::Unigram;
+use tokenizers::models::wordlevel::WordLevel;
 use tokenizers::models::wordpiece::WordPiece;
 use tokenizers::normalizers::bert::BertNormalizer;
 use tokenizers::normalizers::NormalizerWrapper;
@@ -113,16 +113,16 @@ pub fn build(vocab: &Vocab) -> Result<(Tokenizer, Option<PreSplit>)> {
             (t, raw_split)
         }
         VocabKind::Ugm => {
-            // Segmentation is ours (ugm.rs, as llama.cpp does it); this model
-            // only names the tokens and splits off the special ones.
-            let pieces: Vec<(String, f64)> = vocab
-                .tokens
-                .iter()
-                .zip(&vocab.scores)
-                .map(|(t, &s)| (t.clone(), s as f64))
-                .collect();
-            let unk = vocab.unk.map(|u| u as usize);
-            let model = Unigram::from(pieces, unk, false).map_err(hf)?;
+            // Segmentation is ours (ugm.rs, as llama.cpp does it); this
+            // model only names the tokens and splits off the special ones.
+            let unk = vocab
+                .unk
+                .map_or("<unk>".to_string(), |u| vocab.tokens[u as usize].clone());
+            let model = WordLevel::builder()
+                .vocab(hf_vocab)
+                .unk_token(unk)
+                .build()
+                .map_err(hf)?;
             (Tokenizer::new(model), None)
         }
         VocabKind::Wpm => {

@@ -88,14 +88,7 @@ impl Vocab {
             .ok_or(TokenizerError::NoTokenizer)?;
         let kind = match model {
             "llama" => VocabKind::Spm,
-            // A BPE whose pre reads raw UTF-8 is gemma4's kind.
-            "gpt2" => match md
-                .opt_str("tokenizer.ggml.pre")?
-                .and_then(PreSplit::from_pre)
-            {
-                Some(split) if !split.byte_level() => VocabKind::SpmBpe,
-                _ => VocabKind::Bpe,
-            },
+            "gpt2" => bpe_kind(md.opt_str("tokenizer.ggml.pre")?),
             "gemma4" => VocabKind::SpmBpe,
             "bert" => VocabKind::Wpm,
             "t5" => VocabKind::Ugm,
@@ -199,18 +192,22 @@ impl Vocab {
     }
 }
 
+/// The kind of a `gpt2` vocabulary with this pre: a pre that reads raw
+/// UTF-8 makes it gemma4's kind.
+fn bpe_kind(pre: Option<&str>) -> VocabKind {
+    match pre.and_then(PreSplit::from_pre) {
+        Some(split) if !split.byte_level() => VocabKind::SpmBpe,
+        _ => VocabKind::Bpe,
+    }
+}
+
 impl Vocab {
     /// The vocabulary read with another `tokenizer.ggml.pre`, as llama.cpp
     /// reads a BPE model with that pre (a raw UTF-8 pre makes it gemma4's
     /// kind). SentencePiece and WordPiece vocabularies only record it.
     pub fn with_pre(mut self, pre: &str) -> Self {
         if matches!(self.kind, VocabKind::Bpe | VocabKind::SpmBpe) {
-            let raw = PreSplit::from_pre(pre).is_some_and(|s| !s.byte_level());
-            self.kind = if raw {
-                VocabKind::SpmBpe
-            } else {
-                VocabKind::Bpe
-            };
+            self.kind = bpe_kind(Some(pre));
         }
         self.pre = Some(pre.to_string());
         self

@@ -78,7 +78,7 @@ fn rmsnorm_matches_cpu() {
         let mut buf = x.clone();
         buf.extend(std::iter::repeat_n(f32::from_bits(0x7fc0_dead), 7));
         let mut xg = s.upload(&buf, "x").unwrap();
-        k.norm_in_place(&s, kind, &mut xg, &wg.view(), rows, eps)
+        k.norm_in_place(&s, kind, &mut xg, &wg.view(), n, rows, eps)
             .unwrap();
         let got = s.download(&xg).unwrap();
         let mut want = x.clone();
@@ -118,7 +118,7 @@ fn head_norm_matches_cpu() {
                 ops::head_norm(kind, &mut want, &w, hd, eps);
                 let mut xg = s.upload(&x, "x").unwrap();
                 let wg = s.upload(&w, "w").unwrap();
-                k.head_norm(&s, kind, &mut xg, &wg.view(), hd, tokens * heads, eps)
+                k.norm_in_place(&s, kind, &mut xg, &wg.view(), hd, tokens * heads, eps)
                     .unwrap();
                 let got = s.download(&xg).unwrap();
                 let what = format!("{kind:?} head_norm hd {hd}, weights of {w_heads} heads");

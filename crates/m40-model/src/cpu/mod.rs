@@ -122,11 +122,7 @@ impl CpuBackend {
                     _ => None,
                 },
                 attn_norm: vec_f32(&model, &n.attn_norm)?,
-                ffn_norm: if hp.parallel {
-                    None
-                } else {
-                    Some(vec_f32(&model, &n.ffn_norm)?)
-                },
+                ffn_norm: opt(!hp.parallel, &n.ffn_norm)?,
                 bq: opt(hp.qkv_bias, &n.bq)?,
                 bk: opt(hp.qkv_bias, &n.bk)?,
                 bv: opt(hp.qkv_bias, &n.bv)?,

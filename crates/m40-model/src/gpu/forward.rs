@@ -72,7 +72,7 @@ pub(super) enum Input<'a> {
 pub(super) enum Residual {
     /// Added to x.
     Done,
-    /// In `w.proj`: the next norm adds it (`add_rmsnorm`).
+    /// In `w.proj`: the next norm adds it (`add_norm`).
     Pending,
     /// Added to x by the GEMV, which also wrote h = x * (the next norm's
     /// weight) and its blocks' n partial sums of x^2 to `w.norm_part`: the
@@ -329,7 +329,8 @@ impl GpuBackend {
         let hp = self.model.hparams();
         self.matmul(wt, Input::Rows(a), proj, n, false)?;
         if let Some(post) = post {
-            k.rmsnorm_in_place(s, proj, &post.view(), n, hp.rms_eps)?;
+            let d = hp.n_embd;
+            k.norm_in_place(s, NormKind::Rms, proj, &post.view(), d, n, hp.rms_eps)?;
         }
         if hp.residual_scale != 1.0 {
             k.scale(s, proj, n * hp.n_embd, hp.residual_scale)?;
@@ -518,8 +519,8 @@ impl GpuBackend {
                     && hp.qk_norm_len(true) == hd;
                 if let (Some([qn, kn]), false) = (&layer.qk_norm, fused_norms) {
                     let (kind, eps) = (hp.norm, hp.rms_eps);
-                    k.head_norm(s, kind, &mut w.q, &qn.view(), hd, n * hp.n_head, eps)?;
-                    k.head_norm(s, kind, &mut w.k, &kn.view(), hd, n * hp.n_head_kv, eps)?;
+                    k.norm_in_place(s, kind, &mut w.q, &qn.view(), hd, n * hp.n_head, eps)?;
+                    k.norm_in_place(s, kind, &mut w.k, &kn.view(), hd, n * hp.n_head_kv, eps)?;
                 }
                 let (kv_k, kv_v) = (w.k.slice(0..n * kv_dim)?, w.v.slice(0..n * kv_dim)?);
                 match (&layer.qk_norm, fused_norms) {

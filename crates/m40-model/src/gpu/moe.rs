@@ -194,42 +194,40 @@ impl GpuBackend {
                 continue;
             }
             let x = b.sorted.slice(off * d..(off + c) * d)?;
-            // Expert e's matrix (`rows` rows of the 3-D tensor) times c rows.
-            let gemm = |mat: &Mat,
-                        rows: usize,
-                        x: &DeviceView<'_, f32>,
-                        y: &mut DeviceBuffer<f32>|
-             -> Result<()> {
-                debug_assert!(!mat.packed, "experts stay in GGUF rows");
-                let rb = mat
-                    .ty
-                    .row_bytes(mat.cols as u64)
-                    .expect("a GGUF row format") as usize;
-                let part = mat.data.slice(e * rows * rb..(e + 1) * rows * rb)?;
-                let w = QMatrix {
-                    ty: mat.ty,
-                    data: &part,
-                    rows,
-                    cols: mat.cols,
+            // Expert e's matrix of the 3-D tensor times its c rows of x.
+            let gemm =
+                |mat: &Mat, x: &DeviceView<'_, f32>, y: &mut DeviceBuffer<f32>| -> Result<()> {
+                    debug_assert!(!mat.packed, "experts stay in GGUF rows");
+                    let rows = mat.rows / m.n_expert;
+                    let rb = mat
+                        .ty
+                        .row_bytes(mat.cols as u64)
+                        .expect("a GGUF row format") as usize;
+                    let part = mat.data.slice(e * rows * rb..(e + 1) * rows * rb)?;
+                    let w = QMatrix {
+                        ty: mat.ty,
+                        data: &part,
+                        rows,
+                        cols: mat.cols,
+                    };
+                    let opts = GemmOpts {
+                        accumulate: false,
+                        scratch: None,
+                    };
+                    Ok(k.gemm(s, &w, x, y, c, opts)?)
                 };
-                let opts = GemmOpts {
-                    accumulate: false,
-                    scratch: None,
-                };
-                Ok(k.gemm(s, &w, x, y, c, opts)?)
-            };
             match &mats.gate_up {
                 Experts::Glu(gu) => {
-                    gemm(gu, 2 * ff, &x, &mut b.up)?;
+                    gemm(gu, &x, &mut b.up)?;
                     k.swiglu_pairs(s, &b.up.view(), &mut b.gate, c, ff)?;
                 }
                 Experts::Split(gate, up) => {
-                    gemm(gate, ff, &x, &mut b.gate)?;
-                    gemm(up, ff, &x, &mut b.up)?;
+                    gemm(gate, &x, &mut b.gate)?;
+                    gemm(up, &x, &mut b.up)?;
                     k.glu(s, hp.act, &mut b.gate, &b.up.view(), c * ff)?;
                 }
             }
-            gemm(&mats.down, d, &b.gate.slice(0..c * ff)?, &mut b.y)?;
+            gemm(&mats.down, &b.gate.slice(0..c * ff)?, &mut b.y)?;
             s.copy_device_at(&b.y.slice(0..c * d)?, &mut b.sorted, off * d)?;
         }
         k.moe_gather(

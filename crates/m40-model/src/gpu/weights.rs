@@ -259,10 +259,7 @@ impl Weights {
             let opt = |on: bool, name: &str| on.then(|| f32s(name)).transpose();
             layers.push(Layer {
                 attn_norm: f32s(&n.attn_norm)?,
-                ffn_norm: match hp.parallel {
-                    true => None,
-                    false => Some(f32s(&n.ffn_norm)?),
-                },
+                ffn_norm: opt(!hp.parallel, &n.ffn_norm)?,
                 bias,
                 qk_norm,
                 post_norms,
