@@ -73,6 +73,8 @@ ATTN_DEC_KERNEL(4, 1)
 ATTN_DEC_KERNEL(4, 2)
 ATTN_DEC_KERNEL(4, 4)
 ATTN_DEC_KERNEL(4, 8)
+ATTN_DEC_KERNEL(8, 1)
+ATTN_DEC_KERNEL(8, 2)
 
 // attn_dec_b_f32_d<DPT>_g<G>: the decode kernel over a batch of sequences,
 // one query token each (a batched decode step): token s (q and out row s,
@@ -99,3 +101,5 @@ ATTN_DEC_B_KERNEL(4, 1)
 ATTN_DEC_B_KERNEL(4, 2)
 ATTN_DEC_B_KERNEL(4, 4)
 ATTN_DEC_B_KERNEL(4, 8)
+ATTN_DEC_B_KERNEL(8, 1)
+ATTN_DEC_B_KERNEL(8, 2)

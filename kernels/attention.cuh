@@ -493,8 +493,9 @@ __device__ __forceinline__ void attn_tile_block(const AttnArgs& a, float* smem, 
 }
 
 // Decode attention (one query token) for head dimensions hd = 32 DPT (DPT
-// 2 or 4: hd 64 or 128) and up to G (1, 2, 4 or 8) query heads per KV head:
-// attn_dec_f32_d<DPT>_g<G>. Grid (n_head_kv, splits, head parts), blocks
+// 2, 4 or 8: hd 64, 128 or 256) and up to G (1, 2, 4 or 8; 1 or 2 for hd
+// 256, whose lanes already hold 64 loaded registers of K and of V a pass)
+// query heads per KV head: attn_dec_f32_d<DPT>_g<G>. Grid (n_head_kv, splits, head parts), blocks
 // of 1 to ATT_DEC_MAX_WARPS warps; block (g, z, p) takes query heads h0 =
 // p G .. min(h0 + G, group) - 1 of KV head g and its keys [z * split_len,
 // min((z + 1) * split_len, pos[0] + 1)) in passes of ATT_DEC_KEYS (half a
@@ -581,7 +582,10 @@ __device__ __forceinline__ void attn_dec_block(const AttnArgs& a, float* smem, i
 #pragma unroll
         for (int j = 0; j < ATT_DEC_KEYS; ++j) {
             const bool vok = j0 + j < end;
-            if (DPT == 4) {
+            if (DPT == 8) {
+                const uint4 v = vok ? *(const uint4*)(vp + (long long)j * kv_dim) : make_uint4(0, 0, 0, 0);
+                vv[j][0] = v.x, vv[j][1 % (DPT / 2)] = v.y, vv[j][2 % (DPT / 2)] = v.z, vv[j][DPT / 2 - 1] = v.w;
+            } else if (DPT == 4) {
                 const uint2 v = vok ? *(const uint2*)(vp + (long long)j * kv_dim) : make_uint2(0, 0);
                 vv[j][0] = v.x, vv[j][DPT / 2 - 1] = v.y;
             } else {

@@ -43,13 +43,14 @@ extern "C" __global__ void softcap_f32(float* x, long long n, float c) {
         x[i] = c * tanhf(x[i] / c);
 }
 
-// SwiGLU of an interleaved gate/up projection (gemv_packed.cu's glu layout):
-// gu (m, 2f) holds per 4 columns gate 2i, gate 2i+1, up 2i, up 2i+1; out
-// (m, f)[2i + j] = silu(gate 2i+j) * up 2i+j. n = m * f / 2 pairs.
-extern "C" __global__ void swiglu_pairs_f32(const float* gu, float* out, long long n) {
+// The gate of an interleaved gate/up projection (gemv_packed.cu's glu
+// layout): gu (m, 2f) holds per 4 columns gate 2i, gate 2i+1, up 2i, up
+// 2i+1; out (m, f)[2i + j] = act(gate 2i+j) * up 2i+j (common.cuh glu_act:
+// 0 SwiGLU, 1 GeGLU, 2 gpt-oss's). n = m * f / 2 pairs.
+extern "C" __global__ void glu_pairs_f32(const float* gu, float* out, long long n, int act) {
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
         const float2 g = ((const float2*)gu)[2 * i], u = ((const float2*)gu)[2 * i + 1];
-        ((float2*)out)[i] = make_float2(swiglu1(g.x, u.x), swiglu1(g.y, u.y));
+        ((float2*)out)[i] = make_float2(glu_act(act, g.x, u.x), glu_act(act, g.y, u.y));
     }
 }
 

@@ -19,9 +19,9 @@ template <class P, int B> struct PgemvBounds {
 // of 8 for Q4_K and Q6_K); x (m, nb * 32) FP32, 16-byte aligned; y (m,
 // nrows), or for stacked matrices y, y1, y2 split at rows r1, r2 (common.cuh
 // RowParts; one matrix: r1 = r2 = nrows). mode: PGEMV_STORE; PGEMV_ADD (y
-// += W x); PGEMV_GLU: W is an interleaved gate/up stack (rows g0, g1, u0,
-// u1, g2, ...; nrows a multiple of 4) and y (m, nrows / 2) gets silu(gate) *
-// up. gemv_packed_<fmt>_f32 takes one token, gemv_packed_<fmt>_f32_x<B> up
+// += W x); PGEMV_GLU + act: W is an interleaved gate/up stack (rows g0, g1,
+// u0, u1, g2, ...; nrows a multiple of 4) and y (m, nrows / 2) gets
+// act(gate) * up (common.cuh glu_act). gemv_packed_<fmt>_f32 takes one token, gemv_packed_<fmt>_f32_x<B> up
 // to B: tokens t0 .. t0 + m - 1. (A 16-token variant ran 3.4x slower than
 // the 8-token one on an H100: its accumulators cap occupancy at 2 blocks;
 // the launcher runs 8 at a time.) gemv_packed_<fmt>_f32_take and _emit: one

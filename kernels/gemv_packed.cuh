@@ -364,12 +364,13 @@ template <class P, int B> struct InFlight {
     static constexpr int value = B == 1 ? P::U : (P::U / B > 1 ? P::U / B : 1);
 };
 
-// Where a GEMV's sums go (`mode`): stored, SwiGLU of gate/up pairs, or
-// added to y (the residual connection: each element is read and written by
-// the one lane that owns it).
+// Where a GEMV's sums go (`mode`): stored, added to y (the residual
+// connection: each element is read and written by the one lane that owns
+// it), or the gate of gate/up pairs: PGEMV_GLU + the activation (common.cuh
+// glu_act: SwiGLU, GeGLU, gpt-oss's).
 #define PGEMV_STORE 0
-#define PGEMV_GLU 1
 #define PGEMV_ADD 2
+#define PGEMV_GLU 3
 
 // The RMSNorm between a residual GEMV and the GEMVs that read its result,
 // folded into both (one token; `fold`):
@@ -619,7 +620,7 @@ __device__ __forceinline__ void gemv_packed(const GemvArgs& a, int vb) {
     }
     // With glu, group g is the rows (gate 2g, gate 2g+1, up 2g, up 2g+1) of
     // an interleaved gate/up stack: lanes 4t and 4t+1 take the up sums of
-    // lanes 4t+2 and 4t+3 and write silu(gate) * up to y (m, nrows / 2).
+    // lanes 4t+2 and 4t+3 and write act(gate) * up to y (m, nrows / 2).
     // The whole warp takes part (the shuffle).
     float sq = 0.0f;
     if (B == 1 && a.kpool != nullptr) {
@@ -646,10 +647,10 @@ __device__ __forceinline__ void gemv_packed(const GemvArgs& a, int vb) {
                 a.vpool[kv_row(a.table, a.pos[0]) * (y.n - y.r2) + (row - y.r2)] = f2h(mine);
             }
         }
-    } else if (a.mode == PGEMV_GLU) {
+    } else if (a.mode >= PGEMV_GLU) {
         const float u = __shfl_down_sync(0xffffffffu, mine, 2);
         if (owns && out && (lane & 2) == 0)
-            y.y0[(long long)(t0 + t) * (nrows >> 1) + 2 * g + (lane & 1)] = swiglu1(mine, u);
+            y.y0[(long long)(t0 + t) * (nrows >> 1) + 2 * g + (lane & 1)] = glu_act(a.mode - PGEMV_GLU, mine, u);
     } else if (owns && out) {
         float* p = y.at(t0 + t, row);
         const float v = a.mode == PGEMV_ADD ? *p + mine : mine;

@@ -37,13 +37,35 @@ template <class V> __device__ __forceinline__ V zero();
 template <> __device__ __forceinline__ float zero<float>() { return 0.0f; }
 template <> __device__ __forceinline__ float4 zero<float4>() { return make_float4(0.0f, 0.0f, 0.0f, 0.0f); }
 
+// The block's sum of (p[i] - c)^2 over a row of m elements of V, each
+// thread's RMSNORM_U loads issued before it uses any.
+template <class V>
+__device__ __forceinline__ float row_sq(const V* p, float c, int m, float* scratch) {
+    float ss = 0.0f;
+    for (int i0 = threadIdx.x; i0 < m; i0 += RMSNORM_U * blockDim.x) {
+        V v[RMSNORM_U];
+#pragma unroll
+        for (int u = 0; u < RMSNORM_U; ++u) {
+            const int i = i0 + u * blockDim.x;
+            v[u] = i < m ? sub(p[i], c) : zero<V>();
+        }
+#pragma unroll
+        for (int u = 0; u < RMSNORM_U; ++u) ss += sq(v[u]);
+    }
+    return block_sum(ss, scratch);
+}
+
 // One row of m elements of V (m = n / 4 for float4). d (may be null): added
 // to x first, and the sum written back to x. y may alias x when d is null.
-// CENTER: LayerNorm (the first pass sums x for the mean, a second the
-// squares about it).
+// pw (may be null; then d is not): d is RMS-normed by the weights pw and
+// scaled by ps before it joins x (gemma's post-norms: a pass over d first,
+// for its sum of squares). CENTER: LayerNorm (the first pass sums x for the
+// mean, a second the squares about it).
 template <class V, bool CENTER>
-__device__ __forceinline__ void rmsnorm_row(V* x, const V* d, const V* w, V* y, int m, int n, float eps,
-                                            float* scratch) {
+__device__ __forceinline__ void rmsnorm_row(V* x, const V* d, const V* pw, float ps, const V* w, V* y, int m, int n,
+                                            float eps, float* scratch) {
+    // d's factor: pw's RMS scale times ps.
+    const float ds = pw ? rsqrtf(row_sq(d, 0.0f, m, scratch) / (float)n + eps) * ps : 0.0f;
     float ss = 0.0f;
     for (int i0 = threadIdx.x; i0 < m; i0 += RMSNORM_U * blockDim.x) {
         V v[RMSNORM_U];
@@ -57,7 +79,7 @@ __device__ __forceinline__ void rmsnorm_row(V* x, const V* d, const V* w, V* y, 
             for (int u = 0; u < RMSNORM_U; ++u) {
                 const int i = i0 + u * blockDim.x;
                 if (i < m) {
-                    v[u] = add(v[u], d[i]);
+                    v[u] = add(v[u], pw ? scale_mul(d[i], ds, pw[i]) : d[i]);
                     x[i] = v[u];
                 }
             }
@@ -69,18 +91,7 @@ __device__ __forceinline__ void rmsnorm_row(V* x, const V* d, const V* w, V* y, 
     float mean = 0.0f;
     if (CENTER) {
         mean = ss / (float)n;
-        ss = 0.0f;
-        for (int i0 = threadIdx.x; i0 < m; i0 += RMSNORM_U * blockDim.x) {
-            V v[RMSNORM_U];
-#pragma unroll
-            for (int u = 0; u < RMSNORM_U; ++u) {
-                const int i = i0 + u * blockDim.x;
-                v[u] = i < m ? sub(x[i], mean) : zero<V>();
-            }
-#pragma unroll
-            for (int u = 0; u < RMSNORM_U; ++u) ss += sq(v[u]);
-        }
-        ss = block_sum(ss, scratch);
+        ss = row_sq(x, mean, m, scratch);
     }
     const float s = rsqrtf(ss / (float)n + eps);
     for (int i0 = threadIdx.x; i0 < m; i0 += RMSNORM_U * blockDim.x) {
@@ -102,14 +113,15 @@ __device__ __forceinline__ void rmsnorm_row(V* x, const V* d, const V* w, V* y, 
 // The row of block blockIdx.x; 16-byte accesses when n is a multiple of 4
 // (the launcher passes 16-byte aligned buffers).
 template <bool CENTER>
-__device__ __forceinline__ void norm_block(float* x, const float* d, const float* w, float* y, int n, float eps) {
+__device__ __forceinline__ void norm_block(float* x, const float* d, const float* w, float* y, int n, float eps,
+                                           const float* pw = nullptr, float ps = 1.0f) {
     __shared__ float scratch[32];
     const long long o = (long long)blockIdx.x * n;
     if ((n & 3) == 0)
-        rmsnorm_row<float4, CENTER>((float4*)(x + o), d ? (const float4*)(d + o) : nullptr, (const float4*)w,
-                                    (float4*)(y + o), n >> 2, n, eps, scratch);
+        rmsnorm_row<float4, CENTER>((float4*)(x + o), d ? (const float4*)(d + o) : nullptr, (const float4*)pw, ps,
+                                    (const float4*)w, (float4*)(y + o), n >> 2, n, eps, scratch);
     else
-        rmsnorm_row<float, CENTER>(x + o, d ? d + o : nullptr, w, y + o, n, n, eps, scratch);
+        rmsnorm_row<float, CENTER>(x + o, d ? d + o : nullptr, pw, ps, w, y + o, n, n, eps, scratch);
 }
 __device__ __forceinline__ void rmsnorm_block(float* x, const float* d, const float* w, float* y, int n, float eps) {
     norm_block<false>(x, d, w, y, n, eps);
@@ -122,6 +134,14 @@ extern "C" __global__ void rmsnorm_f32(const float* x, const float* w, float* y,
 // x += d, then y = rmsnorm(x) * w (the residual connection and the next norm).
 extern "C" __global__ void add_rmsnorm_f32(float* x, const float* d, const float* w, float* y, int n, float eps) {
     rmsnorm_block(x, d, w, y, n, eps);
+}
+
+// x += rmsnorm(d) * pw * ps, then y = rmsnorm(x) * w: a branch's post-norm
+// (gemma2/3, scaled by ps), the residual connection and the next norm in
+// one launch (three before).
+extern "C" __global__ void add_post_rmsnorm_f32(float* x, const float* d, const float* pw, float ps, const float* w,
+                                                float* y, int n, float eps) {
+    norm_block<false>(x, d, w, y, n, eps, pw, ps);
 }
 
 // x = rmsnorm(x) * w in place, row by row (the per-head query and key
@@ -140,6 +160,11 @@ extern "C" __global__ void layernorm_f32(const float* x, const float* w, float* 
 
 extern "C" __global__ void add_layernorm_f32(float* x, const float* d, const float* w, float* y, int n, float eps) {
     norm_block<true>(x, d, w, y, n, eps);
+}
+
+extern "C" __global__ void add_post_layernorm_f32(float* x, const float* d, const float* pw, float ps, const float* w,
+                                                  float* y, int n, float eps) {
+    norm_block<true>(x, d, w, y, n, eps, pw, ps);
 }
 
 extern "C" __global__ void layernorm_inplace_f32(float* x, const float* w, int n, int w_rows, float eps) {

@@ -70,6 +70,25 @@ const PLAIN: Shape = Shape {
     rope_dim: None,
 };
 
+/// gemma3-tiny (in SHAPES), also the base of gemma3-tiny-256.
+const GEMMA3_TINY: Shape = Shape {
+    name: "gemma3-tiny",
+    arch: Arch::Gemma3,
+    head_dim: Some(64),
+    n_layer: 3,
+    n_embd: 128,
+    n_head: 4,
+    n_head_kv: 2,
+    n_ff: 384,
+    n_vocab: 512,
+    n_ctx_train: 32768,
+    rope_freq_base: 1000000.0,
+    tied_output: true,
+    swa: Some((5, 3)),
+    rope_linear: 8.0,
+    ..PLAIN
+};
+
 pub const SHAPES: &[Shape] = &[
     Shape {
         name: "tiny",
@@ -178,22 +197,15 @@ pub const SHAPES: &[Shape] = &[
         attn_softcap: Some(1.5),
         ..PLAIN
     },
+    GEMMA3_TINY,
+    // gemma3-tiny with the real models' head size, 256: the GPU's decode
+    // attention for it (queries 1024 wide over a 128-wide residual).
     Shape {
-        name: "gemma3-tiny",
-        arch: Arch::Gemma3,
-        head_dim: Some(64),
-        n_layer: 3,
-        n_embd: 128,
-        n_head: 4,
-        n_head_kv: 2,
-        n_ff: 384,
-        n_vocab: 512,
-        n_ctx_train: 32768,
-        rope_freq_base: 1000000.0,
-        tied_output: true,
-        swa: Some((5, 3)),
-        rope_linear: 8.0,
-        ..PLAIN
+        name: "gemma3-tiny-256",
+        head_dim: Some(256),
+        n_layer: 2,
+        swa: Some((5, 2)),
+        ..GEMMA3_TINY
     },
     // Granite's tiny test shape: head size 64 (its attention multiplier
     // 1/64, not 1/8).

@@ -209,56 +209,81 @@ const ATT_DEC_BLOCKS_PER_SM: usize = 2;
 const ATT_DEC_SHORT_HEADS: usize = 1;
 
 /// The query heads per KV head (`G`) of the decode kernel for `s`: one
-/// query token, head dimension 64 or 128, at most 8 query heads per KV
-/// head (the smallest of 1, 2, 4, 8 that holds them); None where the warp
-/// kernel runs.
+/// query token, head dimension 64 or 128 with at most 8 query heads per KV
+/// head, or 256 with at most 2 (the smallest of 1, 2, 4, 8 that holds
+/// them); None where the warp kernel runs.
 fn attn_dec_group(s: &AttnShape) -> Option<usize> {
     let group = s.n_head / s.n_head_kv.max(1);
-    match s.n_tok == 1 && matches!(s.head_dim, 64 | 128) && (1..=8).contains(&group) {
+    let most = match s.head_dim {
+        64 | 128 => 8,
+        256 => 2,
+        _ => 0,
+    };
+    match s.n_tok == 1 && (1..=most).contains(&group) {
         true => Some(group.next_power_of_two()),
         false => None,
     }
+}
+
+/// Whether one-token steps of heads of `head_dim`, `group` query heads a
+/// KV head, run the decode kernel, and so whether
+/// [`Kernels::attention_decode_batch`] takes a batch of them.
+pub fn attn_decodes(head_dim: usize, group: usize) -> bool {
+    let s = AttnShape {
+        n_tok: 1,
+        start: 0,
+        n_head: group,
+        n_head_kv: 1,
+        head_dim,
+        scores: Scores::default(),
+    };
+    attn_dec_group(&s).is_some()
 }
 
 /// The decode kernel for `s` with `g` query heads a block (at most
 /// [`attn_dec_group`]'s, a power of two); with `batch`, its batched variant
 /// (`attn_dec_b_f32_*`).
 fn attn_dec_kernel(s: &AttnShape, g: usize, batch: bool) -> Option<&'static str> {
-    const NAMES: [[[&str; 4]; 2]; 2] = [
+    const NAMES: [[&[&str]; 3]; 2] = [
         [
-            [
+            &[
                 "attn_dec_f32_d2_g1",
                 "attn_dec_f32_d2_g2",
                 "attn_dec_f32_d2_g4",
                 "attn_dec_f32_d2_g8",
             ],
-            [
+            &[
                 "attn_dec_f32_d4_g1",
                 "attn_dec_f32_d4_g2",
                 "attn_dec_f32_d4_g4",
                 "attn_dec_f32_d4_g8",
             ],
+            &["attn_dec_f32_d8_g1", "attn_dec_f32_d8_g2"],
         ],
         [
-            [
+            &[
                 "attn_dec_b_f32_d2_g1",
                 "attn_dec_b_f32_d2_g2",
                 "attn_dec_b_f32_d2_g4",
                 "attn_dec_b_f32_d2_g8",
             ],
-            [
+            &[
                 "attn_dec_b_f32_d4_g1",
                 "attn_dec_b_f32_d4_g2",
                 "attn_dec_b_f32_d4_g4",
                 "attn_dec_b_f32_d4_g8",
             ],
+            &["attn_dec_b_f32_d8_g1", "attn_dec_b_f32_d8_g2"],
         ],
     ];
     let max = attn_dec_group(s)?;
     if !g.is_power_of_two() || g > max {
         return None;
     }
-    Some(NAMES[batch as usize][(s.head_dim == 128) as usize][g.trailing_zeros() as usize])
+    let dpt = (s.head_dim / 64).trailing_zeros() as usize;
+    NAMES[batch as usize][dpt]
+        .get(g.trailing_zeros() as usize)
+        .copied()
 }
 
 /// Bytes of dynamic shared memory of `attn_dec_f32_*` for head dimension

@@ -163,17 +163,20 @@ impl Kernels {
         Ok(())
     }
 
-    /// SwiGLU of an interleaved gate/up projection gu (m, 2f) (the rows of a
-    /// stack from [`crate::interleave_glu`]): out (m, f) = silu(gate) * up.
-    pub fn swiglu_pairs(
+    /// The gate of an interleaved gate/up projection gu (m, 2f) (the rows
+    /// of a stack from [`crate::interleave_glu`]): out (m, f) = act(gate) *
+    /// up.
+    #[allow(clippy::too_many_arguments)]
+    pub fn glu_pairs(
         &self,
         stream: &Stream,
+        act: m40_gguf::hparams::Activation,
         gu: &DeviceView<'_, f32>,
         out: &mut DeviceBuffer<f32>,
         m: usize,
         f: usize,
     ) -> Result<()> {
-        const K: &str = "swiglu_pairs_f32";
+        const K: &str = "glu_pairs_f32";
         if !f.is_multiple_of(2) {
             return Err(shape(K, format!("{f} columns: pairs")));
         }
@@ -187,16 +190,17 @@ impl Kernels {
             return Ok(());
         }
         let kernel = self.kernel("elementwise", K)?;
-        let n = pairs as i64;
-        // SAFETY: swiglu_pairs_f32(const float* gu, float* out, long long n):
-        // reads gu[..4n] and writes out[..2n] as float2 (gu 8-byte aligned,
-        // checked; out a buffer's start); lengths checked above.
+        let (n, act) = (pairs as i64, act_id(act));
+        // SAFETY: glu_pairs_f32(const float* gu, float* out, long long n, int
+        // act): reads gu[..4n] and writes out[..2n] as float2 (gu 8-byte
+        // aligned, checked; out a buffer's start); lengths checked above.
         unsafe {
             stream
                 .launch(&kernel)
                 .view(gu)
                 .buf_mut(out)
                 .scalar(&n)
+                .scalar(&act)
                 .run(cfg((self.flat_grid(pairs), 1, 1), ELEMENTWISE_THREADS))?
         };
         Ok(())
@@ -305,5 +309,15 @@ impl Kernels {
                 .run(cfg(grid, ELEMENTWISE_THREADS))?
         };
         Ok(())
+    }
+}
+
+/// The kernels' number for an activation (common.cuh's `glu_act`).
+pub(crate) fn act_id(act: m40_gguf::hparams::Activation) -> i32 {
+    use m40_gguf::hparams::Activation;
+    match act {
+        Activation::Silu => 0,
+        Activation::GeluTanh => 1,
+        Activation::SwigluOai => 2,
     }
 }

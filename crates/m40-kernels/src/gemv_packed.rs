@@ -4,7 +4,10 @@
 
 use m40_device::{DeviceBuffer, DeviceView, KernelArgs, Stream};
 
+use m40_gguf::hparams::Activation;
+
 use crate::decode::{DecodeOp, DecodeOpHead, Exec, OpArgs, FOLD_EMIT, FOLD_NONE, FOLD_TAKE};
+use crate::elementwise::act_id;
 use crate::error::Result;
 use crate::launch::{cfg, check_len, shape, to_i32};
 use crate::layout::{PackedMatrix, RowSplit, KV_PAGE};
@@ -20,13 +23,18 @@ pub const PACKED_GEMV_MAX_TOKENS: usize = 64;
 const GEMV_BATCH: usize = 8;
 /// Warps per block of kernels/gemv_packed.cu (`PGEMV_WARPS`).
 const PACKED_GEMV_WARPS: u32 = 4;
+/// The kernels' `mode`s (kernels/gemv_packed.cuh): stored, added, the gate
+/// of gate/up pairs (plus the activation's number).
+const PGEMV_STORE: i32 = 0;
+const PGEMV_ADD: i32 = 2;
+const PGEMV_GLU: i32 = 3;
 
-/// Where the packed GEMV writes: the parts of a stack, SwiGLU of an
-/// interleaved gate/up stack (y (m, rows / 2)), or added to y (m, rows):
-/// the residual connection.
+/// Where the packed GEMV writes: the parts of a stack, the gate (SwiGLU,
+/// GeGLU, ...) of an interleaved gate/up stack (y (m, rows / 2)), or added
+/// to y (m, rows): the residual connection.
 pub enum GemvOut<'a, 'b, 'c> {
     Parts(RowSplit<'a, 'b>),
-    Glu(&'c mut DeviceBuffer<f32>),
+    Glu(&'c mut DeviceBuffer<f32>, Activation),
     Add(&'c mut DeviceBuffer<f32>),
     /// A Q/K/V stack of one token (rows: q_dim, then K and V of n_head_kv
     /// heads each), or the part of one that [`RopeKv::parts`] names, with
@@ -132,7 +140,7 @@ fn push_gemv<'l, A: KernelArgs<'l>>(
 ) -> A {
     let (l, rk) = match out {
         GemvOut::Parts(y) => (y.push(l), None),
-        GemvOut::Glu(y) | GemvOut::Add(y) => (l.buf_mut(&mut **y).null().null(), None),
+        GemvOut::Glu(y, _) | GemvOut::Add(y) => (l.buf_mut(&mut **y).null().null(), None),
         GemvOut::RopeKv(r) => {
             let RopeKv {
                 q,
@@ -334,22 +342,30 @@ impl Kernels {
             .map(|l| l.ksplit)
     }
 
-    /// SwiGLU through the packed GEMV: `w` is a gate/up stack interleaved
+    /// A GLU through the packed GEMV: `w` is a gate/up stack interleaved
     /// by [`crate::interleave_glu`] (2f rows: gate 0, gate 1, up 0, up 1,
-    /// gate 2, ...), and y (m, f) = silu(gate x) * up x for the m tokens of
+    /// gate 2, ...), and y (m, f) = act(gate x) * up x for the m tokens of
     /// x, the gate and up sums never leaving registers. As
     /// [`Self::gemv_packed_batch`] otherwise.
+    #[allow(clippy::too_many_arguments)]
     pub fn gemv_packed_glu(
         &self,
         stream: &Stream,
+        act: Activation,
         w: &PackedMatrix<'_>,
         x: &DeviceView<'_, f32>,
         y: &mut DeviceBuffer<f32>,
         m: usize,
         ksplit: Option<u32>,
     ) -> Result<u32> {
-        self.gemv_packed_to(stream, w, x, GemvOut::Glu(y), GemvOpts::split(m, ksplit))
-            .map(|l| l.ksplit)
+        self.gemv_packed_to(
+            stream,
+            w,
+            x,
+            GemvOut::Glu(y, act),
+            GemvOpts::split(m, ksplit),
+        )
+        .map(|l| l.ksplit)
     }
 
     /// The packed GEMV in full: `opts.m` tokens of x written as `out` says,
@@ -391,12 +407,12 @@ impl Kernels {
         let (r1, r2, mode) = match &out {
             GemvOut::Parts(y) => {
                 let (r1, r2) = y.bounds(K, nrows, m)?;
-                (r1, r2, 0i32)
+                (r1, r2, PGEMV_STORE)
             }
             GemvOut::Add(y) => {
                 check_len(K, "y", y.len(), m * nrows)?;
                 let r = to_i32(K, "rows", nrows)?;
-                (r, r, 2i32)
+                (r, r, PGEMV_ADD)
             }
             GemvOut::RopeKv(r) => {
                 let (p, hd) = (r.kv.p, r.kv.p.head_dim);
@@ -451,7 +467,7 @@ impl Kernels {
                 check_len(K, "vpool", r.kv.vpool.len(), pages * KV_PAGE * kv_dim)?;
                 (to_i32(K, "rows", r1)?, to_i32(K, "rows", r2)?, 0i32)
             }
-            GemvOut::Glu(y) => {
+            GemvOut::Glu(y, act) => {
                 if !nrows.is_multiple_of(4) {
                     return Err(shape(
                         K,
@@ -460,7 +476,7 @@ impl Kernels {
                 }
                 check_len(K, "y", y.len(), m * nrows / 2)?;
                 let r = to_i32(K, "rows", nrows)?;
-                (r, r, 1i32)
+                (r, r, PGEMV_GLU + act_id(*act))
             }
         };
         if !x.is_aligned(16) || !w.data.is_aligned(16) {
@@ -624,6 +640,9 @@ mod tests {
             |name: &str| crate::cuda_define(src, name).and_then(|v| v.parse::<usize>().ok());
         assert_eq!(define("PGEMV_WARPS"), Some(PACKED_GEMV_WARPS as usize));
         assert_eq!(define("PGEMV_MAX_WARPS"), Some(PACKED_GEMV_SPLIT3_WARPS));
+        assert_eq!(define("PGEMV_STORE"), Some(PGEMV_STORE as usize));
+        assert_eq!(define("PGEMV_ADD"), Some(PGEMV_ADD as usize));
+        assert_eq!(define("PGEMV_GLU"), Some(PGEMV_GLU as usize));
         // A 3-way split's block holds whole groups of 3 warps.
         assert_eq!(PACKED_GEMV_SPLIT3_WARPS % 3, 0);
     }

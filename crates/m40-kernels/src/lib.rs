@@ -38,7 +38,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use m40_device::{Device, Kernel, Module};
 
 pub use attention::{
-    attn_shared_bytes, AttnInputs, AttnPlan, AttnScratch, AttnShape, Scores, MAX_HEAD_DIM,
+    attn_decodes, attn_shared_bytes, AttnInputs, AttnPlan, AttnScratch, AttnShape, Scores,
+    MAX_HEAD_DIM,
 };
 pub use decode::DecodeProgram;
 pub use error::{KernelError, Result};
@@ -51,7 +52,7 @@ pub use gemv_packed::{Fold, GemvLaunch, GemvOpts, GemvOut, RopeKv, PACKED_GEMV_M
 pub use layout::{PackedMatrix, QMatrix, RowSplit, KV_PAGE};
 pub use moe::{ExpertGlu, MoeShape, MOE_MAX_EXPERTS, MOE_ROUTER_MAX_ROWS};
 pub use pack::{interleave_glu, pack_gemv, PackFormat, PACK_ROWS};
-pub use rmsnorm::AddResidual;
+pub use rmsnorm::{AddResidual, PostNorm};
 pub use rope::{HeadNorms, KvAppend, RopeParams, RopeStyle};
 pub use sample::{
     select_args, Penalties, SelectOut, SelectRows, SELECT_ARGS, SELECT_MAX_K, SELECT_SCRATCH,
@@ -415,11 +416,13 @@ mod tests {
             "rmsnorm_inplace_f32",
             "layernorm_f32",
             "add_layernorm_f32",
+            "add_post_rmsnorm_f32",
+            "add_post_layernorm_f32",
             "layernorm_inplace_f32",
             "rope_kv_norm_f32",
             "rope_kv_neox_f32",
             "swiglu_f32",
-            "swiglu_pairs_f32",
+            "glu_pairs_f32",
             "add_f32",
             "add_rows_f32",
             "f32_to_f16",

@@ -4,7 +4,7 @@
 
 use m40_device::{DeviceBuffer, DeviceView, Stream};
 
-use crate::elementwise::ELEMENTWISE_THREADS;
+use crate::elementwise::{act_id, ELEMENTWISE_THREADS};
 use crate::error::Result;
 use crate::format::{gemv_shared_bytes, KernelFormat, GEMV_WARPS};
 use crate::gemv::GemvPlan;
@@ -24,16 +24,6 @@ pub struct ExpertGlu<'a, 'v> {
     pub act: m40_gguf::hparams::Activation,
     /// The experts' gate and up biases, (n_expert, rows / 2) each.
     pub bias: Option<[&'a DeviceView<'v, f32>; 2]>,
-}
-
-/// The kernels' number for an activation (common.cuh's `glu_act`).
-fn act_id(act: m40_gguf::hparams::Activation) -> i32 {
-    use m40_gguf::hparams::Activation;
-    match act {
-        Activation::Silu => 0,
-        Activation::GeluTanh => 1,
-        Activation::SwigluOai => 2,
-    }
 }
 
 /// Rows at most of a router [`Kernels::moe_router`] takes (a block each).

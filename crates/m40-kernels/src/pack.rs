@@ -136,7 +136,7 @@ impl PackFormat {
 }
 
 /// A gate and an up matrix of the same format and shape (GGUF rows, `rows`
-/// each) as one stack for the SwiGLU GEMV ([`crate::Kernels::gemv_packed_glu`]):
+/// each) as one stack for the GLU GEMV ([`crate::Kernels::gemv_packed_glu`]):
 /// rows gate 0, gate 1, up 0, up 1, gate 2, gate 3, up 2, ... (`rows` even),
 /// so that each packed group of 4 holds both halves of two outputs.
 pub fn interleave_glu(gate: &[u8], up: &[u8], rows: usize) -> Result<Vec<u8>> {

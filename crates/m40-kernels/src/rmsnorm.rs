@@ -14,14 +14,24 @@ const RMSNORM_THREADS: u32 = 256;
 /// first.
 enum Norm<'x, 'v> {
     Plain(&'x DeviceView<'v, f32>),
-    Add(&'x mut DeviceBuffer<f32>, &'x DeviceView<'v, f32>),
+    Add(AddResidual<'x, 'v>),
 }
 
 /// A residual connection x += d (x, d: (rows, n)) that
-/// [`Kernels::add_norm`] makes before its norm.
+/// [`Kernels::add_norm`] makes before its norm; with `post`, the branch d
+/// is RMS-normed first: x += rmsnorm(d) * post.w * post.scale.
 pub struct AddResidual<'x, 'v> {
     pub x: &'x mut DeviceBuffer<f32>,
     pub d: &'x DeviceView<'v, f32>,
+    pub post: Option<PostNorm<'x, 'v>>,
+}
+
+/// The RMSNorm of a residual branch before it joins x (gemma's post-norms),
+/// its weights (n) and a factor after them (1.0 but for a model with a
+/// residual multiplier); epsilon: the launch's.
+pub struct PostNorm<'x, 'v> {
+    pub w: &'x DeviceView<'v, f32>,
+    pub scale: f32,
 }
 
 impl Kernels {
@@ -42,20 +52,21 @@ impl Kernels {
         self.norm_launch(stream, kind, Norm::Plain(x), w, y, rows, eps)
     }
 
-    /// The residual connection and the next norm in one launch: x += d,
-    /// then y = norm(x) * w. x, d, y: (rows, n); w: (n).
+    /// The residual connection and the next norm in one launch: x += d
+    /// (or its post-norm, `add.post`), then y = norm(x) * w. x, d, y:
+    /// (rows, n); w and the post-norm's weights: (n).
     #[allow(clippy::too_many_arguments)]
     pub fn add_norm(
         &self,
         stream: &Stream,
         kind: NormKind,
-        AddResidual { x, d }: AddResidual<'_, '_>,
+        add: AddResidual<'_, '_>,
         w: &DeviceView<'_, f32>,
         y: &mut DeviceBuffer<f32>,
         rows: usize,
         eps: f32,
     ) -> Result<()> {
-        self.norm_launch(stream, kind, Norm::Add(x, d), w, y, rows, eps)
+        self.norm_launch(stream, kind, Norm::Add(add), w, y, rows, eps)
     }
 
     /// Each of `rows` rows of `n` of x normed in place, row r with the
@@ -144,14 +155,22 @@ impl Kernels {
                 x.len(),
                 x.is_aligned(16),
             ),
-            Norm::Add(x, d) => {
-                let name = if layer {
-                    "add_layernorm_f32"
-                } else {
-                    "add_rmsnorm_f32"
+            Norm::Add(AddResidual { x, d, post }) => {
+                let name = match (layer, post.is_some()) {
+                    (true, false) => "add_layernorm_f32",
+                    (false, false) => "add_rmsnorm_f32",
+                    (true, true) => "add_post_layernorm_f32",
+                    (false, true) => "add_post_rmsnorm_f32",
                 };
                 check_len(name, "d", d.len(), rows * w.len())?;
-                (name, x.len(), d.is_aligned(16))
+                let post_aligned = match post {
+                    Some(p) => {
+                        check_len(name, "post-norm weights", p.w.len(), w.len())?;
+                        p.w.is_aligned(16)
+                    }
+                    None => true,
+                };
+                (name, x.len(), d.is_aligned(16) && post_aligned)
             }
         };
         let n = w.len();
@@ -168,21 +187,33 @@ impl Kernels {
         }
         let kernel = self.kernel("rmsnorm", name)?;
         let n = to_i32(name, "n", n)?;
+        let ps = match &x {
+            Norm::Add(AddResidual { post: Some(p), .. }) => p.scale,
+            _ => 1.0f32,
+        };
         let grid = (
             u32::try_from(rows).map_err(|_| shape(name, format!("{rows} rows")))?,
             1,
             1,
         );
         // SAFETY: rmsnorm_f32 / layernorm_f32(const float* x, const float* w, float* y,
-        // int n, float eps) and add_rmsnorm_f32 / add_layernorm_f32(float* x, const float*
-        // d, const float* w, float* y, int n, float eps); block r reads (and for add_rmsnorm writes) x[r*n..][..n], reads
-        // d[r*n..][..n] and w[..n], writes y[r*n..][..n]: lengths checked above; 16-byte
-        // accesses when n % 4 == 0, alignment checked above (y is a whole allocation).
+        // int n, float eps), add_rmsnorm_f32 / add_layernorm_f32(float* x, const float*
+        // d, const float* w, float* y, int n, float eps) and add_post_rmsnorm_f32 /
+        // add_post_layernorm_f32(float* x, const float* d, const float* pw, float ps,
+        // const float* w, float* y, int n, float eps); block r reads (and for the add
+        // forms writes) x[r*n..][..n], reads d[r*n..][..n], pw[..n] and w[..n], writes
+        // y[r*n..][..n]: lengths checked above; 16-byte accesses when n % 4 == 0,
+        // alignment checked above (y is a whole allocation).
         unsafe {
             let l = stream.launch(&kernel);
             let l = match x {
                 Norm::Plain(x) => l.view(x),
-                Norm::Add(x, d) => l.buf_mut(x).view(d),
+                Norm::Add(AddResidual { x, d, post: None }) => l.buf_mut(x).view(d),
+                Norm::Add(AddResidual {
+                    x,
+                    d,
+                    post: Some(p),
+                }) => l.buf_mut(x).view(d).view(p.w).scalar(&ps),
             };
             l.view(w)
                 .buf_mut(y)

@@ -60,9 +60,9 @@ fn batch_logits<T: AsRef<[u32]>>(
 /// (those of up to JOIN_CHUNK tokens joined, the others alone), then
 /// decode 4 tokens in batched steps of all of them; every sequence's
 /// logits each step against its CPU logits, fed the same tokens. Batches
-/// of 2 to 40 (the packed GEMV of a few tokens and the GEMM), eleven shapes
+/// of 2 to 40 (the packed GEMV of a few tokens and the GEMM), twelve shapes
 /// (3 and 2 query heads per KV head; qwen3's head norms; gemma's sliding
-/// windows, soft-caps and post-norms; granite's multipliers; qwen3moe's
+/// windows, soft-caps, post-norms and heads of 256; granite's multipliers; qwen3moe's
 /// experts; mistral3's YaRN and temperature, per-token positions; phi3's
 /// fused matrices and LongRoPE; gpt-oss's sinks, biases and MXFP4;
 /// command-r's LayerNorm and parallel FFN).
@@ -76,6 +76,7 @@ fn batched_decode_matches_cpu() {
         ("qwen3-tiny", GgmlType::Q4_0),
         ("gemma2-tiny", GgmlType::Q8_0),
         ("gemma3-tiny", GgmlType::Q4_0),
+        ("gemma3-tiny-256", GgmlType::Q4_0),
         ("granite-tiny", GgmlType::Q4_0),
         ("qwen3moe-tiny", GgmlType::Q8_0),
         ("mistral3-tiny", GgmlType::Q4_0),

@@ -308,6 +308,8 @@ fn synth_gemma_gpu_matches_cpu() {
     ];
     check_shape("gemma2-tiny", &types, &[1, 5, 17, 100], 32);
     check_shape("gemma3-tiny", &types, &[1, 5, 17, 100], 32);
+    // Head size 256: the decode attention kernel's widest heads.
+    check_shape("gemma3-tiny-256", &types, &[1, 17, 100], 32);
 }
 
 /// Mixtures of experts: qwen3moe (8 experts, 3 a token) and Mixtral (4, 2):

@@ -75,6 +75,12 @@ fn attention_plans_cover_every_key() {
     assert!(warp(32, 96));
     assert!(warp(128, 128));
     assert!(!warp(64, 128));
+    // Head dimension 256 (gemma): the decode kernel up to 2 query heads a
+    // KV head.
+    assert!(!warp(16, 256));
+    assert!(warp(32, 256));
+    assert!(attn_decodes(256, 2) && !attn_decodes(256, 4) && attn_decodes(128, 8));
+    assert!(!attn_decodes(96, 1) && !attn_decodes(64, 9));
     // Prefill in register tiles: 512-token prompts (8B on an H100: no
     // split; SmolLM2: 16 pages), a 512-token chunk at 1536; not a
     // 50-token turn after 4000 tokens (the warp kernel splits its 127
@@ -104,4 +110,5 @@ fn attention_shared_memory_fits() {
     assert!(attn_shared_bytes(MAX_HEAD_DIM) <= MAX_SHARED_PER_BLOCK);
     assert!(attn_tile_shared_bytes(128) <= MAX_SHARED_PER_BLOCK);
     assert!(attn_dec_shared_bytes(128, 8) <= MAX_SHARED_PER_BLOCK);
+    assert!(attn_dec_shared_bytes(256, 2) <= MAX_SHARED_PER_BLOCK);
 }

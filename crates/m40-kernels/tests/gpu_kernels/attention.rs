@@ -116,7 +116,8 @@ fn paged_attention_matches_cpu() {
     // One-token steps with head dimension 64 or 128 and at most 8 query
     // heads per KV head run the decode kernel (groups of 2, 3, 4, 8, 1, 6:
     // its G of 2, 4, 4, 8, 1, 8), also under a plan made for a later
-    // position (a captured decode step's bucket).
+    // position (a captured decode step's bucket); so do those of head
+    // dimension 256 with at most 2.
     // Then gemma's scores: sliding windows (the tile kernel skipping pages
     // before them, decode passes partly before them, splits wholly before
     // them; the warp kernel at hd 256 and 96), soft-caps, scales of their
@@ -127,7 +128,7 @@ fn paged_attention_matches_cpu() {
         softcap,
         window,
     };
-    let cases: [(usize, usize, usize, usize, usize, Scores); 30] = [
+    let cases: [(usize, usize, usize, usize, usize, Scores); 33] = [
         (4, 2, 64, 0, 1, plain),
         (6, 2, 68, 50, 5, plain),
         (4, 1, 36, 90, 1, plain),
@@ -158,6 +159,11 @@ fn paged_attention_matches_cpu() {
         (6, 2, 96, 90, 3, sc(1, 0.0, None)),
         (4, 2, 64, 500, 1, sc(4096, 2.0, None)),
         (32, 8, 128, 40, 33, sc(32, 0.0, None)),
+        // Head dimension 256 (gemma): the decode kernel at groups of 2 and
+        // 1, a short context and a split one, with gemma's scores.
+        (16, 8, 256, 300, 1, plain),
+        (8, 8, 256, 40, 1, sc(7, 0.8, Some(0.0625))),
+        (16, 8, 256, 1500, 1, sc(1024, 0.0, Some(0.0625))),
     ];
     let (mut tiled, mut decoded) = (0, 0);
     for (ci, (n_head, n_kv, hd, start, n_tok, scores)) in cases.into_iter().enumerate() {
@@ -283,14 +289,14 @@ fn paged_attention_matches_cpu() {
     }
     // The 6 cases of 32 or more tokens, under the launcher's plan.
     assert!(tiled >= 6, "{tiled} launches of the tile kernel");
-    // 7 one-token cases, 8 launches each but for the warp kernel's 2.
-    assert!(decoded >= 7 * 6, "{decoded} launches of the decode kernel");
+    // 10 one-token cases, 8 launches each but for the warp kernel's 2.
+    assert!(decoded >= 10 * 6, "{decoded} launches of the decode kernel");
 }
 
 /// The batched decode kernel (one query token of each of up to 50
 /// sequences, each at its own position over its own pages of one shared
 /// pool) against each sequence's own CPU attention, for head dimensions 64
-/// and 128, GQA groups of 1 to 8, batches that fill the GPU (all of a KV
+/// and 128 (GQA groups of 1 to 8) and 256 (1 and 2), batches that fill the GPU (all of a KV
 /// head's query heads a block) and that do not (a head a block).
 #[test]
 #[ignore = "needs a GPU"]
@@ -308,6 +314,8 @@ fn batched_decode_attention_matches_cpu() {
         (8, 8, 128, 5),
         (12, 2, 64, 11),
         (4, 1, 64, 2),
+        (16, 8, 256, 3),
+        (8, 8, 256, sm.div_ceil(8) + 2),
     ];
     for (n_head, n_kv, hd, b) in cases {
         let heads = (n_head, n_kv, hd);
@@ -318,6 +326,7 @@ fn batched_decode_attention_matches_cpu() {
         (9, 3, 64, 7, 20, 0.0f32),
         (32, 8, 128, 5, 50, 1.0),
         (4, 2, 64, 40, 1, 0.6),
+        (16, 8, 256, 6, 30, 0.8),
     ] {
         let scores = m40_kernels::Scores {
             scale: None,

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::gemv::check_every_split;
+use m40_gguf::hparams::Activation;
 use m40_kernels::{GemvOpts, KvAppend};
 
 #[test]
@@ -242,7 +243,7 @@ fn packed_gemv_folded_norm_matches_cpu() {
                         &s,
                         &gm,
                         &h.view(),
-                        GemvOut::Glu(&mut y),
+                        GemvOut::Glu(&mut y, Activation::Silu),
                         GemvOpts {
                             m: 1,
                             ksplit: ks,
@@ -626,9 +627,10 @@ fn qkv_gemv_with_rope_kv_matches_the_unfolded_path() {
 /// and 70): each part's rows land in its own buffer, every element checked
 /// against the CPU reference, the buffers poisoned before each launch and 16
 /// floats past each part left untouched.
-/// SwiGLU of an interleaved gate/up stack: the GEMV's fused epilogue (1 to
-/// 16 tokens, every split) and the GEMM followed by swiglu_pairs (more
-/// tokens), against silu(gate x) * up x in f64 from the dequantized rows;
+/// SwiGLU and GeGLU of an interleaved gate/up stack: the GEMV's fused
+/// epilogue (1 to 16 tokens, every split) and the GEMM followed by
+/// glu_pairs (more tokens), against act(gate x) * up x in f64 from the
+/// dequantized rows;
 /// outputs poisoned, every element checked, nothing written past y.
 #[test]
 #[ignore = "needs a GPU"]
@@ -651,7 +653,10 @@ fn glu_gemv_and_gemm_match_cpu() {
                 cols,
             };
             let (gd, ud) = (dequant(f.ty, &gate, ff, cols), dequant(f.ty, &up, ff, cols));
-            for m in [1usize, 2, 5, 8, 16, 20, 70] {
+            for (m, act) in [1usize, 2, 5, 8, 16, 20, 70]
+                .into_iter()
+                .flat_map(|m| [(m, Activation::Silu), (m, Activation::GeluTanh)])
+            {
                 let x = rng.vec(m * cols, -1.0, 1.0);
                 let xg = s.upload(&x, "x").unwrap();
                 let (mut want, mut tol) = (vec![0f32; m * ff], vec![0f64; m * ff]);
@@ -670,10 +675,17 @@ fn glu_gemv_and_gemm_match_cpu() {
                             (v, mag)
                         };
                         let ((g, mg), (u, mu)) = (dot(&gd), dot(&ud));
-                        let silu = g / (1.0 + (-g).exp());
-                        want[t * ff + j] = (silu * u) as f32;
-                        tol[t * ff + j] = 1e-5 * (1.1 * u.abs() * mg + silu.abs() * mu)
-                            + 1e-5 * (silu * u).abs()
+                        let a = match act {
+                            Activation::GeluTanh => {
+                                let c = (2.0 / std::f64::consts::PI).sqrt();
+                                0.5 * g * (1.0 + (c * g * (1.0 + 0.044715 * g * g)).tanh())
+                            }
+                            _ => g / (1.0 + (-g).exp()),
+                        };
+                        want[t * ff + j] = (a * u) as f32;
+                        // Both gates' slopes stay below 1.2.
+                        tol[t * ff + j] = 1e-5 * (1.2 * u.abs() * mg + a.abs() * mu)
+                            + 1e-5 * (a * u).abs()
                             + 1e-30;
                     }
                 }
@@ -686,9 +698,9 @@ fn glu_gemv_and_gemm_match_cpu() {
                     s.fill_bytes(&mut y, 0xFF).unwrap();
                     let what = if m <= PACKED_GEMV_MAX_TOKENS {
                         let got = k
-                            .gemv_packed_glu(&s, &pm, &xg.view(), &mut y, m, ks)
+                            .gemv_packed_glu(&s, act, &pm, &xg.view(), &mut y, m, ks)
                             .unwrap();
-                        format!("glu gemv ksplit {got}")
+                        format!("{act:?} gemv ksplit {got}")
                     } else {
                         let mut gu = s.alloc::<f32>(m * 2 * ff, "gu").unwrap();
                         s.fill_bytes(&mut gu, 0xFF).unwrap();
@@ -700,8 +712,8 @@ fn glu_gemv_and_gemm_match_cpu() {
                         };
                         k.gemm_packed_split(&s, &pm, &xg.view(), out, m, Default::default())
                             .unwrap();
-                        k.swiglu_pairs(&s, &gu.view(), &mut y, m, ff).unwrap();
-                        "glu gemm + swiglu_pairs".to_string()
+                        k.glu_pairs(&s, act, &gu.view(), &mut y, m, ff).unwrap();
+                        format!("{act:?} gemm + glu_pairs")
                     };
                     let what = format!("{what} {} {ff}x{cols} m {m}", f.ty);
                     let got = s.download(&y).unwrap();

@@ -3,7 +3,7 @@
 
 use super::*;
 use m40_gguf::NormKind;
-use m40_kernels::AddResidual;
+use m40_kernels::{AddResidual, PostNorm};
 
 #[test]
 #[ignore = "needs a GPU"]
@@ -54,6 +54,7 @@ fn rmsnorm_matches_cpu() {
             AddResidual {
                 x: &mut xg,
                 d: &dg.view(),
+                post: None,
             },
             &wg.view(),
             &mut y,
@@ -71,6 +72,68 @@ fn rmsnorm_matches_cpu() {
             &got_x,
             &sum,
             |_| 0.0,
+        );
+
+        // With the branch post-normed and scaled first (gemma's post-norms):
+        // x += rmsnorm(d) * pw * ps, y = norm(x).
+        let pw = rng.vec(n, -1.5, 1.5);
+        let ps = 0.75f32;
+        let mut dn = d.clone();
+        ops::norm(NormKind::Rms, &mut dn, &pw, eps);
+        let sum: Vec<f32> = x.iter().zip(&dn).map(|(a, b)| a + b * ps).collect();
+        let mut want = sum.clone();
+        ops::norm(kind, &mut want, &w, eps);
+        let mut xg = s.upload(&x, "x").unwrap();
+        let pwg = s.upload(&pw, "pw").unwrap();
+        s.fill_bytes(&mut y, 0xFF).unwrap();
+        k.add_norm(
+            &s,
+            kind,
+            AddResidual {
+                x: &mut xg,
+                d: &dg.view(),
+                post: Some(PostNorm {
+                    w: &pwg.view(),
+                    scale: ps,
+                }),
+            },
+            &wg.view(),
+            &mut y,
+            rows,
+            eps,
+        )
+        .unwrap();
+        let got_x = s.download(&xg).unwrap();
+        let x_tol = |i: usize| 2e-5 * (dn[i] * ps).abs() as f64 + 1e-6;
+        check(
+            &format!("{kind:?} add_norm post {rows}x{n} x"),
+            &got_x,
+            &sum,
+            x_tol,
+        );
+        // y's error: the norm's own, and x's carried through its scale (a
+        // sum near zero keeps x's absolute error, not a relative one).
+        let row_scale: Vec<f64> = sum
+            .chunks(n)
+            .map(|r| {
+                let c = match kind {
+                    NormKind::Layer => r.iter().map(|v| *v as f64).sum::<f64>() / n as f64,
+                    NormKind::Rms => 0.0,
+                };
+                let var = r.iter().map(|v| (*v as f64 - c).powi(2)).sum::<f64>() / n as f64;
+                1.0 / (var + eps as f64).sqrt()
+            })
+            .collect();
+        let got = s.download(&y).unwrap();
+        check(
+            &format!("{kind:?} add_norm post {rows}x{n}"),
+            &got,
+            &want,
+            |i| {
+                4e-5 * want[i].abs() as f64
+                    + floor
+                    + row_scale[i / n] * w[i % n].abs() as f64 * x_tol(i)
+            },
         );
 
         // In place (qwen3's head norms), in a buffer longer than the rows:

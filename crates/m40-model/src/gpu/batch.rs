@@ -21,7 +21,9 @@ use super::{lock, GpuBackend, State};
 use crate::batch::{forward_each, SeqStep, StepOut, Want};
 use crate::error::{ModelError, Result};
 use crate::KvState;
-use m40_kernels::{select_args, Penalties, SelectOut, SelectRows, KV_PAGE, SELECT_ARGS};
+use m40_kernels::{
+    attn_decodes, select_args, Penalties, SelectOut, SelectRows, KV_PAGE, SELECT_ARGS,
+};
 
 /// Prompt chunks of at most this many tokens join a batched step, each
 /// token a row at its own position (decode attention over its sequence's
@@ -36,12 +38,12 @@ const PAD_ROWS: usize = 16;
 
 impl GpuBackend {
     /// Whether this backend batches decode steps: `batch_decode`, and a
-    /// shape the batched attention takes (head dimension 64 or 128, at
-    /// most 8 query heads per KV head).
+    /// shape the batched attention takes (`attn_decodes`: head dimension
+    /// 64 or 128 with at most 8 query heads per KV head, 256 with 2).
     pub fn batches_decode(&self) -> bool {
         let hp = self.model.hparams();
         let group = hp.n_head / hp.n_head_kv.max(1);
-        self.batch_decode && matches!(hp.head_dim, 64 | 128) && (1..=8).contains(&group)
+        self.batch_decode && attn_decodes(hp.head_dim, group)
     }
 
     /// [`crate::Backend::forward_batch`]: the decode tokens and short

@@ -8,7 +8,7 @@ use m40_device::{DeviceBuffer, DeviceView};
 use m40_gguf::{HyperParams, NormKind};
 use m40_kernels::{
     gemm_plan, AddResidual, AttnInputs, AttnPlan, AttnScratch, AttnShape, Fold, GemmOpts, GemvOpts,
-    GemvOut, HeadNorms, KvAppend, RopeKv, RopeStyle, RowSplit, Scores,
+    GemvOut, HeadNorms, KvAppend, PostNorm, RopeKv, RopeStyle, RowSplit, Scores,
 };
 
 use super::kv::{GpuCache, Pools};
@@ -67,20 +67,31 @@ pub(super) enum Input<'a> {
     },
 }
 
-/// How a residual connection x += W a was left (`matmul_res`).
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(super) enum Residual {
+/// How a residual connection x += W a was left (`matmul_res`); `'w`: the
+/// weights'.
+#[derive(Clone, Copy)]
+pub(super) enum Residual<'w> {
     /// Added to x.
     Done,
-    /// In `w.proj`: the next norm adds it (`add_norm`).
-    Pending,
+    /// In `w.proj`: the next norm adds it (`add_norm`), with `post` first
+    /// RMS-normed by those weights and scaled by the model's residual
+    /// multiplier (gemma's post-norms: one launch with the add and the
+    /// norm).
+    Pending { post: Option<&'w DeviceBuffer<f32>> },
     /// Added to x by the GEMV, which also wrote h = x * (the next norm's
     /// weight) and its blocks' n partial sums of x^2 to `w.norm_part`: the
     /// next GEMVs take the norm from there (`Input::Folded`).
     Folded(usize),
 }
 
-impl Residual {
+impl Residual<'_> {
+    /// A branch in `w.proj` to be added as it is.
+    pub(super) const PENDING: Self = Residual::Pending { post: None };
+
+    pub(super) fn is_pending(self) -> bool {
+        matches!(self, Residual::Pending { .. })
+    }
+
     /// What the matmuls after the next norm read: h as that norm left it
     /// (run into h, or folded: h = x * weight and the partial sums `part`).
     fn input<'a>(self, h: &'a DeviceView<'a, f32>, part: &'a DeviceView<'a, f32>) -> Input<'a> {
@@ -228,10 +239,9 @@ impl GpuBackend {
         Ok(())
     }
 
-    /// gate = silu(gate h) * up h for `n` rows of h: through the SwiGLU
-    /// GEMV, or the GEMM into `up` (2 n_ff per row) and swiglu_pairs, for an
-    /// interleaved stack; else the two projections and swiglu (geglu where
-    /// the model's gate is GELU: its stacks are never interleaved).
+    /// gate = act(gate h) * up h for `n` rows of h (SwiGLU, GeGLU): through
+    /// the GLU GEMV, or the GEMM into `up` (2 n_ff per row) and glu_pairs,
+    /// for an interleaved stack; else the two projections and the GLU.
     fn gate_up(
         &self,
         stacks: &[Stack],
@@ -241,7 +251,7 @@ impl GpuBackend {
         n: usize,
     ) -> Result<()> {
         let (k, s) = (&self.kernels, &self.stream);
-        let n_ff = self.model.hparams().n_ff;
+        let (n_ff, act) = (self.model.hparams().n_ff, self.model.hparams().act);
         match stacks {
             [st] if st.glu => {
                 let data = st.mat.data.view();
@@ -253,17 +263,17 @@ impl GpuBackend {
                             ksplit: None,
                             fold,
                         };
-                        k.gemv_packed_to(s, &m, h, GemvOut::Glu(gate), opts)?;
+                        k.gemv_packed_to(s, &m, h, GemvOut::Glu(gate, act), opts)?;
                     }
                     _ => {
                         self.matmul(&st.mat, h, up, n, false)?;
-                        k.swiglu_pairs(s, &up.view(), gate, n, n_ff)?;
+                        k.glu_pairs(s, act, &up.view(), gate, n, n_ff)?;
                     }
                 }
             }
             _ => {
                 self.matmul_stacks(stacks, h, &mut [&mut *gate, &mut *up], n)?;
-                k.glu(s, self.model.hparams().act, gate, &up.view(), n * n_ff)?;
+                k.glu(s, act, gate, &up.view(), n * n_ff)?;
             }
         }
         Ok(())
@@ -283,7 +293,7 @@ impl GpuBackend {
         w: Res<'_>,
         n: usize,
         next_norm: Option<&DeviceBuffer<f32>>,
-    ) -> Result<Residual> {
+    ) -> Result<Residual<'static>> {
         let data = wt.data.view();
         if let (Some(nw), MatView::Packed(m)) = (next_norm, wt.view(&data)) {
             debug_assert!(self.fuse && n == 1);
@@ -305,7 +315,7 @@ impl GpuBackend {
         }
         if self.gemv_takes(wt, n) && !(wt.packed && self.fuse) {
             self.matmul(wt, Input::Rows(a), w.proj, n, false)?;
-            Ok(Residual::Pending)
+            Ok(Residual::PENDING)
         } else {
             self.matmul(wt, Input::Rows(a), w.x, n, true)?;
             Ok(Residual::Done)
@@ -313,29 +323,47 @@ impl GpuBackend {
     }
 
     /// A residual connection whose branch is transformed before it joins
-    /// x, for `n` rows of a: W a into `proj` (the workspace's), there
-    /// RMS-normed by `post` (gemma's post-norms) and scaled by the model's
-    /// residual multiplier (granite's), and left pending (the next norm
-    /// adds it to x).
-    fn transformed_res(
+    /// x, for `n` rows of a: W a into `proj` (the workspace's), left
+    /// pending with its post-norm (gemma's: the next norm's launch norms
+    /// and scales it as it adds it to x), or scaled here by the model's
+    /// residual multiplier (granite's).
+    fn transformed_res<'w>(
         &self,
         wt: &Mat,
         a: &DeviceView<'_, f32>,
-        post: Option<&DeviceBuffer<f32>>,
+        post: Option<&'w DeviceBuffer<f32>>,
         proj: &mut DeviceBuffer<f32>,
         n: usize,
-    ) -> Result<Residual> {
+    ) -> Result<Residual<'w>> {
         let (k, s) = (&self.kernels, &self.stream);
         let hp = self.model.hparams();
         self.matmul(wt, Input::Rows(a), proj, n, false)?;
-        if let Some(post) = post {
-            let d = hp.n_embd;
-            k.norm_in_place(s, NormKind::Rms, proj, &post.view(), d, n, hp.rms_eps)?;
-        }
-        if hp.residual_scale != 1.0 {
+        if post.is_none() && hp.residual_scale != 1.0 {
             k.scale(s, proj, n * hp.n_embd, hp.residual_scale)?;
         }
-        Ok(Residual::Pending)
+        Ok(Residual::Pending { post })
+    }
+
+    /// x += the pending branch in `w.proj` (`n` rows), post-normed and
+    /// scaled first where `res` says: a step that ends without the norm
+    /// that would take it.
+    fn join_pending(
+        &self,
+        x: &mut DeviceBuffer<f32>,
+        proj: &mut DeviceBuffer<f32>,
+        res: Residual<'_>,
+        n: usize,
+    ) -> Result<()> {
+        let (k, s) = (&self.kernels, &self.stream);
+        let hp = self.model.hparams();
+        let d = hp.n_embd;
+        if let Residual::Pending { post: Some(post) } = res {
+            k.norm_in_place(s, NormKind::Rms, proj, &post.view(), d, n, hp.rms_eps)?;
+            if hp.residual_scale != 1.0 {
+                k.scale(s, proj, n * d, hp.residual_scale)?;
+            }
+        }
+        Ok(k.add(s, x, &proj.view(), n * d)?)
     }
 
     /// Whether `n` rows of x go through `w`'s GEMV: one row; packed, up to
@@ -367,23 +395,32 @@ impl GpuBackend {
     }
 
     /// h = norm(x rows `rows`) * weight (the model's RMSNorm or LayerNorm),
-    /// adding the pending residual
-    /// rows `w.proj` to x first when `pending` (rows then start at 0).
+    /// adding the pending residual rows `w.proj` (post-normed where it
+    /// says) to x first when `res` is pending (rows then start at 0).
     fn norm(
         &self,
         w: Norm<'_>,
         weight: &DeviceBuffer<f32>,
         rows: std::ops::Range<usize>,
-        pending: bool,
+        res: Residual<'_>,
     ) -> Result<()> {
         let (k, s) = (&self.kernels, &self.stream);
         let hp = self.model.hparams();
         let (eps, d, kind) = (hp.rms_eps, hp.n_embd, hp.norm);
-        if pending {
+        debug_assert!(
+            !matches!(res, Residual::Folded(_)),
+            "a folded norm runs no launch"
+        );
+        if let Residual::Pending { post } = res {
             debug_assert_eq!(rows.start, 0, "pending residual rows start at 0");
+            let pv = post.map(|p| p.view());
             let add = AddResidual {
                 x: w.x,
                 d: &w.proj.view(),
+                post: pv.as_ref().map(|w| PostNorm {
+                    w,
+                    scale: hp.residual_scale,
+                }),
             };
             k.add_norm(s, kind, add, &weight.view(), w.h, rows.len(), eps)?;
         } else {
@@ -400,12 +437,12 @@ impl GpuBackend {
         w: Norm<'_>,
         weight: &DeviceBuffer<f32>,
         n: usize,
-        res: Residual,
+        res: Residual<'_>,
     ) -> Result<()> {
         if matches!(res, Residual::Folded(_)) {
             return Ok(());
         }
-        self.norm(w, weight, 0..n, res == Residual::Pending)
+        self.norm(w, weight, 0..n, res)
     }
 
     /// Queue the layers for `n` tokens whose inputs are uploaded, positions
@@ -581,8 +618,8 @@ impl GpuBackend {
                 // The FFN reads h, the attention's input, and its branch
                 // needs proj: the attention's joins x now.
                 let r = self.matmul_res(&layer.wo, &av, res_bufs!(w), n, None)?;
-                if r == Residual::Pending {
-                    k.add(s, &mut w.x, &w.proj.view(), n * hp.n_embd)?;
+                if r.is_pending() {
+                    self.join_pending(&mut w.x, &mut w.proj, r, n)?;
                 }
                 Residual::Done
             } else if hp.residual_transformed() {
@@ -634,8 +671,8 @@ impl GpuBackend {
                 self.matmul_res(down, &gv, res_bufs!(w), n, emit)?
             };
         }
-        if res == Residual::Pending && (n > 1 || !last_logits) {
-            k.add(s, &mut w.x, &w.proj.view(), n * hp.n_embd)?;
+        if res.is_pending() && (n > 1 || !last_logits) {
+            self.join_pending(&mut w.x, &mut w.proj, res, n)?;
             res = Residual::Done;
         }
         if last_logits {
@@ -650,7 +687,7 @@ impl GpuBackend {
         &self,
         w: &mut Workspace,
         rows: std::ops::Range<usize>,
-        res: Residual,
+        res: Residual<'_>,
     ) -> Result<()> {
         let n = rows.len();
         let out_w = self.weights.output();
@@ -660,12 +697,7 @@ impl GpuBackend {
             self.matmul(out_w, res.input(&hv, &pv), &mut w.logits, 1, false)?;
             return self.finish_logits(w, 1);
         }
-        self.norm(
-            norm_bufs!(w),
-            &self.weights.output_norm,
-            rows,
-            res == Residual::Pending,
-        )?;
+        self.norm(norm_bufs!(w), &self.weights.output_norm, rows, res)?;
         self.matmul(out_w, Input::Rows(&w.h.view()), &mut w.logits, n, false)?;
         self.finish_logits(w, n)
     }

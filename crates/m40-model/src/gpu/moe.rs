@@ -2,7 +2,6 @@
 //! routing on the device, the chosen experts' GEMVs by id.
 
 use m40_device::{DeviceBuffer, DeviceView};
-use m40_gguf::hparams::Activation;
 use m40_kernels::{ExpertGlu, GemmOpts, MoeShape, QMatrix};
 
 use super::forward::{Input, Residual};
@@ -36,7 +35,7 @@ impl GpuBackend {
         b: &mut MoeBufs,
         proj: &mut DeviceBuffer<f32>,
         n: usize,
-    ) -> Result<Residual> {
+    ) -> Result<Residual<'static>> {
         let (k, s) = (&self.kernels, &self.stream);
         let hp = self.model.hparams();
         let m = hp.moe.expect("a mixture's layer");
@@ -67,7 +66,7 @@ impl GpuBackend {
         if self.groups_experts(mats, n)? {
             self.moe_grouped(mats, h, b, shape)?;
             k.moe_combine(s, &b.y.view(), &b.w.view(), None, proj, hp.n_embd, shape)?;
-            return Ok(Residual::Pending);
+            return Ok(Residual::PENDING);
         }
         let ids = b.ids.view();
         type Launch<'f> = &'f mut dyn FnMut(&QMatrix<'_>) -> m40_kernels::Result<()>;
@@ -118,25 +117,19 @@ impl GpuBackend {
         })?;
         let down_b = bias.as_ref().map(|[.., db]| (&ids, db));
         k.moe_combine(s, &b.y.view(), &b.w.view(), down_b, proj, d, shape)?;
-        Ok(Residual::Pending)
+        Ok(Residual::PENDING)
     }
 
     /// Whether a step of `n` tokens groups its slots by expert: at least
     /// MOE_GROUP_ROWS slots an expert on average, two or more a token, no expert
-    /// biases (gpt-oss keeps the GEMVs), SiLU where gate and up are
-    /// interleaved, and the stream not being captured (the grouping reads
-    /// the routing on the host).
+    /// biases (gpt-oss keeps the GEMVs), and the stream not being captured
+    /// (the grouping reads the routing on the host).
     fn groups_experts(&self, mats: &MoeMats, n: usize) -> Result<bool> {
         let hp = self.model.hparams();
         let m = hp.moe.expect("a mixture's layer");
-        let silu_or_split = match mats.gate_up {
-            Experts::Glu(_) => hp.act == Activation::Silu,
-            Experts::Split(..) => true,
-        };
         Ok(n * m.n_expert_used >= MOE_GROUP_ROWS * m.n_expert
             && m.n_expert_used >= 2
             && mats.bias.is_none()
-            && silu_or_split
             && !self.stream.is_capturing()?)
     }
 
@@ -219,7 +212,7 @@ impl GpuBackend {
             match &mats.gate_up {
                 Experts::Glu(gu) => {
                     gemm(gu, &x, &mut b.up)?;
-                    k.swiglu_pairs(s, &b.up.view(), &mut b.gate, c, ff)?;
+                    k.glu_pairs(s, hp.act, &b.up.view(), &mut b.gate, c, ff)?;
                 }
                 Experts::Split(gate, up) => {
                     gemm(gate, &x, &mut b.gate)?;

@@ -75,7 +75,7 @@ pub(super) struct Stack {
     pub(super) mat: Mat,
     pub(super) parts: Vec<usize>,
     /// A gate/up pair interleaved for SwiGLU (`interleave_glu`): one
-    /// output of half the rows, silu(gate) * up.
+    /// output of half the rows, act(gate) * up.
     pub(super) glu: bool,
 }
 
@@ -254,8 +254,9 @@ impl Weights {
             } else {
                 None
             };
-            // The interleaved dense gate/up GEMV computes SwiGLU only.
-            let silu = hp.act == Activation::Silu;
+            // The interleaved dense gate/up GEMV computes SwiGLU and GeGLU
+            // (gpt-oss's gate is its experts' only).
+            let interleave = hp.act != Activation::SwigluOai;
             let opt = |on: bool, name: &str| on.then(|| f32s(name)).transpose();
             layers.push(Layer {
                 attn_norm: f32s(&n.attn_norm)?,
@@ -311,7 +312,7 @@ impl Weights {
                     }))
                 } else {
                     Ffn::Dense {
-                        gate_up: stacks(&[&n.ffn_gate, &n.ffn_up], true, silu)?,
+                        gate_up: stacks(&[&n.ffn_gate, &n.ffn_up], true, interleave)?,
                         down: one(stacks(&[&n.ffn_down], true, false)?),
                     }
                 },
