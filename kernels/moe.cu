@@ -15,6 +15,13 @@
 // float4 loads of W and x issued before its first FMA, a fixed-order block
 // sum. The GEMV of GGUF rows gives such a matrix 8 blocks walking each row
 // in 3 rounds of chunks (qwen3moe's 128 x 2048, gpt-oss's 32 x 2880).
+// Where nw is not null, x is the residual and the router reads the FFN
+// norm's h = rmsnorm(x) * nw (epsilon eps), computed by every block (a pass
+// over x for the sum of squares first) and written to h by block 0 for the
+// experts (one launch fewer). Where done is not null (a counter, zero
+// before the launch and left zero), the block that finishes last routes the
+// token as moe_route_f32 does (bias, ids, wts, K; E = rows): another launch
+// fewer.
 //
 // moe_glu_f32: g (rows, width) = glu_act(act, g + gb[e], u + ub[e]), e =
 // ids[r] the expert of row r (a (token, slot) of n K): gpt-oss's gate and
@@ -35,14 +42,14 @@
 #define MOE_WARPS 4
 #define MOE_MAX_PER_LANE 32
 
-// Router logit e of token t (row l), biased where the model has one.
+// Router logit e of a token (row l), biased where the model has one.
 #define MOE_LOGIT(e) (bias ? __fadd_rn(l[e], bias[e]) : l[e])
 
-extern "C" __global__ void moe_route_f32(const float* logits, const float* bias, int* ids, float* w, int n, int E,
-                                         int K) {
-    const int lane = threadIdx.x & 31, t = blockIdx.x * MOE_WARPS + (threadIdx.x >> 5);
-    if (t >= n) return;
-    const float* l = logits + (long long)t * E;
+// One token's routing by one warp (lane: its lane): its E logits l (global
+// or shared memory), the K chosen experts' ids and weights to ids[..K] and
+// w[..K] (moe_route_f32 above).
+__device__ __forceinline__ void moe_route_token(const float* l, const float* bias, int* ids, float* w, int E, int K,
+                                                int lane) {
     float mx = __int_as_float(0xff800000);  // -inf
     for (int e = lane; e < E; e += 32) mx = fmaxf(mx, MOE_LOGIT(e));
 #pragma unroll
@@ -68,16 +75,23 @@ extern "C" __global__ void moe_route_f32(const float* logits, const float* bias,
         }
         if ((bi & 31) == lane) taken |= 1u << (bi >> 5);
         if (lane == 0) {
-            ids[(long long)t * K + k] = bi;
-            w[(long long)t * K + k] = best;
+            ids[k] = bi;
+            w[k] = best;
             chosen += best;
         }
     }
     __syncwarp();
     if (lane == 0) {
         const float s = fmaxf(chosen, 6.103515625e-5f);
-        for (int k = 0; k < K; ++k) w[(long long)t * K + k] /= s;
+        for (int k = 0; k < K; ++k) w[k] /= s;
     }
+}
+
+extern "C" __global__ void moe_route_f32(const float* logits, const float* bias, int* ids, float* w, int n, int E,
+                                         int K) {
+    const int lane = threadIdx.x & 31, t = blockIdx.x * MOE_WARPS + (threadIdx.x >> 5);
+    if (t >= n) return;
+    moe_route_token(logits + (long long)t * E, bias, ids + (long long)t * K, w + (long long)t * K, E, K, lane);
 }
 
 extern "C" __global__ void moe_combine_f32(const float* y, const float* w, const int* ids, const float* b, float* out,
@@ -113,13 +127,39 @@ extern "C" __global__ void moe_glu_f32(float* g, const float* u, const int* ids,
 
 #define MOE_ROUTER_THREADS 128
 #define MOE_ROUTER_U 8
+#define MOE_ROUTER_MAX_ROWS 1024
+
+__device__ __forceinline__ float4 moe_scale_mul(float4 a, float s, float4 w) {
+    return make_float4(a.x * s * w.x, a.y * s * w.y, a.z * s * w.z, a.w * s * w.w);
+}
 
 extern "C" __global__ void __launch_bounds__(MOE_ROUTER_THREADS)
-    moe_router_f32(const float* W, const float* x, float* y, int ncols) {
+    moe_router_f32(const float* W, const float* x, float* y, int ncols, const float* nw, float eps, float* h,
+                   unsigned* done, const float* bias, int* ids, float* wts, int K) {
     __shared__ float scratch[32];
+    __shared__ float sl[MOE_ROUTER_MAX_ROWS];
+    __shared__ int last;
     const float4* w4 = (const float4*)(W + (long long)blockIdx.x * ncols);
     const float4* x4 = (const float4*)x;
+    const float4* n4 = (const float4*)nw;
     const int m = ncols / 4;
+    // With nw, x is the residual: the RMS scale of the norm first.
+    float s = 1.0f;
+    if (nw) {
+        float ss = 0.0f;
+        for (int i0 = threadIdx.x; i0 < m; i0 += MOE_ROUTER_U * MOE_ROUTER_THREADS) {
+            float4 b[MOE_ROUTER_U];
+#pragma unroll
+            for (int u = 0; u < MOE_ROUTER_U; ++u) {
+                const int i = i0 + u * MOE_ROUTER_THREADS;
+                b[u] = i < m ? x4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+#pragma unroll
+            for (int u = 0; u < MOE_ROUTER_U; ++u)
+                ss += b[u].x * b[u].x + b[u].y * b[u].y + b[u].z * b[u].z + b[u].w * b[u].w;
+        }
+        s = rsqrtf(block_sum(ss, scratch) / (float)ncols + eps);
+    }
     float acc = 0.0f;
     for (int i0 = threadIdx.x; i0 < m; i0 += MOE_ROUTER_U * MOE_ROUTER_THREADS) {
         float4 a[MOE_ROUTER_U], b[MOE_ROUTER_U];
@@ -129,10 +169,34 @@ extern "C" __global__ void __launch_bounds__(MOE_ROUTER_THREADS)
             a[u] = i < m ? w4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             b[u] = i < m ? x4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
+        if (nw) {
+#pragma unroll
+            for (int u = 0; u < MOE_ROUTER_U; ++u) {
+                const int i = i0 + u * MOE_ROUTER_THREADS;
+                if (i < m) {
+                    b[u] = moe_scale_mul(b[u], s, n4[i]);
+                    if (blockIdx.x == 0) ((float4*)h)[i] = b[u];
+                }
+            }
+        }
 #pragma unroll
         for (int u = 0; u < MOE_ROUTER_U; ++u)
             acc += a[u].x * b[u].x + a[u].y * b[u].y + a[u].z * b[u].z + a[u].w * b[u].w;
     }
     acc = block_sum(acc, scratch);
     if (threadIdx.x == 0) y[blockIdx.x] = acc;
+    if (done == nullptr) return;
+    // The last block to finish routes (its logits from L2: other blocks'
+    // writes, fenced before their count) and leaves the counter at zero.
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(done, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int e = threadIdx.x; e < (int)gridDim.x; e += blockDim.x) sl[e] = __ldcg(y + e);
+    __syncthreads();
+    if (threadIdx.x < 32) moe_route_token(sl, bias, ids, wts, gridDim.x, K, threadIdx.x);
+    if (threadIdx.x == 0) *done = 0u;
 }

@@ -26,6 +26,26 @@ pub struct ExpertGlu<'a, 'v> {
     pub bias: Option<[&'a DeviceView<'v, f32>; 2]>,
 }
 
+/// The FFN norm [`Kernels::moe_router`] computes for the experts: x's
+/// RMSNorm times `weight` into `h`.
+pub struct RouterNorm<'a, 'v> {
+    pub weight: &'a DeviceView<'v, f32>,
+    pub eps: f32,
+    pub h: &'a mut DeviceBuffer<f32>,
+}
+
+/// The routing [`Kernels::moe_router`]'s last block does: `k` experts'
+/// ids and weights from the logits plus `bias` (gpt-oss), counted in
+/// `done` (one u32, zero before the first launch; each launch leaves it
+/// zero).
+pub struct RouterRoute<'a, 'v> {
+    pub done: &'a mut DeviceBuffer<u32>,
+    pub bias: Option<&'a DeviceView<'v, f32>>,
+    pub ids: &'a mut DeviceBuffer<i32>,
+    pub w: &'a mut DeviceBuffer<f32>,
+    pub k: usize,
+}
+
 /// Rows at most of a router [`Kernels::moe_router`] takes (a block each).
 pub const MOE_ROUTER_MAX_ROWS: usize = 1024;
 /// Threads per block of moe_router_f32 (`MOE_ROUTER_THREADS`).
@@ -98,11 +118,6 @@ impl Kernels {
         Ok(())
     }
 
-    /// y (w.rows) = W x for one token through an F32 router (at most
-    /// [`MOE_ROUTER_MAX_ROWS`] rows, a row length that is a multiple of 4,
-    /// W and x 16-byte aligned): a block a row, so a router of 32 or 128
-    /// rows is not the 8 latency-bound blocks the GEMV of GGUF rows gives
-    /// it.
     /// Whether [`Self::moe_router`] takes `w`: F32, at most
     /// [`MOE_ROUTER_MAX_ROWS`] rows of a multiple of 4, 16-byte aligned.
     pub fn moe_router_takes(&self, w: &QMatrix<'_>) -> bool {
@@ -113,12 +128,23 @@ impl Kernels {
             && w.data.is_aligned(16)
     }
 
+    /// y (w.rows) = W x for one token through an F32 router (at most
+    /// [`MOE_ROUTER_MAX_ROWS`] rows, a row length that is a multiple of 4,
+    /// W and x 16-byte aligned): a block a row, so a router of 32 or 128
+    /// rows is not the 8 latency-bound blocks the GEMV of GGUF rows gives
+    /// it. With `norm`, x is the residual row and the router reads its
+    /// RMSNorm (also written to `norm.h` for the experts); with `route`, the
+    /// last block routes the token as [`Self::moe_route`] does (the
+    /// experts: w.rows). Each is a launch fewer.
+    #[allow(clippy::too_many_arguments)]
     pub fn moe_router(
         &self,
         stream: &Stream,
         w: &QMatrix<'_>,
         x: &DeviceView<'_, f32>,
         y: &mut DeviceBuffer<f32>,
+        norm: Option<RouterNorm<'_, '_>>,
+        route: Option<RouterRoute<'_, '_>>,
     ) -> Result<()> {
         const K: &str = "moe_router_f32";
         if !self.moe_router_takes(w) {
@@ -136,19 +162,66 @@ impl Kernels {
         if !x.is_aligned(16) {
             return Err(shape(K, "x must start at a multiple of 16 bytes".into()));
         }
+        if let Some(n) = &norm {
+            check_len(K, "norm weights", n.weight.len(), w.cols)?;
+            check_len(K, "h", n.h.len(), w.cols)?;
+            if !n.weight.is_aligned(16) {
+                return Err(shape(
+                    K,
+                    "norm weights must start at a multiple of 16 bytes".into(),
+                ));
+            }
+        }
+        let k = match &route {
+            Some(r) => {
+                if r.k == 0 || r.k > w.rows {
+                    return Err(shape(K, format!("{} of {} experts", r.k, w.rows)));
+                }
+                check_len(K, "done", r.done.len(), 1)?;
+                check_len(K, "ids", r.ids.len(), r.k)?;
+                check_len(K, "w", r.w.len(), r.k)?;
+                if let Some(b) = r.bias {
+                    check_len(K, "bias", b.len(), w.rows)?;
+                }
+                to_i32(K, "k", r.k)?
+            }
+            None => 0,
+        };
         let kernel = self.kernel("moe", K)?;
         let ncols = to_i32(K, "ncols", w.cols)?;
+        let eps = norm.as_ref().map_or(0.0f32, |n| n.eps);
         // SAFETY: moe_router_f32(const float* W, const float* x, float* y,
-        // int ncols): block r < rows reads W[r ncols..][..ncols] and x[..ncols]
-        // as float4s (16-byte aligned, ncols a multiple of 4: checked) and
-        // writes y[r]; lengths checked above.
+        // int ncols, const float* nw, float eps, float* h, unsigned* done,
+        // const float* bias, int* ids, float* wts, int K): block r < rows
+        // reads W[r ncols..][..ncols], x[..ncols] and nw[..ncols] as float4s
+        // (16-byte aligned, ncols a multiple of 4: checked; h a buffer's
+        // start) and writes y[r]; block 0 writes h[..ncols]; the last block
+        // reads y[..rows] and bias[..rows] and writes ids[..K] and wts[..K],
+        // done one counter (zero before and after, set by the caller once);
+        // null pointers for what is not given; lengths checked above.
         unsafe {
-            stream
+            let l = stream
                 .launch(&kernel)
                 .view(w.data)
                 .view(x)
                 .buf_mut(y)
-                .scalar(&ncols)
+                .scalar(&ncols);
+            let l = match norm {
+                Some(n) => l.view(n.weight).scalar(&eps).buf_mut(n.h),
+                None => l.null().scalar(&eps).null(),
+            };
+            let l = match route {
+                Some(r) => {
+                    let l = l.buf_mut(r.done);
+                    let l = match r.bias {
+                        Some(b) => l.view(b),
+                        None => l.null(),
+                    };
+                    l.buf_mut(r.ids).buf_mut(r.w)
+                }
+                None => l.null().null().null().null(),
+            };
+            l.scalar(&k)
                 .run(cfg((w.rows as u32, 1, 1), MOE_ROUTER_THREADS))?
         };
         Ok(())
@@ -441,5 +514,27 @@ impl Kernels {
                 .run(cfg(grid, ELEMENTWISE_THREADS))?
         };
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn moe_constants_match_the_kernels() {
+        let src = include_str!("../../../kernels/moe.cu");
+        let define =
+            |name: &str| crate::cuda_define(src, name).and_then(|v| v.parse::<usize>().ok());
+        assert_eq!(define("MOE_WARPS"), Some(MOE_WARPS as usize));
+        assert_eq!(
+            define("MOE_ROUTER_THREADS"),
+            Some(MOE_ROUTER_THREADS as usize)
+        );
+        assert_eq!(define("MOE_ROUTER_MAX_ROWS"), Some(MOE_ROUTER_MAX_ROWS));
+        assert_eq!(
+            define("MOE_MAX_PER_LANE").map(|p| 32 * p),
+            Some(MOE_MAX_EXPERTS)
+        );
     }
 }

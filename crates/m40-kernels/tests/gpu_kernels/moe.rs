@@ -2,7 +2,7 @@
 //! GEMVs and weighted sum, against the CPU.
 
 use super::*;
-use m40_kernels::MoeShape;
+use m40_kernels::{MoeShape, RouterNorm, RouterRoute};
 
 /// Routing (softmax, top k, renormalized; with a router bias every other
 /// case) of n tokens over E experts against m40-model's CPU `route`: the
@@ -321,6 +321,10 @@ fn glu_reference(
 /// The router of one token (`moe_router`: a block a row) against an f64
 /// product: routers of 1 to 1024 rows, row lengths of 4 to 4100 (a last
 /// round of partial float4s), output poisoned before; what it refuses.
+/// Then with the FFN norm and the routing in the launch (the one-token
+/// path): h against the CPU's RMSNorm, the logits against W h, the routing
+/// against the CPU's `route` of the logits the GPU wrote (biased every
+/// other case), three launches in a row on one counter.
 #[test]
 #[ignore = "needs a GPU"]
 fn moe_router_matches_cpu() {
@@ -348,7 +352,8 @@ fn moe_router_matches_cpu() {
             rows,
             cols,
         };
-        k.moe_router(&s, &m, &xg.view(), &mut y).unwrap();
+        k.moe_router(&s, &m, &xg.view(), &mut y, None, None)
+            .unwrap();
         let (want, mag): (Vec<f32>, Vec<f64>) = (0..rows)
             .map(|r| {
                 let row = &w[r * cols..(r + 1) * cols];
@@ -368,6 +373,96 @@ fn moe_router_matches_cpu() {
             |i| 1e-6 * mag[i] + 1e-30,
         );
     }
+    let mut done = s.alloc_zeroed::<u32>(1, "done").unwrap();
+    for (ci, (rows, cols, kk)) in [(128, 2048, 8), (32, 2880, 4), (8, 4100, 2), (1024, 64, 16)]
+        .into_iter()
+        .enumerate()
+    {
+        let w = rng.vec(rows * cols, -1.0, 1.0);
+        let wg = s
+            .upload(bytemuck::cast_slice::<f32, u8>(&w), "router")
+            .unwrap();
+        let m = QMatrix {
+            ty: GgmlType::F32,
+            data: &wg.view(),
+            rows,
+            cols,
+        };
+        let bias = (ci % 2 == 1).then(|| rng.vec(rows, -0.5, 0.5));
+        let bg = bias.as_ref().map(|b| s.upload(b, "bias").unwrap());
+        let bv = bg.as_ref().map(|b| b.view());
+        let nw = rng.vec(cols, 0.5, 1.5);
+        let nwg = s.upload(&nw, "norm").unwrap();
+        let eps = 1e-6f32;
+        for round in 0..3 {
+            let x = rng.vec(cols, -2.0, 2.0);
+            let xg = s.upload(&x, "x").unwrap();
+            let mut h = s.alloc::<f32>(cols, "h").unwrap();
+            let mut y = s.alloc::<f32>(rows, "y").unwrap();
+            let mut ids = s.alloc::<i32>(kk, "ids").unwrap();
+            let mut wts = s.alloc::<f32>(kk, "w").unwrap();
+            s.fill_bytes(&mut h, 0xFF).unwrap();
+            s.fill_bytes(&mut y, 0xFF).unwrap();
+            s.fill_bytes(&mut ids, 0xFF).unwrap();
+            s.fill_bytes(&mut wts, 0xFF).unwrap();
+            let norm = RouterNorm {
+                weight: &nwg.view(),
+                eps,
+                h: &mut h,
+            };
+            let route = RouterRoute {
+                done: &mut done,
+                bias: bv.as_ref(),
+                ids: &mut ids,
+                w: &mut wts,
+                k: kk,
+            };
+            k.moe_router(&s, &m, &xg.view(), &mut y, Some(norm), Some(route))
+                .unwrap();
+            let what = format!("moe_router {rows} x {cols} normed and routed, round {round}");
+            let mut want_h = x.clone();
+            m40_model::cpu::ops::norm(m40_gguf::NormKind::Rms, &mut want_h, &nw, eps);
+            let got_h = s.download(&h).unwrap();
+            check(&format!("{what}: h"), &got_h, &want_h, |i| {
+                2e-5 * want_h[i].abs() as f64 + 1e-7
+            });
+            let (want, mag): (Vec<f32>, Vec<f64>) = (0..rows)
+                .map(|r| {
+                    let row = &w[r * cols..(r + 1) * cols];
+                    let d: f64 = row
+                        .iter()
+                        .zip(&want_h)
+                        .map(|(a, b)| *a as f64 * *b as f64)
+                        .sum();
+                    let m: f64 = row
+                        .iter()
+                        .zip(&want_h)
+                        .map(|(a, b)| (*a as f64 * *b as f64).abs())
+                        .sum();
+                    (d as f32, m)
+                })
+                .unzip();
+            let got = s.download(&y).unwrap();
+            check(&format!("{what}: logits"), &got, &want, |i| {
+                3e-5 * mag[i] + 1e-30
+            });
+            let mut l = got.clone();
+            if let Some(b) = &bias {
+                l.iter_mut().zip(b).for_each(|(l, b)| *l += b);
+            }
+            let r = m40_model::cpu::route(&l, kk);
+            let want_ids: Vec<i32> = r.iter().map(|&(i, _)| i as i32).collect();
+            assert_eq!(s.download(&ids).unwrap(), want_ids, "{what}: ids");
+            let want_w: Vec<f32> = r.iter().map(|&(_, w)| w).collect();
+            check(
+                &format!("{what}: weights"),
+                &s.download(&wts).unwrap(),
+                &want_w,
+                |i| 2e-6 * want_w[i].abs() as f64 + 1e-7,
+            );
+            assert_eq!(s.download(&done).unwrap(), [0], "{what}: the counter");
+        }
+    }
     // Not F32, too many rows, a row length not a multiple of 4: refused.
     let z = s.upload(&vec![0u8; 4 * 1025 * 8], "w").unwrap();
     let x = s.upload(&[0f32; 8], "x").unwrap();
@@ -384,7 +479,7 @@ fn moe_router_matches_cpu() {
             cols,
         };
         assert!(
-            k.moe_router(&s, &m, &x.view(), &mut y).is_err(),
+            k.moe_router(&s, &m, &x.view(), &mut y, None, None).is_err(),
             "{ty} {rows} x {cols}"
         );
     }

@@ -639,14 +639,24 @@ impl GpuBackend {
                 self.matmul_res(&layer.wo, &av, res_bufs!(w), n, emit)?
             };
 
-            if let Some(ffn_norm) = &layer.ffn_norm {
+            // A one-token mixture's router takes the FFN norm where x is up
+            // to date and the norm an RMSNorm (`router_fused`).
+            let router_norm = match (&layer.ffn, &layer.ffn_norm) {
+                (Ffn::Moe(mats), Some(nw)) => (self.router_fused(mats, n)
+                    && matches!(res, Residual::Done)
+                    && hp.norm == NormKind::Rms)
+                    .then_some(nw),
+                _ => None,
+            };
+            if let (Some(ffn_norm), None) = (&layer.ffn_norm, router_norm) {
                 self.norm_after(norm_bufs!(w), ffn_norm, n, res)?;
             }
             let (gate_up, down) = match &layer.ffn {
                 Ffn::Dense { gate_up, down } => (gate_up, down),
                 Ffn::Moe(mats) => {
-                    let h = w.h.view();
-                    res = self.moe_ffn(mats, &h, &mut w.moe, &mut w.proj, n)?;
+                    let x = w.x.view();
+                    let norm = router_norm.map(|nw| (&x, nw));
+                    res = self.moe_ffn(mats, &mut w.h, norm, &mut w.moe, &mut w.proj, n)?;
                     continue;
                 }
             };

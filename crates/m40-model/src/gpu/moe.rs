@@ -2,7 +2,7 @@
 //! routing on the device, the chosen experts' GEMVs by id.
 
 use m40_device::{DeviceBuffer, DeviceView};
-use m40_kernels::{ExpertGlu, GemmOpts, MoeShape, QMatrix};
+use m40_kernels::{ExpertGlu, GemmOpts, MoeShape, QMatrix, RouterNorm, RouterRoute};
 
 use super::forward::{Input, Residual};
 use super::weights::{Experts, Mat, MatView, MoeMats};
@@ -27,11 +27,14 @@ impl GpuBackend {
     /// each token's weighted sum into `proj`, left pending (the next norm
     /// adds it to x). gpt-oss's biases join the launches: the router's in
     /// the routing, the gate's and up's in the GEMV's activation (or
-    /// `moe_glu`), the down's in the weighted sum.
+    /// `moe_glu`), the down's in the weighted sum. With `norm` (x and the
+    /// FFN norm's weight: see [`Self::router_fused`]), h is not normed yet:
+    /// the router's launch writes it.
     pub(super) fn moe_ffn(
         &self,
         mats: &MoeMats,
-        h: &DeviceView<'_, f32>,
+        h: &mut DeviceBuffer<f32>,
+        norm: Option<(&DeviceView<'_, f32>, &DeviceBuffer<f32>)>,
         b: &mut MoeBufs,
         proj: &mut DeviceBuffer<f32>,
         n: usize,
@@ -43,26 +46,55 @@ impl GpuBackend {
             n,
             k: m.n_expert_used,
         };
-        // One token through an F32 router: a block a row (moe_router).
-        let data = mats.router.data.view();
-        match mats.router.view(&data) {
-            MatView::Rows(q) if n == 1 && k.moe_router_takes(&q) => {
-                k.moe_router(s, &q, h, &mut b.logits)?
-            }
-            _ => self.matmul(&mats.router, Input::Rows(h), &mut b.logits, n, false)?,
-        }
         // gpt-oss's biases, as views: router, gate, up, down.
         let bias = mats.bias.as_ref().map(|bs| bs.each_ref().map(|b| b.view()));
         let router_b = bias.as_ref().map(|[r, ..]| r);
-        k.moe_route(
-            s,
-            &b.logits.view(),
-            router_b,
-            m.n_expert,
-            shape,
-            &mut b.ids,
-            &mut b.w,
-        )?;
+        let data = mats.router.data.view();
+        match mats.router.view(&data) {
+            // One token through an F32 router: a block a row, the last
+            // routing (moe_router), with the FFN norm where `norm` says.
+            MatView::Rows(q) if self.router_fused(mats, n) => {
+                let route = RouterRoute {
+                    done: &mut b.done,
+                    bias: router_b,
+                    ids: &mut b.ids,
+                    w: &mut b.w,
+                    k: shape.k,
+                };
+                match norm {
+                    Some((x, weight)) => {
+                        let weight = weight.view();
+                        let rn = RouterNorm {
+                            weight: &weight,
+                            eps: hp.rms_eps,
+                            h: &mut *h,
+                        };
+                        k.moe_router(s, &q, x, &mut b.logits, Some(rn), Some(route))?
+                    }
+                    None => k.moe_router(s, &q, &h.view(), &mut b.logits, None, Some(route))?,
+                }
+            }
+            _ => {
+                debug_assert!(norm.is_none(), "the norm rides on the fused router only");
+                self.matmul(
+                    &mats.router,
+                    Input::Rows(&h.view()),
+                    &mut b.logits,
+                    n,
+                    false,
+                )?;
+                k.moe_route(
+                    s,
+                    &b.logits.view(),
+                    router_b,
+                    m.n_expert,
+                    shape,
+                    &mut b.ids,
+                    &mut b.w,
+                )?;
+            }
+        }
+        let h = &h.view();
         if self.groups_experts(mats, n)? {
             self.moe_grouped(mats, h, b, shape)?;
             k.moe_combine(s, &b.y.view(), &b.w.view(), None, proj, hp.n_embd, shape)?;
@@ -118,6 +150,16 @@ impl GpuBackend {
         let down_b = bias.as_ref().map(|[.., db]| (&ids, db));
         k.moe_combine(s, &b.y.view(), &b.w.view(), down_b, proj, d, shape)?;
         Ok(Residual::PENDING)
+    }
+
+    /// Whether a step of `n` tokens routes in the router's launch
+    /// (`moe_router`: one token, an F32 router it takes, `fuse`); the
+    /// caller may then leave the FFN norm to it too.
+    pub(super) fn router_fused(&self, mats: &MoeMats, n: usize) -> bool {
+        let data = mats.router.data.view();
+        self.fuse
+            && n == 1
+            && matches!(mats.router.view(&data), MatView::Rows(q) if self.kernels.moe_router_takes(&q))
     }
 
     /// Whether a step of `n` tokens groups its slots by expert: at least

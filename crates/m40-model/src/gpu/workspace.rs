@@ -90,6 +90,9 @@ pub(super) struct MoeBufs {
     pub(super) order: DeviceBuffer<i32>,
     pub(super) inverse: DeviceBuffer<i32>,
     pub(super) sorted: DeviceBuffer<f32>,
+    /// The one-token router's count of finished blocks (its last block
+    /// routes: `RouterRoute`), zero between launches.
+    pub(super) done: DeviceBuffer<u32>,
 }
 
 /// Floats of [`MoeBufs`] for b tokens (ids counted as floats: 4 bytes).
@@ -165,6 +168,7 @@ impl Workspace {
                     order: stream.alloc::<i32>(o, "expert routing")?,
                     inverse: stream.alloc::<i32>(inv, "expert routing")?,
                     sorted: a(sorted, "expert activations")?,
+                    done: stream.alloc_zeroed::<u32>(1, "expert routing")?,
                 }
             },
         })
