@@ -42,7 +42,26 @@ template <class P, int B> struct PgemvBounds {
                             pos,  inv_freq, table, kpool, vpool, head_dim, n_rot, pos_scale};                 \
         gemv_packed<P, B, FOLD>(a, blockIdx.x);                                                            \
     }
+// gemv_packed_id_<fmt>_f32: a mixture's experts' GEMVs over packed
+// matrices, one token a slot. W: n_mat experts' packed matrices of nrows x
+// nb * 32, mat_bytes apart; block (_, j) runs the one-token GEMV for slot j
+// over expert ids[j] (clamped into 0 .. n_mat - 1: a bad id reads a wrong
+// expert, never out of bounds) on x row j / x_per (x (slots / x_per, nb *
+// 32)), into y row j: nrows sums (PGEMV_STORE), or with a GLU mode the
+// nrows / 2 gates of an interleaved gate/up matrix.
+#define PGEMV_ID_KERNEL(name, P)                                                                               \
+    extern "C" __global__ void __launch_bounds__(PgemvBounds<P, 1>::threads, PgemvBounds<P, 1>::blocks)         \
+        gemv_packed_id_##name##_f32(const u8* W, const float* x, float* y, int nrows, int nb, int ksplit,      \
+                                    int mode, const int* ids, int n_mat, long long mat_bytes, int x_per) {     \
+        const int j = blockIdx.y, e = min(max(ids[j], 0), n_mat - 1);                                          \
+        float* yj = y + (long long)j * (mode >= PGEMV_GLU ? nrows >> 1 : nrows);                               \
+        const GemvArgs a = {W + e * mat_bytes, x + (long long)(j / x_per) * nb * 32, yj, yj, yj, nrows, nrows, \
+                            nrows, nb, ksplit, 0, 1, mode, nullptr, nullptr, nullptr, 0, 0.0f, nullptr, nullptr, \
+                            nullptr, nullptr, nullptr, 0, 0, 0.0f};                                            \
+        gemv_packed<P, 1, FOLD_NONE>(a, blockIdx.x);                                                           \
+    }
 #define PGEMV_KERNEL(name, P)                       \
+    PGEMV_ID_KERNEL(name, P)                        \
     PGEMV_KERNEL_B(name, P, 1, FOLD_NONE, )         \
     PGEMV_KERNEL_B(name, P, 1, FOLD_TAKE, _take)    \
     PGEMV_KERNEL_B(name, P, 1, FOLD_EMIT, _emit)    \

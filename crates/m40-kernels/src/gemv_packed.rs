@@ -342,6 +342,97 @@ impl Kernels {
             .map(|l| l.ksplit)
     }
 
+    /// A mixture's experts' GEMVs over packed matrices (one token a
+    /// slot): for slot j < s.n s.k, y[j] = W[ids[j]] x[j / x_per], `w` the
+    /// experts' packed matrices of `rows` rows each, one after another
+    /// (ids clamped into them); with `act`, each an expert's gate and up
+    /// interleaved ([`crate::interleave_glu`]) and y[j] (rows / 2) =
+    /// act(gate) * up. As [`crate::Kernels::gemv_experts`] over GGUF rows.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemv_packed_experts(
+        &self,
+        stream: &Stream,
+        w: &PackedMatrix<'_>,
+        rows: usize,
+        ids: &DeviceView<'_, i32>,
+        x: &DeviceView<'_, f32>,
+        x_per: usize,
+        y: &mut DeviceBuffer<f32>,
+        s: crate::MoeShape,
+        act: Option<Activation>,
+    ) -> Result<()> {
+        const K: &str = "gemv_packed_experts";
+        let f = PackFormat::checked(K, w.ty, w.cols)?;
+        if rows == 0
+            || !rows.is_multiple_of(PACK_ROWS)
+            || !w.rows.is_multiple_of(rows)
+            || x_per == 0
+        {
+            return Err(shape(
+                K,
+                format!("{} rows are not matrices of {rows} (groups of 4)", w.rows),
+            ));
+        }
+        let (n_mat, slots) = (w.rows / rows, s.n * s.k);
+        let out_rows = if act.is_some() { rows / 2 } else { rows };
+        let mat_bytes = f.packed_bytes(rows, w.cols);
+        check_len(K, "weights", w.data.len(), n_mat * mat_bytes)?;
+        check_len(K, "ids", ids.len(), slots)?;
+        check_len(K, "x", x.len(), slots.div_ceil(x_per) * w.cols)?;
+        check_len(K, "y", y.len(), slots * out_rows)?;
+        if !x.is_aligned(16) || !w.data.is_aligned(16) {
+            return Err(shape(
+                K,
+                "weights and x must start at multiples of 16 bytes".into(),
+            ));
+        }
+        if slots == 0 {
+            return Ok(());
+        }
+        if slots > 65535 {
+            return Err(shape(K, format!("{slots} slots: grid too large")));
+        }
+        let kernel = self.kernel("gemv_packed", f.gemv_id)?;
+        let groups = rows / PACK_ROWS;
+        let grid = (
+            groups.div_ceil(PACKED_GEMV_WARPS as usize) as u32,
+            slots as u32,
+            1,
+        );
+        let mode = act.map_or(PGEMV_STORE, |a| PGEMV_GLU + act_id(a));
+        let (nrows, nb, n_mat) = (
+            to_i32(K, "rows", rows)?,
+            to_i32(K, "blocks", w.cols / 32)?,
+            to_i32(K, "experts", n_mat)?,
+        );
+        let (ks, mat_bytes, x_per) = (1i32, mat_bytes as i64, to_i32(K, "x_per", x_per)?);
+        // SAFETY: gemv_packed_id_<fmt>_f32(const u8* W, const float* x, float*
+        // y, int nrows, int nb, int ksplit, int mode, const int* ids, int n_mat,
+        // long long mat_bytes, int x_per): block (b, j) reads ids[j] (slots of
+        // them, checked), clamps it below n_mat and reads that expert's packed
+        // matrix (n_mat of mat_bytes each, checked, 16-byte aligned) at the row
+        // groups 4 b .. 4 b + 3 (< rows / 4: the grid), x row j / x_per
+        // (checked, 16-byte aligned), and writes y row j (out_rows each,
+        // checked); blocks of PACKED_GEMV_WARPS warps, one group a warp.
+        unsafe {
+            stream
+                .launch(&kernel)
+                .view(w.data)
+                .view(x)
+                .buf_mut(y)
+                .scalar(&nrows)
+                .scalar(&nb)
+                .scalar(&ks)
+                .scalar(&mode)
+                .view(ids)
+                .scalar(&n_mat)
+                .scalar(&mat_bytes)
+                .scalar(&x_per)
+                .run(cfg(grid, 32 * PACKED_GEMV_WARPS))?
+        };
+        Ok(())
+    }
+
     /// A GLU through the packed GEMV: `w` is a gate/up stack interleaved
     /// by [`crate::interleave_glu`] (2f rows: gate 0, gate 1, up 0, up 1,
     /// gate 2, ...), and y (m, f) = act(gate x) * up x for the m tokens of

@@ -401,9 +401,16 @@ mod tests {
             }
         }
         for f in PackFormat::ALL {
-            for n in [f.gemv, f.gemm, f.gemm_small, f.gemm_narrow, f.embed]
-                .iter()
-                .chain(&f.gemv_batch)
+            for n in [
+                f.gemv,
+                f.gemv_id,
+                f.gemm,
+                f.gemm_small,
+                f.gemm_narrow,
+                f.embed,
+            ]
+            .iter()
+            .chain(&f.gemv_batch)
             {
                 assert!(has(n), "{n}");
             }

@@ -31,6 +31,9 @@ pub struct PackFormat {
     /// `gemv_packed_{symbol}_f32_x{2,4,8}`: the same for up to that many
     /// tokens, each weight loaded once for all of them.
     pub gemv_batch: [&'static str; 3],
+    /// `gemv_packed_id_{symbol}_f32`: a mixture's experts, one token a
+    /// slot ([`crate::Kernels::gemv_packed_experts`]).
+    pub gemv_id: &'static str,
     /// `gemm_packed_{symbol}_f32` (prefill, kernels/gemm.cu) and its
     /// small-tile twin for prompts of at most 64 tokens.
     pub gemm: &'static str,
@@ -72,6 +75,7 @@ macro_rules! pformat {
                 concat!("gemv_packed_", $sym, "_f32_x4"),
                 concat!("gemv_packed_", $sym, "_f32_x8"),
             ],
+            gemv_id: concat!("gemv_packed_id_", $sym, "_f32"),
             gemm: concat!("gemm_packed_", $sym, "_f32"),
             gemm_small: concat!("gemm_small_packed_", $sym, "_f32"),
             gemm_narrow: concat!("gemm_narrow_packed_", $sym, "_f32"),
@@ -126,6 +130,18 @@ impl PackFormat {
     /// The packed format of `ty`, if it has one.
     pub fn of(ty: GgmlType) -> Option<PackFormat> {
         Self::ALL.iter().copied().find(|f| f.ty == ty)
+    }
+
+    /// Whether a mixture's experts of `rows` x `cols` in this format go
+    /// through [`crate::Kernels::gemv_packed_experts`]: whole blocks, rows
+    /// in groups of 4, and each expert's packed matrix a multiple of 16
+    /// bytes (the next one's start stays aligned).
+    pub fn takes_experts(&self, rows: usize, cols: usize) -> bool {
+        cols > 0
+            && cols.is_multiple_of(self.qk)
+            && rows > 0
+            && rows.is_multiple_of(PACK_ROWS)
+            && self.packed_bytes(rows, cols).is_multiple_of(16)
     }
 
     /// Bytes of a packed `rows` x `cols` matrix: the rows rounded up to

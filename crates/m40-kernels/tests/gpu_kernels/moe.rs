@@ -106,25 +106,7 @@ fn moe_route_experts_and_combine_match_cpu() {
                 None,
             )
             .unwrap();
-            let (mut want, mut mag) = (Vec::new(), Vec::new());
-            for (j, &e) in ids.iter().enumerate() {
-                let xr = &x[(j / x_per) * cols..][..cols];
-                for r in 0..rows {
-                    let wr = &dense[(e as usize * rows + r) * cols..][..cols];
-                    want.push(
-                        wr.iter()
-                            .zip(xr)
-                            .map(|(a, b)| *a as f64 * *b as f64)
-                            .sum::<f64>() as f32,
-                    );
-                    mag.push(
-                        wr.iter()
-                            .zip(xr)
-                            .map(|(a, b)| (*a as f64 * *b as f64).abs())
-                            .sum::<f64>(),
-                    );
-                }
-            }
+            let (want, mag) = experts_reference(&dense, &x, &ids, rows, cols, x_per);
             check(
                 &format!("gemv_experts {} x_per {x_per}", f.ty),
                 &s.download(&y).unwrap(),
@@ -284,6 +266,29 @@ fn moe_route_experts_and_combine_match_cpu() {
 /// products (`want`, slots of `rows`: gate rows, then up rows), with the
 /// slot's expert's biases where given; and a tolerance from the products'
 /// magnitudes (`mag`) through the activation's slope.
+/// Each slot j's expert ids[j] (rows of `dense`, `rows` an expert) times
+/// x row j / x_per in f64, and the sums of the products' magnitudes.
+fn experts_reference(
+    dense: &[f32],
+    x: &[f32],
+    ids: &[i32],
+    rows: usize,
+    cols: usize,
+    x_per: usize,
+) -> (Vec<f32>, Vec<f64>) {
+    let (mut want, mut mag) = (Vec::new(), Vec::new());
+    for (j, &e) in ids.iter().enumerate() {
+        let xr = &x[(j / x_per) * cols..][..cols];
+        for r in 0..rows {
+            let wr = &dense[(e as usize * rows + r) * cols..][..cols];
+            let p = wr.iter().zip(xr).map(|(a, b)| *a as f64 * *b as f64);
+            want.push(p.clone().sum::<f64>() as f32);
+            mag.push(p.map(f64::abs).sum::<f64>());
+        }
+    }
+    (want, mag)
+}
+
 fn glu_reference(
     want: &[f32],
     mag: &[f64],
@@ -316,6 +321,123 @@ fn glu_reference(
         }
     }
     (out, tol)
+}
+
+/// The experts' GEMVs over packed matrices (`gemv_packed_experts`), every
+/// packed format: each expert packed on its own, slots reading their
+/// token's row and their own, an id past the experts (clamped to the
+/// last), against the CPU's product of the dequantized rows; interleaved
+/// gate and up with SwiGLU and GeGLU. Outputs poisoned, nothing written
+/// past y; shapes it refuses.
+#[test]
+#[ignore = "needs a GPU"]
+fn packed_experts_match_cpu() {
+    let (_dev, s, k, mut rng) = setup("packed_experts_match_cpu");
+    use m40_gguf::hparams::Activation;
+    use m40_kernels::{PackFormat, PackedMatrix};
+    const TAIL: usize = 8;
+    for f in PackFormat::ALL {
+        let (n, kk, n_mat, rows) = (3usize, 2usize, 5usize, 36usize);
+        let cols = if f.qk == 256 { 512 } else { 128 };
+        assert!(f.takes_experts(rows, cols), "{}", f.ty);
+        let w = random_weights(&mut rng, f.ty, n_mat * rows, cols);
+        let dense = dequant(f.ty, &w, n_mat * rows, cols);
+        let row_b = w.len() / (n_mat * rows);
+        let mut ids: Vec<i32> = (0..n * kk).map(|_| rng.below(n_mat) as i32).collect();
+        ids[1] = n_mat as i32 + 3;
+        let idg = s.upload(&ids, "ids").unwrap();
+        let clamped: Vec<i32> = ids.iter().map(|&e| e.min(n_mat as i32 - 1)).collect();
+        // Each expert's matrix packed on its own (optionally its halves
+        // interleaved as gate and up first).
+        let pack = |glu: bool| -> Vec<u8> {
+            let mut out = Vec::new();
+            for e in 0..n_mat {
+                let m = &w[e * rows * row_b..(e + 1) * rows * row_b];
+                let m = match glu {
+                    true => {
+                        let (g, u) = m.split_at(rows / 2 * row_b);
+                        m40_kernels::interleave_glu(g, u, rows / 2).unwrap()
+                    }
+                    false => m.to_vec(),
+                };
+                out.extend(pack_gemv(f.ty, &m, rows, cols).unwrap());
+            }
+            out
+        };
+        for x_per in [kk, 1] {
+            let x = rng.vec((n * kk).div_ceil(x_per) * cols, -1.0, 1.0);
+            let xg = s.upload(&x, "x").unwrap();
+            let (want, mag) = experts_reference(&dense, &x, &clamped, rows, cols, x_per);
+            let acts: &[Option<Activation>] = match x_per == kk {
+                true => &[None, Some(Activation::Silu), Some(Activation::GeluTanh)],
+                false => &[None],
+            };
+            for &act in acts {
+                let wg = s.upload(&pack(act.is_some()), "packed experts").unwrap();
+                let m = PackedMatrix {
+                    ty: f.ty,
+                    data: &wg.view(),
+                    rows: n_mat * rows,
+                    cols,
+                };
+                let out = if act.is_some() { rows / 2 } else { rows };
+                let mut y = s.alloc::<f32>(n * kk * out + TAIL, "y").unwrap();
+                s.fill_bytes(&mut y, 0xFF).unwrap();
+                let shape = MoeShape { n, k: kk };
+                k.gemv_packed_experts(
+                    &s,
+                    &m,
+                    rows,
+                    &idg.view(),
+                    &xg.view(),
+                    x_per,
+                    &mut y,
+                    shape,
+                    act,
+                )
+                .unwrap();
+                let got = s.download(&y).unwrap();
+                let what = format!("gemv_packed_experts {} x_per {x_per} {act:?}", f.ty);
+                match act {
+                    None => check(&what, &got[..n * kk * rows], &want, |i| {
+                        1e-5 * mag[i] + 1e-30
+                    }),
+                    Some(a) => {
+                        let (want_g, tol) = glu_reference(&want, &mag, &clamped, rows, a, None);
+                        check(&what, &got[..n * kk * out], &want_g, |i| tol[i]);
+                    }
+                }
+                assert!(
+                    got[n * kk * out..].iter().all(|v| v.to_bits() == u32::MAX),
+                    "{what}: wrote past y"
+                );
+            }
+        }
+        // Matrices of rows not in groups of 4: refused.
+        let wg = s.upload(&pack(false), "packed experts").unwrap();
+        let m = PackedMatrix {
+            ty: f.ty,
+            data: &wg.view(),
+            rows: n_mat * rows,
+            cols,
+        };
+        let x = s.upload(&vec![0f32; n * kk * cols], "x").unwrap();
+        let mut y = s.alloc::<f32>(n * kk * rows, "y").unwrap();
+        let shape = MoeShape { n, k: kk };
+        assert!(k
+            .gemv_packed_experts(
+                &s,
+                &m,
+                rows / 2 - 1,
+                &idg.view(),
+                &x.view(),
+                1,
+                &mut y,
+                shape,
+                None
+            )
+            .is_err());
+    }
 }
 
 /// The router of one token (`moe_router`: a block a row) against an f64

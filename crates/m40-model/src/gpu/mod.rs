@@ -171,7 +171,7 @@ fn memory_needed(
             if t.name == TOKEN_EMBD && !hp.tied_output {
                 t.n_bytes // gathered only: stays in GGUF rows
             } else {
-                device_bytes(opts, t)
+                device_bytes(opts, hp, t)
             }
         })
         .sum::<u64>()

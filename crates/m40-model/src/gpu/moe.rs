@@ -2,7 +2,10 @@
 //! routing on the device, the chosen experts' GEMVs by id.
 
 use m40_device::{DeviceBuffer, DeviceView};
-use m40_kernels::{ExpertGlu, GemmOpts, MoeShape, QMatrix, RouterNorm, RouterRoute};
+use m40_kernels::{
+    ExpertGlu, GemmOpts, MoeShape, PackFormat, PackedMatrix, QMatrix, RouterNorm, RouterRoute,
+    RowSplit,
+};
 
 use super::forward::{Input, Residual};
 use super::weights::{Experts, Mat, MatView, MoeMats};
@@ -101,39 +104,42 @@ impl GpuBackend {
             return Ok(Residual::PENDING);
         }
         let ids = b.ids.view();
-        type Launch<'f> = &'f mut dyn FnMut(&QMatrix<'_>) -> m40_kernels::Result<()>;
-        let rows = |mat: &Mat, f: Launch<'_>| -> Result<()> {
+        // A matrix's GEMVs for every slot (x row j / x_per), `rows` rows an
+        // expert: packed, or in GGUF rows (with gpt-oss's biases).
+        let experts = |mat: &Mat,
+                       rows: usize,
+                       x: &DeviceView<'_, f32>,
+                       x_per: usize,
+                       y: &mut DeviceBuffer<f32>,
+                       glu: Option<ExpertGlu<'_, '_>>|
+         -> Result<()> {
             let data = mat.data.view();
-            let MatView::Rows(q) = mat.view(&data) else {
-                unreachable!("experts stay in GGUF rows")
-            };
-            Ok(f(&q)?)
+            match mat.view(&data) {
+                MatView::Packed(p) => {
+                    debug_assert!(
+                        glu.is_none_or(|g| g.bias.is_none()),
+                        "packed experts: no biases"
+                    );
+                    let act = glu.map(|g| g.act);
+                    k.gemv_packed_experts(s, &p, rows, &ids, x, x_per, y, shape, act)?
+                }
+                MatView::Rows(q) => k.gemv_experts(s, &q, rows, &ids, x, x_per, y, shape, glu)?,
+            }
+            Ok(())
         };
         let ff = m.n_ff_exp;
         let gate_up_b = bias.as_ref().map(|[_, g, u, _]| [g, u]);
         match &mats.gate_up {
-            Experts::Glu(gu) => rows(gu, &mut |q| {
+            Experts::Glu(gu) => {
                 let glu = ExpertGlu {
                     act: hp.act,
                     bias: gate_up_b,
                 };
-                k.gemv_experts(
-                    s,
-                    q,
-                    2 * ff,
-                    &ids,
-                    h,
-                    shape.k,
-                    &mut b.gate,
-                    shape,
-                    Some(glu),
-                )
-            })?,
+                experts(gu, 2 * ff, h, shape.k, &mut b.gate, Some(glu))?;
+            }
             Experts::Split(gate, up) => {
                 for (mat, out) in [(gate, &mut b.gate), (up, &mut b.up)] {
-                    rows(mat, &mut |q| {
-                        k.gemv_experts(s, q, ff, &ids, h, shape.k, out, shape, None)
-                    })?;
+                    experts(mat, ff, h, shape.k, out, None)?;
                 }
                 match gate_up_b {
                     Some(gu) => {
@@ -144,9 +150,7 @@ impl GpuBackend {
             }
         }
         let d = hp.n_embd;
-        rows(&mats.down, &mut |q| {
-            k.gemv_experts(s, q, d, &ids, &b.gate.view(), 1, &mut b.y, shape, None)
-        })?;
+        experts(&mats.down, d, &b.gate.view(), 1, &mut b.y, None)?;
         let down_b = bias.as_ref().map(|[.., db]| (&ids, db));
         k.moe_combine(s, &b.y.view(), &b.w.view(), down_b, proj, d, shape)?;
         Ok(Residual::PENDING)
@@ -229,25 +233,40 @@ impl GpuBackend {
                 continue;
             }
             let x = b.sorted.slice(off * d..(off + c) * d)?;
-            // Expert e's matrix of the 3-D tensor times its c rows of x.
+            // Expert e's matrix of the 3-D tensor (packed, or in GGUF rows)
+            // times its c rows of x.
             let gemm =
                 |mat: &Mat, x: &DeviceView<'_, f32>, y: &mut DeviceBuffer<f32>| -> Result<()> {
-                    debug_assert!(!mat.packed, "experts stay in GGUF rows");
-                    let rows = mat.rows / m.n_expert;
-                    let rb = mat
-                        .ty
-                        .row_bytes(mat.cols as u64)
-                        .expect("a GGUF row format") as usize;
-                    let part = mat.data.slice(e * rows * rb..(e + 1) * rows * rb)?;
-                    let w = QMatrix {
-                        ty: mat.ty,
-                        data: &part,
-                        rows,
-                        cols: mat.cols,
-                    };
+                    let (rows, cols) = (mat.rows / m.n_expert, mat.cols);
                     let opts = GemmOpts {
                         accumulate: false,
                         scratch: None,
+                    };
+                    if mat.packed {
+                        let f = PackFormat::of(mat.ty).expect("a packed format");
+                        let eb = f.packed_bytes(rows, cols);
+                        let part = mat.data.slice(e * eb..(e + 1) * eb)?;
+                        let (ty, data) = (mat.ty, &part);
+                        let w = PackedMatrix {
+                            ty,
+                            data,
+                            rows,
+                            cols,
+                        };
+                        let out = RowSplit {
+                            bufs: &mut [y],
+                            rows: &[rows],
+                        };
+                        return Ok(k.gemm_packed_split(s, &w, x, out, c, opts)?);
+                    }
+                    let rb = mat.ty.row_bytes(cols as u64).expect("a GGUF row format") as usize;
+                    let part = mat.data.slice(e * rows * rb..(e + 1) * rows * rb)?;
+                    let (ty, data) = (mat.ty, &part);
+                    let w = QMatrix {
+                        ty,
+                        data,
+                        rows,
+                        cols,
                     };
                     Ok(k.gemm(s, &w, x, y, c, opts)?)
                 };

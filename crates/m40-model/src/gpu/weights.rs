@@ -4,7 +4,7 @@
 
 use m40_device::{DeviceBuffer, DeviceView, Stream};
 use m40_gguf::hparams::{Activation, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
-use m40_gguf::GgmlType;
+use m40_gguf::{GgmlType, HyperParams, TensorView};
 use m40_kernels::{
     interleave_glu, modules_for, pack_gemv, KernelFormat, PackFormat, PackedMatrix, QMatrix,
     PACK_ROWS,
@@ -59,9 +59,9 @@ pub(super) fn packs(opts: &GpuOptions, ty: GgmlType, cols: usize) -> bool {
 /// Device bytes of a weight tensor as uploaded (the packed layout pads the
 /// rows to groups of 4, and Q4_K's unpacked scales take 4 bytes more per
 /// super-block).
-pub(super) fn device_bytes(opts: &GpuOptions, t: &m40_gguf::TensorInfo) -> u64 {
+pub(super) fn device_bytes(opts: &GpuOptions, hp: &HyperParams, t: &m40_gguf::TensorInfo) -> u64 {
     match PackFormat::of(t.ty) {
-        Some(f) if !in_rows(t) && packs(opts, t.ty, t.row_len()) => {
+        Some(f) if !in_rows(opts, hp, t) && packs(opts, t.ty, t.row_len()) => {
             f.packed_bytes(t.n_rows(), t.row_len()) as u64
         }
         _ => t.n_bytes,
@@ -270,36 +270,53 @@ impl Weights {
                 wo: one(stacks(&[&n.wo], true, false)?),
                 ffn: if let Some(m) = hp.moe {
                     let (g, u) = (model.tensor(&n.ffn_gate_exps), model.tensor(&n.ffn_up_exps));
-                    let gate_up = if opts.fuse
-                        && g.info.ty == u.info.ty
-                        && m.n_ff_exp.is_multiple_of(2)
-                    {
-                        // Expert by expert: its gate and up interleaved.
-                        let mut joined = Vec::with_capacity(g.data.len() + u.data.len());
-                        for e in 0..m.n_expert {
-                            let (gi, ui) = (g.info.matrix(e), u.info.matrix(e));
-                            let (ge, ue) = (g.matrix(&gi, e), u.matrix(&ui, e));
-                            joined.extend(interleave_glu(ge.data, ue.data, m.n_ff_exp)?);
-                        }
-                        let data = stream
-                            .upload(&joined, &format!("{} + {}", n.ffn_gate_exps, n.ffn_up_exps))?;
-                        Experts::Glu(Mat {
-                            ty: g.info.ty,
-                            data,
-                            rows: 2 * g.info.n_rows(),
-                            cols: g.info.row_len(),
-                            packed: false,
-                        })
-                    } else {
-                        Experts::Split(
-                            one(stacks(&[&n.ffn_gate_exps], false, false)?),
-                            one(stacks(&[&n.ffn_up_exps], false, false)?),
-                        )
-                    };
+                    // Each expert's matrix (its gate and up interleaved, with
+                    // `up`), packed where `experts_packed` says, one after
+                    // another.
+                    let experts =
+                        |t: &TensorView<'_>, up: Option<&TensorView<'_>>| -> Result<Mat> {
+                            let (ty, cols) = (t.info.ty, t.info.row_len());
+                            let per = t.info.n_rows() / m.n_expert;
+                            let rows = if up.is_some() { 2 * per } else { per };
+                            let packed = experts_packed(opts, hp, t.info);
+                            let mut joined = Vec::with_capacity(2 * t.data.len());
+                            for e in 0..m.n_expert {
+                                let ti = t.info.matrix(e);
+                                let te = t.matrix(&ti, e);
+                                let mat = match up {
+                                    Some(u) => {
+                                        let ui = u.info.matrix(e);
+                                        interleave_glu(te.data, u.matrix(&ui, e).data, per)?
+                                    }
+                                    None => te.data.to_vec(),
+                                };
+                                match packed {
+                                    true => joined.extend(pack_gemv(ty, &mat, rows, cols)?),
+                                    false => joined.extend(mat),
+                                }
+                            }
+                            let what = match up {
+                                Some(u) => format!("{} + {}", t.info.name, u.info.name),
+                                None => t.info.name.clone(),
+                            };
+                            Ok(Mat {
+                                ty,
+                                data: stream.upload(&joined, &what)?,
+                                rows: rows * m.n_expert,
+                                cols,
+                                packed,
+                            })
+                        };
+                    let gate_up =
+                        if opts.fuse && g.info.ty == u.info.ty && m.n_ff_exp.is_multiple_of(2) {
+                            Experts::Glu(experts(&g, Some(&u))?)
+                        } else {
+                            Experts::Split(experts(&g, None)?, experts(&u, None)?)
+                        };
                     Ffn::Moe(Box::new(MoeMats {
                         router: one(stacks(&[&n.ffn_gate_inp], false, false)?),
                         gate_up,
-                        down: one(stacks(&[&n.ffn_down_exps], false, false)?),
+                        down: experts(&model.tensor(&n.ffn_down_exps), None)?,
                         bias: match m.bias {
                             true => Some([
                                 f32s(&n.ffn_gate_inp_b)?,
@@ -357,12 +374,14 @@ pub(super) fn modules_needed(model: &Model, opts: &GpuOptions) -> Vec<&'static s
         let Ok(f) = KernelFormat::of(t.ty, "gpu backend") else {
             continue;
         };
-        let list =
-            if !in_rows(t) && PackFormat::of(t.ty).is_some() && packs(opts, t.ty, t.row_len()) {
-                &mut packed
-            } else {
-                &mut rows
-            };
+        let list = if !in_rows(opts, hp, t)
+            && PackFormat::of(t.ty).is_some()
+            && packs(opts, t.ty, t.row_len())
+        {
+            &mut packed
+        } else {
+            &mut rows
+        };
         if !list.contains(&f.symbol) {
             list.push(f.symbol);
         }
@@ -390,8 +409,25 @@ pub(super) fn modules_needed(model: &Model, opts: &GpuOptions) -> Vec<&'static s
     m
 }
 
-/// Whether a tensor stays in GGUF rows whatever the options: a mixture's
-/// experts and router.
-pub(super) fn in_rows(t: &m40_gguf::TensorInfo) -> bool {
-    t.shape.len() == 3 || t.name.ends_with("ffn_gate_inp.weight")
+/// Whether a tensor stays in GGUF rows: a mixture's router, and its
+/// experts where they are not packed (`experts_packed`).
+pub(super) fn in_rows(opts: &GpuOptions, hp: &HyperParams, t: &m40_gguf::TensorInfo) -> bool {
+    t.name.ends_with("ffn_gate_inp.weight") || (t.shape.len() == 3 && !experts_packed(opts, hp, t))
+}
+
+/// Whether a mixture's experts tensor `t` (3-D) is uploaded in the packed
+/// layout, expert by expert, for the packed experts' GEMV
+/// (`gemv_packed_experts`): `fuse` and `packed` on, no expert biases
+/// (gpt-oss's experts keep the GEMV of GGUF rows, whose epilogue adds
+/// them), and a packed format that takes its matrices.
+pub(super) fn experts_packed(
+    opts: &GpuOptions,
+    hp: &HyperParams,
+    t: &m40_gguf::TensorInfo,
+) -> bool {
+    let per = t.shape.get(1).map_or(0, |&r| r as usize);
+    opts.fuse
+        && !hp.moe.is_some_and(|m| m.bias)
+        && packs(opts, t.ty, t.row_len())
+        && PackFormat::of(t.ty).is_some_and(|f| f.takes_experts(per, t.row_len()))
 }
