@@ -14,8 +14,9 @@
 //! keys; a prompt alone takes the prefill attention. With
 //! `GpuOptions::batch_decode` off each sequence runs alone instead.
 
-use super::forward::{Residual, StepAttn};
+use super::forward::StepAttn;
 use super::kv::GpuCache;
+use super::residual::Residual;
 use super::workspace::LOGIT_ROWS;
 use super::{lock, GpuBackend, State};
 use crate::batch::{forward_each, SeqStep, StepOut, Want};

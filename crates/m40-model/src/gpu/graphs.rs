@@ -14,8 +14,9 @@ use std::collections::HashMap;
 
 use m40_kernels::{DecodeProgram, KV_PAGE};
 
-use super::forward::{attn_shape, Residual, StepAttn};
+use super::forward::{attn_shape, StepAttn};
 use super::kv::Pools;
+use super::residual::Residual;
 use super::workspace::Workspace;
 use super::GpuBackend;
 use crate::error::Result;

@@ -24,6 +24,7 @@ mod forward;
 mod graphs;
 mod kv;
 mod moe;
+mod residual;
 mod weights;
 mod workspace;
 

@@ -7,7 +7,7 @@ use m40_kernels::{
     RowSplit,
 };
 
-use super::forward::{Input, Residual};
+use super::residual::{Input, Residual};
 use super::weights::{Experts, Mat, MatView, MoeMats};
 use super::workspace::MoeBufs;
 use super::GpuBackend;
