@@ -431,3 +431,89 @@ pub(super) fn experts_packed(
         && packs(opts, t.ty, t.row_len())
         && PackFormat::of(t.ty).is_some_and(|f| f.takes_experts(per, t.row_len()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use m40_gguf::synth::{write_model, FileType, Shape, SynthOptions};
+
+    fn synth(shape: &str, ty: GgmlType) -> Model {
+        let opts = SynthOptions {
+            shape: Shape::find(shape).unwrap(),
+            ty: FileType::All(ty),
+            seed: 0,
+        };
+        let bytes = write_model(Vec::new(), &opts, |_, _| {}).unwrap();
+        Model::from_file(m40_gguf::GgufFile::from_bytes(bytes).unwrap()).unwrap()
+    }
+
+    /// Which experts are packed, what the memory plan counts for them, and
+    /// which kernel modules load: qwen3moe's and Mixtral's experts packed
+    /// (their packed GEMV module loaded), not with `fuse` or `packed` off,
+    /// not gpt-oss's (biased, MXFP4), and never the router.
+    #[test]
+    fn experts_are_packed_where_their_gemv_takes_them() {
+        for (shape, ty, want) in [
+            ("qwen3moe-tiny", GgmlType::Q4_0, true),
+            ("qwen3moe-tiny", GgmlType::Q8_0, true),
+            ("mixtral-tiny", GgmlType::Q4_0, true),
+            ("gpt-oss-tiny", GgmlType::MXFP4, false),
+        ] {
+            let model = synth(shape, ty);
+            let hp = model.hparams();
+            let off = |f: fn(&mut GpuOptions)| {
+                let mut o = GpuOptions::default();
+                f(&mut o);
+                o
+            };
+            let on = GpuOptions::default();
+            let mut experts = 0;
+            for (name, _) in hp.expected_tensors() {
+                let Some(t) = model.file().tensor_info(&name) else {
+                    continue;
+                };
+                let what = format!("{shape} {ty} {name}");
+                if name.ends_with("ffn_gate_inp.weight") {
+                    assert!(in_rows(&on, hp, t), "{what}: the router stays in rows");
+                    continue;
+                }
+                if t.shape.len() != 3 {
+                    continue;
+                }
+                experts += 1;
+                assert_eq!(experts_packed(&on, hp, t), want, "{what}");
+                assert_eq!(in_rows(&on, hp, t), !want, "{what}");
+                assert!(
+                    !experts_packed(&off(|o| o.fuse = false), hp, t),
+                    "{what}: fuse off"
+                );
+                assert!(
+                    !experts_packed(&off(|o| o.packed = false), hp, t),
+                    "{what}: packed off"
+                );
+                let f = PackFormat::of(t.ty);
+                let bytes = device_bytes(&on, hp, t);
+                match (want, f) {
+                    (true, Some(f)) => {
+                        assert_eq!(
+                            bytes,
+                            f.packed_bytes(t.n_rows(), t.row_len()) as u64,
+                            "{what}"
+                        )
+                    }
+                    _ => assert_eq!(bytes, t.n_bytes, "{what}"),
+                }
+            }
+            assert!(experts >= 3, "{shape}: {experts} experts tensors");
+            let modules = modules_needed(&model, &on);
+            if want {
+                let sym = KernelFormat::of(ty, "test").unwrap().symbol;
+                let m = format!("gemv_packed.{sym}");
+                assert!(
+                    modules.iter().any(|x| *x == m),
+                    "{shape}: {m} in {modules:?}"
+                );
+            }
+        }
+    }
+}
