@@ -23,6 +23,12 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
     return v;
 }
 
+// a * s * w: a normed value (s the row's scale, w the norm's weight).
+__device__ __forceinline__ float scale_mul(float a, float s, float w) { return a * s * w; }
+__device__ __forceinline__ float4 scale_mul(float4 a, float s, float4 w) {
+    return make_float4(a.x * s * w.x, a.y * s * w.y, a.z * s * w.z, a.w * s * w.w);
+}
+
 // SiLU(g) * u, the gate of SwiGLU.
 __device__ __forceinline__ float swiglu1(float g, float u) { return g / (1.0f + __expf(-g)) * u; }
 

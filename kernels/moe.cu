@@ -129,10 +129,6 @@ extern "C" __global__ void moe_glu_f32(float* g, const float* u, const int* ids,
 #define MOE_ROUTER_U 8
 #define MOE_ROUTER_MAX_ROWS 1024
 
-__device__ __forceinline__ float4 moe_scale_mul(float4 a, float s, float4 w) {
-    return make_float4(a.x * s * w.x, a.y * s * w.y, a.z * s * w.z, a.w * s * w.w);
-}
-
 extern "C" __global__ void __launch_bounds__(MOE_ROUTER_THREADS)
     moe_router_f32(const float* W, const float* x, float* y, int ncols, const float* nw, float eps, float* h,
                    unsigned* done, const float* bias, int* ids, float* wts, int K) {
@@ -174,7 +170,7 @@ extern "C" __global__ void __launch_bounds__(MOE_ROUTER_THREADS)
             for (int u = 0; u < MOE_ROUTER_U; ++u) {
                 const int i = i0 + u * MOE_ROUTER_THREADS;
                 if (i < m) {
-                    b[u] = moe_scale_mul(b[u], s, n4[i]);
+                    b[u] = scale_mul(b[u], s, n4[i]);
                     if (blockIdx.x == 0) ((float4*)h)[i] = b[u];
                 }
             }

@@ -25,10 +25,6 @@ __device__ __forceinline__ float add(float a, float b) { return a + b; }
 __device__ __forceinline__ float4 add(float4 a, float4 b) {
     return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
 }
-__device__ __forceinline__ float scale_mul(float a, float s, float w) { return a * s * w; }
-__device__ __forceinline__ float4 scale_mul(float4 a, float s, float4 w) {
-    return make_float4(a.x * s * w.x, a.y * s * w.y, a.z * s * w.z, a.w * s * w.w);
-}
 __device__ __forceinline__ float hsum(float v) { return v; }
 __device__ __forceinline__ float hsum(float4 v) { return v.x + v.y + v.z + v.w; }
 __device__ __forceinline__ float sub(float a, float m) { return a - m; }
@@ -138,7 +134,7 @@ extern "C" __global__ void add_rmsnorm_f32(float* x, const float* d, const float
 
 // x += rmsnorm(d) * pw * ps, then y = rmsnorm(x) * w: a branch's post-norm
 // (gemma2/3, scaled by ps), the residual connection and the next norm in
-// one launch (three before).
+// one launch (two before).
 extern "C" __global__ void add_post_rmsnorm_f32(float* x, const float* d, const float* pw, float ps, const float* w,
                                                 float* y, int n, float eps) {
     norm_block<false>(x, d, w, y, n, eps, pw, ps);
