@@ -411,6 +411,7 @@ mod tests {
             ]
             .iter()
             .chain(&f.gemv_batch)
+            .chain(&[f.gemv_take, f.gemv_emit])
             {
                 assert!(has(n), "{n}");
             }
