@@ -394,8 +394,10 @@ template <class P, int B> struct InFlight {
 // write q (FP32, rotated), K (FP16, rotated) and V (FP16) straight to q and
 // the KV pools at token row kv_row(table, pos[0]), with rope.cu's angles
 // and rotation (common.cuh rope_sin_cos, rope_rot0/1) and its table's
-// magnitude scale, inv_freq[n_rot / 2]. Off (kpool null)
-// for everything else.
+// magnitude scale, inv_freq[n_rot / 2]. With nw non-null (no FOLD_EMIT
+// here) each row's sum is biased by nw[row] first (gpt-oss, qwen2; a NeoX
+// model's Q/K heads are uploaded with their pairs' rows adjacent, so that
+// they rotate as llama's do). Off (kpool null) for everything else.
 //
 // The arguments, in the order of the kernels' parameters (gemv_packed.cu;
 // decode.cu reads them from memory in this layout). Read where they are
@@ -406,7 +408,7 @@ struct GemvArgs {
     const float* x;
     float *y, *y1, *y2;  // RowParts
     int r1, r2, nrows, nb, ksplit, t0, m, mode;
-    const float* nw;  // FOLD_EMIT: the next norm's weight (nrows)
+    const float* nw;  // FOLD_EMIT: the next norm's weight (nrows); RoPE fold: the rows' biases
     float* h;         // FOLD_EMIT: x * nw (nrows)
     float* part;      // FOLD_EMIT: out, one per block; FOLD_TAKE: in
     int n_part;       // FOLD_TAKE: partial sums to add
@@ -624,6 +626,7 @@ __device__ __forceinline__ void gemv_packed(const GemvArgs& a, int vb) {
     // The whole warp takes part (the shuffle).
     float sq = 0.0f;
     if (B == 1 && a.kpool != nullptr) {
+        if (a.nw != nullptr && out) mine += a.nw[row];  // the row's bias (RopeKv: nw)
         const float other = __shfl_xor_sync(0xffffffffu, mine, 1);  // the pair's other sum
         if (owns && out) {
             if (row < y.r2) {  // Q or K: rotate the pair

@@ -43,8 +43,10 @@ pub enum GemvOut<'a, 'b, 'c> {
     /// A Q/K/V stack of one token (rows: q_dim, then K and V of n_head_kv
     /// heads each), or the part of one that [`RopeKv::parts`] names, with
     /// RoPE and the KV append folded in: the rotated queries to `q`, K
-    /// (rotated) and V to the pools as [`Kernels::rope_kv_append`] would.
-    /// The normal (llama) style only.
+    /// (rotated) and V to the pools as [`Kernels::rope_kv_append`] (with
+    /// [`RopeKv::bias`]: [`Kernels::rope_kv_append_biased`]) would. The
+    /// normal (llama) style only: a NeoX model's heads fold when uploaded
+    /// with each pair's rows adjacent (m40-model's GPU weights).
     RopeKv(RopeKv<'a, 'c>),
 }
 
@@ -58,6 +60,10 @@ pub struct RopeKv<'a, 'c> {
     pub q: &'c mut DeviceBuffer<f32>,
     /// Where K and V go (one token: pos[0] only).
     pub kv: KvAppend<'a, 'c>,
+    /// The matrix's rows' biases (as many as it has rows: its parts' of
+    /// Q's, K's and V's), added to the sums before the rotation (qwen2,
+    /// gpt-oss), or None.
+    pub bias: Option<&'a DeviceView<'a, f32>>,
 }
 
 /// An RMSNorm folded into two one-token packed GEMVs (kernels/gemv_packed.cu
@@ -134,17 +140,17 @@ const ZERO_F32: f32 = 0.0;
 /// r2, int nrows, int nb, int ksplit, int t0, int m, int mode, const float*
 /// nw, float* h, float* part, int n_part, float eps, const int* pos, const
 /// float* inv_freq, const int* table, u16* kpool, u16* vpool, int head_dim,
-/// int n_rot, float pos_scale (null and zeros where unused); `l` holds W
-/// and x already.
+/// int n_rot, float pos_scale (null and zeros where unused; with RopeKv,
+/// nw is its biases or null); `l` holds W and x already.
 fn push_gemv<'l, A: KernelArgs<'l>>(
     l: A,
     out: &'l mut GemvOut<'_, '_, '_>,
     fold: &'l mut Option<Fold<'_, '_>>,
     sc: &'l GemvScalars,
 ) -> A {
-    let (l, rk) = match out {
-        GemvOut::Parts(y) => (y.push(l), None),
-        GemvOut::Glu(y, _) | GemvOut::Add(y) => (l.buf_mut(&mut **y).null().null(), None),
+    let (l, rk, bias) = match out {
+        GemvOut::Parts(y) => (y.push(l), None, None),
+        GemvOut::Glu(y, _) | GemvOut::Add(y) => (l.buf_mut(&mut **y).null().null(), None, None),
         GemvOut::RopeKv(r) => {
             let RopeKv {
                 q,
@@ -157,14 +163,22 @@ fn push_gemv<'l, A: KernelArgs<'l>>(
                         vpool,
                         ..
                     },
+                bias,
                 ..
             } = r;
             let l = l.buf_mut(&mut **q).null().null();
             (
                 l,
                 Some((*pos, *inv_freq, *table, &mut **kpool, &mut **vpool)),
+                *bias,
             )
         }
+    };
+    // The RoPE fold's biases ride in nw, which only FOLD_EMIT (never
+    // with RopeKv: checked) otherwise reads.
+    let nw = |l: A| match bias {
+        Some(b) => l.view(b),
+        None => l.null(),
     };
     let l = l
         .scalar(&sc.r1)
@@ -183,9 +197,9 @@ fn push_gemv<'l, A: KernelArgs<'l>>(
             .scalar(&ZERO_I32)
             .scalar(&ZERO_F32),
         Some(Fold::Take { part, eps, .. }) => {
-            l.null().null().view(part).scalar(&sc.n_part).scalar(eps)
+            nw(l).null().view(part).scalar(&sc.n_part).scalar(eps)
         }
-        None => l.null().null().null().scalar(&ZERO_I32).scalar(&ZERO_F32),
+        None => nw(l).null().null().scalar(&ZERO_I32).scalar(&ZERO_F32),
     };
     let l = match rk {
         Some((pos, inv_freq, table, kpool, vpool)) => l
@@ -466,6 +480,9 @@ impl Kernels {
                     ));
                 }
                 check_len(K, "q", r.q.len(), r1)?;
+                if let Some(b) = r.bias {
+                    check_len(K, "bias", b.len(), nrows)?;
+                }
                 check_len(K, "pos", r.kv.pos.len(), 1)?;
                 // The frequencies and the magnitude scale after them.
                 check_len(K, "inv_freq", r.kv.inv_freq.len(), p.n_rot / 2 + 1)?;
@@ -630,8 +647,10 @@ impl Kernels {
             // rows r1 .. r2 (K) and r2 .. nrows (V; kv_dim each or none,
             // checked) to row kv_row(table, pos[0]) of the pools (pages below
             // the pool's count, kept so by the caller; vpool as long as
-            // kpool: checked). Recorded (one token), the persistent kernel's
-            // virtual blocks do the same with the same arguments.
+            // kpool: checked); nw is then RopeKv's biases (nrows, checked) or
+            // null, read at rows < nrows. Recorded (one token), the
+            // persistent kernel's virtual blocks do the same with the same
+            // arguments.
             unsafe { self.submit(stream, &exec, cfg(grid, block_threads), head, &mut args)? };
         }
         Ok(GemvLaunch {

@@ -448,13 +448,13 @@ impl GpuBackend {
                 _ => (self.inv_freq.view(), &self.rope),
             };
             // One token through packed Q/K/V stacks (one, or a run of them
-            // per format: a Q4_K_M layer's Q/K and its Q6_K V), no bias,
-            // llama's RoPE style: the GEMVs rotate and append to the cache
-            // themselves.
+            // per format: a Q4_K_M layer's Q/K and its Q6_K V), no head
+            // norms, llama's RoPE style (a NeoX model's heads are uploaded
+            // so: `neox_pairs_adjacent`): the GEMVs add the biases, rotate
+            // and append to the cache themselves.
             let rope_folded = self.fuse
                 && n == 1
                 && layer.qkv.iter().all(|st| st.mat.packed)
-                && layer.bias.is_none()
                 && layer.qk_norm.is_none()
                 && rope.style == RopeStyle::Normal;
             // Where this layer's rotated keys and values go.
@@ -476,12 +476,19 @@ impl GpuBackend {
                         unreachable!("rope_folded: packed")
                     };
                     let (x, fold) = self.fold_in(xin);
+                    // This stack's rows' biases (Q's, K's, V's in one buffer).
+                    let from: usize = [q_dim, kv_dim][..first].iter().sum();
+                    let bias = match &layer.bias {
+                        Some(b) => Some(b.slice(from..from + m.rows)?),
+                        None => None,
+                    };
                     let parts = first..first + st.parts.len();
                     first = parts.end;
                     let out = GemvOut::RopeKv(RopeKv {
                         parts,
                         q: &mut w.q,
                         kv: kv.reborrow(),
+                        bias: bias.as_ref(),
                     });
                     let opts = GemvOpts {
                         m: 1,

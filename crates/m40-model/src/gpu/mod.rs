@@ -289,9 +289,12 @@ impl GpuBackend {
         let stream = device.new_stream()?;
         let weights = Weights::upload(&model, &opts, &stream, w)?;
 
+        // NeoX heads uploaded with their pairs adjacent rotate as llama's.
+        let adjacent = weights::neox_pairs_adjacent(&opts, &hp);
         let params = |r: &Rope| RopeParams {
             style: match hp.rope_style {
                 GgufRope::Normal => RopeStyle::Normal,
+                GgufRope::Neox if adjacent => RopeStyle::Normal,
                 GgufRope::Neox => RopeStyle::Neox,
             },
             n_head: hp.n_head,

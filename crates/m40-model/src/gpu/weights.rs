@@ -3,7 +3,7 @@
 //! model needs (kernel modules, bytes) known before anything is uploaded.
 
 use m40_device::{DeviceBuffer, DeviceView, Stream};
-use m40_gguf::hparams::{Activation, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
+use m40_gguf::hparams::{Activation, RopeStyle, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
 use m40_gguf::{GgmlType, HyperParams, TensorView};
 use m40_kernels::{
     interleave_glu, modules_for, pack_gemv, KernelFormat, PackFormat, PackedMatrix, QMatrix,
@@ -49,6 +49,40 @@ impl Mat {
 pub(super) enum MatView<'a> {
     Packed(PackedMatrix<'a>),
     Rows(QMatrix<'a>),
+}
+
+/// Whether the Q and K heads of a NeoX-style model are uploaded with each
+/// rotated pair's rows adjacent ([`pairs_adjacent`]), so that the GPU
+/// rotates them in the normal (llama) style and the one-token Q/K/V GEMV
+/// can rotate and append them itself (`GemvOut::RopeKv`, pair by pair).
+/// q . k is the same over any one order of a head's dimensions applied to
+/// both, so nothing downstream changes (the cache holds K in that order).
+/// With `fuse` (the fold's switch) and no head norms (whose fold would need
+/// the whole head).
+pub(super) fn neox_pairs_adjacent(opts: &GpuOptions, hp: &HyperParams) -> bool {
+    opts.fuse && hp.rope_style == RopeStyle::Neox && !hp.qk_norm
+}
+
+/// `rows` (`width` elements a row; heads of `head_dim` rows) with each
+/// head's NeoX pairs (i, i + n_rot / 2) made rows 2i and 2i + 1; rows from
+/// n_rot up keep their places.
+pub(super) fn pairs_adjacent<T: Copy>(
+    rows: &[T],
+    width: usize,
+    head_dim: usize,
+    n_rot: usize,
+) -> Vec<T> {
+    let half = n_rot / 2;
+    let mut out = Vec::with_capacity(rows.len());
+    for head in rows.chunks(width * head_dim) {
+        let row = |r: usize| &head[r * width..(r + 1) * width];
+        for i in 0..half {
+            out.extend_from_slice(row(i));
+            out.extend_from_slice(row(i + half));
+        }
+        out.extend_from_slice(&head[n_rot * width..]);
+    }
+    out
 }
 
 /// Whether a matrix of `ty` with `cols` columns is uploaded packed.
@@ -152,6 +186,17 @@ impl Weights {
     ) -> Result<Weights> {
         let hp = model.hparams();
         let mut done = 0u64;
+        // The Q and K matrices whose heads' pairs are made adjacent.
+        let adjacent = neox_pairs_adjacent(opts, hp);
+        let heads_of: std::collections::HashSet<String> = match adjacent {
+            true => (0..hp.n_layer)
+                .flat_map(|l| {
+                    let n = model.layer(l);
+                    [n.wq.clone(), n.wk.clone()]
+                })
+                .collect(),
+            false => Default::default(),
+        };
         // Upload `names` stacked into one matrix (rows concatenated, then
         // packed when `may_pack` and the format allows).
         let mut upload_rows = |names: &[&str], may_pack: bool, glu: bool| -> Result<Mat> {
@@ -161,15 +206,26 @@ impl Weights {
             let rows: usize = ts.iter().map(|t| t.info.n_rows()).sum();
             let packed = may_pack && packs(opts, ty, cols);
             let what = names.join(" + ");
+            let datas: Vec<std::borrow::Cow<[u8]>> = ts
+                .iter()
+                .zip(names)
+                .map(|(t, n)| match heads_of.contains(*n) {
+                    true => {
+                        let width = t.data.len() / t.info.n_rows();
+                        pairs_adjacent(t.data, width, hp.head_dim, hp.rope_dim).into()
+                    }
+                    false => t.data.into(),
+                })
+                .collect();
             let joined;
             let bytes: &[u8] = if ts.len() == 1 {
-                ts[0].data
+                &datas[0]
             } else if glu {
-                joined = interleave_glu(ts[0].data, ts[1].data, ts[0].info.n_rows())?;
+                joined = interleave_glu(&datas[0], &datas[1], ts[0].info.n_rows())?;
                 &joined
             } else {
-                let mut v = Vec::with_capacity(ts.iter().map(|t| t.data.len()).sum());
-                ts.iter().for_each(|t| v.extend_from_slice(t.data));
+                let mut v = Vec::with_capacity(datas.iter().map(|d| d.len()).sum());
+                datas.iter().for_each(|d| v.extend_from_slice(d));
                 joined = v;
                 &joined
             };
@@ -237,8 +293,13 @@ impl Weights {
         for l in 0..hp.n_layer {
             let n = model.layer(l);
             let bias = if hp.qkv_bias {
-                let mut b = model.tensor(&n.bq).to_f32()?;
-                b.extend(model.tensor(&n.bk).to_f32()?);
+                // Q's and K's in their matrices' row order.
+                let heads = |v: Vec<f32>| match adjacent {
+                    true => pairs_adjacent(&v, 1, hp.head_dim, hp.rope_dim),
+                    false => v,
+                };
+                let mut b = heads(model.tensor(&n.bq).to_f32()?);
+                b.extend(heads(model.tensor(&n.bk).to_f32()?));
                 b.extend(model.tensor(&n.bv).to_f32()?);
                 Some(stream.upload(&b, &format!("blk.{l}.attn_qkv biases"))?)
             } else {
@@ -445,6 +506,48 @@ mod tests {
         };
         let bytes = write_model(Vec::new(), &opts, |_, _| {}).unwrap();
         Model::from_file(m40_gguf::GgufFile::from_bytes(bytes).unwrap()).unwrap()
+    }
+
+    /// A NeoX head's pairs made adjacent: rows 2i, 2i + 1 are the pair (i,
+    /// i + n_rot / 2), the rows from n_rot up stay, head by head; which
+    /// models are uploaded so.
+    #[test]
+    fn neox_pairs_are_made_adjacent() {
+        // Two heads of 8 rows of 3 elements (row r: r * 10 + column).
+        let rows: Vec<u32> = (0..16)
+            .flat_map(|r| (0..3).map(move |c| r * 10 + c))
+            .collect();
+        let first = |v: &[u32]| v.chunks(3).map(|r| r[0] / 10).collect::<Vec<_>>();
+        let full = pairs_adjacent(&rows, 3, 8, 8);
+        assert_eq!(
+            first(&full),
+            [0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15]
+        );
+        assert!(full.chunks(3).all(|r| r[1] == r[0] + 1 && r[2] == r[0] + 2));
+        let partial = pairs_adjacent(&rows, 3, 8, 4);
+        assert_eq!(
+            first(&partial),
+            [0, 2, 1, 3, 4, 5, 6, 7, 8, 10, 9, 11, 12, 13, 14, 15]
+        );
+        let on = GpuOptions::default();
+        let off = GpuOptions {
+            fuse: false,
+            ..GpuOptions::default()
+        };
+        for (shape, want) in [
+            ("gpt-oss-tiny", true),
+            ("phi3-tiny", true),
+            ("qwen3-tiny", false),
+            ("gemma3-tiny", false),
+            ("tiny", false),
+        ] {
+            let model = synth(shape, GgmlType::F16);
+            assert_eq!(neox_pairs_adjacent(&on, model.hparams()), want, "{shape}");
+            assert!(
+                !neox_pairs_adjacent(&off, model.hparams()),
+                "{shape}: fuse off"
+            );
+        }
     }
 
     /// Which experts are packed, what the memory plan counts for them, and

@@ -5,8 +5,9 @@ use crate::*;
 use m40_kernels::{GemvOpts, KvAppend};
 
 /// The one-token Q/K/V GEMV with RoPE and the KV append folded in
-/// (GemvOut::RopeKv) against the same GEMV into q, k, v followed by
-/// rope_kv_append (both checked against the CPU by their own tests): q
+/// (GemvOut::RopeKv), with and without biases, against the same GEMV into
+/// q, k, v followed by rope_kv_append or rope_kv_append_biased (each
+/// checked against the CPU by its own test): q
 /// within FP32 rounding, every K element within one FP16 step, V equal
 /// (within one FP16 step where V is a matrix of its own, whose launch may
 /// split its rows differently), every other pool row still poisoned; every
@@ -83,7 +84,9 @@ fn qkv_gemv_with_rope_kv_matches_the_unfolded_path() {
             };
             let pool = pool_pages * KV_PAGE * kv_dim;
             let row = ids[start / KV_PAGE] as usize * KV_PAGE + start % KV_PAGE;
-            for ks in [None, Some(1), Some(2), Some(3), Some(4)] {
+            let bias = s.upload(&rng.vec(rows, -0.5, 0.5), "bias").unwrap();
+            let splits = [None, Some(1), Some(2), Some(3), Some(4)];
+            for (ks, biased) in splits.into_iter().flat_map(|k| [(k, false), (k, true)]) {
                 // The unfolded path, with the same split (the sums' order).
                 let mut q = s.alloc::<f32>(q_dim, "q").unwrap();
                 let mut kb = s.alloc::<f32>(kv_dim, "k").unwrap();
@@ -99,22 +102,23 @@ fn qkv_gemv_with_rope_kv_matches_the_unfolded_path() {
                     rows: &[q_dim, kv_dim, kv_dim],
                 };
                 k.gemv_packed_batch(&s, &pm, &x.view(), out, 1, ks).unwrap();
-                k.rope_kv_append(
-                    &s,
-                    &mut q,
-                    &kb.view(),
-                    &vb.view(),
-                    KvAppend {
-                        n_head_kv: n_kv,
-                        pos: &pos.view(),
-                        inv_freq: &inv.view(),
-                        p: &p,
-                        kpool: &mut kp0,
-                        vpool: &mut vp0,
-                        table: &table.view(),
-                        max_start: start,
-                    },
-                )
+                let kv = KvAppend {
+                    n_head_kv: n_kv,
+                    pos: &pos.view(),
+                    inv_freq: &inv.view(),
+                    p: &p,
+                    kpool: &mut kp0,
+                    vpool: &mut vp0,
+                    table: &table.view(),
+                    max_start: start,
+                };
+                let (kv_k, kv_v) = (kb.view(), vb.view());
+                match biased {
+                    true => {
+                        k.rope_kv_append_biased(&s, &mut q, &kv_k, &kv_v, kv, None, &bias.view())
+                    }
+                    false => k.rope_kv_append(&s, &mut q, &kv_k, &kv_v, kv),
+                }
                 .unwrap();
                 let (want_q, want_k, want_v) = (
                     s.download(&q).unwrap(),
@@ -141,6 +145,9 @@ fn qkv_gemv_with_rope_kv_matches_the_unfolded_path() {
                             rows: *n,
                             cols,
                         };
+                        // The run's rows' biases.
+                        let from: usize = dims[..parts.start].iter().sum();
+                        let bv = bias.slice(from..from + n).unwrap();
                         let out = GemvOut::RopeKv(RopeKv {
                             parts: parts.clone(),
                             q: &mut q2,
@@ -154,6 +161,7 @@ fn qkv_gemv_with_rope_kv_matches_the_unfolded_path() {
                                 table: &tv,
                                 max_start: start,
                             },
+                            bias: biased.then_some(&bv),
                         });
                         let l = k
                             .gemv_packed_to(
@@ -171,7 +179,7 @@ fn qkv_gemv_with_rope_kv_matches_the_unfolded_path() {
                         launches.push(l);
                     }
                     let what = format!(
-                        "{} {n_head}/{n_kv}x{hd} rot {n_rot} at {start} parts {layout:?} {launches:?}",
+                        "{} {n_head}/{n_kv}x{hd} rot {n_rot} at {start} biased {biased} parts {layout:?} {launches:?}",
                         f.ty
                     );
                     let (gq, gk, gv) = (
@@ -247,6 +255,7 @@ fn qkv_gemv_with_rope_kv_matches_the_unfolded_path() {
                         table: &tv,
                         max_start: start,
                     },
+                    bias: None,
                 });
                 assert!(
                     k.gemv_packed_to(
