@@ -146,6 +146,21 @@ pub const SHAPES: &[Shape] = &[
         tied_output: false,
         ..PLAIN
     },
+    // Qwen2's tiny test shape: Q/K/V biases and NeoX RoPE.
+    Shape {
+        name: "qwen2-tiny",
+        arch: Arch::Qwen2,
+        n_layer: 2,
+        n_embd: 128,
+        n_head: 4,
+        n_head_kv: 2,
+        n_ff: 384,
+        n_vocab: 512,
+        n_ctx_train: 4096,
+        rope_freq_base: 1000000.0,
+        tied_output: true,
+        ..PLAIN
+    },
     // Qwen3's tiny test shape: a head size (64) that is not n_embd / n_head.
     Shape {
         name: "qwen3-tiny",

@@ -276,19 +276,24 @@ fn synth_tiny_q4_k_m_gpu_matches_cpu() {
     check_shape("tiny", &[FileType::Q4KM], &[1, 5, 17, 512], 64);
 }
 
-/// qwen3: each query and key head RMS-normed before RoPE (NeoX style), a
-/// head size (64) that is not n_embd / n_head (128 / 4).
+/// qwen2: Q/K/V biases and NeoX RoPE (on the GPU its heads' pairs are
+/// uploaded adjacent, and one token's Q/K/V GEMV adds the biases, rotates
+/// and appends them). qwen3: each query and key head RMS-normed before
+/// RoPE (NeoX style), a head size (64) that is not n_embd / n_head (128 /
+/// 4).
 #[test]
 #[ignore = "needs a GPU"]
-fn synth_qwen3_gpu_matches_cpu() {
-    gpu_device("synth_qwen3_gpu_matches_cpu");
+fn synth_qwen_gpu_matches_cpu() {
+    gpu_device("synth_qwen_gpu_matches_cpu");
     let types = [
         FileType::All(GgmlType::F32),
         FileType::All(GgmlType::F16),
         FileType::All(GgmlType::Q8_0),
         FileType::All(GgmlType::Q4_0),
     ];
-    check_shape("qwen3-tiny", &types, &[1, 5, 17, 100], 32);
+    for shape in ["qwen2-tiny", "qwen3-tiny"] {
+        check_shape(shape, &types, &[1, 5, 17, 100], 32);
+    }
 }
 
 /// gemma2 and gemma3: scaled embeddings, GeGLU, post-norms, soft-capped

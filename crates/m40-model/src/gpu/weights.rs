@@ -537,6 +537,7 @@ mod tests {
         for (shape, want) in [
             ("gpt-oss-tiny", true),
             ("phi3-tiny", true),
+            ("qwen2-tiny", true),
             ("qwen3-tiny", false),
             ("gemma3-tiny", false),
             ("tiny", false),
