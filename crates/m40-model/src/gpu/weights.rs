@@ -333,27 +333,30 @@ impl Weights {
                     let (g, u) = (model.tensor(&n.ffn_gate_exps), model.tensor(&n.ffn_up_exps));
                     // Each expert's matrix (its gate and up interleaved, with
                     // `up`), packed where `experts_packed` says, one after
-                    // another.
-                    let experts =
+                    // another; a tensor neither changes is uploaded as it is.
+                    let mut experts =
                         |t: &TensorView<'_>, up: Option<&TensorView<'_>>| -> Result<Mat> {
+                            let packed = experts_packed(opts, hp, t.info);
+                            if up.is_none() && !packed {
+                                return Ok(one(stacks(&[t.info.name.as_str()], false, false)?));
+                            }
                             let (ty, cols) = (t.info.ty, t.info.row_len());
                             let per = t.info.n_rows() / m.n_expert;
                             let rows = if up.is_some() { 2 * per } else { per };
-                            let packed = experts_packed(opts, hp, t.info);
                             let mut joined = Vec::with_capacity(2 * t.data.len());
                             for e in 0..m.n_expert {
                                 let ti = t.info.matrix(e);
                                 let te = t.matrix(&ti, e);
-                                let mat = match up {
+                                let mat: std::borrow::Cow<[u8]> = match up {
                                     Some(u) => {
                                         let ui = u.info.matrix(e);
-                                        interleave_glu(te.data, u.matrix(&ui, e).data, per)?
+                                        interleave_glu(te.data, u.matrix(&ui, e).data, per)?.into()
                                     }
-                                    None => te.data.to_vec(),
+                                    None => te.data.into(),
                                 };
                                 match packed {
                                     true => joined.extend(pack_gemv(ty, &mat, rows, cols)?),
-                                    false => joined.extend(mat),
+                                    false => joined.extend_from_slice(&mat),
                                 }
                             }
                             let what = match up {
@@ -374,10 +377,11 @@ impl Weights {
                         } else {
                             Experts::Split(experts(&g, None)?, experts(&u, None)?)
                         };
+                    let down = experts(&model.tensor(&n.ffn_down_exps), None)?;
                     Ffn::Moe(Box::new(MoeMats {
                         router: one(stacks(&[&n.ffn_gate_inp], false, false)?),
                         gate_up,
-                        down: experts(&model.tensor(&n.ffn_down_exps), None)?,
+                        down,
                         bias: match m.bias {
                             true => Some([
                                 f32s(&n.ffn_gate_inp_b)?,
