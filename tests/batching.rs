@@ -46,12 +46,13 @@ fn engine_with(
         parallel: Some(parallel),
         // Bitwise each request's solo tokens on the GPU too (its batched
         // decode is checked against the CPU in crates/m40-model's
-        // gpu_batch tests instead), and no prefix cache: a hit computes a
-        // prompt in other chunks than a cold run, which the GPU's kernels
-        // do not give bitwise alike (shared_prefixes_reuse_cached_pages
-        // turns it on).
+        // gpu_batch tests instead), and no prefix cache there: a hit
+        // computes a prompt in other chunks than a cold run, which the
+        // GPU's kernels do not give bitwise alike
+        // (shared_prefixes_reuse_cached_pages turns it on). The CPU's
+        // prefix hits are bitwise a cold run's: on.
         batch_invariant: true,
-        no_prefix_cache: true,
+        no_prefix_cache: matches!(on, On::Gpu),
         ..Default::default()
     };
     f(&mut opts);
@@ -162,9 +163,12 @@ fn check(i: usize, got: &Completion, alone: &Completion, cancelled_after: Option
 
 fn concurrent_requests_get_their_solo_tokens(on: On) {
     const N: usize = 64;
-    let e = engine(on, N * 64, N);
-    let alone: Vec<Completion> = (0..N).map(|i| solo(&e, request, i)).collect();
+    // Each request alone on an engine without a prefix cache: cold.
+    let cold = engine_with(on, N * 64, N, |o| o.no_prefix_cache = true);
+    let alone: Vec<Completion> = (0..N).map(|i| solo(&cold, request, i)).collect();
+    drop(cold);
     assert!(alone.iter().any(|c| c.token_ids.len() >= 10));
+    let e = engine(on, N * 64, N);
     let steps_before = e.activity().steps;
     for n in [2usize, 8, N] {
         let ids: Vec<usize> = (0..n).collect();
@@ -177,6 +181,10 @@ fn concurrent_requests_get_their_solo_tokens(on: On) {
     }
     // Cancelled sequences leave at the engine's next step.
     let a = idle(&e);
+    // On the CPU the requests' shared prefixes came from the prefix cache.
+    if matches!(on, On::Cpu) {
+        assert!(a.prefix_hits > 0, "{a:?}");
+    }
     // The batches ran in fewer steps than their tokens one at a time would.
     let tokens: usize = alone.iter().map(|c| c.token_ids.len()).sum();
     assert!(
@@ -223,10 +231,9 @@ fn idle(e: &Engine) -> m40_runtime::Load {
 }
 
 /// A second request that starts as the first did (a long system prompt)
-/// reuses its full KV pages on the GPU (prefix caching; the CPU computes
-/// every prompt), and answers as an engine without the cache does; a
-/// chat's next turn, which resends the first turn and its answer, reuses
-/// those pages too.
+/// reuses its full KV pages (prefix caching), and answers as an engine
+/// without the cache does (on the CPU bitwise); a chat's next turn, which
+/// resends the first turn and its answer, reuses those pages too.
 fn shared_prefixes_reuse_cached_pages(on: On) {
     // Steps of 64 tokens (chunks of 56 beside 8 decodes): the prompts run
     // in two chunks, and a cached prefix can cover a whole chunk.
@@ -235,7 +242,10 @@ fn shared_prefixes_reuse_cached_pages(on: On) {
         small_steps(o);
         o.no_prefix_cache = false;
     });
-    let cold = engine_with(on, 4096, 8, small_steps);
+    let cold = engine_with(on, 4096, 8, |o| {
+        small_steps(o);
+        o.no_prefix_cache = true;
+    });
     let system = "You answer questions for a small bakery in a quiet town. The bakery sells \
         bread, rolls, cakes and pies, opens at seven in the morning and closes at six in the \
         evening, every day but Sunday. Answer briefly and politely. ";
@@ -270,35 +280,37 @@ fn shared_prefixes_reuse_cached_pages(on: On) {
         after.prefix_tokens_saved - before.prefix_tokens_saved,
     );
     assert_eq!(cold.activity().prefix_hits, 0);
+    let page = after.kv_page_tokens as u64;
+    assert_eq!(hits, 1, "{after:?}");
+    assert!(saved >= page && saved % page == 0, "{saved} tokens saved");
+    assert!(after.prefix_cached_pages > 0);
+    assert!(!warm.token_ids.is_empty() && !cold_b.token_ids.is_empty());
+    let (lw, lc) = (lw.unwrap(), lc.unwrap());
     match on {
+        // Every row's arithmetic is its own: the cached rows are the ones
+        // a cold run writes.
         On::Cpu => {
-            assert_eq!((hits, saved, after.prefix_cached_pages), (0, 0, 0));
             assert_eq!(warm.token_ids, cold_b.token_ids);
+            assert_eq!(lw.to_bits(), lc.to_bits(), "{lw} vs {lc}");
         }
+        // The cached pages were computed in another chunking: the same
+        // first token, its log-probability within rounding.
         On::Gpu => {
-            let page = after.kv_page_tokens as u64;
-            assert_eq!(hits, 1, "{after:?}");
-            assert!(saved >= page && saved % page == 0, "{saved} tokens saved");
-            assert!(after.prefix_cached_pages > 0);
-            // The cached pages were computed in another chunking: the same
-            // first token, its log-probability within rounding.
-            assert!(!warm.token_ids.is_empty() && !cold_b.token_ids.is_empty());
             assert_eq!(warm.token_ids[0], cold_b.token_ids[0]);
-            let (lw, lc) = (lw.unwrap(), lc.unwrap());
             assert!((lw - lc).abs() <= 1e-2, "{lw} vs {lc}");
             eprintln!("warm {:?}\ncold {:?}", warm.token_ids, cold_b.token_ids);
-            // The next turn of a chat: the first turn and its answer again.
-            let mut next = ask("When do you open?");
-            next.prompt = Prompt::Text(format!(
-                "{system}Question: When do you open?\nAnswer: The bakery{}\nQuestion: And on Sunday?\nAnswer:",
-                warm.text
-            ));
-            let b2 = e.activity();
-            e.generate(&next, &none, |_| {}).unwrap();
-            let a2 = e.activity();
-            assert_eq!(a2.prefix_hits - b2.prefix_hits, 1);
-            assert!(a2.prefix_tokens_saved - b2.prefix_tokens_saved >= saved);
         }
     }
+    // The next turn of a chat: the first turn and its answer again.
+    let mut next = ask("When do you open?");
+    next.prompt = Prompt::Text(format!(
+        "{system}Question: When do you open?\nAnswer: The bakery{}\nQuestion: And on Sunday?\nAnswer:",
+        warm.text
+    ));
+    let b2 = e.activity();
+    e.generate(&next, &none, |_| {}).unwrap();
+    let a2 = e.activity();
+    assert_eq!(a2.prefix_hits - b2.prefix_hits, 1);
+    assert!(a2.prefix_tokens_saved - b2.prefix_tokens_saved >= saved);
     idle(&e);
 }

@@ -55,7 +55,7 @@ pub struct DeviceArgs {
     #[arg(long)]
     pub batch_invariant: bool,
     /// Compute every prompt in full instead of reusing the KV pages of
-    /// earlier requests that started the same way (GPU).
+    /// earlier requests that started the same way.
     #[arg(long)]
     pub no_prefix_cache: bool,
 }

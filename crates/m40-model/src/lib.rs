@@ -13,6 +13,7 @@ pub mod cpu;
 pub mod error;
 pub mod gpu;
 pub(crate) mod host;
+pub mod paged;
 
 use std::path::Path;
 
@@ -55,27 +56,18 @@ pub trait Backend: Send + Sync {
         DEFAULT_STEP
     }
     /// The KV pool every cache of this backend draws from: (tokens per
-    /// page, pages); None where each cache holds its own memory (the CPU).
-    /// Where there is a pool, its pages can be held apart from any cache
-    /// (a prefix cache keeps them) and shared by new caches.
-    fn kv_pool(&self) -> Option<(usize, usize)> {
-        None
-    }
+    /// page, pages). Its pages can be held apart from any cache (a prefix
+    /// cache keeps them) and shared by new caches.
+    fn kv_pool(&self) -> (usize, usize);
     /// The pool's pages nothing holds.
-    fn kv_free_pages(&self) -> usize {
-        0
-    }
+    fn kv_free_pages(&self) -> usize;
     /// One more holder for each of `pages` (held already, by a cache).
-    fn kv_hold(&self, _pages: &[u32]) {}
+    fn kv_hold(&self, pages: &[u32]);
     /// One holder less for each of `pages`; a page nothing holds is free.
-    fn kv_release(&self, _pages: &[u32]) {}
+    fn kv_release(&self, pages: &[u32]);
     /// A cache of up to `n_ctx` tokens that starts with the full, computed
     /// pool pages `pages` (read only; its own tokens go to its own pages).
-    fn cache_with_prefix(&self, _pages: &[u32], _n_ctx: usize) -> Result<Self::Cache> {
-        Err(ModelError::Unsupported(
-            "caches that share pages on this backend".into(),
-        ))
-    }
+    fn cache_with_prefix(&self, pages: &[u32], n_ctx: usize) -> Result<Self::Cache>;
     /// The largest `k` [`Backend::forward_select`] takes; 0: this backend
     /// does not select (the caller samples from [`Backend::forward`]'s logits).
     fn select_max_k(&self) -> usize {
@@ -168,6 +160,9 @@ pub trait KvState {
         &[]
     }
 }
+
+/// Contexts a KV cache holds by default over all sequences together.
+pub const DEFAULT_SEQUENCES: usize = 4;
 
 /// The context a model is run with when none is asked for, where the
 /// model allows as much (Ollama's default).
@@ -324,7 +319,7 @@ impl Backend for AnyBackend {
         }
     }
 
-    fn kv_pool(&self) -> Option<(usize, usize)> {
+    fn kv_pool(&self) -> (usize, usize) {
         match self {
             AnyBackend::Cpu(b) => b.kv_pool(),
             AnyBackend::Gpu(b) => b.kv_pool(),

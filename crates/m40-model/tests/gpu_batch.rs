@@ -10,7 +10,7 @@ use std::sync::Arc;
 use gpu_common::{argmax, rel_err, synth, tokens as ids};
 use m40_device::testing::gpu_device;
 use m40_gguf::GgmlType;
-use m40_model::cpu::{CpuBackend, CpuCache};
+use m40_model::cpu::{CpuBackend, CpuCache, CpuMath};
 use m40_model::gpu::{GpuBackend, GpuCache, GpuOptions};
 use m40_model::{Backend, KvState, Logits, Model, Selection, SeqStep, StepOut, Want};
 
@@ -85,7 +85,8 @@ fn batched_decode_matches_cpu() {
         ("command-r-tiny", GgmlType::Q8_0),
     ] {
         let model = synth(dir.path(), shape, ty);
-        let cpu = CpuBackend::new(model.clone()).unwrap();
+        // KV pages for the largest batch's 40 caches of 200 tokens.
+        let cpu = CpuBackend::with_kv(model.clone(), CpuMath::Exact, 40 * 200).unwrap();
         let g = gpu(&model, true);
         assert!(g.batches_decode(), "{shape}: the batched path");
         let n_vocab = model.hparams().n_vocab;

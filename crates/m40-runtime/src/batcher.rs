@@ -54,7 +54,7 @@ pub(crate) struct Limits {
     pub page_tokens: usize,
     pub pages: usize,
     /// Keep full KV pages for later requests that start with the same
-    /// tokens (where the backend has a page pool).
+    /// tokens.
     pub prefix_cache: bool,
 }
 
@@ -206,8 +206,8 @@ struct Loop {
     sched: Scheduler,
     live: HashMap<SeqId, Live>,
     next_id: SeqId,
-    /// Full pages by their tokens (where the backend has a page pool);
-    /// each cached page holds the pool once more.
+    /// Full pages by their tokens; each cached page holds the pool once
+    /// more.
     prefix: Option<PrefixCache>,
     page_tokens: usize,
     /// `M40_STEP_STATS=N`: every N steps, the mean time a step spends
@@ -267,7 +267,7 @@ impl Loop {
             // lowers it to that).
             chunk_tokens: l.max_batch_tokens,
         });
-        let prefix = (l.prefix_cache && core.backend.kv_pool().is_some()).then(PrefixCache::new);
+        let prefix = l.prefix_cache.then(PrefixCache::new);
         Loop {
             core,
             shared,

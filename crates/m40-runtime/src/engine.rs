@@ -123,13 +123,12 @@ pub struct EngineOptions {
     /// instead of batching them (ARCHITECTURE.md, batch invariance).
     pub batch_invariant: bool,
     /// Do not keep full KV pages for later requests that start with the
-    /// same tokens (`--no-prefix-cache`). Prefix caching needs the GPU's
-    /// page pool; the CPU computes every prompt.
+    /// same tokens (`--no-prefix-cache`).
     pub no_prefix_cache: bool,
 }
 
 /// Contexts the KV cache holds by default ([`EngineOptions::kv_tokens`]).
-pub const DEFAULT_SEQUENCES: usize = 4;
+pub use m40_model::DEFAULT_SEQUENCES;
 
 /// What to generate from.
 #[derive(Clone, Debug)]
@@ -302,15 +301,7 @@ impl Engine {
             None => tokenizer.chat_template()?,
         };
         let (backend, note) = pick_backend(&model, &opts, n_ctx)?;
-        // The KV pool: the GPU's, or on the CPU a budget of as many tokens
-        // (each sequence allocates its own).
-        let (page_tokens, pages) = backend.kv_pool().unwrap_or_else(|| {
-            let tokens = opts
-                .kv_tokens
-                .unwrap_or(n_ctx * DEFAULT_SEQUENCES)
-                .max(n_ctx);
-            (CPU_PAGE, tokens.div_ceil(CPU_PAGE))
-        });
+        let (page_tokens, pages) = backend.kv_pool();
         let parallel = opts
             .parallel
             .unwrap_or((pages * page_tokens / 256).clamp(1, 64))
@@ -566,10 +557,6 @@ impl Drop for CancelOnDrop {
     }
 }
 
-/// Tokens per page of the CPU's KV budget (its caches are not paged; the
-/// scheduler counts their tokens in pages).
-const CPU_PAGE: usize = 16;
-
 /// The backend `opts` asks for; with Auto, the CPU when there is no GPU or
 /// the model does not fit it (and why).
 fn pick_backend(
@@ -577,15 +564,25 @@ fn pick_backend(
     opts: &EngineOptions,
     n_ctx: usize,
 ) -> Result<(AnyBackend, Option<String>)> {
-    // The CPU's KV cache is allocated per request: it is checked against
-    // the machine's memory here, so that a server refuses to start rather
-    // than fail its first request.
+    // The KV pool asked for; by default, DEFAULT_SEQUENCES contexts, halved
+    // while the machine (or the device) has no room for it, down to one
+    // context.
+    let kv_asked = opts
+        .kv_tokens
+        .unwrap_or(n_ctx * DEFAULT_SEQUENCES)
+        .max(n_ctx);
+    // The CPU's pages are checked against the machine's memory, so that a
+    // server refuses to start rather than fail requests.
     let cpu = || -> Result<AnyBackend> {
-        m40_model::cpu::check_memory(model.hparams(), n_ctx, m40_model::DEFAULT_STEP)?;
-        Ok(AnyBackend::Cpu(CpuBackend::with_math(
-            model.clone(),
-            opts.cpu_math,
-        )?))
+        let mut kv = kv_asked;
+        loop {
+            match CpuBackend::with_kv(model.clone(), opts.cpu_math, kv) {
+                Err(ModelError::HostMemory { .. }) if opts.kv_tokens.is_none() && kv > n_ctx => {
+                    kv = (kv / 2).max(n_ctx);
+                }
+                r => return Ok(AnyBackend::Cpu(r?)),
+            }
+        }
     };
     if opts.backend == BackendChoice::Cpu {
         return Ok((cpu()?, None));
@@ -605,12 +602,7 @@ fn pick_backend(
         kernel_progress: opts.kernel_progress.as_ref().map(|p| p.0.clone()),
         ..Default::default()
     };
-    // The KV pool asked for; by default, DEFAULT_SEQUENCES contexts, halved
-    // while the device has no room for it, down to one context.
-    let mut kv = opts
-        .kv_tokens
-        .unwrap_or(n_ctx * DEFAULT_SEQUENCES)
-        .max(n_ctx);
+    let mut kv = kv_asked;
     let gpu = loop {
         match GpuBackend::new(device.clone(), model.clone(), gpu_opts(kv)) {
             Err(ModelError::GpuMemory { .. }) if opts.kv_tokens.is_none() && kv > n_ctx => {

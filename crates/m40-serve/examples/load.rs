@@ -5,7 +5,7 @@
 //! ```text
 //! cargo run --release -p m40-serve --example load -- [--url URL] [--model NAME|PATH]
 //!     [--clients 1,8,32] [--requests N] [--max-tokens N] [--ctx N] [--cpu]
-//!     [--probe N]
+//!     [--probe N] [--no-prefix-cache]
 //! ```
 //! Without `--url` it loads the model (default: the default model) and
 //! serves it in this process on a loopback port.
@@ -33,10 +33,11 @@ struct Args {
     ctx: usize,
     cpu: bool,
     probe: Option<usize>,
+    no_prefix_cache: bool,
 }
 
 const USAGE: &str = "usage: load [--url URL] [--model M] [--clients 1,8,32] [--requests N] \
-[--max-tokens N] [--ctx N] [--cpu] [--probe BUSY]";
+[--max-tokens N] [--ctx N] [--cpu] [--probe BUSY] [--no-prefix-cache]";
 
 fn args() -> Result<Args, String> {
     let mut a = Args {
@@ -48,6 +49,7 @@ fn args() -> Result<Args, String> {
         ctx: 2048,
         cpu: false,
         probe: None,
+        no_prefix_cache: false,
     };
     fn num(k: &str, v: &str) -> Result<usize, String> {
         v.parse()
@@ -69,6 +71,7 @@ fn args() -> Result<Args, String> {
             "--max-tokens" => a.max_tokens = num(&k, &v()?)?,
             "--ctx" => a.ctx = num(&k, &v()?)?,
             "--cpu" => a.cpu = true,
+            "--no-prefix-cache" => a.no_prefix_cache = true,
             "--probe" => a.probe = Some(num(&k, &v()?)?),
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other}")),
@@ -227,6 +230,7 @@ fn main() {
                 } else {
                     BackendChoice::Auto
                 },
+                no_prefix_cache: a.no_prefix_cache,
                 ..Default::default()
             };
             let engine = Arc::new(Engine::load(&a.model, opts).expect("loading the model"));

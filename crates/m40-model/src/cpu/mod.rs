@@ -1,7 +1,9 @@
 //! The CPU reference backend: FP32 arithmetic on weights kept in their GGUF
-//! blocks, an FP16 KV cache, all prompt tokens through each matmul together.
+//! blocks, a paged FP16 KV cache (`kv`), all prompt tokens through each
+//! matmul together.
 
 pub(crate) mod fused;
+mod kv;
 pub mod matmul;
 mod moe;
 pub mod ops;
@@ -10,7 +12,6 @@ pub(crate) mod simd;
 
 use std::sync::Arc;
 
-use half::f16;
 use half::slice::HalfFloatSliceExt;
 use m40_gguf::hparams::{OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
 use m40_gguf::quant::dequantize;
@@ -19,7 +20,10 @@ use rayon::prelude::*;
 
 use crate::error::{ModelError, Result};
 use crate::host::human_bytes;
-use crate::{Backend, KvState, Logits, Model, SeqStep, StepOut, Want};
+use crate::paged::PagedCache;
+use crate::{Backend, KvState, Logits, Model, SeqStep, StepOut, Want, DEFAULT_SEQUENCES};
+pub use kv::PAGE_TOKENS;
+use kv::{row_at, HostPages, LayerPages};
 use m40_gguf::TensorView;
 use matmul::matmul;
 pub use moe::route;
@@ -68,28 +72,12 @@ pub struct CpuBackend {
     rope: Rope,
     /// The sliding-window layers' RoPE (gemma), where they differ.
     rope_window: Option<Rope>,
+    /// The KV pages of every sequence.
+    kv: HostPages,
 }
 
-/// A contiguous FP16 KV cache. Per layer: k, v of (n_ctx, n_head_kv * head_dim).
-pub struct CpuCache {
-    k: Vec<Vec<f16>>,
-    v: Vec<Vec<f16>>,
-    kv_dim: usize,
-    n_ctx: usize,
-    len: usize,
-}
-
-impl KvState for CpuCache {
-    fn len(&self) -> usize {
-        self.len
-    }
-    fn n_ctx(&self) -> usize {
-        self.n_ctx
-    }
-    fn truncate(&mut self, n: usize) {
-        self.len = self.len.min(n);
-    }
-}
+/// A sequence's KV cache on the CPU: pages of its backend's pool.
+pub type CpuCache = PagedCache;
 
 fn vec_f32(model: &Model, name: &str) -> Result<Vec<f32>> {
     Ok(model.tensor(name).to_f32()?)
@@ -101,8 +89,23 @@ impl CpuBackend {
         Self::with_math(model, CpuMath::Exact)
     }
 
+    /// A KV cache of [`DEFAULT_SEQUENCES`] model contexts.
     pub fn with_math(model: Arc<Model>, math: CpuMath) -> Result<Self> {
+        let tokens = model.context() * DEFAULT_SEQUENCES;
+        Self::with_kv(model, math, tokens)
+    }
+
+    /// A KV cache of `kv_tokens` tokens over all sequences together: its
+    /// host memory is taken as pages are first used, and checked against
+    /// the machine's now (with a step's activations), so that a server
+    /// refuses to start rather than fail requests later.
+    pub fn with_kv(model: Arc<Model>, math: CpuMath, kv_tokens: usize) -> Result<Self> {
         let hp = model.hparams().clone();
+        check_memory(&hp, kv_tokens, crate::DEFAULT_STEP)?;
+        let pages = kv_tokens.max(1).div_ceil(PAGE_TOKENS);
+        if pages > u32::MAX as usize {
+            return Err(kv_too_big(&hp, kv_tokens));
+        }
         let mut layers = Vec::with_capacity(hp.n_layer);
         for l in 0..hp.n_layer {
             let n = model.layer(l);
@@ -144,6 +147,7 @@ impl CpuBackend {
         let rope = Rope::for_model(&model)?;
         let rope_window = Rope::for_window(&model)?;
         let output_norm = vec_f32(&model, OUTPUT_NORM)?;
+        let kv = HostPages::new(hp.n_layer, hp.n_head_kv * hp.head_dim, pages);
         Ok(Self {
             model,
             math,
@@ -151,6 +155,7 @@ impl CpuBackend {
             output_norm,
             rope,
             rope_window,
+            kv,
         })
     }
 
@@ -200,7 +205,7 @@ impl CpuBackend {
     /// else the step holds.
     fn attention(
         &self,
-        caches: &[&CpuCache],
+        tables: &[&[u32]],
         at: &[(usize, usize)],
         layer: usize,
         q: &[f32],
@@ -210,6 +215,9 @@ impl CpuBackend {
         let (hd, group) = (hp.head_dim, hp.n_head / hp.n_head_kv);
         let (scale, cap) = (hp.attn_scale, hp.attn_softcap);
         let sinks = self.layers[layer].sinks.as_deref();
+        let kv_dim = hp.n_head_kv * hd;
+        let pages = self.kv.read(layer);
+        let LayerPages { k: kc, v: vc } = &*pages;
         let window = hp
             .sliding_window
             .as_ref()
@@ -221,19 +229,18 @@ impl CpuBackend {
             .for_each(|(task, o)| {
                 let (i, g) = (task / hp.n_head_kv, task % hp.n_head_kv);
                 let (seq, pos) = at[i];
-                let cache = caches[seq];
-                let (kc, vc, kv_dim) = (&cache.k[layer], &cache.v[layer], cache.kv_dim);
+                let row = |pos| row_at(tables[seq], pos, kv_dim) + g * hd;
                 let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
                 let len = pos + 1 - first;
                 // mistral3's temperature scales the queries by position.
                 let scale = scale * hp.attn_temp.map_or(1.0, |t| t.at(pos));
                 let qh = &q[i * hp.n_head * hd + g * group * hd..][..group * hd];
                 let mut scores = vec![0f32; group * len];
-                let mut row = vec![0f32; hd];
+                let mut r = vec![0f32; hd];
                 for j in 0..len {
-                    kc[(first + j) * kv_dim + g * hd..][..hd].convert_to_f32_slice(&mut row);
+                    kc[row(first + j)..][..hd].convert_to_f32_slice(&mut r);
                     for h in 0..group {
-                        scores[h * len + j] = simd::dot(&qh[h * hd..(h + 1) * hd], &row) * scale;
+                        scores[h * len + j] = simd::dot(&qh[h * hd..(h + 1) * hd], &r) * scale;
                     }
                 }
                 if let Some(c) = cap {
@@ -245,10 +252,10 @@ impl CpuBackend {
                 }
                 o.fill(0.0);
                 for j in 0..len {
-                    vc[(first + j) * kv_dim + g * hd..][..hd].convert_to_f32_slice(&mut row);
+                    vc[row(first + j)..][..hd].convert_to_f32_slice(&mut r);
                     for h in 0..group {
                         let p = scores[h * len + j];
-                        for (acc, v) in o[h * hd..(h + 1) * hd].iter_mut().zip(&row) {
+                        for (acc, v) in o[h * hd..(h + 1) * hd].iter_mut().zip(&r) {
                             *acc += p * v;
                         }
                     }
@@ -264,13 +271,30 @@ impl CpuBackend {
         let hp = self.model.hparams();
         // Every sequence's input is checked before any cache changes.
         for (cache, tokens, _) in seqs.iter() {
-            crate::check_input(cache.len, cache.n_ctx, tokens, hp.n_vocab)?;
+            if !cache.is_of(self.kv.pool()) {
+                return Err(ModelError::Unsupported(
+                    "a KV cache of another backend".into(),
+                ));
+            }
+            crate::check_input(cache.len(), cache.n_ctx(), tokens, hp.n_vocab)?;
+        }
+        // Pages for every token of the step, a sequence's own where it
+        // writes (a shared page is copied first), in memory.
+        let mut copies = Vec::new();
+        for (cache, tokens, _) in seqs.iter_mut() {
+            copies.extend(cache.unshare_tail()?);
+            cache.extend_to(cache.len() + tokens.len())?;
+        }
+        self.kv
+            .cover(&seqs.iter().map(|(c, _, _)| &**c).collect::<Vec<_>>())?;
+        for (from, to) in copies {
+            self.kv.copy_page(from, to);
         }
         // (sequence, position) of every token of the step, in order.
         let at: Vec<(usize, usize)> = seqs
             .iter()
             .enumerate()
-            .flat_map(|(s, (c, t, _))| (c.len..c.len + t.len()).map(move |p| (s, p)))
+            .flat_map(|(s, (c, t, _))| (c.len()..c.len() + t.len()).map(move |p| (s, p)))
             .collect();
         let n = at.len();
         if n == 0 {
@@ -315,14 +339,17 @@ impl CpuBackend {
                 rope.apply(&mut q[i * q_dim..(i + 1) * q_dim], hd, pos);
                 rope.apply(&mut k[i * kv_dim..(i + 1) * kv_dim], hd, pos);
             }
-            for (i, &(s, pos)) in at.iter().enumerate() {
-                let cache = &mut *seqs[s].0;
-                let row = pos * kv_dim..(pos + 1) * kv_dim;
-                cache.k[l][row.clone()].convert_from_f32_slice(&k[i * kv_dim..(i + 1) * kv_dim]);
-                cache.v[l][row].convert_from_f32_slice(&v[i * kv_dim..(i + 1) * kv_dim]);
+            {
+                let mut pages = self.kv.write(l);
+                for (i, &(s, pos)) in at.iter().enumerate() {
+                    let row = row_at(seqs[s].0.pages(), pos, kv_dim)..;
+                    pages.k[row.clone()][..kv_dim]
+                        .convert_from_f32_slice(&k[i * kv_dim..(i + 1) * kv_dim]);
+                    pages.v[row][..kv_dim].convert_from_f32_slice(&v[i * kv_dim..(i + 1) * kv_dim]);
+                }
             }
-            let caches: Vec<&CpuCache> = seqs.iter().map(|(c, _, _)| &**c).collect();
-            self.attention(&caches, &at, l, &q, &mut att);
+            let tables: Vec<&[u32]> = seqs.iter().map(|(c, _, _)| c.pages()).collect();
+            self.attention(&tables, &at, l, &q, &mut att);
             self.matmul(&names.wo, &att, n, &mut proj)?;
             add_bias(&mut proj, &lv.bo);
             if let Some([post, _]) = &lv.post_norms {
@@ -353,7 +380,7 @@ impl CpuBackend {
         let mut wanted = Vec::new(); // (sequence, rows)
         let mut first = 0;
         for (s, (cache, t, want)) in seqs.iter_mut().enumerate() {
-            cache.len += t.len();
+            cache.set_len(cache.len() + t.len());
             let rows = match want {
                 Logits::None => first..first,
                 Logits::Last => first + t.len() - 1..first + t.len(),
@@ -410,9 +437,10 @@ fn kv_bytes_per_token(hp: &HyperParams) -> u64 {
     2 * 2 * (hp.n_layer * hp.n_head_kv * hp.head_dim) as u64
 }
 
-/// Checks that a context of `n_ctx` tokens and forwards of `batch` tokens
-/// fit in the memory this machine has available (where it can be read),
-/// before anything is allocated; the error says what would fit.
+/// Checks that a KV cache of `n_ctx` tokens (over all sequences) and
+/// forwards of `batch` tokens fit in the memory this machine has available
+/// (where it can be read), before anything is allocated; the error says
+/// what would fit.
 pub fn check_memory(hp: &HyperParams, n_ctx: usize, batch: usize) -> Result<()> {
     let Some(available) = crate::host::available_memory() else {
         return Ok(());
@@ -432,7 +460,7 @@ pub fn check_memory(hp: &HyperParams, n_ctx: usize, batch: usize) -> Result<()> 
         ),
         available: human_bytes(available),
         hint: if fits > 0 {
-            format!("use a context of at most {fits} tokens")
+            format!("use a context (and --kv-tokens) of at most {fits} tokens")
         } else {
             "free some memory or use a smaller model".into()
         },
@@ -445,7 +473,7 @@ fn kv_too_big(hp: &HyperParams, n_ctx: usize) -> ModelError {
         what: format!("a KV cache of {n_ctx} tokens"),
         need: human_bytes(kv),
         available: crate::host::available_memory().map_or_else(|| "less".into(), human_bytes),
-        hint: "use a smaller context".into(),
+        hint: "use a smaller context or --kv-tokens".into(),
     }
 }
 
@@ -469,25 +497,32 @@ impl Backend for CpuBackend {
     }
 
     fn new_cache(&self, n_ctx: usize) -> Result<CpuCache> {
-        let hp = self.model.hparams();
-        let kv_dim = hp.n_head_kv * hp.head_dim;
-        // Fallible: a cache the machine cannot hold is an error, not an abort.
-        let zeros = || -> Result<Vec<f16>> {
-            let n = n_ctx
-                .checked_mul(kv_dim)
-                .ok_or_else(|| kv_too_big(hp, n_ctx))?;
-            let mut v = Vec::new();
-            v.try_reserve_exact(n).map_err(|_| kv_too_big(hp, n_ctx))?;
-            v.resize(n, f16::ZERO);
-            Ok(v)
-        };
-        Ok(CpuCache {
-            k: (0..hp.n_layer).map(|_| zeros()).collect::<Result<_>>()?,
-            v: (0..hp.n_layer).map(|_| zeros()).collect::<Result<_>>()?,
-            kv_dim,
+        Ok(PagedCache::new(self.kv.pool().clone(), n_ctx))
+    }
+
+    fn kv_pool(&self) -> (usize, usize) {
+        let pool = self.kv.pool();
+        (pool.page_tokens(), pool.pages())
+    }
+
+    fn kv_free_pages(&self) -> usize {
+        self.kv.pool().free_pages()
+    }
+
+    fn kv_hold(&self, pages: &[u32]) {
+        self.kv.pool().share(pages);
+    }
+
+    fn kv_release(&self, pages: &[u32]) {
+        self.kv.pool().release(pages);
+    }
+
+    fn cache_with_prefix(&self, pages: &[u32], n_ctx: usize) -> Result<CpuCache> {
+        Ok(PagedCache::with_prefix(
+            self.kv.pool().clone(),
+            pages,
             n_ctx,
-            len: 0,
-        })
+        ))
     }
 
     fn forward(&self, cache: &mut CpuCache, tokens: &[u32], want: Logits) -> Result<Vec<f32>> {
@@ -519,6 +554,21 @@ impl Backend for CpuBackend {
             })
             .collect())
     }
+}
+
+/// The synth shape "tiny" in Q8_0 with weights of `seed`, written in `dir`.
+#[cfg(test)]
+pub(crate) fn tiny_model(dir: &tempfile::TempDir, seed: u64) -> Arc<Model> {
+    use m40_gguf::synth::{write_model, FileType, Shape, SynthOptions};
+    let path = dir.path().join("tiny.gguf");
+    let f = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
+    let opts = SynthOptions {
+        shape: Shape::find("tiny").unwrap(),
+        ty: FileType::All(m40_gguf::GgmlType::Q8_0),
+        seed,
+    };
+    write_model(f, &opts, |_, _| {}).unwrap();
+    Arc::new(Model::open(&path).unwrap())
 }
 
 /// A GGUF file (in memory) of one matrix `w` of `rows` x `cols` in `ty`,
@@ -594,7 +644,8 @@ mod tests {
         let e = check_memory(&hp, 1 << 40, 512).unwrap_err().to_string();
         assert!(e.contains("KV cache of 1099511627776 tokens"), "{e}");
         assert!(
-            e.contains("use a context of at most") || e.contains("free some memory"),
+            e.contains("use a context (and --kv-tokens) of at most")
+                || e.contains("free some memory"),
             "{e}"
         );
         if let Some(avail) = crate::host::available_memory() {
@@ -670,21 +721,16 @@ mod tests {
 
     #[test]
     fn an_impossible_cache_is_an_error_not_an_abort() {
-        use m40_gguf::synth::{write_model, FileType, Shape, SynthOptions};
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("tiny.gguf");
-        let f = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
-        let opts = SynthOptions {
-            shape: Shape::find("tiny").unwrap(),
-            ty: FileType::All(m40_gguf::GgmlType::Q8_0),
-            seed: 1,
-        };
-        write_model(f, &opts, |_, _| {}).unwrap();
-        let cpu = CpuBackend::new(Arc::new(Model::open(&path).unwrap())).unwrap();
-        for n_ctx in [usize::MAX / 2, 1 << 50] {
-            let e = cpu.new_cache(n_ctx).err().expect("no machine holds this");
+        let model = tiny_model(&dir, 1);
+        for tokens in [usize::MAX / 2, 1 << 50] {
+            let e = CpuBackend::with_kv(model.clone(), CpuMath::Exact, tokens)
+                .err()
+                .expect("no machine holds this");
             assert!(matches!(e, ModelError::HostMemory { .. }), "{e}");
         }
+        let cpu = CpuBackend::with_kv(model, CpuMath::Exact, 64).unwrap();
+        assert_eq!(cpu.kv_pool(), (PAGE_TOKENS, 64 / PAGE_TOKENS));
         assert_eq!(cpu.new_cache(64).unwrap().n_ctx(), 64);
     }
 }

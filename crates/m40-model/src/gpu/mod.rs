@@ -349,7 +349,7 @@ impl GpuBackend {
             decode_attention: opts.decode_attention,
             batch_decode: opts.batch_decode,
             graphs: opts.graphs.into(),
-            pages: PagePool::new(n_pages),
+            pages: PagePool::new(n_pages, KV_PAGE),
             state: Mutex::new(State {
                 work,
                 pools,
@@ -406,8 +406,8 @@ impl Backend for GpuBackend {
         SELECT_MAX_K.min(self.model.hparams().n_vocab)
     }
 
-    fn kv_pool(&self) -> Option<(usize, usize)> {
-        Some((KV_PAGE, self.pages.pages()))
+    fn kv_pool(&self) -> (usize, usize) {
+        (KV_PAGE, self.pages.pages())
     }
 
     fn kv_free_pages(&self) -> usize {
