@@ -66,6 +66,7 @@ struct DecCombine {
 #define DEC_FMT_Q4_1 3
 #define DEC_FMT_Q4_K 4
 #define DEC_FMT_Q6_K 5
+#define DEC_FMT_MXFP4 6
 
 template <int FOLD>
 __device__ __forceinline__ void dec_gemv(const GemvArgs& a, int fmt, int vb) {
@@ -76,6 +77,7 @@ __device__ __forceinline__ void dec_gemv(const GemvArgs& a, int fmt, int vb) {
         case DEC_FMT_Q4_1: gemv_packed<PackQ4_1, 1, FOLD, false>(a, vb); break;
         case DEC_FMT_Q4_K: gemv_packed<PackQ4_K, 1, FOLD, false>(a, vb); break;
         case DEC_FMT_Q6_K: gemv_packed<PackQ6_K, 1, FOLD, false>(a, vb); break;
+        case DEC_FMT_MXFP4: gemv_packed<PackMXFP4, 1, FOLD, false>(a, vb); break;
     }
 }
 

@@ -1,4 +1,4 @@
-// m40-parts: f16 q8_0 q4_0 q4_1 q4_k q6_k
+// m40-parts: f16 q8_0 q4_0 q4_1 q4_k q6_k mxfp4
 // The packed GEMV kernels: thin wrappers over gemv_packed.cuh (the layout
 // and the device code are described there).
 #include "gemv_packed.cuh"
@@ -48,17 +48,21 @@ template <class P, int B> struct PgemvBounds {
 // over expert ids[j] (clamped into 0 .. n_mat - 1: a bad id reads a wrong
 // expert, never out of bounds) on x row j / x_per (x (slots / x_per, nb *
 // 32)), into y row j: nrows sums (PGEMV_STORE), or with a GLU mode the
-// nrows / 2 gates of an interleaved gate/up matrix.
+// nrows / 2 gates of an interleaved gate/up matrix, bias (n_mat, nrows: each
+// expert's rows' biases in the matrix's row order, added before the
+// activation) where not null.
 #define PGEMV_ID_KERNEL(name, P)                                                                               \
     extern "C" __global__ void __launch_bounds__(PgemvBounds<P, 1>::threads, PgemvBounds<P, 1>::blocks)         \
         gemv_packed_id_##name##_f32(const u8* W, const float* x, float* y, int nrows, int nb, int ksplit,      \
-                                    int mode, const int* ids, int n_mat, long long mat_bytes, int x_per) {     \
+                                    int mode, const int* ids, int n_mat, long long mat_bytes, int x_per,       \
+                                    const float* bias) {                                                       \
         const int j = blockIdx.y, e = min(max(ids[j], 0), n_mat - 1);                                          \
         float* yj = y + (long long)j * (mode >= PGEMV_GLU ? nrows >> 1 : nrows);                               \
+        const float* bj = bias != nullptr && mode >= PGEMV_GLU ? bias + (long long)e * nrows : nullptr;        \
         const GemvArgs a = {W + e * mat_bytes, x + (long long)(j / x_per) * nb * 32, yj, yj, yj, nrows, nrows, \
-                            nrows, nb, ksplit, 0, 1, mode, nullptr, nullptr, nullptr, 0, 0.0f, nullptr, nullptr, \
+                            nrows, nb, ksplit, 0, 1, mode, bj, nullptr, nullptr, 0, 0.0f, nullptr, nullptr,    \
                             nullptr, nullptr, nullptr, 0, 0, 0.0f};                                            \
-        gemv_packed<P, 1, FOLD_NONE>(a, blockIdx.x);                                                           \
+        gemv_packed<P, 1, FOLD_BIAS>(a, blockIdx.x);                                                           \
     }
 #define PGEMV_KERNEL(name, P)                       \
     PGEMV_ID_KERNEL(name, P)                        \
@@ -75,5 +79,6 @@ template <class P, int B> struct PgemvBounds {
 #define PGEMV_PACK_q4_1 PackQ4_1
 #define PGEMV_PACK_q4_k PackQ4_K
 #define PGEMV_PACK_q6_k PackQ6_K
+#define PGEMV_PACK_mxfp4 PackMXFP4
 #define PGEMV_FORMAT(name, Parts) PGEMV_KERNEL(name, PGEMV_PACK_##name)
 M40_PART_PACKED(PGEMV_FORMAT)

@@ -11,8 +11,8 @@
 // - the block's scales, 4 rows side by side, in a second plane after all
 //   the quants (one load serves the 4 lanes of a block).
 // quants: [group][block][eighth][row][QB bytes], QB = 16 (F16), 8 (Q8_0),
-// 4 (Q4_0, Q4_1); scales: [group][block][row][SB bytes], SB = 0 (F16),
-// 2 (f16 d), 4 (f16 d, m). Q6_K splits its quants over two planes and its
+// 4 (Q4_0, Q4_1, MXFP4); scales: [group][block][row][SB bytes], SB = 0
+// (F16), 2 (f16 d; MXFP4: its E8M0 byte, then 0), 4 (f16 d, m). Q6_K splits its quants over two planes and its
 // scales over two more (`Q6KPlanes`); Q4_K has Q4_0's quant plane and two
 // scale planes (`Q4KPlanes`).
 //
@@ -123,6 +123,44 @@ struct PackQ4_0 {
         const float d[4] = {lo_half(sv.x), hi_half(sv.x), lo_half(sv.y), hi_half(sv.y)};
 #pragma unroll
         for (int j = 0; j < 4; ++j) units8_weights(units_lo4(v[j]), units_hi4(v[j]), 16.0f * d[j], -24.0f * d[j], w[j]);
+    }
+};
+
+// MXFP4: Q4_0's planes (its scale slot holds the E8M0 byte, the high byte
+// zero), the nibbles indices into the FP4 levels: as quant.cuh's FmtMXFP4,
+// level = 32 u - 44 over the unit floats u of fp4_units.
+struct PackMXFP4 {
+    typedef QuantScalePlanes<1, 2> Planes;
+    static constexpr int U = 4;
+    static constexpr bool SPLIT3 = false;
+    static constexpr int DQ = 4;
+    X8_NIBBLE_SPLIT
+    __device__ static void scales(const uint2 sv, float (&d)[4]) {
+        d[0] = e8m0_half(sv.x & 0xff), d[1] = e8m0_half((sv.x >> 16) & 0xff);
+        d[2] = e8m0_half(sv.y & 0xff), d[3] = e8m0_half((sv.y >> 16) & 0xff);
+    }
+    __device__ static void dot(const Planes::Item& it, int, float4 x, float4 y, float* acc) {
+        const uint4 qv = it.q[0];
+        const float X44 = -44.0f * hsum8(x, y);
+        const u32 w[4] = {qv.x, qv.y, qv.z, qv.w};
+        float d[4];
+        scales(it.s, d);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const float S = units8(fp4_units(w[j] & 0x0f0f0f0fu), fp4_units((w[j] >> 4) & 0x0f0f0f0fu), x, y);
+            acc[j] = fmaf(d[j], fmaf(32.0f, S, X44), acc[j]);
+        }
+    }
+    // w = d level = 32 d u - 44 d.
+    __device__ static void weights(const Planes::Item& it, int, float (&w)[4][8]) {
+        const uint4 qv = it.q[0];
+        const u32 v[4] = {qv.x, qv.y, qv.z, qv.w};
+        float d[4];
+        scales(it.s, d);
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            units8_weights(fp4_units(v[j] & 0x0f0f0f0fu), fp4_units((v[j] >> 4) & 0x0f0f0f0fu), 32.0f * d[j],
+                           -44.0f * d[j], w[j]);
     }
 };
 
@@ -408,7 +446,7 @@ struct GemvArgs {
     const float* x;
     float *y, *y1, *y2;  // RowParts
     int r1, r2, nrows, nb, ksplit, t0, m, mode;
-    const float* nw;  // FOLD_EMIT: the next norm's weight (nrows); RoPE fold: the rows' biases
+    const float* nw;  // FOLD_EMIT: the next norm's weight (nrows); RoPE fold, FOLD_BIAS: the rows' biases
     float* h;         // FOLD_EMIT: x * nw (nrows)
     float* part;      // FOLD_EMIT: out, one per block; FOLD_TAKE: in
     int n_part;       // FOLD_TAKE: partial sums to add
@@ -425,6 +463,9 @@ struct GemvArgs {
 #define FOLD_NONE 0
 #define FOLD_TAKE 1
 #define FOLD_EMIT 2
+// No fold; a GLU's rows biased by nw first (the experts' GEMV,
+// gemv_packed_id: compiled into that kernel only).
+#define FOLD_BIAS 3
 #define FOLD_PART_U 4
 
 // y[t][r] = sum_c W[r, c] x[t][c] for tokens t0 .. t0 + m - 1 (m <= B) of
@@ -651,6 +692,8 @@ __device__ __forceinline__ void gemv_packed(const GemvArgs& a, int vb) {
             }
         }
     } else if (a.mode >= PGEMV_GLU) {
+        // The rows' biases (gemv_packed_id: nw, in the stack's row order).
+        if (FOLD == FOLD_BIAS && a.nw != nullptr && out) mine += a.nw[row];
         const float u = __shfl_down_sync(0xffffffffu, mine, 2);
         if (owns && out && (lane & 2) == 0)
             y.y0[(long long)(t0 + t) * (nrows >> 1) + 2 * g + (lane & 1)] = glu_act(a.mode - PGEMV_GLU, mine, u);

@@ -13,7 +13,7 @@
 //
 // Plane offsets (bytes), with ng groups, nb blocks per row, gb = g * nb + b
 // the group-block of row n = 4 g + j:
-// - Q4_0 / Q4_1 / Q4_K quants: ((gb * 4 + e) * 4 + j) * 4, eighth e = q
+// - Q4_0 / Q4_1 / Q4_K / MXFP4 quants: ((gb * 4 + e) * 4 + j) * 4, eighth e = q
 //   (low nibbles: weights 4e.., high: 16+4e..);
 // - Q8_0 quants: ((gb * 4 + e) * 4 + j) * 8, e = weight / 8 (biased by 128);
 //   F16 values: ((gb * 4 + e) * 4 + j) * 16;
@@ -91,6 +91,23 @@ struct PartsQ4_0 : PartsOf<PartsQ4_0> {
         const float d = h2f((u16)r.d);
         nibbles4(r.w, 0, d, -8.0f * d, v0);
         nibbles4(r.w, 4, d, -8.0f * d, v1);
+    }
+};
+
+// MXFP4: Q4_0's planes, the scale slot holding the E8M0 byte (low byte of
+// its 16 bits), the nibbles indices into the FP4 levels.
+struct PartsMXFP4 : PartsOf<PartsMXFP4> {
+    typedef PartsQ4_0::Raw Raw;
+    __device__ static void fetch(const u8* W, int N, int K, int n, int b, int q, Raw& r) {
+        PartsQ4_0::fetch(W, N, K, n, b, q, r);
+    }
+    __device__ static void decode(const Raw& r, float v0[4], float v1[4]) {
+        const float d = e8m0_half(r.d & 0xff);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            v0[i] = d * fp4_level((r.w >> (8 * i)) & 15);
+            v1[i] = d * fp4_level((r.w >> (8 * i + 4)) & 15);
+        }
     }
 };
 

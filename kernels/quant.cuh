@@ -555,8 +555,8 @@ struct FmtIQ4_XS {
 #define M40_PACKED_q6_k(X) X(q6_k, PartsQ6_K)
 #define M40_PACKED_iq4_nl(X)
 #define M40_PACKED_iq4_xs(X)
-#define M40_PACKED_mxfp4(X)
-#define M40_PACKED_FORMATS(X) M40_PACKED_f16(X) M40_PACKED_q8_0(X) M40_PACKED_q4_0(X) M40_PACKED_q4_1(X) M40_PACKED_q4_k(X) M40_PACKED_q6_k(X)
+#define M40_PACKED_mxfp4(X) X(mxfp4, PartsMXFP4)
+#define M40_PACKED_FORMATS(X) M40_PACKED_f16(X) M40_PACKED_q8_0(X) M40_PACKED_q4_0(X) M40_PACKED_q4_1(X) M40_PACKED_q4_k(X) M40_PACKED_q6_k(X) M40_PACKED_mxfp4(X)
 
 // A source compiled in parts (its `// m40-parts:` line; cargo xtask ptx
 // compiles it once a part into kernels/ptx/NAME.PART.ptx, so that a model

@@ -283,7 +283,9 @@ impl Kernels {
     /// experts' packed matrices of `rows` rows each, one after another
     /// (ids clamped into them); with `act`, each an expert's gate and up
     /// interleaved ([`crate::interleave_glu`]) and y[j] (rows / 2) =
-    /// act(gate) * up. As [`crate::Kernels::gemv_experts`] over GGUF rows.
+    /// act(gate + gate bias, up + up bias), `bias` (with `act` only) each
+    /// expert's `rows` biases in its stack's row order (gpt-oss), or none.
+    /// As [`crate::Kernels::gemv_experts`] over GGUF rows.
     #[allow(clippy::too_many_arguments)]
     pub fn gemv_packed_experts(
         &self,
@@ -296,6 +298,7 @@ impl Kernels {
         y: &mut DeviceBuffer<f32>,
         s: crate::MoeShape,
         act: Option<Activation>,
+        bias: Option<&DeviceView<'_, f32>>,
     ) -> Result<()> {
         const K: &str = "gemv_packed_experts";
         let f = PackFormat::checked(K, w.ty, w.cols)?;
@@ -316,6 +319,12 @@ impl Kernels {
         check_len(K, "ids", ids.len(), slots)?;
         check_len(K, "x", x.len(), slots.div_ceil(x_per) * w.cols)?;
         check_len(K, "y", y.len(), slots * out_rows)?;
+        if let Some(b) = bias {
+            if act.is_none() {
+                return Err(shape(K, "biases go with a GLU only".into()));
+            }
+            check_len(K, "bias", b.len(), n_mat * rows)?;
+        }
         if !x.is_aligned(16) || !w.data.is_aligned(16) {
             return Err(shape(
                 K,
@@ -344,14 +353,16 @@ impl Kernels {
         let (ks, mat_bytes, x_per) = (1i32, mat_bytes as i64, to_i32(K, "x_per", x_per)?);
         // SAFETY: gemv_packed_id_<fmt>_f32(const u8* W, const float* x, float*
         // y, int nrows, int nb, int ksplit, int mode, const int* ids, int n_mat,
-        // long long mat_bytes, int x_per): block (b, j) reads ids[j] (slots of
-        // them, checked), clamps it below n_mat and reads that expert's packed
-        // matrix (n_mat of mat_bytes each, checked, 16-byte aligned) at the row
-        // groups 4 b .. 4 b + 3 (< rows / 4: the grid), x row j / x_per
-        // (checked, 16-byte aligned), and writes y row j (out_rows each,
-        // checked); blocks of PACKED_GEMV_WARPS warps, one group a warp.
+        // long long mat_bytes, int x_per, const float* bias): block (b, j)
+        // reads ids[j] (slots of them, checked), clamps it below n_mat and
+        // reads that expert's packed matrix (n_mat of mat_bytes each,
+        // checked, 16-byte aligned) at the row groups 4 b .. 4 b + 3 (< rows
+        // / 4: the grid), with a GLU its biases (rows of n_mat, checked) or
+        // null, x row j / x_per (checked, 16-byte aligned), and writes y row
+        // j (out_rows each, checked); blocks of PACKED_GEMV_WARPS warps, one
+        // group a warp.
         unsafe {
-            stream
+            let l = stream
                 .launch(&kernel)
                 .view(w.data)
                 .view(x)
@@ -363,8 +374,12 @@ impl Kernels {
                 .view(ids)
                 .scalar(&n_mat)
                 .scalar(&mat_bytes)
-                .scalar(&x_per)
-                .run(cfg(grid, 32 * PACKED_GEMV_WARPS))?
+                .scalar(&x_per);
+            match bias {
+                Some(b) => l.view(b),
+                None => l.null(),
+            }
+            .run(cfg(grid, 32 * PACKED_GEMV_WARPS))?
         };
         Ok(())
     }

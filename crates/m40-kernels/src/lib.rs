@@ -126,6 +126,7 @@ const MODULE_TABLE: &[(&str, &str)] = &[
     module!("gemv_packed.q4_1"),
     module!("gemv_packed.q4_k"),
     module!("gemv_packed.q6_k"),
+    module!("gemv_packed.mxfp4"),
     module!("moe"),
     module!("rmsnorm"),
     module!("rope"),

@@ -93,13 +93,16 @@ macro_rules! pformat {
 }
 
 impl PackFormat {
-    pub const ALL: [PackFormat; 6] = [
+    pub const ALL: [PackFormat; 7] = [
         pformat!(F16, "f16", 32, 64, 64, 0, 16, 0, 1, true),
         pformat!(Q8_0, "q8_0", 32, 34, 34, 2, 8, 0x80, 2, true),
         pformat!(Q4_0, "q4_0", 32, 18, 18, 2, 4, 0, 4, false),
         pformat!(Q4_1, "q4_1", 32, 20, 20, 4, 4, 0, 4, false),
         pformat!(Q4_K, "q4_k", 256, 144, 148, 0, 0, 0, 2, true),
         pformat!(Q6_K, "q6_k", 256, 210, 210, 0, 0, 0, 2, true),
+        // The scale plane keeps 2 bytes a row (its E8M0 byte, then 0): 18
+        // packed bytes a block where GGUF has 17.
+        pformat!(MXFP4, "mxfp4", 32, 17, 18, 2, 4, 0, 4, false),
     ];
 
     /// The packed format of `ty` for rows of `cols` weights, or the error
@@ -263,16 +266,19 @@ fn by_group(
 /// zero bytes: zero scales (or zero F16 values).
 fn pack_simple<'a>(f: &PackFormat, p: &mut [&mut [u8]], rows: impl Iterator<Item = &'a [u8]>) {
     let (sb, eb, bias) = (f.scale_bytes, f.eighth_bytes, f.bias);
+    // The scale's bytes in the GGUF block: MXFP4's one E8M0 byte (its
+    // plane's second byte stays 0).
+    let head = if f.ty == GgmlType::MXFP4 { 1 } else { sb };
     let [quants, scales] = p else {
         unreachable!("two planes")
     };
     for (j, row) in rows.enumerate() {
         for (b, blk) in row.chunks_exact(f.block_bytes).enumerate() {
             let s = (b * PACK_ROWS + j) * sb;
-            scales[s..s + sb].copy_from_slice(&blk[..sb]);
+            scales[s..s + head].copy_from_slice(&blk[..head]);
             for e in 0..4 {
                 let dst = ((b * 4 + e) * PACK_ROWS + j) * eb;
-                let src = &blk[sb + e * eb..][..eb];
+                let src = &blk[head + e * eb..][..eb];
                 for (d, s) in quants[dst..dst + eb].iter_mut().zip(src) {
                     *d = s ^ bias;
                 }
@@ -372,12 +378,37 @@ mod tests {
     use super::*;
 
     #[test]
+    fn decode_format_numbers_match_the_kernel() {
+        // kernels/decode.cu's `#define DEC_FMT_<SYM> n` is the format's place.
+        let src = include_str!("../../../kernels/decode.cu");
+        for f in PackFormat::ALL {
+            let sym = f.gemv["gemv_packed_".len()..f.gemv.len() - "_f32".len()].to_uppercase();
+            let key = format!("#define DEC_FMT_{sym} ");
+            let at = src
+                .find(&key)
+                .unwrap_or_else(|| panic!("{key} in decode.cu"));
+            let n: i32 = src[at + key.len()..]
+                .split_whitespace()
+                .next()
+                .and_then(|v| v.parse().ok())
+                .expect("a number");
+            assert_eq!(n, f.decode_index(), "{sym}");
+        }
+    }
+
+    #[test]
     fn in_flight_and_split3_match_the_kernels() {
         // Each format's `static constexpr int U = n;` and `bool SPLIT3 = b;`
         // in its Pack struct.
         let src = include_str!("../../../kernels/gemv_packed.cuh");
         for (f, name) in PackFormat::ALL.iter().zip([
-            "PackF16", "PackQ8_0", "PackQ4_0", "PackQ4_1", "PackQ4_K", "PackQ6_K",
+            "PackF16",
+            "PackQ8_0",
+            "PackQ4_0",
+            "PackQ4_1",
+            "PackQ4_K",
+            "PackQ6_K",
+            "PackMXFP4",
         ]) {
             let at = src
                 .find(&format!("struct {name} {{"))
@@ -452,6 +483,20 @@ mod tests {
                 // Eighth e: the low nibbles of its 4 bytes are weights 4e ..,
                 // the high ones 16 + 4e ..
                 let v = nibble(eighth((k % 16) / 4)[k % 4], k);
+                if f.ty == GgmlType::MXFP4 {
+                    // Its E8M0 byte, then 0; ggml's doubled FP4 levels and
+                    // half scale.
+                    assert_eq!(p[s + 1], 0);
+                    const LEVELS: [f32; 8] = [0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0];
+                    let e = p[s] as u32;
+                    let d = f32::from_bits(if e < 2 {
+                        0x0020_0000 << e
+                    } else {
+                        (e - 1) << 23
+                    });
+                    let level = LEVELS[v as usize & 7] * if v >= 8.0 { -1.0 } else { 1.0 };
+                    return d * level;
+                }
                 if f.ty == GgmlType::Q4_0 {
                     half(s) * (v - 8.0)
                 } else {

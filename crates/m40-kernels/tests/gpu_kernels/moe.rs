@@ -327,8 +327,9 @@ fn glu_reference(
 /// packed format: each expert packed on its own, slots reading their
 /// token's row and their own, an id past the experts (clamped to the
 /// last), against the CPU's product of the dequantized rows; interleaved
-/// gate and up with SwiGLU and GeGLU. Outputs poisoned, nothing written
-/// past y; shapes it refuses.
+/// gate and up with SwiGLU and GeGLU, and with gpt-oss's clamped SwiGLU
+/// and biases (in the stack's row order). Outputs poisoned, nothing
+/// written past y; shapes it refuses.
 #[test]
 #[ignore = "needs a GPU"]
 fn packed_experts_match_cpu() {
@@ -368,11 +369,27 @@ fn packed_experts_match_cpu() {
             let x = rng.vec((n * kk).div_ceil(x_per) * cols, -1.0, 1.0);
             let xg = s.upload(&x, "x").unwrap();
             let (want, mag) = experts_reference(&dense, &x, &clamped, rows, cols, x_per);
-            let acts: &[Option<Activation>] = match x_per == kk {
-                true => &[None, Some(Activation::Silu), Some(Activation::GeluTanh)],
-                false => &[None],
+            let acts: &[(Option<Activation>, bool)] = match x_per == kk {
+                true => &[
+                    (None, false),
+                    (Some(Activation::Silu), false),
+                    (Some(Activation::GeluTanh), false),
+                    (Some(Activation::SwigluOai), true),
+                ],
+                false => &[(None, false)],
             };
-            for &act in acts {
+            // Each expert's gate and up biases, and both in the row order
+            // of its interleaved stack (gate 2i, 2i + 1, up 2i, 2i + 1).
+            let half = rows / 2;
+            let (gb, ub) = (
+                rng.vec(n_mat * half, -2.0, 2.0),
+                rng.vec(n_mat * half, -2.0, 2.0),
+            );
+            let stacked: Vec<f32> = (0..n_mat * half / 2)
+                .flat_map(|p| [gb[2 * p], gb[2 * p + 1], ub[2 * p], ub[2 * p + 1]])
+                .collect();
+            let bg = s.upload(&stacked, "biases").unwrap();
+            for &(act, biased) in acts {
                 let wg = s.upload(&pack(act.is_some()), "packed experts").unwrap();
                 let m = PackedMatrix {
                     ty: f.ty,
@@ -394,16 +411,21 @@ fn packed_experts_match_cpu() {
                     &mut y,
                     shape,
                     act,
+                    biased.then(|| bg.view()).as_ref(),
                 )
                 .unwrap();
                 let got = s.download(&y).unwrap();
-                let what = format!("gemv_packed_experts {} x_per {x_per} {act:?}", f.ty);
+                let what = format!(
+                    "gemv_packed_experts {} x_per {x_per} {act:?} {biased}",
+                    f.ty
+                );
                 match act {
                     None => check(&what, &got[..n * kk * rows], &want, |i| {
                         1e-5 * mag[i] + 1e-30
                     }),
                     Some(a) => {
-                        let (want_g, tol) = glu_reference(&want, &mag, &clamped, rows, a, None);
+                        let bias = biased.then_some((&gb, &ub));
+                        let (want_g, tol) = glu_reference(&want, &mag, &clamped, rows, a, bias);
                         check(&what, &got[..n * kk * out], &want_g, |i| tol[i]);
                     }
                 }
@@ -434,6 +456,7 @@ fn packed_experts_match_cpu() {
                 1,
                 &mut y,
                 shape,
+                None,
                 None
             )
             .is_err());

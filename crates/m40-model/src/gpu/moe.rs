@@ -8,7 +8,7 @@ use m40_kernels::{
 };
 
 use super::residual::{Input, Residual};
-use super::weights::{Experts, Mat, MatView, MoeMats};
+use super::weights::{Experts, GluBias, Mat, MatView, MoeMats};
 use super::workspace::MoeBufs;
 use super::GpuBackend;
 use crate::error::{ModelError, Result};
@@ -49,9 +49,9 @@ impl GpuBackend {
             n,
             k: m.n_expert_used,
         };
-        // gpt-oss's biases, as views: router, gate, up, down.
-        let bias = mats.bias.as_ref().map(|bs| bs.each_ref().map(|b| b.view()));
-        let router_b = bias.as_ref().map(|[r, ..]| r);
+        // gpt-oss's biases, as views.
+        let router_view = mats.bias.as_ref().map(|b| b.router.view());
+        let router_b = router_view.as_ref();
         let data = mats.router.data.view();
         match mats.router.view(&data) {
             // One token through an F32 router: a block a row, the last
@@ -104,6 +104,13 @@ impl GpuBackend {
             return Ok(Residual::PENDING);
         }
         let ids = b.ids.view();
+        // gpt-oss's gate and up biases: apart (GGUF rows, split gate and
+        // up), or in the packed gate/up stack's row order.
+        let (apart, rows_b) = match mats.bias.as_ref().map(|b| &b.gate_up) {
+            Some(GluBias::Apart([g, u])) => (Some([g.view(), u.view()]), None),
+            Some(GluBias::Rows(r)) => (None, Some(r.view())),
+            None => (None, None),
+        };
         // A matrix's GEMVs for every slot (x row j / x_per), `rows` rows an
         // expert: packed, or in GGUF rows (with gpt-oss's biases).
         let experts = |mat: &Mat,
@@ -118,17 +125,18 @@ impl GpuBackend {
                 MatView::Packed(p) => {
                     debug_assert!(
                         glu.is_none_or(|g| g.bias.is_none()),
-                        "packed experts: no biases"
+                        "packed experts: biases in the stack's row order"
                     );
                     let act = glu.map(|g| g.act);
-                    k.gemv_packed_experts(s, &p, rows, &ids, x, x_per, y, shape, act)?
+                    let bias = act.and(rows_b.as_ref());
+                    k.gemv_packed_experts(s, &p, rows, &ids, x, x_per, y, shape, act, bias)?
                 }
                 MatView::Rows(q) => k.gemv_experts(s, &q, rows, &ids, x, x_per, y, shape, glu)?,
             }
             Ok(())
         };
         let ff = m.n_ff_exp;
-        let gate_up_b = bias.as_ref().map(|[_, g, u, _]| [g, u]);
+        let gate_up_b = apart.as_ref().map(|[g, u]| [g, u]);
         match &mats.gate_up {
             Experts::Glu(gu) => {
                 let glu = ExpertGlu {
@@ -151,7 +159,8 @@ impl GpuBackend {
         }
         let d = hp.n_embd;
         experts(&mats.down, d, &b.gate.view(), 1, &mut b.y, None)?;
-        let down_b = bias.as_ref().map(|[.., db]| (&ids, db));
+        let down_view = mats.bias.as_ref().map(|b| b.down.view());
+        let down_b = down_view.as_ref().map(|db| (&ids, db));
         k.moe_combine(s, &b.y.view(), &b.w.view(), down_b, proj, d, shape)?;
         Ok(Residual::PENDING)
     }

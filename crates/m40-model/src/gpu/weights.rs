@@ -148,9 +148,27 @@ pub(super) struct MoeMats {
     pub(super) router: Mat,
     pub(super) gate_up: Experts,
     pub(super) down: Mat,
-    /// gpt-oss: the router's bias (n_expert), the experts' gate, up
-    /// (n_expert, n_ff_exp) and down (n_expert, n_embd) biases.
-    pub(super) bias: Option<[DeviceBuffer<f32>; 4]>,
+    /// gpt-oss's biases.
+    pub(super) bias: Option<MoeBias>,
+}
+
+/// A mixture's biases (gpt-oss).
+pub(super) struct MoeBias {
+    /// The router's (n_expert).
+    pub(super) router: DeviceBuffer<f32>,
+    pub(super) gate_up: GluBias,
+    /// The experts' down biases (n_expert, n_embd).
+    pub(super) down: DeviceBuffer<f32>,
+}
+
+/// The experts' gate and up biases.
+pub(super) enum GluBias {
+    /// (n_expert, n_ff_exp) each: for the GEMV of GGUF rows, which adds
+    /// them in its epilogue, and for split gate and up (`moe_glu`).
+    Apart([DeviceBuffer<f32>; 2]),
+    /// Both in each expert's gate/up stack's row order (`interleave_glu`),
+    /// (n_expert, 2 n_ff_exp): for the packed experts' GEMV.
+    Rows(DeviceBuffer<f32>),
 }
 
 pub(super) enum Experts {
@@ -378,19 +396,30 @@ impl Weights {
                             Experts::Split(experts(&g, None)?, experts(&u, None)?)
                         };
                     let down = experts(&model.tensor(&n.ffn_down_exps), None)?;
+                    let bias = match m.bias {
+                        true => Some(MoeBias {
+                            router: f32s(&n.ffn_gate_inp_b)?,
+                            gate_up: match &gate_up {
+                                Experts::Glu(mat) if mat.packed => {
+                                    let g = model.tensor(&n.ffn_gate_exps_b).to_f32()?;
+                                    let u = model.tensor(&n.ffn_up_exps_b).to_f32()?;
+                                    let what = format!("blk.{l}.ffn_gate_up_exps biases");
+                                    GluBias::Rows(stream.upload(&interleave_rows(&g, &u), &what)?)
+                                }
+                                _ => GluBias::Apart([
+                                    f32s(&n.ffn_gate_exps_b)?,
+                                    f32s(&n.ffn_up_exps_b)?,
+                                ]),
+                            },
+                            down: f32s(&n.ffn_down_exps_b)?,
+                        }),
+                        false => None,
+                    };
                     Ffn::Moe(Box::new(MoeMats {
                         router: one(stacks(&[&n.ffn_gate_inp], false, false)?),
                         gate_up,
                         down,
-                        bias: match m.bias {
-                            true => Some([
-                                f32s(&n.ffn_gate_inp_b)?,
-                                f32s(&n.ffn_gate_exps_b)?,
-                                f32s(&n.ffn_up_exps_b)?,
-                                f32s(&n.ffn_down_exps_b)?,
-                            ]),
-                            false => None,
-                        },
+                        bias,
                     }))
                 } else {
                     Ffn::Dense {
@@ -474,6 +503,16 @@ pub(super) fn modules_needed(model: &Model, opts: &GpuOptions) -> Vec<&'static s
     m
 }
 
+/// Gate and up biases (rows of n_ff each, n_ff even) in the row order of
+/// their matrices interleaved by `interleave_glu`: gate 2i, gate 2i + 1,
+/// up 2i, up 2i + 1, ... (a row of the result per row of theirs).
+fn interleave_rows(gate: &[f32], up: &[f32]) -> Vec<f32> {
+    gate.chunks_exact(2)
+        .zip(up.chunks_exact(2))
+        .flat_map(|(g, u)| [g[0], g[1], u[0], u[1]])
+        .collect()
+}
+
 /// Whether a tensor stays in GGUF rows: a mixture's router, and its
 /// experts where they are not packed (`experts_packed`).
 pub(super) fn in_rows(opts: &GpuOptions, hp: &HyperParams, t: &m40_gguf::TensorInfo) -> bool {
@@ -482,9 +521,9 @@ pub(super) fn in_rows(opts: &GpuOptions, hp: &HyperParams, t: &m40_gguf::TensorI
 
 /// Whether a mixture's experts tensor `t` (3-D) is uploaded in the packed
 /// layout, expert by expert, for the packed experts' GEMV
-/// (`gemv_packed_experts`): `fuse` and `packed` on, no expert biases
-/// (gpt-oss's experts keep the GEMV of GGUF rows, whose epilogue adds
-/// them), and a packed format that takes its matrices.
+/// (`gemv_packed_experts`): `fuse` and `packed` on, and a packed format
+/// that takes its matrices (gpt-oss's MXFP4 too: the gate/up GEMV adds its
+/// biases, `GluBias::Rows`; the down biases are `moe_combine`'s).
 pub(super) fn experts_packed(
     opts: &GpuOptions,
     hp: &HyperParams,
@@ -492,7 +531,7 @@ pub(super) fn experts_packed(
 ) -> bool {
     let per = t.shape.get(1).map_or(0, |&r| r as usize);
     opts.fuse
-        && !hp.moe.is_some_and(|m| m.bias)
+        && hp.moe.is_some()
         && packs(opts, t.ty, t.row_len())
         && PackFormat::of(t.ty).is_some_and(|f| f.takes_experts(per, t.row_len()))
 }
@@ -501,6 +540,16 @@ pub(super) fn experts_packed(
 mod tests {
     use super::*;
     use m40_gguf::synth::{write_model, FileType, Shape, SynthOptions};
+
+    /// A row's bias lands where `interleave_glu` puts that row.
+    #[test]
+    fn biases_follow_their_rows_interleaved() {
+        let gate: Vec<f32> = (0..6).map(|i| i as f32).collect();
+        let up: Vec<f32> = (0..6).map(|i| 10.0 + i as f32).collect();
+        let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let rows = interleave_glu(&bytes(&gate), &bytes(&up), 6).unwrap();
+        assert_eq!(bytes(&interleave_rows(&gate, &up)), rows);
+    }
 
     fn synth(shape: &str, ty: GgmlType) -> Model {
         let opts = SynthOptions {
@@ -557,15 +606,15 @@ mod tests {
 
     /// Which experts are packed, what the memory plan counts for them, and
     /// which kernel modules load: qwen3moe's and Mixtral's experts packed
-    /// (their packed GEMV module loaded), not with `fuse` or `packed` off,
-    /// not gpt-oss's (biased, MXFP4), and never the router.
+    /// (their packed GEMV module loaded), gpt-oss's (MXFP4, biased) too,
+    /// not with `fuse` or `packed` off, and never the router.
     #[test]
     fn experts_are_packed_where_their_gemv_takes_them() {
         for (shape, ty, want) in [
             ("qwen3moe-tiny", GgmlType::Q4_0, true),
             ("qwen3moe-tiny", GgmlType::Q8_0, true),
             ("mixtral-tiny", GgmlType::Q4_0, true),
-            ("gpt-oss-tiny", GgmlType::MXFP4, false),
+            ("gpt-oss-tiny", GgmlType::MXFP4, true),
         ] {
             let model = synth(shape, ty);
             let hp = model.hparams();
