@@ -97,7 +97,7 @@ pub fn run(path: &Path, label: &str, a: &Args) -> Result<()> {
         } else {
             CpuMath::Quantized
         };
-        let cpu = CpuBackend::with_math(model.clone(), math)?;
+        let cpu = CpuBackend::with_kv(model.clone(), math, kv_tokens)?;
         ("CPU".to_string(), table(&cpu, a)?)
     } else {
         let dev = m40_device::Device::open(a.gpu).context("opening the GPU (or use --cpu)")?;

@@ -47,7 +47,8 @@ pub fn run(path: &Path, label: &str, a: &Args) -> Result<()> {
         CpuMath::Quantized
     };
     let model = Arc::new(Model::open(path)?);
-    let cpu = CpuBackend::with_math(model, math)?;
+    // KV pages for one sequence of the longer test.
+    let cpu = CpuBackend::with_kv(model, math, a.n_prompt.max(a.n_gen))?;
     let n_vocab = cpu.hparams().n_vocab;
     let mut rows = Vec::new();
     pool.install(|| -> Result<()> {

@@ -93,7 +93,8 @@ pub fn run(a: Args) -> Result<()> {
     } else {
         CpuMath::Quantized
     };
-    let backend = CpuBackend::with_math(model, math)?;
+    // KV pages for one chunk at a time.
+    let backend = CpuBackend::with_kv(model, math, a.ctx)?;
     let start = Instant::now();
     if !a.json {
         eprintln!(
