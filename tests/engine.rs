@@ -1,5 +1,6 @@
 //! The engine end to end on SmolLM2: greedy matches llama.cpp, seeds
-//! reproduce, stop strings, max tokens, cancellation, context limits, logprobs.
+//! reproduce, stop strings, max tokens, cancellation, context limits, logprobs,
+//! a CPU KV cache the machine cannot hold.
 //!
 //! Each test body runs on both backends (as candle's `test_device!`):
 //! `NAME::cpu` in CI, `NAME::gpu` ignored without a GPU and run by the GPU
@@ -197,4 +198,28 @@ fn logprobs_are_reported(on: On) {
         assert!(ev.top_logprobs.windows(2).all(|w| w[0].2 >= w[1].2));
     }
     assert_eq!(events[0].top_logprobs[0].1, "ĠParis");
+}
+
+/// A CPU KV cache (`--kv-tokens`) larger than the machine holds is refused
+/// at load with an error that says so, not an abort on a later request.
+#[test]
+fn a_cpu_kv_cache_beyond_the_machine_is_a_clear_error() {
+    let opts = EngineOptions {
+        n_ctx: Some(256),
+        backend: BackendChoice::Cpu,
+        kv_tokens: Some(1 << 40),
+        ..Default::default()
+    };
+    let e = Engine::from_path(&support::smollm2(), opts)
+        .err()
+        .expect("no machine holds 2^40 tokens of KV cache");
+    let msg = e.to_string();
+    assert!(
+        matches!(
+            e,
+            EngineError::Model(m40_model::ModelError::HostMemory { .. })
+        ),
+        "{msg}"
+    );
+    assert!(msg.contains("KV cache of 1099511627776 tokens"), "{msg}");
 }
