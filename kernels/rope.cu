@@ -155,8 +155,6 @@ __device__ __forceinline__ void rope_kv_qk_norm(float* q, int n_head, const floa
     const int half = n_rot / 2, slots = head_dim / 2;
     const int hpb = ROPE_THREADS / slots;  // slots: 32, 64 or 128
     const int p = pos[t];
-    rope_table(cs, p, inv_freq, half, pos_scale);
-    const long long row = kv_row(table, p) * n_head_kv * head_dim;
     const int h = blockIdx.y * hpb + threadIdx.x / slots, i = threadIdx.x % slots;
     const bool active = h < n_head + n_head_kv;
     int a, b;
@@ -169,11 +167,17 @@ __device__ __forceinline__ void rope_kv_qk_norm(float* q, int n_head, const floa
     const int kh = h - n_head;
     float* xq = q + ((long long)t * n_head + h) * head_dim;
     const long long src = ((long long)t * n_head_kv + kh) * head_dim;
-    float x0 = 0.0f, x1 = 0.0f;
+    // The pair (and a K head's pair of V) and the pool row are loaded
+    // before the sin/cos table is computed: the two latencies overlap
+    // (a decode step's launch is one round trip of each).
+    float x0 = 0.0f, x1 = 0.0f, v0 = 0.0f, v1 = 0.0f;
     if (active) {
         x0 = is_q ? xq[a] : k[src + a];
         x1 = is_q ? xq[b] : k[src + b];
+        if (!is_q) v0 = v[src + a], v1 = v[src + b];
     }
+    const long long row = kv_row(table, p) * n_head_kv * head_dim;
+    rope_table(cs, p, inv_freq, half, pos_scale);
     const float ss = warp_sum(x0 * x0 + x1 * x1);
     if (lane == 0) wsum[warp] = ss;
     __syncthreads();
@@ -197,8 +201,8 @@ __device__ __forceinline__ void rope_kv_qk_norm(float* q, int n_head, const floa
         const long long dst = row + (long long)kh * head_dim;
         kpool[dst + a] = f2h(x0);
         kpool[dst + b] = f2h(x1);
-        vpool[dst + a] = f2h(v[src + a]);
-        vpool[dst + b] = f2h(v[src + b]);
+        vpool[dst + a] = f2h(v0);
+        vpool[dst + b] = f2h(v1);
     }
 }
 
