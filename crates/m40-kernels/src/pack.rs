@@ -266,9 +266,9 @@ fn by_group(
 /// zero bytes: zero scales (or zero F16 values).
 fn pack_simple<'a>(f: &PackFormat, p: &mut [&mut [u8]], rows: impl Iterator<Item = &'a [u8]>) {
     let (sb, eb, bias) = (f.scale_bytes, f.eighth_bytes, f.bias);
-    // The scale's bytes in the GGUF block: MXFP4's one E8M0 byte (its
-    // plane's second byte stays 0).
-    let head = if f.ty == GgmlType::MXFP4 { 1 } else { sb };
+    // The scales' bytes in the GGUF block, before its 4 eighths of quants
+    // (MXFP4's one E8M0 byte: its plane's second byte stays 0).
+    let head = f.block_bytes - 4 * eb;
     let [quants, scales] = p else {
         unreachable!("two planes")
     };

@@ -414,9 +414,9 @@ fn synth_command_r_gpu_matches_cpu() {
 
 /// The persistent decode kernel (`GpuOptions::persistent`) gives the
 /// logits of the launch-per-kernel graph: SmolLM2's shape (3 query heads
-/// per KV head, head dim 64) in Q4_0, Q8_0, F16 (every op in the program)
-/// and Q4_K (its Q5_0 matrices have no packed GEMV: the program is cut
-/// around their launches), over 48 decode steps after prompts of 40 tokens
+/// per KV head, head dim 64) in Q4_0, Q8_0, F16, MXFP4 (every op in the
+/// program) and Q4_K (its Q5_0 matrices have no packed GEMV: the program
+/// is cut around their launches), over 48 decode steps after prompts of 40 tokens
 /// (the 512-key graph bucket) and 600 (the 1024-key one: more key splits).
 #[test]
 #[ignore = "needs a GPU"]
@@ -428,6 +428,7 @@ fn persistent_decode_matches_kernel_by_kernel() {
         GgmlType::Q4_0,
         GgmlType::Q8_0,
         GgmlType::F16,
+        GgmlType::MXFP4,
         GgmlType::Q4_K,
     ] {
         let model = synth(dir.path(), "smollm2-135m", ty);

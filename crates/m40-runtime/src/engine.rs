@@ -565,24 +565,31 @@ fn pick_backend(
     n_ctx: usize,
 ) -> Result<(AnyBackend, Option<String>)> {
     // The KV pool asked for; by default, DEFAULT_SEQUENCES contexts, halved
-    // while the machine (or the device) has no room for it, down to one
-    // context.
-    let kv_asked = opts
-        .kv_tokens
-        .unwrap_or(n_ctx * DEFAULT_SEQUENCES)
-        .max(n_ctx);
+    // while the machine (or the device) has no room for it (`no_room`),
+    // down to one context.
+    let fitted = |build: &mut dyn FnMut(usize) -> m40_model::Result<AnyBackend>,
+                  no_room: fn(&ModelError) -> bool| {
+        let mut kv = opts
+            .kv_tokens
+            .unwrap_or(n_ctx * DEFAULT_SEQUENCES)
+            .max(n_ctx);
+        loop {
+            match build(kv) {
+                Err(e) if no_room(&e) && opts.kv_tokens.is_none() && kv > n_ctx => {
+                    kv = (kv / 2).max(n_ctx);
+                }
+                r => return r,
+            }
+        }
+    };
     // The CPU's pages are checked against the machine's memory, so that a
     // server refuses to start rather than fail requests.
     let cpu = || -> Result<AnyBackend> {
-        let mut kv = kv_asked;
-        loop {
-            match CpuBackend::with_kv(model.clone(), opts.cpu_math, kv) {
-                Err(ModelError::HostMemory { .. }) if opts.kv_tokens.is_none() && kv > n_ctx => {
-                    kv = (kv / 2).max(n_ctx);
-                }
-                r => return Ok(AnyBackend::Cpu(r?)),
-            }
-        }
+        let mut build =
+            |kv| CpuBackend::with_kv(model.clone(), opts.cpu_math, kv).map(AnyBackend::Cpu);
+        Ok(fitted(&mut build, |e| {
+            matches!(e, ModelError::HostMemory { .. })
+        })?)
     };
     if opts.backend == BackendChoice::Cpu {
         return Ok((cpu()?, None));
@@ -602,17 +609,12 @@ fn pick_backend(
         kernel_progress: opts.kernel_progress.as_ref().map(|p| p.0.clone()),
         ..Default::default()
     };
-    let mut kv = kv_asked;
-    let gpu = loop {
-        match GpuBackend::new(device.clone(), model.clone(), gpu_opts(kv)) {
-            Err(ModelError::GpuMemory { .. }) if opts.kv_tokens.is_none() && kv > n_ctx => {
-                kv = (kv / 2).max(n_ctx);
-            }
-            r => break r,
-        }
+    let mut build = |kv| {
+        GpuBackend::new(device.clone(), model.clone(), gpu_opts(kv))
+            .map(|g| AnyBackend::Gpu(Box::new(g)))
     };
-    match gpu {
-        Ok(g) => Ok((AnyBackend::Gpu(Box::new(g)), None)),
+    match fitted(&mut build, |e| matches!(e, ModelError::GpuMemory { .. })) {
+        Ok(g) => Ok((g, None)),
         Err(e @ ModelError::GpuMemory { .. }) if opts.backend == BackendChoice::Auto => {
             match cpu() {
                 Ok(c) => Ok((c, Some(e.to_string()))),

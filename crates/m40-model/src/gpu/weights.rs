@@ -404,7 +404,7 @@ impl Weights {
                                     let g = model.tensor(&n.ffn_gate_exps_b).to_f32()?;
                                     let u = model.tensor(&n.ffn_up_exps_b).to_f32()?;
                                     let what = format!("blk.{l}.ffn_gate_up_exps biases");
-                                    GluBias::Rows(stream.upload(&interleave_rows(&g, &u), &what)?)
+                                    GluBias::Rows(stream.upload(&interleave_rows(&g, &u)?, &what)?)
                                 }
                                 _ => GluBias::Apart([
                                     f32s(&n.ffn_gate_exps_b)?,
@@ -503,14 +503,19 @@ pub(super) fn modules_needed(model: &Model, opts: &GpuOptions) -> Vec<&'static s
     m
 }
 
-/// Gate and up biases (rows of n_ff each, n_ff even) in the row order of
-/// their matrices interleaved by `interleave_glu`: gate 2i, gate 2i + 1,
-/// up 2i, up 2i + 1, ... (a row of the result per row of theirs).
-fn interleave_rows(gate: &[f32], up: &[f32]) -> Vec<f32> {
-    gate.chunks_exact(2)
-        .zip(up.chunks_exact(2))
-        .flat_map(|(g, u)| [g[0], g[1], u[0], u[1]])
-        .collect()
+/// Gate and up biases (one value a row, n_ff rows an expert, n_ff even)
+/// in the row order `interleave_glu` gives their matrices: gate 2i, gate
+/// 2i + 1, up 2i, up 2i + 1, ... (pairs never cross an expert's rows).
+fn interleave_rows(gate: &[f32], up: &[f32]) -> Result<Vec<f32>> {
+    let rows = interleave_glu(
+        bytemuck::cast_slice(gate),
+        bytemuck::cast_slice(up),
+        gate.len(),
+    )?;
+    Ok(rows
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect())
 }
 
 /// Whether a tensor stays in GGUF rows: a mixture's router, and its
@@ -548,7 +553,12 @@ mod tests {
         let up: Vec<f32> = (0..6).map(|i| 10.0 + i as f32).collect();
         let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
         let rows = interleave_glu(&bytes(&gate), &bytes(&up), 6).unwrap();
-        assert_eq!(bytes(&interleave_rows(&gate, &up)), rows);
+        let got = interleave_rows(&gate, &up).unwrap();
+        assert_eq!(bytes(&got), rows);
+        assert_eq!(
+            got,
+            [0.0, 1.0, 10.0, 11.0, 2.0, 3.0, 12.0, 13.0, 4.0, 5.0, 14.0, 15.0]
+        );
     }
 
     fn synth(shape: &str, ty: GgmlType) -> Model {
