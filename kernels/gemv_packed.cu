@@ -21,15 +21,18 @@ template <class P, int B> struct PgemvBounds {
 // RowParts; one matrix: r1 = r2 = nrows). mode: PGEMV_STORE; PGEMV_ADD (y
 // += W x); PGEMV_GLU + act: W is an interleaved gate/up stack (rows g0, g1,
 // u0, u1, g2, ...; nrows a multiple of 4) and y (m, nrows / 2) gets
-// act(gate) * up (common.cuh glu_act). gemv_packed_<fmt>_f32 takes one token, gemv_packed_<fmt>_f32_x<B> up
-// to B: tokens t0 .. t0 + m - 1. (A 16-token variant ran 3.4x slower than
-// the 8-token one on an H100: its accumulators cap occupancy at 2 blocks;
-// the launcher runs 8 at a time.) gemv_packed_<fmt>_f32_take and _emit: one
+// act(gate) * up (common.cuh glu_act). gemv_packed_<fmt>_f32 takes one
+// token, gemv_packed_<fmt>_f32_x<B> up to B: tokens t0 .. t0 + m - 1;
+// gemv_packed_<fmt>_f32_x8c more: tokens 0 .. m - 1 in chunks of t0 <= 8,
+// grid row y taking tokens y t0 .. min(m, (y + 1) t0) - 1. (A 16-token
+// variant ran 3.4x slower than the 8-token one on an H100: its accumulators
+// cap occupancy at 2 blocks.) gemv_packed_<fmt>_f32_take and _emit: one
 // token, the two halves of a folded RMSNorm (`Fold`; the other kernels
 // ignore nw, h, part, n_part and eps). With kpool non-null (one token, a
 // Q/K/V stack, mode PGEMV_STORE), RoPE and the KV append ride along
 // (`RopeKvFold`): q gets the rotated queries, y1 and y2 are not written.
-#define PGEMV_KERNEL_B(name, P, B, FOLD, suffix)                                                          \
+#define PGEMV_KERNEL_B(name, P, B, FOLD, suffix) PGEMV_KERNEL_BC(name, P, B, FOLD, false, suffix)
+#define PGEMV_KERNEL_BC(name, P, B, FOLD, CHUNKED, suffix)                                                \
     extern "C" __global__ void __launch_bounds__(PgemvBounds<P, B>::threads, PgemvBounds<P, B>::blocks)     \
         gemv_packed_##name##_f32##suffix(const u8* W, const float* x, float* y, float* y1, float* y2,      \
                                          int r1, int r2, int nrows, int nb, int ksplit, int t0, int m,     \
@@ -40,7 +43,7 @@ template <class P, int B> struct PgemvBounds {
         const GemvArgs a = {W,    x,    y,     y1,       y2,    r1,    r2,    nrows,   nb,                   \
                             ksplit, t0, m,     mode,     nw,    h,     part,  n_part,  eps,                  \
                             pos,  inv_freq, table, kpool, vpool, head_dim, n_rot, pos_scale};                 \
-        gemv_packed<P, B, FOLD>(a, blockIdx.x);                                                            \
+        gemv_packed<P, B, FOLD, B == 1 && P::SPLIT3, CHUNKED>(a, blockIdx.x);                              \
     }
 // gemv_packed_id_<fmt>_f32: a mixture's experts' GEMVs over packed
 // matrices, one token a slot. W: n_mat experts' packed matrices of nrows x
@@ -71,7 +74,8 @@ template <class P, int B> struct PgemvBounds {
     PGEMV_KERNEL_B(name, P, 1, FOLD_EMIT, _emit)    \
     PGEMV_KERNEL_B(name, P, 2, FOLD_NONE, _x2)      \
     PGEMV_KERNEL_B(name, P, 4, FOLD_NONE, _x4)      \
-    PGEMV_KERNEL_B(name, P, 8, FOLD_NONE, _x8)
+    PGEMV_KERNEL_B(name, P, 8, FOLD_NONE, _x8)      \
+    PGEMV_KERNEL_BC(name, P, 8, FOLD_NONE, true, _x8c)
 // The packed formats' Pack* structs by the names of M40_PACKED_FORMATS.
 #define PGEMV_PACK_f16 PackF16
 #define PGEMV_PACK_q8_0 PackQ8_0

@@ -445,7 +445,7 @@ struct GemvArgs {
     const u8* W;
     const float* x;
     float *y, *y1, *y2;  // RowParts
-    int r1, r2, nrows, nb, ksplit, t0, m, mode;
+    int r1, r2, nrows, nb, ksplit, t0, m, mode;  // t0: the first token (CHUNKED: a chunk's tokens)
     const float* nw;  // FOLD_EMIT: the next norm's weight (nrows); RoPE fold, FOLD_BIAS: the rows' biases
     float* h;         // FOLD_EMIT: x * nw (nrows)
     float* part;      // FOLD_EMIT: out, one per block; FOLD_TAKE: in
@@ -470,6 +470,10 @@ struct GemvArgs {
 
 // y[t][r] = sum_c W[r, c] x[t][c] for tokens t0 .. t0 + m - 1 (m <= B) of
 // x (tokens, nb * 32): each weight is loaded once and used by every token.
+// CHUNKED: a launch takes tokens 0 .. a.m - 1 in chunks of a.t0 <= B (the
+// last may be shorter), chunk blockIdx.y in the blocks of grid row y. Its
+// own kernels (_x8c): t0 and m held in registers made the plain ones spill
+// (ptxas, sm_52 and sm_90) and an 8B's 8-token steps 3.5% slower (H100).
 // vb: the block's index in the launch's grid (the persistent decode kernel,
 // decode.cu, runs several per block; its x is written by the same kernel's
 // earlier phases, so x is not __restrict__: no non-coherent loads).
@@ -480,12 +484,14 @@ struct GemvArgs {
 // trip each. Measured per format on an H100 (BENCHMARKS.md): faster for
 // Q4_K, Q6_K and Q8_0 (U = 2), slower for Q4_0 (the same code compiles to
 // a slower main loop there), so Q4_0 and Q4_1 keep the plain code.
-template <class P, int B, int FOLD, bool S3 = B == 1 && P::SPLIT3>
+template <class P, int B, int FOLD, bool S3 = B == 1 && P::SPLIT3, bool CHUNKED = false>
 __device__ __forceinline__ void gemv_packed(const GemvArgs& a, int vb) {
     const u8* __restrict__ W = a.W;
     const float* x = a.x;
-    const int nrows = a.nrows, nb = a.nb, ksplit = a.ksplit, m = a.m;
-    int t0 = a.t0;
+    const int nrows = a.nrows, nb = a.nb, ksplit = a.ksplit;
+    static_assert(!CHUNKED || B > 1, "chunks of several tokens");
+    int t0 = CHUNKED ? (int)blockIdx.y * a.t0 : a.t0;
+    const int m = CHUNKED ? min(a.t0, a.m - t0) : a.m;
     static_assert(FOLD == FOLD_NONE || B == 1, "the folded norm takes one token");
     constexpr int U = InFlight<P, B>::value;
     constexpr int OUT = 4 * B;  // sums per group: 4 rows x B tokens

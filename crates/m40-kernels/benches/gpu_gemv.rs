@@ -19,7 +19,10 @@
 //! several tokens at once (1 to 16: several sequences decoding, a short
 //! prompt) through the batched packed GEMV (`Kernels::gemv_packed_batch`,
 //! each weight loaded once for all of them) against the packed GEMM
-//! (`Kernels::gemm_packed`); `M40_BENCH_BATCH_ONLY=1` runs only that one.
+//! (`Kernels::gemm_packed`); `M40_BENCH_BATCH_ONLY=1` runs only that one,
+//! `M40_BENCH_BATCH_TOKENS=16,32,64` and `M40_BENCH_BATCH_SHAPES=576x576`
+//! (a small model's) replace its token counts and shapes, and
+//! `M40_BENCH_FORMAT=T` narrows it to one format.
 //! A fourth table times the prefill GEMM (`Kernels::gemm_packed`, 512 tokens
 //! and the 8B model's Q/K/V, o, gate/up and down shapes) in TFLOP/s against
 //! the FP32 FMA rate measured in the same run (`fma_probe`);
@@ -300,7 +303,8 @@ fn main() {
     }
 }
 
-/// The batched packed GEMV against the packed GEMM for 1 to 16 tokens: us
+/// The batched packed GEMV against the packed GEMM for 1 to 16 tokens (or
+/// M40_BENCH_BATCH_TOKENS): us
 /// per launch (graph replay, weights rotated past the L2), and the GEMV's
 /// weight bytes per second as a share of the read ceiling.
 fn batched(s: &Stream, k: &Kernels, big: &DeviceBuffer<u8>, l2_bytes: usize, ceiling: f64) {
@@ -311,12 +315,28 @@ fn batched(s: &Stream, k: &Kernels, big: &DeviceBuffer<u8>, l2_bytes: usize, cei
         "| format | rows x cols | tokens | GEMV us | GEMV % of read | GEMM us | GEMV / GEMM time |"
     );
     println!("|---|---|---|---|---|---|---|");
+    let list = |key: &str, parse: fn(&str) -> Option<(usize, usize)>| -> Option<Vec<_>> {
+        let v = std::env::var(key).ok()?;
+        Some(v.split(',').filter_map(parse).collect())
+    };
+    let tokens = list("M40_BENCH_BATCH_TOKENS", |t| Some((t.parse().ok()?, 0)))
+        .map(|v| v.into_iter().map(|(m, _)| m).filter(|&m| m > 0).collect())
+        .unwrap_or_else(|| vec![1usize, 2, 4, 8, 16]);
+    let shapes = list("M40_BENCH_BATCH_SHAPES", |t| {
+        let (r, c) = t.split_once('x')?;
+        Some((r.parse().ok()?, c.parse().ok()?))
+    })
+    .unwrap_or_else(|| vec![(4096usize, 4096usize), (14336, 4096), (4096, 14336)]);
+    let format = std::env::var("M40_BENCH_FORMAT").ok();
     for f in PackFormat::ALL {
-        for (rows, cols) in [(4096usize, 4096usize), (14336, 4096), (4096, 14336)] {
+        if format.as_ref().is_some_and(|t| *t != f.ty.to_string()) {
+            continue;
+        }
+        for &(rows, cols) in &shapes {
             let wbytes = f.packed_bytes(rows, cols);
             let views = weight_copies(big, wbytes, l2_bytes);
             let copies = views.len();
-            for m in [1usize, 2, 4, 8, 16] {
+            for &m in &tokens {
                 let x = activations(s, m * cols);
                 let xv = x.view();
                 let mut y = s.alloc::<f32>(m * rows, "y").expect("alloc");

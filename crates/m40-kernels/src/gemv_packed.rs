@@ -21,7 +21,7 @@ use split::{packed_split, PACKED_GEMV_SPLIT3_WARPS};
 
 /// Tokens one [`Kernels::gemv_packed_batch`] call takes at most (launches
 /// of up to 8 each).
-pub const PACKED_GEMV_MAX_TOKENS: usize = 64;
+pub const PACKED_GEMV_MAX_TOKENS: usize = 128;
 
 /// Tokens one packed GEMV launch takes at most (more run as several).
 const GEMV_BATCH: usize = 8;
@@ -121,6 +121,7 @@ struct GemvScalars {
     nrows: i32,
     nb: i32,
     ks: i32,
+    /// The first token (0), or for the chunked kernel a chunk's tokens.
     t0: i32,
     m: i32,
     mode: i32,
@@ -262,7 +263,8 @@ impl Kernels {
     /// Y = X W^T for `m` tokens (1 ..= [`PACKED_GEMV_MAX_TOKENS`]) of X
     /// (m, cols), 16-byte aligned: every weight is loaded once and used for
     /// up to 8 of them (several sequences decoding, a short prompt; more
-    /// than 8 run as launches of 8). Y: each part (m, its rows). Returns the
+    /// than 8 run in chunks of up to 8, one launch). Y: each part (m, its
+    /// rows). Returns the
     /// split launched. Stacked matrices (several parts) write each part to
     /// its own buffer.
     pub fn gemv_packed_batch(
@@ -536,14 +538,18 @@ impl Kernels {
             (1, None) => f.gemv,
             (2, _) => f.gemv_batch[0],
             (3..=4, _) => f.gemv_batch[1],
-            _ => f.gemv_batch[2],
+            (5..=GEMV_BATCH, _) => f.gemv_batch[2],
+            _ => f.gemv_chunked,
         };
-        // More than GEMV_BATCH tokens run as launches of equal size (the
-        // kernel computes all of its B tokens, repeating the last for m < B).
-        let chunk = m.div_ceil(m.div_ceil(GEMV_BATCH));
+        // More than GEMV_BATCH tokens run in `chunks` of `chunk` (the last
+        // may be shorter) through the chunked kernel, one launch: grid row y
+        // takes chunk y (a kernel computes all of its B tokens, repeating a
+        // chunk's last for fewer).
+        let chunks = m.div_ceil(GEMV_BATCH);
+        let chunk = m.div_ceil(chunks);
         // One token is an op the persistent kernel has (crate::decode),
         // planned then for its resident blocks.
-        let exec = self.exec(m == 1, || self.kernel("gemv_packed", name(chunk)))?;
+        let exec = self.exec(m == 1, || self.kernel("gemv_packed", name(m)))?;
         let slots = match &exec {
             Exec::Launch(k) => {
                 let split3 = if m == 1 && f.split3 {
@@ -599,7 +605,7 @@ impl Kernels {
         };
         let grid = (
             u32::try_from(blocks).map_err(|_| shape(K, format!("{nrows} rows")))?,
-            1,
+            chunks as u32,
             1,
         );
         let (nrows, nb, ks) = (
@@ -612,62 +618,62 @@ impl Kernels {
             Some(Fold::Take { .. }) => FOLD_TAKE,
             None => FOLD_NONE,
         };
-        for t0 in (0..m).step_by(chunk) {
-            let sc = GemvScalars {
-                r1,
-                r2,
-                nrows,
-                nb,
-                ks,
-                t0: t0 as i32,
-                m: (m - t0).min(chunk) as i32,
-                mode,
-                n_part: n_part_i,
-                rope: rope_i,
-                rope_scale,
-            };
-            let head = DecodeOpHead {
-                kind: DecodeOp::Gemv,
-                blocks,
-                variant: f.decode_index(),
-                fold: fold_kind,
-                grid: [0; 3],
-            };
-            let mut args = GemvArgs {
-                w: w.data,
-                x,
-                out: &mut out,
-                fold: &mut fold,
-                sc: &sc,
-            };
-            // SAFETY: gemv_packed_<fmt>_f32[_x<B>|_take|_emit] (see push_gemv
-            // for the parameters): reads the
-            // packed groups of W (length checked: packed_bytes) and rows t0 ..
-            // t0 + m of x (at most the checked m * nb * 32 floats) with 16-byte
-            // loads (both aligned, checked; a kernel of B > m tokens reads
-            // token t0 + m - 1 again for the rest), writes row r < nrows of
-            // those tokens (m <= B: the kernel was picked for `chunk`) to
-            // its part (y, y1, y2 split at r1 <= r2 <= nrows; each part's
-            // length checked by `bounds` for all m tokens), or adds it to y (m,
-            // nrows; checked), or with glu writes row r / 2 of y (m, nrows / 2;
-            // checked above); ksplit in {1, 2, 4} in blocks of 4 warps, or
-            // for one token 3 in blocks of 6. _emit (m = 1) also reads nw
-            // and writes h at rows < nrows and part at blocks < grid (lengths
-            // checked); _take reads part[0 .. n_part) (checked); the others
-            // get null pointers and never touch them. With kpool non-null (the
-            // RopeKv output, m = 1, checked): the kernel writes q rows < r1
-            // (q_dim or 0, checked), reads pos[0] (<= max_start, the
-            // caller's promise), table[pos[0] / KV_PAGE] (length checked for
-            // max_start) and inv_freq[..=n_rot / 2] (checked), and writes
-            // rows r1 .. r2 (K) and r2 .. nrows (V; kv_dim each or none,
-            // checked) to row kv_row(table, pos[0]) of the pools (pages below
-            // the pool's count, kept so by the caller; vpool as long as
-            // kpool: checked); nw is then RopeKv's biases (nrows, checked) or
-            // null, read at rows < nrows. Recorded (one token), the
-            // persistent kernel's virtual blocks do the same with the same
-            // arguments.
-            unsafe { self.submit(stream, &exec, cfg(grid, block_threads), head, &mut args)? };
-        }
+        let sc = GemvScalars {
+            r1,
+            r2,
+            nrows,
+            nb,
+            ks,
+            t0: if chunks > 1 { chunk as i32 } else { 0 },
+            m: m as i32,
+            mode,
+            n_part: n_part_i,
+            rope: rope_i,
+            rope_scale,
+        };
+        let head = DecodeOpHead {
+            kind: DecodeOp::Gemv,
+            blocks,
+            variant: f.decode_index(),
+            fold: fold_kind,
+            grid: [0; 3],
+        };
+        let mut args = GemvArgs {
+            w: w.data,
+            x,
+            out: &mut out,
+            fold: &mut fold,
+            sc: &sc,
+        };
+        // SAFETY: gemv_packed_<fmt>_f32[_x<B>|_take|_emit] (see push_gemv
+        // for the parameters): reads the
+        // packed groups of W (length checked: packed_bytes) and rows 0 .. m
+        // of x (at most the checked m * nb * 32 floats) with 16-byte
+        // loads (both aligned, checked; a chunk of fewer than the kernel's B
+        // tokens reads its last again for the rest), writes row r < nrows of
+        // those tokens (m <= B: the kernel was picked for m; chunked, grid
+        // row y the tokens y * chunk .. min(m, (y + 1) * chunk), chunk <= 8,
+        // chunks * chunk >= m and (chunks - 1) * chunk < m) to
+        // its part (y, y1, y2 split at r1 <= r2 <= nrows; each part's
+        // length checked by `bounds` for all m tokens), or adds it to y (m,
+        // nrows; checked), or with glu writes row r / 2 of y (m, nrows / 2;
+        // checked above); ksplit in {1, 2, 4} in blocks of 4 warps, or
+        // for one token 3 in blocks of 6. _emit (m = 1) also reads nw
+        // and writes h at rows < nrows and part at blocks < grid (lengths
+        // checked); _take reads part[0 .. n_part) (checked); the others
+        // get null pointers and never touch them. With kpool non-null (the
+        // RopeKv output, m = 1, checked): the kernel writes q rows < r1
+        // (q_dim or 0, checked), reads pos[0] (<= max_start, the
+        // caller's promise), table[pos[0] / KV_PAGE] (length checked for
+        // max_start) and inv_freq[..=n_rot / 2] (checked), and writes
+        // rows r1 .. r2 (K) and r2 .. nrows (V; kv_dim each or none,
+        // checked) to row kv_row(table, pos[0]) of the pools (pages below
+        // the pool's count, kept so by the caller; vpool as long as
+        // kpool: checked); nw is then RopeKv's biases (nrows, checked) or
+        // null, read at rows < nrows. Recorded (one token), the
+        // persistent kernel's virtual blocks do the same with the same
+        // arguments.
+        unsafe { self.submit(stream, &exec, cfg(grid, block_threads), head, &mut args)? };
         Ok(GemvLaunch {
             ksplit: ks as u32,
             blocks,

@@ -412,7 +412,7 @@ mod tests {
             ]
             .iter()
             .chain(&f.gemv_batch)
-            .chain(&[f.gemv_take, f.gemv_emit])
+            .chain(&[f.gemv_take, f.gemv_emit, f.gemv_chunked])
             {
                 assert!(has(n), "{n}");
             }

@@ -31,6 +31,9 @@ pub struct PackFormat {
     /// `gemv_packed_{symbol}_f32_x{2,4,8}`: the same for up to that many
     /// tokens, each weight loaded once for all of them.
     pub gemv_batch: [&'static str; 3],
+    /// `gemv_packed_{symbol}_f32_x8c`: more than 8 tokens in chunks of up
+    /// to 8, one launch (a chunk a grid row).
+    pub gemv_chunked: &'static str,
     /// `gemv_packed_id_{symbol}_f32`: a mixture's experts, one token a
     /// slot ([`crate::Kernels::gemv_packed_experts`]).
     pub gemv_id: &'static str,
@@ -75,6 +78,7 @@ macro_rules! pformat {
                 concat!("gemv_packed_", $sym, "_f32_x4"),
                 concat!("gemv_packed_", $sym, "_f32_x8"),
             ],
+            gemv_chunked: concat!("gemv_packed_", $sym, "_f32_x8c"),
             gemv_id: concat!("gemv_packed_id_", $sym, "_f32"),
             gemm: concat!("gemm_packed_", $sym, "_f32"),
             gemm_small: concat!("gemm_small_packed_", $sym, "_f32"),

@@ -15,7 +15,8 @@ use super::kv::{GpuCache, Pools};
 use super::residual::{Input, Residual};
 use super::weights::{Ffn, Mat, MatView, Stack};
 use super::workspace::{
-    norm_bufs, res_bufs, Norm, Res, Select, Workspace, GEMV_MAX_TOKENS, GEMV_TOKENS, LOGIT_ROWS,
+    norm_bufs, res_bufs, Norm, Res, Select, Workspace, GEMV_FILL_TOKENS, GEMV_MAX_TOKENS,
+    GEMV_TOKENS, LOGIT_ROWS,
 };
 use super::{lock, GpuBackend, State};
 use crate::error::Result;
@@ -321,16 +322,19 @@ impl GpuBackend {
 
     /// Whether `n` rows of x go through `w`'s GEMV: one row; packed, up to
     /// GEMV_TOKENS, or up to GEMV_MAX_TOKENS where the GEMM would launch
-    /// fewer blocks than the GPU has SMs (a small model's matrices on a
-    /// large GPU: on an H200, SmolLM2's decode steps of 32 sequences took
-    /// 5.2 ms through the GEMM's 24 blocks).
+    /// fewer blocks than the GPU has SMs (from 33 tokens, than half of
+    /// them): a small model's matrices on a large GPU. On an H200,
+    /// SmolLM2's decode steps of 32 sequences took 5.2 ms through the
+    /// GEMM's 24 blocks; on an H100, a 1B's steps of 64 ran 10% slower
+    /// through the GEMV where its GEMM has ~120 blocks (BENCHMARKS.md).
     pub(super) fn gemv_takes(&self, w: &Mat, n: usize) -> bool {
         if !w.packed {
             return n == 1;
         }
         let few = || {
             let p = gemm_plan(n, w.rows, w.cols, self.gemm_slots);
-            p.blocks(n, w.rows) < self.gemm_slots.sms
+            let sms = self.gemm_slots.sms;
+            p.blocks(n, w.rows) < if n <= GEMV_FILL_TOKENS { sms } else { sms / 2 }
         };
         n <= GEMV_TOKENS || (n <= GEMV_MAX_TOKENS && few())
     }

@@ -32,11 +32,15 @@ pub(super) const LOGIT_ROWS: usize = 64;
 pub(super) const GEMV_TOKENS: usize = 16;
 
 /// Tokens up to which a matrix whose GEMM would not give every SM a block
-/// (a small model's on a large GPU) takes the batched GEMV: launches of 8
-/// tokens, the matrix read again by each (from L2 when it fits). On an
-/// H200, decode steps of 24-32 sequences ran 1.2-2.0x faster so for
-/// SmolLM2's and a 1B's shapes, 48-64 10-23% slower (BENCHMARKS.md).
-pub(super) const GEMV_MAX_TOKENS: usize = 32;
+/// (a small model's on a large GPU) takes the batched GEMV (chunks of up to
+/// 8 tokens, one launch). On an H200, decode steps of 24-32 sequences ran
+/// 1.2-2.0x faster so for SmolLM2's and a 1B's shapes; on an H100,
+/// SmolLM2's steps of 48-64 2.1-2.7x (BENCHMARKS.md).
+pub(super) const GEMV_MAX_TOKENS: usize = 128;
+
+/// Tokens up to which "would not give every SM a block" is the rule above;
+/// from there the GEMM must fill fewer than half the SMs.
+pub(super) const GEMV_FILL_TOKENS: usize = 32;
 
 /// Activations for `max_batch` tokens, and the attention split scratch.
 pub(super) struct Workspace {
