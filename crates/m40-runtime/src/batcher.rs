@@ -18,7 +18,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 use m40_model::{AnyBackend, AnyCache, Backend, KvState, ModelError, SeqStep, StepOut, Want};
-use m40_sched::{Config, PageKey, PrefixCache, Scheduler, SeqId, Step};
+use m40_sched::{CachedPrefix, Config, PageKey, PrefixCache, Scheduler, SeqId, Step};
 use m40_tokenizer::Tokenizer;
 
 use crate::cancel::CancelToken;
@@ -497,25 +497,29 @@ impl Loop {
                 Some(c) => Ok(c),
                 None => {
                     // Admitted (or back after a preemption): the longest
-                    // cached run of full pages of its tokens but the last
-                    // (computed for the logits), taken now, so no waiting
-                    // sequence pins pages.
+                    // cached prefix of its tokens but the last (computed
+                    // for the logits), taken now, so no waiting sequence
+                    // pins pages. It may end inside its last page: the
+                    // backend copies that page before writing into it.
                     let p = self.page_tokens;
-                    let limit = (l.tokens.len() - 1) / p * p;
-                    let (pages, key) = match &mut self.prefix {
-                        Some(pc) if limit > 0 => pc.acquire(&l.tokens[..limit], p),
-                        _ => (Vec::new(), None),
+                    let last = l.tokens.len() - 1;
+                    let got = match &mut self.prefix {
+                        Some(pc) if last > 0 => pc.acquire(&l.tokens[..last], p),
+                        _ => CachedPrefix::default(),
                     };
-                    l.chain = Some((key, pages.len()));
-                    if pages.is_empty() {
+                    l.chain = Some((got.key, got.tokens / p));
+                    if got.pages.is_empty() {
                         backend.new_cache(cap)
                     } else {
                         let c = &self.shared.counters;
                         c.prefix_hits.fetch_add(1, Ordering::Relaxed);
                         c.prefix_tokens
-                            .fetch_add((pages.len() * p) as u64, Ordering::Relaxed);
-                        l.uses = pages;
-                        backend.cache_with_prefix(&l.uses, cap)
+                            .fetch_add(got.tokens as u64, Ordering::Relaxed);
+                        l.uses = got.pages;
+                        backend.cache_with_prefix(&l.uses, cap).map(|mut c| {
+                            c.truncate(got.tokens);
+                            c
+                        })
                     }
                 }
             };
@@ -556,9 +560,15 @@ impl Loop {
             .iter()
             .zip(&parts)
             .map(|(c, (_, t, _, _))| {
+                // A prefix that ends inside a cached page: the backend
+                // copies that page into one of the sequence's own first.
+                let tail = c.pool_pages().get(c.len() / p);
+                let copy = !c.len().is_multiple_of(p)
+                    && tail.is_some_and(|&pg| self.prefix.as_ref().is_some_and(|pc| pc.holds(pg)));
                 (c.len() + t.len())
                     .div_ceil(p)
                     .saturating_sub(c.pool_pages().len())
+                    + usize::from(copy)
             })
             .sum();
         self.make_room(need);

@@ -20,8 +20,9 @@
 //!   computed again from its prompt and the tokens it had generated (no
 //!   token is lost or repeated: the caller keeps them).
 //!
-//! [`PrefixCache`] keys full KV pages by their tokens and all before them,
-//! counts their users, and keeps unused ones until the pool needs them
+//! [`PrefixCache`] keys full KV pages by their tokens and all before them
+//! (a request takes the longest match, the last page in part), counts
+//! their users, and keeps unused ones until the pool needs them
 //! (least recently used first out). m40-runtime's step loop
 //! (`batcher.rs`) drives both: it plans every step of an `Engine` here.
 
@@ -29,4 +30,4 @@ mod policy;
 mod prefix;
 
 pub use policy::{Config, SchedError, Scheduler, SeqId, Step};
-pub use prefix::{page_key, PageKey, PrefixCache};
+pub use prefix::{page_key, CachedPrefix, PageKey, PrefixCache};

@@ -8,6 +8,11 @@
 //! whose keys collide are never confused. Pages in use count their users;
 //! a page no sequence uses stays cached until the pool needs it back, least
 //! recently used first out.
+//!
+//! After the whole pages, a request also takes the cached page that follows
+//! them whose first tokens match its next ones the longest (a partial page:
+//! a shared system prompt rarely ends at a page's end). Its cache starts in
+//! that page, which the backend copies before the first write into it.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -45,12 +50,28 @@ struct Entry {
     stamp: u64,
 }
 
+/// A cached prefix of a request's tokens ([`PrefixCache::acquire`]).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct CachedPrefix {
+    /// Its pages, each now used once more: the whole pages, then the
+    /// partial one if any.
+    pub pages: Vec<u32>,
+    /// The key of the last whole page (the sequence chains the pages it
+    /// fills next from it).
+    pub key: Option<PageKey>,
+    /// The tokens it holds: the whole pages', then the partial page's
+    /// first ones.
+    pub tokens: usize,
+}
+
 /// Cached pages by key, their users, and the unused ones in order of last
 /// use.
 #[derive(Default)]
 pub struct PrefixCache {
     by_key: HashMap<PageKey, Entry>,
     by_page: HashMap<u32, PageKey>,
+    /// The cached pages that follow each key (None: first pages).
+    next: HashMap<Option<PageKey>, Vec<PageKey>>,
     /// Unused pages by the stamp of their last use (the oldest first).
     unused: BTreeMap<u64, PageKey>,
     clock: u64,
@@ -75,27 +96,50 @@ impl PrefixCache {
             .map(|_| key)
     }
 
-    /// The longest cached prefix of `tokens` in whole pages of
-    /// `page_tokens`: its pages, each now used once more, and the key of
-    /// the last (to chain the pages the sequence fills next).
-    pub fn acquire(&mut self, tokens: &[u32], page_tokens: usize) -> (Vec<u32>, Option<PageKey>) {
-        let mut pages = Vec::new();
-        let mut prev = None;
+    /// The longest cached prefix of `tokens` (pages of `page_tokens`): the
+    /// whole pages that match, then the cached page after them that
+    /// shares the most of the next tokens (at least one), each now used
+    /// once more.
+    pub fn acquire(&mut self, tokens: &[u32], page_tokens: usize) -> CachedPrefix {
+        let mut got = CachedPrefix::default();
         for chunk in tokens.chunks_exact(page_tokens) {
-            let Some(key) = self.find(prev, chunk) else {
+            let Some(key) = self.find(got.key, chunk) else {
                 break;
             };
-            let stamp = self.tick();
-            let e = self.by_key.get_mut(&key).expect("found");
-            if e.users == 0 {
-                self.unused.remove(&e.stamp);
-            }
-            e.users += 1;
-            e.stamp = stamp;
-            pages.push(e.page);
-            prev = Some(key);
+            got.pages.push(self.take(key));
+            got.key = Some(key);
+            got.tokens += page_tokens;
         }
-        (pages, prev)
+        let rest = &tokens[got.tokens..];
+        let shared = |e: &Entry| {
+            e.tokens
+                .iter()
+                .zip(rest)
+                .take_while(|(a, b)| a == b)
+                .count()
+        };
+        let best = self.next.get(&got.key).and_then(|keys| {
+            keys.iter()
+                .map(|k| (shared(&self.by_key[k]), *k))
+                .max_by_key(|&(n, k)| (n, std::cmp::Reverse(k)))
+        });
+        if let Some((n, key)) = best.filter(|&(n, _)| n > 0) {
+            got.pages.push(self.take(key));
+            got.tokens += n;
+        }
+        got
+    }
+
+    /// One more user of the cached page `key`; its page.
+    fn take(&mut self, key: PageKey) -> u32 {
+        let stamp = self.tick();
+        let e = self.by_key.get_mut(&key).expect("cached");
+        if e.users == 0 {
+            self.unused.remove(&e.stamp);
+        }
+        e.users += 1;
+        e.stamp = stamp;
+        e.page
     }
 
     /// A sequence filled `page` with `tokens` after the page keyed `prev`:
@@ -133,6 +177,7 @@ impl PrefixCache {
             },
         );
         self.by_page.insert(page, key);
+        self.next.entry(prev).or_default().push(key);
         (key, None)
     }
 
@@ -190,6 +235,12 @@ impl PrefixCache {
             };
             let e = self.by_key.remove(&key).expect("unused entries are cached");
             self.by_page.remove(&e.page);
+            if let Some(keys) = self.next.get_mut(&e.prev) {
+                keys.retain(|&k| k != key);
+                if keys.is_empty() {
+                    self.next.remove(&e.prev);
+                }
+            }
             out.push(e.page);
         }
         out
@@ -244,17 +295,18 @@ mod tests {
         assert_eq!(c.release(&[10, 11, 12, 13]), [13], "page 13 is not cached");
         assert_eq!(c.evictable(), 3);
         // The pages are back in use on a hit, then released again.
-        let (again, _) = c.acquire(&history, 4);
+        // (Its last 2 tokens are not a page, and no cached page follows.)
+        let again = c.acquire(&history, 4).pages;
         assert_eq!(again, [10, 11, 12]);
         assert!(c.release(&again).is_empty());
         assert_eq!(c.evictable(), 3);
         // The next turn resends the history and more: the 3 pages again.
         let mut turn = history.clone();
         turn.extend(toks(2, 9));
-        let (pages, last) = c.acquire(&turn, 4);
-        assert_eq!(pages, [10, 11, 12]);
+        let got = c.acquire(&turn, 4);
+        assert_eq!((got.pages, got.tokens), (vec![10, 11, 12], 12));
         assert_eq!(
-            last,
+            got.key,
             Some(page_key(
                 Some(page_key(Some(page_key(None, &turn[..4])), &turn[4..8])),
                 &turn[8..12]
@@ -264,9 +316,53 @@ mod tests {
         // Another start shares only the first page.
         let mut other = history[..4].to_vec();
         other.extend(toks(3, 8));
-        assert_eq!(c.acquire(&other, 4).0, [10]);
+        assert_eq!(c.acquire(&other, 4).pages, [10]);
         // A different first page: nothing.
-        assert_eq!(c.acquire(&toks(4, 12), 4), (vec![], None));
+        assert_eq!(c.acquire(&toks(4, 12), 4), CachedPrefix::default());
+    }
+
+    #[test]
+    fn a_prefix_may_end_inside_a_cached_page() {
+        let mut c = PrefixCache::new();
+        let a = toks(1, 12);
+        fill(&mut c, &a, 0); // pages 0, 1, 2
+        let mut b = toks(2, 12);
+        fill(&mut c, &b[..8], 3); // pages 3, 4 after another start
+        c.release(&[0, 1, 2, 3, 4]);
+        // 6 tokens as a's, then others: page 0 whole, page 1's first 2.
+        let mut q = a[..6].to_vec();
+        q.extend(toks(3, 5));
+        let got = c.acquire(&q, 4);
+        assert_eq!((got.pages.clone(), got.tokens), (vec![0, 1], 6));
+        assert_eq!(
+            got.key,
+            Some(page_key(None, &a[..4])),
+            "chained from the whole page"
+        );
+        assert_eq!(c.evictable(), 3, "pages 0 and 1 are in use");
+        c.release(&got.pages);
+        // Of two cached pages after the same one, the longer match wins.
+        b[..5].copy_from_slice(&a[..5]);
+        let (k0, dup) = c.insert(None, &b[..4], 7);
+        assert_eq!(dup, Some(0), "b's first page is a's");
+        c.insert(Some(k0), &b[4..8], 8);
+        c.release(&[8]);
+        let mut r = a[..4].to_vec();
+        r.extend_from_slice(&b[4..7]); // a's page 0, then b's page 1's first 3
+        r.push(u32::MAX);
+        let got = c.acquire(&r, 4);
+        assert_eq!((got.pages.clone(), got.tokens), (vec![0, 8], 7), "{got:?}");
+        c.release(&got.pages);
+        // Fewer tokens than a page: the first page's match.
+        assert_eq!(c.acquire(&a[..3], 4).tokens, 3);
+        // Nothing shared: nothing taken.
+        assert_eq!(c.acquire(&toks(9, 3), 4), CachedPrefix::default());
+        // An evicted page is no longer offered.
+        c.release(&[0]);
+        let gone = c.evict(usize::MAX);
+        assert_eq!(gone.len(), 6);
+        assert_eq!(c.acquire(&a, 4), CachedPrefix::default());
+        assert!(c.next.is_empty());
     }
 
     #[test]
@@ -281,7 +377,7 @@ mod tests {
         assert_eq!(c.evict(3), [3, 2, 1]);
         assert_eq!((c.len(), c.evictable()), (1, 1));
         // a's head is still found; in use, it is never evicted.
-        let (pages, _) = c.acquire(&toks(1, 8), 4);
+        let pages = c.acquire(&toks(1, 8), 4).pages;
         assert_eq!(pages, [0]);
         assert!(c.evict(5).is_empty());
         c.release(&pages);
@@ -311,7 +407,7 @@ mod tests {
                 stamp: 0,
             },
         );
-        assert_eq!(fake.acquire(&[1, 2, 3, 4], 4).0, Vec::<u32>::new());
+        assert_eq!(fake.acquire(&[1, 2, 3, 4], 4).pages, Vec::<u32>::new());
         assert_eq!(fake.insert(None, &[1, 2, 3, 4], 3).1, None);
         assert!(!fake.holds(3));
     }
