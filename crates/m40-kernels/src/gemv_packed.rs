@@ -19,11 +19,12 @@ mod split;
 
 use split::{packed_split, PACKED_GEMV_SPLIT3_WARPS};
 
-/// Tokens one [`Kernels::gemv_packed_batch`] call takes at most (launches
-/// of up to 8 each).
+/// Tokens one [`Kernels::gemv_packed_batch`] call takes at most (one
+/// launch, chunks of up to 8).
 pub const PACKED_GEMV_MAX_TOKENS: usize = 128;
 
-/// Tokens one packed GEMV launch takes at most (more run as several).
+/// Tokens a block of a packed GEMV takes at most (more run in chunks of
+/// the chunked kernel, a chunk a grid row).
 const GEMV_BATCH: usize = 8;
 /// Warps per block of kernels/gemv_packed.cu (`PGEMV_WARPS`).
 const PACKED_GEMV_WARPS: u32 = 4;

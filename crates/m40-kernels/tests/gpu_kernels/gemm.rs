@@ -430,7 +430,8 @@ fn stacked_and_batched_matmuls_write_each_part() {
                     .map(|&r| s.alloc::<f32>(m * r + TAIL, "y").unwrap())
                     .collect();
                 // Some(split): the GEMV (split None: the launcher's own),
-                // for up to 64 tokens; None: the GEMM, for 3 and 70.
+                // for up to PACKED_GEMV_MAX_TOKENS (chunks of 8 past 8); None: the
+                // GEMM, for 3 and 70.
                 let mut runs: Vec<Option<Option<u32>>> = Vec::new();
                 if m <= PACKED_GEMV_MAX_TOKENS {
                     runs.extend([None, Some(1), Some(2), Some(3), Some(4)].map(Some));
