@@ -315,13 +315,15 @@ fn batched(s: &Stream, k: &Kernels, big: &DeviceBuffer<u8>, l2_bytes: usize, cei
         "| format | rows x cols | tokens | GEMV us | GEMV % of read | GEMM us | GEMV / GEMM time |"
     );
     println!("|---|---|---|---|---|---|---|");
-    let list = |key: &str, parse: fn(&str) -> Option<(usize, usize)>| -> Option<Vec<_>> {
+    /// A comma-separated list from the environment, its items parsed.
+    fn list<T>(key: &str, parse: impl Fn(&str) -> Option<T>) -> Option<Vec<T>> {
         let v = std::env::var(key).ok()?;
         Some(v.split(',').filter_map(parse).collect())
-    };
-    let tokens = list("M40_BENCH_BATCH_TOKENS", |t| Some((t.parse().ok()?, 0)))
-        .map(|v| v.into_iter().map(|(m, _)| m).filter(|&m| m > 0).collect())
-        .unwrap_or_else(|| vec![1usize, 2, 4, 8, 16]);
+    }
+    let tokens = list("M40_BENCH_BATCH_TOKENS", |t| {
+        t.parse().ok().filter(|&m| m > 0)
+    })
+    .unwrap_or_else(|| vec![1usize, 2, 4, 8, 16]);
     let shapes = list("M40_BENCH_BATCH_SHAPES", |t| {
         let (r, c) = t.split_once('x')?;
         Some((r.parse().ok()?, c.parse().ok()?))
