@@ -159,6 +159,12 @@ pub trait KvState {
     fn pool_pages(&self) -> &[u32] {
         &[]
     }
+    /// Pool pages that writing `tokens` more takes: those the cache lacks,
+    /// and a copy of a shared page the first write lands in (none without
+    /// a pool).
+    fn pages_to_write(&self, _tokens: usize) -> usize {
+        0
+    }
 }
 
 /// Contexts a KV cache holds by default over all sequences together.
@@ -254,6 +260,12 @@ impl KvState for AnyCache {
         match self {
             AnyCache::Cpu(c) => c.truncate(n),
             AnyCache::Gpu(c) => c.truncate(n),
+        }
+    }
+    fn pages_to_write(&self, tokens: usize) -> usize {
+        match self {
+            AnyCache::Cpu(c) => c.pages_to_write(tokens),
+            AnyCache::Gpu(c) => c.pages_to_write(tokens),
         }
     }
     fn pool_pages(&self) -> &[u32] {

@@ -177,18 +177,25 @@ impl PagedCache {
     /// page): the caller copies the first's rows to the second before the
     /// write.
     pub fn unshare_tail(&mut self) -> Result<Option<(u32, u32)>> {
+        let Some(i) = self.shared_tail() else {
+            return Ok(None);
+        };
+        let old = self.pages[i];
+        let new = self.pool.allocate(1)?[0];
+        self.pages[i] = new;
+        self.pool.release(&[old]);
+        Ok(Some((old, new)))
+    }
+
+    /// The index of the page the next write lands in, where that page is
+    /// shared and already holds tokens before it (so it must be copied).
+    fn shared_tail(&self) -> Option<usize> {
         let p = self.pool.page_tokens;
         let i = self.len / p;
-        if !self.len.is_multiple_of(p) && i < self.pages.len() {
-            let old = self.pages[i];
-            if self.pool.holders(old) > 1 {
-                let new = self.pool.allocate(1)?[0];
-                self.pages[i] = new;
-                self.pool.release(&[old]);
-                return Ok(Some((old, new)));
-            }
-        }
-        Ok(None)
+        (!self.len.is_multiple_of(p)
+            && i < self.pages.len()
+            && self.pool.holders(self.pages[i]) > 1)
+            .then_some(i)
     }
 
     pub(crate) fn set_len(&mut self, len: usize) {
@@ -224,6 +231,11 @@ impl KvState for PagedCache {
     fn pool_pages(&self) -> &[u32] {
         &self.pages
     }
+    fn pages_to_write(&self, tokens: usize) -> usize {
+        let need = (self.len + tokens).div_ceil(self.pool.page_tokens);
+        need.saturating_sub(self.pages.len())
+            + usize::from(tokens > 0 && self.shared_tail().is_some())
+    }
 }
 
 #[cfg(test)]
@@ -249,6 +261,7 @@ mod tests {
         assert!(a.pages()[..2].iter().all(|&p| pool.holders(p) == 2));
         assert_eq!(pool.holders(a.pages()[2]), 1);
         assert_eq!(c.unshare_tail().unwrap(), None, "at a page boundary");
+        assert_eq!(c.pages_to_write(36), 2, "64 + 36 tokens: 2 more pages");
         c.extend_to(100).unwrap();
         c.set_len(100);
         assert_eq!(pool.free_pages(), 3);
@@ -258,10 +271,14 @@ mod tests {
         assert_eq!(c.pages().len(), 2);
         assert_eq!(pool.free_pages(), 5);
         let shared = c.pages()[1];
+        assert_eq!(c.pages_to_write(10), 1, "no page more, but a copy of page 1");
+        assert_eq!(c.pages_to_write(30), 2, "a page more and the copy");
+        assert_eq!(c.pages_to_write(0), 0);
         let (old, new) = c.unshare_tail().unwrap().expect("page 1 is shared");
         assert_eq!((old, c.pages()[1]), (shared, new));
         assert_eq!((pool.holders(old), pool.holders(new)), (1, 1));
         assert_eq!(c.unshare_tail().unwrap(), None, "now its own");
+        assert_eq!(c.pages_to_write(10), 0, "no copy once its own");
 
         // Dropping gives back what only it held.
         drop(a);

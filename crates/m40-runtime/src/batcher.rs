@@ -555,21 +555,10 @@ impl Loop {
         }
         // Pages the step's tokens take: the pool gives back cached pages
         // nobody uses where it has too few free.
-        let p = self.page_tokens;
         let need: usize = caches
             .iter()
             .zip(&parts)
-            .map(|(c, (_, t, _, _))| {
-                // A prefix that ends inside a cached page: the backend
-                // copies that page into one of the sequence's own first.
-                let tail = c.pool_pages().get(c.len() / p);
-                let copy = !c.len().is_multiple_of(p)
-                    && tail.is_some_and(|&pg| self.prefix.as_ref().is_some_and(|pc| pc.holds(pg)));
-                (c.len() + t.len())
-                    .div_ceil(p)
-                    .saturating_sub(c.pool_pages().len())
-                    + usize::from(copy)
-            })
+            .map(|(c, (_, t, _, _))| c.pages_to_write(t.len()))
             .sum();
         self.make_room(need);
         let backend = &self.core.backend;
