@@ -271,7 +271,11 @@ mod tests {
         assert_eq!(c.pages().len(), 2);
         assert_eq!(pool.free_pages(), 5);
         let shared = c.pages()[1];
-        assert_eq!(c.pages_to_write(10), 1, "no page more, but a copy of page 1");
+        assert_eq!(
+            c.pages_to_write(10),
+            1,
+            "no page more, but a copy of page 1"
+        );
         assert_eq!(c.pages_to_write(30), 2, "a page more and the copy");
         assert_eq!(c.pages_to_write(0), 0);
         let (old, new) = c.unshare_tail().unwrap().expect("page 1 is shared");
