@@ -313,7 +313,15 @@ impl Loop {
                 self.publish();
                 continue;
             }
-            let step = self.sched.plan();
+            // A sequence admitted now takes its cached prefix when its
+            // first chunk runs, in this step: nothing is evicted before.
+            let (prefix, live, p) = (&self.prefix, &self.live, self.page_tokens);
+            let step = self.sched.plan_with(|id| match (prefix, live.get(&id)) {
+                (Some(pc), Some(l)) if l.tokens.len() > 1 => {
+                    pc.peek(&l.tokens[..l.tokens.len() - 1], p)
+                }
+                _ => 0,
+            });
             let planned = std::time::Instant::now();
             if !step.preempted.is_empty() {
                 let c = &self.shared.counters;
@@ -329,13 +337,11 @@ impl Loop {
                 // a preemption just freed: plan again.
                 continue;
             }
-            let t = self.run_step(&step);
+            let (t, rows) = self.run_step(&step);
             self.publish();
             let done = std::time::Instant::now();
             if let Some(s) = &mut self.stats {
                 let secs = |a: std::time::Instant, b: std::time::Instant| (b - a).as_secs_f64();
-                let rows =
-                    step.decode.len() + step.prefill.iter().map(|(_, r)| r.len()).sum::<usize>();
                 let seqs = step.decode.len() + step.prefill.len();
                 s.add(
                     rows,
@@ -474,8 +480,9 @@ impl Loop {
 
     /// Run `step`, sample where it computed a sequence's last token, and
     /// end the sequences that are done.
-    /// Runs `step`; when the backend started and returned.
-    fn run_step(&mut self, step: &Step) -> [std::time::Instant; 2] {
+    /// Returns when the backend started and returned, and the tokens it
+    /// computed (a cached prefix's are not).
+    fn run_step(&mut self, step: &Step) -> ([std::time::Instant; 2], usize) {
         let backend = &self.core.backend;
         let max_k = backend.select_max_k();
         // (id, the step's tokens, want, whether it samples), in step order.
@@ -626,6 +633,6 @@ impl Loop {
         for id in self.sched.complete(step, &ended) {
             self.remove(id);
         }
-        [started, returned]
+        ([started, returned], ran)
     }
 }

@@ -249,6 +249,15 @@ impl Scheduler {
     /// The next step: the pages its tokens need are taken (see
     /// [`Scheduler::complete`] for what comes after).
     pub fn plan(&mut self) -> Step {
+        self.plan_with(|_| 0)
+    }
+
+    /// [`Scheduler::plan`], where `cached(id)` says how many of a waiting
+    /// sequence's first tokens a prefix cache holds now (asked only of
+    /// the sequences it tries to admit): its first chunk starts there, so
+    /// the step's budget counts the tokens it computes. The caller takes
+    /// those cached tokens into the sequence's cache before the step runs.
+    pub fn plan_with(&mut self, mut cached: impl FnMut(SeqId) -> usize) -> Step {
         let mut step = Step::default();
         let mut budget = self.cfg.max_batch_tokens;
         // Running decodes, oldest first; when the pages run dry, the newest
@@ -301,11 +310,15 @@ impl Scheduler {
             }
             // Alone, a sequence is admitted whatever the watermark: it fits
             // the pool (checked by `add`). It takes the pages of all its
-            // tokens now, so its chunks never wait for pages.
-            let chunk = self.chunk(s.computed, s.tokens);
-            if chunk.len() > budget || !self.grow(id, s.tokens) {
+            // tokens now (cached ones too), so its chunks never wait for
+            // pages. Its last token is computed whatever is cached.
+            let tokens = s.tokens;
+            let start = cached(id).min(tokens - 1);
+            let chunk = self.chunk(start, tokens);
+            if chunk.len() > budget || !self.grow(id, tokens) {
                 break;
             }
+            self.seqs.get_mut(&id).expect("scheduled").computed = start;
             self.waiting.pop_front();
             self.running.push(id);
             budget -= chunk.len();

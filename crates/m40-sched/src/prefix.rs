@@ -101,16 +101,42 @@ impl PrefixCache {
     /// shares the most of the next tokens (at least one), each now used
     /// once more.
     pub fn acquire(&mut self, tokens: &[u32], page_tokens: usize) -> CachedPrefix {
-        let mut got = CachedPrefix::default();
+        let (whole, part) = self.lookup(tokens, page_tokens);
+        let mut got = CachedPrefix {
+            key: whole.last().copied(),
+            tokens: whole.len() * page_tokens,
+            ..Default::default()
+        };
+        for key in whole.into_iter().chain(part.map(|(k, _)| k)) {
+            got.pages.push(self.take(key));
+        }
+        got.tokens += part.map_or(0, |(_, n)| n);
+        got
+    }
+
+    /// The tokens [`PrefixCache::acquire`] would find cached now, taking
+    /// nothing.
+    pub fn peek(&self, tokens: &[u32], page_tokens: usize) -> usize {
+        let (whole, part) = self.lookup(tokens, page_tokens);
+        whole.len() * page_tokens + part.map_or(0, |(_, n)| n)
+    }
+
+    /// The keys of the whole cached pages `tokens` starts with, and the
+    /// cached page after them sharing the most of its next tokens (with
+    /// how many, at least one).
+    fn lookup(
+        &self,
+        tokens: &[u32],
+        page_tokens: usize,
+    ) -> (Vec<PageKey>, Option<(PageKey, usize)>) {
+        let mut whole: Vec<PageKey> = Vec::new();
         for chunk in tokens.chunks_exact(page_tokens) {
-            let Some(key) = self.find(got.key, chunk) else {
+            let Some(key) = self.find(whole.last().copied(), chunk) else {
                 break;
             };
-            got.pages.push(self.take(key));
-            got.key = Some(key);
-            got.tokens += page_tokens;
+            whole.push(key);
         }
-        let rest = &tokens[got.tokens..];
+        let rest = &tokens[whole.len() * page_tokens..];
         let shared = |e: &Entry| {
             e.tokens
                 .iter()
@@ -118,16 +144,13 @@ impl PrefixCache {
                 .take_while(|(a, b)| a == b)
                 .count()
         };
-        let best = self.next.get(&got.key).and_then(|keys| {
+        let part = self.next.get(&whole.last().copied()).and_then(|keys| {
             keys.iter()
                 .map(|k| (shared(&self.by_key[k]), *k))
                 .max_by_key(|&(n, k)| (n, std::cmp::Reverse(k)))
         });
-        if let Some((n, key)) = best.filter(|&(n, _)| n > 0) {
-            got.pages.push(self.take(key));
-            got.tokens += n;
-        }
-        got
+        let part = part.filter(|&(n, _)| n > 0).map(|(n, k)| (k, n));
+        (whole, part)
     }
 
     /// One more user of the cached page `key`; its page.
@@ -332,6 +355,9 @@ mod tests {
         // 6 tokens as a's, then others: page 0 whole, page 1's first 2.
         let mut q = a[..6].to_vec();
         q.extend(toks(3, 5));
+        let unused = c.evictable();
+        assert_eq!(c.peek(&q, 4), 6, "what acquire finds");
+        assert_eq!(c.evictable(), unused, "peek takes nothing");
         let got = c.acquire(&q, 4);
         assert_eq!((got.pages.clone(), got.tokens), (vec![0, 1], 6));
         assert_eq!(
@@ -350,6 +376,7 @@ mod tests {
         let mut r = a[..4].to_vec();
         r.extend_from_slice(&b[4..7]); // a's page 0, then b's page 1's first 3
         r.push(u32::MAX);
+        assert_eq!(c.peek(&r, 4), 7);
         let got = c.acquire(&r, 4);
         assert_eq!((got.pages.clone(), got.tokens), (vec![0, 8], 7), "{got:?}");
         c.release(&got.pages);
@@ -362,6 +389,7 @@ mod tests {
         let gone = c.evict(usize::MAX);
         assert_eq!(gone.len(), 6);
         assert_eq!(c.acquire(&a, 4), CachedPrefix::default());
+        assert_eq!(c.peek(&a, 4), 0);
         assert!(c.next.is_empty());
     }
 

@@ -37,6 +37,42 @@ fn a_long_prompt_is_chunked_and_running_decodes_go_first() {
 }
 
 #[test]
+fn cached_prefixes_count_only_the_tokens_computed() {
+    // A budget of 16 (chunks of 14 beside up to 2 decodes): two 10-token
+    // prompts of which 7 tokens are cached fit one step (3 tokens each);
+    // uncached, only one would. A fully cached prompt still computes its
+    // last token, and only the sequences the step tries to admit are
+    // asked about.
+    let mut s = Scheduler::new(cfg(16, 2, 64, 0));
+    for id in 1..=3 {
+        s.add(id, 10, 4).unwrap();
+    }
+    let mut asked = Vec::new();
+    let step = s.plan_with(|id| {
+        asked.push(id);
+        if id == 3 {
+            10
+        } else {
+            7
+        }
+    });
+    assert_eq!(step.prefill, [(1, 7..10), (2, 7..10)]);
+    // 3 waits: at most 2 run, so it is not asked about.
+    assert_eq!(asked, [1, 2]);
+    // The pages taken cover all ten tokens of each.
+    assert_eq!(s.pages_of(1), Some(3));
+    s.complete(&step, &[]);
+    s.cancel(2);
+    let step = s.plan_with(|_| 10);
+    assert_eq!(
+        (step.decode.clone(), step.prefill.clone()),
+        (vec![1], vec![(3, 9..10)])
+    );
+    s.complete(&step, &[]);
+    assert_eq!(s.plan().decode, [1, 3]);
+}
+
+#[test]
 fn a_chunk_that_does_not_fit_waits_whole() {
     // Chunks of 6 in a budget of 8: two prompts' first chunks do not fit
     // one step; the second waits rather than run a cut chunk.
