@@ -192,17 +192,32 @@ fn mixed_steps_and_the_invariant_mode() {
             Want::Nothing,
             Want::Logits,
         ];
-        let mut steps: Vec<SeqStep<'_, GpuCache>> = caches
-            .iter_mut()
-            .zip(&toks)
-            .zip(wants)
-            .map(|((cache, t), want)| SeqStep {
-                cache,
-                tokens: t,
-                want,
-            })
-            .collect();
-        let outs = g.forward_batch(&mut steps).unwrap();
+        // The step runs twice from the same caches: its shape's kernels
+        // launch one by one the first time, from the graph captured then
+        // the second, to the same bits.
+        let lens: Vec<usize> = caches.iter().map(|c| c.len()).collect();
+        let mut runs = Vec::new();
+        for _ in 0..2 {
+            for (c, &n) in caches.iter_mut().zip(&lens) {
+                c.truncate(n);
+            }
+            let mut steps: Vec<SeqStep<'_, GpuCache>> = caches
+                .iter_mut()
+                .zip(&toks)
+                .zip(wants.clone())
+                .map(|((cache, t), want)| SeqStep {
+                    cache,
+                    tokens: t,
+                    want,
+                })
+                .collect();
+            runs.push(g.forward_batch(&mut steps).unwrap());
+        }
+        assert_eq!(
+            runs[0], runs[1],
+            "the captured step differs from its launches"
+        );
+        let outs = runs.remove(1);
         assert_eq!(outs[5], StepOut::Nothing);
         for (s, c) in caches.iter().enumerate() {
             assert_eq!(

@@ -37,6 +37,10 @@ pub const JOIN_CHUNK: usize = 64;
 /// that its graph serves other steps of about its size.
 const PAD_ROWS: usize = 16;
 
+/// A batched step with prompt rows computes the logits of its sequences
+/// rounded up to a multiple of this many rows.
+const PAD_LOGITS: usize = 8;
+
 impl GpuBackend {
     /// Whether this backend batches decode steps: `batch_decode`, and a
     /// shape the batched attention takes (`attn_decodes`: head dimension
@@ -116,8 +120,8 @@ impl GpuBackend {
     /// sequence's logits after its last token, or the selection its `Want`
     /// asks for (all the rows' in one launch, `select_top_k_rows`; its
     /// logits instead where the inputs have no room for the rows'
-    /// penalties). Rows: every sequence's tokens but its last, then the
-    /// sequences' last tokens, whose rows alone reach the output matmul.
+    /// penalties). Rows: the sequences' last tokens, whose rows alone reach
+    /// the output matmul, then every sequence's other tokens.
     fn step_batch(
         &self,
         caches: &mut [&mut GpuCache],
@@ -174,31 +178,38 @@ impl GpuBackend {
             }
             c.extend_to(c.len() + t.len())?;
         }
-        // (sequence, token index) of each row: the leading tokens, then
-        // each sequence's last.
+        // (sequence, token index) of each row: the sequences' last tokens,
+        // whose rows alone reach the output matmul, then the leading ones.
+        let last = steps.iter().enumerate().map(|(j, (t, _))| (j, t.len() - 1));
         let lead = steps
             .iter()
             .enumerate()
             .flat_map(|(j, (t, _))| (0..t.len() - 1).map(move |i| (j, i)));
-        let last = steps.iter().enumerate().map(|(j, (t, _))| (j, t.len() - 1));
-        let mut rows: Vec<(usize, usize)> = lead.chain(last).collect();
+        let mut rows: Vec<(usize, usize)> = last.chain(lead).collect();
         // A step with prompt rows replays a graph for its row count
         // rounded up to a multiple of PAD_ROWS: the padding repeats the
-        // first sequence's last row before the last rows (the same token at
+        // first sequence's last row after the last rows (the same token at
         // the same position: its keys and values are the same bits, written
-        // to the same place), and computes no logits.
+        // to the same place). Its logits cover the sequences rounded up to
+        // a multiple of PAD_LOGITS (the rows after them computed and not
+        // read), so that few graphs serve the steps' mixes of sequences
+        // and prompt rows.
         let graphs_on = self.graphs.load(std::sync::atomic::Ordering::Relaxed);
-        let padded = match rows.len() {
-            n if n == seqs => n,
-            n => n.next_multiple_of(PAD_ROWS),
+        let (padded, logit_rows) = match rows.len() {
+            n if n == seqs => (n, n),
+            n => {
+                let padded = n.next_multiple_of(PAD_ROWS);
+                let logit_rows = seqs.next_multiple_of(PAD_LOGITS).min(LOGIT_ROWS);
+                (padded, logit_rows.max(seqs).min(padded))
+            }
         };
         let graph = graphs_on && padded <= self.max_batch;
+        let logit_rows = if graph { logit_rows } else { seqs };
         if graph {
-            let at = rows.len() - seqs;
-            let fill = vec![rows[at]; padded - rows.len()];
-            rows.splice(at..at, fill);
+            let fill = vec![rows[0]; padded - rows.len()];
+            rows.splice(seqs..seqs, fill);
         }
-        let (n, first_last) = (rows.len(), rows.len() - seqs);
+        let n = rows.len();
         let tokens: Vec<u32> = rows.iter().map(|&(j, i)| steps[j].0[i]).collect();
         let pos: Vec<usize> = rows.iter().map(|&(j, i)| before[j] + i).collect();
         let of: Vec<usize> = rows.iter().map(|&(j, _)| j).collect();
@@ -206,10 +217,10 @@ impl GpuBackend {
         self.upload_batch(w, &tokens, &pos, &pages, &of, &sel)?;
         let max_start = *pos.iter().max().expect("a batch");
         if graph {
-            self.batch_graph_step(w, pools, graphs, n, seqs, max_start)?;
+            self.batch_graph_step(w, pools, graphs, n, logit_rows, max_start)?;
         } else {
             self.enqueue(w, pools, n, max_start, StepAttn::Batch, false)?;
-            self.logits(w, first_last..n, Residual::Done)?;
+            self.logits(w, 0..logit_rows, Residual::Done)?;
         }
         for ((c, &p), (t, _)) in caches.iter_mut().zip(&before).zip(steps) {
             c.set_len(p + t.len());

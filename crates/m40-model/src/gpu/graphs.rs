@@ -38,6 +38,18 @@ const GRAPH_LINEAR_CONTEXT: usize = 1024;
 pub(super) struct StepGraph {
     graph: m40_device::Graph,
     _program: Option<DecodeProgram>,
+    /// When it was last launched.
+    used: std::time::Instant,
+}
+
+impl StepGraph {
+    fn new(graph: m40_device::Graph, program: Option<DecodeProgram>) -> StepGraph {
+        StepGraph {
+            graph,
+            _program: program,
+            used: std::time::Instant::now(),
+        }
+    }
 }
 
 /// What a graph was captured for.
@@ -45,16 +57,43 @@ pub(super) struct StepGraph {
 pub(super) enum GraphKey {
     /// One sequence's token: with the selection, context bucket.
     Step(bool, usize),
-    /// A batched step: rows, sequences (the last rows, whose logits it
-    /// computes), context bucket (the largest position).
+    /// A batched step: rows, the first rows whose logits it computes,
+    /// context bucket (the largest position).
     Batch(usize, usize, usize),
 }
 
-/// The captured steps.
-pub(super) type Graphs = HashMap<GraphKey, StepGraph>;
+/// The captured steps, and how often each batched-step shape not captured
+/// yet has run.
+#[derive(Default)]
+pub(super) struct Graphs {
+    map: HashMap<GraphKey, StepGraph>,
+    seen: HashMap<GraphKey, u32>,
+}
+
+impl std::ops::Deref for Graphs {
+    type Target = HashMap<GraphKey, StepGraph>;
+    fn deref(&self) -> &Self::Target {
+        &self.map
+    }
+}
+
+impl std::ops::DerefMut for Graphs {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.map
+    }
+}
+
+/// A batched step's shape is captured the time it runs this often; until
+/// then its kernels launch one by one. A capture costs several steps' time
+/// (instantiating a few hundred nodes), and a step's mix of sequences and
+/// prompt rows makes many shapes that run once or twice.
+const CAPTURE_AT: u32 = 2;
+
+/// Shapes counted towards a capture at most; past it the counts restart.
+const SEEN_SHAPES: usize = 4096;
 
 /// Batched-step graphs kept at most (a few hundred nodes each); past it
-/// they are dropped, and captured again as steps need them.
+/// the one used longest ago is dropped (captured again if a step needs it).
 const BATCH_GRAPHS: usize = 256;
 
 impl GpuBackend {
@@ -95,13 +134,7 @@ impl GpuBackend {
             if let Some(p) = &mut program {
                 p.upload(&self.stream)?;
             }
-            graphs.insert(
-                key,
-                StepGraph {
-                    graph,
-                    _program: program,
-                },
-            );
+            graphs.insert(key, StepGraph::new(graph, program));
         }
         // SAFETY: the graph uses the workspace, pools, weights and inputs
         // of this backend, which live as long as it does (the state mutex
@@ -111,9 +144,10 @@ impl GpuBackend {
         Ok(())
     }
 
-    /// A batched step of `n` rows whose last `seqs` are the sequences'
-    /// last tokens (inputs uploaded; positions at most `max_start`)
-    /// replayed from its graph (captured on first use): those rows' logits
+    /// A batched step of `n` rows whose first `logit_rows` reach the
+    /// output matmul (inputs uploaded; positions at most `max_start`)
+    /// replayed from its graph (captured the [`CAPTURE_AT`]th time its
+    /// shape runs, launched kernel by kernel before): those rows' logits
     /// into `w.logits`. Its attention covers the context bucket of
     /// `max_start`: the blocks past a row's own position have no keys.
     pub(super) fn batch_graph_step(
@@ -122,31 +156,47 @@ impl GpuBackend {
         pools: &mut Pools,
         graphs: &mut Graphs,
         n: usize,
-        seqs: usize,
+        logit_rows: usize,
         max_start: usize,
     ) -> Result<()> {
         let bucket = self.graph_bucket(max_start);
-        let key = GraphKey::Batch(n, seqs, bucket);
+        let key = GraphKey::Batch(n, logit_rows, bucket);
         if !graphs.contains_key(&key) {
+            if graphs.seen.len() >= SEEN_SHAPES {
+                graphs.seen.clear();
+            }
+            let seen = graphs.seen.entry(key).or_insert(0);
+            *seen += 1;
+            if *seen < CAPTURE_AT {
+                // The same launches the graph would hold (its bucket too,
+                // so that the step's results are the graph's).
+                self.enqueue(w, pools, n, bucket, StepAttn::Batch, false)?;
+                return self.logits(w, 0..logit_rows, Residual::Done);
+            }
+            graphs.seen.remove(&key);
             let batch = |k: &GraphKey| matches!(k, GraphKey::Batch(..));
             if graphs.keys().filter(|k| batch(k)).count() >= BATCH_GRAPHS {
-                graphs.retain(|k, _| !batch(k));
+                // The batched graph used longest ago makes room.
+                let old = graphs
+                    .iter()
+                    .filter(|(k, _)| batch(k))
+                    .min_by_key(|(_, g)| g.used)
+                    .map(|(k, _)| *k);
+                if let Some(k) = old {
+                    graphs.remove(&k);
+                }
             }
             let graph = self.stream.capture(|_| -> Result<()> {
                 self.enqueue(w, pools, n, bucket, StepAttn::Batch, false)?;
-                self.logits(w, n - seqs..n, Residual::Done)
+                self.logits(w, 0..logit_rows, Residual::Done)
             })?;
-            graphs.insert(
-                key,
-                StepGraph {
-                    graph,
-                    _program: None,
-                },
-            );
+            graphs.insert(key, StepGraph::new(graph, None));
         }
+        let g = graphs.get_mut(&key).expect("captured");
+        g.used = std::time::Instant::now();
         // SAFETY: as in graph_step (batched steps use no attention
         // scratch).
-        unsafe { graphs[&key].graph.launch()? };
+        unsafe { g.graph.launch()? };
         Ok(())
     }
 

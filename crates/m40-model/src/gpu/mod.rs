@@ -353,7 +353,7 @@ impl GpuBackend {
             state: Mutex::new(State {
                 work,
                 pools,
-                graphs: Graphs::new(),
+                graphs: Graphs::default(),
             }),
             gemm_part: Mutex::new(gemm_part),
         })
