@@ -5,7 +5,7 @@
 //! ```text
 //! cargo run --release -p m40-serve --example load -- [--url URL] [--model NAME|PATH]
 //!     [--clients 1,8,32] [--requests N] [--max-tokens N] [--ctx N] [--cpu]
-//!     [--probe N] [--no-prefix-cache]
+//!     [--probe N] [--probe-tokens N] [--no-prefix-cache] [--max-batch-tokens N]
 //! ```
 //! Without `--url` it loads the model (default: the default model) and
 //! serves it in this process on a loopback port.
@@ -14,7 +14,11 @@
 //! (median of 5), and of 10 short requests sent while N other clients keep
 //! the server busy (each sending requests one after another), against the
 //! bound "2x alone plus one step" (a step: the server's steps over the
-//! probe's wall time, from /metrics).
+//! probe's wall time, from /metrics). The busy clients ask for
+//! `--probe-tokens N` tokens each (default: `--max-tokens`); each first
+//! sends one shorter request (client c of N: 1 + c x tokens / N), so they
+//! run out of step with each other, as independent users do, rather than
+//! all sending their prompts in the same step.
 
 use std::io::{BufRead, BufReader};
 use std::sync::Arc;
@@ -34,10 +38,12 @@ struct Args {
     cpu: bool,
     probe: Option<usize>,
     no_prefix_cache: bool,
+    max_batch_tokens: Option<usize>,
+    probe_tokens: Option<usize>,
 }
 
 const USAGE: &str = "usage: load [--url URL] [--model M] [--clients 1,8,32] [--requests N] \
-[--max-tokens N] [--ctx N] [--cpu] [--probe BUSY] [--no-prefix-cache]";
+[--max-tokens N] [--ctx N] [--cpu] [--probe BUSY] [--probe-tokens N] [--no-prefix-cache] [--max-batch-tokens N]";
 
 fn args() -> Result<Args, String> {
     let mut a = Args {
@@ -50,6 +56,8 @@ fn args() -> Result<Args, String> {
         cpu: false,
         probe: None,
         no_prefix_cache: false,
+        max_batch_tokens: None,
+        probe_tokens: None,
     };
     fn num(k: &str, v: &str) -> Result<usize, String> {
         v.parse()
@@ -73,6 +81,8 @@ fn args() -> Result<Args, String> {
             "--cpu" => a.cpu = true,
             "--no-prefix-cache" => a.no_prefix_cache = true,
             "--probe" => a.probe = Some(num(&k, &v()?)?),
+            "--max-batch-tokens" => a.max_batch_tokens = Some(num(&k, &v()?)?),
+            "--probe-tokens" => a.probe_tokens = Some(num(&k, &v()?)?),
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other}")),
         }
@@ -158,40 +168,83 @@ fn probe(agent: &ureq::Agent, url: &str, model: &str, busy: usize, max_tokens: u
         .map(|i| one(agent, url, model, &short(i), 4).expect("a probe").ttft)
         .collect();
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Every request's (when its first token came, its TTFT), to set beside
+    // the server's own TTFT (from when the engine took the request).
+    let firsts = Arc::new(std::sync::Mutex::new(Vec::<(Instant, Duration)>::new()));
     let handles: Vec<_> = (0..busy)
         .map(|c| {
-            let (agent, url, model, stop) = (
+            let (agent, url, model, stop, firsts) = (
                 agent.clone(),
                 url.to_string(),
                 model.to_string(),
                 stop.clone(),
+                firsts.clone(),
             );
             std::thread::spawn(move || {
                 let mut i = 0;
                 while !stop.load(std::sync::atomic::Ordering::SeqCst) {
                     let prompt =
                         format!("Client {c}, request {i}: tell a long story about the number {i}.");
-                    let _ = one(&agent, &url, &model, &prompt, max_tokens);
+                    // The first request's length puts the clients out of step.
+                    let tokens = match i {
+                        0 => 1 + c * max_tokens / busy,
+                        _ => max_tokens,
+                    };
+                    let sent = Instant::now();
+                    if let Ok(s) = one(&agent, &url, &model, &prompt, tokens) {
+                        firsts.lock().unwrap().push((sent + s.ttft, s.ttft));
+                    }
                     i += 1;
                 }
             })
         })
         .collect();
     std::thread::sleep(Duration::from_secs(2));
-    let (s0, t0) = (metric(agent, url, "m40_steps_total"), Instant::now());
+    let server_ttft = |agent| {
+        let m = |n| metric(agent, url, n);
+        (
+            m("m40_time_to_first_token_seconds_sum"),
+            m("m40_time_to_first_token_seconds_count"),
+        )
+    };
+    let (s0, t0, ttft0) = (
+        metric(agent, url, "m40_steps_total"),
+        Instant::now(),
+        server_ttft(agent),
+    );
     let mut loaded: Vec<Duration> = (0..10)
         .map(|i| {
             std::thread::sleep(Duration::from_millis(100));
-            one(agent, url, model, &short(100 + i), 4)
-                .expect("a probe")
-                .ttft
+            let sent = Instant::now();
+            let s = one(agent, url, model, &short(100 + i), 4).expect("a probe");
+            firsts.lock().unwrap().push((sent + s.ttft, s.ttft));
+            s.ttft
         })
         .collect();
-    let (s1, wall) = (metric(agent, url, "m40_steps_total"), t0.elapsed());
+    let (s1, wall, ttft1) = (
+        metric(agent, url, "m40_steps_total"),
+        t0.elapsed(),
+        server_ttft(agent),
+    );
+    let t1 = t0 + wall;
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     for h in handles {
         h.join().unwrap();
     }
+    let seen: Vec<f64> = firsts
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(at, _)| (t0..t1).contains(at))
+        .map(|(_, d)| d.as_secs_f64() * 1e3)
+        .collect();
+    println!(
+        "probe window: {} first tokens, TTFT mean {:.2} ms at the clients, {:.2} ms in the server ({} first tokens)",
+        seen.len(),
+        seen.iter().sum::<f64>() / seen.len().max(1) as f64,
+        (ttft1.0 - ttft0.0) * 1e3 / (ttft1.1 - ttft0.1).max(1.0),
+        ttft1.1 - ttft0.1,
+    );
     let step_ms = wall.as_secs_f64() * 1e3 / (s1 - s0).max(1.0);
     let solo = pct(&mut alone, 0.5);
     let bound = 2.0 * solo + step_ms;
@@ -231,6 +284,7 @@ fn main() {
                     BackendChoice::Auto
                 },
                 no_prefix_cache: a.no_prefix_cache,
+                max_batch_tokens: a.max_batch_tokens,
                 ..Default::default()
             };
             let engine = Arc::new(Engine::load(&a.model, opts).expect("loading the model"));
@@ -321,6 +375,12 @@ fn main() {
         step_tokens / steps.max(1.0)
     );
     if let Some(busy) = a.probe {
-        probe(&agent, &url, &model, busy, a.max_tokens);
+        probe(
+            &agent,
+            &url,
+            &model,
+            busy,
+            a.probe_tokens.unwrap_or(a.max_tokens),
+        );
     }
 }
