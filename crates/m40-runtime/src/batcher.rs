@@ -537,16 +537,10 @@ impl Loop {
                     continue;
                 }
             };
-            // The cache holds what came before; a cached prefix may cover
-            // the chunk's start, or all of it: then the sequence goes on
-            // from the prefix's end next step.
-            debug_assert!(cache.len() >= range.start);
-            if cache.len() >= range.end {
-                let advanced = self.sched.advance(id, cache.len());
-                debug_assert!(advanced, "a prefix ends before the last token");
-                l.cache = Some(cache);
-                continue;
-            }
+            // The cache holds what came before: a new sequence's chunk
+            // starts at the prefix plan_with counted (its peek then, what
+            // acquire took now).
+            debug_assert_eq!(cache.len(), range.start, "the planned prefix");
             let range = cache.len()..range.end;
             let samples = range.end == l.tokens.len();
             let want = if !samples {

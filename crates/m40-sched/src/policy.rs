@@ -192,23 +192,6 @@ impl Scheduler {
         self.free_pages
     }
 
-    /// A running sequence's first `to` tokens are in its cache already
-    /// (found in a prefix cache when its first chunk ran): its next chunk
-    /// starts there. Only forward, and never to its last token (which is
-    /// computed for its logits); false where `id` is not running or `to`
-    /// is not before its last token. Its pages were taken at admission.
-    pub fn advance(&mut self, id: SeqId, to: usize) -> bool {
-        if !self.running.contains(&id) {
-            return false;
-        }
-        let s = self.seqs.get_mut(&id).expect("scheduled");
-        if to >= s.tokens {
-            return false;
-        }
-        s.computed = s.computed.max(to);
-        true
-    }
-
     /// Pages `id` holds, if it is scheduled.
     pub fn pages_of(&self, id: SeqId) -> Option<usize> {
         self.seqs.get(&id).map(|s| s.pages)
@@ -343,9 +326,7 @@ impl Scheduler {
             let Some(s) = self.seqs.get_mut(&id) else {
                 continue; // cancelled meanwhile
             };
-            // A chunk planned before an `advance` past its end leaves the
-            // sequence where the advance put it.
-            s.computed = end.map_or(s.computed + 1, |e| e.max(s.computed));
+            s.computed = end.unwrap_or(s.computed + 1);
             if s.computed == s.tokens {
                 s.tokens += 1;
                 s.generated += 1;

@@ -195,16 +195,19 @@ impl GpuBackend {
         // read), so that few graphs serve the steps' mixes of sequences
         // and prompt rows.
         let graphs_on = self.graphs.load(std::sync::atomic::Ordering::Relaxed);
-        let (padded, logit_rows) = match rows.len() {
-            n if n == seqs => (n, n),
-            n => {
-                let padded = n.next_multiple_of(PAD_ROWS);
-                let logit_rows = seqs.next_multiple_of(PAD_LOGITS).min(LOGIT_ROWS);
-                (padded, logit_rows.max(seqs).min(padded))
-            }
+        let padded = match rows.len() {
+            n if n == seqs => n,
+            n => n.next_multiple_of(PAD_ROWS),
         };
         let graph = graphs_on && padded <= self.max_batch;
-        let logit_rows = if graph { logit_rows } else { seqs };
+        // (seqs <= LOGIT_ROWS: a group's sequences at most.)
+        let logit_rows = match graph && padded > seqs {
+            true => seqs
+                .next_multiple_of(PAD_LOGITS)
+                .min(LOGIT_ROWS)
+                .min(padded),
+            false => seqs,
+        };
         if graph {
             let fill = vec![rows[0]; padded - rows.len()];
             rows.splice(seqs..seqs, fill);

@@ -38,7 +38,8 @@ const GRAPH_LINEAR_CONTEXT: usize = 1024;
 pub(super) struct StepGraph {
     graph: m40_device::Graph,
     _program: Option<DecodeProgram>,
-    /// When it was last launched.
+    /// A batched step's: when it was last launched (the least recently
+    /// used goes first at BATCH_GRAPHS).
     used: std::time::Instant,
 }
 

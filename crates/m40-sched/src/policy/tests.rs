@@ -310,22 +310,24 @@ proptest! {
 }
 
 #[test]
-fn a_sequence_advanced_past_its_chunk_goes_on_from_there() {
+fn a_cached_prefix_past_a_chunk_boundary_goes_on_from_there() {
     // Chunks of 8 (a budget of 10 beside 2 decodes).
     let mut s = Scheduler::new(cfg(10, 2, 64, 0));
     s.add(1, 30, 2).unwrap();
-    let step = s.plan();
-    assert_eq!(step.prefill, [(1, 0..8)]);
-    // Its first 20 tokens were cached: the planned chunk is skipped.
-    assert!(s.advance(1, 20));
-    assert!(!s.advance(1, 30), "the last token is always computed");
-    assert!(!s.advance(2, 5), "not scheduled");
-    s.complete(&step, &[]);
-    let step = s.plan();
+    // Its first 20 tokens are cached: its chunks start there, at the
+    // multiples of 8 after it.
+    let step = s.plan_with(|_| 20);
     assert_eq!(step.prefill, [(1, 20..24)]);
     s.complete(&step, &[]);
     let step = s.plan();
     assert_eq!(step.prefill, [(1, 24..30)]);
     assert_eq!(s.complete(&step, &[]), Vec::<SeqId>::new());
     assert_eq!(s.plan().decode, [1]);
+    // The last token is always computed, whatever is cached.
+    s.add(2, 30, 2).unwrap();
+    let step = s.plan_with(|_| 30);
+    assert_eq!(
+        (step.decode.clone(), step.prefill.clone()),
+        (vec![1], vec![(2, 29..30)])
+    );
 }
