@@ -48,8 +48,12 @@ impl PackedSplit {
 /// `ksplit` forced: lowered to what the row (and `slots`) allows.
 /// Otherwise, of 1, 2 and 4, the largest whose blocks all run at once (one
 /// wave; a GEMV of few rows is latency-bound, and a second wave starts
-/// only as the first drains), or no split where none does (the groups then
-/// give every resident warp two). A 3-way split replaces it where it also
+/// only as the first drains); where none does, the one whose waves, each
+/// as long as a lane's rounds of loads and one more (a block's fixed
+/// cost), take least, the smaller on a tie: no split, unless its last wave
+/// is nearly empty (a 12B's gate/up, 7680 groups of 15 runs: 2.08 waves
+/// unsplit, 4.16 split in 2, which measured 1.2% faster a token on an
+/// H100, and 4 ways 1.7% slower: BENCHMARKS.md). A 3-way split replaces it where it also
 /// fits in a wave and its lanes wait for fewer rounds of loads (BENCHMARKS.md, "Measurements behind constants").
 pub(super) fn packed_split(
     groups: usize,
@@ -75,8 +79,14 @@ pub(super) fn packed_split(
         let n = if p.ksplit == 3 { slots[1] } else { slots[0] };
         n.is_some_and(|n| p.blocks(groups) <= n)
     };
+    let waves = |p: PackedSplit| slots[0].map(|n| p.blocks(groups).div_ceil(n.max(1)));
     let pow2 = allowed()
         .rfind(|p| p.ksplit != 3 && one_wave(*p))
+        .or_else(|| {
+            allowed()
+                .filter(|p| p.ksplit != 3)
+                .min_by_key(|p| waves(*p).map(|w| w * (p.rounds(runs, u) + 1)))
+        })
         .unwrap_or(fallback);
     match allowed().find(|p| p.ksplit == 3) {
         Some(p3) if one_wave(p3) && p3.rounds(runs, u) < pow2.rounds(runs, u) => p3,
@@ -117,6 +127,11 @@ mod tests {
         assert_eq!(split(1536, 128, 4, h100, None), 2);
         // Nothing fits in a wave (28672 rows; an M40's 168 slots): no split.
         assert_eq!(split(7168, 128, 4, h100, None), 1);
+        assert_eq!(split(7168, 128, 2, h100, None), 1);
+        // Unless the unsplit last wave is nearly empty (gemma3-12b's gate/up
+        // stack, 7680 groups of 15 runs: 3 waves unsplit, 5 split in 2).
+        assert_eq!(split(7680, 120, 2, h100, None), 2);
+        assert_eq!(split(7680, 120, 2, [Some(168), Some(96)], None), 1);
         assert_eq!(split(1024, 448, 4, [Some(168), Some(96)], None), 1);
         assert_eq!(split(300, 128, 4, [Some(100), Some(60)], None), 1);
         assert_eq!(split(300, 128, 4, [Some(150), Some(60)], None), 2);
