@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The SASS a committed PTX module compiles to, and the instructions of each
+# kernel's longest loop, by opcode: how BENCHMARKS.md counts instructions a
+# loop without a GPU.
+#
+#   scripts/sass-loops.sh kernels/ptx/gemv_packed.q4_0.ptx [ARCH] [KERNEL ...]
+#
+# ARCH: sm_90 (default; what the H100 JIT-compiles the PTX for) or sm_52.
+# KERNELs: entry names (default: every kernel of the module). ptxas comes
+# from target/cuda-tools (`cargo xtask ptx` installs it), nvdisasm from the
+# PyPI wheel nvidia-cuda-nvdisasm, fetched once into target/cuda-tools/nvdisasm.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PTX=${1:?usage: scripts/sass-loops.sh MODULE.ptx [ARCH] [KERNEL ...]}
+ARCH=${2:-sm_90}
+shift $(($# < 2 ? $# : 2))
+PTXAS=target/cuda-tools/nvidia/cuda_nvcc/bin/ptxas
+[ -x "$PTXAS" ] || { echo "no $PTXAS: run cargo xtask ptx first" >&2; exit 1; }
+D=target/cuda-tools/nvdisasm
+NVDISASM=$(find "$D" -name nvdisasm -type f 2>/dev/null | head -1 || true)
+if [ -z "$NVDISASM" ]; then
+    mkdir -p "$D"
+    python3 -m pip download -q --no-deps --disable-pip-version-check nvidia-cuda-nvdisasm -d "$D"
+    python3 -m zipfile -e "$D"/nvidia_cuda_nvdisasm-*.whl "$D/x"
+    NVDISASM=$(find "$D" -name nvdisasm -type f | head -1)
+    chmod +x "$NVDISASM"
+fi
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+"$PTXAS" -arch="$ARCH" -o "$T/m.cubin" "$PTX"
+"$NVDISASM" -c "$T/m.cubin" > "$T/m.sass" 2>/dev/null
+if [ $# -eq 0 ]; then
+    set -- $(sed -n 's/^\.text\.\(.*\):$/\1/p' "$T/m.sass")
+fi
+for k in "$@"; do
+    awk -v k=".text.$k:" '$0 == k {on = 1; next} on && /^\.text\./ {exit} on' "$T/m.sass" > "$T/k.sass"
+    # The longest span from a label back to a branch to it: the main loop of
+    # the several-token GEMVs (in kernels with more control flow it may take
+    # in more than a loop: read the SASS there).
+    read -r a b < <(awk '/^\.L_x_[0-9]+:/ {lab[$1] = NR}
+        /BRA `\(\.L_x_[0-9]+\)/ {m = $0; sub(/.*\(/, "", m); sub(/\).*/, "", m)
+            if ((m ":") in lab) print NR - lab[m ":"], lab[m ":"], NR}' "$T/k.sass" |
+        sort -rn | head -1 | cut -d' ' -f2-) || true
+    total=$(grep -cE '^\s+/\*[0-9a-f]+\*/' "$T/k.sass" || true)
+    if [ -z "${a:-}" ]; then
+        echo "$k ($ARCH): $total instructions, no loop"
+        continue
+    fi
+    ops=$(sed -n "${a},${b}p" "$T/k.sass" | grep -oE '^\s+/\*[0-9a-f]+\*/\s+(@!?U?P[0-9T] )?[A-Z0-9_.]+' |
+        awk '{print $NF}' | sed 's/\..*//' | sort | uniq -c | sort -rn | awk '{printf "%s %s, ", $2, $1}')
+    n=$(sed -n "${a},${b}p" "$T/k.sass" | grep -cE '^\s+/\*[0-9a-f]+\*/')
+    echo "$k ($ARCH): $total instructions; loop $n: ${ops%, }"
+    unset a b
+done
