@@ -51,19 +51,13 @@ __device__ __forceinline__ float row_sq(const V* p, float c, int m, float* scrat
     return block_sum(ss, scratch);
 }
 
-// One row of m elements of V (m = n / 4 for float4). d (may be null): added
-// to x first, and the sum written back to x. y may alias x when d is null.
-// pw (may be null; then d is not): d is RMS-normed by the weights pw and
-// scaled by ps before it joins x (gemma's post-norms: a pass over d first,
-// for its sum of squares). CENTER: LayerNorm (the first pass sums x for the
-// mean, a second the squares about it).
 // A row that fits the block's loads (m <= RMSNORM_U * blockDim.x: every
 // row of a model up to 4096 wide, in float4): every load (x, d, pw, w) is
 // issued at once, before the first sum, and the values stay in registers,
-// so the row costs one memory round trip where the loop below costs one
-// per pass (two, or three with pw: ~2 us of a decode step's norm on an
-// H100, mostly pw's and w's DRAM latency). The same sums in the same
-// order as the loop's, so the same bits.
+// so the row costs one memory round trip where rmsnorm_row's loop costs
+// one per pass (two, or three with pw; gemma3-12b's add_post_rmsnorm got
+// ~1.3 us faster a launch on an H100, BENCHMARKS.md: its weights come from
+// DRAM). The same sums in the same order as the loop's, so the same bits.
 template <class V, bool CENTER>
 __device__ __forceinline__ void norm_row_held(V* x, const V* d, const V* pw, float ps, const V* w, V* y, int m, int n,
                                               float eps, float* scratch) {
@@ -115,6 +109,12 @@ __device__ __forceinline__ void norm_row_held(V* x, const V* d, const V* pw, flo
     }
 }
 
+// One row of m elements of V (m = n / 4 for float4). d (may be null): added
+// to x first, and the sum written back to x. y may alias x when d is null.
+// pw (may be null; then d is not): d is RMS-normed by the weights pw and
+// scaled by ps before it joins x (gemma's post-norms: a pass over d first,
+// for its sum of squares). CENTER: LayerNorm (the first pass sums x for the
+// mean, a second the squares about it).
 template <class V, bool CENTER>
 __device__ __forceinline__ void rmsnorm_row(V* x, const V* d, const V* pw, float ps, const V* w, V* y, int m, int n,
                                             float eps, float* scratch) {
