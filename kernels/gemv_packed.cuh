@@ -122,7 +122,7 @@ struct PackQ4_0 {
         const u32 v[4] = {qv.x, qv.y, qv.z, qv.w};
         const float d[4] = {lo_half(sv.x), hi_half(sv.x), lo_half(sv.y), hi_half(sv.y)};
 #pragma unroll
-        for (int j = 0; j < 4; ++j) units8_weights(units_lo4(v[j]), units_hi4(v[j]), 16.0f * d[j], -24.0f * d[j], w[j]);
+        for (int j = 0; j < 4; ++j) units8_weights(units_lo4_op3(v[j]), units_hi4_op3(v[j]), 16.0f * d[j], -24.0f * d[j], w[j]);
     }
 };
 
@@ -191,7 +191,7 @@ struct PackQ4_1 {
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             const float d = lo_half(s[j]);
-            units8_weights(units_lo4(v[j]), units_hi4(v[j]), 16.0f * d, hi_half(s[j]) - 16.0f * d, w[j]);
+            units8_weights(units_lo4_op3(v[j]), units_hi4_op3(v[j]), 16.0f * d, hi_half(s[j]) - 16.0f * d, w[j]);
         }
     }
 };
@@ -391,7 +391,7 @@ struct PackQ4_K {
             const u32 sm = (j < 2 ? it.sm.x : it.sm.y) >> (16 * (j & 1));
             const float a = 16.0f * lo_half(dd[j]) * (float)(sm & 0xff);
             const float c = hi_half(dd[j]) * (float)((sm >> 8) & 0xff);
-            units8_weights(units_lo4(v[j]), units_hi4(v[j]), a, -(a + c), w[j]);
+            units8_weights(units_lo4_op3(v[j]), units_hi4_op3(v[j]), a, -(a + c), w[j]);
         }
     }
 };

@@ -101,6 +101,18 @@ __device__ __forceinline__ float units8(u32 t0, u32 t1, float4 x, float4 y) {
 // Low / high nibbles of each byte of w, placed as 0x80 | v << 3 (k = 4).
 __device__ __forceinline__ u32 units_lo4(u32 w) { return ((w << 3) & 0x78787878u) | 0x80808080u; }
 __device__ __forceinline__ u32 units_hi4(u32 w) { return ((w >> 1) & 0x78787878u) | 0x80808080u; }
+// The same, each in one LOP3: with both constants immediates ptxas emits an
+// AND and an OR (a SASS LOP3 takes one immediate), so here they come in
+// registers. For the several-token packed GEMV's weights(), whose loop it
+// shortens (BENCHMARKS.md, issue 33); elsewhere it gained nothing and made
+// gemv_idglu_q4_1_f32 spill on sm_52.
+__device__ __forceinline__ u32 and_or(u32 a, u32 b, u32 c) {
+    u32 d;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+__device__ __forceinline__ u32 units_lo4_op3(u32 w) { return and_or(w << 3, 0x78787878u, 0x80808080u); }
+__device__ __forceinline__ u32 units_hi4_op3(u32 w) { return and_or(w >> 1, 0x78787878u, 0x80808080u); }
 
 __device__ __forceinline__ float4 ld_x4(const float* p) { return *(const float4*)p; }
 

@@ -467,3 +467,65 @@ fn glu_gemv_and_gemm_match_cpu() {
     // Odd row counts are refused.
     assert!(interleave_glu(&[0; 6], &[0; 6], 3).is_err());
 }
+
+/// Several tokens added to y (the batched step's residual connection), for
+/// every format and split: y = y0 + W x, token by token.
+#[test]
+#[ignore = "needs a GPU"]
+fn batched_packed_gemv_adds_to_y() {
+    let (_dev, s, k, mut rng) = setup("batched_packed_gemv_adds_to_y");
+    const TAIL: usize = 16;
+    for f in PackFormat::ALL {
+        for (rows, cols) in [(36usize, 2 * f.qk.max(64)), (131, 4096)] {
+            let w = random_weights(&mut rng, f.ty, rows, cols);
+            let wg = s
+                .upload(&pack_gemv(f.ty, &w, rows, cols).unwrap(), "w")
+                .unwrap();
+            let wv = wg.view();
+            let pm = PackedMatrix {
+                ty: f.ty,
+                data: &wv,
+                rows,
+                cols,
+            };
+            let wd = dequant(f.ty, &w, rows, cols);
+            for m in [2usize, 4, 7, 8, 13] {
+                let x = rng.vec(m * cols, -1.0, 1.0);
+                let y0 = rng.vec(m * rows + TAIL, -1.0, 1.0);
+                let xg = s.upload(&x, "x").unwrap();
+                let mut want = vec![0f32; m * rows];
+                let mut tol = vec![0f64; m * rows];
+                for t in 0..m {
+                    let d = dots(
+                        &wd,
+                        &x[t * cols..(t + 1) * cols]
+                            .iter()
+                            .map(|&v| v as f64)
+                            .collect::<Vec<_>>(),
+                    );
+                    for (j, (v, mag)) in d.into_iter().enumerate() {
+                        let i = t * rows + j;
+                        want[i] = (y0[i] as f64 + v) as f32;
+                        tol[i] = 1e-5 * (mag + y0[i].abs() as f64) + 1e-30;
+                    }
+                }
+                for ks in [None, Some(1), Some(2), Some(4)] {
+                    let mut y = s.upload(&y0, "y").unwrap();
+                    let l = k
+                        .gemv_packed_to(
+                            &s,
+                            &pm,
+                            &xg.view(),
+                            GemvOut::Add(&mut y),
+                            GemvOpts::split(m, ks),
+                        )
+                        .unwrap();
+                    let what = format!("add {} {rows}x{cols} m {m} {l:?}", f.ty);
+                    let got = s.download(&y).unwrap();
+                    check(&what, &got[..m * rows], &want, |i| tol[i]);
+                    assert_eq!(&got[m * rows..], &y0[m * rows..], "{what}: wrote past y");
+                }
+            }
+        }
+    }
+}
