@@ -3,6 +3,21 @@
 // and the device code are described there).
 #include "gemv_packed.cuh"
 
+// Blocks an SM for the 3- and 4-token kernels: 5 (96 registers on sm_52),
+// or 4 (128) where an H100 measured it faster: Q4_K and Q6_K, whose
+// 4-token loop then issues all its loads at the top of a round (at 96
+// ptxas interleaves them with the FMAs); Q4_0 ran 5% slower at 4
+// (BENCHMARKS.md, issue 33, twelfth session).
+template <class P> struct FewTokenBlocks {
+    static constexpr int value = 5;
+};
+template <> struct FewTokenBlocks<PackQ4_K> {
+    static constexpr int value = 4;
+};
+template <> struct FewTokenBlocks<PackQ6_K> {
+    static constexpr int value = 4;
+};
+
 // The launch bounds by format and tokens per launch: threads per block at
 // most, and blocks per SM the register cap must allow. One token of a
 // SPLIT3 format: blocks of up to 6 warps (a 3-way split) at the register
@@ -10,7 +25,7 @@
 template <class P, int B> struct PgemvBounds {
     static constexpr bool s3 = B == 1 && P::SPLIT3;
     static constexpr int threads = s3 ? 224 : 32 * PGEMV_WARPS;
-    static constexpr int blocks = s3 ? 4 : B == 1 ? 7 : B <= 4 ? 5 : 4;
+    static constexpr int blocks = s3 ? 4 : B == 1 ? 7 : B <= 2 ? 5 : B <= 4 ? FewTokenBlocks<P>::value : 4;
     static_assert(!s3 || threads >= 32 * PGEMV_MAX_WARPS, "a 3-way split's block fits");
     static_assert(!s3 || threads * blocks == 32 * PGEMV_WARPS * 7, "the register cap of 7 blocks of 4 warps");
 };
