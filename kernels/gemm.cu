@@ -318,12 +318,16 @@ __device__ __forceinline__ void gemm_tile(const u8* __restrict__ W, const float*
 typedef Tile<64, 128, 8, 8> Large;
 typedef Tile<64, 64, 4, 4> Small;
 #define GEMM_LARGE_BLOCKS 3
-// The narrow tile (packed weights): 32 tokens x 128 rows, 4 x 8 outputs a
-// thread, for batched decode steps of 17 to 32 sequences, which the 64-token
-// tiles would half fill. Each W float4 read from shared memory feeds 4
-// FMAs per token group, and a warp's X reads are two broadcasts. 40 KB of
-// shared memory: 5 blocks an SM on an H100, 2 on the M40.
-typedef Tile<32, 128, 4, 8> Narrow;
+// The narrow tile (packed weights): 32 tokens x 128 rows, for batched
+// decode steps of 17 to 32 sequences, which the 64-token tiles would half
+// fill. 8 tokens x 4 rows a thread: the 32 threads of a warp share their
+// tokens (ty is the warp), so its two X float4 reads a k are broadcasts of
+// one address (a shared-memory wavefront each) and its W float4 read 4
+// wavefronts: 6 a k for 32 FMAs a thread. 4 x 8 a thread took 10 (an
+// H100's ncu: 4 for each W read, 2 for an X read of two addresses) and
+// left the FMA pipe half idle (BENCHMARKS.md, issue 33). 40 KB of shared
+// memory: 5 blocks an SM on an H100, 2 on the M40.
+typedef Tile<32, 128, 8, 4> Narrow;
 #define GEMM_NARROW_BLOCKS 4
 
 #define GEMM_ENTRY(entry, T, L, blocks)                                                                      \

@@ -12,7 +12,7 @@ use crate::Kernels;
 
 /// kernels/gemm.cu: the tiles (tokens x weight rows) of `gemm_*`,
 /// `gemm_small_*` and `gemm_narrow_packed_*`, and their threads (8 x 8
-/// outputs each in the large tile, 4 x 4 in the small one, 4 x 8 in the
+/// outputs each in the large tile, 4 x 4 in the small one, 8 x 4 in the
 /// narrow one).
 const GEMM_TILE: (usize, usize) = (64, 128);
 const GEMM_SMALL_TILE: (usize, usize) = (64, 64);
