@@ -104,8 +104,8 @@ __device__ __forceinline__ u32 units_hi4(u32 w) { return ((w >> 1) & 0x78787878u
 // The same, each in one LOP3: with both constants immediates ptxas emits an
 // AND and an OR (a SASS LOP3 takes one immediate), so here they come in
 // registers. For the several-token packed GEMV's weights(), whose loop it
-// shortens (BENCHMARKS.md, issue 33); elsewhere it gained nothing and made
-// gemv_idglu_q4_1_f32 spill on sm_52.
+// shortens (BENCHMARKS.md, issue 33); in the one-token kernels it removed
+// no SASS instruction and made gemv_idglu_q4_1_f32 spill on sm_52.
 __device__ __forceinline__ u32 and_or(u32 a, u32 b, u32 c) {
     u32 d;
     asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
