@@ -319,8 +319,8 @@ typedef Tile<64, 128, 8, 8> Large;
 typedef Tile<64, 64, 4, 4> Small;
 #define GEMM_LARGE_BLOCKS 3
 // The narrow tile (packed weights): 32 tokens x 128 rows, for batched
-// decode steps of 17 to 32 sequences, which the 64-token tiles would half
-// fill. 8 tokens x 4 rows a thread: the 32 threads of a warp share their
+// steps of up to 32 rows past the GEMV's (m40-model's GEMV_TOKENS, 24),
+// which the 64-token tiles would half fill. 8 tokens x 4 rows a thread: the 32 threads of a warp share their
 // tokens (ty is the warp), so its two X float4 reads a k are broadcasts of
 // one address (a shared-memory wavefront each) and its W float4 read 4
 // wavefronts: 6 a k for 32 FMAs a thread. 4 x 8 a thread took 10 (an

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The SASS a committed PTX module compiles to, and the instructions of each
-# kernel's longest loop, by opcode: how BENCHMARKS.md counts instructions a
-# loop without a GPU.
+# kernel's main loop (its loop with the most FFMA), by opcode: how
+# BENCHMARKS.md counts instructions a loop without a GPU.
 #
 #   scripts/sass-loops.sh kernels/ptx/gemv_packed.q4_0.ptx [ARCH] [KERNEL ...]
 #
@@ -34,12 +34,14 @@ if [ $# -eq 0 ]; then
 fi
 for k in "$@"; do
     awk -v k=".text.$k:" '$0 == k {on = 1; next} on && /^\.text\./ {exit} on' "$T/m.sass" > "$T/k.sass"
-    # The longest span from a label back to a branch to it: the main loop of
-    # the several-token GEMVs (in kernels with more control flow it may take
-    # in more than a loop: read the SASS there).
+    # The span from a label back to a branch to it with the most FFMA: the
+    # main loop of the GEMVs and GEMMs (the longest span can be an epilogue's
+    # loop; in kernels with more control flow a span may take in more than a
+    # loop: read the SASS there).
     read -r a b < <(awk '/^\.L_x_[0-9]+:/ {lab[$1] = NR}
+        / FFMA/ {ff[NR] = 1}
         /BRA `\(\.L_x_[0-9]+\)/ {m = $0; sub(/.*\(/, "", m); sub(/\).*/, "", m)
-            if ((m ":") in lab) print NR - lab[m ":"], lab[m ":"], NR}' "$T/k.sass" |
+            if ((m ":") in lab) {c = 0; for (i = lab[m ":"]; i <= NR; i++) c += (i in ff); print c, lab[m ":"], NR}}' "$T/k.sass" |
         sort -rn | head -1 | cut -d' ' -f2-) || true
     total=$(grep -cE '^\s+/\*[0-9a-f]+\*/' "$T/k.sass" || true)
     if [ -z "${a:-}" ]; then
