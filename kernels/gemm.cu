@@ -325,8 +325,10 @@ typedef Tile<64, 64, 4, 4> Small;
 // one address (a shared-memory wavefront each) and its W float4 read 4
 // wavefronts: 6 a k for 32 FMAs a thread. 4 x 8 a thread took 10 (an
 // H100's ncu: 4 for each W read, 2 for an X read of two addresses) and
-// left the FMA pipe half idle (BENCHMARKS.md, issue 33). 40 KB of shared
-// memory: 5 blocks an SM on an H100, 2 on the M40.
+// left the FMA pipe half idle (BENCHMARKS.md, issue 33); a warp over 32
+// tokens x 32 rows (3 wavefronts a k) ran no faster. 40 KB of shared
+// memory and 118 registers on sm_90: 4 blocks an SM on an H100, 2 (shared
+// memory) on the M40.
 typedef Tile<32, 128, 8, 4> Narrow;
 #define GEMM_NARROW_BLOCKS 4
 

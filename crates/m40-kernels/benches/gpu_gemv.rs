@@ -28,7 +28,9 @@
 //! the FP32 FMA rate measured in the same run (`fma_probe`);
 //! `M40_BENCH_GEMM_ONLY=1` runs only that one, `M40_BENCH_GEMM_TOKENS=32`
 //! at 32 tokens instead; `M40_BENCH_GEMM_SHAPE=28672x4096`
-//! and `M40_BENCH_FORMAT=Q4_0` narrow it to one shape and format.
+//! and `M40_BENCH_FORMAT=Q4_0` narrow it to one shape and format;
+//! `M40_BENCH_GEMM_SPLITS=1,2,4,8` times each split over K forced
+//! (`GemmOpts::splits`) instead of the plan's.
 //! `M40_BENCH_JSON=path` also writes the first two tables as JSON.
 //!
 //! Without a GPU it prints why and exits 0 (1 with M40_REQUIRE_GPU=1).
@@ -425,13 +427,19 @@ fn prefill(s: &Stream, k: &Kernels, big: &DeviceBuffer<u8>, l2_bytes: usize) {
             let xv = x.view();
             let mut y = s.alloc::<f32>(m * rows, "y").expect("alloc");
             let gpu = k.gemm_slots().expect("occupancy");
+            let forced_max = std::env::var("M40_BENCH_GEMM_SPLITS")
+                .ok()
+                .and_then(|l| l.split(',').filter_map(|v| v.parse::<usize>().ok()).max())
+                .unwrap_or(1);
             let mut part = s
                 .alloc::<f32>(
-                    m40_kernels::gemm_scratch_len(m, rows, cols, gpu).max(1),
+                    m40_kernels::gemm_scratch_len(m, rows, cols, gpu)
+                        .max(forced_max * m * rows)
+                        .max(1),
                     "scratch",
                 )
                 .expect("alloc");
-            let mut run = |split: bool| {
+            let mut run_with = |split: bool, forced: Option<usize>| {
                 replay_ms(s, |s, i| {
                     let pm = PackedMatrix {
                         ty: f.ty,
@@ -442,10 +450,31 @@ fn prefill(s: &Stream, k: &Kernels, big: &DeviceBuffer<u8>, l2_bytes: usize) {
                     let opts = m40_kernels::GemmOpts {
                         accumulate: false,
                         scratch: if split { Some(&mut part) } else { None },
+                        splits: forced,
                     };
                     k.gemm_packed(s, &pm, &xv, &mut y, m, opts)
                 })
             };
+            // `M40_BENCH_GEMM_SPLITS=1,2,4,...`: each split forced instead
+            // (a sweep behind the planner's choice).
+            if let Ok(list) = std::env::var("M40_BENCH_GEMM_SPLITS") {
+                let plan = k.gemm_splits(m, rows, cols).expect("occupancy");
+                let cells: Vec<String> = list
+                    .split(',')
+                    .filter_map(|v| v.parse::<usize>().ok())
+                    .map(|sp| {
+                        let ms = run_with(true, Some(sp));
+                        format!("s={sp} {:.1}", ms * 1e3)
+                    })
+                    .collect();
+                println!(
+                    "| {} | {m} | {rows}x{cols} | plan {plan} | {} |",
+                    f.ty,
+                    cells.join(" | ")
+                );
+                continue;
+            }
+            let mut run = |split: bool| run_with(split, None);
             let splits = k.gemm_splits(m, rows, cols).expect("occupancy");
             let (ms, unsplit) = if splits > 1 {
                 (run(true), format!("{:.1}", run(false) * 1e3))

@@ -144,7 +144,10 @@ pub fn gemm_plan(m: usize, n: usize, k: usize, gpu: GemmSlots) -> GemmPlan {
     };
     let small = || over(GemmTile::Small, gpu.small_per_sm);
     if m <= GEMM_NARROW_MAX_M && gpu.narrow_per_sm > 0 {
-        return over(GemmTile::Narrow, gpu.narrow_per_sm);
+        return GemmPlan {
+            tile: GemmTile::Narrow,
+            splits: narrow_split(GemmTile::Narrow.tiles(m, n), k / 32, sms, gpu.narrow_per_sm),
+        };
     }
     if m <= GEMM_SMALL_MAX_M {
         // Packed weights (those with a narrow tile) take the large one
@@ -196,6 +199,43 @@ fn best_split(tiles: usize, k: usize, slots: usize, per_sm: usize) -> (usize, f6
     (best, fill(best))
 }
 
+/// The splits over K of the narrow tile's `tiles` blocks of `steps`
+/// k-steps each on `sms` SMs holding `per_sm` blocks each: the fewest that
+/// give the busiest SM the fewest block-steps (`ceil(tiles * s / sms)`
+/// blocks of `ceil(steps / s)` k-steps; an SM left with one block, where it
+/// could hold more, counted [`NARROW_ALONE`] slower), and none unless they
+/// beat the unsplit grid's by a tenth (the reduce's share). An SM's rate
+/// does not grow past two narrow blocks (4 warps each): on an H200, 8B's
+/// o at 32 tokens ran 32 x 8 = 256 blocks of 16 k-steps (2 an SM) in 42.7
+/// us and 512 of 8 (4 an SM) in 42.0; one block an SM (4 x 32) took 48.8.
+/// The fill rule of the other tiles ([`best_split`]) took 7 splits there
+/// (47.5 us: blocks of 19 k-steps, the last of 14). BENCHMARKS.md, issue
+/// 33, "The narrow tile's splits".
+fn narrow_split(tiles: usize, steps: usize, sms: usize, per_sm: usize) -> usize {
+    let cost = |s: usize| {
+        let on_sm = (tiles * s).div_ceil(sms.max(1));
+        let alone = if on_sm == 1 && per_sm > 1 {
+            NARROW_ALONE
+        } else {
+            1.0
+        };
+        (on_sm * steps.div_ceil(s)) as f64 * alone
+    };
+    let best = (2..=GEMM_MAX_SPLITS)
+        .take_while(|&s| steps / s >= GEMM_MIN_SPLIT_STEPS)
+        .fold(1, |best, s| if cost(s) < cost(best) { s } else { best });
+    if cost(best) <= 0.9 * cost(1) {
+        best
+    } else {
+        1
+    }
+}
+
+/// How much slower an SM runs one narrow block than two or more (H200,
+/// 8B's Q/K/V at 32 tokens: 96 blocks of 64 k-steps, one an SM, 90.7 us;
+/// 192 of 32, two an SM, 75.9).
+const NARROW_ALONE: f64 = 1.18;
+
 /// Large tiles of a GEMM of `m` tokens by a matrix of `n` rows.
 pub fn gemm_large_tiles(m: usize, n: usize) -> usize {
     GemmTile::Large.tiles(m, n)
@@ -219,7 +259,13 @@ pub struct GemmOpts<'s> {
     /// Room for a split over K ([`gemm_scratch_len`] floats): without it,
     /// or with less, a launch is not split.
     pub scratch: Option<&'s mut DeviceBuffer<f32>>,
+    /// Splits over K instead of [`gemm_plan`]'s (a benchmark's sweep; at
+    /// most [`GEMM_SPLITS_LIMIT`], and 1 without the scratch for them).
+    pub splits: Option<usize>,
 }
+
+/// The most splits over K a caller may force ([`GemmOpts::splits`]).
+pub const GEMM_SPLITS_LIMIT: usize = 64;
 
 impl Kernels {
     /// Y = X W^T, or Y += X W^T with `opts.accumulate`: W (n rows x k cols) in its
@@ -365,6 +411,7 @@ impl Kernels {
         let GemmOpts {
             accumulate,
             scratch,
+            splits: forced,
         } = opts;
         const K: &str = "gemm";
         let (n, k) = (w.n, w.k);
@@ -386,7 +433,16 @@ impl Kernels {
         // idle: BENCHMARKS.md, "Measurements behind constants").
         let gpu = self.slots_of(w.kernels)?;
         let plan = gemm_plan(m, n, k, gpu);
-        let s = plan.splits;
+        let s = match forced {
+            Some(f) if f == 0 || f > GEMM_SPLITS_LIMIT => {
+                return Err(shape(
+                    K,
+                    format!("{f} splits over K (1 to {GEMM_SPLITS_LIMIT})"),
+                ))
+            }
+            Some(f) => f,
+            None => plan.splits,
+        };
         let splits = scratch
             .filter(|p| s > 1 && p.len() >= s * m * n)
             .map(|p| (p, s));
@@ -612,18 +668,41 @@ mod tests {
 
     #[test]
     fn packed_weights_take_the_narrow_tile_then_the_large_one() {
-        // An H100's slots for packed weights (5 narrow blocks an SM).
+        // An H100's slots for packed weights (4 narrow blocks an SM: 118
+        // registers on sm_90).
         const H100: GemmSlots = GemmSlots {
             sms: 132,
             per_sm: 3,
             small_per_sm: 4,
-            narrow_per_sm: 5,
+            narrow_per_sm: 4,
         };
         let plan = |tile, splits| GemmPlan { tile, splits };
         // A decode step of 17 to 32 sequences, 8B: gate/up's 224 narrow
-        // tiles (34% of 660 slots) in 5 splits (85%); Q/K/V's 48 in 7 (51%).
-        assert_eq!(gemm_plan(32, 28672, 4096, H100), plan(GemmTile::Narrow, 5));
-        assert_eq!(gemm_plan(17, 6144, 4096, H100), plan(GemmTile::Narrow, 7));
+        // tiles in 4 splits (7 blocks of 32 k-steps on the busiest SM,
+        // against 2 of 128 whole); Q/K/V's 48 and o's 32 in 8 (3 and 2
+        // blocks of 16: 7 would make blocks of 19), down's 32 in 8 (2 of
+        // 56).
+        assert_eq!(gemm_plan(32, 28672, 4096, H100), plan(GemmTile::Narrow, 4));
+        assert_eq!(gemm_plan(17, 6144, 4096, H100), plan(GemmTile::Narrow, 8));
+        assert_eq!(gemm_plan(32, 4096, 4096, H100), plan(GemmTile::Narrow, 8));
+        assert_eq!(gemm_plan(32, 4096, 14336, H100), plan(GemmTile::Narrow, 8));
+        // The M40 (24 SMs, 2 narrow blocks each): Q/K/V's 48 tiles are 2 an
+        // SM already; o's and down's 32 leave 16 SMs half idle, 3 splits
+        // make 4 blocks an SM; gate/up's best (8 splits, 75 blocks of 16
+        // k-steps against 10 of 128) gains under a tenth: whole.
+        const M40: GemmSlots = GemmSlots {
+            sms: 24,
+            per_sm: 2,
+            small_per_sm: 3,
+            narrow_per_sm: 2,
+        };
+        assert_eq!(gemm_plan(32, 6144, 4096, M40), plan(GemmTile::Narrow, 1));
+        assert_eq!(gemm_plan(32, 4096, 4096, M40), plan(GemmTile::Narrow, 3));
+        assert_eq!(gemm_plan(32, 4096, 14336, M40), plan(GemmTile::Narrow, 3));
+        assert_eq!(gemm_plan(32, 28672, 4096, M40), plan(GemmTile::Narrow, 1));
+        // Too few k-steps to split (16 a split at least): 1B's o (2048
+        // columns, 64 k-steps) in 4 at most.
+        assert_eq!(gemm_plan(32, 2048, 2048, H100), plan(GemmTile::Narrow, 4));
         // 33 to 64 tokens: the large tile, split over its slots (gate/up:
         // 224 tiles, 57% of 396 slots, over half: whole, its 128 k-steps
         // too few to split; Q/K/V: 48 tiles, 12%, in 8 splits, 97%).

@@ -92,6 +92,7 @@ fn packed_gemm_case(
             GemmOpts {
                 accumulate: acc,
                 scratch: p.as_deref_mut(),
+                splits: None,
             },
         )
         .unwrap();
@@ -152,6 +153,7 @@ fn gemm_every_format_matches_cpu() {
                         GemmOpts {
                             accumulate: acc,
                             scratch: None,
+                            splits: None,
                         },
                     )
                     .unwrap();
@@ -292,6 +294,7 @@ fn gemm_every_format_matches_cpu() {
                 GemmOpts {
                     accumulate: acc,
                     scratch: Some(&mut p),
+                    splits: None,
                 },
             )
             .unwrap();
@@ -321,6 +324,7 @@ fn gemm_every_format_matches_cpu() {
         GemmOpts {
             accumulate: false,
             scratch: Some(&mut p),
+            splits: None,
         },
     )
     .unwrap();
@@ -348,6 +352,7 @@ fn gemm_every_format_matches_cpu() {
         GemmOpts {
             accumulate: false,
             scratch: Some(&mut p),
+            splits: None,
         },
     )
     .unwrap();
@@ -390,7 +395,8 @@ fn gemm_every_format_matches_cpu() {
             1,
             GemmOpts {
                 accumulate: false,
-                scratch: None
+                scratch: None,
+                splits: None,
             }
         )
         .is_err());
@@ -465,6 +471,7 @@ fn stacked_and_batched_matmuls_write_each_part() {
                                 GemmOpts {
                                     accumulate: false,
                                     scratch: None,
+                                    splits: None,
                                 },
                             )
                             .unwrap();

@@ -111,6 +111,7 @@ impl GpuBackend {
                 GemmOpts {
                     accumulate,
                     scratch: Some(&mut part),
+                    splits: None,
                 },
             )?,
             MatView::Rows(m) => {
@@ -129,6 +130,7 @@ impl GpuBackend {
                         GemmOpts {
                             accumulate,
                             scratch: Some(&mut part),
+                            splits: None,
                         },
                     )?
                 }

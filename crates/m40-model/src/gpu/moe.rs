@@ -250,6 +250,7 @@ impl GpuBackend {
                     let opts = GemmOpts {
                         accumulate: false,
                         scratch: None,
+                        splits: None,
                     };
                     if mat.packed {
                         let f = PackFormat::of(mat.ty).expect("a packed format");
