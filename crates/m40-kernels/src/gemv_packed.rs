@@ -421,8 +421,35 @@ impl Kernels {
         stream: &Stream,
         w: &PackedMatrix<'_>,
         x: &DeviceView<'_, f32>,
+        out: GemvOut<'_, '_, '_>,
+        opts: GemvOpts<'_, '_>,
+    ) -> Result<GemvLaunch> {
+        self.gemv_packed_at(stream, w, x, out, opts, 0)
+    }
+
+    /// [`Self::gemv_packed_to`] of tokens `first .. first + m` of x and of
+    /// `out` (`Parts` or `Add`; m <= 8): the rows a step's GEMM leaves
+    /// after its last full tile.
+    pub fn gemv_packed_rows(
+        &self,
+        stream: &Stream,
+        w: &PackedMatrix<'_>,
+        x: &DeviceView<'_, f32>,
+        out: GemvOut<'_, '_, '_>,
+        first: usize,
+        m: usize,
+    ) -> Result<GemvLaunch> {
+        self.gemv_packed_at(stream, w, x, out, GemvOpts::tokens(m), first)
+    }
+
+    fn gemv_packed_at(
+        &self,
+        stream: &Stream,
+        w: &PackedMatrix<'_>,
+        x: &DeviceView<'_, f32>,
         mut out: GemvOut<'_, '_, '_>,
         opts: GemvOpts<'_, '_>,
+        first: usize,
     ) -> Result<GemvLaunch> {
         const K: &str = "gemv_packed";
         let GemvOpts {
@@ -439,6 +466,18 @@ impl Kernels {
         if fold.is_some() && m != 1 {
             return Err(shape(K, format!("a folded norm takes 1 token, not {m}")));
         }
+        // From token `first` on: the plain kernels' t0 (one launch of at
+        // most GEMV_BATCH tokens, not the one-token kernel, which takes
+        // token 0), into outputs of a row per token (stored or added).
+        let rows_out = matches!(out, GemvOut::Parts(_) | GemvOut::Add(_));
+        if first > 0 && (m > GEMV_BATCH || fold.is_some() || !rows_out) {
+            return Err(shape(
+                K,
+                format!("tokens from {first}: at most {GEMV_BATCH} into Parts or Add, not {m}"),
+            ));
+        }
+        let to = first + m;
+        to_i32(K, "tokens", to)?;
         let f = PackFormat::checked(K, w.ty, w.cols)?;
         let (nrows, ncols) = (w.rows, w.cols);
         if nrows == 0 {
@@ -448,14 +487,14 @@ impl Kernels {
             });
         }
         check_len(K, "weights", w.data.len(), f.packed_bytes(nrows, ncols))?;
-        check_len(K, "x", x.len(), m * ncols)?;
+        check_len(K, "x", x.len(), to * ncols)?;
         let (r1, r2, mode) = match &out {
             GemvOut::Parts(y) => {
-                let (r1, r2) = y.bounds(K, nrows, m)?;
+                let (r1, r2) = y.bounds(K, nrows, to)?;
                 (r1, r2, PGEMV_STORE)
             }
             GemvOut::Add(y) => {
-                check_len(K, "y", y.len(), m * nrows)?;
+                check_len(K, "y", y.len(), to * nrows)?;
                 let r = to_i32(K, "rows", nrows)?;
                 (r, r, PGEMV_ADD)
             }
@@ -522,7 +561,7 @@ impl Kernels {
                         format!("{nrows} rows: a gate/up stack holds groups of 4"),
                     ));
                 }
-                check_len(K, "y", y.len(), m * nrows / 2)?;
+                check_len(K, "y", y.len(), to * nrows / 2)?;
                 let r = to_i32(K, "rows", nrows)?;
                 (r, r, PGEMV_GLU + act_id(*act))
             }
@@ -536,7 +575,8 @@ impl Kernels {
         let name = |m: usize| match (m, &fold) {
             (1, Some(Fold::Emit { .. })) => f.gemv_emit,
             (1, Some(Fold::Take { .. })) => f.gemv_take,
-            (1, None) => f.gemv,
+            (1, None) if first == 0 => f.gemv,
+            (1, None) => f.gemv_batch[0],
             (2, _) => f.gemv_batch[0],
             (3..=4, _) => f.gemv_batch[1],
             (5..=GEMV_BATCH, _) => f.gemv_batch[2],
@@ -550,7 +590,7 @@ impl Kernels {
         let chunk = m.div_ceil(chunks);
         // One token is an op the persistent kernel has (crate::decode),
         // planned then for its resident blocks.
-        let exec = self.exec(m == 1, || self.kernel("gemv_packed", name(m)))?;
+        let exec = self.exec(m == 1 && first == 0, || self.kernel("gemv_packed", name(m)))?;
         let slots = match &exec {
             Exec::Launch(k) => {
                 let split3 = if m == 1 && f.split3 {
@@ -625,7 +665,11 @@ impl Kernels {
             nrows,
             nb,
             ks,
-            t0: if chunks > 1 { chunk as i32 } else { 0 },
+            t0: if chunks > 1 {
+                chunk as i32
+            } else {
+                first as i32
+            },
             m: m as i32,
             mode,
             n_part: n_part_i,
@@ -648,17 +692,19 @@ impl Kernels {
         };
         // SAFETY: gemv_packed_<fmt>_f32[_x<B>|_take|_emit] (see push_gemv
         // for the parameters): reads the
-        // packed groups of W (length checked: packed_bytes) and rows 0 .. m
-        // of x (at most the checked m * nb * 32 floats) with 16-byte
+        // packed groups of W (length checked: packed_bytes) and rows first
+        // .. first + m of x (at most the checked (first + m) * nb * 32
+        // floats; first > 0 only with m <= GEMV_BATCH, unchunked, t0 =
+        // first, checked) with 16-byte
         // loads (both aligned, checked; a chunk of fewer than the kernel's B
         // tokens reads its last again for the rest), writes row r < nrows of
         // those tokens (m <= B: the kernel was picked for m; chunked, grid
         // row y the tokens y * chunk .. min(m, (y + 1) * chunk), chunk <= 8,
         // chunks * chunk >= m and (chunks - 1) * chunk < m) to
         // its part (y, y1, y2 split at r1 <= r2 <= nrows; each part's
-        // length checked by `bounds` for all m tokens), or adds it to y (m,
-        // nrows; checked), or with glu writes row r / 2 of y (m, nrows / 2;
-        // checked above); ksplit in {1, 2, 4} in blocks of 4 warps, or
+        // length checked by `bounds` for first + m tokens), or adds it to y
+        // (first + m, nrows; checked), or with glu writes row r / 2 of y
+        // (first + m, nrows / 2; checked above); ksplit in {1, 2, 4} in blocks of 4 warps, or
         // for one token 3 in blocks of 6. _emit (m = 1) also reads nw
         // and writes h at rows < nrows and part at blocks < grid (lengths
         // checked); _take reads part[0 .. n_part) (checked); the others

@@ -133,6 +133,49 @@ fn batched_decode_matches_cpu() {
     }
 }
 
+/// Rows past the GEMM's last full tile, through the GEMV from their first
+/// token on: prompts of 129 to 144 tokens alone (past the small models'
+/// GEMV range, 128: 2 large tiles and 1 to 16 rows; 150 none), and three
+/// of 45 joined in one batched step (135 rows, padded to 144), each
+/// sequence's last logits against the CPU's, in four formats and FFN
+/// kinds (SwiGLU stacks, gpt-oss's biases, command-r's parallel FFN).
+#[test]
+#[ignore = "needs a GPU"]
+fn rows_past_the_last_tile_match_cpu() {
+    let dir = tempfile::tempdir().unwrap();
+    for (shape, ty) in [
+        ("smollm2-135m", GgmlType::Q4_0),
+        ("qwen3-tiny", GgmlType::Q4_K),
+        ("gpt-oss-tiny", GgmlType::MXFP4),
+        ("command-r-tiny", GgmlType::Q8_0),
+    ] {
+        let model = synth(dir.path(), shape, ty);
+        let cpu = CpuBackend::with_kv(model.clone(), CpuMath::Exact, 4 * 200).unwrap();
+        let g = gpu(&model, true);
+        let n_vocab = model.hparams().n_vocab;
+        let cases: [&[usize]; 5] = [&[129], &[136], &[144], &[150], &[45, 45, 45]];
+        for (c, lens) in cases.iter().enumerate() {
+            let prompts: Vec<Vec<u32>> = lens
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| ids(n, n_vocab, (c * 10 + i) as u64))
+                .collect();
+            let mut gc: Vec<GpuCache> = lens.iter().map(|_| g.new_cache(200).unwrap()).collect();
+            let got = batch_logits(&g, &mut gc, &prompts);
+            for (p, got) in prompts.iter().zip(&got) {
+                let mut cc = cpu.new_cache(200).unwrap();
+                let want = cpu.forward(&mut cc, p, Logits::Last).unwrap();
+                let e = rel_err(got, &want);
+                assert!(
+                    e <= TOL,
+                    "{shape} {ty}: prompts {lens:?}, the one of {}: rel err {e:.2e}",
+                    p.len()
+                );
+            }
+        }
+    }
+}
+
 /// A step mixing decodes, short prompt chunks (one for its logits, one for
 /// nothing: both join the batched forward) and a long one (alone) answers
 /// each as asked, and the chunks' keys and values are in place for the

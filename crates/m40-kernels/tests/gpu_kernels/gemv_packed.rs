@@ -468,6 +468,22 @@ fn glu_gemv_and_gemm_match_cpu() {
     assert!(interleave_glu(&[0; 6], &[0; 6], 3).is_err());
 }
 
+/// Random weights of `ty` (rows x cols), packed and uploaded, and their
+/// dequantized values.
+fn packed_random(
+    s: &Stream,
+    rng: &mut Rng,
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+) -> (DeviceBuffer<u8>, Vec<f32>) {
+    let w = random_weights(rng, ty, rows, cols);
+    let wg = s
+        .upload(&pack_gemv(ty, &w, rows, cols).unwrap(), "w")
+        .unwrap();
+    (wg, dequant(ty, &w, rows, cols))
+}
+
 /// Several tokens added to y (the batched step's residual connection), for
 /// every format and split: y = y0 + W x, token by token.
 #[test]
@@ -477,10 +493,7 @@ fn batched_packed_gemv_adds_to_y() {
     const TAIL: usize = 16;
     for f in PackFormat::ALL {
         for (rows, cols) in [(36usize, 2 * f.qk.max(64)), (131, 4096)] {
-            let w = random_weights(&mut rng, f.ty, rows, cols);
-            let wg = s
-                .upload(&pack_gemv(f.ty, &w, rows, cols).unwrap(), "w")
-                .unwrap();
+            let (wg, wd) = packed_random(&s, &mut rng, f.ty, rows, cols);
             let wv = wg.view();
             let pm = PackedMatrix {
                 ty: f.ty,
@@ -488,7 +501,6 @@ fn batched_packed_gemv_adds_to_y() {
                 rows,
                 cols,
             };
-            let wd = dequant(f.ty, &w, rows, cols);
             for m in [2usize, 4, 7, 8, 13] {
                 let x = rng.vec(m * cols, -1.0, 1.0);
                 let y0 = rng.vec(m * rows + TAIL, -1.0, 1.0);
@@ -526,6 +538,116 @@ fn batched_packed_gemv_adds_to_y() {
                     assert_eq!(&got[m * rows..], &y0[m * rows..], "{what}: wrote past y");
                 }
             }
+        }
+    }
+}
+
+/// Tokens `first .. first + m` of a longer x (the rows a step's GEMM leaves
+/// past its last full tile) into the same rows of y, stored (two parts)
+/// or added: every element checked against f64, the other tokens' rows
+/// left as they were (poison, or the values added to).
+#[test]
+#[ignore = "needs a GPU"]
+fn packed_gemv_rows_from_a_first_token() {
+    let (_dev, s, k, mut rng) = setup("packed_gemv_rows_from_a_first_token");
+    const T: usize = 21;
+    for f in PackFormat::ALL {
+        for (rows, cols) in [(36usize, 2 * f.qk.max(64)), (131, 4096)] {
+            let (wg, wd) = packed_random(&s, &mut rng, f.ty, rows, cols);
+            let wv = wg.view();
+            let pm = PackedMatrix {
+                ty: f.ty,
+                data: &wv,
+                rows,
+                cols,
+            };
+            let x = rng.vec(T * cols, -1.0, 1.0);
+            let xg = s.upload(&x, "x").unwrap();
+            let r1 = rows - rows / 3;
+            for (first, m) in [(1usize, 1usize), (13, 8), (16, 5)] {
+                let y0 = rng.vec(T * rows, -1.0, 1.0);
+                let mut want = vec![(0f64, 0f64); T * rows];
+                for t in first..first + m {
+                    let xt: Vec<f64> = x[t * cols..(t + 1) * cols]
+                        .iter()
+                        .map(|&v| v as f64)
+                        .collect();
+                    for (j, d) in dots(&wd, &xt).into_iter().enumerate() {
+                        want[t * rows + j] = d;
+                    }
+                }
+                let mine = |i: usize| (first..first + m).contains(&(i / rows));
+                // Added to y.
+                let mut y = s.upload(&y0, "y").unwrap();
+                k.gemv_packed_rows(&s, &pm, &xg.view(), GemvOut::Add(&mut y), first, m)
+                    .unwrap();
+                let got = s.download(&y).unwrap();
+                for (i, (&g, &y0i)) in got.iter().zip(&y0).enumerate() {
+                    let what =
+                        format!("add {} {rows}x{cols} tokens {first}+{m}, element {i}", f.ty);
+                    if mine(i) {
+                        let (v, mag) = want[i];
+                        let e = (g as f64 - (y0i as f64 + v)).abs();
+                        assert!(
+                            e <= 1e-5 * (mag + y0i.abs() as f64) + 1e-30,
+                            "{what}: {g} against {}",
+                            y0i as f64 + v
+                        );
+                    } else {
+                        assert_eq!(
+                            g.to_bits(),
+                            y0i.to_bits(),
+                            "{what}: another token's row changed"
+                        );
+                    }
+                }
+                // Stored into two parts, split at row r1.
+                let mut ya = s.alloc::<f32>(T * r1, "y0").unwrap();
+                let mut yb = s.alloc::<f32>(T * (rows - r1), "y1").unwrap();
+                s.fill_bytes(&mut ya, 0xFF).unwrap();
+                s.fill_bytes(&mut yb, 0xFF).unwrap();
+                let out = GemvOut::Parts(RowSplit {
+                    bufs: &mut [&mut ya, &mut yb],
+                    rows: &[r1, rows - r1],
+                });
+                k.gemv_packed_rows(&s, &pm, &xg.view(), out, first, m)
+                    .unwrap();
+                let (ga, gb) = (s.download(&ya).unwrap(), s.download(&yb).unwrap());
+                for t in 0..T {
+                    for j in 0..rows {
+                        let g = if j < r1 {
+                            ga[t * r1 + j]
+                        } else {
+                            gb[t * (rows - r1) + j - r1]
+                        };
+                        let what = format!(
+                            "store {} {rows}x{cols} tokens {first}+{m}, token {t} row {j}",
+                            f.ty
+                        );
+                        if (first..first + m).contains(&t) {
+                            let (v, mag) = want[t * rows + j];
+                            assert!(
+                                (g as f64 - v).abs() <= 1e-5 * mag + 1e-30,
+                                "{what}: {g} against {v}"
+                            );
+                        } else {
+                            assert_eq!(
+                                g.to_bits(),
+                                u32::MAX,
+                                "{what}: another token's row written"
+                            );
+                        }
+                    }
+                }
+            }
+            // Past x, or more than one launch's tokens: an error.
+            let mut y = s.upload(&vec![0f32; T * rows], "y").unwrap();
+            assert!(k
+                .gemv_packed_rows(&s, &pm, &xg.view(), GemvOut::Add(&mut y), T - 2, 3)
+                .is_err());
+            assert!(k
+                .gemv_packed_rows(&s, &pm, &xg.view(), GemvOut::Add(&mut y), 1, 9)
+                .is_err());
         }
     }
 }

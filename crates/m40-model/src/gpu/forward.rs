@@ -7,18 +7,15 @@
 use m40_device::{DeviceBuffer, DeviceView};
 use m40_gguf::{HyperParams, NormKind};
 use m40_kernels::{
-    gemm_plan, AddResidual, AttnInputs, AttnPlan, AttnScratch, AttnShape, Fold, GemmOpts, GemvOpts,
-    GemvOut, HeadNorms, KvAppend, PostNorm, RopeKv, RopeStyle, RowSplit, Scores,
+    AddResidual, AttnInputs, AttnPlan, AttnScratch, AttnShape, Fold, GemvOpts, GemvOut, HeadNorms,
+    KvAppend, PostNorm, RopeKv, RopeStyle, RowSplit, Scores,
 };
 
 use super::kv::{GpuCache, Pools};
 use super::residual::{Input, Residual};
 use super::weights::{Ffn, Mat, MatView, Stack};
-use super::workspace::{
-    norm_bufs, res_bufs, Norm, Res, Select, Workspace, GEMV_FILL_TOKENS, GEMV_MAX_TOKENS,
-    GEMV_TOKENS, LOGIT_ROWS,
-};
-use super::{lock, GpuBackend, State};
+use super::workspace::{norm_bufs, res_bufs, Norm, Res, Select, Workspace, LOGIT_ROWS};
+use super::{GpuBackend, State};
 use crate::error::Result;
 use crate::{KvState, Logits};
 
@@ -66,81 +63,11 @@ pub(super) enum StepAttn {
 }
 
 impl GpuBackend {
-    /// y = W x for `n` rows of x into the parts of `y` (several: a stacked
-    /// matrix, always packed): the GEMV where `gemv_takes` says, the
-    /// GEMM otherwise (y += W x with `accumulate`, GEMM only).
-    fn gemm_or_gemv(
-        &self,
-        w: &Mat,
-        x: Input<'_>,
-        y: RowSplit<'_, '_>,
-        n: usize,
-        accumulate: bool,
-    ) -> Result<()> {
-        let (k, s) = (&self.kernels, &self.stream);
-        let data = w.data.view();
-        debug_assert!(
-            w.packed || n > 1 || !accumulate,
-            "the row GEMV does not accumulate"
-        );
-        if let (MatView::Packed(m), true) = (w.view(&data), self.gemv_takes(w, n)) {
-            let (x, fold) = self.fold_in(x);
-            let out = match y.bufs {
-                [y] if accumulate => GemvOut::Add(y),
-                _ => GemvOut::Parts(y),
-            };
-            let opts = GemvOpts {
-                m: n,
-                ksplit: None,
-                fold,
-            };
-            k.gemv_packed_to(s, &m, x, out, opts)?;
-            return Ok(());
-        }
-        let Input::Rows(x) = x else {
-            unreachable!("a folded norm goes to packed GEMVs only (see `folds`)")
-        };
-        let mut part = lock(&self.gemm_part);
-        match w.view(&data) {
-            MatView::Packed(m) => k.gemm_packed_split(
-                s,
-                &m,
-                x,
-                y,
-                n,
-                GemmOpts {
-                    accumulate,
-                    scratch: Some(&mut part),
-                    splits: None,
-                },
-            )?,
-            MatView::Rows(m) => {
-                let [y] = y.bufs else {
-                    unreachable!("only packed matrices are stacked")
-                };
-                if n == 1 {
-                    k.gemv(s, &m, x, y)?
-                } else {
-                    k.gemm(
-                        s,
-                        &m,
-                        x,
-                        y,
-                        n,
-                        GemmOpts {
-                            accumulate,
-                            scratch: Some(&mut part),
-                            splits: None,
-                        },
-                    )?
-                }
-            }
-        }
-        Ok(())
-    }
-
     /// The GEMV's x, and the half of a folded norm it takes, for `x`.
-    fn fold_in<'a>(&self, x: Input<'a>) -> (&'a DeviceView<'a, f32>, Option<Fold<'a, 'a>>) {
+    pub(super) fn fold_in<'a>(
+        &self,
+        x: Input<'a>,
+    ) -> (&'a DeviceView<'a, f32>, Option<Fold<'a, 'a>>) {
         match x {
             Input::Rows(x) => (x, None),
             Input::Folded { h, part, n } => {
@@ -320,25 +247,6 @@ impl GpuBackend {
             }
         }
         Ok(k.add(s, x, &proj.view(), n * d)?)
-    }
-
-    /// Whether `n` rows of x go through `w`'s GEMV: one row; packed, up to
-    /// GEMV_TOKENS, or up to GEMV_MAX_TOKENS where the GEMM would launch
-    /// fewer blocks than the GPU has SMs (from 33 tokens, than half of
-    /// them): a small model's matrices on a large GPU. On an H200,
-    /// SmolLM2's decode steps of 32 sequences took 5.2 ms through the
-    /// GEMM's 24 blocks; on an H100, a 1B's steps of 64 ran 10% slower
-    /// through the GEMV where its GEMM has ~120 blocks (BENCHMARKS.md).
-    pub(super) fn gemv_takes(&self, w: &Mat, n: usize) -> bool {
-        if !w.packed {
-            return n == 1;
-        }
-        let few = || {
-            let p = gemm_plan(n, w.rows, w.cols, self.gemm_slots);
-            let sms = self.gemm_slots.sms;
-            p.blocks(n, w.rows) < if n <= GEMV_FILL_TOKENS { sms } else { sms / 2 }
-        };
-        n <= GEMV_TOKENS || (n <= GEMV_MAX_TOKENS && few())
     }
 
     /// Whether the norm before `mats` folds into their GEMVs (and the

@@ -23,6 +23,7 @@ mod batch;
 mod forward;
 mod graphs;
 mod kv;
+mod matmul;
 mod moe;
 mod residual;
 mod weights;
