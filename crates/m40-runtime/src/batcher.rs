@@ -227,6 +227,14 @@ struct StepStats {
     times: [f64; 5],
 }
 
+/// Now in milliseconds since the Unix epoch (the step stats' clock, which
+/// the load example's probe prints too).
+fn unix_ms() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64() * 1e3)
+}
+
 impl StepStats {
     fn add(&mut self, rows: usize, seqs: usize, t: [f64; 5]) {
         self.steps += 1;
@@ -240,8 +248,9 @@ impl StepStats {
             let n = self.steps as f64;
             let [idle, plan, prepare, backend, after] = self.times.map(|v| v * 1e3 / n);
             eprintln!(
-                "steps {}: {:.1} rows, {:.1} sequences, {} with prompt rows; ms a step: idle {idle:.3}, plan {plan:.3}, prepare {prepare:.3}, backend {backend:.3}, after {after:.3}",
+                "steps {} to {:.1} ms (Unix time): {:.1} rows, {:.1} sequences, {} with prompt rows; ms a step: idle {idle:.3}, plan {plan:.3}, prepare {prepare:.3}, backend {backend:.3}, after {after:.3}",
                 self.steps,
+                unix_ms(),
                 self.rows as f64 / n,
                 self.seqs as f64 / n,
                 self.mixed,
