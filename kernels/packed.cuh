@@ -87,10 +87,14 @@ struct PartsQ4_0 : PartsOf<PartsQ4_0> {
         r.w = ldw(W + ((a.gb * 4 + q) * 4 + a.j) * 4);
         r.d = ld16(W + a.ng * a.nb * 64 + (a.gb * 4 + a.j) * 2);
     }
+    // d (v - 8) = 16 d u - 24 d for u = unit_byte (1 + v / 16): one
+    // byte_perm and one FMA a weight, the same bits as fmaf(v, d, -8 d)
+    // (16 d and 24 d are exact for an f16 d, and so is the result).
     __device__ static void decode(const Raw& r, float v0[4], float v1[4]) {
-        const float d = h2f((u16)r.d);
-        nibbles4(r.w, 0, d, -8.0f * d, v0);
-        nibbles4(r.w, 4, d, -8.0f * d, v1);
+        const float d = h2f((u16)r.d), a = 16.0f * d, c = -24.0f * d;
+        const u32 lo = units_lo4(r.w), hi = units_hi4(r.w);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) v0[i] = fmaf(unit_byte(lo, i), a, c), v1[i] = fmaf(unit_byte(hi, i), a, c);
     }
 };
 
