@@ -126,6 +126,15 @@ fn chat_prompts_use_the_template_and_stop_at_end_of_turn(on: On) {
     let c = e.generate(&r, &CancelToken::new(), |_| {}).unwrap();
     assert_eq!(c.finish_reason, FinishReason::Stop, "{:?}", c.text);
     assert!(!c.text.contains("<|im_end|>") && !c.text.is_empty());
+    // ignore_eos: the same tokens, the end of turn, then on to max_tokens.
+    r.ignore_eos = true;
+    let long = e.generate(&r, &CancelToken::new(), |_| {}).unwrap();
+    assert_eq!(long.finish_reason, FinishReason::Length, "{:?}", long.text);
+    assert_eq!(long.token_ids.len(), 60);
+    let n = c.token_ids.len();
+    assert_eq!(long.token_ids[..n], c.token_ids[..]);
+    assert!(e.tokenizer().is_eog(long.token_ids[n]));
+    assert!(long.text.starts_with(&c.text) && !long.text.contains("<|im_end|>"));
 }
 
 fn cancellation_from_another_thread(on: On) {

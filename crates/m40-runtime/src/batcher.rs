@@ -40,6 +40,8 @@ pub(crate) struct Submission {
     pub max_new: usize,
     pub sampling: SamplingParams,
     pub logprobs: bool,
+    /// Run on past end-of-generation tokens (to `max_new`).
+    pub ignore_eos: bool,
     pub cancel: CancelToken,
     pub events: mpsc::Sender<SeqEvent>,
 }
@@ -614,7 +616,7 @@ impl Loop {
                         .events
                         .send(SeqEvent::Token { id: tok, logits })
                         .is_err();
-                    if gone || self.core.tokenizer.is_eog(tok) {
+                    if gone || (self.core.tokenizer.is_eog(tok) && !l.sub.ignore_eos) {
                         ended.push(*id);
                     }
                 }

@@ -159,6 +159,10 @@ pub struct Request {
     /// instead of failing (generation then stops where the context ends,
     /// as Ollama's server does).
     pub fit_max_tokens: bool,
+    /// Generate past end-of-generation tokens, to `max_tokens` or the end
+    /// of the context (vLLM's and llama.cpp's `ignore_eos`: requests of a
+    /// fixed length, for benchmarks). Stop strings still stop.
+    pub ignore_eos: bool,
 }
 
 /// A request tokenized and checked against the context, once: what
@@ -199,6 +203,7 @@ impl Request {
             truncate_prompt: false,
             context: None,
             fit_max_tokens: false,
+            ignore_eos: false,
         }
     }
 }
@@ -469,6 +474,7 @@ impl Engine {
             max_new: max_tokens,
             sampling: req.sampling.clone(),
             logprobs: req.logprobs.is_some(),
+            ignore_eos: req.ignore_eos,
             cancel: stop_seq.clone(),
             events: tx,
         });
@@ -495,7 +501,7 @@ impl Engine {
                 timings.prompt_ms = timings.time_to_first_token_ms;
                 gen_start = Some(Instant::now());
             }
-            if tokenizer.is_eog(id) {
+            if tokenizer.is_eog(id) && !req.ignore_eos {
                 break FinishReason::Stop;
             }
             ids.push(id);

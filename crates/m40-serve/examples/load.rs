@@ -21,9 +21,10 @@
 //! run out of step with each other, as independent users do, rather than
 //! all sending their prompts in the same step. `--probe-steady`: the
 //! issue's case instead, a short request arriving while the others decode:
-//! the busy clients send their full requests together, and the probes
-//! start once every one of them has its first token (their requests must
-//! outlast the probes: `--probe-tokens` of a few hundred).
+//! the busy clients send their full requests together (`ignore_eos`: each
+//! runs its `--probe-tokens`), and the probes start once every one of them
+//! has its first token (their requests must outlast the probes:
+//! `--probe-tokens` of a few hundred).
 
 use std::io::{BufRead, BufReader};
 use std::sync::Arc;
@@ -113,9 +114,22 @@ fn one(
     prompt: &str,
     max_tokens: usize,
 ) -> Result<Sample, String> {
+    request(agent, url, model, prompt, max_tokens, false)
+}
+
+/// [`one`], with `ignore_eos` (the steady probe's busy requests: a model
+/// that ends its turn would otherwise send a new prompt soon).
+fn request(
+    agent: &ureq::Agent,
+    url: &str,
+    model: &str,
+    prompt: &str,
+    max_tokens: usize,
+    ignore_eos: bool,
+) -> Result<Sample, String> {
     let body = json!({
         "model": model, "stream": true, "max_tokens": max_tokens, "temperature": 0.7, "seed": 1,
-        "stream_options": {"include_usage": true},
+        "stream_options": {"include_usage": true}, "ignore_eos": ignore_eos,
         "messages": [{"role": "user", "content": prompt}],
     });
     let start = Instant::now();
@@ -209,7 +223,7 @@ fn probe(
                         _ => max_tokens,
                     };
                     let sent = Instant::now();
-                    if let Ok(s) = one(&agent, &url, &model, &prompt, tokens) {
+                    if let Ok(s) = request(&agent, &url, &model, &prompt, tokens, steady) {
                         firsts.lock().unwrap().push((sent + s.ttft, s.ttft));
                     }
                     i += 1;

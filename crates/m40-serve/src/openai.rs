@@ -93,6 +93,10 @@ struct Common {
     response_format: Option<Value>,
     /// Function calling: refused until it exists.
     tools: Option<Value>,
+    /// vLLM's and llama.cpp's extension: generate past the end-of-turn
+    /// token to `max_tokens` (fixed-length requests, for benchmarks).
+    #[serde(default)]
+    ignore_eos: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -157,6 +161,7 @@ impl Common {
             return Err(ApiError::bad_request("at most 4 stop sequences"));
         }
         req.logprobs = logprobs;
+        req.ignore_eos = self.ignore_eos;
         Ok(req)
     }
 }

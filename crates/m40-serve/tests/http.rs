@@ -220,6 +220,23 @@ fn openai_chat_streams_what_it_returns_whole() {
     assert_eq!(chunks.last().unwrap()["usage"], *usage);
 }
 
+/// `ignore_eos` (vLLM's and llama.cpp's extension): a request that would
+/// end its turn runs on to max_tokens.
+#[test]
+fn openai_ignore_eos_runs_to_max_tokens() {
+    let mut req = json!({"model": NAME, "messages": [{"role": "user", "content": "Say hi."}],
+                         "temperature": 0, "max_tokens": 60});
+    let (s, short) = post("/v1/chat/completions", req.clone());
+    assert_eq!(s, 200, "{short}");
+    assert_eq!(short["choices"][0]["finish_reason"], "stop", "{short}");
+    assert!(short["usage"]["completion_tokens"].as_u64().unwrap() < 60);
+    req["ignore_eos"] = json!(true);
+    let (s, long) = post("/v1/chat/completions", req);
+    assert_eq!(s, 200, "{long}");
+    assert_eq!(long["choices"][0]["finish_reason"], "length", "{long}");
+    assert_eq!(long["usage"]["completion_tokens"], 60);
+}
+
 #[test]
 fn openai_completions_with_logprobs() {
     let req = json!({"model": NAME, "prompt": "The capital of France is", "temperature": 0,
