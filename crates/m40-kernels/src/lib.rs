@@ -46,6 +46,7 @@ pub use error::{KernelError, Result};
 pub use format::{gemv_shared_bytes, KernelFormat};
 pub use gemm::{
     gemm_large_tiles, gemm_plan, gemm_scratch_len, GemmOpts, GemmPlan, GemmSlots, GemmTile,
+    GEMM_SPLITS_LIMIT,
 };
 pub use gemv::GemvPlan;
 pub use gemv_packed::{Fold, GemvLaunch, GemvOpts, GemvOut, RopeKv, PACKED_GEMV_MAX_TOKENS};
