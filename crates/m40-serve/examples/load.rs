@@ -198,7 +198,8 @@ fn probe(
         .map(|i| one(agent, url, model, &short(i), 4).expect("a probe").ttft)
         .collect();
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let served0 = metric(agent, url, "m40_time_to_first_token_seconds_count");
+    let firsts_served = || metric(agent, url, "m40_time_to_first_token_seconds_count");
+    let served0 = firsts_served();
     // Every request's (when its first token came, its TTFT), to set beside
     // the server's own TTFT (from when the engine took the request).
     let firsts = Arc::new(std::sync::Mutex::new(Vec::<(Instant, Duration)>::new()));
@@ -231,7 +232,6 @@ fn probe(
             })
         })
         .collect();
-    let firsts_served = || metric(agent, url, "m40_time_to_first_token_seconds_count");
     if steady {
         // Every busy client's first token served (their prompts done),
         // then a few decode steps.

@@ -43,10 +43,10 @@ pub(super) fn gemv_tail(n: usize) -> usize {
 
 impl GpuBackend {
     /// y = W x for `n` rows of x into the parts of `y` (several: a stacked
-    /// matrix, always packed): the GEMV where `gemv_takes` says, the
-    /// GEMM otherwise, packed weights' last rows past its full tiles
-    /// through the GEMV (`gemv_tail`) (y += W x with `accumulate`, GEMM
-    /// only).
+    /// matrix, always packed), or y += W x with `accumulate` (one part):
+    /// the GEMV where `gemv_takes` says, the GEMM otherwise, packed
+    /// weights' rows past its last full tile through the GEMV
+    /// (`gemv_tail`).
     pub(super) fn gemm_or_gemv(
         &self,
         w: &Mat,
