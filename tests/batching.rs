@@ -63,6 +63,7 @@ on_both!(
     concurrent_requests_get_their_solo_tokens,
     preemption_changes_no_token,
     shared_prefixes_reuse_cached_pages,
+    lockstep_sequences_fill_the_pool_and_are_preempted,
 );
 
 /// Request `i` of a varied set: prompts that share prefixes (a system
@@ -324,4 +325,41 @@ fn shared_prefixes_reuse_cached_pages(on: On) {
     assert_eq!(a2.prefix_hits - b2.prefix_hits, 1);
     assert!(a2.prefix_tokens_saved - b2.prefix_tokens_saved >= saved);
     idle(&e);
+}
+
+/// Request `i` of the lockstep test: prompts of one length (their chat
+/// template and first words shared, so later ones find part of a page
+/// cached), 60 tokens each past any end of turn, greedy.
+fn lockstep_request(i: usize) -> Request {
+    let mut r = Request::new(Prompt::Text(format!(
+        "Client {i}, request 0: tell a long story about the number 0."
+    )));
+    r.max_tokens = Some(60);
+    r.ignore_eos = true;
+    r.sampling = SamplingParams::greedy();
+    r
+}
+
+fn lockstep_sequences_fill_the_pool_and_are_preempted(on: On) {
+    // Nine sequences that cross their pages' ends in the same steps, in a
+    // pool of a third of what they need, with the prefix cache on (on the
+    // GPU too: there its hits are not bitwise a cold run's, so only the
+    // CPU compares tokens). A partly shared page's copy once took a page
+    // the scheduler had not counted, and a step found the pool dry and
+    // failed every sequence in it.
+    const N: usize = 9;
+    let e = engine_with(on, N_CTX, N, |o| o.no_prefix_cache = false);
+    let ids: Vec<usize> = (1..=N).collect();
+    let alone: Vec<Completion> = ids.iter().map(|&i| solo(&e, lockstep_request, i)).collect();
+    let before = e.activity();
+    let got = together(&e, lockstep_request, &ids, |_| None);
+    for ((&i, c), a) in ids.iter().zip(&got).zip(&alone) {
+        assert_eq!(c.token_ids.len(), 60, "request {i}");
+        if matches!(on, On::Cpu) {
+            check(i, c, a, None);
+        }
+    }
+    let a = idle(&e);
+    assert!(a.preemptions > before.preemptions, "no preemption: {a:?}");
+    assert!(a.prefix_hits > before.prefix_hits, "no prefix hit: {a:?}");
 }

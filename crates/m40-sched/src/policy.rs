@@ -84,6 +84,11 @@ struct Seq {
     /// New tokens sampled so far, and at most.
     generated: usize,
     max_new: usize,
+    /// Admitted with a cached prefix that ends inside a page: its first
+    /// step writes into a copy of that shared page, and it holds a page
+    /// more than its tokens need until that step is done (the shared
+    /// page stays taken while the copy is made).
+    copies: bool,
 }
 
 impl Seq {
@@ -159,6 +164,7 @@ impl Scheduler {
                 pages: 0,
                 generated: 0,
                 max_new,
+                copies: false,
             },
         );
         self.waiting.push_back(id);
@@ -197,10 +203,10 @@ impl Scheduler {
         self.seqs.get(&id).map(|s| s.pages)
     }
 
-    /// Take pages so that `id` holds `tokens` tokens; false (nothing
-    /// taken) when the free pages are too few.
-    fn grow(&mut self, id: SeqId, tokens: usize) -> bool {
-        let need = self.pages_for(tokens);
+    /// Take pages so that `id` holds `tokens` tokens and `extra` pages
+    /// more; false (nothing taken) when the free pages are too few.
+    fn grow(&mut self, id: SeqId, tokens: usize, extra: usize) -> bool {
+        let need = self.pages_for(tokens) + extra;
         let s = self.seqs.get_mut(&id).expect("scheduled");
         let more = need.saturating_sub(s.pages);
         if more > self.free_pages {
@@ -237,9 +243,11 @@ impl Scheduler {
 
     /// [`Scheduler::plan`], where `cached(id)` says how many of a waiting
     /// sequence's first tokens a prefix cache holds now (asked only of
-    /// the sequences it tries to admit): its first chunk starts there, so
-    /// the step's budget counts the tokens it computes. The caller takes
-    /// those cached tokens into the sequence's cache before the step runs.
+    /// the sequences it tries to admit): its first chunk starts there (or
+    /// at the page boundary before it, when the page a copy of the last,
+    /// partly shared, page takes does not fit), so the step's budget
+    /// counts the tokens it computes. The caller takes those cached tokens
+    /// into the sequence's cache before the step runs.
     pub fn plan_with(&mut self, mut cached: impl FnMut(SeqId) -> usize) -> Step {
         let mut step = Step::default();
         let mut budget = self.cfg.max_batch_tokens;
@@ -254,7 +262,7 @@ impl Scheduler {
                 continue;
             }
             let want = s.computed + 1;
-            if self.grow(id, want) {
+            if self.grow(id, want, 0) {
                 step.decode.push(id);
                 budget -= 1;
                 i += 1;
@@ -294,14 +302,25 @@ impl Scheduler {
             // Alone, a sequence is admitted whatever the watermark: it fits
             // the pool (checked by `add`). It takes the pages of all its
             // tokens now (cached ones too), so its chunks never wait for
-            // pages. Its last token is computed whatever is cached.
+            // pages, and one more for its first step where the cached
+            // prefix ends inside a page (the copy it writes into); where
+            // that one page does not fit, it computes that page's cached
+            // tokens again instead. Its last token is computed whatever is
+            // cached.
             let tokens = s.tokens;
-            let start = cached(id).min(tokens - 1);
+            let mut start = cached(id).min(tokens - 1);
+            let within = start % self.cfg.page_tokens;
+            if within != 0 && self.pages_for(tokens) + 1 > self.free_pages {
+                start -= within;
+            }
             let chunk = self.chunk(start, tokens);
-            if chunk.len() > budget || !self.grow(id, tokens) {
+            let copies = !start.is_multiple_of(self.cfg.page_tokens);
+            if chunk.len() > budget || !self.grow(id, tokens, usize::from(copies)) {
                 break;
             }
-            self.seqs.get_mut(&id).expect("scheduled").computed = start;
+            let s = self.seqs.get_mut(&id).expect("scheduled");
+            s.computed = start;
+            s.copies = copies;
             self.waiting.pop_front();
             self.running.push(id);
             budget -= chunk.len();
@@ -327,6 +346,12 @@ impl Scheduler {
                 continue; // cancelled meanwhile
             };
             s.computed = end.unwrap_or(s.computed + 1);
+            if s.copies {
+                // The copy is made: the shared page is given back.
+                s.copies = false;
+                s.pages -= 1;
+                self.free_pages += 1;
+            }
             if s.computed == s.tokens {
                 s.tokens += 1;
                 s.generated += 1;

@@ -203,14 +203,17 @@ fn probe(
     // Every request's (when its first token came, its TTFT), to set beside
     // the server's own TTFT (from when the engine took the request).
     let firsts = Arc::new(std::sync::Mutex::new(Vec::<(Instant, Duration)>::new()));
+    // The busy clients' failed requests (each sends its next one).
+    let errors = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let handles: Vec<_> = (0..busy)
         .map(|c| {
-            let (agent, url, model, stop, firsts) = (
+            let (agent, url, model, stop, firsts, errors) = (
                 agent.clone(),
                 url.to_string(),
                 model.to_string(),
                 stop.clone(),
                 firsts.clone(),
+                errors.clone(),
             );
             std::thread::spawn(move || {
                 let mut i = 0;
@@ -224,8 +227,13 @@ fn probe(
                         _ => max_tokens,
                     };
                     let sent = Instant::now();
-                    if let Ok(s) = request(&agent, &url, &model, &prompt, tokens, steady) {
-                        firsts.lock().unwrap().push((sent + s.ttft, s.ttft));
+                    match request(&agent, &url, &model, &prompt, tokens, steady) {
+                        Ok(s) => firsts.lock().unwrap().push((sent + s.ttft, s.ttft)),
+                        Err(e) => {
+                            if errors.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+                                eprintln!("a busy client's first error: {e}");
+                            }
+                        }
                     }
                     i += 1;
                 }
@@ -250,10 +258,11 @@ fn probe(
             m("m40_time_to_first_token_seconds_count"),
         )
     };
-    let (s0, t0, ttft0) = (
+    let (s0, t0, ttft0, pre0) = (
         metric(agent, url, "m40_steps_total"),
         Instant::now(),
         server_ttft(agent),
+        metric(agent, url, "m40_preemptions_total"),
     );
     let mut loaded: Vec<Duration> = (0..10)
         .map(|i| {
@@ -272,10 +281,11 @@ fn probe(
             s.ttft
         })
         .collect();
-    let (s1, wall, ttft1) = (
+    let (s1, wall, ttft1, pre1) = (
         metric(agent, url, "m40_steps_total"),
         t0.elapsed(),
         server_ttft(agent),
+        metric(agent, url, "m40_preemptions_total"),
     );
     let t1 = t0 + wall;
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -290,11 +300,14 @@ fn probe(
         .map(|(_, d)| d.as_secs_f64() * 1e3)
         .collect();
     println!(
-        "probe window: {} first tokens, TTFT mean {:.2} ms at the clients, {:.2} ms in the server ({} first tokens)",
+        "probe window: {} first tokens, TTFT mean {:.2} ms at the clients, {:.2} ms in the server ({} first tokens); \
+         {} preemptions; the busy clients' failed requests (whole run): {}",
         seen.len(),
         seen.iter().sum::<f64>() / seen.len().max(1) as f64,
         (ttft1.0 - ttft0.0) * 1e3 / (ttft1.1 - ttft0.1).max(1.0),
         ttft1.1 - ttft0.1,
+        pre1 - pre0,
+        errors.load(std::sync::atomic::Ordering::SeqCst),
     );
     let step_ms = wall.as_secs_f64() * 1e3 / (s1 - s0).max(1.0);
     let solo = pct(&mut alone, 0.5);

@@ -59,9 +59,12 @@ fn cached_prefixes_count_only_the_tokens_computed() {
     assert_eq!(step.prefill, [(1, 7..10), (2, 7..10)]);
     // 3 waits: at most 2 run, so it is not asked about.
     assert_eq!(asked, [1, 2]);
-    // The pages taken cover all ten tokens of each.
-    assert_eq!(s.pages_of(1), Some(3));
+    // The pages taken cover all ten tokens of each, and for this step a
+    // copy of the page the cached 7 end inside (pages of 4); the copy
+    // made, that page is given back.
+    assert_eq!(s.pages_of(1), Some(4));
     s.complete(&step, &[]);
+    assert_eq!(s.pages_of(1), Some(3));
     s.cancel(2);
     let step = s.plan_with(|_| 10);
     assert_eq!(
@@ -330,4 +333,27 @@ fn a_cached_prefix_past_a_chunk_boundary_goes_on_from_there() {
         (step.decode.clone(), step.prefill.clone()),
         (vec![1], vec![(2, 29..30)])
     );
+}
+
+#[test]
+fn a_partly_cached_page_takes_a_copy_or_is_computed_again() {
+    // Pages of 4, 6 in the pool: a 20-token prompt (5 pages) whose first
+    // 6 tokens are cached ends its prefix inside page 1. Alone in a pool
+    // of 6 it takes the copy's page for its first step and gives it back.
+    let mut s = Scheduler::new(cfg(32, 2, 6, 0));
+    s.add(1, 20, 4).unwrap();
+    let step = s.plan_with(|_| 6);
+    assert_eq!(step.prefill, [(1, 6..20)]);
+    assert_eq!((s.pages_of(1), s.free_pages()), (Some(6), 0));
+    s.complete(&step, &[]);
+    assert_eq!((s.pages_of(1), s.free_pages()), (Some(5), 1));
+    // A 24-token prompt fills the pool alone: no page for a copy, so its
+    // chunk starts at the page boundary before the cached tokens' end.
+    s.cancel(1);
+    s.add(2, 24, 0).unwrap();
+    let step = s.plan_with(|_| 6);
+    assert_eq!(step.prefill, [(2, 4..24)]);
+    assert_eq!((s.pages_of(2), s.free_pages()), (Some(6), 0));
+    s.complete(&step, &[]);
+    assert_eq!(s.pages_of(2), None, "it ended: max_new 0 samples one token");
 }
