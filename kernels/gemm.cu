@@ -81,10 +81,11 @@ struct Packed {
 
 // A BM x BN tile: TM x TN outputs per thread, as TM/4 x TN/4 float4 groups;
 // (BM / TM) x (BN / TN) threads, thread t at tx = t % (BN / TN) along the
-// weight rows and ty = t / (BN / TN) along the tokens.
-template <int BM_, int BN_, int TM_, int TN_>
+// weight rows and ty = t / (BN / TN) along the tokens. UNROLL: the k
+// loops' unrolling (8: whole).
+template <int BM_, int BN_, int TM_, int TN_, int UNROLL_ = 4>
 struct Tile {
-    static constexpr int BM = BM_, BN = BN_, TM = TM_, TN = TN_;
+    static constexpr int BM = BM_, BN = BN_, TM = TM_, TN = TN_, UNROLL = UNROLL_;
     static constexpr int NX = BN / TN, NY = BM / TM, THREADS = NX * NY;
     // Loaders: ByRow's thread t takes weight row t % BN, parts q = t / BN +
     // c * QW (and q + 4), c < WC; X: token t % BM, float4s f = t / BM + c *
@@ -135,7 +136,8 @@ struct ByRow {
     }
 };
 
-// The packed loader of the large tile (one thread per quad: BN threads):
+// The quad loader (one thread per quad: BN threads; Q6_K's in the large
+// tile, Q4_0's and Q6_K's in the narrow one):
 // each thread takes a group of the tile's rows (4 rows) and an eighth of
 // the k-step's block, the packed layout's own unit (packed.cuh Quad:
 // 16-byte loads of the 4 rows side by side, their scales in one load), and
@@ -280,7 +282,7 @@ __device__ __forceinline__ void gemm_tile(const u8* __restrict__ W, const float*
         // stalled mostly on these loads; this measured 3-6% faster there).
         float a0[T::TM], b0[T::TN], a1[T::TM], b1[T::TN];
         gemm_frag<T>(Xs[cur], Ws[cur], 0, tx, ty, a0, b0);
-#pragma unroll 4
+#pragma unroll T::UNROLL
         for (int k = 0; k < GEMM_BK / 2; k += 2) {
             gemm_frag<T>(Xs[cur], Ws[cur], k + 1, tx, ty, a1, b1);
             gemm_fma<T>(a0, b0, acc);
@@ -288,7 +290,7 @@ __device__ __forceinline__ void gemm_tile(const u8* __restrict__ W, const float*
             gemm_fma<T>(a1, b1, acc);
         }
         if (next) gemm_store<T, L>(st, Ws[cur ^ 1], Xs[cur ^ 1]);
-#pragma unroll 4
+#pragma unroll T::UNROLL
         for (int k = GEMM_BK / 2; k < GEMM_BK; k += 2) {
             gemm_frag<T>(Xs[cur], Ws[cur], k + 1, tx, ty, a1, b1);
             gemm_fma<T>(a0, b0, acc);
@@ -320,16 +322,18 @@ typedef Tile<64, 64, 4, 4> Small;
 #define GEMM_LARGE_BLOCKS 3
 // The narrow tile (packed weights): 32 tokens x 128 rows, for batched
 // steps of up to 32 rows past the GEMV's (m40-model's GEMV_TOKENS, 24),
-// which the 64-token tiles would half fill. 8 tokens x 4 rows a thread: the 32 threads of a warp share their
-// tokens (ty is the warp), so its two X float4 reads a k are broadcasts of
-// one address (a shared-memory wavefront each) and its W float4 read 4
+// which the 64-token tiles would half fill. 8 tokens x 4 rows a thread:
+// the 32 threads of a warp share their tokens (ty is the warp), so its two
+// X float4 reads a k are broadcasts of one address (a shared-memory
+// wavefront each) and its W float4 read 4
 // wavefronts: 6 a k for 32 FMAs a thread. 4 x 8 a thread took 10 (an
 // H100's ncu: 4 for each W read, 2 for an X read of two addresses) and
 // left the FMA pipe half idle (BENCHMARKS.md, issue 33); a warp over 32
-// tokens x 32 rows (3 wavefronts a k) ran no faster. 40 KB of shared
-// memory and 118 registers on sm_90: 4 blocks an SM on an H100, 2 (shared
-// memory) on the M40.
-typedef Tile<32, 128, 8, 4> Narrow;
+// tokens x 32 rows (3 wavefronts a k) ran no faster, and neither did 5
+// blocks an SM (95 registers) nor 8 x 8 a thread in 64-thread blocks
+// (both slower: BENCHMARKS.md). 40 KB of shared memory and 118-127
+// registers on sm_90: 4 blocks an SM on an H100, 2 (shared memory) on
+// the M40. Its loader and unrolling per format: NarrowOf below.
 #define GEMM_NARROW_BLOCKS 4
 
 #define GEMM_ENTRY(entry, T, L, blocks)                                                                      \
@@ -356,10 +360,30 @@ struct LargeLoader<PartsQ6_K> {
     typedef ByQuad<PartsQ6_K> type;
 };
 
+// The narrow tile's loader and k loops: by rows, the k loops unrolled by
+// 4 as in the other tiles; by quads for Q4_0 and Q6_K, the k loops
+// unrolled whole. H200, 32 tokens, the 8B's four shapes (BENCHMARKS.md,
+// issue 33): Q6_K 545 -> 504 us a layer, Q4_0 461 -> 458; unrolled
+// whole, F16 and Q8_0 by rows ran 3-10% slower, Q4_1 and MXFP4 1%.
+template <class P>
+struct NarrowOf {
+    typedef ByRow<Packed<P>> Loader;
+    typedef Tile<32, 128, 8, 4> T;
+};
+template <class P>
+struct NarrowByQuad {
+    typedef ByQuad<P> Loader;
+    typedef Tile<32, 128, 8, 4, 8> T;
+};
+template <>
+struct NarrowOf<PartsQ4_0> : NarrowByQuad<PartsQ4_0> {};
+template <>
+struct NarrowOf<PartsQ6_K> : NarrowByQuad<PartsQ6_K> {};
+
 #define GEMM_PACKED_KERNEL(name, P)                                                        \
     GEMM_ENTRY(gemm_packed_##name##_f32, Large, LargeLoader<P>::type, GEMM_LARGE_BLOCKS) \
     GEMM_ENTRY(gemm_small_packed_##name##_f32, Small, ByRow<Packed<P>>, 4)               \
-    GEMM_ENTRY(gemm_narrow_packed_##name##_f32, Narrow, LargeLoader<P>::type, GEMM_NARROW_BLOCKS)
+    GEMM_ENTRY(gemm_narrow_packed_##name##_f32, NarrowOf<P>::T, NarrowOf<P>::Loader, GEMM_NARROW_BLOCKS)
 M40_PART_PACKED(GEMM_PACKED_KERNEL)
 
 #ifdef M40_WITH_COMMON

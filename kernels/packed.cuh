@@ -39,8 +39,9 @@ struct PackAt {
 
 __device__ __forceinline__ u32 ldw(const u8* p) { return *(const u32*)p; }
 
-// The quad interface (the prefill GEMM's large-tile loader; Q6_K only, the
-// one format it measured faster for: BENCHMARKS.md): eighth e < 4
+// The quad interface (the prefill GEMM's quad loader: Q6_K's in the large
+// and narrow tiles, Q4_0's in the narrow one, the tiles and formats it
+// measured faster for: BENCHMARKS.md): eighth e < 4
 // of block b of group g (rows 4g .. 4g+3), the packed layout's own unit.
 // `fetch_quad` loads its raw words (16-byte loads of the 4 rows side by
 // side, the scales of the 4 rows in one load); `decode_quad(r, e, v)`
@@ -96,6 +97,30 @@ struct PartsQ4_0 : PartsOf<PartsQ4_0> {
 #pragma unroll
         for (int i = 0; i < 4; ++i) v0[i] = fmaf(unit_byte(lo, i), a, c), v1[i] = fmaf(unit_byte(hi, i), a, c);
     }
+    // Eighth e: the 4 rows' words (weights 4e .. 4e+3 in the low nibbles,
+    // 16+4e .. in the high ones) and their 4 scales.
+    struct Quad {
+        uint4 w;
+        uint2 d;
+    };
+    __device__ static void fetch_quad(const u8* W, int N, int K, int g, int b, int e, Quad& r) {
+        const QuadAt a(N, K, g, b);
+        r.w = *(const uint4*)(W + (a.gb * 4 + e) * 16);
+        r.d = *(const uint2*)(W + a.ng * a.nb * 64 + a.gb * 8);
+    }
+    __device__ static void decode_quad(const Quad& r, int, float4 v[8]) {
+        float o[8][4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const float d = half_of(r.d, j), a = 16.0f * d, c = -24.0f * d;
+            const u32 w = word_of(r.w, j), lo = units_lo4(w), hi = units_hi4(w);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) o[i][j] = fmaf(unit_byte(lo, i), a, c), o[4 + i][j] = fmaf(unit_byte(hi, i), a, c);
+        }
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = make_float4(o[i][0], o[i][1], o[i][2], o[i][3]);
+    }
+    __device__ static int quad_k(int e, int i) { return (i < 4 ? 0 : 12) + 4 * e + i; }
 };
 
 // MXFP4: Q4_0's planes, the scale slot holding the E8M0 byte (low byte of
