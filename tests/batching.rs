@@ -8,7 +8,7 @@
 
 mod support;
 
-use support::On;
+use support::{idle, On};
 
 use std::sync::Arc;
 
@@ -212,23 +212,6 @@ fn preemption_changes_no_token(on: On) {
         "no sequence was preempted: the test did not test preemption"
     );
     idle(&e);
-}
-
-/// The engine's activity once nothing runs, waits or holds pages (within
-/// a few steps of the last request's return).
-fn idle(e: &Engine) -> m40_runtime::Load {
-    let t = std::time::Instant::now();
-    loop {
-        let a = e.activity();
-        if (a.running, a.waiting, a.kv_pages_used) == (0, 0, 0) {
-            return a;
-        }
-        assert!(
-            t.elapsed() < std::time::Duration::from_secs(10),
-            "the engine is not idle: {a:?}"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
 }
 
 /// A second request that starts as the first did (a long system prompt)

@@ -83,3 +83,20 @@ pub fn eval_text_ids(td: &std::path::Path, tok: &m40_tokenizer::Tokenizer) -> Ve
     )
     .unwrap()
 }
+
+/// `e`'s activity once nothing runs, waits or holds pages (within a few
+/// steps of the last request's return; at most 10 s).
+pub fn idle(e: &m40_runtime::Engine) -> m40_runtime::Load {
+    let t = std::time::Instant::now();
+    loop {
+        let a = e.activity();
+        if (a.running, a.waiting, a.kv_pages_used) == (0, 0, 0) {
+            return a;
+        }
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(10),
+            "the engine is not idle: {a:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
