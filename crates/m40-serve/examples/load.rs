@@ -194,6 +194,25 @@ fn probe(
     steady: bool,
 ) {
     let short = |i: usize| format!("Say hello to {i}.");
+    if steady {
+        // Busy requests that end (at the context) or do not fit the pool
+        // together (preemptions) make the window anything but steady. (The
+        // prompts take more; and each request must outlast the probes.)
+        let ctx = metric(agent, url, "m40_kv_cache_capacity_tokens");
+        let pool = metric(agent, url, "m40_kv_pages") * metric(agent, url, "m40_kv_page_tokens");
+        let need = (busy * max_tokens) as f64;
+        if max_tokens as f64 >= ctx {
+            eprintln!(
+                "load: busy requests of {max_tokens} tokens end at the context ({ctx} tokens) and start again: \
+                 fewer --probe-tokens or a larger --ctx keep the window steady"
+            );
+        } else if need > pool {
+            eprintln!(
+                "load: {busy} busy requests of {max_tokens} tokens need more than {need} KV tokens, the pool holds {pool}: \
+                 expect preemptions (fewer --probe-tokens or a larger --ctx keep the window steady)"
+            );
+        }
+    }
     let mut alone: Vec<Duration> = (0..5)
         .map(|i| one(agent, url, model, &short(i), 4).expect("a probe").ttft)
         .collect();
