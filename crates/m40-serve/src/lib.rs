@@ -235,6 +235,7 @@ impl AppState {
         mut req: Request,
         ctx: Option<usize>,
     ) -> Result<Running, ApiError> {
+        let received = Instant::now();
         let engine = self.loaded().await?;
         // Generation stops where the context ends.
         req.context = ctx;
@@ -242,6 +243,7 @@ impl AppState {
         let prepared = engine
             .prepare(req)
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        let clock = RequestClock::start(received);
         let waiting = engine.activity().waiting;
         if waiting >= self.inner.config.max_queue {
             return Err(ApiError::new(
@@ -266,6 +268,7 @@ impl AppState {
             })
         };
         let running_engine = engine.clone();
+        let thread_clock = clock.clone();
         tokio::task::spawn_blocking(move || {
             let start = Instant::now();
             let mut last = None::<Instant>;
@@ -274,7 +277,12 @@ impl AppState {
                 events += 1;
                 let now = Instant::now();
                 match last {
-                    None => metrics.first_token(now - start),
+                    None => {
+                        metrics.first_token(now - start);
+                        if let Some(c) = &thread_clock {
+                            c.first_token(start, now);
+                        }
+                    }
                     Some(prev) => metrics.next_token(now - prev),
                 }
                 last = Some(now);
@@ -295,7 +303,56 @@ impl AppState {
             _cancel: CancelOnDrop(cancel),
             prompt_ids,
             engine: running_engine,
+            clock,
         })
+    }
+}
+
+/// `M40_REQUEST_STATS=1`: each request's hand-offs to stderr, from when
+/// `start` took it: its prompt prepared, its generation's thread started,
+/// its first token (the engine's callback), and that token taken by the
+/// response (`Running::recv`). What a client sees past that is the
+/// response's writing and the network.
+#[derive(Clone)]
+struct RequestClock {
+    id: u64,
+    received: Instant,
+    prepared: Instant,
+    unix_ms: f64,
+}
+
+impl RequestClock {
+    fn start(received: Instant) -> Option<RequestClock> {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        if !*ON.get_or_init(|| std::env::var("M40_REQUEST_STATS").is_ok_and(|v| v == "1")) {
+            return None;
+        }
+        let unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64() * 1e3)
+            - received.elapsed().as_secs_f64() * 1e3;
+        Some(RequestClock {
+            id: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            received,
+            prepared: Instant::now(),
+            unix_ms,
+        })
+    }
+
+    fn ms(&self, at: Instant) -> f64 {
+        (at - self.received).as_secs_f64() * 1e3
+    }
+
+    fn first_token(&self, thread: Instant, token: Instant) {
+        eprintln!(
+            "request {}: taken at {:.1} ms (Unix time); prepared +{:.3} ms, its thread +{:.3}, first token +{:.3}",
+            self.id,
+            self.unix_ms,
+            self.ms(self.prepared),
+            self.ms(thread),
+            self.ms(token)
+        );
     }
 }
 
@@ -308,18 +365,34 @@ pub(crate) enum Event {
 /// A generation in progress; dropping it (a client that went away)
 /// cancels it.
 pub(crate) struct Running {
-    pub rx: mpsc::Receiver<Event>,
+    rx: mpsc::Receiver<Event>,
     _cancel: CancelOnDrop,
     pub prompt_ids: Vec<u32>,
     /// The engine it runs on.
     pub engine: Arc<Engine>,
+    /// `M40_REQUEST_STATS`: until its first token is taken.
+    clock: Option<RequestClock>,
 }
 
 impl Running {
+    /// The next event.
+    pub async fn recv(&mut self) -> Option<Event> {
+        let ev = self.rx.recv().await;
+        if let (Some(Event::Token(_)), Some(c)) = (&ev, &self.clock) {
+            eprintln!(
+                "request {}: first token taken by the response +{:.3} ms",
+                c.id,
+                c.ms(Instant::now())
+            );
+            self.clock = None;
+        }
+        ev
+    }
+
     /// Wait for the whole output: the tokens and the completion.
     pub async fn collect(mut self) -> Result<(Vec<TokenEvent>, Completion), ApiError> {
         let mut tokens = Vec::new();
-        while let Some(ev) = self.rx.recv().await {
+        while let Some(ev) = self.recv().await {
             match ev {
                 Event::Token(t) => tokens.push(t),
                 Event::Done(Ok(done)) => return Ok((tokens, done)),

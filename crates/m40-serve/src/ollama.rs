@@ -257,7 +257,7 @@ async fn respond(running: Running, stream: bool, shape: impl Shape) -> Result<Re
     let body = futures_util::stream::unfold(Some((running, shape)), |st| async move {
         let (mut running, shape) = st?;
         loop {
-            let line = match running.rx.recv().await? {
+            let line = match running.recv().await? {
                 Event::Token(t) if t.text.is_empty() => continue,
                 Event::Token(t) => {
                     let l = ndjson_line(&shape.chunk(&t.text));

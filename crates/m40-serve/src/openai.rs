@@ -330,7 +330,7 @@ async fn respond(
     // Each step yields the events of one engine event.
     let events = futures_util::stream::unfold(Some((running, s, meta)), |st| async move {
         let (mut running, s, meta) = st?;
-        let ev = running.rx.recv().await?;
+        let ev = running.recv().await?;
         let data = |v: Value| SseEvent::default().data(v.to_string());
         match ev {
             Event::Token(t) => {
