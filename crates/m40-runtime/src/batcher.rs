@@ -526,31 +526,21 @@ impl Loop {
                         _ => CachedPrefix::default(),
                     };
                     l.chain = Some((got.key, got.tokens / p));
-                    if got.pages.is_empty() {
+                    // The scheduler may start the chunk at the page
+                    // boundary before a partly shared last page.
+                    let start = range.start.min(got.tokens);
+                    if start == 0 {
                         backend.new_cache(cap)
                     } else {
-                        // The scheduler may start the chunk at the page
-                        // boundary before a partly shared last page.
-                        let start = range.start.min(got.tokens);
                         let c = &self.shared.counters;
                         c.prefix_hits.fetch_add(1, Ordering::Relaxed);
                         c.prefix_tokens.fetch_add(start as u64, Ordering::Relaxed);
-                        let made = backend.cache_with_prefix(&got.pages, cap).map(|mut c| {
+                        let shared: Vec<u32> = got.pages.iter().copied().chain(got.part).collect();
+                        l.uses = got.pages;
+                        backend.cache_with_prefix(&shared, cap).map(|mut c| {
                             c.truncate(start);
                             c
-                        });
-                        l.uses = got.pages;
-                        if !got.tokens.is_multiple_of(p) {
-                            // A partly shared last page is the sequence's
-                            // cache's until the step writes into its copy
-                            // (or not at all, truncated): no use of the
-                            // prefix cache's, which may evict it.
-                            let part = l.uses.pop().expect("the partly shared page");
-                            if let Some(pc) = &mut self.prefix {
-                                pc.release(&[part]);
-                            }
-                        }
-                        made
+                        })
                     }
                 }
             };

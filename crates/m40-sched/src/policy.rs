@@ -309,12 +309,12 @@ impl Scheduler {
             // cached.
             let tokens = s.tokens;
             let mut start = cached(id).min(tokens - 1);
-            let within = start % self.cfg.page_tokens;
-            if within != 0 && self.pages_for(tokens) + 1 > self.free_pages {
-                start -= within;
+            let mut copies = !start.is_multiple_of(self.cfg.page_tokens);
+            if copies && self.pages_for(tokens) + 1 > self.free_pages {
+                start -= start % self.cfg.page_tokens;
+                copies = false;
             }
             let chunk = self.chunk(start, tokens);
-            let copies = !start.is_multiple_of(self.cfg.page_tokens);
             if chunk.len() > budget || !self.grow(id, tokens, usize::from(copies)) {
                 break;
             }

@@ -53,9 +53,13 @@ struct Entry {
 /// A cached prefix of a request's tokens ([`PrefixCache::acquire`]).
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct CachedPrefix {
-    /// Its pages, each now used once more: the whole pages, then the
-    /// partial one if any.
+    /// Its whole pages, each now used once more.
     pub pages: Vec<u32>,
+    /// The cached page after them that shares its first tokens, if any:
+    /// not used by the request, which copies it before it writes into it
+    /// (its own cache holds the pool's page until then, so the prefix
+    /// cache may evict it meanwhile).
+    pub part: Option<u32>,
     /// The key of the last whole page (the sequence chains the pages it
     /// fills next from it).
     pub key: Option<PageKey>,
@@ -97,21 +101,17 @@ impl PrefixCache {
     }
 
     /// The longest cached prefix of `tokens` (pages of `page_tokens`): the
-    /// whole pages that match, then the cached page after them that
-    /// shares the most of the next tokens (at least one), each now used
-    /// once more.
+    /// whole pages that match, each now used once more, then the cached
+    /// page after them that shares the most of the next tokens (at least
+    /// one; not used, see [`CachedPrefix::part`]).
     pub fn acquire(&mut self, tokens: &[u32], page_tokens: usize) -> CachedPrefix {
         let (whole, part) = self.lookup(tokens, page_tokens);
-        let mut got = CachedPrefix {
+        CachedPrefix {
             key: whole.last().copied(),
-            tokens: whole.len() * page_tokens,
-            ..Default::default()
-        };
-        for key in whole.into_iter().chain(part.map(|(k, _)| k)) {
-            got.pages.push(self.take(key));
+            tokens: whole.len() * page_tokens + part.map_or(0, |(_, n)| n),
+            pages: whole.into_iter().map(|key| self.take(key)).collect(),
+            part: part.map(|(key, _)| self.touch(key)),
         }
-        got.tokens += part.map_or(0, |(_, n)| n);
-        got
     }
 
     /// The tokens [`PrefixCache::acquire`] would find cached now, taking
@@ -154,6 +154,19 @@ impl PrefixCache {
     }
 
     /// One more user of the cached page `key`; its page.
+    /// `key`'s page, now the most recently used (unused ones are evicted
+    /// least recently used first).
+    fn touch(&mut self, key: PageKey) -> u32 {
+        let stamp = self.tick();
+        let e = self.by_key.get_mut(&key).expect("cached");
+        if e.users == 0 {
+            self.unused.remove(&e.stamp);
+            self.unused.insert(stamp, key);
+        }
+        e.stamp = stamp;
+        e.page
+    }
+
     fn take(&mut self, key: PageKey) -> u32 {
         let stamp = self.tick();
         let e = self.by_key.get_mut(&key).expect("cached");
@@ -359,13 +372,16 @@ mod tests {
         assert_eq!(c.peek(&q, 4), 6, "what acquire finds");
         assert_eq!(c.evictable(), unused, "peek takes nothing");
         let got = c.acquire(&q, 4);
-        assert_eq!((got.pages.clone(), got.tokens), (vec![0, 1], 6));
+        assert_eq!(
+            (got.pages.clone(), got.part, got.tokens),
+            (vec![0], Some(1), 6)
+        );
         assert_eq!(
             got.key,
             Some(page_key(None, &a[..4])),
             "chained from the whole page"
         );
-        assert_eq!(c.evictable(), 3, "pages 0 and 1 are in use");
+        assert_eq!(c.evictable(), 4, "page 0 is in use; page 1, copied, is not");
         c.release(&got.pages);
         // Of two cached pages after the same one, the longer match wins.
         b[..5].copy_from_slice(&a[..5]);
@@ -378,14 +394,18 @@ mod tests {
         r.push(u32::MAX);
         assert_eq!(c.peek(&r, 4), 7);
         let got = c.acquire(&r, 4);
-        assert_eq!((got.pages.clone(), got.tokens), (vec![0, 8], 7), "{got:?}");
+        assert_eq!(
+            (got.pages.clone(), got.part, got.tokens),
+            (vec![0], Some(8), 7),
+            "{got:?}"
+        );
         c.release(&got.pages);
-        // Fewer tokens than a page: the first page's match.
-        assert_eq!(c.acquire(&a[..3], 4).tokens, 3);
+        // Fewer tokens than a page: the first page's match, nothing used.
+        let got = c.acquire(&a[..3], 4);
+        assert_eq!((got.pages.len(), got.part, got.tokens), (0, Some(0), 3));
         // Nothing shared: nothing taken.
         assert_eq!(c.acquire(&toks(9, 3), 4), CachedPrefix::default());
         // An evicted page is no longer offered.
-        c.release(&[0]);
         let gone = c.evict(usize::MAX);
         assert_eq!(gone.len(), 6);
         assert_eq!(c.acquire(&a, 4), CachedPrefix::default());
