@@ -45,8 +45,9 @@ pub struct DeviceArgs {
     /// chunks fill the rest); default 512.
     #[arg(long, value_name = "N")]
     pub max_batch_tokens: Option<usize>,
-    /// Tokens the KV cache holds over all sequences; default 4 contexts
-    /// (on the GPU, less where it has no room, down to one).
+    /// Tokens the KV cache holds over all sequences; default on the GPU 16
+    /// contexts or as many as its memory has room for, on the CPU 4 (fewer
+    /// where the machine has no room), at least one either way.
     #[arg(long, value_name = "N")]
     pub kv_tokens: Option<usize>,
     /// Give every request bitwise the tokens it would get alone, whatever

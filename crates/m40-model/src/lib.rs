@@ -167,8 +167,15 @@ pub trait KvState {
     }
 }
 
-/// Contexts a KV cache holds by default over all sequences together.
+/// Contexts a KV cache holds by default over all sequences together (the
+/// CPU's; the GPU's: [`DEFAULT_GPU_SEQUENCES`]).
 pub const DEFAULT_SEQUENCES: usize = 4;
+
+/// Contexts the GPU's KV pool holds by default, or as many as the device's
+/// memory has room for beside the model, at least one: a server's
+/// sequences decode together, and a pool of a few contexts preempts them
+/// once their generations grow long.
+pub const DEFAULT_GPU_SEQUENCES: usize = 16;
 
 /// The context a model is run with when none is asked for, where the
 /// model allows as much (Ollama's default).

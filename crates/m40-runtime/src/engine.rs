@@ -106,9 +106,11 @@ pub struct EngineOptions {
     /// How the CPU backend multiplies (default: 8-bit inputs as llama.cpp,
     /// `CpuMath::Exact` for the FP32 reference).
     pub cpu_math: m40_model::cpu::CpuMath,
-    /// Tokens the KV cache holds over all sequences together (default:
-    /// [`DEFAULT_SEQUENCES`] contexts; on the GPU, less where the device
-    /// has no room for that, down to one context).
+    /// Tokens the KV cache holds over all sequences together (default: on
+    /// the CPU [`DEFAULT_SEQUENCES`] contexts, halved while the machine has
+    /// no room for them; on the GPU [`DEFAULT_GPU_SEQUENCES`] contexts, or
+    /// as many whole pages as the device has room for; down to one context
+    /// either way).
     pub kv_tokens: Option<usize>,
     /// Sequences generating at once at most (`--parallel`; default: one
     /// per 256 tokens of the KV cache, at most 64). More wait in line.
@@ -128,7 +130,7 @@ pub struct EngineOptions {
 }
 
 /// Contexts the KV cache holds by default ([`EngineOptions::kv_tokens`]).
-pub use m40_model::DEFAULT_SEQUENCES;
+pub use m40_model::{DEFAULT_GPU_SEQUENCES, DEFAULT_SEQUENCES};
 
 /// What to generate from.
 #[derive(Clone, Debug)]
@@ -570,32 +572,23 @@ fn pick_backend(
     opts: &EngineOptions,
     n_ctx: usize,
 ) -> Result<(AnyBackend, Option<String>)> {
-    // The KV pool asked for; by default, DEFAULT_SEQUENCES contexts, halved
-    // while the machine (or the device) has no room for it (`no_room`),
-    // down to one context.
-    let fitted = |build: &mut dyn FnMut(usize) -> m40_model::Result<AnyBackend>,
-                  no_room: fn(&ModelError) -> bool| {
+    // The CPU's KV pool: by default DEFAULT_SEQUENCES contexts, halved
+    // while the machine has no room for it, down to one context. Its pages
+    // are checked against the machine's memory, so that a server refuses to
+    // start rather than fail requests.
+    let cpu = || -> Result<AnyBackend> {
         let mut kv = opts
             .kv_tokens
             .unwrap_or(n_ctx * DEFAULT_SEQUENCES)
             .max(n_ctx);
         loop {
-            match build(kv) {
-                Err(e) if no_room(&e) && opts.kv_tokens.is_none() && kv > n_ctx => {
+            match CpuBackend::with_kv(model.clone(), opts.cpu_math, kv) {
+                Err(ModelError::HostMemory { .. }) if opts.kv_tokens.is_none() && kv > n_ctx => {
                     kv = (kv / 2).max(n_ctx);
                 }
-                r => return r,
+                r => return Ok(AnyBackend::Cpu(r?)),
             }
         }
-    };
-    // The CPU's pages are checked against the machine's memory, so that a
-    // server refuses to start rather than fail requests.
-    let cpu = || -> Result<AnyBackend> {
-        let mut build =
-            |kv| CpuBackend::with_kv(model.clone(), opts.cpu_math, kv).map(AnyBackend::Cpu);
-        Ok(fitted(&mut build, |e| {
-            matches!(e, ModelError::HostMemory { .. })
-        })?)
     };
     if opts.backend == BackendChoice::Cpu {
         return Ok((cpu()?, None));
@@ -607,20 +600,22 @@ fn pick_backend(
         }
         Err(e) => return Err(EngineError::NoGpu(e)),
     };
-    let gpu_opts = |kv_tokens| GpuOptions {
-        kv_tokens,
+    // The GPU's: by default DEFAULT_GPU_SEQUENCES contexts, or the whole
+    // pages that fit the device's budget, down to one context.
+    let gpu_opts = GpuOptions {
+        kv_tokens: opts
+            .kv_tokens
+            .unwrap_or(n_ctx * DEFAULT_GPU_SEQUENCES)
+            .max(n_ctx),
+        kv_min_tokens: opts.kv_tokens.is_none().then_some(n_ctx),
         batch_decode: !opts.batch_invariant,
         max_batch: m40_model::DEFAULT_STEP,
         progress: opts.upload_progress.as_ref().map(|p| p.0.clone()),
         kernel_progress: opts.kernel_progress.as_ref().map(|p| p.0.clone()),
         ..Default::default()
     };
-    let mut build = |kv| {
-        GpuBackend::new(device.clone(), model.clone(), gpu_opts(kv))
-            .map(|g| AnyBackend::Gpu(Box::new(g)))
-    };
-    match fitted(&mut build, |e| matches!(e, ModelError::GpuMemory { .. })) {
-        Ok(g) => Ok((g, None)),
+    match GpuBackend::new(device, model.clone(), gpu_opts) {
+        Ok(g) => Ok((AnyBackend::Gpu(Box::new(g)), None)),
         Err(e @ ModelError::GpuMemory { .. }) if opts.backend == BackendChoice::Auto => {
             match cpu() {
                 Ok(c) => Ok((c, Some(e.to_string()))),

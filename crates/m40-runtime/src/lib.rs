@@ -34,7 +34,7 @@ pub use batcher::Load;
 pub use engine::{
     BackendChoice, CancelToken, Completion, Engine, EngineError, EngineOptions, FinishReason,
     KernelProgress, Prompt, Request, Timings, TokenEvent, UploadProgress, DEFAULT_CONTEXT,
-    DEFAULT_SEQUENCES,
+    DEFAULT_GPU_SEQUENCES, DEFAULT_SEQUENCES,
 };
 pub use info::ModelInfo;
 pub use m40_tokenizer::Message;

@@ -55,6 +55,12 @@ use workspace::{gemm_scratch, Select, Workspace};
 pub struct GpuOptions {
     /// Tokens the KV pool holds, over all sequences together.
     pub kv_tokens: usize,
+    /// With `Some(min)`, `kv_tokens` is the most the pool holds: where the
+    /// device's memory budget has no room for it beside the weights and the
+    /// activations, the pool takes what fits, in whole pages, if that is at
+    /// least `min` tokens ([`GpuBackend::kv_pool`] says what it got).
+    /// `None`: `kv_tokens` or an error.
+    pub kv_min_tokens: Option<usize>,
     /// Tokens per forward step at most (longer prompts run in steps).
     pub max_batch: usize,
     /// Called as weights upload: (bytes done, bytes in all).
@@ -98,6 +104,7 @@ impl Default for GpuOptions {
     fn default() -> Self {
         Self {
             kv_tokens: 4096,
+            kv_min_tokens: None,
             max_batch: crate::DEFAULT_STEP,
             progress: None,
             kernel_progress: None,
@@ -161,6 +168,7 @@ fn memory_needed(
     model: &Model,
     opts: &GpuOptions,
     gpu: GemmSlots,
+    sm_count: usize,
     kv_tokens: usize,
 ) -> (u64, u64, u64) {
     let hp = model.hparams();
@@ -183,9 +191,29 @@ fn memory_needed(
     let kv_dim = (hp.n_head_kv * hp.head_dim) as u64;
     let pages = kv_tokens.div_ceil(KV_PAGE);
     let kv = 2 * hp.n_layer as u64 * pages as u64 * KV_PAGE as u64 * kv_dim * 2;
-    let work = Workspace::bytes(hp, opts.max_batch.max(1), pages, gpu);
+    let (part, ml) = dec_scratch(hp, pages.max(1), sm_count, opts.decode_attention);
+    let work = Workspace::bytes(hp, opts.max_batch.max(1), pages, gpu) + 4 * (part + ml) as u64;
     (weights, kv, work)
 }
+
+/// The attention scratch of a one-token step at the last position of a
+/// pool of `n_pages`: the most any decode graph's plan needs, so captures
+/// never reallocate it (see `Workspace::scratch`).
+fn dec_scratch(
+    hp: &HyperParams,
+    n_pages: usize,
+    sm_count: usize,
+    decode_attention: bool,
+) -> (usize, usize) {
+    let full = attn_shape(hp, 1, n_pages * KV_PAGE - 1);
+    AttnPlan::choose(&full, sm_count, decode_attention).scratch_len(&full)
+}
+
+/// Bytes of the device's budget a KV pool sized to what fits
+/// (`GpuOptions::kv_min_tokens`) leaves free: steps whose attention splits
+/// its keys more than a decode step's grow their scratch (kilobytes to a
+/// few megabytes), which would otherwise fail on a full budget.
+pub const KV_FIT_HEADROOM: u64 = 64 << 20;
 
 /// The largest KV pool, in whole pages and at most `asked` tokens, whose
 /// total memory (`total(tokens)`, growing with tokens) is within `limit`;
@@ -202,6 +230,33 @@ fn max_kv_tokens(asked: usize, limit: u64, total: impl Fn(usize) -> u64) -> usiz
         }
     }
     lo * KV_PAGE
+}
+
+/// The KV pool's tokens for `asked` within `limit` bytes in all
+/// (`total(tokens)`): `asked` where it fits, else, where `min` is given,
+/// the whole pages that fit `limit` less [`KV_FIT_HEADROOM`] if they are
+/// at least `min` tokens; `Err(tokens that would fit)` when it cannot be
+/// had.
+fn kv_pool_tokens(
+    asked: usize,
+    min: Option<usize>,
+    limit: u64,
+    total: impl Fn(usize) -> u64,
+) -> std::result::Result<usize, usize> {
+    if total(asked) <= limit {
+        return Ok(asked);
+    }
+    match min {
+        Some(min) => {
+            let fits = max_kv_tokens(asked, limit.saturating_sub(KV_FIT_HEADROOM), total);
+            if fits > 0 && fits >= min {
+                Ok(fits)
+            } else {
+                Err(fits)
+            }
+        }
+        None => Err(max_kv_tokens(asked, limit, total)),
+    }
 }
 
 /// What to do about a model that does not fit: the KV pool that would fit
@@ -263,29 +318,33 @@ impl GpuBackend {
             let t = model.tensor(name).info;
             kernels.gemm_slots_for(t.ty, packs(&opts, t.ty, t.row_len()))?
         };
-        let (w, kv, work) = memory_needed(&model, &opts, gpu, opts.kv_tokens);
-        let need = w + kv + work;
         let (free, total) = device.memory()?;
         let limit = (device.budget_left() as u64).min(free as u64);
-        if need > limit {
-            let fits = max_kv_tokens(opts.kv_tokens, limit, |t| {
-                let (w, kv, work) = memory_needed(&model, &opts, gpu, t);
-                w + kv + work
-            });
-            return Err(ModelError::GpuMemory {
-                device: device.info().name.clone(),
-                need: format!(
-                    "{} ({} weights, {} KV cache for {} tokens, {} activations)",
-                    gib(need),
-                    gib(w),
-                    gib(kv),
-                    opts.kv_tokens,
-                    gib(work)
-                ),
-                free: format!("{} of {} free", gib(free as u64), gib(total as u64)),
-                hint: fit_hint(fits, opts.kv_tokens, w),
-            });
-        }
+        let sms = device.info().sm_count as usize;
+        let needed = |t| {
+            let (w, kv, work) = memory_needed(&model, &opts, gpu, sms, t);
+            w + kv + work
+        };
+        let kv_tokens = match kv_pool_tokens(opts.kv_tokens, opts.kv_min_tokens, limit, needed) {
+            Ok(t) => t,
+            Err(fits) => {
+                let (w, kv, work) = memory_needed(&model, &opts, gpu, sms, opts.kv_tokens);
+                return Err(ModelError::GpuMemory {
+                    device: device.info().name.clone(),
+                    need: format!(
+                        "{} ({} weights, {} KV cache for {} tokens, {} activations)",
+                        gib(w + kv + work),
+                        gib(w),
+                        gib(kv),
+                        opts.kv_tokens,
+                        gib(work)
+                    ),
+                    free: format!("{} of {} free", gib(free as u64), gib(total as u64)),
+                    hint: fit_hint(fits, opts.kv_tokens, w),
+                });
+            }
+        };
+        let (w, _, _) = memory_needed(&model, &opts, gpu, sms, kv_tokens);
 
         let stream = device.new_stream()?;
         let weights = Weights::upload(&model, &opts, &stream, w)?;
@@ -315,21 +374,10 @@ impl GpuBackend {
         };
 
         let kv_dim = hp.n_head_kv * hp.head_dim;
-        let n_pages = opts.kv_tokens.div_ceil(KV_PAGE).max(1);
+        let n_pages = kv_tokens.div_ceil(KV_PAGE).max(1);
         let pools = Pools::new(&stream, hp.n_layer, n_pages, kv_dim)?;
-        // The attention scratch of a one-token step at the pool's last
-        // position: the most any decode graph's plan needs, so captures
-        // never reallocate it (see `scratch`).
-        let dec_scratch = {
-            let full = attn_shape(&hp, 1, n_pages * KV_PAGE - 1);
-            AttnPlan::choose(
-                &full,
-                device.info().sm_count as usize,
-                opts.decode_attention,
-            )
-            .scratch_len(&full)
-        };
-        let work = Workspace::new(&stream, &hp, max_batch, n_pages, dec_scratch)?;
+        let dec = dec_scratch(&hp, n_pages, sms, opts.decode_attention);
+        let work = Workspace::new(&stream, &hp, max_batch, n_pages, dec)?;
         let gemm_part = stream.alloc::<f32>(
             gemm_scratch(&hp, max_batch, gpu).max(1),
             "GEMM split scratch",
@@ -559,6 +607,33 @@ mod tests {
         // with the pages) is searched the same way.
         let steep = |t: usize| (t as u64) * (t as u64);
         assert_eq!(max_kv_tokens(1 << 20, 100 * 100, steep), 96);
+    }
+
+    #[test]
+    fn a_pool_with_a_minimum_takes_what_fits() {
+        // 1000 bytes fixed, a MiB a token.
+        let mib = 1u64 << 20;
+        let total = |t: usize| 1000 + mib * t as u64;
+        let h = KV_FIT_HEADROOM;
+        // What was asked fits: all of it, with or without a minimum.
+        assert_eq!(kv_pool_tokens(4096, None, u64::MAX, total), Ok(4096));
+        assert_eq!(kv_pool_tokens(4096, Some(64), u64::MAX, total), Ok(4096));
+        // It does not: without a minimum, an error saying what fits; with
+        // one, the whole pages that fit, less the headroom, while they are
+        // at least it.
+        let limit = 1000 + 100 * mib;
+        assert_eq!(kv_pool_tokens(4096, None, limit, total), Err(96));
+        assert_eq!(kv_pool_tokens(4096, Some(64), h + limit, total), Ok(96));
+        assert_eq!(kv_pool_tokens(4096, Some(96), h + limit, total), Ok(96));
+        assert_eq!(kv_pool_tokens(4096, Some(97), h + limit, total), Err(96));
+        // The headroom is kept: of room for 100 tokens, 36 are left, one
+        // page.
+        assert_eq!(kv_pool_tokens(4096, Some(32), limit, total), Ok(32));
+        // Not one page: an error, even with a minimum of none.
+        assert_eq!(
+            kv_pool_tokens(4096, Some(0), h + 1000 + 31 * mib, total),
+            Err(0)
+        );
     }
 
     #[test]

@@ -179,8 +179,8 @@ impl Workspace {
         })
     }
 
-    /// Bytes [`Workspace::new`] allocates (with the GEMM scratch of
-    /// [`gemm_scratch`]), for [`super::memory_needed`].
+    /// Bytes [`Workspace::new`] allocates but the attention scratch (with
+    /// the GEMM scratch of [`gemm_scratch`]), for [`super::memory_needed`].
     pub(super) fn bytes(hp: &HyperParams, b: usize, n_pages: usize, gpu: GemmSlots) -> u64 {
         let (d, q, ff) = (
             hp.n_embd as u64,
