@@ -15,7 +15,10 @@
 //! (median of 5), and of 10 short requests sent while N other clients keep
 //! the server busy (each sending requests one after another), against the
 //! bound "2x alone plus one step" (a step: the server's steps over the
-//! probe's wall time, from /metrics). The busy clients ask for
+//! probe's wall time, from /metrics). The probes' first token is the
+//! first chunk that carries one; its text may be empty (a character of
+//! several tokens, such as an emoji, shows with its last), so the first
+//! chunk with text is printed beside it. The table's TTFT is the first text. The busy clients ask for
 //! `--probe-tokens N` tokens each (default: `--max-tokens`); each first
 //! sends one shorter request (client c of N: 1 + c x tokens / N), so they
 //! run out of step with each other, as independent users do, rather than
@@ -102,9 +105,15 @@ fn args() -> Result<Args, String> {
 
 /// One request's figures.
 struct Sample {
+    /// The first chunk with a token (its text may be empty: the first
+    /// bytes of a character spread over several tokens).
+    first: Duration,
+    /// The first chunk with text: what a reader sees first.
     ttft: Duration,
     total: Duration,
     tokens: u64,
+    /// The first chunks' texts.
+    head: Vec<String>,
 }
 
 fn one(
@@ -141,7 +150,7 @@ fn request(
     if r.status() != 200 {
         return Err(format!("HTTP {}", r.status()));
     }
-    let mut ttft = None;
+    let (mut first, mut ttft, mut head) = (None, None, Vec::new());
     let mut tokens = 0;
     for line in BufReader::new(r.into_body().into_reader()).lines() {
         let line = line.map_err(|e| e.to_string())?;
@@ -152,20 +161,28 @@ fn request(
             break;
         }
         let v: Value = serde_json::from_str(data).map_err(|e| e.to_string())?;
-        if v["choices"][0]["delta"]["content"]
-            .as_str()
-            .is_some_and(|t| !t.is_empty())
-        {
-            ttft.get_or_insert_with(|| start.elapsed());
+        let delta = &v["choices"][0]["delta"];
+        // The role's chunk carries no token.
+        if let (Some(t), true) = (delta["content"].as_str(), delta["role"].is_null()) {
+            first.get_or_insert_with(|| start.elapsed());
+            if !t.is_empty() {
+                ttft.get_or_insert_with(|| start.elapsed());
+            }
+            if head.len() < 4 {
+                head.push(t.to_string());
+            }
         }
         if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
             tokens = n;
         }
     }
+    let end = start.elapsed();
     Ok(Sample {
-        ttft: ttft.unwrap_or_else(|| start.elapsed()),
-        total: start.elapsed(),
+        first: first.unwrap_or(end),
+        ttft: ttft.unwrap_or(end),
+        total: end,
         tokens,
+        head,
     })
 }
 
@@ -214,7 +231,7 @@ fn probe(
         }
     }
     let mut alone: Vec<Duration> = (0..5)
-        .map(|i| one(agent, url, model, &short(i), 4).expect("a probe").ttft)
+        .map(|i| one(agent, url, model, &short(i), 4).expect("a probe").first)
         .collect();
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let firsts_served = || metric(agent, url, "m40_time_to_first_token_seconds_count");
@@ -247,7 +264,7 @@ fn probe(
                     };
                     let sent = Instant::now();
                     match request(&agent, &url, &model, &prompt, tokens, steady) {
-                        Ok(s) => firsts.lock().unwrap().push((sent + s.ttft, s.ttft)),
+                        Ok(s) => firsts.lock().unwrap().push((sent + s.first, s.first)),
                         Err(e) => {
                             if errors.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
                                 eprintln!("a busy client's first error: {e}");
@@ -283,6 +300,7 @@ fn probe(
         server_ttft(agent),
         metric(agent, url, "m40_preemptions_total"),
     );
+    let mut texts = Vec::new();
     let mut loaded: Vec<Duration> = (0..10)
         .map(|i| {
             std::thread::sleep(Duration::from_millis(100));
@@ -291,13 +309,16 @@ fn probe(
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0.0, |d| d.as_secs_f64() * 1e3);
             let s = one(agent, url, model, &short(100 + i), 4).expect("a probe");
-            firsts.lock().unwrap().push((sent + s.ttft, s.ttft));
+            firsts.lock().unwrap().push((sent + s.first, s.first));
             // The clock of the server's M40_STEP_STATS lines.
             println!(
-                "probe {i}: sent at {unix:.1} ms (Unix time), first token after {:.1} ms",
-                s.ttft.as_secs_f64() * 1e3
+                "probe {i}: sent at {unix:.1} ms (Unix time), first token after {:.1} ms, its first text after {:.1} ms ({:?})",
+                s.first.as_secs_f64() * 1e3,
+                s.ttft.as_secs_f64() * 1e3,
+                s.head
             );
-            s.ttft
+            texts.push(s.ttft);
+            s.first
         })
         .collect();
     let (s1, wall, ttft1, pre1) = (
@@ -337,6 +358,12 @@ fn probe(
          {worst:.1} ms worst of 10; a step {step_ms:.1} ms; bound 2x alone + a step = {bound:.1} ms: {}",
         if steady { " (steady: every busy client decoding)" } else { "" },
         if worst <= bound { "met" } else { "not met" }
+    );
+    // A character of several tokens (an emoji) shows only with its last.
+    println!(
+        "probe: first text (the first chunk with any): {:.1} ms median, {:.1} ms worst of 10",
+        pct(&mut texts, 0.5),
+        pct(&mut texts, 1.0)
     );
 }
 
