@@ -136,7 +136,7 @@ fn batched_decode_matches_cpu() {
 /// Rows past the GEMM's last full tile, through the GEMV from their first
 /// token on: prompts of 129 to 144 tokens alone (past the small models'
 /// GEMV range, 128: 2 large tiles and 1 to 16 rows; 150 none), and three
-/// of 45 joined in one batched step (135 rows, padded to 144), each
+/// of 45 joined in one batched step (135 rows: 7 past two tiles), each
 /// sequence's last logits against the CPU's, in four formats and FFN
 /// kinds (SwiGLU stacks, gpt-oss's biases, command-r's parallel FFN).
 #[test]

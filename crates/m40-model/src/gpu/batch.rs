@@ -33,14 +33,6 @@ use m40_kernels::{
 /// query.
 pub const JOIN_CHUNK: usize = 64;
 
-/// Rows a batched step with prompt rows is padded to a multiple of, so
-/// that its graph serves other steps of about its size.
-const PAD_ROWS: usize = 16;
-
-/// A batched step with prompt rows computes the logits of its sequences
-/// rounded up to a multiple of this many rows.
-const PAD_LOGITS: usize = 8;
-
 impl GpuBackend {
     /// Whether this backend batches decode steps: `batch_decode`, and a
     /// shape the batched attention takes (`attn_decodes`: head dimension
@@ -185,33 +177,16 @@ impl GpuBackend {
             .iter()
             .enumerate()
             .flat_map(|(j, (t, _))| (0..t.len() - 1).map(move |i| (j, i)));
-        let mut rows: Vec<(usize, usize)> = last.chain(lead).collect();
-        // A step with prompt rows replays a graph for its row count
-        // rounded up to a multiple of PAD_ROWS: the padding repeats the
-        // first sequence's last row after the last rows (the same token at
-        // the same position: its keys and values are the same bits, written
-        // to the same place). Its logits cover the sequences rounded up to
-        // a multiple of PAD_LOGITS (the rows after them computed and not
-        // read), so that few graphs serve the steps' mixes of sequences
-        // and prompt rows.
+        let rows: Vec<(usize, usize)> = last.chain(lead).collect();
+        // A decode-only step (a row per sequence) replays a graph for its
+        // row count and context bucket. A step with prompt rows launches
+        // its kernels one by one: such steps are GPU-bound (replayed, a
+        // SmolLM2 step of 31 decodes and an 8-token prompt took as long),
+        // their mixes rarely repeat, and capturing one delayed the step
+        // (and its new prompt's first token) by 2.5-3 ms (BENCHMARKS.md,
+        // issue 33: the steady TTFT probe).
         let graphs_on = self.graphs.load(std::sync::atomic::Ordering::Relaxed);
-        let padded = match rows.len() {
-            n if n == seqs => n,
-            n => n.next_multiple_of(PAD_ROWS),
-        };
-        let graph = graphs_on && padded <= self.max_batch;
-        // (seqs <= LOGIT_ROWS: a group's sequences at most.)
-        let logit_rows = match graph && padded > seqs {
-            true => seqs
-                .next_multiple_of(PAD_LOGITS)
-                .min(LOGIT_ROWS)
-                .min(padded),
-            false => seqs,
-        };
-        if graph {
-            let fill = vec![rows[0]; padded - rows.len()];
-            rows.splice(seqs..seqs, fill);
-        }
+        let graph = graphs_on && rows.len() == seqs && seqs <= self.max_batch;
         let n = rows.len();
         let tokens: Vec<u32> = rows.iter().map(|&(j, i)| steps[j].0[i]).collect();
         let pos: Vec<usize> = rows.iter().map(|&(j, i)| before[j] + i).collect();
@@ -220,10 +195,10 @@ impl GpuBackend {
         self.upload_batch(w, &tokens, &pos, &pages, &of, &sel)?;
         let max_start = *pos.iter().max().expect("a batch");
         if graph {
-            self.batch_graph_step(w, pools, graphs, n, logit_rows, max_start)?;
+            self.batch_graph_step(w, pools, graphs, n, max_start)?;
         } else {
             self.enqueue(w, pools, n, max_start, StepAttn::Batch, false)?;
-            self.logits(w, 0..logit_rows, Residual::Done)?;
+            self.logits(w, 0..seqs, Residual::Done)?;
         }
         for ((c, &p), (t, _)) in caches.iter_mut().zip(&before).zip(steps) {
             c.set_len(p + t.len());

@@ -58,9 +58,9 @@ impl StepGraph {
 pub(super) enum GraphKey {
     /// One sequence's token: with the selection, context bucket.
     Step(bool, usize),
-    /// A batched step: rows, the first rows whose logits it computes,
-    /// context bucket (the largest position).
-    Batch(usize, usize, usize),
+    /// A decode-only batched step: rows (one a sequence, every one's
+    /// logits computed), context bucket (the largest position).
+    Batch(usize, usize),
 }
 
 /// The captured steps, and how often each batched-step shape not captured
@@ -84,10 +84,10 @@ impl std::ops::DerefMut for Graphs {
     }
 }
 
-/// A batched step's shape is captured the time it runs this often; until
-/// then its kernels launch one by one. A capture costs several steps' time
-/// (instantiating a few hundred nodes), and a step's mix of sequences and
-/// prompt rows makes many shapes that run once or twice.
+/// A decode batch's shape is captured the time it runs this often; until
+/// then its kernels launch one by one. A capture costs about a step's time
+/// more (instantiating a few hundred nodes), and a batch's size changes as
+/// sequences join and leave: shapes that run once are not captured.
 const CAPTURE_AT: u32 = 2;
 
 /// Shapes counted towards a capture at most; past it the counts restart.
@@ -145,8 +145,8 @@ impl GpuBackend {
         Ok(())
     }
 
-    /// A batched step of `n` rows whose first `logit_rows` reach the
-    /// output matmul (inputs uploaded; positions at most `max_start`)
+    /// A decode-only batched step of `n` rows, each reaching the output
+    /// matmul (inputs uploaded; positions at most `max_start`)
     /// replayed from its graph (captured the [`CAPTURE_AT`]th time its
     /// shape runs, launched kernel by kernel before): those rows' logits
     /// into `w.logits`. Its attention covers the context bucket of
@@ -157,11 +157,10 @@ impl GpuBackend {
         pools: &mut Pools,
         graphs: &mut Graphs,
         n: usize,
-        logit_rows: usize,
         max_start: usize,
     ) -> Result<()> {
         let bucket = self.graph_bucket(max_start);
-        let key = GraphKey::Batch(n, logit_rows, bucket);
+        let key = GraphKey::Batch(n, bucket);
         if !graphs.contains_key(&key) {
             if graphs.seen.len() >= SEEN_SHAPES {
                 graphs.seen.clear();
@@ -172,7 +171,7 @@ impl GpuBackend {
                 // The same launches the graph would hold (its bucket too,
                 // so that the step's results are the graph's).
                 self.enqueue(w, pools, n, bucket, StepAttn::Batch, false)?;
-                return self.logits(w, 0..logit_rows, Residual::Done);
+                return self.logits(w, 0..n, Residual::Done);
             }
             graphs.seen.remove(&key);
             let batch = |k: &GraphKey| matches!(k, GraphKey::Batch(..));
@@ -189,7 +188,7 @@ impl GpuBackend {
             }
             let graph = self.stream.capture(|_| -> Result<()> {
                 self.enqueue(w, pools, n, bucket, StepAttn::Batch, false)?;
-                self.logits(w, 0..logit_rows, Residual::Done)
+                self.logits(w, 0..n, Residual::Done)
             })?;
             graphs.insert(key, StepGraph::new(graph, None));
         }
