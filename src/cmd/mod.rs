@@ -42,7 +42,9 @@ pub struct DeviceArgs {
     #[arg(long, value_name = "N")]
     pub parallel: Option<usize>,
     /// Tokens one batched step runs at most (running decodes first, prompt
-    /// chunks fill the rest); default 512.
+    /// chunks fill the rest); default on the GPU what it computes in about
+    /// a quarter second (128 to 512: an 8B model on an M40 takes 128), on
+    /// the CPU 512.
     #[arg(long, value_name = "N")]
     pub max_batch_tokens: Option<usize>,
     /// Tokens the KV cache holds over all sequences; default on the GPU 16
@@ -144,4 +146,16 @@ pub fn report_backend(engine: &m40_runtime::Engine) {
         Some(why) => eprintln!("running on the CPU: {why}"),
         None => eprintln!("running on the {}", engine.backend_name()),
     }
+}
+
+/// The batching limits a server runs with (the defaults depend on the
+/// device and the model).
+pub fn report_limits(engine: &m40_runtime::Engine) {
+    let l = engine.activity();
+    eprintln!(
+        "up to {} sequences at once, {} tokens a step; KV cache of {} tokens",
+        l.parallel,
+        l.max_batch_tokens,
+        l.kv_pages * l.kv_page_tokens
+    );
 }

@@ -78,6 +78,7 @@ pub fn run(a: Args) -> Result<()> {
         };
         let engine = tokio::task::spawn_blocking(move || Engine::from_path(&path, opts)).await??;
         super::report_backend(&engine);
+        super::report_limits(&engine);
         let config = ServerConfig {
             max_queue: a.max_queue,
             request_timeout: Duration::from_secs(a.timeout),

@@ -22,6 +22,25 @@ pub struct DeviceInfo {
     /// Shared memory a block may use without opting in (48 KB on every GPU since sm_20).
     pub max_shared_per_block: usize,
     pub l2_bytes: usize,
+    /// The SMs' peak clock, kHz (`CU_DEVICE_ATTRIBUTE_CLOCK_RATE`).
+    pub clock_khz: u32,
+}
+
+impl DeviceInfo {
+    /// FP32 lanes an SM: 64 on sm_60, sm_70-sm_75 and sm_80, 128 on every
+    /// other architecture since Maxwell.
+    pub fn fp32_lanes_per_sm(&self) -> u32 {
+        match self.compute_capability {
+            (6, 0) | (7, _) | (8, 0) => 64,
+            _ => 128,
+        }
+    }
+
+    /// The FP32 FMA rate at the peak clock, FLOP/s (an FMA is two): 6.8
+    /// TFLOP/s for the Tesla M40 (24 SMs at 1114 MHz), ~67 for an H100 SXM.
+    pub fn peak_fp32_flops(&self) -> f64 {
+        2.0 * self.fp32_lanes_per_sm() as f64 * self.sm_count as f64 * self.clock_khz as f64 * 1e3
+    }
 }
 
 /// How much of the GPU's memory this process may take, and how launches
@@ -153,6 +172,7 @@ impl Device {
             max_shared_per_block: attr(Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK)?
                 as usize,
             l2_bytes: attr(Attr::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)? as usize,
+            clock_khz: attr(Attr::CU_DEVICE_ATTRIBUTE_CLOCK_RATE)? as u32,
         };
         let (free, _) = ctx.mem_get_info().ctx("cuMemGetInfo")?;
         let share = options.memory_share.clamp(0.0, 1.0);
@@ -219,5 +239,34 @@ impl Device {
             limit: self.budget.limit,
             free: self.memory().map(|m| m.0).unwrap_or(0),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(cc: (i32, i32), sms: u32, mhz: u32) -> DeviceInfo {
+        DeviceInfo {
+            ordinal: 0,
+            name: String::new(),
+            compute_capability: cc,
+            total_memory: 0,
+            sm_count: sms,
+            driver_version: 0,
+            max_shared_per_block: 48 << 10,
+            l2_bytes: 0,
+            clock_khz: mhz * 1000,
+        }
+    }
+
+    #[test]
+    fn the_fp32_peak_counts_each_architectures_lanes() {
+        // The Tesla M40 (its datasheet: 6.8 TFLOP/s), a P100 (64 lanes an
+        // SM: 10.6 at 1480 MHz), an H100 SXM (~67).
+        let tf = |i: DeviceInfo| (i.peak_fp32_flops() / 1e11).round() / 10.0;
+        assert_eq!(tf(info((5, 2), 24, 1114)), 6.8);
+        assert_eq!(tf(info((6, 0), 56, 1480)), 10.6);
+        assert_eq!(tf(info((9, 0), 132, 1980)), 66.9);
     }
 }

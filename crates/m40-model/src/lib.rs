@@ -55,6 +55,13 @@ pub trait Backend: Send + Sync {
     fn max_step(&self) -> usize {
         DEFAULT_STEP
     }
+    /// Tokens a batched step of several sequences takes by default (the
+    /// scheduler's budget, `--max-batch-tokens`), at most
+    /// [`Backend::max_step`]: on the GPU, what the device computes in about
+    /// a quarter second ([`gpu::default_step_tokens`]); else `max_step`.
+    fn step_tokens(&self) -> usize {
+        self.max_step()
+    }
     /// The KV pool every cache of this backend draws from: (tokens per
     /// page, pages). Its pages can be held apart from any cache (a prefix
     /// cache keeps them) and shared by new caches.
@@ -328,6 +335,13 @@ impl Backend for AnyBackend {
         match self {
             AnyBackend::Cpu(b) => b.max_step(),
             AnyBackend::Gpu(b) => b.max_step(),
+        }
+    }
+
+    fn step_tokens(&self) -> usize {
+        match self {
+            AnyBackend::Cpu(b) => b.step_tokens(),
+            AnyBackend::Gpu(b) => b.step_tokens(),
         }
     }
 

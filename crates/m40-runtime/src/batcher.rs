@@ -83,6 +83,8 @@ pub struct Load {
     pub running: usize,
     /// Sequences running at once at most (`EngineOptions::parallel`).
     pub parallel: usize,
+    /// Tokens a step runs at most (`EngineOptions::max_batch_tokens`).
+    pub max_batch_tokens: usize,
     /// KV pages held by sequences, and in the pool.
     pub kv_pages_used: usize,
     pub kv_pages: usize,
@@ -163,6 +165,7 @@ impl Batcher {
             waiting: c.waiting.load(Ordering::SeqCst),
             running: c.running.load(Ordering::SeqCst),
             parallel: self.limits.parallel,
+            max_batch_tokens: self.limits.max_batch_tokens,
             kv_pages_used: c.pages_used.load(Ordering::SeqCst),
             kv_pages: self.limits.pages,
             kv_page_tokens: self.limits.page_tokens,

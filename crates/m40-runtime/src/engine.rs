@@ -116,8 +116,9 @@ pub struct EngineOptions {
     /// per 256 tokens of the KV cache, at most 64). More wait in line.
     pub parallel: Option<usize>,
     /// Tokens one step runs at most (`--max-batch-tokens`): running
-    /// decodes and prompt chunks together (default: the backend's step,
-    /// 512).
+    /// decodes and prompt chunks together (default: on the GPU what it
+    /// computes in about a quarter second, 128 to 512
+    /// (`m40_model::gpu::default_step_tokens`); on the CPU 512).
     pub max_batch_tokens: Option<usize>,
     /// Every request's tokens bitwise what it gets alone, whatever else
     /// runs (`--batch-invariant`). The CPU always gives that; on the GPU it
@@ -316,7 +317,7 @@ impl Engine {
         let limits = Limits {
             max_batch_tokens: opts
                 .max_batch_tokens
-                .unwrap_or(backend.max_step())
+                .unwrap_or(backend.step_tokens())
                 .clamp(1, backend.max_step()),
             parallel,
             page_tokens,

@@ -135,6 +135,9 @@ pub struct GpuBackend {
     /// The sliding-window layers' RoPE (gemma), where they have their own.
     rope_window: Option<(DeviceBuffer<f32>, RopeParams)>,
     max_batch: usize,
+    /// `Backend::step_tokens`: [`default_step_tokens`] for this device and
+    /// model.
+    step_tokens: usize,
     /// The GEMM's block slots on this device (its tiles and splits).
     gemm_slots: GemmSlots,
     /// `GpuOptions::fuse`: one-token steps add the output projections to x
@@ -259,6 +262,60 @@ fn kv_pool_tokens(
     }
 }
 
+/// The seconds a batched step's rows take at most by default: a long
+/// prompt arriving holds every running stream's next token back by about
+/// this much (each step runs one chunk of it).
+const STEP_TARGET_S: f64 = 0.25;
+
+/// The share of the FP32 FMA rate the prefill GEMM runs at (an H100 and an
+/// H200: 42-55% at 32 tokens, ~50% at 512; BENCHMARKS.md), taken to be the
+/// same on other GPUs (not measured on an M40).
+const GEMM_SHARE: f64 = 0.5;
+
+/// The fewest tokens the default step takes: two of the GEMM's 64-token
+/// tiles, and room for a prompt chunk beside 64 running decodes.
+const MIN_STEP_TOKENS: usize = 128;
+
+/// The default tokens of a batched step (`Backend::step_tokens`): the
+/// largest power of two whose rows take at most STEP_TARGET_S at
+/// GEMM_SHARE of `peak_flops`, `flops_per_token` each, within
+/// MIN_STEP_TOKENS..=`max_step`. On an H100 or H200 that is 512 (the
+/// workspace's most) up to 8B models; on an M40 (6.8 TFLOP/s), 512 for
+/// SmolLM2, 256 for a 1B model and 128 for an 8B one, whose 512-token
+/// steps would hold running streams back ~2.4 s.
+pub fn default_step_tokens(peak_flops: f64, flops_per_token: f64, max_step: usize) -> usize {
+    let fits = (peak_flops * GEMM_SHARE * STEP_TARGET_S / flops_per_token.max(1.0)) as usize;
+    let pow2 = match fits {
+        0 => 0,
+        n => 1 << (usize::BITS - 1 - n.leading_zeros()),
+    };
+    pow2.clamp(MIN_STEP_TOKENS.min(max_step), max_step)
+}
+
+/// A token's FLOPs in `model`'s matrices (two a weight it multiplies):
+/// every matrix but a token embedding that is only gathered, the experts'
+/// scaled to the share a token uses.
+fn flops_per_token(model: &Model) -> f64 {
+    let hp = model.hparams();
+    let expert_share = hp
+        .moe
+        .map_or(1.0, |m| m.n_expert_used as f64 / m.n_expert.max(1) as f64);
+    model
+        .file()
+        .tensors()
+        .iter()
+        .filter(|t| t.shape.len() >= 2 && (t.name != TOKEN_EMBD || hp.tied_output))
+        .map(|t| {
+            let share = if t.name.contains("_exps") {
+                expert_share
+            } else {
+                1.0
+            };
+            2.0 * t.n_elements() as f64 * share
+        })
+        .sum()
+}
+
 /// What to do about a model that does not fit: the KV pool that would fit
 /// (`fits` tokens, of `asked`), or, when none does, the weights' size.
 fn fit_hint(fits: usize, asked: usize, weights: u64) -> String {
@@ -376,6 +433,11 @@ impl GpuBackend {
         let kv_dim = hp.n_head_kv * hp.head_dim;
         let n_pages = kv_tokens.div_ceil(KV_PAGE).max(1);
         let pools = Pools::new(&stream, hp.n_layer, n_pages, kv_dim)?;
+        let step_tokens = default_step_tokens(
+            device.info().peak_fp32_flops(),
+            flops_per_token(&model),
+            max_batch,
+        );
         let dec = dec_scratch(&hp, n_pages, sms, opts.decode_attention);
         let work = Workspace::new(&stream, &hp, max_batch, n_pages, dec)?;
         let gemm_part = stream.alloc::<f32>(
@@ -392,6 +454,7 @@ impl GpuBackend {
             rope,
             rope_window,
             max_batch,
+            step_tokens,
             gemm_slots: gpu,
             fuse: opts.fuse,
             persistent: opts.persistent,
@@ -449,6 +512,10 @@ impl Backend for GpuBackend {
 
     fn max_step(&self) -> usize {
         self.max_batch
+    }
+
+    fn step_tokens(&self) -> usize {
+        self.step_tokens
     }
 
     fn select_max_k(&self) -> usize {
@@ -634,6 +701,53 @@ mod tests {
             kv_pool_tokens(4096, Some(0), h + 1000 + 31 * mib, total),
             Err(0)
         );
+    }
+
+    #[test]
+    fn the_default_step_fits_a_quarter_second() {
+        // Peak FP32 rates (DeviceInfo::peak_fp32_flops): the M40, 24 SMs
+        // of 128 lanes at 1114 MHz; an H100 SXM, 132 at 1980 MHz.
+        let m40 = 2.0 * 128.0 * 24.0 * 1114e6;
+        let h100 = 2.0 * 128.0 * 132.0 * 1980e6;
+        // FLOPs a token: llama-3.1-8B (the embedding gathered), 3.2-1B
+        // (tied: its embedding is the output), SmolLM2-135M (tied).
+        let (b8, b1, smol) = (2.0 * 7.5e9, 2.0 * 1.24e9, 2.0 * 1.35e8);
+        assert_eq!(default_step_tokens(m40, b8, 512), 128);
+        assert_eq!(default_step_tokens(m40, b1, 512), 256);
+        assert_eq!(default_step_tokens(m40, smol, 512), 512);
+        assert_eq!(default_step_tokens(h100, b8, 512), 512);
+        // A 70B model on an H100: ~0.24 s for 128 tokens.
+        assert_eq!(default_step_tokens(h100, 2.0 * 70e9, 512), 128);
+        // Never past the workspace, never below its floor (or the
+        // workspace, where that is smaller).
+        assert_eq!(default_step_tokens(h100, smol, 256), 256);
+        assert_eq!(default_step_tokens(m40, 1e15, 512), 128);
+        assert_eq!(default_step_tokens(m40, 1e15, 64), 64);
+        assert_eq!(default_step_tokens(0.0, b8, 512), 128);
+    }
+
+    #[test]
+    fn a_tokens_flops_count_its_matrices() {
+        use m40_gguf::synth::{write_model, Shape, SynthOptions};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tiny.gguf");
+        let f = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
+        let opts = SynthOptions {
+            shape: Shape::find("tiny").unwrap(),
+            ty: m40_gguf::GgmlType::Q8_0.into(),
+            seed: 1,
+        };
+        write_model(f, &opts, |_, _| {}).unwrap();
+        let model = Model::open(&path).unwrap();
+        let hp = model.hparams().clone();
+        let (d, ff, l) = (hp.n_embd as f64, hp.n_ff as f64, hp.n_layer as f64);
+        let (q, kv) = (
+            (hp.n_head * hp.head_dim) as f64,
+            (hp.n_head_kv * hp.head_dim) as f64,
+        );
+        // Q, K, V, O, gate, up, down a layer, and the output matrix.
+        let want = 2.0 * (l * (d * (q + 2.0 * kv) + q * d + 3.0 * d * ff) + d * hp.n_vocab as f64);
+        assert_eq!(flops_per_token(&model), want);
     }
 
     #[test]
