@@ -82,10 +82,13 @@ struct Packed {
 // A BM x BN tile: TM x TN outputs per thread, as TM/4 x TN/4 float4 groups;
 // (BM / TM) x (BN / TN) threads, thread t at tx = t % (BN / TN) along the
 // weight rows and ty = t / (BN / TN) along the tokens. UNROLL: the k
-// loops' unrolling (8: whole).
-template <int BM_, int BN_, int TM_, int TN_, int UNROLL_ = 4>
+// loops' unrolling (8: whole). VSTORE: a thread's 4 consecutive rows are
+// stored as one float4 where they can be (see gemm_tile; the narrow tile
+// only: the others spilled on sm_52 with it).
+template <int BM_, int BN_, int TM_, int TN_, int UNROLL_ = 4, bool VSTORE_ = false>
 struct Tile {
     static constexpr int BM = BM_, BN = BN_, TM = TM_, TN = TN_, UNROLL = UNROLL_;
+    static constexpr bool VSTORE = VSTORE_;
     static constexpr int NX = BN / TN, NY = BM / TM, THREADS = NX * NY;
     // Loaders: ByRow's thread t takes weight row t % BN, parts q = t / BN +
     // c * QW (and q + 4), c < WC; X: token t % BM, float4s f = t / BM + c *
@@ -300,16 +303,45 @@ __device__ __forceinline__ void gemm_tile(const u8* __restrict__ W, const float*
         __syncthreads();
     }
 
+    // With T::VSTORE a thread's 4 consecutive rows of a group go out as one
+    // 16-byte store where they lie in one part of Y, 16-byte aligned (a
+    // warp's scalar stores used 8 of each 32-byte sector: an H200 profile
+    // of the narrow tile); else one by one. The sums are the same either way.
 #pragma unroll
     for (int i = 0; i < T::TM; ++i) {
         const int m = m0 + ((i / 4) * T::NY + ty) * 4 + i % 4;
         if (m >= M) continue;
+        if (T::VSTORE) {
 #pragma unroll
-        for (int j = 0; j < T::TN; ++j) {
-            const int n = n0 + ((j / 4) * T::NX + tx) * 4 + j % 4;
-            if (n >= N) continue;
-            float* y = Y.at(m, n) + part;
-            *y = accumulate ? *y + acc[i][j] : acc[i][j];
+            for (int g = 0; g < T::TN / 4; ++g) {
+                const int n = n0 + (g * T::NX + tx) * 4;
+                if (n >= N) continue;
+                float* y = Y.at(m, n) + part;
+                const bool one_part = (n < Y.r1) == (n + 3 < Y.r1) && (n < Y.r2) == (n + 3 < Y.r2);
+                if (n + 3 < N && one_part && ((unsigned long long)y & 15) == 0) {
+                    float4 v = make_float4(acc[i][4 * g], acc[i][4 * g + 1], acc[i][4 * g + 2], acc[i][4 * g + 3]);
+                    if (accumulate) {
+                        const float4 o = *(const float4*)y;
+                        v = make_float4(o.x + v.x, o.y + v.y, o.z + v.z, o.w + v.w);
+                    }
+                    *(float4*)y = v;
+                    continue;
+                }
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    if (n + j >= N) break;
+                    float* yj = Y.at(m, n + j) + part;
+                    *yj = accumulate ? *yj + acc[i][4 * g + j] : acc[i][4 * g + j];
+                }
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < T::TN; ++j) {
+                const int n = n0 + ((j / 4) * T::NX + tx) * 4 + j % 4;
+                if (n >= N) continue;
+                float* y = Y.at(m, n) + part;
+                *y = accumulate ? *y + acc[i][j] : acc[i][j];
+            }
         }
     }
 }
@@ -368,12 +400,12 @@ struct LargeLoader<PartsQ6_K> {
 template <class P>
 struct NarrowOf {
     typedef ByRow<Packed<P>> Loader;
-    typedef Tile<32, 128, 8, 4> T;
+    typedef Tile<32, 128, 8, 4, 4, true> T;
 };
 template <class P>
 struct NarrowByQuad {
     typedef ByQuad<P> Loader;
-    typedef Tile<32, 128, 8, 4, 8> T;
+    typedef Tile<32, 128, 8, 4, 8, true> T;
 };
 template <>
 struct NarrowOf<PartsQ4_0> : NarrowByQuad<PartsQ4_0> {};
