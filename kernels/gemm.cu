@@ -363,7 +363,7 @@ typedef Tile<64, 64, 4, 4> Small;
 // left the FMA pipe half idle (BENCHMARKS.md, issue 33); a warp over 32
 // tokens x 32 rows (3 wavefronts a k) ran no faster, and neither did 5
 // blocks an SM (95 registers) nor 8 x 8 a thread in 64-thread blocks
-// (both slower: BENCHMARKS.md). 40 KB of shared memory and 118-127
+// (both slower: BENCHMARKS.md). 40 KB of shared memory and 115-127
 // registers on sm_90: 4 blocks an SM on an H100, 2 (shared memory) on
 // the M40. Its loader and unrolling per format: NarrowOf below.
 #define GEMM_NARROW_BLOCKS 4
