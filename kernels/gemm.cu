@@ -84,11 +84,12 @@ struct Packed {
 // weight rows and ty = t / (BN / TN) along the tokens. UNROLL: the k
 // loops' unrolling (8: whole). VSTORE: a thread's 4 consecutive rows are
 // stored as one float4 where they can be (see gemm_tile; the narrow tile
-// only: the others spilled on sm_52 with it).
-template <int BM_, int BN_, int TM_, int TN_, int UNROLL_ = 4, bool VSTORE_ = false>
+// only: the others spilled on sm_52 with it). XPAIR: X's loader puts two
+// lanes on each token's row (x_token below).
+template <int BM_, int BN_, int TM_, int TN_, int UNROLL_ = 4, bool VSTORE_ = false, bool XPAIR_ = false>
 struct Tile {
     static constexpr int BM = BM_, BN = BN_, TM = TM_, TN = TN_, UNROLL = UNROLL_;
-    static constexpr bool VSTORE = VSTORE_;
+    static constexpr bool VSTORE = VSTORE_, XPAIR = XPAIR_;
     static constexpr int NX = BN / TN, NY = BM / TM, THREADS = NX * NY;
     // Loaders: ByRow's thread t takes weight row t % BN, parts q = t / BN +
     // c * QW (and q + 4), c < WC; X: token t % BM, float4s f = t / BM + c *
@@ -96,7 +97,26 @@ struct Tile {
     static constexpr int QW = THREADS / BN, WC = 4 / QW;
     static constexpr int QX = THREADS / BM, XC = 8 / QX;
     static_assert(TM % 4 == 0 && TN % 4 == 0 && QW * WC == 4 && QX * XC == 8, "tile shape");
+    static_assert(!XPAIR || (BM == 32 && THREADS == 128), "paired X loads: the narrow tile");
 };
+
+// X's loader: thread t loads float4 x_quad(t, c) (k 4f .. 4f + 3 of the
+// k-step), c < XC, of token x_token(t). With T::XPAIR lane pairs take two
+// adjacent float4s of 16 tokens (whole 32-byte sectors; their shared stores
+// then meet 2 a bank); by default a warp takes one float4 of each of 32
+// tokens (16 bytes of each sector): the second arms below. gemm_load and
+// gemm_store call these only with XPAIR and spell the default out, so the
+// other tiles' PTX stays what was measured (through these, their sm_52
+// registers and spills moved). H100: the narrow tile's Q4_0 at 32 tokens
+// 4-8% faster, Q6_K within 2% (BENCHMARKS.md, issue 33).
+template <class T>
+__device__ __forceinline__ int x_token(int t) {
+    return T::XPAIR ? ((t & 31) >> 1) + 16 * ((t >> 5) & 1) : t % T::BM;
+}
+template <class T>
+__device__ __forceinline__ int x_quad(int t, int c) {
+    return T::XPAIR ? 2 * ((t >> 6) + 2 * c) + (t & 1) : t / T::BM + c * T::QX;
+}
 
 // Row loaders (RowMajor, Packed): thread t takes weight row t % BN, parts
 // q = t / BN + c * QW (and q + 4), c < WC, of the k-step's sub-block, and
@@ -197,11 +217,19 @@ __device__ __forceinline__ void gemm_load(const u8* __restrict__ W, const float*
                                           int K, long long row_bytes, int m0, int n0, int k0, GemmStage<T, L>& st) {
     L::template load<T>(W, row_bytes, N, K, n0, k0, st.w);
     const int t = threadIdx.x;
-    const int m = m0 + t % T::BM;
-    const float* xr = X + (long long)m * K + k0;
+    if (T::XPAIR) {
+        const int m = m0 + x_token<T>(t);
+        const float* xr = X + (long long)m * K + k0;
 #pragma unroll
-    for (int c = 0; c < T::XC; ++c)
-        st.x[c] = m < M ? ld_x4(xr + 4 * (t / T::BM + c * T::QX)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int c = 0; c < T::XC; ++c)
+            st.x[c] = m < M ? ld_x4(xr + 4 * x_quad<T>(t, c)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    } else {
+        const int m = m0 + t % T::BM;
+        const float* xr = X + (long long)m * K + k0;
+#pragma unroll
+        for (int c = 0; c < T::XC; ++c)
+            st.x[c] = m < M ? ld_x4(xr + 4 * (t / T::BM + c * T::QX)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
 }
 
 // Decode a stage and store it k-major: Ws[k][n], Xs[k][m] (consecutive
@@ -209,14 +237,26 @@ __device__ __forceinline__ void gemm_load(const u8* __restrict__ W, const float*
 template <class T, class L>
 __device__ __forceinline__ void gemm_store(const GemmStage<T, L>& st, float (*Ws)[T::BN], float (*Xs)[T::BM]) {
     L::template store<T>(st.w, Ws);
-    const int m = threadIdx.x % T::BM;
+    if (T::XPAIR) {
+        const int m = x_token<T>(threadIdx.x);
 #pragma unroll
-    for (int c = 0; c < T::XC; ++c) {
-        const int f = threadIdx.x / T::BM + c * T::QX;
-        Xs[4 * f + 0][m] = st.x[c].x;
-        Xs[4 * f + 1][m] = st.x[c].y;
-        Xs[4 * f + 2][m] = st.x[c].z;
-        Xs[4 * f + 3][m] = st.x[c].w;
+        for (int c = 0; c < T::XC; ++c) {
+            const int f = x_quad<T>(threadIdx.x, c);
+            Xs[4 * f + 0][m] = st.x[c].x;
+            Xs[4 * f + 1][m] = st.x[c].y;
+            Xs[4 * f + 2][m] = st.x[c].z;
+            Xs[4 * f + 3][m] = st.x[c].w;
+        }
+    } else {
+        const int m = threadIdx.x % T::BM;
+#pragma unroll
+        for (int c = 0; c < T::XC; ++c) {
+            const int f = threadIdx.x / T::BM + c * T::QX;
+            Xs[4 * f + 0][m] = st.x[c].x;
+            Xs[4 * f + 1][m] = st.x[c].y;
+            Xs[4 * f + 2][m] = st.x[c].z;
+            Xs[4 * f + 3][m] = st.x[c].w;
+        }
     }
 }
 
@@ -400,12 +440,12 @@ struct LargeLoader<PartsQ6_K> {
 template <class P>
 struct NarrowOf {
     typedef ByRow<Packed<P>> Loader;
-    typedef Tile<32, 128, 8, 4, 4, true> T;
+    typedef Tile<32, 128, 8, 4, 4, true, true> T;
 };
 template <class P>
 struct NarrowByQuad {
     typedef ByQuad<P> Loader;
-    typedef Tile<32, 128, 8, 4, 8, true> T;
+    typedef Tile<32, 128, 8, 4, 8, true, true> T;
 };
 template <>
 struct NarrowOf<PartsQ4_0> : NarrowByQuad<PartsQ4_0> {};
