@@ -153,7 +153,6 @@ impl PrefixCache {
         (whole, part)
     }
 
-    /// One more user of the cached page `key`; its page.
     /// `key`'s page, now the most recently used (unused ones are evicted
     /// least recently used first).
     fn touch(&mut self, key: PageKey) -> u32 {
@@ -167,15 +166,15 @@ impl PrefixCache {
         e.page
     }
 
+    /// One more user of the cached page `key`; its page.
     fn take(&mut self, key: PageKey) -> u32 {
-        let stamp = self.tick();
+        let page = self.touch(key);
         let e = self.by_key.get_mut(&key).expect("cached");
         if e.users == 0 {
             self.unused.remove(&e.stamp);
         }
         e.users += 1;
-        e.stamp = stamp;
-        e.page
+        page
     }
 
     /// A sequence filled `page` with `tokens` after the page keyed `prev`:

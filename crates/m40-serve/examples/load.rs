@@ -18,10 +18,10 @@
 //! probe's wall time, from /metrics). The probes' first token is the
 //! first chunk that carries one; its text may be empty (a character of
 //! several tokens, such as an emoji, shows with its last), so the first
-//! chunk with text is printed beside it. The table's TTFT is the first text. The busy clients ask for
-//! `--probe-tokens N` tokens each (default: `--max-tokens`); each first
-//! sends one shorter request (client c of N: 1 + c x tokens / N), so they
-//! run out of step with each other, as independent users do, rather than
+//! chunk with text is printed beside it. The table's TTFT is the first
+//! text. The busy clients ask for `--probe-tokens N` tokens each
+//! (default: `--max-tokens`); each first sends one shorter request
+//! (client c of N: 1 + c x tokens / N), so they run out of step with each other, as independent users do, rather than
 //! all sending their prompts in the same step. `--probe-steady`: the
 //! issue's case instead, a short request arriving while the others decode:
 //! the busy clients send their full requests together (`ignore_eos`: each

@@ -728,17 +728,8 @@ mod tests {
 
     #[test]
     fn a_tokens_flops_count_its_matrices() {
-        use m40_gguf::synth::{write_model, Shape, SynthOptions};
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("tiny.gguf");
-        let f = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
-        let opts = SynthOptions {
-            shape: Shape::find("tiny").unwrap(),
-            ty: m40_gguf::GgmlType::Q8_0.into(),
-            seed: 1,
-        };
-        write_model(f, &opts, |_, _| {}).unwrap();
-        let model = Model::open(&path).unwrap();
+        let model = crate::cpu::tiny_model(&dir, 1);
         let hp = model.hparams().clone();
         let (d, ff, l) = (hp.n_embd as f64, hp.n_ff as f64, hp.n_layer as f64);
         let (q, kv) = (
