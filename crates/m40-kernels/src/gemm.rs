@@ -201,29 +201,38 @@ fn best_split(tiles: usize, k: usize, slots: usize, per_sm: usize) -> (usize, f6
 
 /// The splits over K of the narrow tile's `tiles` blocks of `steps`
 /// k-steps each on `sms` SMs holding `per_sm` blocks each: the fewest that
-/// give the busiest SM the fewest block-steps (`ceil(tiles * s / sms)`
-/// blocks of `ceil(steps / s)` k-steps; an SM left with one block, where it
-/// could hold more, counted [`NARROW_ALONE`] slower), and none unless they
-/// beat the unsplit grid's by a tenth (the reduce's share). An SM's rate
-/// does not grow past two narrow blocks (4 warps each): on an H200, 8B's
-/// o at 32 tokens ran 32 x 8 = 256 blocks of 16 k-steps (2 an SM) in 42.7
-/// us and 512 of 8 (4 an SM) in 42.0; one block an SM (4 x 32) took 48.8.
-/// The fill rule of the other tiles ([`best_split`]) took 7 splits there
-/// (47.5 us: blocks of 19 k-steps, the last of 14). BENCHMARKS.md, issue
-/// 33, "The narrow tile's splits".
+/// give the busiest SM the least time, and none unless they beat the
+/// unsplit grid's by a tenth (the reduce's share); more splits than
+/// another count only where they beat it by [`NARROW_SPLIT_GAIN`]. The
+/// busiest SM runs
+/// `ceil(tiles * s / sms)` blocks of `ceil(steps / s)` k-steps, in waves
+/// of `per_sm`; a last wave of fewer blocks than the SM holds runs each
+/// slower ([`narrow_rate`]). Splits go up to [`NARROW_MAX_SPLITS`] and
+/// down to [`NARROW_MIN_SPLIT_STEPS`] k-steps. An H100 at 32 tokens, 8B
+/// Q4_0 (BENCHMARKS.md, issue 33, sixteenth session): o in 8 splits (2
+/// blocks an SM) 42.3 us, in 12 41.0, in 16 (4 an SM, 8 k-steps each)
+/// 40.5; down 125.4, 117.5, 117.3; Q/K/V in 8 55.6, in 16 (6 an SM: a
+/// second wave of 2) 65.3; gate/up in 4 226.3, in 8 232.8, in 16 248.2
+/// (a reduce of 16 planes of 28672 rows). The thirteenth session's rule
+/// (blocks of 16 k-steps at least, 8 splits at most, only one block an SM
+/// counted slower) took 8 for o and down.
 fn narrow_split(tiles: usize, steps: usize, sms: usize, per_sm: usize) -> usize {
+    let per_sm = per_sm.max(1);
     let cost = |s: usize| {
         let on_sm = (tiles * s).div_ceil(sms.max(1));
-        let alone = if on_sm == 1 && per_sm > 1 {
-            NARROW_ALONE
-        } else {
-            1.0
-        };
-        (on_sm * steps.div_ceil(s)) as f64 * alone
+        let (full, last) = (on_sm / per_sm, on_sm % per_sm);
+        let blocks = (full * per_sm) as f64 + last as f64 * narrow_rate(last, per_sm);
+        blocks * steps.div_ceil(s) as f64
     };
-    let best = (2..=GEMM_MAX_SPLITS)
-        .take_while(|&s| steps / s >= GEMM_MIN_SPLIT_STEPS)
-        .fold(1, |best, s| if cost(s) < cost(best) { s } else { best });
+    let best = (2..=NARROW_MAX_SPLITS)
+        .take_while(|&s| steps / s >= NARROW_MIN_SPLIT_STEPS)
+        .fold(1, |best, s| {
+            if cost(s) < NARROW_SPLIT_GAIN * cost(best) {
+                s
+            } else {
+                best
+            }
+        });
     if cost(best) <= 0.9 * cost(1) {
         best
     } else {
@@ -231,10 +240,30 @@ fn narrow_split(tiles: usize, steps: usize, sms: usize, per_sm: usize) -> usize 
     }
 }
 
-/// How much slower an SM runs one narrow block than two or more (H200,
-/// 8B's Q/K/V at 32 tokens: 96 blocks of 64 k-steps, one an SM, 90.7 us;
-/// 192 of 32, two an SM, 75.9).
-const NARROW_ALONE: f64 = 1.18;
+/// Splits over K of the narrow tile at most, and k-steps a split keeps at
+/// least (8B's o: 16 splits of 8 measured fastest; above).
+const NARROW_MAX_SPLITS: usize = 16;
+const NARROW_MIN_SPLIT_STEPS: usize = 8;
+/// The share of the time a count of splits must leave of a smaller
+/// count's to be taken: the reduce adds a plane a split (gate/up's 4
+/// splits and 16 both put 224 block-steps on the busiest SM; 16 ran 10%
+/// slower, above).
+const NARROW_SPLIT_GAIN: f64 = 0.98;
+
+/// How much slower each of `b` narrow blocks runs on an SM that holds
+/// `per_sm` when they are all it has: one alone 1.18x (H200, 8B's Q/K/V at
+/// 32 tokens: 96 blocks of 64 k-steps, one an SM, 90.7 us; 192 of 32, two
+/// an SM, 75.9), two 1.05x (H100: down's 8 splits, 2 an SM, 1.07x the
+/// time of a k-step of 16 splits, 4 an SM; o's 1.04x; an H200's o 1.02x);
+/// a full SM, or three, 1.
+fn narrow_rate(b: usize, per_sm: usize) -> f64 {
+    match b {
+        _ if b >= per_sm => 1.0,
+        1 => 1.18,
+        2 => 1.05,
+        _ => 1.0,
+    }
+}
 
 /// Large tiles of a GEMM of `m` tokens by a matrix of `n` rows.
 pub fn gemm_large_tiles(m: usize, n: usize) -> usize {
@@ -679,13 +708,16 @@ mod tests {
         let plan = |tile, splits| GemmPlan { tile, splits };
         // A decode step of 17 to 32 sequences, 8B: gate/up's 224 narrow
         // tiles in 4 splits (7 blocks of 32 k-steps on the busiest SM,
-        // against 2 of 128 whole); Q/K/V's 48 and o's 32 in 8 (3 and 2
-        // blocks of 16: 7 would make blocks of 19), down's 32 in 8 (2 of
-        // 56).
+        // against 2 of 128 whole; 16 splits, 28 blocks of 8, tie and the
+        // fewer win); Q/K/V's 48 in 8 (3 blocks of 16 an SM; 16 splits
+        // would make a second wave); o's 32 in 16 (4 blocks of 8 k-steps
+        // an SM: 8 splits left 2), down's in 12 (3 of 38; 16, 4 of 28, are
+        // under 2% less).
         assert_eq!(gemm_plan(32, 28672, 4096, H100), plan(GemmTile::Narrow, 4));
         assert_eq!(gemm_plan(17, 6144, 4096, H100), plan(GemmTile::Narrow, 8));
-        assert_eq!(gemm_plan(32, 4096, 4096, H100), plan(GemmTile::Narrow, 8));
-        assert_eq!(gemm_plan(32, 4096, 14336, H100), plan(GemmTile::Narrow, 8));
+        assert_eq!(gemm_plan(32, 4096, 4096, H100), plan(GemmTile::Narrow, 16));
+        assert_eq!(gemm_plan(32, 4096, 14336, H100), plan(GemmTile::Narrow, 12));
+        assert_eq!(gemm_scratch_len(32, 4096, 14336, H100), 12 * 32 * 4096);
         // The M40 (24 SMs, 2 narrow blocks each): Q/K/V's 48 tiles are 2 an
         // SM already; o's and down's 32 leave 16 SMs half idle, 3 splits
         // make 4 blocks an SM; gate/up's best (8 splits, 75 blocks of 16
@@ -700,9 +732,10 @@ mod tests {
         assert_eq!(gemm_plan(32, 4096, 4096, M40), plan(GemmTile::Narrow, 3));
         assert_eq!(gemm_plan(32, 4096, 14336, M40), plan(GemmTile::Narrow, 3));
         assert_eq!(gemm_plan(32, 28672, 4096, M40), plan(GemmTile::Narrow, 1));
-        // Too few k-steps to split (16 a split at least): 1B's o (2048
-        // columns, 64 k-steps) in 4 at most.
-        assert_eq!(gemm_plan(32, 2048, 2048, H100), plan(GemmTile::Narrow, 4));
+        // Too few k-steps to split further (8 a split at least): 1B's o
+        // (2048 columns, 64 k-steps) in 8 at most; 256 columns not at all.
+        assert_eq!(gemm_plan(32, 2048, 2048, H100), plan(GemmTile::Narrow, 8));
+        assert_eq!(gemm_plan(32, 2048, 256, H100), plan(GemmTile::Narrow, 1));
         // 33 to 64 tokens: the large tile, split over its slots (gate/up:
         // 224 tiles, 57% of 396 slots, over half: whole, its 128 k-steps
         // too few to split; Q/K/V: 48 tiles, 12%, in 8 splits, 97%).
