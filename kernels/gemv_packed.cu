@@ -91,13 +91,5 @@ template <class P, int B> struct PgemvBounds {
     PGEMV_KERNEL_B(name, P, 4, FOLD_NONE, _x4)      \
     PGEMV_KERNEL_B(name, P, 8, FOLD_NONE, _x8)      \
     PGEMV_KERNEL_BC(name, P, 8, FOLD_NONE, true, _x8c)
-// The packed formats' Pack* structs by the names of M40_PACKED_FORMATS.
-#define PGEMV_PACK_f16 PackF16
-#define PGEMV_PACK_q8_0 PackQ8_0
-#define PGEMV_PACK_q4_0 PackQ4_0
-#define PGEMV_PACK_q4_1 PackQ4_1
-#define PGEMV_PACK_q4_k PackQ4_K
-#define PGEMV_PACK_q6_k PackQ6_K
-#define PGEMV_PACK_mxfp4 PackMXFP4
 #define PGEMV_FORMAT(name, Parts) PGEMV_KERNEL(name, PGEMV_PACK_##name)
 M40_PART_PACKED(PGEMV_FORMAT)

@@ -396,6 +396,15 @@ struct PackQ4_K {
     }
 };
 
+// The packed formats' Pack* structs by the names of M40_PACKED_FORMATS.
+#define PGEMV_PACK_f16 PackF16
+#define PGEMV_PACK_q8_0 PackQ8_0
+#define PGEMV_PACK_q4_0 PackQ4_0
+#define PGEMV_PACK_q4_1 PackQ4_1
+#define PGEMV_PACK_q4_k PackQ4_K
+#define PGEMV_PACK_q6_k PackQ6_K
+#define PGEMV_PACK_mxfp4 PackMXFP4
+
 // Blocks of loads in flight per lane: the format's U for one token; with
 // B tokens each block feeds B times the arithmetic, so fewer are needed.
 template <class P, int B> struct InFlight {

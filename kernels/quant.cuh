@@ -119,18 +119,21 @@ __device__ __forceinline__ float4 ld_x4(const float* p) { return *(const float4*
 __device__ __forceinline__ float hsum4(float4 x) { return (x.x + x.y) + (x.z + x.w); }
 __device__ __forceinline__ float hsum8(float4 x, float4 y) { return hsum4(x) + hsum4(y); }
 
-// Eighth q is weights 8q .. 8q+7 of the sub-block (most formats).
+// Eighth q is weights 8q .. 8q+7 of the sub-block (most formats). x8k: the
+// k within the sub-block of the eighth's i-th weight (the order of x8's x, y).
 #define X8_CONSECUTIVE                                                                      \
     __device__ static void x8(const float* xs, int q, float4& x, float4& y) {               \
         x = ld_x4(xs + 8 * q), y = ld_x4(xs + 8 * q + 4);                                   \
-    }
+    }                                                                                       \
+    __device__ static int x8k(int q, int i) { return 8 * q + i; }
 
 // Eighth q is weights 4q .. 4q+3 and 16+4q .. 16+4q+3: the low and high
 // nibbles of qs[4q .. 4q+3] (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL).
 #define X8_NIBBLE_SPLIT                                                                     \
     __device__ static void x8(const float* xs, int q, float4& x, float4& y) {               \
         x = ld_x4(xs + 4 * q), y = ld_x4(xs + 16 + 4 * q);                                  \
-    }
+    }                                                                                       \
+    __device__ static int x8k(int q, int i) { return 4 * q + (i & 3) + 16 * (i >> 2); }
 
 __device__ __forceinline__ float dot4(const float v[4], float4 x) {
     return v[0] * x.x + v[1] * x.y + v[2] * x.z + v[3] * x.w;

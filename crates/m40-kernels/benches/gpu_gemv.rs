@@ -27,17 +27,20 @@
 //! and the 8B model's Q/K/V, o, gate/up and down shapes) in TFLOP/s against
 //! the FP32 FMA rate measured in the same run (`fma_probe`);
 //! `M40_BENCH_GEMM_ONLY=1` runs only that one, `M40_BENCH_GEMM_TOKENS=32`
-//! at 32 tokens instead; `M40_BENCH_GEMM_SHAPE=28672x4096`
-//! and `M40_BENCH_FORMAT=Q4_0` narrow it to one shape and format;
-//! `M40_BENCH_GEMM_SPLITS=1,2,4,8` times each split over K forced
-//! (`GemmOpts::splits`) instead of the plan's.
+//! at 32 tokens instead; `M40_BENCH_GEMM_SHAPE=28672x4096` (any
+//! ROWSxCOLS) and `M40_BENCH_FORMAT=Q4_0` narrow it to one shape and
+//! format; `M40_BENCH_GEMM_SPLITS=1,2,4,8` and
+//! `M40_BENCH_GEMM_TILES=narrow,rows` time each split over K and
+//! tile forced (`GemmOpts::splits`, `GemmOpts::tile`) instead of the plan's.
 //! `M40_BENCH_JSON=path` also writes the first two tables as JSON.
 //!
 //! Without a GPU it prints why and exits 0 (1 with M40_REQUIRE_GPU=1).
 
 use m40_device::testing::test_device;
 use m40_device::{DeviceBuffer, DeviceView, Stream};
-use m40_kernels::{gemv_shared_bytes, KernelFormat, Kernels, PackFormat, PackedMatrix, QMatrix};
+use m40_kernels::{
+    gemv_shared_bytes, GemmTile, KernelFormat, Kernels, PackFormat, PackedMatrix, QMatrix,
+};
 
 const WARMUP_BATCHES: usize = 2;
 const RUNS: usize = 30;
@@ -409,18 +412,22 @@ fn prefill(s: &Stream, k: &Kernels, big: &DeviceBuffer<u8>, l2_bytes: usize) {
         if format.as_ref().is_some_and(|t| *t != f.ty.to_string()) {
             continue;
         }
-        for (rows, cols) in [
-            (6144usize, 4096usize),
-            (4096, 4096),
-            (28672, 4096),
-            (4096, 14336),
-        ] {
-            if shape
-                .as_ref()
-                .is_some_and(|s| *s != format!("{rows}x{cols}"))
-            {
-                continue;
-            }
+        // `M40_BENCH_GEMM_SHAPE=ROWSxCOLS`: that shape alone (any, e.g. an
+        // 8B's output matrix, 128256x4096).
+        let custom = shape
+            .as_ref()
+            .and_then(|s| s.split_once('x'))
+            .and_then(|(r, c)| Some((r.parse::<usize>().ok()?, c.parse::<usize>().ok()?)));
+        let shapes = match custom {
+            Some(one) => vec![one],
+            None => vec![
+                (6144usize, 4096usize),
+                (4096, 4096),
+                (28672, 4096),
+                (4096, 14336),
+            ],
+        };
+        for (rows, cols) in shapes {
             let views = weight_copies(big, f.packed_bytes(rows, cols), l2_bytes);
             let copies = views.len();
             let x = activations(s, m * cols);
@@ -439,7 +446,7 @@ fn prefill(s: &Stream, k: &Kernels, big: &DeviceBuffer<u8>, l2_bytes: usize) {
                     "scratch",
                 )
                 .expect("alloc");
-            let mut run_with = |split: bool, forced: Option<usize>| {
+            let mut run_with = |split: bool, forced: Option<usize>, tile: Option<GemmTile>| {
                 replay_ms(s, |s, i| {
                     let pm = PackedMatrix {
                         ty: f.ty,
@@ -451,30 +458,52 @@ fn prefill(s: &Stream, k: &Kernels, big: &DeviceBuffer<u8>, l2_bytes: usize) {
                         accumulate: false,
                         scratch: if split { Some(&mut part) } else { None },
                         splits: forced,
+                        tile,
                     };
                     k.gemm_packed(s, &pm, &xv, &mut y, m, opts)
                 })
             };
-            // `M40_BENCH_GEMM_SPLITS=1,2,4,...`: each split forced instead
-            // (a sweep behind the planner's choice).
-            if let Ok(list) = std::env::var("M40_BENCH_GEMM_SPLITS") {
-                let plan = k.gemm_splits(m, rows, cols).expect("occupancy");
-                let cells: Vec<String> = list
-                    .split(',')
-                    .filter_map(|v| v.parse::<usize>().ok())
-                    .map(|sp| {
-                        let ms = run_with(true, Some(sp));
-                        format!("s={sp} {:.1}", ms * 1e3)
-                    })
-                    .collect();
+            // `M40_BENCH_GEMM_SPLITS=1,2,4,...` and `M40_BENCH_GEMM_TILES=
+            // narrow,rows,large,small`: each split and tile forced
+            // instead (a sweep behind the planner's choice).
+            let forced_splits = std::env::var("M40_BENCH_GEMM_SPLITS").ok();
+            let forced_tiles = std::env::var("M40_BENCH_GEMM_TILES").ok();
+            if forced_splits.is_some() || forced_tiles.is_some() {
+                let plan = m40_kernels::gemm_plan(
+                    m,
+                    rows,
+                    cols,
+                    k.gemm_slots_for(f.ty, true).expect("occupancy"),
+                );
+                let splits: Vec<Option<usize>> = match &forced_splits {
+                    Some(l) => l
+                        .split(',')
+                        .filter_map(|v| v.parse().ok())
+                        .map(Some)
+                        .collect(),
+                    None => vec![None],
+                };
+                let tiles: Vec<Option<GemmTile>> = match &forced_tiles {
+                    Some(l) => l.split(',').map(|t| Some(tile_named(t))).collect(),
+                    None => vec![None],
+                };
+                let mut cells = Vec::new();
+                for &t in &tiles {
+                    for &sp in &splits {
+                        let ms = run_with(true, sp, t);
+                        cells.push(format!("{t:?} s={sp:?} {:.1}", ms * 1e3));
+                    }
+                }
                 println!(
-                    "| {} | {m} | {rows}x{cols} | plan {plan} | {} |",
+                    "| {} | {m} | {rows}x{cols} | plan {:?} {} | {} |",
                     f.ty,
+                    plan.tile,
+                    plan.splits,
                     cells.join(" | ")
                 );
                 continue;
             }
-            let mut run = |split: bool| run_with(split, None);
+            let mut run = |split: bool| run_with(split, None, None);
             let splits = k.gemm_splits(m, rows, cols).expect("occupancy");
             let (ms, unsplit) = if splits > 1 {
                 (run(true), format!("{:.1}", run(false) * 1e3))
@@ -489,6 +518,17 @@ fn prefill(s: &Stream, k: &Kernels, big: &DeviceBuffer<u8>, l2_bytes: usize) {
                 100.0 * tflops / ceiling
             );
         }
+    }
+}
+
+/// A tile by its lowercase name (`M40_BENCH_GEMM_TILES`).
+fn tile_named(name: &str) -> GemmTile {
+    match name {
+        "large" => GemmTile::Large,
+        "small" => GemmTile::Small,
+        "narrow" => GemmTile::Narrow,
+        "rows" => GemmTile::Rows,
+        other => panic!("M40_BENCH_GEMM_TILES: no tile {other}"),
     }
 }
 

@@ -13,10 +13,13 @@ use crate::Kernels;
 /// kernels/gemm.cu: the tiles (tokens x weight rows) of `gemm_*`,
 /// `gemm_small_*` and `gemm_narrow_packed_*`, and their threads (8 x 8
 /// outputs each in the large tile, 4 x 4 in the small one, 8 x 4 in the
-/// narrow one).
+/// narrow one); kernels/gemm_rows.cuh: `gemm_rows_packed_*` (4 rows x 32
+/// tokens a lane, a warp on each of 4 strips of 128 rows).
 const GEMM_TILE: (usize, usize) = (64, 128);
 const GEMM_SMALL_TILE: (usize, usize) = (64, 64);
 const GEMM_NARROW_TILE: (usize, usize) = (32, 128);
+const GEMM_ROWS_TILE: (usize, usize) = (32, 512);
+const GEMM_ROWS_THREADS: u32 = 128;
 const GEMM_THREADS: u32 = (GEMM_TILE.0 * GEMM_TILE.1 / 64) as u32;
 const GEMM_SMALL_THREADS: u32 = 256;
 const GEMM_NARROW_THREADS: u32 = (GEMM_NARROW_TILE.0 * GEMM_NARROW_TILE.1 / 32) as u32;
@@ -28,6 +31,8 @@ const GEMM_SLOTS_KERNEL: &str = "gemm_packed_q4_0_f32";
 /// and the narrow one (40 KB).
 const GEMM_SMALL_SLOTS_KERNEL: &str = "gemm_small_packed_q4_0_f32";
 const GEMM_NARROW_SLOTS_KERNEL: &str = "gemm_narrow_packed_q4_0_f32";
+/// And the rows tile's (225-247 registers on sm_52: 2 blocks an SM).
+const GEMM_ROWS_SLOTS_KERNEL: &str = "gemm_rows_packed_q4_0_f32";
 /// Tokens up to which GGUF-layout weights take the small tile (the large
 /// one would mostly compute rows of zeros); matrices too small to give the
 /// large tile one block per two SMs take it too.
@@ -57,6 +62,8 @@ pub struct GemmSlots {
     /// Narrow-tile blocks an SM holds; 0 where the format has no narrow
     /// kernel (GGUF-layout weights).
     pub narrow_per_sm: usize,
+    /// Rows-tile blocks an SM holds; 0 where the format has none.
+    pub rows_per_sm: usize,
 }
 
 impl GemmSlots {
@@ -95,6 +102,8 @@ pub enum GemmTile {
     Small,
     /// 32 x 128, packed weights only.
     Narrow,
+    /// 32 x 512 (the rows tile), packed weights only.
+    Rows,
 }
 
 impl GemmTile {
@@ -103,6 +112,7 @@ impl GemmTile {
             GemmTile::Large => (GEMM_TILE, GEMM_THREADS),
             GemmTile::Small => (GEMM_SMALL_TILE, GEMM_SMALL_THREADS),
             GemmTile::Narrow => (GEMM_NARROW_TILE, GEMM_NARROW_THREADS),
+            GemmTile::Rows => (GEMM_ROWS_TILE, GEMM_ROWS_THREADS),
         }
     }
 
@@ -144,10 +154,11 @@ pub fn gemm_plan(m: usize, n: usize, k: usize, gpu: GemmSlots) -> GemmPlan {
     };
     let small = || over(GemmTile::Small, gpu.small_per_sm);
     if m <= GEMM_NARROW_MAX_M && gpu.narrow_per_sm > 0 {
-        return GemmPlan {
+        let splits = narrow_split(GemmTile::Narrow.tiles(m, n), k / 32, sms, gpu.narrow_per_sm);
+        return rows_plan(n, k, gpu, splits).unwrap_or(GemmPlan {
             tile: GemmTile::Narrow,
-            splits: narrow_split(GemmTile::Narrow.tiles(m, n), k / 32, sms, gpu.narrow_per_sm),
-        };
+            splits,
+        });
     }
     if m <= GEMM_SMALL_MAX_M {
         // Packed weights (those with a narrow tile) take the large one
@@ -265,6 +276,36 @@ fn narrow_rate(b: usize, per_sm: usize) -> f64 {
     }
 }
 
+/// The rows tile where one wave of its blocks fills the GPU: the fewest
+/// splits over K (equal ones: whole chunks of 4 k-steps,
+/// [`NARROW_MIN_SPLIT_STEPS`] at least, no more than the narrow tile's
+/// `narrow_splits`, whose reduce traffic it would otherwise add) whose
+/// blocks fill [`ROWS_FILL`] of the slots without going over; elsewhere
+/// the narrow tile. Its blocks (2 an SM, 4 warps each) are so few that a
+/// second wave would run a quarter or more of the time with SMs idle. An
+/// H100 at 32 tokens through the engine's PTX (BENCHMARKS.md, issue 33,
+/// sixteenth session): an 8B's output matrix (Q6_K, 251 blocks, 95% of 264
+/// slots) 919.8 us against the narrow tile's 1116.3; gate/up (56 blocks in
+/// 4 splits, 85%) 224.8 against 219.9; Q/K/V, o and down (12 and 8 blocks
+/// in 16 splits) 64.3, 43.7, 122.0 against 51.7, 37.3, 111.4.
+fn rows_plan(n: usize, k: usize, gpu: GemmSlots, narrow_splits: usize) -> Option<GemmPlan> {
+    if gpu.rows_per_sm == 0 {
+        return None;
+    }
+    let slots = gpu.sms.max(1) * gpu.rows_per_sm;
+    let (blocks, steps) = (GemmTile::Rows.tiles(1, n), k / 32);
+    (1..=narrow_splits)
+        .take_while(|&s| blocks * s <= slots && (s == 1 || steps / s >= NARROW_MIN_SPLIT_STEPS))
+        .find(|&s| steps.is_multiple_of(4 * s) && (blocks * s) as f64 >= ROWS_FILL * slots as f64)
+        .map(|splits| GemmPlan {
+            tile: GemmTile::Rows,
+            splits,
+        })
+}
+
+/// The share of the rows tile's slots one wave must fill for it to run.
+const ROWS_FILL: f64 = 0.9;
+
 /// Large tiles of a GEMM of `m` tokens by a matrix of `n` rows.
 pub fn gemm_large_tiles(m: usize, n: usize) -> usize {
     GemmTile::Large.tiles(m, n)
@@ -291,6 +332,9 @@ pub struct GemmOpts<'s> {
     /// Splits over K instead of [`gemm_plan`]'s (a benchmark's sweep; at
     /// most [`GEMM_SPLITS_LIMIT`], and 1 without the scratch for them).
     pub splits: Option<usize>,
+    /// The tile instead of [`gemm_plan`]'s (a benchmark's or a test's):
+    /// the narrow and rows tiles take packed weights and at most 32 tokens.
+    pub tile: Option<GemmTile>,
 }
 
 /// The most splits over K a caller may force ([`GemmOpts::splits`]).
@@ -370,7 +414,7 @@ impl Kernels {
             ));
         }
         let g = GemmArgs {
-            kernels: [f.gemm, f.gemm_small, f.gemm_narrow],
+            kernels: packed_names(&f),
             data: w.data,
             need: f.packed_bytes(w.rows, w.cols),
             n: w.rows,
@@ -392,6 +436,7 @@ impl Kernels {
             GEMM_SLOTS_KERNEL,
             GEMM_SMALL_SLOTS_KERNEL,
             GEMM_NARROW_SLOTS_KERNEL,
+            GEMM_ROWS_SLOTS_KERNEL,
         ])
     }
 
@@ -403,15 +448,15 @@ impl Kernels {
     /// the slots are the same for every format (a GPU test checks).
     pub fn gemm_slots_for(&self, ty: m40_gguf::GgmlType, packed: bool) -> Result<GemmSlots> {
         let names = match PackFormat::of(ty).filter(|_| packed) {
-            Some(f) => [f.gemm, f.gemm_small, f.gemm_narrow],
+            Some(f) => packed_names(&f),
             None => gemm_names(&KernelFormat::of(ty, "gemm")?),
         };
         self.slots_of(names)
     }
 
-    /// The slots of a format's large, small and narrow kernels (no narrow
-    /// kernel: an empty name).
-    fn slots_of(&self, [large, small, narrow]: [&'static str; 3]) -> Result<GemmSlots> {
+    /// The slots of a format's large, small, narrow and rows kernels (none:
+    /// an empty name).
+    fn slots_of(&self, [large, small, narrow, rows]: [&'static str; 4]) -> Result<GemmSlots> {
         let sms = self.device().info().sm_count.max(1) as usize;
         let per_sm = |name, threads| -> Result<usize> {
             let kernel = self.handle("gemm", name)?;
@@ -424,6 +469,10 @@ impl Kernels {
             narrow_per_sm: match narrow {
                 "" => 0,
                 n => per_sm(n, GEMM_NARROW_THREADS)?,
+            },
+            rows_per_sm: match rows {
+                "" => 0,
+                n => per_sm(n, GEMM_ROWS_THREADS)?,
             },
         })
     }
@@ -441,6 +490,7 @@ impl Kernels {
             accumulate,
             scratch,
             splits: forced,
+            tile: forced_tile,
         } = opts;
         const K: &str = "gemm";
         let (n, k) = (w.n, w.k);
@@ -461,7 +511,17 @@ impl Kernels {
         // slots; else the small one (a few large blocks leave most SMs
         // idle: BENCHMARKS.md, "Measurements behind constants").
         let gpu = self.slots_of(w.kernels)?;
-        let plan = gemm_plan(m, n, k, gpu);
+        let mut plan = gemm_plan(m, n, k, gpu);
+        if let Some(t) = forced_tile {
+            let packed_only = matches!(t, GemmTile::Narrow | GemmTile::Rows);
+            if packed_only && (m > GEMM_NARROW_MAX_M || w.kernels[tile_index(t)].is_empty()) {
+                return Err(shape(
+                    K,
+                    format!("{t:?} tile for {m} tokens of these weights (packed, 32 at most)"),
+                ));
+            }
+            plan.tile = t;
+        }
         let s = match forced {
             Some(f) if f == 0 || f > GEMM_SPLITS_LIMIT => {
                 return Err(shape(
@@ -484,11 +544,7 @@ impl Kernels {
             t => t,
         };
         let ((bm, bn), threads) = tile.shape();
-        let name = w.kernels[match tile {
-            GemmTile::Large => 0,
-            GemmTile::Small => 1,
-            GemmTile::Narrow => 2,
-        }];
+        let name = w.kernels[tile_index(tile)];
         let kernel = self.kernel("gemm", name)?;
         let grid = (
             n.div_ceil(bn) as u32,
@@ -570,8 +626,8 @@ impl Kernels {
 /// The weights of a GEMM launch: the kernel, its buffer and the bytes it
 /// reads.
 struct GemmArgs<'a, 'v> {
-    /// The large-, small- and narrow-tile kernels (no narrow one: "").
-    kernels: [&'static str; 3],
+    /// The large-, small-, narrow- and rows-tile kernels (none: "").
+    kernels: [&'static str; 4],
     data: &'a DeviceView<'v, u8>,
     need: usize,
     n: usize,
@@ -581,7 +637,22 @@ struct GemmArgs<'a, 'v> {
 
 /// The large- and small-tile GEMM kernels of a format (GGUF layout: no
 /// narrow one).
-pub(crate) fn gemm_names(f: &KernelFormat) -> [&'static str; 3] {
+/// The index of `tile`'s kernel in [`GemmArgs::kernels`].
+fn tile_index(tile: GemmTile) -> usize {
+    match tile {
+        GemmTile::Large => 0,
+        GemmTile::Small => 1,
+        GemmTile::Narrow => 2,
+        GemmTile::Rows => 3,
+    }
+}
+
+/// A packed format's GEMM kernels, in [`GemmArgs::kernels`]' order.
+fn packed_names(f: &PackFormat) -> [&'static str; 4] {
+    [f.gemm, f.gemm_small, f.gemm_narrow, f.gemm_rows]
+}
+
+pub(crate) fn gemm_names(f: &KernelFormat) -> [&'static str; 4] {
     GEMM_KERNELS
         .iter()
         .find(|(ty, _)| *ty == f.symbol)
@@ -591,10 +662,10 @@ pub(crate) fn gemm_names(f: &KernelFormat) -> [&'static str; 3] {
 
 macro_rules! gemm_names {
     ($($s:literal),*) => {
-        [$(($s, [concat!("gemm_", $s, "_f32"), concat!("gemm_small_", $s, "_f32"), ""])),*]
+        [$(($s, [concat!("gemm_", $s, "_f32"), concat!("gemm_small_", $s, "_f32"), "", ""])),*]
     };
 }
-const GEMM_KERNELS: [(&str, [&str; 3]); 16] = gemm_names!(
+const GEMM_KERNELS: [(&str, [&str; 4]); 16] = gemm_names!(
     "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k",
     "q6_k", "iq4_nl", "iq4_xs", "mxfp4"
 );
@@ -610,12 +681,14 @@ mod tests {
             per_sm: 3,
             small_per_sm: 4,
             narrow_per_sm: 0,
+            rows_per_sm: 0,
         };
         const M40: GemmSlots = GemmSlots {
             sms: 24,
             per_sm: 2,
             small_per_sm: 3,
             narrow_per_sm: 0,
+            rows_per_sm: 0,
         };
         // An H100 (396 slots), 512 tokens, 8B: the Q/K/V stack's 384 tiles
         // fill 97%; o and down (256 tiles, 65%: over half) split only with
@@ -646,6 +719,7 @@ mod tests {
             per_sm: 1,
             small_per_sm: 1,
             narrow_per_sm: 1,
+            rows_per_sm: 0,
         };
         assert_eq!(gemm_k_splits(512, 3072, 4096, one), 2);
         assert_eq!(gemm_k_splits(512, 4096, 4096, one), 1);
@@ -691,6 +765,7 @@ mod tests {
             per_sm: 0,
             small_per_sm: 0,
             narrow_per_sm: 0,
+            rows_per_sm: 0,
         };
         assert_eq!(gemm_k_splits(512, 6144, 4096, none), 1);
     }
@@ -704,6 +779,7 @@ mod tests {
             per_sm: 3,
             small_per_sm: 4,
             narrow_per_sm: 4,
+            rows_per_sm: 0,
         };
         let plan = |tile, splits| GemmPlan { tile, splits };
         // A decode step of 17 to 32 sequences, 8B: gate/up's 224 narrow
@@ -727,6 +803,7 @@ mod tests {
             per_sm: 2,
             small_per_sm: 3,
             narrow_per_sm: 2,
+            rows_per_sm: 0,
         };
         assert_eq!(gemm_plan(32, 6144, 4096, M40), plan(GemmTile::Narrow, 1));
         assert_eq!(gemm_plan(32, 4096, 4096, M40), plan(GemmTile::Narrow, 3));
@@ -744,5 +821,45 @@ mod tests {
         assert_eq!(gemm_plan(64, 28672, 4096, H100), plan(GemmTile::Large, 1));
         assert_eq!(gemm_plan(40, 6144, 4096, H100), plan(GemmTile::Large, 8));
         assert_eq!(gemm_plan(40, 576, 576, H100), plan(GemmTile::Large, 1));
+    }
+
+    #[test]
+    fn decode_batches_take_the_rows_tile_where_one_wave_fills_the_gpu() {
+        // An H100 with the rows tile (2 blocks an SM: 264 slots).
+        const H100: GemmSlots = GemmSlots {
+            sms: 132,
+            per_sm: 3,
+            small_per_sm: 4,
+            narrow_per_sm: 4,
+            rows_per_sm: 2,
+        };
+        let plan = |tile, splits| GemmPlan { tile, splits };
+        // 8B and 1B at 17 to 32 tokens: the output matrix (128256 rows) as
+        // 251 blocks of 512 rows, whole (95%); gate/up's 56 (85% in 4
+        // splits), Q/K/V's, o's and down's 12 and 8 keep the narrow tile.
+        assert_eq!(gemm_plan(32, 128256, 4096, H100), plan(GemmTile::Rows, 1));
+        assert_eq!(gemm_plan(17, 128256, 2048, H100), plan(GemmTile::Rows, 1));
+        assert_eq!(gemm_plan(32, 28672, 4096, H100), plan(GemmTile::Narrow, 4));
+        assert_eq!(gemm_plan(32, 6144, 4096, H100), plan(GemmTile::Narrow, 8));
+        assert_eq!(gemm_plan(32, 4096, 4096, H100), plan(GemmTile::Narrow, 16));
+        assert_eq!(gemm_plan(32, 4096, 14336, H100), plan(GemmTile::Narrow, 12));
+        assert_eq!(gemm_plan(32, 16384, 2048, H100).tile, GemmTile::Narrow);
+        // 30720 rows: 60 blocks fill the slots only split in 4 (91%), and
+        // the narrow tile does not split (no split gains a tenth): narrow.
+        assert_eq!(gemm_plan(32, 30720, 4096, H100), plan(GemmTile::Narrow, 1));
+        // The M40 (24 SMs, 2 blocks each): the output matrix is 5.2 waves;
+        // Q/K/V's 12 blocks would need 4 splits where the narrow tile
+        // takes none.
+        const M40: GemmSlots = GemmSlots {
+            sms: 24,
+            per_sm: 2,
+            small_per_sm: 3,
+            narrow_per_sm: 2,
+            rows_per_sm: 2,
+        };
+        assert_eq!(gemm_plan(32, 128256, 4096, M40).tile, GemmTile::Narrow);
+        assert_eq!(gemm_plan(32, 6144, 4096, M40), plan(GemmTile::Narrow, 1));
+        // Past 32 tokens, the large tile as before.
+        assert_eq!(gemm_plan(33, 128256, 4096, H100).tile, GemmTile::Large);
     }
 }

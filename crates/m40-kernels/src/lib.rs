@@ -409,6 +409,7 @@ mod tests {
                 f.gemm,
                 f.gemm_small,
                 f.gemm_narrow,
+                f.gemm_rows,
                 f.embed,
             ]
             .iter()

@@ -44,6 +44,9 @@ pub struct PackFormat {
     /// `gemm_narrow_packed_{symbol}_f32`: the 32-token tile (batched decode
     /// steps of 17 to 32 sequences).
     pub gemm_narrow: &'static str,
+    /// `gemm_rows_packed_{symbol}_f32`: the rows tile (kernels/gemm_rows.cuh),
+    /// up to 32 tokens.
+    pub gemm_rows: &'static str,
     /// `embed_packed_{symbol}_f32` (kernels/embed.cu).
     pub embed: &'static str,
     /// Weights and GGUF bytes per block.
@@ -83,6 +86,7 @@ macro_rules! pformat {
             gemm: concat!("gemm_packed_", $sym, "_f32"),
             gemm_small: concat!("gemm_small_packed_", $sym, "_f32"),
             gemm_narrow: concat!("gemm_narrow_packed_", $sym, "_f32"),
+            gemm_rows: concat!("gemm_rows_packed_", $sym, "_f32"),
             embed: concat!("embed_packed_", $sym, "_f32"),
             qk: $qk,
             block_bytes: $bytes,

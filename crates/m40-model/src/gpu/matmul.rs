@@ -97,6 +97,7 @@ impl GpuBackend {
                         accumulate,
                         scratch: Some(&mut part),
                         splits: None,
+                        tile: None,
                     },
                 )?;
                 for first in (n - tail..n).step_by(GEMV_TAIL_LAUNCH) {
@@ -125,6 +126,7 @@ impl GpuBackend {
                             accumulate,
                             scratch: Some(&mut part),
                             splits: None,
+                            tile: None,
                         },
                     )?
                 }

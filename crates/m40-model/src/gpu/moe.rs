@@ -251,6 +251,7 @@ impl GpuBackend {
                         accumulate: false,
                         scratch: None,
                         splits: None,
+                        tile: None,
                     };
                     if mat.packed {
                         let f = PackFormat::of(mat.ty).expect("a packed format");
