@@ -414,6 +414,15 @@ fn prefill(s: &Stream, k: &Kernels, big: &DeviceBuffer<u8>, l2_bytes: usize) {
         }
         // `M40_BENCH_GEMM_SHAPE=ROWSxCOLS`: that shape alone (any, e.g. an
         // 8B's output matrix, 128256x4096).
+        // `M40_BENCH_GEMM_SPLITS=1,2,4,...` and `M40_BENCH_GEMM_TILES=
+        // narrow,rows,large,small`: each split and tile forced instead (a
+        // sweep behind the planner's choice).
+        let forced_splits: Option<Vec<usize>> = std::env::var("M40_BENCH_GEMM_SPLITS")
+            .ok()
+            .map(|l| l.split(',').filter_map(|v| v.parse().ok()).collect());
+        let forced_tiles: Option<Vec<GemmTile>> = std::env::var("M40_BENCH_GEMM_TILES")
+            .ok()
+            .map(|l| l.split(',').map(tile_named).collect());
         let custom = shape
             .as_ref()
             .and_then(|s| s.split_once('x'))
@@ -434,10 +443,7 @@ fn prefill(s: &Stream, k: &Kernels, big: &DeviceBuffer<u8>, l2_bytes: usize) {
             let xv = x.view();
             let mut y = s.alloc::<f32>(m * rows, "y").expect("alloc");
             let gpu = k.gemm_slots().expect("occupancy");
-            let forced_max = std::env::var("M40_BENCH_GEMM_SPLITS")
-                .ok()
-                .and_then(|l| l.split(',').filter_map(|v| v.parse::<usize>().ok()).max())
-                .unwrap_or(1);
+            let forced_max = forced_splits.iter().flatten().max().copied().unwrap_or(1);
             let mut part = s
                 .alloc::<f32>(
                     m40_kernels::gemm_scratch_len(m, rows, cols, gpu)
@@ -463,11 +469,6 @@ fn prefill(s: &Stream, k: &Kernels, big: &DeviceBuffer<u8>, l2_bytes: usize) {
                     k.gemm_packed(s, &pm, &xv, &mut y, m, opts)
                 })
             };
-            // `M40_BENCH_GEMM_SPLITS=1,2,4,...` and `M40_BENCH_GEMM_TILES=
-            // narrow,rows,large,small`: each split and tile forced
-            // instead (a sweep behind the planner's choice).
-            let forced_splits = std::env::var("M40_BENCH_GEMM_SPLITS").ok();
-            let forced_tiles = std::env::var("M40_BENCH_GEMM_TILES").ok();
             if forced_splits.is_some() || forced_tiles.is_some() {
                 let plan = m40_kernels::gemm_plan(
                     m,
@@ -476,15 +477,11 @@ fn prefill(s: &Stream, k: &Kernels, big: &DeviceBuffer<u8>, l2_bytes: usize) {
                     k.gemm_slots_for(f.ty, true).expect("occupancy"),
                 );
                 let splits: Vec<Option<usize>> = match &forced_splits {
-                    Some(l) => l
-                        .split(',')
-                        .filter_map(|v| v.parse().ok())
-                        .map(Some)
-                        .collect(),
+                    Some(l) => l.iter().copied().map(Some).collect(),
                     None => vec![None],
                 };
                 let tiles: Vec<Option<GemmTile>> = match &forced_tiles {
-                    Some(l) => l.split(',').map(|t| Some(tile_named(t))).collect(),
+                    Some(l) => l.iter().copied().map(Some).collect(),
                     None => vec![None],
                 };
                 let mut cells = Vec::new();
