@@ -45,7 +45,6 @@
 // a packed GEMV keeps only that copy of its weights.
 #include "common.cuh"
 #include "packed.cuh"
-#include "gemm_rows.cuh"
 
 #define GEMM_BK 32  // k per step: one sub-block
 
@@ -453,18 +452,10 @@ struct NarrowOf<PartsQ4_0> : NarrowByQuad<PartsQ4_0> {};
 template <>
 struct NarrowOf<PartsQ6_K> : NarrowByQuad<PartsQ6_K> {};
 
-// The rows tile (gemm_rows.cuh) over the packed GEMV's formats.
-#define GEMM_ROWS_ENTRY(entry, PK)                                                                          \
-    extern "C" __global__ void __launch_bounds__(32 * ROWS_WARPS, 2)                                          \
-        entry(const u8* W, const float* X, float* Y, float* Y1, float* Y2, int r1, int r2, int M, int N,     \
-              int K, long long row_bytes, int accumulate) {                                                  \
-        gemm_rows<PK>(W, X, RowParts{Y, Y1, Y2, r1, r2, N}, M, N, K, accumulate);                            \
-    }
 #define GEMM_PACKED_KERNEL(name, P)                                                        \
     GEMM_ENTRY(gemm_packed_##name##_f32, Large, LargeLoader<P>::type, GEMM_LARGE_BLOCKS) \
     GEMM_ENTRY(gemm_small_packed_##name##_f32, Small, ByRow<Packed<P>>, 4)               \
-    GEMM_ENTRY(gemm_narrow_packed_##name##_f32, NarrowOf<P>::T, NarrowOf<P>::Loader, GEMM_NARROW_BLOCKS) \
-    GEMM_ROWS_ENTRY(gemm_rows_packed_##name##_f32, PGEMV_PACK_##name)
+    GEMM_ENTRY(gemm_narrow_packed_##name##_f32, NarrowOf<P>::T, NarrowOf<P>::Loader, GEMM_NARROW_BLOCKS)
 M40_PART_PACKED(GEMM_PACKED_KERNEL)
 
 #ifdef M40_WITH_COMMON

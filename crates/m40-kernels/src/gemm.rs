@@ -5,6 +5,7 @@ use m40_device::{DeviceBuffer, DeviceView, Stream};
 
 use crate::error::Result;
 use crate::format::KernelFormat;
+use crate::gemm_rows::{rows_splits, GEMM_ROWS_PER_SM, GEMM_ROWS_THREADS, GEMM_ROWS_TILE};
 use crate::launch::{cfg_shared as cfg, check_len, shape, to_i32};
 use crate::layout::{PackedMatrix, QMatrix, RowSplit};
 use crate::pack::PackFormat;
@@ -18,8 +19,6 @@ use crate::Kernels;
 const GEMM_TILE: (usize, usize) = (64, 128);
 const GEMM_SMALL_TILE: (usize, usize) = (64, 64);
 const GEMM_NARROW_TILE: (usize, usize) = (32, 128);
-const GEMM_ROWS_TILE: (usize, usize) = (32, 512);
-const GEMM_ROWS_THREADS: u32 = 128;
 const GEMM_THREADS: u32 = (GEMM_TILE.0 * GEMM_TILE.1 / 64) as u32;
 const GEMM_SMALL_THREADS: u32 = 256;
 const GEMM_NARROW_THREADS: u32 = (GEMM_NARROW_TILE.0 * GEMM_NARROW_TILE.1 / 32) as u32;
@@ -31,7 +30,9 @@ const GEMM_SLOTS_KERNEL: &str = "gemm_packed_q4_0_f32";
 /// and the narrow one (40 KB).
 const GEMM_SMALL_SLOTS_KERNEL: &str = "gemm_small_packed_q4_0_f32";
 const GEMM_NARROW_SLOTS_KERNEL: &str = "gemm_narrow_packed_q4_0_f32";
-/// And the rows tile's (225-247 registers on sm_52: 2 blocks an SM).
+/// And the rows tile's, whose slots are [`GEMM_ROWS_PER_SM`]: its own
+/// module (kernels/gemm_rows.cu) is loaded only where a plan takes it
+/// (gemm_rows.rs).
 const GEMM_ROWS_SLOTS_KERNEL: &str = "gemm_rows_packed_q4_0_f32";
 /// Tokens up to which GGUF-layout weights take the small tile (the large
 /// one would mostly compute rows of zeros); matrices too small to give the
@@ -117,7 +118,7 @@ impl GemmTile {
     }
 
     /// Its tiles over `m` tokens by `n` rows.
-    fn tiles(self, m: usize, n: usize) -> usize {
+    pub(crate) fn tiles(self, m: usize, n: usize) -> usize {
         let ((bm, bn), _) = self.shape();
         m.div_ceil(bm) * n.div_ceil(bn)
     }
@@ -155,10 +156,17 @@ pub fn gemm_plan(m: usize, n: usize, k: usize, gpu: GemmSlots) -> GemmPlan {
     let small = || over(GemmTile::Small, gpu.small_per_sm);
     if m <= GEMM_NARROW_MAX_M && gpu.narrow_per_sm > 0 {
         let splits = narrow_split(GemmTile::Narrow.tiles(m, n), k / 32, sms, gpu.narrow_per_sm);
-        return rows_plan(n, k, gpu, splits).unwrap_or(GemmPlan {
-            tile: GemmTile::Narrow,
-            splits,
-        });
+        let rows = (sms, gpu.rows_per_sm);
+        return match rows_splits(n, k, rows, splits, NARROW_MIN_SPLIT_STEPS) {
+            Some(s) => GemmPlan {
+                tile: GemmTile::Rows,
+                splits: s,
+            },
+            None => GemmPlan {
+                tile: GemmTile::Narrow,
+                splits,
+            },
+        };
     }
     if m <= GEMM_SMALL_MAX_M {
         // Packed weights (those with a narrow tile) take the large one
@@ -254,7 +262,7 @@ fn narrow_split(tiles: usize, steps: usize, sms: usize, per_sm: usize) -> usize 
 /// Splits over K of the narrow tile at most, and k-steps a split keeps at
 /// least (8B's o: 16 splits of 8 measured fastest; above).
 const NARROW_MAX_SPLITS: usize = 16;
-const NARROW_MIN_SPLIT_STEPS: usize = 8;
+pub(crate) const NARROW_MIN_SPLIT_STEPS: usize = 8;
 /// The share of the time a count of splits must leave of a smaller
 /// count's to be taken: the reduce adds a plane a split (gate/up's 4
 /// splits and 16 both put 224 block-steps on the busiest SM; 16 ran 10%
@@ -275,36 +283,6 @@ fn narrow_rate(b: usize, per_sm: usize) -> f64 {
         _ => 1.0,
     }
 }
-
-/// The rows tile where one wave of its blocks fills the GPU: the fewest
-/// splits over K (equal ones: whole chunks of 4 k-steps,
-/// [`NARROW_MIN_SPLIT_STEPS`] at least, no more than the narrow tile's
-/// `narrow_splits`, whose reduce traffic it would otherwise add) whose
-/// blocks fill [`ROWS_FILL`] of the slots without going over; elsewhere
-/// the narrow tile. Its blocks (2 an SM, 4 warps each) are so few that a
-/// second wave would run a quarter or more of the time with SMs idle. An
-/// H100 at 32 tokens through the engine's PTX (BENCHMARKS.md, issue 33,
-/// sixteenth session): an 8B's output matrix (Q6_K, 251 blocks, 95% of 264
-/// slots) 919.8 us against the narrow tile's 1116.3; gate/up (56 blocks in
-/// 4 splits, 85%) 224.8 against 219.9; Q/K/V, o and down (12 and 8 blocks
-/// in 16 splits) 64.3, 43.7, 122.0 against 51.7, 37.3, 111.4.
-fn rows_plan(n: usize, k: usize, gpu: GemmSlots, narrow_splits: usize) -> Option<GemmPlan> {
-    if gpu.rows_per_sm == 0 {
-        return None;
-    }
-    let slots = gpu.sms.max(1) * gpu.rows_per_sm;
-    let (blocks, steps) = (GemmTile::Rows.tiles(1, n), k / 32);
-    (1..=narrow_splits)
-        .take_while(|&s| blocks * s <= slots && (s == 1 || steps / s >= NARROW_MIN_SPLIT_STEPS))
-        .find(|&s| steps.is_multiple_of(4 * s) && (blocks * s) as f64 >= ROWS_FILL * slots as f64)
-        .map(|splits| GemmPlan {
-            tile: GemmTile::Rows,
-            splits,
-        })
-}
-
-/// The share of the rows tile's slots one wave must fill for it to run.
-const ROWS_FILL: f64 = 0.9;
 
 /// Large tiles of a GEMM of `m` tokens by a matrix of `n` rows.
 pub fn gemm_large_tiles(m: usize, n: usize) -> usize {
@@ -470,10 +448,7 @@ impl Kernels {
                 "" => 0,
                 n => per_sm(n, GEMM_NARROW_THREADS)?,
             },
-            rows_per_sm: match rows {
-                "" => 0,
-                n => per_sm(n, GEMM_ROWS_THREADS)?,
-            },
+            rows_per_sm: if rows.is_empty() { 0 } else { GEMM_ROWS_PER_SM },
         })
     }
 
@@ -545,7 +520,10 @@ impl Kernels {
         };
         let ((bm, bn), threads) = tile.shape();
         let name = w.kernels[tile_index(tile)];
-        let kernel = self.kernel("gemm", name)?;
+        let kernel = match tile {
+            GemmTile::Rows => self.kernel("gemm_rows", name)?,
+            _ => self.kernel("gemm", name)?,
+        };
         let grid = (
             n.div_ceil(bn) as u32,
             u32::try_from(m.div_ceil(bm)).map_err(|_| shape(K, format!("{m} rows")))?,

@@ -17,6 +17,7 @@ mod decode;
 mod elementwise;
 mod embed;
 mod gemm;
+mod gemm_rows;
 mod gemv;
 mod gemv_packed;
 mod moe;
@@ -105,6 +106,13 @@ const MODULE_TABLE: &[(&str, &str)] = &[
     module!("gemm.iq4_nl"),
     module!("gemm.iq4_xs"),
     module!("gemm.mxfp4"),
+    module!("gemm_rows.f16"),
+    module!("gemm_rows.q8_0"),
+    module!("gemm_rows.q4_0"),
+    module!("gemm_rows.q4_1"),
+    module!("gemm_rows.q4_k"),
+    module!("gemm_rows.q6_k"),
+    module!("gemm_rows.mxfp4"),
     module!("gemv.f32"),
     module!("gemv.f16"),
     module!("gemv.bf16"),

@@ -13,6 +13,7 @@ mod decode;
 mod elementwise;
 mod embed;
 mod gemm;
+mod gemm_rows;
 mod gemv;
 mod gemv_packed;
 mod moe;

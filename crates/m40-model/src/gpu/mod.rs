@@ -375,6 +375,11 @@ impl GpuBackend {
             let t = model.tensor(name).info;
             kernels.gemm_slots_for(t.ty, packs(&opts, t.ty, t.row_len()))?
         };
+        kernels.load_modules(&weights::rows_modules(&model, &opts, gpu), &mut |p| {
+            if let Some(f) = &opts.kernel_progress {
+                f(p)
+            }
+        })?;
         let (free, total) = device.memory()?;
         let limit = (device.budget_left() as u64).min(free as u64);
         let sms = device.info().sm_count as usize;

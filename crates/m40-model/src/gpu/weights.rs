@@ -6,8 +6,8 @@ use m40_device::{DeviceBuffer, DeviceView, Stream};
 use m40_gguf::hparams::{Activation, RopeStyle, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
 use m40_gguf::{GgmlType, HyperParams, TensorView};
 use m40_kernels::{
-    interleave_glu, modules_for, pack_gemv, KernelFormat, PackFormat, PackedMatrix, QMatrix,
-    PACK_ROWS,
+    gemm_plan, interleave_glu, modules_for, pack_gemv, GemmSlots, GemmTile, KernelFormat,
+    PackFormat, PackedMatrix, QMatrix, PACK_ROWS,
 };
 
 use super::GpuOptions;
@@ -516,6 +516,52 @@ fn interleave_rows(gate: &[f32], up: &[f32]) -> Result<Vec<f32>> {
         .chunks_exact(4)
         .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
         .collect())
+}
+
+/// The rows tile's modules (kernels/gemm_rows.cu) a [`GpuBackend`] for
+/// `model` may launch on a GPU of `gpu`'s slots: the formats of the packed
+/// matrices, and of layer 0's Q/K/V and gate/up stacks, whose GEMM of up to
+/// 32 tokens takes that tile (`gemm_plan`). Loaded up front with them, not
+/// on a first batched step, and not at all where nothing takes the tile (a
+/// module is JIT-compiled whole on a first run). A stack missed here still
+/// runs, its module loaded when first launched.
+pub(super) fn rows_modules(model: &Model, opts: &GpuOptions, gpu: GemmSlots) -> Vec<&'static str> {
+    let hp = model.hparams();
+    let file = model.file();
+    let packed = |t: &m40_gguf::TensorInfo| {
+        t.shape.len() == 2 && !in_rows(opts, hp, t) && packs(opts, t.ty, t.row_len())
+    };
+    let takes = |rows: usize, cols: usize| gemm_plan(32, rows, cols, gpu).tile == GemmTile::Rows;
+    let mut formats: Vec<&'static str> = Vec::new();
+    let mut add = |ty: GgmlType| {
+        if let Some(f) = PackFormat::of(ty) {
+            let sym = KernelFormat::of(f.ty, "gpu backend").map(|k| k.symbol);
+            if let Ok(sym) = sym {
+                if !formats.contains(&sym) {
+                    formats.push(sym);
+                }
+            }
+        }
+    };
+    for (name, _) in hp.expected_tensors() {
+        if let Some(t) = file.tensor_info(&name).filter(|t| packed(t)) {
+            if takes(t.n_rows(), t.row_len()) {
+                add(t.ty);
+            }
+        }
+    }
+    let l0 = m40_gguf::hparams::LayerNames::new(0);
+    for stack in [
+        [&l0.wq, &l0.wk, &l0.wv].as_slice(),
+        &[&l0.ffn_gate, &l0.ffn_up],
+    ] {
+        let ts: Vec<_> = stack.iter().filter_map(|n| file.tensor_info(n)).collect();
+        let same = ts.len() == stack.len() && ts.iter().all(|t| packed(t) && t.ty == ts[0].ty);
+        if same && takes(ts.iter().map(|t| t.n_rows()).sum(), ts[0].row_len()) {
+            add(ts[0].ty);
+        }
+    }
+    modules_for("gemm_rows", &formats)
 }
 
 /// Whether a tensor stays in GGUF rows: a mixture's router, and its
