@@ -91,3 +91,28 @@ struct RowParts {
         return y2 + (long long)m * (n - r2) + (r - r2);
     }
 };
+
+// Y (+)= v at token m, rows n .. n + 3 (those below N), plane `part` floats
+// on: one 16-byte store where the 4 lie in one part of Y, 16-byte aligned,
+// else one by one; the same sums either way (gemm.cu's narrow tile,
+// gemm_rows.cuh).
+__device__ __forceinline__ void store_row4(const RowParts& Y, long long part, int m, int n, int N, const float* v,
+                                           int accumulate) {
+    float* y = Y.at(m, n) + part;
+    const bool one_part = (n < Y.r1) == (n + 3 < Y.r1) && (n < Y.r2) == (n + 3 < Y.r2);
+    if (n + 3 < N && one_part && ((unsigned long long)y & 15) == 0) {
+        float4 o = make_float4(v[0], v[1], v[2], v[3]);
+        if (accumulate) {
+            const float4 a = *(const float4*)y;
+            o = make_float4(a.x + o.x, a.y + o.y, a.z + o.z, a.w + o.w);
+        }
+        *(float4*)y = o;
+        return;
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        if (n + j >= N) break;
+        float* yj = Y.at(m, n + j) + part;
+        *yj = accumulate ? *yj + v[j] : v[j];
+    }
+}

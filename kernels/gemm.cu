@@ -355,24 +355,7 @@ __device__ __forceinline__ void gemm_tile(const u8* __restrict__ W, const float*
 #pragma unroll
             for (int g = 0; g < T::TN / 4; ++g) {
                 const int n = n0 + (g * T::NX + tx) * 4;
-                if (n >= N) continue;
-                float* y = Y.at(m, n) + part;
-                const bool one_part = (n < Y.r1) == (n + 3 < Y.r1) && (n < Y.r2) == (n + 3 < Y.r2);
-                if (n + 3 < N && one_part && ((unsigned long long)y & 15) == 0) {
-                    float4 v = make_float4(acc[i][4 * g], acc[i][4 * g + 1], acc[i][4 * g + 2], acc[i][4 * g + 3]);
-                    if (accumulate) {
-                        const float4 o = *(const float4*)y;
-                        v = make_float4(o.x + v.x, o.y + v.y, o.z + v.z, o.w + v.w);
-                    }
-                    *(float4*)y = v;
-                    continue;
-                }
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    if (n + j >= N) break;
-                    float* yj = Y.at(m, n + j) + part;
-                    *yj = accumulate ? *yj + acc[i][4 * g + j] : acc[i][4 * g + j];
-                }
+                if (n < N) store_row4(Y, part, m, n, N, &acc[i][4 * g], accumulate);
             }
         } else {
 #pragma unroll

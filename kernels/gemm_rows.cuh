@@ -18,7 +18,7 @@
 // by 32 tokens, whose x every lane reads at the same address (4 tokens a
 // broadcast, 16 FMAs a lane). Only X is staged in shared memory, 4 blocks
 // of 32 k (a chunk) at a time, double-buffered: one barrier a chunk; every
-// sum adds its k in the same order for any M. 128 sums a lane: 227-247
+// sum adds its k in the same order for any M. 128 sums a lane: 225-247
 // registers (sm_52), 2 blocks an SM, so few warps that only grids of one
 // full wave run it (m40-kernels' gemm_plan): on an H100, an 8B's output
 // matrix at 32 tokens. Tried and not kept (BENCHMARKS.md): the warps of a
@@ -29,29 +29,6 @@
 
 #define ROWS_WARPS 4
 #define ROWS_TOKENS 32
-
-// Store a lane's 4 consecutive rows n .. n + 3 of token m (v), one float4
-// where they lie in one part of Y 16-byte aligned, else one by one.
-__device__ __forceinline__ void rows_store4(const RowParts& Y, long long part, int m, int n, int N, const float* v,
-                                            int accumulate) {
-    float* y = Y.at(m, n) + part;
-    const bool one_part = (n < Y.r1) == (n + 3 < Y.r1) && (n < Y.r2) == (n + 3 < Y.r2);
-    if (n + 3 < N && one_part && ((unsigned long long)y & 15) == 0) {
-        float4 o = make_float4(v[0], v[1], v[2], v[3]);
-        if (accumulate) {
-            const float4 a = *(const float4*)y;
-            o = make_float4(a.x + o.x, a.y + o.y, a.z + o.z, a.w + o.w);
-        }
-        *(float4*)y = o;
-        return;
-    }
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        if (n + j >= N) break;
-        float* yj = Y.at(m, n + j) + part;
-        *yj = accumulate ? *yj + v[j] : v[j];
-    }
-}
 
 template <class P>
 __device__ __forceinline__ void gemm_rows(const u8* __restrict__ W, const float* __restrict__ X, const RowParts Y,
@@ -153,6 +130,6 @@ __device__ __forceinline__ void gemm_rows(const u8* __restrict__ W, const float*
     for (int t = 0; t < ROWS_TOKENS; ++t) {
         if (t >= M) break;
         const float v[4] = {acc[0][t], acc[1][t], acc[2][t], acc[3][t]};
-        rows_store4(Y, part, t, 4 * g, N, v, accumulate);
+        store_row4(Y, part, t, 4 * g, N, v, accumulate);
     }
 }

@@ -2,22 +2,27 @@
 
 use super::*;
 
+/// An H100's and an M40's GEMM slots for GGUF-layout weights (no narrow or
+/// rows tile); the tests below add the packed tiles' slots.
+const H100_GGUF: GemmSlots = GemmSlots {
+    sms: 132,
+    per_sm: 3,
+    small_per_sm: 4,
+    narrow_per_sm: 0,
+    rows_per_sm: 0,
+};
+const M40_GGUF: GemmSlots = GemmSlots {
+    sms: 24,
+    per_sm: 2,
+    small_per_sm: 3,
+    narrow_per_sm: 0,
+    rows_per_sm: 0,
+};
+
 #[test]
 fn gemm_splits_over_k_where_the_tiles_fill_the_sms_badly() {
-    const H100: GemmSlots = GemmSlots {
-        sms: 132,
-        per_sm: 3,
-        small_per_sm: 4,
-        narrow_per_sm: 0,
-        rows_per_sm: 0,
-    };
-    const M40: GemmSlots = GemmSlots {
-        sms: 24,
-        per_sm: 2,
-        small_per_sm: 3,
-        narrow_per_sm: 0,
-        rows_per_sm: 0,
-    };
+    const H100: GemmSlots = H100_GGUF;
+    const M40: GemmSlots = M40_GGUF;
     // An H100 (396 slots), 512 tokens, 8B: the Q/K/V stack's 384 tiles
     // fill 97%; o and down (256 tiles, 65%: over half) split only with
     // 128 k-steps a split: down's 448 in 3 (97%), not o's 128; gate/up
@@ -43,11 +48,10 @@ fn gemm_splits_over_k_where_the_tiles_fill_the_sms_badly() {
     // One block per SM: 192 tiles on 132 slots fill 73%, split in 2
     // 97%.
     let one = GemmSlots {
-        sms: 132,
         per_sm: 1,
         small_per_sm: 1,
         narrow_per_sm: 1,
-        rows_per_sm: 0,
+        ..H100
     };
     assert_eq!(gemm_k_splits(512, 3072, 4096, one), 2);
     assert_eq!(gemm_k_splits(512, 4096, 4096, one), 1);
@@ -92,8 +96,7 @@ fn gemm_splits_over_k_where_the_tiles_fill_the_sms_badly() {
         sms: 0,
         per_sm: 0,
         small_per_sm: 0,
-        narrow_per_sm: 0,
-        rows_per_sm: 0,
+        ..M40
     };
     assert_eq!(gemm_k_splits(512, 6144, 4096, none), 1);
 }
@@ -103,11 +106,8 @@ fn packed_weights_take_the_narrow_tile_then_the_large_one() {
     // An H100's slots for packed weights (4 narrow blocks an SM: 118
     // registers on sm_90).
     const H100: GemmSlots = GemmSlots {
-        sms: 132,
-        per_sm: 3,
-        small_per_sm: 4,
         narrow_per_sm: 4,
-        rows_per_sm: 0,
+        ..H100_GGUF
     };
     let plan = |tile, splits| GemmPlan { tile, splits };
     // A decode step of 17 to 32 sequences, 8B: gate/up's 224 narrow
@@ -127,11 +127,8 @@ fn packed_weights_take_the_narrow_tile_then_the_large_one() {
     // make 4 blocks an SM; gate/up's best (8 splits, 75 blocks of 16
     // k-steps against 10 of 128) gains under a tenth: whole.
     const M40: GemmSlots = GemmSlots {
-        sms: 24,
-        per_sm: 2,
-        small_per_sm: 3,
         narrow_per_sm: 2,
-        rows_per_sm: 0,
+        ..M40_GGUF
     };
     assert_eq!(gemm_plan(32, 6144, 4096, M40), plan(GemmTile::Narrow, 1));
     assert_eq!(gemm_plan(32, 4096, 4096, M40), plan(GemmTile::Narrow, 3));
@@ -155,11 +152,9 @@ fn packed_weights_take_the_narrow_tile_then_the_large_one() {
 fn decode_batches_take_the_rows_tile_where_one_wave_fills_the_gpu() {
     // An H100 with the rows tile (2 blocks an SM: 264 slots).
     const H100: GemmSlots = GemmSlots {
-        sms: 132,
-        per_sm: 3,
-        small_per_sm: 4,
         narrow_per_sm: 4,
         rows_per_sm: 2,
+        ..H100_GGUF
     };
     let plan = |tile, splits| GemmPlan { tile, splits };
     // 8B and 1B at 17 to 32 tokens: the output matrix (128256 rows) as
@@ -179,11 +174,9 @@ fn decode_batches_take_the_rows_tile_where_one_wave_fills_the_gpu() {
     // Q/K/V's 12 blocks would need 4 splits where the narrow tile
     // takes none.
     const M40: GemmSlots = GemmSlots {
-        sms: 24,
-        per_sm: 2,
-        small_per_sm: 3,
         narrow_per_sm: 2,
         rows_per_sm: 2,
+        ..M40_GGUF
     };
     assert_eq!(gemm_plan(32, 128256, 4096, M40).tile, GemmTile::Narrow);
     assert_eq!(gemm_plan(32, 6144, 4096, M40), plan(GemmTile::Narrow, 1));

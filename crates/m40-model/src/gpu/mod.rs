@@ -357,12 +357,12 @@ impl GpuBackend {
         }
         let max_batch = opts.max_batch.max(1);
         let kernels = Kernels::new(device.clone());
-        let modules = modules_needed(&model, &opts);
-        kernels.load_modules(&modules, &mut |p| {
+        let mut progress = |p| {
             if let Some(f) = &opts.kernel_progress {
                 f(p)
             }
-        })?;
+        };
+        kernels.load_modules(&modules_needed(&model, &opts), &mut progress)?;
         // The GEMM's slots from a format the model holds (loading another
         // format's kernels would JIT-compile them on a first run).
         let gpu = {
@@ -375,11 +375,7 @@ impl GpuBackend {
             let t = model.tensor(name).info;
             kernels.gemm_slots_for(t.ty, packs(&opts, t.ty, t.row_len()))?
         };
-        kernels.load_modules(&weights::rows_modules(&model, &opts, gpu), &mut |p| {
-            if let Some(f) = &opts.kernel_progress {
-                f(p)
-            }
-        })?;
+        kernels.load_modules(&weights::rows_modules(&model, &opts, gpu), &mut progress)?;
         let (free, total) = device.memory()?;
         let limit = (device.budget_left() as u64).min(free as u64);
         let sms = device.info().sm_count as usize;

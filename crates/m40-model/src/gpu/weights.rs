@@ -468,10 +468,7 @@ pub(super) fn modules_needed(model: &Model, opts: &GpuOptions) -> Vec<&'static s
         let Ok(f) = KernelFormat::of(t.ty, "gpu backend") else {
             continue;
         };
-        let list = if !in_rows(opts, hp, t)
-            && PackFormat::of(t.ty).is_some()
-            && packs(opts, t.ty, t.row_len())
-        {
+        let list = if uploads_packed(opts, hp, t) {
             &mut packed
         } else {
             &mut rows
@@ -528,18 +525,13 @@ fn interleave_rows(gate: &[f32], up: &[f32]) -> Result<Vec<f32>> {
 pub(super) fn rows_modules(model: &Model, opts: &GpuOptions, gpu: GemmSlots) -> Vec<&'static str> {
     let hp = model.hparams();
     let file = model.file();
-    let packed = |t: &m40_gguf::TensorInfo| {
-        t.shape.len() == 2 && !in_rows(opts, hp, t) && packs(opts, t.ty, t.row_len())
-    };
+    let packed = |t: &m40_gguf::TensorInfo| t.shape.len() == 2 && uploads_packed(opts, hp, t);
     let takes = |rows: usize, cols: usize| gemm_plan(32, rows, cols, gpu).tile == GemmTile::Rows;
     let mut formats: Vec<&'static str> = Vec::new();
     let mut add = |ty: GgmlType| {
-        if let Some(f) = PackFormat::of(ty) {
-            let sym = KernelFormat::of(f.ty, "gpu backend").map(|k| k.symbol);
-            if let Ok(sym) = sym {
-                if !formats.contains(&sym) {
-                    formats.push(sym);
-                }
+        if let Ok(f) = KernelFormat::of(ty, "gpu backend") {
+            if !formats.contains(&f.symbol) {
+                formats.push(f.symbol);
             }
         }
     };
@@ -562,6 +554,11 @@ pub(super) fn rows_modules(model: &Model, opts: &GpuOptions, gpu: GemmSlots) -> 
         }
     }
     modules_for("gemm_rows", &formats)
+}
+
+/// Whether a weight tensor is uploaded in the packed layout.
+fn uploads_packed(opts: &GpuOptions, hp: &HyperParams, t: &m40_gguf::TensorInfo) -> bool {
+    !in_rows(opts, hp, t) && packs(opts, t.ty, t.row_len())
 }
 
 /// Whether a tensor stays in GGUF rows: a mixture's router, and its
