@@ -613,8 +613,6 @@ struct GemmArgs<'a, 'v> {
     row_bytes: usize,
 }
 
-/// The large- and small-tile GEMM kernels of a format (GGUF layout: no
-/// narrow one).
 /// The index of `tile`'s kernel in [`GemmArgs::kernels`].
 fn tile_index(tile: GemmTile) -> usize {
     match tile {
@@ -630,6 +628,8 @@ fn packed_names(f: &PackFormat) -> [&'static str; 4] {
     [f.gemm, f.gemm_small, f.gemm_narrow, f.gemm_rows]
 }
 
+/// The large- and small-tile GEMM kernels of a format in its GGUF layout
+/// (no narrow or rows one: ""), in [`GemmArgs::kernels`]' order.
 pub(crate) fn gemm_names(f: &KernelFormat) -> [&'static str; 4] {
     GEMM_KERNELS
         .iter()

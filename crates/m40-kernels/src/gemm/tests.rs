@@ -19,6 +19,35 @@ const M40_GGUF: GemmSlots = GemmSlots {
     rows_per_sm: 0,
 };
 
+/// The same with the narrow tile: an H100 holds 4 blocks an SM (118
+/// registers on sm_90), the M40 2 (shared memory).
+const H100_NARROW: GemmSlots = GemmSlots {
+    narrow_per_sm: 4,
+    ..H100_GGUF
+};
+const M40_NARROW: GemmSlots = GemmSlots {
+    narrow_per_sm: 2,
+    ..M40_GGUF
+};
+
+/// An 8B's Q/K/V, gate/up, o and down at 17 to 32 tokens, (tokens, rows,
+/// columns), and the narrow tile's splits on an H100: gate/up's 224 tiles
+/// in 4 (7 blocks of 32 k-steps on the busiest SM, against 2 of 128
+/// whole; 16 splits, 28 blocks of 8, tie and the fewer win); Q/K/V's 48
+/// in 8 (3 blocks of 16 an SM; 16 splits would make a second wave); o's
+/// 32 in 16 (4 blocks of 8 k-steps an SM: 8 splits left 2), down's in 12
+/// (3 of 38; 16, 4 of 28, are under 2% less).
+const H100_8B_NARROW: [((usize, usize, usize), usize); 4] = [
+    ((32, 28672, 4096), 4),
+    ((17, 6144, 4096), 8),
+    ((32, 4096, 4096), 16),
+    ((32, 4096, 14336), 12),
+];
+
+fn plan(tile: GemmTile, splits: usize) -> GemmPlan {
+    GemmPlan { tile, splits }
+}
+
 #[test]
 fn gemm_splits_over_k_where_the_tiles_fill_the_sms_badly() {
     const H100: GemmSlots = H100_GGUF;
@@ -77,21 +106,13 @@ fn gemm_splits_over_k_where_the_tiles_fill_the_sms_badly() {
     // M40, 10 large tiles in 4 splits fill 83%, 8 in 6 all 48 slots; 4
     // (7 splits: 58%) run as 8 small ones in 8 (89% of 72). SmolLM2's
     // 576 columns are too few k-steps to split.
-    let plan = |small, splits| GemmPlan {
-        tile: if small {
-            GemmTile::Small
-        } else {
-            GemmTile::Large
-        },
-        splits,
-    };
-    assert_eq!(gemm_plan(128, 4096, 4096, H100), plan(false, 6));
-    assert_eq!(gemm_plan(512, 512, 4096, H100), plan(true, 8));
-    assert_eq!(gemm_plan(128, 640, 4096, M40), plan(false, 4));
-    assert_eq!(gemm_plan(128, 512, 4096, M40), plan(false, 6));
-    assert_eq!(gemm_plan(128, 256, 4096, M40), plan(true, 8));
-    assert_eq!(gemm_plan(512, 576, 576, H100), plan(true, 1));
-    assert_eq!(gemm_plan(512, 6144, 4096, H100), plan(false, 1));
+    assert_eq!(gemm_plan(128, 4096, 4096, H100), plan(GemmTile::Large, 6));
+    assert_eq!(gemm_plan(512, 512, 4096, H100), plan(GemmTile::Small, 8));
+    assert_eq!(gemm_plan(128, 640, 4096, M40), plan(GemmTile::Large, 4));
+    assert_eq!(gemm_plan(128, 512, 4096, M40), plan(GemmTile::Large, 6));
+    assert_eq!(gemm_plan(128, 256, 4096, M40), plan(GemmTile::Small, 8));
+    assert_eq!(gemm_plan(512, 576, 576, H100), plan(GemmTile::Small, 1));
+    assert_eq!(gemm_plan(512, 6144, 4096, H100), plan(GemmTile::Large, 1));
     let none = GemmSlots {
         sms: 0,
         per_sm: 0,
@@ -103,33 +124,16 @@ fn gemm_splits_over_k_where_the_tiles_fill_the_sms_badly() {
 
 #[test]
 fn packed_weights_take_the_narrow_tile_then_the_large_one() {
-    // An H100's slots for packed weights (4 narrow blocks an SM: 118
-    // registers on sm_90).
-    const H100: GemmSlots = GemmSlots {
-        narrow_per_sm: 4,
-        ..H100_GGUF
-    };
-    let plan = |tile, splits| GemmPlan { tile, splits };
-    // A decode step of 17 to 32 sequences, 8B: gate/up's 224 narrow
-    // tiles in 4 splits (7 blocks of 32 k-steps on the busiest SM,
-    // against 2 of 128 whole; 16 splits, 28 blocks of 8, tie and the
-    // fewer win); Q/K/V's 48 in 8 (3 blocks of 16 an SM; 16 splits
-    // would make a second wave); o's 32 in 16 (4 blocks of 8 k-steps
-    // an SM: 8 splits left 2), down's in 12 (3 of 38; 16, 4 of 28, are
-    // under 2% less).
-    assert_eq!(gemm_plan(32, 28672, 4096, H100), plan(GemmTile::Narrow, 4));
-    assert_eq!(gemm_plan(17, 6144, 4096, H100), plan(GemmTile::Narrow, 8));
-    assert_eq!(gemm_plan(32, 4096, 4096, H100), plan(GemmTile::Narrow, 16));
-    assert_eq!(gemm_plan(32, 4096, 14336, H100), plan(GemmTile::Narrow, 12));
+    const H100: GemmSlots = H100_NARROW;
+    for ((m, n, k), splits) in H100_8B_NARROW {
+        assert_eq!(gemm_plan(m, n, k, H100), plan(GemmTile::Narrow, splits));
+    }
     assert_eq!(gemm_scratch_len(32, 4096, 14336, H100), 12 * 32 * 4096);
     // The M40 (24 SMs, 2 narrow blocks each): Q/K/V's 48 tiles are 2 an
     // SM already; o's and down's 32 leave 16 SMs half idle, 3 splits
     // make 4 blocks an SM; gate/up's best (8 splits, 75 blocks of 16
     // k-steps against 10 of 128) gains under a tenth: whole.
-    const M40: GemmSlots = GemmSlots {
-        narrow_per_sm: 2,
-        ..M40_GGUF
-    };
+    const M40: GemmSlots = M40_NARROW;
     assert_eq!(gemm_plan(32, 6144, 4096, M40), plan(GemmTile::Narrow, 1));
     assert_eq!(gemm_plan(32, 4096, 4096, M40), plan(GemmTile::Narrow, 3));
     assert_eq!(gemm_plan(32, 4096, 14336, M40), plan(GemmTile::Narrow, 3));
@@ -152,20 +156,17 @@ fn packed_weights_take_the_narrow_tile_then_the_large_one() {
 fn decode_batches_take_the_rows_tile_where_one_wave_fills_the_gpu() {
     // An H100 with the rows tile (2 blocks an SM: 264 slots).
     const H100: GemmSlots = GemmSlots {
-        narrow_per_sm: 4,
         rows_per_sm: 2,
-        ..H100_GGUF
+        ..H100_NARROW
     };
-    let plan = |tile, splits| GemmPlan { tile, splits };
     // 8B and 1B at 17 to 32 tokens: the output matrix (128256 rows) as
     // 251 blocks of 512 rows, whole (95%); gate/up's 56 (85% in 4
     // splits), Q/K/V's, o's and down's 12 and 8 keep the narrow tile.
     assert_eq!(gemm_plan(32, 128256, 4096, H100), plan(GemmTile::Rows, 1));
     assert_eq!(gemm_plan(17, 128256, 2048, H100), plan(GemmTile::Rows, 1));
-    assert_eq!(gemm_plan(32, 28672, 4096, H100), plan(GemmTile::Narrow, 4));
-    assert_eq!(gemm_plan(32, 6144, 4096, H100), plan(GemmTile::Narrow, 8));
-    assert_eq!(gemm_plan(32, 4096, 4096, H100), plan(GemmTile::Narrow, 16));
-    assert_eq!(gemm_plan(32, 4096, 14336, H100), plan(GemmTile::Narrow, 12));
+    for ((m, n, k), splits) in H100_8B_NARROW {
+        assert_eq!(gemm_plan(m, n, k, H100), plan(GemmTile::Narrow, splits));
+    }
     assert_eq!(gemm_plan(32, 16384, 2048, H100).tile, GemmTile::Narrow);
     // 30720 rows: 60 blocks fill the slots only split in 4 (91%), and
     // the narrow tile does not split (no split gains a tenth): narrow.
@@ -174,9 +175,8 @@ fn decode_batches_take_the_rows_tile_where_one_wave_fills_the_gpu() {
     // Q/K/V's 12 blocks would need 4 splits where the narrow tile
     // takes none.
     const M40: GemmSlots = GemmSlots {
-        narrow_per_sm: 2,
         rows_per_sm: 2,
-        ..M40_GGUF
+        ..M40_NARROW
     };
     assert_eq!(gemm_plan(32, 128256, 4096, M40).tile, GemmTile::Narrow);
     assert_eq!(gemm_plan(32, 6144, 4096, M40), plan(GemmTile::Narrow, 1));
