@@ -10,6 +10,7 @@
 //! # Ok(()) }
 //! ```
 
+mod bytes;
 pub mod error;
 mod hf;
 mod pre;
@@ -21,6 +22,7 @@ pub mod vocab;
 use std::collections::BTreeSet;
 use tokenizers::{OffsetReferential, OffsetType};
 
+pub use bytes::TokenBytes;
 pub use error::{Result, TokenizerError};
 pub use pre::PreSplit;
 pub use stream::StreamDecoder;

@@ -129,3 +129,41 @@ fn unsupported_or_broken_vocabularies_are_errors() {
         .to_string();
     assert!(e.contains("1 scores for 2 tokens"), "{e}");
 }
+
+/// Each token's bytes (`Tokenizer::token_bytes`), joined, are the decoded
+/// text of every test vector, byte for byte: what a constraint engine
+/// reads of the vocabulary is what the user gets. SentencePiece decoding
+/// drops the one space its encoder prepends.
+#[test]
+fn token_bytes_join_to_the_decoded_text() {
+    let Some(td) = common::testdata() else { return };
+    for name in [
+        "llama-spm",
+        "phi-3",
+        "llama-bpe",
+        "qwen2",
+        "gpt-2",
+        "deepseek-coder",
+        "falcon",
+        "starcoder",
+    ] {
+        let dir = td.join("vocab");
+        let f = GgufFile::open(dir.join(format!("ggml-vocab-{name}.gguf"))).unwrap();
+        let tok = Tokenizer::from_gguf(&f).unwrap();
+        for (text, ids) in vectors::cases(&dir, name) {
+            let mut bytes = Vec::new();
+            for &id in &ids {
+                match tok.token_bytes(id).unwrap() {
+                    m40_tokenizer::TokenBytes::Text(b) => bytes.extend(b),
+                    m40_tokenizer::TokenBytes::Special => panic!("{name}: {id} in {text:?}"),
+                }
+            }
+            let mut joined = String::from_utf8_lossy(&bytes).into_owned();
+            if tok.vocab().add_space_prefix {
+                joined = joined.strip_prefix(' ').unwrap_or(&joined).to_string();
+            }
+            assert_eq!(joined, tok.decode(&ids).unwrap(), "{name}: {text:?}");
+        }
+        assert!(tok.token_bytes(tok.n_vocab() as u32).is_none());
+    }
+}
