@@ -5,10 +5,14 @@
 // the seeded draw on those k (crates/m40-runtime/src/sampling.rs), in the
 // same f64 arithmetic as the CPU path, so both pick the same token.
 //
-// Layout: logits (n_vocab) FP32, penalized in place; args (SAMPLE_ARGS +
-// 2 pen_cap) int32: n_pen, k, the bits of the FP32 repeat, frequency and
-// presence penalties, padding, then n_pen (id, count) pairs: distinct token
-// ids and their counts in the penalty window. The arguments live in device
+// Layout: logits (n_vocab) FP32, masked and penalized in place; args
+// (SAMPLE_ARGS + 2 pen_cap) int32: n_pen, k, the bits of the FP32 repeat,
+// frequency and presence penalties, masked (nonzero: the row's token mask
+// applies), padding, then n_pen (id, count) pairs: distinct token ids and
+// their counts in the penalty window. masks (mask_words a row, u32; none
+// when mask_words is 0): a structured output's allowed tokens, bit i % 32
+// of word i / 32; every other logit becomes -inf before anything else
+// (the greedy path's blocks each mask their own slice). The arguments live in device
 // memory so that a captured decode step selects with each step's own; the
 // kernel clamps n_pen to 0 ..= pen_cap and k to 1 ..= k_cap (k_cap <=
 // SAMPLE_MAX_K, n_vocab and out's length / 2, checked by the launcher).
@@ -144,9 +148,18 @@ __device__ __forceinline__ void argmax_out(const float* logits, int n_vocab, int
     out[1] = __float_as_int(logits[id]);
 }
 
-// One row's selection (the kernel below): block bx of gx.
+// logits[lo..hi) of the tokens `mask` does not allow become -inf (the
+// block's threads; a warp's 32 tokens share one mask word).
+__device__ __forceinline__ void mask_logits(float* logits, const u32* mask, int lo, int hi) {
+    for (int i = lo + threadIdx.x; i < hi; i += blockDim.x)
+        if (!((mask[i >> 5] >> (i & 31)) & 1u)) logits[i] = __int_as_float(0xff800000);
+    __syncthreads();
+}
+
+// One row's selection (the kernel below): block bx of gx; mask null when
+// the row has none.
 __device__ __forceinline__ void select_row(float* logits, int n_vocab, const int* args, int pen_cap, int k_cap,
-                                           int* out, int* scratch, int bx, int gx) {
+                                           const u32* mask, int* out, int* scratch, int bx, int gx) {
     __shared__ u32 hist[256];
     __shared__ u32 s_need, s_bin, s_count, s_n;
     __shared__ u32 cand_key[SAMPLE_MAX_K];
@@ -162,6 +175,7 @@ __device__ __forceinline__ void select_row(float* logits, int n_vocab, const int
     if (k == 1 && n_pen == 0) {
         // Block b's slice: logits [b * chunk, (b + 1) * chunk).
         const int chunk = (n_vocab + gx - 1) / gx, lo = bx * chunk;
+        if (mask) mask_logits(logits, mask, lo, min(lo + chunk, n_vocab));
         float bv = __int_as_float(0xff800000);
         int bi = n_vocab;
         for_each_logit(logits + lo, max(min(n_vocab - lo, chunk), 0), [&](int i, float v) {
@@ -191,6 +205,7 @@ __device__ __forceinline__ void select_row(float* logits, int n_vocab, const int
         return;
     }
     if (bx > 0) return;
+    if (mask) mask_logits(logits, mask, 0, n_vocab);
 
     for (int i = tid; i < n_pen; i += blockDim.x) {
         const int id = pen[2 * i], c = pen[2 * i + 1];
@@ -216,19 +231,19 @@ __device__ __forceinline__ void select_row(float* logits, int n_vocab, const int
 
     // The key T of the k-th largest logit.
     if (tid == 0) s_need = k;
-    u32 prefix = 0, mask = 0;
+    u32 prefix = 0, kmask = 0;
     for (int shift = 24; shift >= 0; shift -= 8) {
         for (int b = tid; b < 256; b += blockDim.x) hist[b] = 0;
         __syncthreads();
         for_each_logit(logits, n_vocab, [&](int, float v) {
             const u32 key = order_key(v);
-            if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255], 1u);
+            if ((key & kmask) == prefix) atomicAdd(&hist[(key >> shift) & 255], 1u);
         });
         __syncthreads();
         if (tid < 32) find_bin<true>(hist, &s_need, &s_bin, &s_count);
         __syncthreads();
         prefix |= s_bin << shift;
-        mask |= 255u << shift;
+        kmask |= 255u << shift;
         __syncthreads();
     }
     const u32 T = prefix;
@@ -294,12 +309,15 @@ __device__ __forceinline__ void select_row(float* logits, int n_vocab, const int
 // step; a batched decode step's sequences, each with its own penalties and
 // k): grid (G, rows), row r = blockIdx.y
 // takes logits row r (r * n_vocab on), its arguments at r * args_stride,
-// its out at r * 2 k_cap (its k ids, then their logits' bits) and its
-// scratch at r * SAMPLE_SCRATCH (zero before, left zero after).
+// its out at r * 2 k_cap (its k ids, then their logits' bits), its
+// scratch at r * SAMPLE_SCRATCH (zero before, left zero after) and, where
+// its arguments say masked, its mask at r * mask_words.
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1)
     select_top_k_rows_f32(float* logits, int n_vocab, const int* args, int args_stride, int pen_cap, int k_cap,
-                          int* out, int* scratch) {
+                          const u32* masks, int mask_words, int* out, int* scratch) {
     const long long r = blockIdx.y;
-    select_row(logits + r * n_vocab, n_vocab, args + r * args_stride, pen_cap, k_cap, out + r * 2 * k_cap,
+    const int* a = args + r * args_stride;
+    const u32* mask = mask_words > 0 && a[5] != 0 ? masks + r * mask_words : nullptr;
+    select_row(logits + r * n_vocab, n_vocab, a, pen_cap, k_cap, mask, out + r * 2 * k_cap,
                scratch + r * SAMPLE_SCRATCH, blockIdx.x, gridDim.x);
 }

@@ -68,6 +68,10 @@ impl TokenMask {
         &self.words
     }
 
+    pub fn into_words(self) -> Vec<u32> {
+        self.words
+    }
+
     /// Whether `id` may come next (ids past the mask may not).
     pub fn allows(&self, id: u32) -> bool {
         self.words
@@ -221,6 +225,7 @@ fn compact(mut schema: Value) -> Value {
 }
 
 /// One sequence's grammar state.
+#[derive(Clone)]
 pub struct Constraint {
     matcher: Matcher,
     n_vocab: usize,

@@ -42,9 +42,14 @@ impl Penalties {
     };
 }
 
+/// Where [`select_args`] keeps the flag that the row's token mask applies
+/// ([`select_masked`]).
+const MASKED_ARG: usize = 5;
+
 /// A selection's arguments as [`Kernels::select_top_k`] reads them from
-/// device memory: n_pen, k, the bits of the three penalties, padding to
-/// [`SELECT_ARGS`], then the (id, count) pairs `pen` (ids distinct).
+/// device memory: n_pen, k, the bits of the three penalties, the masked
+/// flag (clear: see [`select_masked`]), padding to [`SELECT_ARGS`], then
+/// the (id, count) pairs `pen` (ids distinct).
 pub fn select_args(k: usize, p: Penalties, pen: &[(u32, u32)]) -> Vec<i32> {
     let mut v = Vec::with_capacity(SELECT_ARGS + 2 * pen.len());
     v.extend([
@@ -64,6 +69,14 @@ pub fn select_args(k: usize, p: Penalties, pen: &[(u32, u32)]) -> Vec<i32> {
     v
 }
 
+/// Arguments of [`select_args`] whose row takes its token mask (the
+/// `masks` of [`Kernels::select_top_k_rows`]): every token the mask does
+/// not allow is -inf before the penalties and the selection.
+pub fn select_masked(mut args: Vec<i32>) -> Vec<i32> {
+    args[MASKED_ARG] = 1;
+    args
+}
+
 /// Where [`Kernels::select_top_k`] writes: `out` (2 k ints) and its
 /// `scratch` ([`SELECT_SCRATCH`] ints).
 /// The rows of [`Kernels::select_top_k_rows`]: how many, of how many
@@ -75,6 +88,13 @@ pub struct SelectRows {
     pub n_vocab: usize,
     pub args_stride: usize,
     pub k_max: usize,
+}
+
+/// The rows' token masks ([`select_masked`]): `words` u32 a row (at least
+/// n_vocab / 32 rounded up), bit i % 32 of word i / 32 allows token i.
+pub struct SelectMasks<'a, 'b> {
+    pub masks: &'a DeviceView<'b, u32>,
+    pub words: usize,
 }
 
 pub struct SelectOut<'a> {
@@ -108,7 +128,7 @@ impl Kernels {
             args_stride: args.len(),
             k_max,
         };
-        self.select_top_k_rows(stream, logits, args, rows, SelectOut { out, scratch })
+        self.select_top_k_rows(stream, logits, args, rows, None, SelectOut { out, scratch })
     }
 
     /// [`Kernels::select_top_k`] over `rows` rows of `logits` (row r at r
@@ -116,7 +136,9 @@ impl Kernels {
     /// `args_stride` of `args`, laid out by [`select_args`]) into its own
     /// part of `out` (at r 2 `k_max`: its k ids, then their logits' bits)
     /// with its own part of `scratch` (at r [`SELECT_SCRATCH`]: zero
-    /// before, left zero).
+    /// before, left zero). A row whose arguments say masked
+    /// ([`select_masked`]) takes its mask from `masks` (at r `words`);
+    /// without `masks` no row is masked.
     pub fn select_top_k_rows(
         &self,
         stream: &Stream,
@@ -128,6 +150,7 @@ impl Kernels {
             args_stride,
             k_max,
         }: SelectRows,
+        masks: Option<SelectMasks<'_, '_>>,
         SelectOut { out, scratch }: SelectOut<'_>,
     ) -> Result<()> {
         const K: &str = "select_top_k_rows_f32";
@@ -152,6 +175,19 @@ impl Kernels {
         check_len(K, "args", args.len(), rows * args_stride)?;
         check_len(K, "out", out.len(), rows * 2 * k_max)?;
         check_len(K, "scratch", scratch.len(), rows * SELECT_SCRATCH)?;
+        let mask_words = match &masks {
+            Some(m) => {
+                if m.words < n_vocab.div_ceil(32) {
+                    return Err(shape(
+                        K,
+                        format!("masks of {} words for {n_vocab} tokens", m.words),
+                    ));
+                }
+                check_len(K, "masks", m.masks.len(), rows * m.words)?;
+                to_i32(K, "mask words", m.words)?
+            }
+            None => 0,
+        };
         let kernel = self.kernel("sample", K)?;
         // A block per SAMPLE_BLOCK_LOGITS logits of a row, the rows' blocks
         // at most one wave (more would only queue).
@@ -164,8 +200,11 @@ impl Kernels {
         let pen_cap = to_i32(K, "penalties", (args_stride - SELECT_ARGS) / 2)?;
         let k_cap = k_max as i32;
         // SAFETY: select_top_k_rows_f32(float* logits, int n_vocab, const
-        // int* args, int args_stride, int pen_cap, int k_cap, int* out, int*
-        // scratch): blocks (b, r), r < rows, read row r's logits[r *
+        // int* args, int args_stride, int pen_cap, int k_cap, const u32*
+        // masks, int mask_words, int* out, int* scratch): blocks (b, r), r <
+        // rows, read masks[r * mask_words..][..n_vocab / 32 rounded up] only
+        // where mask_words > 0 (then checked above; else a null pointer,
+        // never read), read row r's logits[r *
         // n_vocab..][..n_vocab] (block (0, r) alone writes them: penalties)
         // and args[r * args_stride..][..SELECT_ARGS + 2 pen_cap] (n_pen
         // clamped to pen_cap, within the stride), write out[r * 2 k_cap..]
@@ -174,14 +213,19 @@ impl Kernels {
         // of the row's blocks, at most SAMPLE_MAX_BLOCKS, and its counter);
         // lengths checked above.
         unsafe {
-            stream
+            let l = stream
                 .launch(&kernel)
                 .buf_mut(logits)
                 .scalar(&nv)
                 .view(args)
                 .scalar(&stride)
                 .scalar(&pen_cap)
-                .scalar(&k_cap)
+                .scalar(&k_cap);
+            let l = match &masks {
+                Some(m) => l.view(m.masks),
+                None => l.null(),
+            };
+            l.scalar(&mask_words)
                 .buf_mut(out)
                 .buf_mut(scratch)
                 .run(cfg((blocks as u32, rows as u32, 1), SAMPLE_THREADS))?

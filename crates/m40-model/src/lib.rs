@@ -13,6 +13,7 @@ pub mod cpu;
 pub mod error;
 pub mod gpu;
 pub(crate) mod host;
+mod mask;
 pub mod paged;
 
 use std::path::Path;
@@ -22,6 +23,7 @@ use m40_gguf::{GgufFile, HyperParams, TensorView};
 
 pub use batch::{SeqStep, StepOut, Want};
 pub use error::{ModelError, Result};
+pub use mask::{apply_mask, MaskFiller, MaskSlot, MaskWords};
 
 /// Which logits a forward pass returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -119,6 +121,10 @@ pub struct Selection {
     pub repeat: f32,
     pub frequency: f32,
     pub presence: f32,
+    /// A structured output's token mask, applied before the penalties: a
+    /// token it does not allow is -inf (it may still be computed while the
+    /// step runs: the backend waits for it just before the selection).
+    pub mask: Option<MaskSlot>,
 }
 
 impl Selection {
@@ -130,6 +136,7 @@ impl Selection {
             repeat: 1.0,
             frequency: 0.0,
             presence: 0.0,
+            mask: None,
         }
     }
 }

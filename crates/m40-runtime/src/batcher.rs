@@ -17,7 +17,11 @@ use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
-use m40_model::{AnyBackend, AnyCache, Backend, KvState, ModelError, SeqStep, StepOut, Want};
+use m40_chat::Constraint;
+use m40_model::{
+    apply_mask, AnyBackend, AnyCache, Backend, KvState, MaskFiller, MaskSlot, ModelError, SeqStep,
+    StepOut, Want,
+};
 use m40_sched::{CachedPrefix, Config, PageKey, PrefixCache, Scheduler, SeqId, Step};
 use m40_tokenizer::Tokenizer;
 
@@ -31,6 +35,15 @@ pub(crate) enum SeqEvent {
     Token { id: u32, logits: Option<Vec<f32>> },
     /// The sequence could not run (it was refused, or a step failed).
     Failed(Arc<ModelError>),
+    /// Its structured output is complete: nothing else may follow.
+    Complete,
+}
+
+/// A sequence whose structured output's constraint failed.
+fn constraint_failed(e: String) -> Arc<ModelError> {
+    Arc::new(ModelError::Unsupported(format!(
+        "the structured output's constraint failed: {e}"
+    )))
 }
 
 /// A sequence to generate.
@@ -42,6 +55,9 @@ pub(crate) struct Submission {
     pub logprobs: bool,
     /// Run on past end-of-generation tokens (to `max_new`).
     pub ignore_eos: bool,
+    /// A structured output's grammar: each token is sampled from those it
+    /// allows, and the sequence ends when it is complete.
+    pub constraint: Option<Constraint>,
     pub cancel: CancelToken,
     pub events: mpsc::Sender<SeqEvent>,
 }
@@ -197,6 +213,8 @@ struct Live {
     /// None while waiting (before admission, after a preemption).
     cache: Option<AnyCache>,
     sampler: Sampler,
+    /// The submission's grammar, taken out of it (it changes each token).
+    constraint: Option<Constraint>,
     /// Prefix caching: the pages it uses from the prefix cache (those its
     /// cache started with, then the ones it cached itself), and the key and
     /// count of its leading full pages the cache has seen (None: a key
@@ -390,6 +408,8 @@ impl Loop {
         for &t in &sub.prompt {
             sampler.accept(t);
         }
+        let mut sub = sub;
+        let constraint = sub.constraint.take();
         self.live.insert(
             id,
             Live {
@@ -397,6 +417,7 @@ impl Loop {
                 sub,
                 cache: None,
                 sampler,
+                constraint,
                 uses: Vec::new(),
                 chain: Some((None, 0)),
             },
@@ -503,6 +524,10 @@ impl Loop {
         let mut parts: Vec<(SeqId, Vec<u32>, Want, bool)> = Vec::new();
         let mut caches: Vec<AnyCache> = Vec::new();
         let mut failed: Vec<(SeqId, Arc<ModelError>)> = Vec::new();
+        // Constrained sequences that sample: a filler for the mask thread,
+        // and the slot it fills.
+        let mut masks: Vec<(SeqId, MaskFiller)> = Vec::new();
+        let mut slots: HashMap<SeqId, MaskSlot> = HashMap::new();
         let ranges = step
             .decode
             .iter()
@@ -560,7 +585,7 @@ impl Loop {
             debug_assert_eq!(cache.len(), range.start, "the planned prefix");
             let range = cache.len()..range.end;
             let samples = range.end == l.tokens.len();
-            let want = if !samples {
+            let mut want = if !samples {
                 Want::Nothing
             } else {
                 match (l.sub.logprobs, l.sampler.selection(max_k)) {
@@ -568,6 +593,16 @@ impl Loop {
                     _ => Want::Logits,
                 }
             };
+            if samples && l.constraint.is_some() {
+                // Its mask is computed while the step runs; the backend
+                // waits for it just before the selection.
+                let slot = MaskSlot::new();
+                masks.push((id, slot.filler()));
+                if let Want::Select(sel) = &mut want {
+                    sel.mask = Some(slot.clone());
+                }
+                slots.insert(id, slot);
+            }
             parts.push((id, l.tokens[range].to_vec(), want, samples));
             caches.push(cache);
         }
@@ -595,7 +630,25 @@ impl Loop {
         let ran: usize = parts.iter().map(|(_, t, _, _)| t.len()).sum();
         c.step_tokens.fetch_add(ran as u64, Ordering::Relaxed);
         let started = std::time::Instant::now();
-        let result = backend.forward_batch(&mut steps);
+        let live = &mut self.live;
+        let result = std::thread::scope(|scope| {
+            if !masks.is_empty() {
+                // The constrained sequences' masks, on the host while the
+                // device runs the step.
+                let mut fillers: HashMap<SeqId, MaskFiller> = masks.into_iter().collect();
+                let jobs: Vec<(&mut Constraint, MaskFiller)> = live
+                    .iter_mut()
+                    .filter_map(|(id, l)| Some((l.constraint.as_mut()?, fillers.remove(id)?)))
+                    .collect();
+                scope.spawn(move || {
+                    for (c, filler) in jobs {
+                        let m = c.mask().map(|m| Arc::new(m.into_words()));
+                        filler.fill(m.map_err(|e| e.to_string()));
+                    }
+                });
+            }
+            backend.forward_batch(&mut steps)
+        });
         let returned = std::time::Instant::now();
         drop(steps);
         let mut ended: Vec<SeqId> = Vec::new();
@@ -608,21 +661,45 @@ impl Loop {
                     if !samples {
                         continue;
                     }
+                    let mask = match slots.get(id).map(MaskSlot::wait) {
+                        Some(Err(e)) => {
+                            failed.push((*id, constraint_failed(e)));
+                            continue;
+                        }
+                        m => m.and_then(Result::ok),
+                    };
                     let (tok, logits) = match out {
                         StepOut::Logits(mut logits) => {
                             let raw = l.sub.logprobs.then(|| logits.clone());
+                            if let Some(m) = &mask {
+                                apply_mask(m, &mut logits);
+                            }
                             (l.sampler.sample(&mut logits), raw)
                         }
                         StepOut::Top(top) => (l.sampler.sample_selected(&top), None),
                         StepOut::Nothing => unreachable!("a sampled sequence asked for logits"),
                     };
+                    let eog = self.core.tokenizer.is_eog(tok);
+                    let mut complete = false;
+                    if let Some(c) = &mut l.constraint {
+                        if !eog {
+                            if let Err(e) = c.accept(tok) {
+                                failed.push((*id, constraint_failed(e.to_string())));
+                                continue;
+                            }
+                        }
+                        complete = c.is_done();
+                    }
                     l.tokens.push(tok);
-                    let gone = l
+                    let mut gone = l
                         .sub
                         .events
                         .send(SeqEvent::Token { id: tok, logits })
                         .is_err();
-                    if gone || (self.core.tokenizer.is_eog(tok) && !l.sub.ignore_eos) {
+                    if complete && !eog {
+                        gone |= l.sub.events.send(SeqEvent::Complete).is_err();
+                    }
+                    if gone || (eog && (!l.sub.ignore_eos || l.constraint.is_some())) || complete {
                         ended.push(*id);
                     }
                 }

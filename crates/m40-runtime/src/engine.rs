@@ -2,9 +2,10 @@
 //! generation requests that stream tokens.
 
 use std::path::Path;
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use m40_chat::{Constraint, Format, FormatError, Grammars};
 use m40_model::cpu::CpuBackend;
 use m40_model::gpu::{GpuBackend, GpuOptions};
 use m40_model::{AnyBackend, Backend, Model, ModelError};
@@ -50,6 +51,8 @@ pub enum EngineError {
     Step(Arc<ModelError>),
     #[error("the engine's step loop could not start: {0}")]
     Thread(std::io::Error),
+    #[error(transparent)]
+    Format(#[from] m40_chat::FormatError),
 }
 
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;
@@ -166,6 +169,12 @@ pub struct Request {
     /// of the context (vLLM's and llama.cpp's `ignore_eos`: requests of a
     /// fixed length, for benchmarks). Stop strings still stop.
     pub ignore_eos: bool,
+    /// A structured output: every token is sampled from those that keep
+    /// the answer inside this format (JSON, a JSON schema, a grammar), and
+    /// the answer ends when the format is complete
+    /// ([`FinishReason::Stop`]; cut short by `max_tokens` it is
+    /// [`FinishReason::Length`], and incomplete).
+    pub format: Option<Format>,
 }
 
 /// A request tokenized and checked against the context, once: what
@@ -177,6 +186,8 @@ pub struct Prepared {
     request: Request,
     prompt: Vec<u32>,
     max_tokens: usize,
+    /// The request's format, compiled.
+    constraint: Option<Constraint>,
 }
 
 impl Prepared {
@@ -207,6 +218,7 @@ impl Request {
             context: None,
             fit_max_tokens: false,
             ignore_eos: false,
+            format: None,
         }
     }
 }
@@ -275,6 +287,9 @@ pub struct Engine {
     template: ChatTemplate,
     n_ctx: usize,
     batcher: Batcher,
+    /// The vocabulary's grammar compiler, built for the first structured
+    /// output.
+    grammars: OnceLock<Result<Arc<Grammars>, FormatError>>,
 }
 
 /// The context when none is asked for, where the model allows as much:
@@ -333,7 +348,16 @@ impl Engine {
             template,
             n_ctx,
             batcher,
+            grammars: OnceLock::new(),
         })
+    }
+
+    /// The grammar compiler of this model's vocabulary (built once).
+    pub fn grammars(&self) -> Result<Arc<Grammars>> {
+        let g = self
+            .grammars
+            .get_or_init(|| Grammars::new(&self.core.tokenizer).map(Arc::new));
+        Ok(g.clone()?)
     }
 
     /// Sequences waiting and running now, and the KV pages they hold.
@@ -416,6 +440,10 @@ impl Engine {
     /// once.
     pub fn prepare(&self, request: Request) -> Result<Prepared> {
         request.sampling.validate()?;
+        let constraint = match &request.format {
+            Some(f) => Some(self.grammars()?.compile(f)?),
+            None => None,
+        };
         let mut prompt = self.prompt_tokens(&request.prompt)?;
         if prompt.is_empty() {
             return Err(EngineError::EmptyPrompt);
@@ -448,6 +476,7 @@ impl Engine {
             request,
             prompt,
             max_tokens,
+            constraint,
         })
     }
 
@@ -478,6 +507,7 @@ impl Engine {
             sampling: req.sampling.clone(),
             logprobs: req.logprobs.is_some(),
             ignore_eos: req.ignore_eos,
+            constraint: prepared.constraint.clone(),
             cancel: stop_seq.clone(),
             events: tx,
         });
@@ -495,6 +525,7 @@ impl Engine {
             let (id, raw) = match rx.recv_timeout(Duration::from_millis(20)) {
                 Ok(SeqEvent::Token { id, logits }) => (id, logits),
                 Ok(SeqEvent::Failed(e)) => return Err(EngineError::Step(e)),
+                Ok(SeqEvent::Complete) => break FinishReason::Stop,
                 Err(mpsc::RecvTimeoutError::Timeout) => continue,
                 // The loop ended the sequence: its last allowed token.
                 Err(mpsc::RecvTimeoutError::Disconnected) => break FinishReason::Length,

@@ -37,6 +37,7 @@ pub use engine::{
     DEFAULT_GPU_SEQUENCES, DEFAULT_SEQUENCES,
 };
 pub use info::ModelInfo;
+pub use m40_chat::{Format, FormatError};
 pub use m40_tokenizer::Message;
 pub use sampling::SamplingParams;
 

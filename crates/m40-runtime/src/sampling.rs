@@ -270,9 +270,14 @@ impl Sampler {
         self.nucleus(c)
     }
 
-    /// Top-p, then min-p, on candidates sorted most likely first.
+    /// Top-p, then min-p, on candidates sorted most likely first. Tokens a
+    /// structured output's mask ruled out (-inf) never survive while any
+    /// other does.
     fn nucleus(&self, mut c: Vec<Cand>) -> Vec<Cand> {
         let p = &self.params;
+        if c.len() > 1 && c[0].logit > f32::NEG_INFINITY {
+            c.retain(|x| x.logit > f32::NEG_INFINITY);
+        }
         if p.top_p < 1.0 {
             let probs = softmax_probs(&c);
             let mut cum = 0.0;
@@ -355,6 +360,7 @@ impl Sampler {
             repeat: p.repeat_penalty,
             frequency: p.frequency_penalty,
             presence: p.presence_penalty,
+            mask: None,
         })
     }
 

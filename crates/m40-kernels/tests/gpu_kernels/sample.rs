@@ -1,7 +1,7 @@
 //! kernels/sample.cu: top-k selection with penalties.
 
 use super::*;
-use m40_kernels::SelectOut;
+use m40_kernels::{select_masked, SelectMasks, SelectOut};
 
 /// The CPU sampler's view of selection: penalties in f32 (as
 /// m40-runtime's Sampler applies them), then the k highest logits by IEEE
@@ -239,9 +239,12 @@ fn p0() -> Penalties {
 }
 
 /// Many rows at once: each row with its own penalties and k (greedy rows
-/// without penalties take the many-block argmax) against the CPU, ids and
-/// logits bit-exact, every row's penalized logits as the CPU leaves them;
-/// twice, so each row's scratch is left as it was found.
+/// without penalties take the many-block argmax), some with a token mask
+/// (a structured output's: a few percent of the tokens, or fewer tokens
+/// than k; the other rows' mask words are random and must be ignored),
+/// against the CPU, ids and logits bit-exact, every row's masked and
+/// penalized logits as the CPU leaves them; twice, so each row's scratch
+/// is left as it was found.
 #[test]
 #[ignore = "needs a GPU"]
 fn select_top_k_rows_matches_cpu() {
@@ -254,8 +257,24 @@ fn select_top_k_rows_matches_cpu() {
         let mut logits = Vec::new();
         let mut args = Vec::new();
         let mut want = Vec::new();
+        let words = n_vocab.div_ceil(32) + 1; // a row's mask, and a spare word
+        let mut masks: Vec<u32> = Vec::new();
         for r in 0..rows {
             let mut row = rng.vec(n_vocab, -12.0, 12.0);
+            let mut mask: Vec<u32> = (0..words)
+                .map(|_| rng.below(1 << 16) as u32 * 65537)
+                .collect();
+            let masked = rows > 1 && matches!(r % 5, 2 | 3);
+            if masked {
+                // A few percent of the tokens, or just three.
+                mask.fill(0);
+                let allow = if r % 5 == 2 { 1 + n_vocab / 30 } else { 3 };
+                for _ in 0..allow {
+                    let t = rng.below(n_vocab);
+                    mask[t / 32] |= 1 << (t % 32);
+                }
+            }
+            masks.extend_from_slice(&mask);
             if r % 3 == 1 {
                 for l in &mut row {
                     *l = (*l * 0.5).round(); // ties
@@ -282,15 +301,27 @@ fn select_top_k_rows_matches_cpu() {
                 presence: 0.3,
             };
             let mut a = select_args(kk, p, &pen);
+            if masked {
+                a = select_masked(a);
+            }
             a.resize(stride, -1);
             args.extend(a);
+            // The reference masks its copy; the GPU gets the row unmasked.
             let mut wl = row.clone();
+            if masked {
+                for (i, l) in wl.iter_mut().enumerate() {
+                    if mask[i / 32] >> (i % 32) & 1 == 0 {
+                        *l = f32::NEG_INFINITY;
+                    }
+                }
+            }
             let w = select_reference(&mut wl, &pen, p, kk);
             logits.extend(row);
             want.push((kk, w, wl));
         }
         let mut lg = s.upload(&logits, "logits").unwrap();
         let ag = s.upload(&args, "args").unwrap();
+        let mg = s.upload(&masks, "masks").unwrap();
         let mut out = s.alloc::<i32>(rows * 2 * k_max, "out").unwrap();
         let mut scratch = s
             .alloc_zeroed::<i32>(rows * SELECT_SCRATCH, "scratch")
@@ -311,7 +342,9 @@ fn select_top_k_rows_matches_cpu() {
                 out: &mut out,
                 scratch: &mut scratch,
             };
-            k.select_top_k_rows(&s, &mut lg, &ag.view(), shape, o)
+            let mv = mg.view();
+            let m = SelectMasks { masks: &mv, words };
+            k.select_top_k_rows(&s, &mut lg, &ag.view(), shape, Some(m), o)
                 .unwrap();
             let got = s.download(&out).unwrap();
             let got_l = s.download(&lg).unwrap();

@@ -17,13 +17,13 @@
 use super::forward::StepAttn;
 use super::kv::GpuCache;
 use super::residual::Residual;
-use super::workspace::LOGIT_ROWS;
+use super::workspace::{mask_words, LOGIT_ROWS};
 use super::{lock, GpuBackend, State};
 use crate::batch::{forward_each, SeqStep, StepOut, Want};
 use crate::error::{ModelError, Result};
 use crate::KvState;
 use m40_kernels::{
-    attn_decodes, select_args, Penalties, SelectOut, SelectRows, KV_PAGE, SELECT_ARGS,
+    attn_decodes, select_args, Penalties, SelectMasks, SelectOut, SelectRows, KV_PAGE, SELECT_ARGS,
 };
 
 /// Prompt chunks of at most this many tokens join a batched step, each
@@ -230,13 +230,32 @@ impl GpuBackend {
                 args_stride: stride,
                 k_max,
             };
+            // The host computed the masks while the step ran.
+            let slots: Vec<Option<&crate::MaskSlot>> = wants
+                .iter()
+                .map(|w| match w {
+                    Want::Select(s) => s.mask.as_ref(),
+                    _ => None,
+                })
+                .collect();
+            let masked = slots.iter().any(Option::is_some);
+            self.upload_masks(w, &slots)?;
+            let words = mask_words(n_vocab);
+            let args_v = w.inputs.slice(at..at + seqs * stride)?;
+            let mv = w.masks.slice(0..seqs * words)?;
+            let masks = masked.then_some(SelectMasks { masks: &mv, words });
             let so = SelectOut {
                 out: &mut w.sel_out,
                 scratch: &mut w.sel_scratch,
             };
-            let args_v = w.inputs.slice(at..at + seqs * stride)?;
-            self.kernels
-                .select_top_k_rows(&self.stream, &mut w.logits, &args_v, rows, so)?;
+            self.kernels.select_top_k_rows(
+                &self.stream,
+                &mut w.logits,
+                &args_v,
+                rows,
+                masks,
+                so,
+            )?;
             let mut got = vec![0i32; seqs * 2 * k_max];
             self.stream
                 .copy_to_host(&w.sel_out.slice(0..got.len())?, &mut got)?;

@@ -645,8 +645,15 @@ impl GpuBackend {
         let n_vocab = hp.n_vocab;
         let use_graphs = self.graphs.load(std::sync::atomic::Ordering::Relaxed);
         if n == 1 && use_graphs && want != Logits::None {
-            self.graph_step(w, pools, graphs, start, sel.is_some())?;
+            // A masked selection runs after the graph, once the host has
+            // its mask (computed while the graph runs).
+            let masked = sel.as_ref().and_then(|s| s.mask);
+            self.graph_step(w, pools, graphs, start, sel.is_some() && masked.is_none())?;
             cache.set_len(start + 1);
+            if let Some(slot) = masked {
+                self.upload_masks(w, &[Some(slot)])?;
+                self.select_with_mask(w)?;
+            }
             if let Some(sel) = sel {
                 return self.fetch_selection(w, sel);
             }
@@ -679,7 +686,13 @@ impl GpuBackend {
             }
         }
         if let Some(sel) = sel {
-            self.select(w)?;
+            match sel.mask {
+                Some(slot) => {
+                    self.upload_masks(w, &[Some(slot)])?;
+                    self.select_with_mask(w)?;
+                }
+                None => self.select(w)?,
+            }
             return self.fetch_selection(w, sel);
         }
         Ok(())

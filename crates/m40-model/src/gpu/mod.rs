@@ -35,8 +35,8 @@ use m40_device::{Device, DeviceBuffer, Stream};
 use m40_gguf::hparams::{RopeStyle as GgufRope, TOKEN_EMBD};
 use m40_gguf::HyperParams;
 use m40_kernels::{
-    select_args, AttnPlan, GemmSlots, Kernels, Penalties, RopeParams, RopeStyle, KV_PAGE,
-    MAX_HEAD_DIM, MOE_MAX_EXPERTS, SELECT_MAX_K,
+    select_args, select_masked, AttnPlan, GemmSlots, Kernels, Penalties, RopeParams, RopeStyle,
+    KV_PAGE, MAX_HEAD_DIM, MOE_MAX_EXPERTS, SELECT_MAX_K,
 };
 
 pub use kv::{GpuCache, PagePool};
@@ -570,6 +570,7 @@ impl Backend for GpuBackend {
             args: &args,
             k: sel.k,
             out: &mut out,
+            mask: sel.mask.as_ref(),
         };
         self.run(&mut st, cache, tokens, Logits::Last, None, Some(select))?;
         let (ids, bits) = out.split_at(sel.k);
@@ -604,7 +605,11 @@ impl GpuBackend {
             frequency: sel.frequency,
             presence: sel.presence,
         };
-        Ok(select_args(sel.k, p, &pen))
+        let args = select_args(sel.k, p, &pen);
+        Ok(match sel.mask {
+            Some(_) => select_masked(args),
+            None => args,
+        })
     }
 
     /// A forward of `tokens` in steps of at most max_batch; the requested

@@ -5,8 +5,8 @@
 use m40_device::{DeviceBuffer, Stream};
 use m40_gguf::HyperParams;
 use m40_kernels::{
-    gemm_scratch_len, AttnPlan, AttnShape, GemmSlots, SelectOut, PACK_ROWS, SELECT_ARGS,
-    SELECT_MAX_K, SELECT_SCRATCH,
+    gemm_scratch_len, AttnPlan, AttnShape, GemmSlots, SelectMasks, SelectOut, SelectRows,
+    PACK_ROWS, SELECT_ARGS, SELECT_MAX_K, SELECT_SCRATCH,
 };
 
 use super::graphs::Graphs;
@@ -21,6 +21,8 @@ pub(super) struct Select<'a> {
     pub(super) args: &'a [i32],
     pub(super) k: usize,
     pub(super) out: &'a mut Vec<i32>,
+    /// A structured output's token mask (the args say masked).
+    pub(super) mask: Option<&'a crate::MaskSlot>,
 }
 
 /// Rows of logits computed per output matmul when all are asked for.
@@ -73,6 +75,9 @@ pub(super) struct Workspace {
     /// The selection's scratch, a row's SELECT_SCRATCH for each of
     /// LOGIT_ROWS (zeroed once; each selection leaves it zero).
     pub(super) sel_scratch: DeviceBuffer<i32>,
+    /// Structured outputs' token masks, a row's `mask_words(n_vocab)` for
+    /// each of LOGIT_ROWS, uploaded just before the selection.
+    pub(super) masks: DeviceBuffer<u32>,
     pub(super) part: DeviceBuffer<f32>,
     pub(super) part_ml: DeviceBuffer<f32>,
     /// A mixture's step buffers (one element each for a dense model).
@@ -159,6 +164,7 @@ impl Workspace {
             sel_out: stream.alloc::<i32>(LOGIT_ROWS * 2 * SELECT_MAX_K, "token selection")?,
             sel_scratch: stream
                 .alloc_zeroed::<i32>(LOGIT_ROWS * SELECT_SCRATCH, "token selection scratch")?,
+            masks: stream.alloc::<u32>(LOGIT_ROWS * mask_words(hp.n_vocab), "token masks")?,
             part: a(dec_part, "attention scratch")?,
             part_ml: a(dec_ml, "attention scratch")?,
             moe: {
@@ -198,11 +204,18 @@ impl Workspace {
             + d.div_ceil(PACK_ROWS as u64)
             + LOGIT_ROWS as u64 * hp.n_vocab as u64
             + pages
-            + (SELECT_ARGS + 2 * hp.n_vocab + LOGIT_ROWS * (2 * SELECT_MAX_K + SELECT_SCRATCH))
+            + (SELECT_ARGS
+                + 2 * hp.n_vocab
+                + LOGIT_ROWS * (2 * SELECT_MAX_K + SELECT_SCRATCH + mask_words(hp.n_vocab)))
                 as u64
             + gemm_scratch(hp, b.max(1), gpu) as u64
             + moe_floats(hp, b).iter().sum::<usize>() as u64)
     }
+}
+
+/// Words of one token mask over `n_vocab` tokens.
+pub(super) fn mask_words(n_vocab: usize) -> usize {
+    n_vocab.div_ceil(32)
 }
 
 /// Rows of `proj`: GEMV_MAX_TOKENS (only the GEMV's outputs wait there)
@@ -374,6 +387,64 @@ impl GpuBackend {
             self.model.hparams().n_vocab,
             &args,
             self.select_max_k(),
+            SelectOut {
+                out: &mut w.sel_out,
+                scratch: &mut w.sel_scratch,
+            },
+        )?;
+        Ok(())
+    }
+
+    /// Upload the token masks of rows 0.. (`masks[r]`: None leaves row r's
+    /// words as they are; its arguments do not say masked), each waited
+    /// for here: the host computes them while the device runs the step
+    /// queued before. A mask that failed is the caller's to report (it
+    /// reads the slot too); its row is left unmasked.
+    pub(super) fn upload_masks(
+        &self,
+        w: &mut Workspace,
+        masks: &[Option<&crate::MaskSlot>],
+    ) -> Result<()> {
+        let words = mask_words(self.model.hparams().n_vocab);
+        let Some(last) = masks.iter().rposition(Option::is_some) else {
+            return Ok(());
+        };
+        // Rows up to the last masked one, in one copy (an unmasked row's
+        // words are never read).
+        let mut v = vec![u32::MAX; (last + 1) * words];
+        for (r, slot) in masks.iter().enumerate() {
+            let Some(Ok(m)) = slot.map(|s| s.wait()) else {
+                continue;
+            };
+            let row = &mut v[r * words..(r + 1) * words];
+            row.fill(0);
+            let n = m.len().min(words);
+            row[..n].copy_from_slice(&m[..n]);
+        }
+        self.stream.copy_to_device(&v, &mut w.masks)?;
+        Ok(())
+    }
+
+    /// [`GpuBackend::select`] with row 0's token mask (uploaded by
+    /// [`GpuBackend::upload_masks`]), outside any graph.
+    pub(super) fn select_with_mask(&self, w: &mut Workspace) -> Result<()> {
+        let args = w.inputs.slice(self.sel_at()..w.inputs.len())?;
+        let n_vocab = self.model.hparams().n_vocab;
+        let words = mask_words(n_vocab);
+        let rows = SelectRows {
+            rows: 1,
+            n_vocab,
+            args_stride: args.len(),
+            k_max: self.select_max_k(),
+        };
+        let mv = w.masks.slice(0..words)?;
+        let masks = SelectMasks { masks: &mv, words };
+        self.kernels.select_top_k_rows(
+            &self.stream,
+            &mut w.logits,
+            &args,
+            rows,
+            Some(masks),
             SelectOut {
                 out: &mut w.sel_out,
                 scratch: &mut w.sel_scratch,
