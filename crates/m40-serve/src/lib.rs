@@ -33,6 +33,7 @@ use m40_runtime::{CancelToken, Completion, Engine, Request, TokenEvent};
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 
+mod format;
 mod metrics;
 mod models;
 mod ollama;

@@ -94,7 +94,7 @@ struct GenerateRequest {
     options: Options,
     #[serde(default)]
     images: Vec<String>,
-    /// Structured output ("json" or a schema): refused until it exists.
+    /// Structured output: "json" or a JSON schema.
     format: Option<Value>,
     /// 0 with an empty prompt unloads the model (`ollama stop`); other
     /// values are accepted, the model stays loaded.
@@ -136,24 +136,10 @@ fn done_reason(r: FinishReason) -> &'static str {
     }
 }
 
-/// Ollama's `format` and `tools`, which m40-llm does not do yet: a 400
-/// rather than plain text that ignores them. `format: ""` and an empty
-/// tool list ask for nothing.
-fn no_structured_output(format: Option<&Value>, tools: Option<&Value>) -> Result<(), ApiError> {
-    let asks = |v: Option<&Value>| {
-        v.is_some_and(|v| match v {
-            Value::Null => false,
-            Value::String(s) => !s.is_empty(),
-            Value::Array(a) => !a.is_empty(),
-            _ => true,
-        })
-    };
-    if asks(format) {
-        return Err(ApiError::bad_request(
-            "format (JSON mode and structured outputs) is not supported by m40-llm yet; leave it out and ask for JSON in the prompt",
-        ));
-    }
-    if asks(tools) {
+/// Ollama's `tools`, which m40-llm does not do yet: a 400 rather than
+/// plain text that ignores them. An empty tool list asks for nothing.
+fn no_tools(tools: Option<&Value>) -> Result<(), ApiError> {
+    if tools.is_some_and(|v| !(v.is_null() || v.as_array().is_some_and(Vec::is_empty))) {
         return Err(ApiError::bad_request(
             "tools (function calling) are not supported by m40-llm yet; leave them out",
         ));
@@ -281,7 +267,7 @@ pub(crate) async fn generate(State(s): State<AppState>, body: Bytes) -> Result<R
     let r: GenerateRequest = parse_json(&body)?;
     s.check_model(r.model.as_deref())?;
     no_images(&r.images)?;
-    no_structured_output(r.format.as_ref(), None)?;
+    let format = crate::format::ollama(r.format.as_ref())?;
     let model = r.model.clone().unwrap_or_default();
     let prompt_text = r.prompt.unwrap_or_default();
     if prompt_text.is_empty() {
@@ -304,7 +290,8 @@ pub(crate) async fn generate(State(s): State<AppState>, body: Bytes) -> Result<R
         m.push(Message::new("user", prompt_text));
         Prompt::Chat(m)
     };
-    let (req, ctx) = r.options.request(prompt, s.n_ctx())?;
+    let (mut req, ctx) = r.options.request(prompt, s.n_ctx())?;
+    req.format = format;
     let running = s.start(req, ctx).await?;
     respond(
         running,
@@ -318,7 +305,8 @@ pub(crate) async fn chat(State(s): State<AppState>, body: Bytes) -> Result<Respo
     let received = Instant::now();
     let r: ChatRequest = parse_json(&body)?;
     s.check_model(r.model.as_deref())?;
-    no_structured_output(r.format.as_ref(), r.tools.as_ref())?;
+    no_tools(r.tools.as_ref())?;
+    let format = crate::format::ollama(r.format.as_ref())?;
     let model = r.model.clone().unwrap_or_default();
     if r.messages.is_empty() {
         let reason = load_or_unload(&s, r.keep_alive.as_ref()).await?;
@@ -338,7 +326,8 @@ pub(crate) async fn chat(State(s): State<AppState>, body: Bytes) -> Result<Respo
         }
         messages.push(Message::new(m.role, m.content));
     }
-    let (req, ctx) = r.options.request(Prompt::Chat(messages), s.n_ctx())?;
+    let (mut req, ctx) = r.options.request(Prompt::Chat(messages), s.n_ctx())?;
+    req.format = format;
     let running = s.start(req, ctx).await?;
     respond(
         running,

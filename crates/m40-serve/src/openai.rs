@@ -89,8 +89,11 @@ struct Common {
     stream: bool,
     stream_options: Option<StreamOptions>,
     n: Option<u64>,
-    /// `{"type": "text"}` only, until structured outputs exist.
+    /// `text`, `json_object` or `json_schema` (structured outputs).
     response_format: Option<Value>,
+    /// llama.cpp's extensions: a JSON schema, or a GBNF grammar.
+    json_schema: Option<Value>,
+    grammar: Option<String>,
     /// Function calling: refused until it exists.
     tools: Option<Value>,
     /// vLLM's and llama.cpp's extension: generate past the end-of-turn
@@ -116,14 +119,11 @@ impl Common {
         if self.n.is_some_and(|n| n != 1) {
             return Err(ApiError::bad_request("only n = 1 is supported"));
         }
-        if let Some(f) = self.response_format.as_ref().filter(|f| !f.is_null()) {
-            let kind = f.get("type").and_then(Value::as_str).unwrap_or("");
-            if kind != "text" {
-                return Err(ApiError::bad_request(format!(
-                    "response_format {f} is not supported by m40-llm yet (JSON mode and structured outputs are not built); use {{\"type\": \"text\"}} or leave it out"
-                )));
-            }
-        }
+        let format = crate::format::openai(
+            self.response_format.as_ref(),
+            self.json_schema.as_ref(),
+            self.grammar.as_deref(),
+        )?;
         if self
             .tools
             .as_ref()
@@ -162,6 +162,7 @@ impl Common {
         }
         req.logprobs = logprobs;
         req.ignore_eos = self.ignore_eos;
+        req.format = format;
         Ok(req)
     }
 }

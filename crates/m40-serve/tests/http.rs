@@ -547,51 +547,129 @@ fn an_api_key_guards_every_route_but_health() {
     assert!(v["error"].as_str().unwrap().contains("API key"), "{v}");
 }
 
+/// A schema both APIs take: a name and a small integer.
+fn pet_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 16}, "legs": {"type": "integer", "minimum": 0, "maximum": 8}},
+        "required": ["name", "legs"],
+        "additionalProperties": false,
+    })
+}
+
+fn is_pet(text: &str) -> bool {
+    let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+    let o = v.as_object().unwrap();
+    o.len() == 2
+        && o["name"].as_str().is_some_and(|n| n.chars().count() <= 16)
+        && o["legs"].as_i64().is_some_and(|l| (0..=8).contains(&l))
+}
+
 #[test]
-fn structured_outputs_and_tools_are_refused_until_they_exist() {
-    let msg = json!([{"role": "user", "content": "x"}]);
-    let tool = json!([{"type": "function", "function": {"name": "f", "parameters": {}}}]);
+fn structured_outputs_on_both_apis() {
+    let msg = json!([{"role": "user", "content": "Describe a pet as JSON."}]);
+    let schema = pet_schema();
+    // Ollama: format as a schema and as "json", whole and streamed.
+    let (s, v) = post(
+        "/api/chat",
+        json!({"model": NAME, "messages": msg, "format": schema, "stream": false, "options": greedy(80)}),
+    );
+    assert_eq!(s, 200, "{v}");
+    assert!(is_pet(v["message"]["content"].as_str().unwrap()), "{v}");
+    assert_eq!(v["done_reason"], "stop");
+    let lines = ndjson(
+        "/api/generate",
+        json!({"model": NAME, "prompt": "Describe a pet as JSON.", "format": schema, "options": greedy(80)}),
+    );
+    let text: String = lines
+        .iter()
+        .filter_map(|l| l["response"].as_str())
+        .collect();
+    assert!(is_pet(&text), "{text:?}");
+    let (s, v) = post(
+        "/api/generate",
+        json!({"model": NAME, "prompt": "A JSON object about dogs:", "format": "json", "stream": false, "options": greedy(60)}),
+    );
+    assert_eq!(s, 200, "{v}");
+    let r = v["response"].as_str().unwrap();
+    match v["done_reason"].as_str().unwrap() {
+        "stop" => assert!(
+            serde_json::from_str::<Value>(r).unwrap().is_object(),
+            "{r:?}"
+        ),
+        reason => assert!(reason == "length" && r.starts_with('{'), "{v}"),
+    }
+    // Cut by num_predict: says length, and is no complete document.
+    let (_, v) = post(
+        "/api/chat",
+        json!({"model": NAME, "messages": msg, "format": schema, "stream": false, "options": greedy(3)}),
+    );
+    assert_eq!(v["done_reason"], "length", "{v}");
+    assert!(serde_json::from_str::<Value>(v["message"]["content"].as_str().unwrap()).is_err());
+    // OpenAI: json_schema, json_object, and llama.cpp's json_schema and
+    // grammar fields.
+    for extra in [
+        json!({"response_format": {"type": "json_schema", "json_schema": {"name": "pet", "schema": schema, "strict": true}}}),
+        json!({"json_schema": schema}),
+    ] {
+        let mut body = json!({"model": NAME, "messages": msg, "temperature": 0, "max_tokens": 80});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        let (s, v) = post("/v1/chat/completions", body.clone());
+        assert_eq!(s, 200, "{body}: {v}");
+        assert!(
+            is_pet(v["choices"][0]["message"]["content"].as_str().unwrap()),
+            "{v}"
+        );
+        assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    }
+    let (s, v) = post(
+        "/v1/completions",
+        json!({"model": NAME, "prompt": "Is water wet? Answer:", "grammar": "root ::= \" \" (\"yes\" | \"no\")", "temperature": 0, "max_tokens": 8}),
+    );
+    assert_eq!(s, 200, "{v}");
+    let t = v["choices"][0]["text"].as_str().unwrap();
+    assert!(t == " yes" || t == " no", "{t:?}");
+    // What the engine cannot use, or a wrong field: a 400 that says why.
     for (path, body, needle) in [
         (
-            "/api/generate",
-            json!({"model": NAME, "prompt": "x", "format": "json"}),
-            "format",
-        ),
-        (
-            "/api/generate",
-            json!({"model": NAME, "prompt": "x", "format": {"type": "object"}}),
-            "format",
-        ),
-        (
             "/api/chat",
-            json!({"model": NAME, "messages": msg, "format": "json"}),
-            "format",
+            json!({"model": NAME, "messages": msg, "format": {"type": "array", "uniqueItems": true}}),
+            "uniqueItems",
         ),
         (
-            "/api/chat",
-            json!({"model": NAME, "messages": msg, "tools": tool}),
-            "tools",
+            "/api/generate",
+            json!({"model": NAME, "prompt": "x", "format": "yaml"}),
+            "format",
         ),
         (
             "/v1/chat/completions",
-            json!({"model": NAME, "messages": msg, "response_format": {"type": "json_object"}}),
+            json!({"model": NAME, "messages": msg, "response_format": {"type": "xml"}}),
             "response_format",
         ),
         (
             "/v1/chat/completions",
-            json!({"model": NAME, "messages": msg, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}),
-            "response_format",
-        ),
-        (
-            "/v1/chat/completions",
-            json!({"model": NAME, "messages": msg, "tools": tool}),
-            "tools",
+            json!({"model": NAME, "messages": msg, "grammar": "item ::= \"x\""}),
+            "root",
         ),
     ] {
         let (s, text) = post_raw(path, &body.to_string());
         assert_eq!(s, 400, "{path} {body}: {text}");
+        assert!(text.contains(needle), "{text}");
+    }
+}
+
+#[test]
+fn tools_are_refused_until_they_exist() {
+    let msg = json!([{"role": "user", "content": "x"}]);
+    let tool = json!([{"type": "function", "function": {"name": "f", "parameters": {}}}]);
+    for path in ["/api/chat", "/v1/chat/completions"] {
+        let body = json!({"model": NAME, "messages": msg, "tools": tool});
+        let (s, text) = post_raw(path, &body.to_string());
+        assert_eq!(s, 400, "{path} {body}: {text}");
         assert!(
-            text.contains(needle) && text.contains("not supported"),
+            text.contains("tools") && text.contains("not supported"),
             "{text}"
         );
     }

@@ -67,6 +67,35 @@ streamed = "".join(
 )
 check(streamed == comp.choices[0].text, f"streamed completion {streamed!r} == {comp.choices[0].text!r}")
 
+# Structured outputs: a JSON schema answer validated with jsonschema.
+import json
+
+import jsonschema
+
+pet = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 16}, "legs": {"type": "integer", "minimum": 0, "maximum": 8}},
+    "required": ["name", "legs"],
+    "additionalProperties": False,
+}
+ask = [{"role": "user", "content": "Describe a pet as JSON."}]
+sc = oa.chat.completions.create(
+    model=MODEL, messages=ask, temperature=0, max_tokens=80,
+    response_format={"type": "json_schema", "json_schema": {"name": "pet", "schema": pet, "strict": True}},
+)
+jsonschema.validate(json.loads(sc.choices[0].message.content), pet)
+check(sc.choices[0].finish_reason == "stop", f"schema answer finished: {sc}")
+streamed = "".join(
+    c.choices[0].delta.content or ""
+    for c in oa.chat.completions.create(
+        model=MODEL, messages=ask, temperature=0.9, seed=5, max_tokens=80, stream=True,
+        response_format={"type": "json_schema", "json_schema": {"name": "pet", "schema": pet}},
+    )
+    if c.choices
+)
+jsonschema.validate(json.loads(streamed), pet)
+checks += 2
+
 expect_error(lambda: oa.chat.completions.create(model="no-such-model", messages=msgs),
              openai.NotFoundError, "unknown model", 404)
 e = expect_error(lambda: oa.completions.create(model=MODEL, prompt="word " * 5000, max_tokens=4),
@@ -90,6 +119,13 @@ c = ol.chat(model=MODEL, messages=msgs, options=opts)
 check(c.message.role == "assistant" and c.message.content, f"chat: {c}")
 cs = "".join(p.message.content for p in ol.chat(model=MODEL, messages=msgs, options=opts, stream=True))
 check(cs == c.message.content, f"streamed chat {cs!r} == {c.message.content!r}")
+oc = ol.chat(model=MODEL, messages=ask, format=pet, options={"temperature": 0, "num_predict": 80})
+jsonschema.validate(json.loads(oc.message.content), pet)
+og = ol.generate(model=MODEL, prompt="Describe a pet as JSON.", format=pet, options={"temperature": 0.7, "seed": 2, "num_predict": 80})
+jsonschema.validate(json.loads(og.response), pet)
+checks += 2
+expect_error(lambda: ol.chat(model=MODEL, messages=ask, format={"type": "array", "uniqueItems": True}),
+             ollama.ResponseError, "an unsupported schema", 400)
 expect_error(lambda: ol.generate(model="no-such-model", prompt="hi"), ollama.ResponseError, "unknown model", 404)
 expect_error(lambda: ol.generate(model=MODEL, prompt="hi", options={"temperature": "hot"}),
              ollama.ResponseError, "a wrong option type", 400)
