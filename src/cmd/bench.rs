@@ -103,6 +103,12 @@ pub struct Args {
     /// its solo result) instead of one batched step.
     #[arg(long)]
     pub batch_invariant: bool,
+    /// With --batch: every sequence's tokens constrained by this JSON
+    /// schema (a structured output's cost: its masks computed on the host
+    /// while each step runs, applied in the selection; a sequence whose
+    /// document is complete starts another).
+    #[arg(long, value_name = "FILE")]
+    pub json_schema: Option<std::path::PathBuf>,
 }
 
 /// The measured ceilings of the device.

@@ -6,6 +6,12 @@
 //! host each step: selected on the GPU, from the logits on the CPU). N_KV = B (PP + TG). With `llama-batched-bench` on PATH it runs
 //! the same file there and prints its S_TG beside ours.
 //!
+//! With `--json-schema FILE` every sequence is constrained by the schema
+//! as a structured output is in the engine: its mask computed on another
+//! thread while the step runs, applied in the selection (the GPU's
+//! selection kernel, or the logits on the CPU), the chosen token accepted;
+//! a sequence whose document is complete starts a new one.
+//!
 //! Timing: one warm-up pass at the smallest B, then each B once (as
 //! llama-batched-bench); host clocks around calls that return after the
 //! device is done.
@@ -16,9 +22,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+use m40_chat::{Constraint, Format, Grammars};
 use m40_model::cpu::{CpuBackend, CpuMath};
 use m40_model::gpu::{GpuBackend, GpuOptions};
-use m40_model::{Backend, Logits, Model, Selection, SeqStep, Want};
+use m40_model::{apply_mask, Backend, Logits, MaskSlot, Model, Selection, SeqStep, StepOut, Want};
 use serde_json::json;
 
 use m40_gguf::synth::token_ids as random_tokens;
@@ -32,9 +39,15 @@ struct Row {
     t_tg: f64,
 }
 
-/// B sequences: prompts of `npp`, then `ntg` batched decode steps; (T_PP,
-/// T_TG) in seconds.
-fn run_batch<B: Backend>(be: &B, b: usize, npp: usize, ntg: usize) -> Result<(f64, f64)> {
+/// B sequences: prompts of `npp`, then `ntg` batched decode steps, each
+/// constrained by `schema`'s grammar where given; (T_PP, T_TG) in seconds.
+fn run_batch<B: Backend>(
+    be: &B,
+    b: usize,
+    npp: usize,
+    ntg: usize,
+    schema: Option<&Schema>,
+) -> Result<(f64, f64)> {
     let n_vocab = be.hparams().n_vocab;
     let mut caches = (0..b)
         .map(|_| be.new_cache(npp + ntg + 1))
@@ -42,6 +55,10 @@ fn run_batch<B: Backend>(be: &B, b: usize, npp: usize, ntg: usize) -> Result<(f6
     let prompts: Vec<Vec<u32>> = (0..b)
         .map(|s| random_tokens(npp, n_vocab, 1 + s as u64))
         .collect();
+    let mut constraints: Vec<Constraint> = match schema {
+        Some(s) => (0..b).map(|_| s.fresh()).collect::<Result<_>>()?,
+        None => Vec::new(),
+    };
     let t0 = Instant::now();
     for (c, p) in caches.iter_mut().zip(&prompts) {
         be.forward(c, p, Logits::Last)?;
@@ -52,33 +69,95 @@ fn run_batch<B: Backend>(be: &B, b: usize, npp: usize, ntg: usize) -> Result<(f6
         .collect();
     // What the engine asks for a greedy request: the argmax where the
     // backend selects (the GPU), else the logits.
-    let want = match be.select_max_k() {
-        0 => Want::Logits,
-        _ => Want::Select(Selection::greedy()),
-    };
+    let selects = be.select_max_k() > 0;
     let t1 = Instant::now();
     for _ in 0..ntg {
+        let slots: Vec<MaskSlot> = constraints.iter().map(|_| MaskSlot::new()).collect();
+        let want = |i: usize| match (selects, slots.get(i)) {
+            (false, _) => Want::Logits,
+            (true, slot) => Want::Select(Selection {
+                mask: slot.cloned(),
+                ..Selection::greedy()
+            }),
+        };
         let mut steps: Vec<SeqStep<'_, B::Cache>> = caches
             .iter_mut()
             .zip(&toks)
-            .map(|(cache, t)| SeqStep {
+            .enumerate()
+            .map(|(i, (cache, t))| SeqStep {
                 cache,
                 tokens: t,
-                want: want.clone(),
+                want: want(i),
             })
             .collect();
-        be.forward_batch(&mut steps)?;
+        let fillers: Vec<_> = slots.iter().map(MaskSlot::filler).collect();
+        let cons = &mut constraints;
+        let outs = std::thread::scope(|scope| {
+            if !cons.is_empty() {
+                scope.spawn(move || {
+                    for (c, f) in cons.iter_mut().zip(fillers) {
+                        f.fill(
+                            c.mask()
+                                .map(|m| Arc::new(m.into_words()))
+                                .map_err(|e| e.to_string()),
+                        );
+                    }
+                });
+            }
+            be.forward_batch(&mut steps)
+        })?;
+        for (i, out) in outs.into_iter().enumerate() {
+            let Some(c) = constraints.get_mut(i) else {
+                break;
+            };
+            let mask = slots[i].wait().map_err(anyhow::Error::msg)?;
+            let tok = match out {
+                StepOut::Top(top) => top[0].0,
+                StepOut::Logits(mut l) => {
+                    apply_mask(&mask, &mut l);
+                    m40_runtime::sampling::argmax(&l)
+                }
+                StepOut::Nothing => bail!("a decode step returned nothing"),
+            };
+            let complete = !mask_allows(&mask, tok)
+                || schema.is_some_and(|s| s.eog.contains(&tok))
+                || c.accept(tok).is_err()
+                || c.is_done();
+            if complete {
+                *c = schema.expect("constrained").fresh()?;
+            }
+        }
     }
     Ok((t_pp, t1.elapsed().as_secs_f64()))
 }
 
-fn table<B: Backend>(be: &B, a: &Args) -> Result<Vec<Row>> {
+fn mask_allows(words: &[u32], id: u32) -> bool {
+    words
+        .get(id as usize / 32)
+        .is_some_and(|w| w >> (id % 32) & 1 == 1)
+}
+
+/// A JSON schema compiled for the model's vocabulary: a fresh constraint
+/// per document.
+struct Schema {
+    grammars: Grammars,
+    format: Format,
+    eog: Vec<u32>,
+}
+
+impl Schema {
+    fn fresh(&self) -> Result<Constraint> {
+        Ok(self.grammars.compile(&self.format)?)
+    }
+}
+
+fn table<B: Backend>(be: &B, a: &Args, schema: Option<&Schema>) -> Result<Vec<Row>> {
     let (npp, ntg) = (a.npp, a.ntg);
     // Warm-up: kernels loaded and compiled, graphs captured.
-    run_batch(be, a.batch[0], npp.min(32), ntg.min(8))?;
+    run_batch(be, a.batch[0], npp.min(32), ntg.min(8), schema)?;
     let mut rows = Vec::new();
     for &b in &a.batch {
-        let (t_pp, t_tg) = run_batch(be, b, npp, ntg)?;
+        let (t_pp, t_tg) = run_batch(be, b, npp, ntg, schema)?;
         rows.push(Row { b, t_pp, t_tg });
     }
     Ok(rows)
@@ -89,6 +168,23 @@ pub fn run(path: &Path, label: &str, a: &Args) -> Result<()> {
         bail!("--batch sizes, --npp and --ntg must be at least 1");
     }
     let model = Arc::new(Model::open(path)?);
+    let schema = match &a.json_schema {
+        None => None,
+        Some(f) => {
+            let text =
+                std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
+            let v: serde_json::Value = serde_json::from_str(&text)
+                .with_context(|| format!("{} is not JSON", f.display()))?;
+            let tok = m40_tokenizer::Tokenizer::from_gguf(model.file())?;
+            let s = Schema {
+                grammars: Grammars::new(&tok)?,
+                format: Format::JsonSchema(v),
+                eog: tok.eog_ids().collect(),
+            };
+            s.fresh()?;
+            Some(s)
+        }
+    };
     let most = a.batch.iter().max().copied().unwrap_or(1);
     let kv_tokens = most * (a.npp + a.ntg + 1).next_multiple_of(m40_kernels::KV_PAGE);
     let (device, rows) = if a.cpu {
@@ -98,7 +194,7 @@ pub fn run(path: &Path, label: &str, a: &Args) -> Result<()> {
             CpuMath::Quantized
         };
         let cpu = CpuBackend::with_kv(model.clone(), math, kv_tokens)?;
-        ("CPU".to_string(), table(&cpu, a)?)
+        ("CPU".to_string(), table(&cpu, a, schema.as_ref())?)
     } else {
         let dev = m40_device::Device::open(a.gpu).context("opening the GPU (or use --cpu)")?;
         let name = dev.info().name.clone();
@@ -112,16 +208,19 @@ pub fn run(path: &Path, label: &str, a: &Args) -> Result<()> {
                 ..Default::default()
             },
         )?;
-        (name, table(&g, a)?)
+        (name, table(&g, a, schema.as_ref())?)
     };
     let theirs = match a.no_llama_bench || a.cpu {
         true => None,
         false => llama_batched_bench(path, a, kv_tokens),
     };
-    let mode = if a.batch_invariant {
-        "batch-invariant (each sequence's own decode step)"
-    } else {
-        "batched decode"
+    let mode = match (a.batch_invariant, &a.json_schema) {
+        (true, _) => "batch-invariant (each sequence's own decode step)".to_string(),
+        (false, None) => "batched decode".to_string(),
+        (false, Some(f)) => format!(
+            "batched decode, every sequence constrained by {}",
+            f.display()
+        ),
     };
     if a.json {
         let v: Vec<_> = rows

@@ -53,7 +53,7 @@ impl TokenMask {
     /// Every token of a vocabulary of `n` allowed.
     pub fn all(n: usize) -> TokenMask {
         let mut words = vec![u32::MAX; n.div_ceil(32)];
-        if n % 32 != 0 {
+        if !n.is_multiple_of(32) {
             *words.last_mut().expect("n > 0") = (1u32 << (n % 32)) - 1;
         }
         TokenMask { words }
@@ -249,7 +249,7 @@ impl Constraint {
             .map_err(|e| FormatError::Failed(e.to_string()))?;
         let mut words = v.as_slice().to_vec();
         words.resize(self.n_vocab.div_ceil(32), 0);
-        if self.n_vocab % 32 != 0 {
+        if !self.n_vocab.is_multiple_of(32) {
             *words.last_mut().expect("a vocabulary") &= (1u32 << (self.n_vocab % 32)) - 1;
         }
         Ok(TokenMask { words })

@@ -225,6 +225,7 @@ fn mixed_steps_and_the_invariant_mode() {
             repeat: 1.3,
             frequency: 0.1,
             presence: 0.2,
+            mask: None,
         };
         let wants = [
             Want::Logits,

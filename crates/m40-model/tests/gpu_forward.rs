@@ -709,6 +709,7 @@ fn forward_select_equals_selecting_from_logits() {
                 repeat: 1.3,
                 frequency: 0.2,
                 presence: 0.1,
+                mask: None,
             };
             let (mut a, mut b) = (g.new_cache(128).unwrap(), g.new_cache(128).unwrap());
             let mut next = prompt.clone();
