@@ -10,8 +10,6 @@ mod support;
 
 use support::On;
 
-use std::sync::OnceLock;
-
 use m40_runtime::{
     BackendChoice, CancelToken, Engine, EngineError, EngineOptions, FinishReason, Message, Prompt,
     Request, SamplingParams,
@@ -19,26 +17,7 @@ use m40_runtime::{
 
 /// SmolLM2 on `on`, loaded once per backend.
 fn engine(on: On) -> &'static Engine {
-    static CPU: OnceLock<Engine> = OnceLock::new();
-    static GPU: OnceLock<Engine> = OnceLock::new();
-    let (cell, backend) = match on {
-        On::Cpu => (&CPU, BackendChoice::Cpu),
-        On::Gpu => {
-            m40_device::testing::gpu_device("engine tests");
-            (&GPU, BackendChoice::Gpu)
-        }
-    };
-    cell.get_or_init(|| {
-        Engine::from_path(
-            &support::smollm2(),
-            EngineOptions {
-                n_ctx: Some(256),
-                backend,
-                ..Default::default()
-            },
-        )
-        .unwrap()
-    })
+    support::smollm2_engine(on, 256)
 }
 
 on_both!(

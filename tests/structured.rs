@@ -11,35 +11,14 @@ mod support;
 
 use support::On;
 
-use std::sync::OnceLock;
-
 use m40_runtime::{
-    BackendChoice, CancelToken, Engine, EngineError, EngineOptions, FinishReason, Format, Message,
-    Prompt, Request, SamplingParams,
+    CancelToken, Engine, EngineError, FinishReason, Format, Message, Prompt, Request,
+    SamplingParams,
 };
 use serde_json::{json, Value};
 
 fn engine(on: On) -> &'static Engine {
-    static CPU: OnceLock<Engine> = OnceLock::new();
-    static GPU: OnceLock<Engine> = OnceLock::new();
-    let (cell, backend) = match on {
-        On::Cpu => (&CPU, BackendChoice::Cpu),
-        On::Gpu => {
-            m40_device::testing::gpu_device("structured output tests");
-            (&GPU, BackendChoice::Gpu)
-        }
-    };
-    cell.get_or_init(|| {
-        Engine::from_path(
-            &support::smollm2(),
-            EngineOptions {
-                n_ctx: Some(512),
-                backend,
-                ..Default::default()
-            },
-        )
-        .unwrap()
-    })
+    support::smollm2_engine(on, 512)
 }
 
 on_both!(

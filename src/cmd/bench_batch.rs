@@ -119,8 +119,8 @@ fn run_batch<B: Backend>(
                 }
                 StepOut::Nothing => bail!("a decode step returned nothing"),
             };
-            let complete = !mask_allows(&mask, tok)
-                || schema.is_some_and(|s| s.eog.contains(&tok))
+            // A token the mask did not allow fails to be accepted.
+            let complete = schema.is_some_and(|s| s.eog.contains(&tok))
                 || c.accept(tok).is_err()
                 || c.is_done();
             if complete {
@@ -129,12 +129,6 @@ fn run_batch<B: Backend>(
         }
     }
     Ok((t_pp, t1.elapsed().as_secs_f64()))
-}
-
-fn mask_allows(words: &[u32], id: u32) -> bool {
-    words
-        .get(id as usize / 32)
-        .is_some_and(|w| w >> (id % 32) & 1 == 1)
 }
 
 /// A JSON schema compiled for the model's vocabulary: a fresh constraint

@@ -61,6 +61,32 @@ pub fn smollm2() -> PathBuf {
         .expect("fetching the default model")
 }
 
+/// SmolLM2 ([`smollm2`]) with a context of `n_ctx` on `on`, loaded once
+/// per backend and test binary (each binary asks for one context).
+pub fn smollm2_engine(on: On, n_ctx: usize) -> &'static m40_runtime::Engine {
+    use m40_runtime::{BackendChoice, Engine, EngineOptions};
+    use std::sync::OnceLock;
+    static CPU: OnceLock<Engine> = OnceLock::new();
+    static GPU: OnceLock<Engine> = OnceLock::new();
+    let (cell, backend) = match on {
+        On::Cpu => (&CPU, BackendChoice::Cpu),
+        On::Gpu => {
+            m40_device::testing::gpu_device("SmolLM2 engine tests");
+            (&GPU, BackendChoice::Gpu)
+        }
+    };
+    let e = cell.get_or_init(|| {
+        let opts = EngineOptions {
+            n_ctx: Some(n_ctx),
+            backend,
+            ..Default::default()
+        };
+        Engine::from_path(&smollm2(), opts).unwrap()
+    });
+    assert_eq!(e.n_ctx(), n_ctx, "one context per test binary");
+    e
+}
+
 /// A JSON array of token ids (reference.json) as u32s.
 pub fn json_ids(v: &serde_json::Value) -> Vec<u32> {
     v.as_array()

@@ -50,20 +50,6 @@ pub struct TokenMask {
 }
 
 impl TokenMask {
-    /// Every token of a vocabulary of `n` allowed.
-    pub fn all(n: usize) -> TokenMask {
-        let mut words = vec![u32::MAX; n.div_ceil(32)];
-        if !n.is_multiple_of(32) {
-            *words.last_mut().expect("n > 0") = (1u32 << (n % 32)) - 1;
-        }
-        TokenMask { words }
-    }
-
-    /// A mask from its words (bit `id % 32` of word `id / 32`).
-    pub fn from_words(words: Vec<u32>) -> TokenMask {
-        TokenMask { words }
-    }
-
     pub fn words(&self) -> &[u32] {
         &self.words
     }
@@ -77,20 +63,6 @@ impl TokenMask {
         self.words
             .get(id as usize / 32)
             .is_some_and(|w| w >> (id % 32) & 1 == 1)
-    }
-
-    /// How many tokens it allows.
-    pub fn count(&self) -> usize {
-        self.words.iter().map(|w| w.count_ones() as usize).sum()
-    }
-
-    /// Every logit of a token it does not allow becomes -inf.
-    pub fn apply(&self, logits: &mut [f32]) {
-        for (i, l) in logits.iter_mut().enumerate() {
-            if !self.allows(i as u32) {
-                *l = f32::NEG_INFINITY;
-            }
-        }
     }
 }
 
@@ -166,11 +138,6 @@ impl Grammars {
             factory,
             n_vocab: n,
         })
-    }
-
-    /// Tokens in the vocabulary (each mask's length).
-    pub fn n_vocab(&self) -> usize {
-        self.n_vocab
     }
 
     /// A constraint for one sequence, or what is wrong with the grammar.
@@ -265,10 +232,5 @@ impl Constraint {
     /// The grammar is complete: nothing but the end may follow.
     pub fn is_done(&self) -> bool {
         self.matcher.is_stopped()
-    }
-
-    /// What is generated so far could end here.
-    pub fn is_accepting(&mut self) -> bool {
-        self.matcher.is_accepting().unwrap_or(false)
     }
 }

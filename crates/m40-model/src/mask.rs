@@ -21,13 +21,6 @@ impl MaskSlot {
         MaskSlot::default()
     }
 
-    /// A slot filled already.
-    pub fn ready(words: Vec<u32>) -> MaskSlot {
-        let s = MaskSlot::new();
-        s.fill(Ok(Arc::new(words)));
-        s
-    }
-
     /// The mask (or why there is none); a second fill is ignored.
     pub fn fill(&self, v: Result<MaskWords, String>) {
         let (m, cv) = &*self.0;

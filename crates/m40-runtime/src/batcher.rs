@@ -524,9 +524,8 @@ impl Loop {
         let mut parts: Vec<(SeqId, Vec<u32>, Want, bool)> = Vec::new();
         let mut caches: Vec<AnyCache> = Vec::new();
         let mut failed: Vec<(SeqId, Arc<ModelError>)> = Vec::new();
-        // Constrained sequences that sample: a filler for the mask thread,
-        // and the slot it fills.
-        let mut masks: Vec<(SeqId, MaskFiller)> = Vec::new();
+        // The masks of the constrained sequences that sample, filled by
+        // the mask thread.
         let mut slots: HashMap<SeqId, MaskSlot> = HashMap::new();
         let ranges = step
             .decode
@@ -597,7 +596,6 @@ impl Loop {
                 // Its mask is computed while the step runs; the backend
                 // waits for it just before the selection.
                 let slot = MaskSlot::new();
-                masks.push((id, slot.filler()));
                 if let Want::Select(sel) = &mut want {
                     sel.mask = Some(slot.clone());
                 }
@@ -632,13 +630,12 @@ impl Loop {
         let started = std::time::Instant::now();
         let live = &mut self.live;
         let result = std::thread::scope(|scope| {
-            if !masks.is_empty() {
+            if !slots.is_empty() {
                 // The constrained sequences' masks, on the host while the
                 // device runs the step.
-                let mut fillers: HashMap<SeqId, MaskFiller> = masks.into_iter().collect();
                 let jobs: Vec<(&mut Constraint, MaskFiller)> = live
                     .iter_mut()
-                    .filter_map(|(id, l)| Some((l.constraint.as_mut()?, fillers.remove(id)?)))
+                    .filter_map(|(id, l)| Some((l.constraint.as_mut()?, slots.get(id)?.filler())))
                     .collect();
                 scope.spawn(move || {
                     for (c, filler) in jobs {

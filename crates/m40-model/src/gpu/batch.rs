@@ -238,12 +238,11 @@ impl GpuBackend {
                     _ => None,
                 })
                 .collect();
-            let masked = slots.iter().any(Option::is_some);
             self.upload_masks(w, &slots)?;
             let words = mask_words(n_vocab);
             let args_v = w.inputs.slice(at..at + seqs * stride)?;
             let mv = w.masks.slice(0..seqs * words)?;
-            let masks = masked.then_some(SelectMasks { masks: &mv, words });
+            let masks = Some(SelectMasks { masks: &mv, words });
             let so = SelectOut {
                 out: &mut w.sel_out,
                 scratch: &mut w.sel_scratch,

@@ -650,9 +650,9 @@ impl GpuBackend {
             let masked = sel.as_ref().and_then(|s| s.mask);
             self.graph_step(w, pools, graphs, start, sel.is_some() && masked.is_none())?;
             cache.set_len(start + 1);
-            if let Some(slot) = masked {
-                self.upload_masks(w, &[Some(slot)])?;
-                self.select_with_mask(w)?;
+            if masked.is_some() {
+                self.upload_masks(w, &[masked])?;
+                self.select(w)?;
             }
             if let Some(sel) = sel {
                 return self.fetch_selection(w, sel);
@@ -686,13 +686,8 @@ impl GpuBackend {
             }
         }
         if let Some(sel) = sel {
-            match sel.mask {
-                Some(slot) => {
-                    self.upload_masks(w, &[Some(slot)])?;
-                    self.select_with_mask(w)?;
-                }
-                None => self.select(w)?,
-            }
+            self.upload_masks(w, &[sel.mask])?;
+            self.select(w)?;
             return self.fetch_selection(w, sel);
         }
         Ok(())

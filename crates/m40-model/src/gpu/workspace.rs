@@ -378,15 +378,25 @@ impl GpuBackend {
     }
 
     /// Select on the device from the logits in `w.logits` (row 0) with the
-    /// arguments uploaded with the step's inputs (capturable).
+    /// arguments uploaded with the step's inputs (capturable); with row 0's
+    /// token mask where they say masked ([`GpuBackend::upload_masks`]).
     pub(super) fn select(&self, w: &mut Workspace) -> Result<()> {
         let args = w.inputs.slice(self.sel_at()..w.inputs.len())?;
-        self.kernels.select_top_k(
+        let n_vocab = self.model.hparams().n_vocab;
+        let words = mask_words(n_vocab);
+        let rows = SelectRows {
+            rows: 1,
+            n_vocab,
+            args_stride: args.len(),
+            k_max: self.select_max_k(),
+        };
+        let mv = w.masks.slice(0..words)?;
+        self.kernels.select_top_k_rows(
             &self.stream,
             &mut w.logits,
-            self.model.hparams().n_vocab,
             &args,
-            self.select_max_k(),
+            rows,
+            Some(SelectMasks { masks: &mv, words }),
             SelectOut {
                 out: &mut w.sel_out,
                 scratch: &mut w.sel_scratch,
@@ -422,34 +432,6 @@ impl GpuBackend {
             row[..n].copy_from_slice(&m[..n]);
         }
         self.stream.copy_to_device(&v, &mut w.masks)?;
-        Ok(())
-    }
-
-    /// [`GpuBackend::select`] with row 0's token mask (uploaded by
-    /// [`GpuBackend::upload_masks`]), outside any graph.
-    pub(super) fn select_with_mask(&self, w: &mut Workspace) -> Result<()> {
-        let args = w.inputs.slice(self.sel_at()..w.inputs.len())?;
-        let n_vocab = self.model.hparams().n_vocab;
-        let words = mask_words(n_vocab);
-        let rows = SelectRows {
-            rows: 1,
-            n_vocab,
-            args_stride: args.len(),
-            k_max: self.select_max_k(),
-        };
-        let mv = w.masks.slice(0..words)?;
-        let masks = SelectMasks { masks: &mv, words };
-        self.kernels.select_top_k_rows(
-            &self.stream,
-            &mut w.logits,
-            &args,
-            rows,
-            Some(masks),
-            SelectOut {
-                out: &mut w.sel_out,
-                scratch: &mut w.sel_scratch,
-            },
-        )?;
         Ok(())
     }
 
