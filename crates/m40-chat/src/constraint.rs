@@ -179,7 +179,13 @@ impl Grammars {
 /// `json.dumps`), no free whitespace a model could run on in; a schema's
 /// own `x-guidance` options win.
 fn compact(mut schema: Value) -> Value {
-    if let Value::Object(m) = &mut schema {
+    compact_json(&mut schema);
+    schema
+}
+
+/// [`compact`] in place.
+pub(crate) fn compact_json(schema: &mut Value) {
+    if let Value::Object(m) = schema {
         m.entry("x-guidance").or_insert_with(|| {
             serde_json::json!({
                 "whitespace_flexible": false,
@@ -188,7 +194,6 @@ fn compact(mut schema: Value) -> Value {
             })
         });
     }
-    schema
 }
 
 /// One sequence's grammar state.

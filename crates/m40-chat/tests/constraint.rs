@@ -7,7 +7,7 @@
 #[path = "../../m40-gguf/tests/common/mod.rs"]
 mod common;
 
-use m40_chat::{Format, FormatError, Grammars};
+use m40_chat::{Format, FormatError, Grammars, OutputParser, Syntax, Tool};
 use m40_gguf::GgufFile;
 use m40_tokenizer::Tokenizer;
 use proptest::prelude::*;
@@ -199,29 +199,120 @@ proptest! {
     fn random_walks_end_in_valid_documents(s in schema(), seed in any::<u64>()) {
         let Some(tok) = TOKENIZER.as_ref() else { return Ok(()) };
         let g = &GRAMMARS.as_ref().unwrap();
-        let mut c = g.compile(&Format::JsonSchema(s.clone())).unwrap();
-        let mut rng = seed | 1;
-        let mut ids = Vec::new();
-        for _ in 0..4000 {
-            let m = c.mask().unwrap();
-            let allowed: Vec<u32> = (0..tok.n_vocab() as u32).filter(|&i| m.allows(i)).collect();
-            prop_assert!(!allowed.is_empty());
-            rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
-            let id = allowed[(rng % allowed.len() as u64) as usize];
-            if tok.is_eog(id) {
-                let text = tok.decode(&ids).unwrap();
-                let v: Value = serde_json::from_str(&text).map_err(|e| TestCaseError::fail(format!("{text:?}: {e}")))?;
-                prop_assert!(valid(&s, &v), "{} is not valid under {}", text, s);
-                return Ok(());
-            }
-            c.accept(id).unwrap();
-            ids.push(id);
-        }
-        prop_assert!(false, "no end after 4000 tokens: {:?}", tok.decode(&ids));
+        let c = g.compile(&Format::JsonSchema(s.clone())).unwrap();
+        let ids = walk(tok, c, seed)?;
+        let text = tok.decode(&ids).unwrap();
+        let v: Value = serde_json::from_str(&text).map_err(|e| TestCaseError::fail(format!("{text:?}: {e}")))?;
+        prop_assert!(valid(&s, &v), "{} is not valid under {}", text, s);
     }
+}
+
+/// Any token the mask allows at every step (a fixed stream per seed),
+/// until an end of generation is picked or the grammar is done: the ids.
+fn walk(
+    tok: &Tokenizer,
+    mut c: m40_chat::Constraint,
+    seed: u64,
+) -> Result<Vec<u32>, TestCaseError> {
+    let mut rng = seed | 1;
+    let mut ids = Vec::new();
+    for _ in 0..4000 {
+        let m = c.mask().unwrap();
+        let allowed: Vec<u32> = (0..tok.n_vocab() as u32).filter(|&i| m.allows(i)).collect();
+        prop_assert!(!allowed.is_empty());
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        let id = allowed[(rng % allowed.len() as u64) as usize];
+        if tok.is_eog(id) || c.is_done() {
+            return Ok(ids);
+        }
+        c.accept(id).unwrap();
+        ids.push(id);
+    }
+    Err(TestCaseError::fail(format!(
+        "no end after 4000 tokens: {:?}",
+        tok.decode(&ids)
+    )))
 }
 
 static TOKENIZER: std::sync::LazyLock<Option<Tokenizer>> =
     std::sync::LazyLock::new(|| vocab("qwen2"));
 static GRAMMARS: std::sync::LazyLock<Option<Grammars>> =
     std::sync::LazyLock::new(|| TOKENIZER.as_ref().map(|t| Grammars::new(t).unwrap()));
+
+/// The qwen2 vocabulary with the control tokens of every call syntax added,
+/// so that each family's forced-call grammar can be walked.
+static TOOL_VOCAB: std::sync::LazyLock<Option<(Tokenizer, Grammars)>> =
+    std::sync::LazyLock::new(|| {
+        let td = common::testdata()?;
+        let f = GgufFile::open(td.join("vocab/ggml-vocab-qwen2.gguf")).unwrap();
+        let mut v = m40_tokenizer::Vocab::from_metadata(f.metadata()).unwrap();
+        for t in [
+            "[TOOL_CALLS]",
+            "[ARGS]",
+            "<|tool_call|>",
+            "<|START_ACTION|>",
+            "<|END_ACTION|>",
+            "<|channel|>",
+            "<|constrain|>",
+            "<|message|>",
+            "<|python_tag|>",
+        ] {
+            v.tokens.push(t.into());
+            v.scores.push(0.0);
+            v.types.push(m40_tokenizer::TokenType::Control);
+        }
+        let tok = Tokenizer::from_vocab(v).unwrap();
+        let g = Grammars::new(&tok).unwrap();
+        Some((tok, g))
+    });
+
+const SYNTAXES: [Syntax; 9] = [
+    Syntax::Llama3,
+    Syntax::Hermes,
+    Syntax::Mistral,
+    Syntax::MistralArgs,
+    Syntax::Granite,
+    Syntax::CommandR7b,
+    Syntax::CommandR,
+    Syntax::Harmony,
+    Syntax::Generic,
+];
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// A forced call in every family's syntax, for two tools with random
+    /// argument schemas: any walk through the grammar is read back by that
+    /// family's parser as calls of those tools with valid arguments.
+    #[test]
+    fn forced_calls_parse_and_validate(a in schema(), b in schema(), which in 0usize..9,
+                                       parallel in any::<bool>(), seed in any::<u64>()) {
+        let Some((tok, g)) = TOOL_VOCAB.as_ref() else { return Ok(()) };
+        let syntax = SYNTAXES[which];
+        let params = |s: &Value| json!({"type": "object", "properties": {"x": s}, "required": ["x"]});
+        let tools = Tool::parse_all(&[
+            json!({"type": "function", "function": {"name": "first", "parameters": params(&a)}}),
+            json!({"type": "function", "function": {"name": "second_one", "parameters": params(&b)}}),
+        ]).unwrap();
+        let special = |s: &str| tok.token_id(s);
+        let format = syntax.forced(&tools, None, parallel, &special).unwrap();
+        let c = g.compile(&format).map_err(|e| TestCaseError::fail(format!("{format:?}: {e}")))?;
+        let ids = walk(tok, c, seed)?;
+        let text = tok.decode_with_special(&ids).unwrap();
+        let parsed = if syntax == Syntax::Generic {
+            m40_chat::output::parse_generic(&text)
+        } else {
+            let mut p = OutputParser::new(Some(syntax), None, false);
+            m40_chat::output::parse_all(&mut p, &text)
+        };
+        prop_assert!(!parsed.calls.is_empty(), "{:?}: no call in {:?}", syntax, text);
+        prop_assert!(parallel || parsed.calls.len() == 1);
+        prop_assert_eq!(parsed.content.trim(), "", "{:?}: {:?}", syntax, text);
+        for call in &parsed.calls {
+            let s = match call.function.name.as_str() { "first" => &a, "second_one" => &b, n => panic!("{n}") };
+            prop_assert!(valid(s, &call.function.arguments["x"]), "{:?}: {} not valid under {}", syntax, text, s);
+        }
+    }
+}

@@ -10,11 +10,14 @@ use m40_model::cpu::CpuBackend;
 use m40_model::gpu::{GpuBackend, GpuOptions};
 use m40_model::{AnyBackend, Backend, Model, ModelError};
 use m40_tokenizer::template::ChatTemplate;
-use m40_tokenizer::{Encode, Message, Tokenizer};
-use serde::Serialize;
+
+use crate::chat::{ChatFormat, Plan, Reader, RenderError};
+use m40_chat::Parsed;
+use m40_tokenizer::{Encode, Tokenizer};
 
 use crate::batcher::{Batcher, Core, Limits, Load, SeqEvent, Submission};
-use crate::sampling::{logprobs, SamplingParams};
+pub use crate::request::{Completion, FinishReason, Prompt, Request, Timings, TokenEvent};
+use crate::sampling::logprobs;
 use crate::store::Store;
 
 /// Errors from loading a model or running a request.
@@ -53,6 +56,15 @@ pub enum EngineError {
     Thread(std::io::Error),
     #[error(transparent)]
     Format(#[from] m40_chat::FormatError),
+}
+
+impl From<RenderError> for EngineError {
+    fn from(e: RenderError) -> Self {
+        match e {
+            RenderError::Template(e) => Self::Tokenizer(e),
+            RenderError::Format(e) => Self::Format(e),
+        }
+    }
 }
 
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;
@@ -136,58 +148,19 @@ pub struct EngineOptions {
 /// Contexts the KV cache holds by default ([`EngineOptions::kv_tokens`]).
 pub use m40_model::{DEFAULT_GPU_SEQUENCES, DEFAULT_SEQUENCES};
 
-/// What to generate from.
-#[derive(Clone, Debug)]
-pub enum Prompt {
-    /// Raw text, tokenized as is (BOS added if the model asks for it).
-    Text(String),
-    /// A conversation, rendered with the chat template.
-    Chat(Vec<Message>),
-}
-
-/// One generation request.
-#[derive(Clone, Debug)]
-pub struct Request {
-    pub prompt: Prompt,
-    pub sampling: SamplingParams,
-    /// At most this many new tokens (default: what the context leaves).
-    pub max_tokens: Option<usize>,
-    /// Stop before any of these strings; they are never emitted.
-    pub stop: Vec<String>,
-    /// Return the chosen token's log-probability and this many alternatives.
-    pub logprobs: Option<usize>,
-    /// Drop the prompt's start instead of failing when it does not fit.
-    pub truncate_prompt: bool,
-    /// A smaller context for this request than the engine's (Ollama's
-    /// `num_ctx`); None, or more than the engine's: the engine's.
-    pub context: Option<usize>,
-    /// Lower `max_tokens` to the room the context leaves after the prompt
-    /// instead of failing (generation then stops where the context ends,
-    /// as Ollama's server does).
-    pub fit_max_tokens: bool,
-    /// Generate past end-of-generation tokens, to `max_tokens` or the end
-    /// of the context (vLLM's and llama.cpp's `ignore_eos`: requests of a
-    /// fixed length, for benchmarks). Stop strings still stop.
-    pub ignore_eos: bool,
-    /// A structured output: every token is sampled from those that keep
-    /// the answer inside this format (JSON, a JSON schema, a grammar), and
-    /// the answer ends when the format is complete
-    /// ([`FinishReason::Stop`]; cut short by `max_tokens` it is
-    /// [`FinishReason::Length`], and incomplete).
-    pub format: Option<Format>,
-}
-
 /// A request tokenized and checked against the context, once: what
 /// [`Engine::run`] runs. [`Engine::generate`] is [`Engine::prepare`] and
 /// [`Engine::run`]; a server prepares first to refuse a request before
 /// queueing it.
 #[derive(Clone, Debug)]
 pub struct Prepared {
-    request: Request,
-    prompt: Vec<u32>,
-    max_tokens: usize,
-    /// The request's format, compiled.
-    constraint: Option<Constraint>,
+    pub(crate) request: Request,
+    pub(crate) prompt: Vec<u32>,
+    pub(crate) max_tokens: usize,
+    /// The request's format (or forced tool calls), compiled.
+    pub(crate) constraint: Option<Constraint>,
+    /// How the answer is taken apart (thinking, calls).
+    pub(crate) plan: Plan,
 }
 
 impl Prepared {
@@ -206,74 +179,6 @@ impl Prepared {
     }
 }
 
-impl Request {
-    pub fn new(prompt: Prompt) -> Self {
-        Self {
-            prompt,
-            sampling: SamplingParams::default(),
-            max_tokens: None,
-            stop: Vec::new(),
-            logprobs: None,
-            truncate_prompt: false,
-            context: None,
-            fit_max_tokens: false,
-            ignore_eos: false,
-            format: None,
-        }
-    }
-}
-
-/// Why generation ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum FinishReason {
-    /// An end-of-generation token or a stop string.
-    Stop,
-    /// max_tokens or the context ran out.
-    Length,
-    Cancelled,
-}
-
-/// One generated token as it streams.
-#[derive(Clone, Debug, Serialize)]
-pub struct TokenEvent {
-    pub id: u32,
-    /// Text that became final with this token (may be empty, or several
-    /// tokens' worth when a stop-string prefix or a split character was held).
-    pub text: String,
-    pub logprob: Option<f32>,
-    /// (id, piece, logprob), most likely first.
-    pub top_logprobs: Vec<(u32, String, f32)>,
-}
-
-/// Timings of one request.
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct Timings {
-    pub prompt_tokens: usize,
-    pub prompt_ms: f64,
-    pub generated_tokens: usize,
-    pub generation_ms: f64,
-    pub time_to_first_token_ms: f64,
-}
-
-impl Timings {
-    pub fn prompt_tokens_per_s(&self) -> f64 {
-        self.prompt_tokens as f64 / (self.prompt_ms / 1e3).max(1e-9)
-    }
-    pub fn generation_tokens_per_s(&self) -> f64 {
-        self.generated_tokens as f64 / (self.generation_ms / 1e3).max(1e-9)
-    }
-}
-
-/// The outcome of a request.
-#[derive(Clone, Debug, Serialize)]
-pub struct Completion {
-    pub text: String,
-    pub token_ids: Vec<u32>,
-    pub finish_reason: FinishReason,
-    pub timings: Timings,
-}
-
 pub use crate::cancel::CancelToken;
 
 /// A loaded model ready to generate, from any number of threads at once:
@@ -284,7 +189,7 @@ pub struct Engine {
     core: Arc<Core>,
     /// Why Auto chose the CPU, if it did.
     note: Option<String>,
-    template: ChatTemplate,
+    chat: ChatFormat,
     n_ctx: usize,
     batcher: Batcher,
     /// The vocabulary's grammar compiler, built for the first structured
@@ -319,10 +224,28 @@ impl Engine {
         let n_ctx = context_length(model.hparams(), opts.n_ctx)?;
         let model = Arc::new(model.with_context(n_ctx));
         let tokenizer = Tokenizer::from_gguf(model.file())?;
-        let template = match &opts.chat_template {
-            Some(src) => ChatTemplate::new(src)?,
-            None => tokenizer.chat_template()?,
+        let (template, source) = match &opts.chat_template {
+            Some(src) => (ChatTemplate::new(src)?, src.clone()),
+            None => (
+                tokenizer.chat_template()?,
+                tokenizer
+                    .vocab()
+                    .chat_template
+                    .clone()
+                    .unwrap_or_else(|| m40_tokenizer::template::CHATML.to_string()),
+            ),
         };
+        let tool_use = match &opts.chat_template {
+            Some(_) => None,
+            None => model
+                .file()
+                .metadata()
+                .opt_str("tokenizer.chat_template.tool_use")
+                .ok()
+                .flatten()
+                .map(str::to_string),
+        };
+        let chat = ChatFormat::new(template, &source, tool_use.as_deref(), &tokenizer);
         let (backend, note) = pick_backend(&model, &opts, n_ctx)?;
         let (page_tokens, pages) = backend.kv_pool();
         let parallel = opts
@@ -345,7 +268,7 @@ impl Engine {
             core,
             note,
             model,
-            template,
+            chat,
             n_ctx,
             batcher,
             grammars: OnceLock::new(),
@@ -400,26 +323,47 @@ impl Engine {
 
     /// The prompt's token ids.
     pub fn prompt_tokens(&self, prompt: &Prompt) -> Result<Vec<u32>> {
+        Ok(self.render(&Request::new(prompt.clone()))?.0)
+    }
+
+    /// Whether the model's own chat template shows tools to it (Ollama's
+    /// `tools` capability). Any model can call tools: one whose template
+    /// does not gets them in a system message, its answer constrained to
+    /// JSON calls or a reply (llama.cpp's generic format).
+    pub fn native_tools(&self) -> bool {
+        self.chat.native_tools()
+    }
+
+    /// How the model marks its reasoning, where it thinks.
+    pub fn thinking(&self) -> Option<m40_chat::Thinking> {
+        self.chat.thinking()
+    }
+
+    /// A request's prompt tokens, how its answer is read, and the format
+    /// its tool choice forces.
+    fn render(&self, req: &Request) -> Result<(Vec<u32>, Plan, Option<Format>)> {
         let tok = &self.core.tokenizer;
-        let (text, bos) = match prompt {
-            Prompt::Text(t) => (t.clone(), true),
+        let (text, bos, plan, format) = match &req.prompt {
+            Prompt::Text(t) => (t.clone(), true, Plan::default(), None),
             Prompt::Chat(m) => {
-                let text = self.template.render(m, &tok.render_options(true))?;
+                let (text, plan, format) =
+                    self.chat.render(m, req, tok.render_options(true), tok)?;
                 // Templates that write the BOS string themselves get no second one.
                 let has_bos = tok
                     .bos()
                     .and_then(|b| tok.piece(b))
                     .is_some_and(|b| !b.is_empty() && text.starts_with(b));
-                (text, !has_bos)
+                (text, !has_bos, plan, format)
             }
         };
-        Ok(tok.encode(
+        let ids = tok.encode(
             &text,
             Encode {
                 parse_special: true,
                 add_special: bos,
             },
-        )?)
+        )?;
+        Ok((ids, plan, format))
     }
 
     /// Run a request, calling `on_token` for every generated token. Ends at
@@ -440,11 +384,11 @@ impl Engine {
     /// once.
     pub fn prepare(&self, request: Request) -> Result<Prepared> {
         request.sampling.validate()?;
-        let constraint = match &request.format {
+        let (mut prompt, plan, forced) = self.render(&request)?;
+        let constraint = match forced.as_ref().or(request.format.as_ref()) {
             Some(f) => Some(self.grammars()?.compile(f)?),
             None => None,
         };
-        let mut prompt = self.prompt_tokens(&request.prompt)?;
         if prompt.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }
@@ -477,6 +421,7 @@ impl Engine {
             prompt,
             max_tokens,
             constraint,
+            plan,
         })
     }
 
@@ -511,7 +456,29 @@ impl Engine {
             cancel: stop_seq.clone(),
             events: tx,
         });
-        let mut stream = tokenizer.stream();
+        // Thinking and calls are read with control tokens written out.
+        let mut reader = prepared.plan.reader();
+        let mut stream = match reader {
+            Some(_) => tokenizer.stream_with_special(),
+            None => tokenizer.stream(),
+        };
+        let read = |text: String, reader: &mut Option<Reader>, end: bool| match reader {
+            Some(r) => {
+                let mut p = r.push(&text);
+                if end {
+                    let rest = r.finish();
+                    p.content.push_str(&rest.content);
+                    p.thinking.push_str(&rest.thinking);
+                    p.calls.extend(rest.calls);
+                }
+                p
+            }
+            None => Parsed {
+                content: text,
+                ..Parsed::default()
+            },
+        };
+        let mut all = Parsed::default();
         let mut stops = StopFilter::new(&req.stop);
         let mut ids = Vec::new();
         let mut gen_start = None;
@@ -551,9 +518,15 @@ impl Engine {
                 }
                 _ => (None, Vec::new()),
             };
+            let p = read(text, &mut reader, false);
+            all.content.push_str(&p.content);
+            all.thinking.push_str(&p.thinking);
+            all.calls.extend(p.calls.iter().cloned());
             on_token(&TokenEvent {
                 id,
-                text,
+                text: p.content,
+                thinking: p.thinking,
+                tool_calls: p.calls,
                 logprob,
                 top_logprobs,
             });
@@ -565,22 +538,33 @@ impl Engine {
         if ids.is_empty() && timings.prompt_ms == 0.0 {
             timings.prompt_ms = start.elapsed().as_secs_f64() * 1e3;
         }
-        // What the stream and the stop filter still hold, unless a stop string ended it.
-        if !stops.stopped {
-            let tail = stops.finish(&stream.finish()?);
-            if !tail.is_empty() {
-                on_token(&TokenEvent {
-                    id: *ids.last().unwrap_or(&0),
-                    text: tail,
-                    logprob: None,
-                    top_logprobs: Vec::new(),
-                });
-            }
+        // What the stream, the stop filter and the reader still hold
+        // (the first two unless a stop string ended it).
+        let tail = if stops.stopped {
+            String::new()
+        } else {
+            stops.finish(&stream.finish()?)
+        };
+        let p = read(tail, &mut reader, true);
+        if !p.is_empty() {
+            all.content.push_str(&p.content);
+            all.thinking.push_str(&p.thinking);
+            all.calls.extend(p.calls.iter().cloned());
+            on_token(&TokenEvent {
+                id: *ids.last().unwrap_or(&0),
+                text: p.content,
+                thinking: p.thinking,
+                tool_calls: p.calls,
+                logprob: None,
+                top_logprobs: Vec::new(),
+            });
         }
         timings.generated_tokens = ids.len();
         timings.generation_ms = gen_start.map_or(0.0, |g| g.elapsed().as_secs_f64() * 1e3);
         Ok(Completion {
-            text: stops.emitted,
+            text: all.content,
+            thinking: all.thinking,
+            tool_calls: all.calls,
             token_ids: ids,
             finish_reason: finish,
             timings,

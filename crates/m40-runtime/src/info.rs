@@ -25,6 +25,9 @@ pub struct ModelInfo {
     /// The model's chat template (Jinja), or the one m40-llm uses for a
     /// model without one ([`crate::DEFAULT_CHAT_TEMPLATE`]).
     pub chat_template: String,
+    /// Ollama's capabilities: "completion"; "tools" where the chat template
+    /// shows tools to the model; "thinking" where it marks reasoning.
+    pub capabilities: Vec<&'static str>,
 }
 
 impl ModelInfo {
@@ -52,6 +55,26 @@ impl ModelInfo {
             .max_by(|(ta, a), (tb, b)| a.cmp(b).then(tb.cmp(ta)))
             .map(|(t, _)| t)
             .unwrap_or_default();
+        let chat_template = f
+            .metadata()
+            .opt_str("tokenizer.chat_template")
+            .ok()
+            .flatten()
+            .unwrap_or(crate::DEFAULT_CHAT_TEMPLATE)
+            .to_string();
+        let tool_use = f
+            .metadata()
+            .opt_str("tokenizer.chat_template.tool_use")
+            .ok()
+            .flatten();
+        let mut capabilities = vec!["completion"];
+        let (tools, thinking) = crate::chat::capabilities(&chat_template, tool_use);
+        if tools {
+            capabilities.push("tools");
+        }
+        if thinking {
+            capabilities.push("thinking");
+        }
         ModelInfo {
             path: f.path().to_path_buf(),
             architecture: f.architecture().unwrap_or("unknown").to_string(),
@@ -60,13 +83,8 @@ impl ModelInfo {
             file_size: f.file_size(),
             modified: std::fs::metadata(f.path()).and_then(|m| m.modified()).ok(),
             hparams,
-            chat_template: f
-                .metadata()
-                .opt_str("tokenizer.chat_template")
-                .ok()
-                .flatten()
-                .unwrap_or(crate::DEFAULT_CHAT_TEMPLATE)
-                .to_string(),
+            chat_template,
+            capabilities,
         }
     }
 

@@ -37,7 +37,7 @@ pub use engine::{
     DEFAULT_GPU_SEQUENCES, DEFAULT_SEQUENCES,
 };
 pub use info::ModelInfo;
-pub use m40_chat::{Format, FormatError};
+pub use m40_chat::{Format, FormatError, Syntax, Thinking, Tool, ToolCall, ToolChoice, ToolError};
 pub use m40_tokenizer::Message;
 pub use sampling::SamplingParams;
 
@@ -53,8 +53,10 @@ pub use m40_tokenizer::{Tokenizer, TokenizerError};
 
 mod batcher;
 mod cancel;
+mod chat;
 pub mod engine;
 mod info;
 pub mod perplexity;
+mod request;
 pub mod sampling;
 pub mod store;

@@ -39,6 +39,7 @@ mod models;
 mod ollama;
 mod openai;
 mod store_api;
+mod tools;
 
 use metrics::Metrics;
 

@@ -55,7 +55,7 @@ pub(crate) fn describe(m: &ModelInfo, modified_at: &str) -> Value {
         "template": m.chat_template,
         "details": details(m),
         "model_info": info,
-        "capabilities": ["completion"],
+        "capabilities": m.capabilities,
         "modified_at": modified_at,
     })
 }

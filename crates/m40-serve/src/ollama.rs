@@ -11,7 +11,7 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use m40_runtime::sampling::count;
-use m40_runtime::{Completion, FinishReason, Message, Prompt, Request, SamplingParams};
+use m40_runtime::{Completion, FinishReason, Message, Prompt, Request, SamplingParams, TokenEvent};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -108,6 +108,13 @@ struct ChatMessage {
     content: String,
     #[serde(default)]
     images: Vec<String>,
+    /// An assistant's calls.
+    #[serde(default)]
+    tool_calls: Vec<Value>,
+    /// A tool result's function.
+    tool_name: Option<String>,
+    /// An assistant's reasoning.
+    thinking: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -119,7 +126,7 @@ struct ChatRequest {
     #[serde(default)]
     options: Options,
     format: Option<Value>,
-    /// Function calling: refused until it exists.
+    /// Functions the model may call.
     tools: Option<Value>,
     keep_alive: Option<Value>,
 }
@@ -134,17 +141,6 @@ fn done_reason(r: FinishReason) -> &'static str {
         FinishReason::Length => "length",
         FinishReason::Cancelled => "cancelled",
     }
-}
-
-/// Ollama's `tools`, which m40-llm does not do yet: a 400 rather than
-/// plain text that ignores them. An empty tool list asks for nothing.
-fn no_tools(tools: Option<&Value>) -> Result<(), ApiError> {
-    if tools.is_some_and(|v| !(v.is_null() || v.as_array().is_some_and(Vec::is_empty))) {
-        return Err(ApiError::bad_request(
-            "tools (function calling) are not supported by m40-llm yet; leave them out",
-        ));
-    }
-    Ok(())
 }
 
 fn no_images(images: &[String]) -> Result<(), ApiError> {
@@ -179,8 +175,12 @@ fn final_fields(obj: &mut serde_json::Map<String, Value>, done: &Completion, rec
 
 /// How one API shapes its objects: a token's text chunk and the final one.
 trait Shape: Send + 'static {
-    fn chunk(&self, text: &str) -> Value;
-    fn last(&self, done: &Completion, full_text: Option<&str>, prompt_ids: &[u32]) -> Value;
+    /// A streamed piece: answer text, thinking, and calls (numbered from
+    /// `first_call`).
+    fn chunk(&self, t: &TokenEvent, first_call: usize) -> Value;
+    /// The last object; `whole` when not streamed (it then carries the
+    /// whole answer).
+    fn last(&self, done: &Completion, whole: bool, prompt_ids: &[u32]) -> Value;
 }
 
 struct GenerateShape {
@@ -189,14 +189,25 @@ struct GenerateShape {
 }
 
 impl Shape for GenerateShape {
-    fn chunk(&self, text: &str) -> Value {
-        json!({"model": self.model, "created_at": now(), "response": text, "done": false})
+    fn chunk(&self, t: &TokenEvent, _: usize) -> Value {
+        let mut v =
+            json!({"model": self.model, "created_at": now(), "response": t.text, "done": false});
+        if !t.thinking.is_empty() {
+            v["thinking"] = json!(t.thinking);
+        }
+        v
     }
-    fn last(&self, done: &Completion, full_text: Option<&str>, prompt_ids: &[u32]) -> Value {
+    fn last(&self, done: &Completion, whole: bool, prompt_ids: &[u32]) -> Value {
         let mut o = serde_json::Map::new();
         o.insert("model".into(), json!(self.model));
         o.insert("created_at".into(), json!(now()));
-        o.insert("response".into(), json!(full_text.unwrap_or("")));
+        o.insert(
+            "response".into(),
+            json!(if whole { &done.text[..] } else { "" }),
+        );
+        if whole && !done.thinking.is_empty() {
+            o.insert("thinking".into(), json!(done.thinking));
+        }
         final_fields(&mut o, done, self.received);
         let context: Vec<u32> = prompt_ids.iter().chain(&done.token_ids).copied().collect();
         o.insert("context".into(), json!(context));
@@ -209,19 +220,38 @@ struct ChatShape {
     received: Instant,
 }
 
-impl Shape for ChatShape {
-    fn chunk(&self, text: &str) -> Value {
-        json!({"model": self.model, "created_at": now(),
-               "message": {"role": "assistant", "content": text}, "done": false})
+/// An Ollama chat message of the assistant.
+fn assistant(
+    content: &str,
+    thinking: &str,
+    calls: &[m40_runtime::ToolCall],
+    first: usize,
+) -> Value {
+    let mut m = json!({"role": "assistant", "content": content});
+    if !thinking.is_empty() {
+        m["thinking"] = json!(thinking);
     }
-    fn last(&self, done: &Completion, full_text: Option<&str>, _: &[u32]) -> Value {
+    if !calls.is_empty() {
+        m["tool_calls"] = crate::tools::ollama_calls(calls, first);
+    }
+    m
+}
+
+impl Shape for ChatShape {
+    fn chunk(&self, t: &TokenEvent, first_call: usize) -> Value {
+        json!({"model": self.model, "created_at": now(),
+               "message": assistant(&t.text, &t.thinking, &t.tool_calls, first_call), "done": false})
+    }
+    fn last(&self, done: &Completion, whole: bool, _: &[u32]) -> Value {
         let mut o = serde_json::Map::new();
         o.insert("model".into(), json!(self.model));
         o.insert("created_at".into(), json!(now()));
-        o.insert(
-            "message".into(),
-            json!({"role": "assistant", "content": full_text.unwrap_or("")}),
-        );
+        let message = if whole {
+            assistant(&done.text, &done.thinking, &done.tool_calls, 0)
+        } else {
+            assistant("", "", &[], 0)
+        };
+        o.insert("message".into(), message);
         final_fields(&mut o, done, self.received);
         Value::Object(o)
     }
@@ -238,18 +268,25 @@ async fn respond(running: Running, stream: bool, shape: impl Shape) -> Result<Re
     if !stream {
         let prompt_ids = running.prompt_ids.clone();
         let (_, done) = running.collect().await?;
-        return Ok(Json(shape.last(&done, Some(&done.text), &prompt_ids)).into_response());
+        return Ok(Json(shape.last(&done, true, &prompt_ids)).into_response());
     }
-    let body = futures_util::stream::unfold(Some((running, shape)), |st| async move {
-        let (mut running, shape) = st?;
+    let body = futures_util::stream::unfold(Some((running, shape, 0)), |st| async move {
+        let (mut running, shape, calls) = st?;
         loop {
             let line = match running.recv().await? {
-                Event::Token(t) if t.text.is_empty() => continue,
-                Event::Token(t) => {
-                    let l = ndjson_line(&shape.chunk(&t.text));
-                    return Some((Ok::<_, Infallible>(l), Some((running, shape))));
+                Event::Token(t)
+                    if t.text.is_empty() && t.thinking.is_empty() && t.tool_calls.is_empty() =>
+                {
+                    continue
                 }
-                Event::Done(Ok(done)) => ndjson_line(&shape.last(&done, None, &running.prompt_ids)),
+                Event::Token(t) => {
+                    let l = ndjson_line(&shape.chunk(&t, calls));
+                    let calls = calls + t.tool_calls.len();
+                    return Some((Ok::<_, Infallible>(l), Some((running, shape, calls))));
+                }
+                Event::Done(Ok(done)) => {
+                    ndjson_line(&shape.last(&done, false, &running.prompt_ids))
+                }
                 Event::Done(Err(e)) => ndjson_line(&json!({ "error": e })),
             };
             return Some((Ok(line), None));
@@ -305,7 +342,7 @@ pub(crate) async fn chat(State(s): State<AppState>, body: Bytes) -> Result<Respo
     let received = Instant::now();
     let r: ChatRequest = parse_json(&body)?;
     s.check_model(r.model.as_deref())?;
-    no_tools(r.tools.as_ref())?;
+    let tools = crate::tools::tools(r.tools.as_ref())?;
     let format = crate::format::ollama(r.format.as_ref())?;
     let model = r.model.clone().unwrap_or_default();
     if r.messages.is_empty() {
@@ -324,10 +361,17 @@ pub(crate) async fn chat(State(s): State<AppState>, body: Bytes) -> Result<Respo
                 m.role
             )));
         }
-        messages.push(Message::new(m.role, m.content));
+        let mut msg = Message::new(m.role, m.content);
+        msg.tool_calls = crate::tools::history_calls(&m.tool_calls)?;
+        msg.name = m.tool_name;
+        msg.reasoning_content = m.thinking.clone();
+        msg.thinking = m.thinking;
+        messages.push(msg);
     }
+    crate::tools::link_results(&mut messages);
     let (mut req, ctx) = r.options.request(Prompt::Chat(messages), s.n_ctx())?;
     req.format = format;
+    req.tools = tools;
     let running = s.start(req, ctx).await?;
     respond(
         running,

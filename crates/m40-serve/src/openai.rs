@@ -94,8 +94,11 @@ struct Common {
     /// llama.cpp's extensions: a JSON schema, or a GBNF grammar.
     json_schema: Option<Value>,
     grammar: Option<String>,
-    /// Function calling: refused until it exists.
+    /// Functions the model may call (chat), whether it must, and whether
+    /// it may make several calls at once.
     tools: Option<Value>,
+    tool_choice: Option<Value>,
+    parallel_tool_calls: Option<bool>,
     /// vLLM's and llama.cpp's extension: generate past the end-of-turn
     /// token to `max_tokens` (fixed-length requests, for benchmarks).
     #[serde(default)]
@@ -124,13 +127,10 @@ impl Common {
             self.json_schema.as_ref(),
             self.grammar.as_deref(),
         )?;
-        if self
-            .tools
-            .as_ref()
-            .is_some_and(|t| !(t.is_null() || t.as_array().is_some_and(Vec::is_empty)))
-        {
+        let tools = crate::tools::tools(self.tools.as_ref())?;
+        if !tools.is_empty() && matches!(prompt, Prompt::Text(_)) {
             return Err(ApiError::bad_request(
-                "tools (function calling) are not supported by m40-llm yet; leave them out",
+                "tools are for chat: use /v1/chat/completions",
             ));
         }
         let d = SamplingParams::default();
@@ -163,6 +163,9 @@ impl Common {
         req.logprobs = logprobs;
         req.ignore_eos = self.ignore_eos;
         req.format = format;
+        req.tools = tools;
+        req.tool_choice = crate::tools::choice(self.tool_choice.as_ref())?;
+        req.parallel_tool_calls = self.parallel_tool_calls.unwrap_or(true);
         Ok(req)
     }
 }
@@ -171,6 +174,14 @@ impl Common {
 struct ChatMessage {
     role: String,
     content: Option<Content>,
+    /// An assistant's calls.
+    #[serde(default)]
+    tool_calls: Vec<Value>,
+    /// The call a tool result answers, and its function.
+    tool_call_id: Option<String>,
+    name: Option<String>,
+    /// An assistant's reasoning (llama.cpp's and vLLM's field).
+    reasoning_content: Option<String>,
 }
 
 /// `content`: a string, or a list of parts of which only text is supported.
@@ -216,8 +227,9 @@ fn parse_flattened<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Api
     parse_json(body)
 }
 
-fn finish_reason(r: FinishReason) -> &'static str {
+fn finish_reason(r: FinishReason, called: bool) -> &'static str {
     match r {
+        FinishReason::Stop if called => "tool_calls",
         FinishReason::Stop => "stop",
         FinishReason::Length | FinishReason::Cancelled => "length",
     }
@@ -314,12 +326,21 @@ async fn respond(
             let lp = meta.want_logprobs.then(|| {
                 json!({"content": tokens.iter().map(|t| chat_logprob(e, t)).collect::<Vec<_>>()})
             });
-            json!({"index": 0, "message": {"role": "assistant", "content": done.text},
-                   "logprobs": lp, "finish_reason": finish_reason(done.finish_reason)})
+            let called = !done.tool_calls.is_empty();
+            let mut m = json!({"role": "assistant",
+                               "content": if called && done.text.is_empty() { None } else { Some(&done.text) }});
+            if !done.thinking.is_empty() {
+                m["reasoning_content"] = json!(done.thinking);
+            }
+            if called {
+                m["tool_calls"] = crate::tools::openai_calls(&done.tool_calls, None);
+            }
+            json!({"index": 0, "message": m, "logprobs": lp,
+                   "finish_reason": finish_reason(done.finish_reason, called)})
         } else {
             let lp = meta.want_logprobs.then(|| completion_logprobs(e, &tokens));
             json!({"index": 0, "text": done.text, "logprobs": lp,
-                   "finish_reason": finish_reason(done.finish_reason)})
+                   "finish_reason": finish_reason(done.finish_reason, false)})
         };
         return Ok(Json(meta.wrap(choice, Some(usage(prompt_len, &done)))).into_response());
     }
@@ -329,11 +350,20 @@ async fn respond(
         SseEvent::default().data(meta.wrap(c, None).to_string())
     });
     // Each step yields the events of one engine event.
-    let events = futures_util::stream::unfold(Some((running, s, meta)), |st| async move {
-        let (mut running, s, meta) = st?;
+    let events = futures_util::stream::unfold(Some((running, s, meta, 0)), |st| async move {
+        let (mut running, s, meta, calls) = st?;
         let ev = running.recv().await?;
         let data = |v: Value| SseEvent::default().data(v.to_string());
         match ev {
+            Event::Token(t)
+                if meta.chat
+                    && t.text.is_empty()
+                    && t.thinking.is_empty()
+                    && t.tool_calls.is_empty()
+                    && !meta.want_logprobs =>
+            {
+                Some((Vec::new(), Some((running, s, meta, calls))))
+            }
             Event::Token(t) => {
                 let e = &*running.engine;
                 let lp = meta.want_logprobs.then(|| {
@@ -344,20 +374,31 @@ async fn respond(
                     }
                 });
                 let c = if meta.chat {
-                    json!({"index": 0, "delta": {"content": t.text}, "logprobs": lp, "finish_reason": null})
+                    let mut delta = json!({});
+                    if !t.text.is_empty() || (t.thinking.is_empty() && t.tool_calls.is_empty()) {
+                        delta["content"] = json!(t.text);
+                    }
+                    if !t.thinking.is_empty() {
+                        delta["reasoning_content"] = json!(t.thinking);
+                    }
+                    if !t.tool_calls.is_empty() {
+                        delta["tool_calls"] =
+                            crate::tools::openai_calls(&t.tool_calls, Some(calls));
+                    }
+                    json!({"index": 0, "delta": delta, "logprobs": lp, "finish_reason": null})
                 } else {
                     json!({"index": 0, "text": t.text, "logprobs": lp, "finish_reason": null})
                 };
                 let out = vec![data(meta.wrap(c, None))];
-                Some((out, Some((running, s, meta))))
+                let calls = calls + t.tool_calls.len();
+                Some((out, Some((running, s, meta, calls))))
             }
             Event::Done(Ok(done)) => {
+                let reason = finish_reason(done.finish_reason, !done.tool_calls.is_empty());
                 let c = if meta.chat {
-                    json!({"index": 0, "delta": {}, "logprobs": null,
-                           "finish_reason": finish_reason(done.finish_reason)})
+                    json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": reason})
                 } else {
-                    json!({"index": 0, "text": "", "logprobs": null,
-                           "finish_reason": finish_reason(done.finish_reason)})
+                    json!({"index": 0, "text": "", "logprobs": null, "finish_reason": reason})
                 };
                 let mut out = vec![data(meta.wrap(c, None))];
                 if meta.include_usage {
@@ -421,8 +462,15 @@ pub(crate) async fn chat_completions(
         } else {
             m.role
         };
-        messages.push(Message::new(role, text));
+        let mut msg = Message::new(role, text);
+        msg.tool_calls = crate::tools::history_calls(&m.tool_calls)?;
+        msg.tool_call_id = m.tool_call_id;
+        msg.name = m.name;
+        msg.thinking = m.reasoning_content.clone();
+        msg.reasoning_content = m.reasoning_content;
+        messages.push(msg);
     }
+    crate::tools::link_results(&mut messages);
     let top = r.top_logprobs.unwrap_or(0);
     if top > 20 {
         return Err(ApiError::bad_request("top_logprobs must be at most 20").into());

@@ -661,39 +661,6 @@ fn structured_outputs_on_both_apis() {
 }
 
 #[test]
-fn tools_are_refused_until_they_exist() {
-    let msg = json!([{"role": "user", "content": "x"}]);
-    let tool = json!([{"type": "function", "function": {"name": "f", "parameters": {}}}]);
-    for path in ["/api/chat", "/v1/chat/completions"] {
-        let body = json!({"model": NAME, "messages": msg, "tools": tool});
-        let (s, text) = post_raw(path, &body.to_string());
-        assert_eq!(s, 400, "{path} {body}: {text}");
-        assert!(
-            text.contains("tools") && text.contains("not supported"),
-            "{text}"
-        );
-    }
-    // What asks for nothing still works: empty format, no tools, text.
-    for (path, body) in [
-        (
-            "/api/generate",
-            json!({"model": NAME, "prompt": "x", "format": "", "stream": false, "options": greedy(2)}),
-        ),
-        (
-            "/api/chat",
-            json!({"model": NAME, "messages": msg, "tools": [], "stream": false, "options": greedy(2)}),
-        ),
-        (
-            "/v1/chat/completions",
-            json!({"model": NAME, "messages": msg, "response_format": {"type": "text"}, "max_tokens": 2}),
-        ),
-    ] {
-        let (s, text) = post_raw(path, &body.to_string());
-        assert_eq!(s, 200, "{path} {body}: {text}");
-    }
-}
-
-#[test]
 fn sampling_values_are_checked_alike_by_both_apis() {
     let msg = json!([{"role": "user", "content": "x"}]);
     for (name, value) in [

@@ -26,7 +26,7 @@ pub use bytes::TokenBytes;
 pub use error::{Result, TokenizerError};
 pub use pre::PreSplit;
 pub use stream::StreamDecoder;
-pub use template::{ChatTemplate, Message};
+pub use template::{ChatTemplate, FunctionCall, Message, ToolCall};
 pub use vocab::{TokenType, Vocab, VocabKind};
 
 /// Options for [`Tokenizer::encode`].
@@ -73,6 +73,8 @@ const EOG_TEXTS: &[&str] = &[
     "<|eom_id|>",
     "<｜end▁of▁sentence｜>",
     "_<EOT>",
+    "<|return|>",
+    "<|call|>",
 ];
 
 impl Tokenizer {
@@ -94,6 +96,14 @@ impl Tokenizer {
             {
                 eog.insert(i as u32);
             }
+        }
+        // Harmony (gpt-oss): `<|end|>` ends a message, not the turn; the
+        // turn ends at `<|return|>` (an answer) or `<|call|>` (a tool call).
+        let find = |text: &str| vocab.tokens.iter().position(|t| t == text);
+        if let (Some(end), Some(_), Some(_)) =
+            (find("<|end|>"), find("<|return|>"), find("<|call|>"))
+        {
+            eog.remove(&(end as u32));
         }
         let ugm = match vocab.kind {
             VocabKind::Ugm => Some(ugm::Ugm::new(&vocab)?),
@@ -249,6 +259,13 @@ impl Tokenizer {
 
     /// A detokenizer fed one id at a time.
     pub fn stream(&self) -> StreamDecoder<'_> {
-        StreamDecoder::new(self)
+        StreamDecoder::new(self, false)
+    }
+
+    /// A streaming decoder that writes control tokens out (`<|python_tag|>`,
+    /// `[TOOL_CALLS]`, harmony's `<|channel|>`), for parsing what a model
+    /// writes around its answer.
+    pub fn stream_with_special(&self) -> StreamDecoder<'_> {
+        StreamDecoder::new(self, true)
     }
 }

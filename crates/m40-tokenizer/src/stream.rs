@@ -20,21 +20,28 @@ pub struct StreamDecoder<'a> {
     /// Ids `start..read` decode to `prefix`, already emitted.
     read: usize,
     prefix: String,
+    /// Control tokens written out.
+    special: bool,
 }
 
 impl<'a> StreamDecoder<'a> {
-    pub(crate) fn new(tok: &'a Tokenizer) -> Self {
+    pub(crate) fn new(tok: &'a Tokenizer, special: bool) -> Self {
         Self {
             tok,
             ids: Vec::new(),
             start: 0,
             read: 0,
             prefix: String::new(),
+            special,
         }
     }
 
     fn decode(&self, ids: &[u32]) -> Result<String> {
-        self.tok.decode(ids)
+        if self.special {
+            self.tok.decode_with_special(ids)
+        } else {
+            self.tok.decode(ids)
+        }
     }
 
     /// Feed one id; returns the text that became complete (often empty).

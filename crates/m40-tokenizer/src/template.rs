@@ -16,12 +16,26 @@ use crate::error::{Result, TokenizerError};
 /// instruction-tuned models (SmolLM2, Qwen2) were trained on.
 pub const CHATML: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 
-/// One chat message. Templates may read more fields (tool calls, names);
-/// pass `serde_json::Value` messages to [`ChatTemplate::render`] for those.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
+/// One chat message, as chat templates read it: `role` and `content`, and
+/// for tool use the assistant's `tool_calls` and a tool result's `name` and
+/// `tool_call_id`; `thinking` is an assistant's reasoning (templates that
+/// keep it read `reasoning_content` or `thinking`). Empty fields are left
+/// out, since templates test for them (`'tool_calls' in message`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
 pub struct Message {
     pub role: String,
     pub content: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// A tool result's function name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thinking: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
 }
 
 impl Message {
@@ -29,6 +43,41 @@ impl Message {
         Self {
             role: role.into(),
             content: content.into(),
+            ..Self::default()
+        }
+    }
+}
+
+/// A function call an assistant made, in the shape templates read
+/// (OpenAI's): `{"id", "type": "function", "function": {"name",
+/// "arguments"}}` with `arguments` an object.
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
+pub struct ToolCall {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: FunctionCall,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
+pub struct FunctionCall {
+    pub name: String,
+    pub arguments: serde_json::Value,
+}
+
+impl ToolCall {
+    pub fn new(
+        id: impl Into<String>,
+        name: impl Into<String>,
+        arguments: serde_json::Value,
+    ) -> Self {
+        Self {
+            id: id.into(),
+            kind: "function".into(),
+            function: FunctionCall {
+                name: name.into(),
+                arguments,
+            },
         }
     }
 }
@@ -41,6 +90,10 @@ pub struct RenderOptions {
     pub eos_token: String,
     /// The time `strftime_now` formats; `None` is the local time now.
     pub now: Option<NaiveDateTime>,
+    /// The `tools` variable: OpenAI-shaped function definitions.
+    pub tools: Option<serde_json::Value>,
+    /// More variables (`enable_thinking`, `reasoning_effort`).
+    pub extra: serde_json::Map<String, serde_json::Value>,
 }
 
 impl Default for RenderOptions {
@@ -50,6 +103,8 @@ impl Default for RenderOptions {
             bos_token: String::new(),
             eos_token: String::new(),
             now: None,
+            tools: None,
+            extra: serde_json::Map::new(),
         }
     }
 }
@@ -382,14 +437,17 @@ impl ChatTemplate {
             .env
             .get_template("chat")
             .map_err(|e| TokenizerError::TemplateSyntax(describe(&e)))?;
-        let ctx = minijinja::context! {
+        let base = minijinja::context! {
             messages => Value::from_serialize(messages),
             add_generation_prompt => opts.add_generation_prompt,
             bos_token => opts.bos_token.clone(),
             eos_token => opts.eos_token.clone(),
-            tools => Value::from(()),
+            tools => opts.tools.as_ref().map_or(Value::from(()), Value::from_serialize),
             documents => Value::from(()),
         };
+        // The extra variables are defined only where given (templates test
+        // `enable_thinking is defined`).
+        let ctx = minijinja::context! { ..Value::from_serialize(&opts.extra), ..base };
         tmpl.render(ctx).map_err(|e| {
             match self.raised.lock().unwrap_or_else(|p| p.into_inner()).take() {
                 Some(msg) => TokenizerError::TemplateRaised(msg),
@@ -431,7 +489,7 @@ impl crate::Tokenizer {
             add_generation_prompt,
             bos_token: text(self.bos()),
             eos_token: text(self.eos()),
-            now: None,
+            ..RenderOptions::default()
         }
     }
 }

@@ -69,6 +69,7 @@ fn every_template_renders_like_transformers() {
                     bos_token: "<s>".into(),
                     eos_token: "</s>".into(),
                     now: Some(now),
+                    ..RenderOptions::default()
                 };
                 let got = compiled
                     .as_ref()

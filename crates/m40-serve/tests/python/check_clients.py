@@ -96,6 +96,39 @@ streamed = "".join(
 jsonschema.validate(json.loads(streamed), pet)
 checks += 2
 
+# Tools: a loop of two turns (call -> tool result -> answer), whole and
+# streamed; the arguments validate against the function's schema.
+weather_params = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "description": "The city", "maxLength": 30}},
+    "required": ["city"],
+}
+weather = [{"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
+                                             "parameters": weather_params}}]
+q = [{"role": "user", "content": "What is the weather in Paris?"}]
+tc = oa.chat.completions.create(model=MODEL, messages=q, tools=weather, tool_choice="required",
+                                temperature=0, max_tokens=100)
+calls = tc.choices[0].message.tool_calls
+check(tc.choices[0].finish_reason == "tool_calls" and calls, f"a required call: {tc}")
+check(all(c.function.name == "get_weather" and c.id for c in calls), f"calls name the function: {calls}")
+for c in calls:
+    jsonschema.validate(json.loads(c.function.arguments), weather_params)
+streamed_calls = {}
+for chunk in oa.chat.completions.create(model=MODEL, messages=q, tools=weather, tool_choice="required",
+                                        temperature=0, max_tokens=100, stream=True):
+    for d in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+        s_call = streamed_calls.setdefault(d.index, {"name": "", "arguments": ""})
+        s_call["name"] += d.function.name or ""
+        s_call["arguments"] += d.function.arguments or ""
+check([c["name"] for c in streamed_calls.values()] == [c.function.name for c in calls]
+      and [json.loads(c["arguments"]) for c in streamed_calls.values()]
+      == [json.loads(c.function.arguments) for c in calls], f"streamed calls {streamed_calls} == {calls}")
+turn2 = q + [tc.choices[0].message.model_dump(exclude_none=True)] + [
+    {"role": "tool", "tool_call_id": c.id, "content": "21 C and sunny"} for c in calls]
+ans = oa.chat.completions.create(model=MODEL, messages=turn2, tools=weather, tool_choice="none",
+                                 temperature=0, max_tokens=30)
+check(ans.choices[0].message.content and not ans.choices[0].message.tool_calls, f"the answer after the result: {ans}")
+
 expect_error(lambda: oa.chat.completions.create(model="no-such-model", messages=msgs),
              openai.NotFoundError, "unknown model", 404)
 e = expect_error(lambda: oa.completions.create(model=MODEL, prompt="word " * 5000, max_tokens=4),
@@ -124,6 +157,34 @@ jsonschema.validate(json.loads(oc.message.content), pet)
 og = ol.generate(model=MODEL, prompt="Describe a pet as JSON.", format=pet, options={"temperature": 0.7, "seed": 2, "num_predict": 80})
 jsonschema.validate(json.loads(og.response), pet)
 checks += 2
+# Tools through the ollama client: a Python function as the tool, the
+# call, its result with tool_name, the next turn.
+def get_weather(city: str) -> str:
+    """Current weather in a city.
+
+    Args:
+      city: The city
+    """
+    return "21 C and sunny"
+
+
+oq = [{"role": "user", "content": "Use get_weather to find the weather in Paris."}]
+ot = ol.chat(model=MODEL, messages=oq, tools=[get_weather], options={"temperature": 0, "num_predict": 100})
+# (Greedy SmolLM2 calls here; Ollama has no tool_choice to force it.)
+check(ot.message.tool_calls, f"ollama tools: {ot}")
+for call in ot.message.tool_calls:
+    check(call.function.name == "get_weather", f"ollama call: {call}")
+    jsonschema.validate(dict(call.function.arguments), weather_params)
+call = ot.message.tool_calls[0]
+oq2 = oq + [ot.message, {"role": "tool", "tool_name": call.function.name,
+                         "content": get_weather(**call.function.arguments)}]
+o2 = ol.chat(model=MODEL, messages=oq2, tools=[get_weather], options={"temperature": 0, "num_predict": 60})
+check(o2.message.content or o2.message.tool_calls, f"ollama turn after the result: {o2}")
+ost = list(ol.chat(model=MODEL, messages=oq, tools=[get_weather], stream=True,
+                   options={"temperature": 0, "num_predict": 100}))
+check(sum(len(p.message.tool_calls or []) for p in ost) == len(ot.message.tool_calls or []),
+      f"streamed ollama calls: {ost}")
+
 expect_error(lambda: ol.chat(model=MODEL, messages=ask, format={"type": "array", "uniqueItems": True}),
              ollama.ResponseError, "an unsupported schema", 400)
 expect_error(lambda: ol.generate(model="no-such-model", prompt="hi"), ollama.ResponseError, "unknown model", 404)
