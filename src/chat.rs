@@ -81,7 +81,23 @@ impl ChatBackend for Engine {
         req.max_tokens = opts.max_tokens;
         req.stop = opts.stop.clone();
         req.truncate_prompt = true;
-        let c = self.generate(&req, cancel, |ev| on_text(&ev.text))?;
+        // A model's reasoning is shown as Ollama's CLI shows it, before
+        // the answer; the history keeps only the answer.
+        let mut thinking = false;
+        let c = self.generate(&req, cancel, |ev| {
+            if !ev.thinking.is_empty() {
+                if !thinking {
+                    on_text("Thinking...\n");
+                    thinking = true;
+                }
+                on_text(&ev.thinking);
+            }
+            if thinking && !ev.text.is_empty() {
+                on_text("\n...done thinking.\n\n");
+                thinking = false;
+            }
+            on_text(&ev.text)
+        })?;
         Ok(Turn {
             cancelled: c.finish_reason == FinishReason::Cancelled,
             stats: rates(

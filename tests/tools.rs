@@ -10,11 +10,9 @@
 
 mod support;
 
-use std::sync::OnceLock;
-
 use m40_runtime::{
-    BackendChoice, CancelToken, Completion, Engine, EngineError, EngineOptions, Format, Message,
-    Prompt, Request, Tool, ToolCall, ToolChoice,
+    CancelToken, Completion, Engine, EngineError, Format, Message, Prompt, Request, Tool, ToolCall,
+    ToolChoice,
 };
 use serde_json::{json, Value};
 use support::On;
@@ -166,32 +164,11 @@ fn generic_format_history_and_auto(on: On) {
     assert!(!d.text.is_empty());
 }
 
-/// SmolLM2 with Qwen3's chat template, once per backend.
-fn qwen3_templated(on: On) -> &'static Engine {
-    static CPU: OnceLock<Engine> = OnceLock::new();
-    static GPU: OnceLock<Engine> = OnceLock::new();
-    let (cell, backend) = match on {
-        On::Cpu => (&CPU, BackendChoice::Cpu),
-        On::Gpu => (&GPU, BackendChoice::Gpu),
-    };
-    cell.get_or_init(|| {
-        let td = support::testdata().expect("testdata");
-        let src = std::fs::read_to_string(td.join("templates/Qwen-Qwen3-0.6B.jinja")).unwrap();
-        let opts = EngineOptions {
-            n_ctx: Some(1024),
-            backend,
-            chat_template: Some(src),
-            ..Default::default()
-        };
-        Engine::from_path(&support::smollm2(), opts).unwrap()
-    })
-}
-
 fn qwen3_template_calls_validate(on: On) {
     if support::testdata().is_none() {
         return;
     }
-    let e = qwen3_templated(on);
+    let e = support::templated_engine(on, "Qwen-Qwen3-0.6B.jinja");
     assert!(e.native_tools());
     assert_eq!(e.thinking(), Some(m40_runtime::Thinking::Tags));
     let r = ask("What is the weather in Paris?", ToolChoice::Required);

@@ -126,3 +126,33 @@ pub fn idle(e: &m40_runtime::Engine) -> m40_runtime::Load {
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
 }
+
+/// SmolLM2 (context 1024) with a chat template of ../shared/testdata's
+/// templates/ instead of its own, loaded once per backend and template.
+pub fn templated_engine(on: On, template: &str) -> &'static m40_runtime::Engine {
+    use m40_runtime::{BackendChoice, Engine, EngineOptions};
+    use std::sync::Mutex;
+    static ENGINES: Mutex<Vec<(bool, String, &'static Engine)>> = Mutex::new(Vec::new());
+    let gpu = matches!(on, On::Gpu);
+    let mut all = ENGINES.lock().unwrap();
+    if let Some((_, _, e)) = all.iter().find(|(g, t, _)| *g == gpu && t == template) {
+        return e;
+    }
+    let td = testdata().expect("../shared/testdata");
+    let src = std::fs::read_to_string(td.join("templates").join(template)).unwrap();
+    let backend = if gpu {
+        m40_device::testing::gpu_device("templated SmolLM2 engine tests");
+        BackendChoice::Gpu
+    } else {
+        BackendChoice::Cpu
+    };
+    let opts = EngineOptions {
+        n_ctx: Some(1024),
+        backend,
+        chat_template: Some(src),
+        ..Default::default()
+    };
+    let e: &'static Engine = Box::leak(Box::new(Engine::from_path(&smollm2(), opts).unwrap()));
+    all.push((gpu, template.to_string(), e));
+    e
+}

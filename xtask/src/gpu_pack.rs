@@ -120,7 +120,7 @@ fn build(args: &[&str], target_dir: &Path) -> Result<Vec<(String, PathBuf)>> {
 
 /// Test targets whose bodies run on both backends (`NAME::gpu` ignored
 /// without a GPU): the pack runs their GPU half too.
-const BOTH_BACKENDS: &[&str] = &["engine", "batching", "structured", "tools"];
+const BOTH_BACKENDS: &[&str] = &["engine", "batching", "structured", "tools", "thinking"];
 
 pub fn run() -> Result<()> {
     let root = root();

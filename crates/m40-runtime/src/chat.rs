@@ -9,7 +9,7 @@ use m40_tokenizer::template::{ChatTemplate, RenderOptions};
 use m40_tokenizer::{Message, Tokenizer};
 use serde_json::json;
 
-use crate::request::Request;
+use crate::request::{Request, Think};
 
 /// A chat prompt that cannot be made: the template failed, or the tools
 /// cannot be offered as asked.
@@ -17,6 +17,8 @@ use crate::request::Request;
 pub(crate) enum RenderError {
     Template(m40_tokenizer::TokenizerError),
     Format(FormatError),
+    /// Thinking asked of a model that does not think.
+    NoThinking,
 }
 
 impl From<m40_tokenizer::TokenizerError> for RenderError {
@@ -36,6 +38,7 @@ type Result<T> = std::result::Result<T, RenderError>;
 /// What a model's templates do with tools and thinking (found once, at load).
 pub(crate) struct ChatFormat {
     template: ChatTemplate,
+    source: String,
     /// `tokenizer.chat_template.tool_use`, where the model has a separate
     /// template for requests with tools (Command R+, Hermes 2 Pro).
     tool_template: Option<ChatTemplate>,
@@ -53,6 +56,9 @@ pub(crate) struct Plan {
     thinking: Option<Thinking>,
     /// The prompt opened the thinking block.
     in_thinking: bool,
+    /// Thinking was turned off: what the model writes as reasoning anyway
+    /// is dropped.
+    drop_thinking: bool,
 }
 
 /// A probe tool, to see whether a template renders `tools`.
@@ -104,6 +110,7 @@ impl ChatFormat {
         };
         Self {
             thinking: Thinking::detect(source),
+            source: source.to_string(),
             template,
             tool_template,
             syntax,
@@ -121,6 +128,11 @@ impl ChatFormat {
         self.thinking
     }
 
+    /// The template's source.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
     /// Render `req`'s conversation: the prompt, how to read the answer, and
     /// the format forced calls need.
     pub fn render(
@@ -136,10 +148,27 @@ impl ChatFormat {
             thinking: self.thinking,
             ..Plan::default()
         };
+        match &req.think {
+            None => {}
+            Some(Think::Off) => {
+                opts.extra.insert("enable_thinking".into(), false.into());
+                plan.drop_thinking = true;
+            }
+            Some(_) if self.thinking.is_none() => return Err(RenderError::NoThinking),
+            Some(Think::On) => {
+                opts.extra.insert("enable_thinking".into(), true.into());
+            }
+            Some(Think::Effort(e)) => {
+                opts.extra.insert("enable_thinking".into(), true.into());
+                opts.extra
+                    .insert("reasoning_effort".into(), e.as_str().into());
+            }
+        }
+        opts.extra.extend(req.template_vars.clone());
         let Some(tools) = tools else {
             let text = self.template.render(&messages, &opts)?;
             plan.in_thinking = opens_thinking(&text, self.thinking);
-            return Ok((text, plan, None));
+            return Ok((text, plan, req.format.clone()));
         };
         if req.format.is_some() {
             return Err(FormatError::Unsupported(
@@ -234,7 +263,12 @@ fn opens_thinking(prompt: &str, thinking: Option<Thinking>) -> bool {
 }
 
 /// Takes a running answer apart as the plan says.
-pub(crate) enum Reader {
+pub(crate) struct Reader {
+    how: How,
+    drop_thinking: bool,
+}
+
+enum How {
     Parse(Box<OutputParser>),
     /// The generic format: the whole answer is one JSON object.
     Generic(String),
@@ -243,33 +277,46 @@ pub(crate) enum Reader {
 impl Plan {
     /// Whether the answer needs reading at all (otherwise it is all content).
     pub fn reader(&self) -> Option<Reader> {
-        match (self.calls, self.thinking) {
-            (Some(Syntax::Generic), _) => Some(Reader::Generic(String::new())),
-            (None, None) => None,
-            (calls, thinking) => Some(Reader::Parse(Box::new(OutputParser::new(
+        let how = match (self.calls, self.thinking) {
+            (Some(Syntax::Generic), _) => How::Generic(String::new()),
+            (None, None) => return None,
+            (calls, thinking) => How::Parse(Box::new(OutputParser::new(
                 calls,
                 thinking,
                 self.in_thinking,
-            )))),
-        }
+            ))),
+        };
+        Some(Reader {
+            how,
+            drop_thinking: self.drop_thinking,
+        })
     }
 }
 
 impl Reader {
     pub fn push(&mut self, text: &str) -> Parsed {
-        match self {
-            Reader::Parse(p) => p.push(text),
-            Reader::Generic(all) => {
+        let p = match &mut self.how {
+            How::Parse(p) => p.push(text),
+            How::Generic(all) => {
                 all.push_str(text);
                 Parsed::default()
             }
-        }
+        };
+        self.kept(p)
     }
 
     pub fn finish(&mut self) -> Parsed {
-        match self {
-            Reader::Parse(p) => p.finish(),
-            Reader::Generic(all) => parse_generic(&std::mem::take(all)),
+        let p = match &mut self.how {
+            How::Parse(p) => p.finish(),
+            How::Generic(all) => parse_generic(&std::mem::take(all)),
+        };
+        self.kept(p)
+    }
+
+    fn kept(&self, mut p: Parsed) -> Parsed {
+        if self.drop_thinking {
+            p.thinking.clear();
         }
+        p
     }
 }

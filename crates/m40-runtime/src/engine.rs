@@ -16,7 +16,7 @@ use m40_chat::Parsed;
 use m40_tokenizer::{Encode, Tokenizer};
 
 use crate::batcher::{Batcher, Core, Limits, Load, SeqEvent, Submission};
-pub use crate::request::{Completion, FinishReason, Prompt, Request, Timings, TokenEvent};
+pub use crate::request::{Completion, FinishReason, Prompt, Request, Think, Timings, TokenEvent};
 use crate::sampling::logprobs;
 use crate::store::Store;
 
@@ -56,6 +56,8 @@ pub enum EngineError {
     Thread(std::io::Error),
     #[error(transparent)]
     Format(#[from] m40_chat::FormatError),
+    #[error("this model does not think: its chat template marks no reasoning (leave out think or reasoning_effort, or set it to false/none)")]
+    NoThinking,
 }
 
 impl From<RenderError> for EngineError {
@@ -63,6 +65,7 @@ impl From<RenderError> for EngineError {
         match e {
             RenderError::Template(e) => Self::Tokenizer(e),
             RenderError::Format(e) => Self::Format(e),
+            RenderError::NoThinking => Self::NoThinking,
         }
     }
 }
@@ -339,12 +342,27 @@ impl Engine {
         self.chat.thinking()
     }
 
+    /// The model's description, with the chat template this engine renders
+    /// (the model's, or the one it was loaded with) and what it allows.
+    pub fn info(&self) -> crate::ModelInfo {
+        let mut info = crate::ModelInfo::of(&self.model);
+        info.chat_template = self.chat.source().to_string();
+        info.capabilities = vec!["completion"];
+        if self.native_tools() {
+            info.capabilities.push("tools");
+        }
+        if self.thinking().is_some() {
+            info.capabilities.push("thinking");
+        }
+        info
+    }
+
     /// A request's prompt tokens, how its answer is read, and the format
     /// its tool choice forces.
     fn render(&self, req: &Request) -> Result<(Vec<u32>, Plan, Option<Format>)> {
         let tok = &self.core.tokenizer;
         let (text, bos, plan, format) = match &req.prompt {
-            Prompt::Text(t) => (t.clone(), true, Plan::default(), None),
+            Prompt::Text(t) => (t.clone(), true, Plan::default(), req.format.clone()),
             Prompt::Chat(m) => {
                 let (text, plan, format) =
                     self.chat.render(m, req, tok.render_options(true), tok)?;
@@ -384,8 +402,8 @@ impl Engine {
     /// once.
     pub fn prepare(&self, request: Request) -> Result<Prepared> {
         request.sampling.validate()?;
-        let (mut prompt, plan, forced) = self.render(&request)?;
-        let constraint = match forced.as_ref().or(request.format.as_ref()) {
+        let (mut prompt, plan, format) = self.render(&request)?;
+        let constraint = match &format {
             Some(f) => Some(self.grammars()?.compile(f)?),
             None => None,
         };

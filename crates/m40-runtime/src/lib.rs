@@ -33,7 +33,7 @@
 pub use batcher::Load;
 pub use engine::{
     BackendChoice, CancelToken, Completion, Engine, EngineError, EngineOptions, FinishReason,
-    KernelProgress, Prompt, Request, Timings, TokenEvent, UploadProgress, DEFAULT_CONTEXT,
+    KernelProgress, Prompt, Request, Think, Timings, TokenEvent, UploadProgress, DEFAULT_CONTEXT,
     DEFAULT_GPU_SEQUENCES, DEFAULT_SEQUENCES,
 };
 pub use info::ModelInfo;

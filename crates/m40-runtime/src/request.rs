@@ -55,6 +55,24 @@ pub struct Request {
     /// Several calls in one answer where the model's syntax allows them
     /// (default true).
     pub parallel_tool_calls: bool,
+    /// Thinking on or off, or how hard (models that think; see [`Think`]).
+    /// None: the model's default.
+    pub think: Option<Think>,
+    /// More variables for the chat template (vLLM's and llama.cpp's
+    /// `chat_template_kwargs`), over those `think` sets.
+    pub template_vars: serde_json::Map<String, serde_json::Value>,
+}
+
+/// What a request asks of a model's reasoning (Ollama's `think`, OpenAI's
+/// `reasoning_effort`). On or an effort asked of a model that does not
+/// think is an error; off is passed to the template (`enable_thinking`:
+/// Qwen3) and any reasoning the model writes anyway is dropped.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Think {
+    Off,
+    On,
+    /// "low", "medium", "high": the template's `reasoning_effort` (gpt-oss).
+    Effort(String),
 }
 
 impl Request {
@@ -73,6 +91,8 @@ impl Request {
             tools: Vec::new(),
             tool_choice: ToolChoice::Auto,
             parallel_tool_calls: true,
+            think: None,
+            template_vars: serde_json::Map::new(),
         }
     }
 }

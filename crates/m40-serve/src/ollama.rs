@@ -96,6 +96,8 @@ struct GenerateRequest {
     images: Vec<String>,
     /// Structured output: "json" or a JSON schema.
     format: Option<Value>,
+    /// Thinking: true, false or an effort.
+    think: Option<Value>,
     /// 0 with an empty prompt unloads the model (`ollama stop`); other
     /// values are accepted, the model stays loaded.
     keep_alive: Option<Value>,
@@ -126,6 +128,7 @@ struct ChatRequest {
     #[serde(default)]
     options: Options,
     format: Option<Value>,
+    think: Option<Value>,
     /// Functions the model may call.
     tools: Option<Value>,
     keep_alive: Option<Value>,
@@ -305,6 +308,7 @@ pub(crate) async fn generate(State(s): State<AppState>, body: Bytes) -> Result<R
     s.check_model(r.model.as_deref())?;
     no_images(&r.images)?;
     let format = crate::format::ollama(r.format.as_ref())?;
+    let think = crate::tools::ollama_think(r.think.as_ref())?;
     let model = r.model.clone().unwrap_or_default();
     let prompt_text = r.prompt.unwrap_or_default();
     if prompt_text.is_empty() {
@@ -329,6 +333,7 @@ pub(crate) async fn generate(State(s): State<AppState>, body: Bytes) -> Result<R
     };
     let (mut req, ctx) = r.options.request(prompt, s.n_ctx())?;
     req.format = format;
+    req.think = think;
     let running = s.start(req, ctx).await?;
     respond(
         running,
@@ -344,6 +349,7 @@ pub(crate) async fn chat(State(s): State<AppState>, body: Bytes) -> Result<Respo
     s.check_model(r.model.as_deref())?;
     let tools = crate::tools::tools(r.tools.as_ref())?;
     let format = crate::format::ollama(r.format.as_ref())?;
+    let think = crate::tools::ollama_think(r.think.as_ref())?;
     let model = r.model.clone().unwrap_or_default();
     if r.messages.is_empty() {
         let reason = load_or_unload(&s, r.keep_alive.as_ref()).await?;
@@ -372,6 +378,7 @@ pub(crate) async fn chat(State(s): State<AppState>, body: Bytes) -> Result<Respo
     let (mut req, ctx) = r.options.request(Prompt::Chat(messages), s.n_ctx())?;
     req.format = format;
     req.tools = tools;
+    req.think = think;
     let running = s.start(req, ctx).await?;
     respond(
         running,
@@ -462,5 +469,11 @@ pub(crate) async fn show(State(s): State<AppState>, body: Bytes) -> Result<Json<
         return Ok(Json(describe(&info, &modified)));
     }
     let modified = s.inner.loaded_at.to_rfc3339();
-    Ok(Json(describe(&ModelInfo::of(s.model()), &modified)))
+    // The loaded engine says which template it renders (a server may
+    // override the model's) and what that allows.
+    let info = match s.engine() {
+        Some(e) => e.info(),
+        None => ModelInfo::of(s.model()),
+    };
+    Ok(Json(describe(&info, &modified)))
 }

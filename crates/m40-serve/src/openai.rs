@@ -99,6 +99,11 @@ struct Common {
     tools: Option<Value>,
     tool_choice: Option<Value>,
     parallel_tool_calls: Option<bool>,
+    /// How hard a reasoning model thinks ("none" turns it off).
+    reasoning_effort: Option<String>,
+    /// vLLM's and llama.cpp's extension: variables for the chat template
+    /// (`{"enable_thinking": false}`).
+    chat_template_kwargs: Option<serde_json::Map<String, Value>>,
     /// vLLM's and llama.cpp's extension: generate past the end-of-turn
     /// token to `max_tokens` (fixed-length requests, for benchmarks).
     #[serde(default)]
@@ -166,6 +171,8 @@ impl Common {
         req.tools = tools;
         req.tool_choice = crate::tools::choice(self.tool_choice.as_ref())?;
         req.parallel_tool_calls = self.parallel_tool_calls.unwrap_or(true);
+        req.think = crate::tools::reasoning_effort(self.reasoning_effort.as_deref())?;
+        req.template_vars = self.chat_template_kwargs.clone().unwrap_or_default();
         Ok(req)
     }
 }

@@ -3,7 +3,7 @@
 //! each API's shape (Ollama: arguments as an object; OpenAI: as a JSON
 //! string, with ids, `finish_reason: "tool_calls"`).
 
-use m40_runtime::{Message, Tool, ToolCall, ToolChoice};
+use m40_runtime::{Message, Think, Tool, ToolCall, ToolChoice};
 use serde_json::{json, Value};
 
 use crate::ApiError;
@@ -132,4 +132,36 @@ pub(crate) fn openai_calls(calls: &[ToolCall], first: Option<usize>) -> Value {
             v
         })
         .collect()
+}
+
+/// Ollama's `think`: true, false, or an effort ("low", "medium", "high").
+pub(crate) fn ollama_think(v: Option<&Value>) -> Result<Option<Think>, ApiError> {
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(true)) => Ok(Some(Think::On)),
+        Some(Value::Bool(false)) => Ok(Some(Think::Off)),
+        Some(Value::String(s)) => effort(s).map(Some),
+        Some(_) => Err(ApiError::bad_request(
+            "think must be true, false, \"low\", \"medium\" or \"high\"",
+        )),
+    }
+}
+
+/// OpenAI's `reasoning_effort` ("none" turns thinking off).
+pub(crate) fn reasoning_effort(v: Option<&str>) -> Result<Option<Think>, ApiError> {
+    match v {
+        None => Ok(None),
+        Some("none") => Ok(Some(Think::Off)),
+        Some(s) => effort(s).map(Some),
+    }
+}
+
+fn effort(s: &str) -> Result<Think, ApiError> {
+    match s {
+        "low" | "medium" | "high" => Ok(Think::Effort(s.to_string())),
+        "minimal" => Ok(Think::Effort("low".into())),
+        _ => Err(ApiError::bad_request(format!(
+            "the reasoning effort must be \"low\", \"medium\" or \"high\", not {s:?}"
+        ))),
+    }
 }

@@ -167,3 +167,50 @@ fn token_bytes_join_to_the_decoded_text() {
         assert!(tok.token_bytes(tok.n_vocab() as u32).is_none());
     }
 }
+
+/// Harmony's turn ends (gpt-oss): `<|return|>` and `<|call|>` end
+/// generation, `<|end|>` (the end of one message) does not; elsewhere
+/// `<|end|>` still does (Phi-3). Control tokens are written out by the
+/// special stream only.
+#[test]
+fn harmony_ends_its_turn_at_return_or_call() {
+    let Some(td) = common::testdata() else { return };
+    let f = GgufFile::open(td.join("vocab/ggml-vocab-qwen2.gguf")).unwrap();
+    let base = m40_tokenizer::Vocab::from_metadata(f.metadata()).unwrap();
+    let with = |extra: &[&str]| {
+        let mut v = base.clone();
+        for t in extra {
+            v.tokens.push(t.to_string());
+            v.scores.push(0.0);
+            v.types.push(m40_tokenizer::TokenType::Control);
+        }
+        Tokenizer::from_vocab(v).unwrap()
+    };
+    let harmony = with(&["<|end|>", "<|return|>", "<|call|>", "<|channel|>"]);
+    let id = |t: &Tokenizer, s: &str| t.token_id(s).unwrap();
+    assert!(!harmony.is_eog(id(&harmony, "<|end|>")));
+    assert!(harmony.is_eog(id(&harmony, "<|return|>")));
+    assert!(harmony.is_eog(id(&harmony, "<|call|>")));
+    let phi = with(&["<|end|>"]);
+    assert!(phi.is_eog(id(&phi, "<|end|>")));
+    let ch = id(&harmony, "<|channel|>");
+    let hello = harmony
+        .encode(
+            "hi",
+            Encode {
+                parse_special: false,
+                add_special: false,
+            },
+        )
+        .unwrap();
+    let ids: Vec<u32> = [ch].into_iter().chain(hello).collect();
+    let (mut plain, mut special) = (harmony.stream(), harmony.stream_with_special());
+    let (mut a, mut b) = (String::new(), String::new());
+    for &i in &ids {
+        a.push_str(&plain.push(i).unwrap());
+        b.push_str(&special.push(i).unwrap());
+    }
+    a.push_str(&plain.finish().unwrap());
+    b.push_str(&special.finish().unwrap());
+    assert_eq!((a.as_str(), b.as_str()), ("hi", "<|channel|>hi"));
+}
