@@ -80,11 +80,22 @@ impl ChatBackend for Engine {
         req.sampling = opts.sampling.clone();
         req.max_tokens = opts.max_tokens;
         req.stop = opts.stop.clone();
+        // A conversation that outgrew the context loses its oldest turns
+        // (after the system message), as Ollama's does, and says so; a last
+        // message that alone does not fit loses its start.
+        req.drop_old_turns = true;
         req.truncate_prompt = true;
+        let prepared = self.prepare(req)?;
+        if prepared.dropped_messages() > 0 {
+            eprintln!(
+                "[the context is full: the oldest {} messages are left out]",
+                prepared.dropped_messages()
+            );
+        }
         // A model's reasoning is shown as Ollama's CLI shows it, before
         // the answer; the history keeps only the answer.
         let mut thinking = false;
-        let c = self.generate(&req, cancel, |ev| {
+        let c = self.run(&prepared, cancel, |ev| {
             if !ev.thinking.is_empty() {
                 if !thinking {
                     on_text("Thinking...\n");

@@ -33,9 +33,13 @@ macro_rules! on_both {
 
 use std::path::PathBuf;
 
-/// `../shared/testdata`, or `None` (with the reason printed) when absent.
+/// `../shared/testdata` (or `M40_TESTDATA`: the GPU pack's copy), or
+/// `None` (with the reason printed) when absent.
 pub fn testdata() -> Option<PathBuf> {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/testdata");
+    let p = match std::env::var_os("M40_TESTDATA") {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/testdata"),
+    };
     if p.is_dir() {
         Some(p)
     } else if std::env::var("M40_REQUIRE_TESTDATA").is_ok_and(|v| !v.is_empty() && v != "0") {

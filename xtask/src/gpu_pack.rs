@@ -14,8 +14,8 @@
 //!
 //! `bin/m40-llm` is the release CLI, for `bin/m40-llm bench` there.
 //!
-//! The quant zoo from ../shared/testdata is copied into the pack
-//! (`testdata/quant-zoo`; run.sh points M40_TESTDATA at it).
+//! The quant zoo and the chat templates from ../shared/testdata are copied
+//! into the pack (`testdata/`; run.sh points M40_TESTDATA at it).
 //!
 //! On the device machine: `target/gpu-pack/run.sh` (with `--no-bench` to skip
 //! the benches). See CONTRIBUTING.md.
@@ -120,7 +120,14 @@ fn build(args: &[&str], target_dir: &Path) -> Result<Vec<(String, PathBuf)>> {
 
 /// Test targets whose bodies run on both backends (`NAME::gpu` ignored
 /// without a GPU): the pack runs their GPU half too.
-const BOTH_BACKENDS: &[&str] = &["engine", "batching", "structured", "tools", "thinking"];
+const BOTH_BACKENDS: &[&str] = &[
+    "engine",
+    "batching",
+    "structured",
+    "tools",
+    "thinking",
+    "long_chat",
+];
 
 pub fn run() -> Result<()> {
     let root = root();
@@ -168,6 +175,18 @@ pub fn run() -> Result<()> {
             total += std::fs::metadata(&to).map(|m| m.len()).unwrap_or(0);
         }
         eprintln!("  testdata/quant-zoo");
+        // The chat templates (a few hundred KB), for the tool and
+        // thinking tests that load SmolLM2 under other models' templates.
+        let tdir = root.join("../shared/testdata/templates");
+        let tdest = pack.join("testdata/templates");
+        std::fs::create_dir_all(&tdest).map_err(|e| e.to_string())?;
+        for e in std::fs::read_dir(&tdir).map_err(|e| e.to_string())? {
+            let e = e.map_err(|e| e.to_string())?;
+            let to = tdest.join(e.file_name());
+            std::fs::copy(e.path(), &to).map_err(|err| format!("{}: {err}", e.path().display()))?;
+            total += std::fs::metadata(&to).map(|m| m.len()).unwrap_or(0);
+        }
+        eprintln!("  testdata/templates");
     } else {
         eprintln!(
             "  (no {}: tests that need the zoo will fail on the device)",

@@ -12,6 +12,7 @@ use m40_model::{AnyBackend, Backend, Model, ModelError};
 use m40_tokenizer::template::ChatTemplate;
 
 use crate::chat::{ChatFormat, Plan, Reader, RenderError};
+use crate::stop::StopFilter;
 use m40_chat::Parsed;
 use m40_tokenizer::{Encode, Tokenizer};
 
@@ -164,6 +165,8 @@ pub struct Prepared {
     pub(crate) constraint: Option<Constraint>,
     /// How the answer is taken apart (thinking, calls).
     pub(crate) plan: Plan,
+    /// Messages dropped from the start of the chat to fit the context.
+    pub(crate) dropped: usize,
 }
 
 impl Prepared {
@@ -179,6 +182,12 @@ impl Prepared {
 
     pub fn request(&self) -> &Request {
         &self.request
+    }
+
+    /// How many of the chat's oldest messages were left out to fit the
+    /// context ([`Request::drop_old_turns`]).
+    pub fn dropped_messages(&self) -> usize {
+        self.dropped
     }
 }
 
@@ -374,13 +383,17 @@ impl Engine {
                 (text, !has_bos, plan, format)
             }
         };
-        let ids = tok.encode(
+        let mut ids = tok.encode(
             &text,
             Encode {
                 parse_special: true,
-                add_special: bos,
+                add_special: bos && req.prefix.is_empty(),
             },
         )?;
+        if !req.prefix.is_empty() {
+            tok.check(&req.prefix)?;
+            ids.splice(0..0, req.prefix.iter().copied());
+        }
         Ok((ids, plan, format))
     }
 
@@ -400,9 +413,10 @@ impl Engine {
     /// Check `req` (its sampling parameters), tokenize its prompt and fit
     /// it and `max_tokens` into the context: every request passes here,
     /// once.
-    pub fn prepare(&self, request: Request) -> Result<Prepared> {
+    pub fn prepare(&self, mut request: Request) -> Result<Prepared> {
         request.sampling.validate()?;
-        let (mut prompt, plan, format) = self.render(&request)?;
+        let n_ctx = request.context.map_or(self.n_ctx, |c| c.min(self.n_ctx));
+        let (mut prompt, plan, format, dropped) = self.render_fitted(&mut request, n_ctx)?;
         let constraint = match &format {
             Some(f) => Some(self.grammars()?.compile(f)?),
             None => None,
@@ -410,7 +424,6 @@ impl Engine {
         if prompt.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }
-        let n_ctx = request.context.map_or(self.n_ctx, |c| c.min(self.n_ctx));
         let room = n_ctx.saturating_sub(prompt.len());
         let mut max_tokens = request.max_tokens.unwrap_or(room);
         if request.fit_max_tokens && !request.truncate_prompt {
@@ -440,7 +453,48 @@ impl Engine {
             max_tokens,
             constraint,
             plan,
+            dropped,
         })
+    }
+
+    /// [`Engine::render`], with a chat's oldest turns dropped until it fits
+    /// `n_ctx` with room to answer where the request allows it; and how
+    /// many messages were dropped.
+    fn render_fitted(
+        &self,
+        req: &mut Request,
+        n_ctx: usize,
+    ) -> Result<(Vec<u32>, Plan, Option<Format>, usize)> {
+        let (ids, plan, format) = self.render(req)?;
+        let room = req
+            .max_tokens
+            .unwrap_or(n_ctx / 4)
+            .clamp(1, (n_ctx / 2).max(1));
+        let Prompt::Chat(messages) = &req.prompt else {
+            return Ok((ids, plan, format, 0));
+        };
+        if !req.drop_old_turns || ids.len() + room <= n_ctx {
+            return Ok((ids, plan, format, 0));
+        }
+        let mut kept = messages.clone();
+        let mut fitted = (ids, plan, format);
+        let before = kept.len();
+        while fitted.0.len() + room > n_ctx {
+            // The oldest turn after the system messages: a user message and
+            // what follows it up to the next one, never the last user message.
+            let Some(first) = kept.iter().position(|m| m.role != "system") else {
+                break;
+            };
+            let next = kept[first + 1..]
+                .iter()
+                .position(|m| m.role == "user")
+                .map(|p| first + 1 + p);
+            let Some(next) = next else { break };
+            kept.drain(first..next);
+            req.prompt = Prompt::Chat(kept.clone());
+            fitted = self.render(req)?;
+        }
+        Ok((fitted.0, fitted.1, fitted.2, before - kept.len()))
     }
 
     /// Run a prepared request (see [`Engine::generate`]). It runs in the
@@ -662,122 +716,5 @@ fn pick_backend(
             }
         }
         Err(e) => Err(e.into()),
-    }
-}
-
-/// Holds back text that could be the start of a stop string; cuts at the
-/// first stop string, which is never emitted.
-struct StopFilter<'a> {
-    stops: &'a [String],
-    /// All text emitted so far.
-    emitted: String,
-    /// Decoded but not yet emitted.
-    held: String,
-    stopped: bool,
-}
-
-impl<'a> StopFilter<'a> {
-    fn new(stops: &'a [String]) -> Self {
-        Self {
-            stops,
-            emitted: String::new(),
-            held: String::new(),
-            stopped: false,
-        }
-    }
-
-    /// Add decoded text; returns what may be emitted now and whether a stop
-    /// string was found.
-    fn push(&mut self, text: &str) -> (String, bool) {
-        self.held.push_str(text);
-        let first = self
-            .stops
-            .iter()
-            .filter(|s| !s.is_empty())
-            .filter_map(|s| self.held.find(s.as_str()))
-            .min();
-        if let Some(at) = first {
-            let out = self.held[..at].to_string();
-            self.emitted.push_str(&out);
-            self.held.clear();
-            self.stopped = true;
-            return (out, true);
-        }
-        // Keep the longest tail that is a prefix of some stop string.
-        let keep = self
-            .held
-            .char_indices()
-            .map(|(i, _)| i)
-            .find(|&i| {
-                self.stops
-                    .iter()
-                    .any(|s| !s.is_empty() && s.starts_with(&self.held[i..]))
-            })
-            .unwrap_or(self.held.len());
-        let out = self.held[..keep].to_string();
-        self.held.drain(..keep);
-        self.emitted.push_str(&out);
-        (out, false)
-    }
-
-    /// The end of generation: everything held is text after all.
-    fn finish(&mut self, text: &str) -> String {
-        let (mut out, stopped) = self.push(text);
-        if !stopped {
-            out.push_str(&self.held);
-            self.emitted.push_str(&self.held);
-            self.held.clear();
-        }
-        out
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn run(stops: &[&str], pieces: &[&str]) -> (String, String, bool) {
-        let stops: Vec<String> = stops.iter().map(|s| s.to_string()).collect();
-        let mut f = StopFilter::new(&stops);
-        let mut streamed = String::new();
-        for p in pieces {
-            let (out, stopped) = f.push(p);
-            streamed.push_str(&out);
-            if stopped {
-                return (streamed, f.emitted, true);
-            }
-        }
-        streamed.push_str(&f.finish(""));
-        (streamed, f.emitted, false)
-    }
-
-    #[test]
-    fn stop_strings_split_across_tokens_are_never_emitted() {
-        assert_eq!(
-            run(&["</answer>"], &["The ", "answer</an", "swer> more"]),
-            ("The answer".into(), "The answer".into(), true)
-        );
-        assert_eq!(
-            run(&["\n\n"], &["a\n", "\nb"]),
-            ("a".into(), "a".into(), true)
-        );
-        // A held prefix that does not complete comes out later.
-        assert_eq!(
-            run(&["STOP"], &["x ST", "ART y"]),
-            ("x START y".into(), "x START y".into(), false)
-        );
-        assert_eq!(
-            run(&["STOP"], &["x ST"]),
-            ("x ST".into(), "x ST".into(), false)
-        );
-        // The earliest of several stops wins; multibyte text stays whole.
-        assert_eq!(
-            run(&["é!", "b"], &["aé", "!b"]),
-            ("a".into(), "a".into(), true)
-        );
-        assert_eq!(
-            run(&[], &["plain"]),
-            ("plain".into(), "plain".into(), false)
-        );
     }
 }

@@ -59,4 +59,5 @@ mod info;
 pub mod perplexity;
 mod request;
 pub mod sampling;
+mod stop;
 pub mod store;

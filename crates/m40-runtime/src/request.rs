@@ -28,6 +28,14 @@ pub struct Request {
     pub logprobs: Option<usize>,
     /// Drop the prompt's start instead of failing when it does not fit.
     pub truncate_prompt: bool,
+    /// A chat that does not fit loses its oldest turns after the system
+    /// messages (each user message with the answers and tool results that
+    /// follow it) until it fits with room to answer, as Ollama's `truncate`
+    /// does; the last user message is always kept.
+    pub drop_old_turns: bool,
+    /// Token ids to put before the prompt's (Ollama's `context`: the ids a
+    /// previous answer returned), which then gets no BOS of its own.
+    pub prefix: Vec<u32>,
     /// A smaller context for this request than the engine's (Ollama's
     /// `num_ctx`); None, or more than the engine's: the engine's.
     pub context: Option<usize>,
@@ -84,6 +92,8 @@ impl Request {
             stop: Vec::new(),
             logprobs: None,
             truncate_prompt: false,
+            drop_old_turns: false,
+            prefix: Vec::new(),
             context: None,
             fit_max_tokens: false,
             ignore_eos: false,

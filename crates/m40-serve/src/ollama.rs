@@ -101,6 +101,8 @@ struct GenerateRequest {
     /// 0 with an empty prompt unloads the model (`ollama stop`); other
     /// values are accepted, the model stays loaded.
     keep_alive: Option<Value>,
+    /// The ids a previous answer returned: this prompt continues them.
+    context: Option<Vec<i64>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -132,6 +134,8 @@ struct ChatRequest {
     /// Functions the model may call.
     tools: Option<Value>,
     keep_alive: Option<Value>,
+    /// Drop the oldest turns of a chat that does not fit (default true).
+    truncate: Option<bool>,
 }
 
 fn now() -> String {
@@ -144,6 +148,20 @@ fn done_reason(r: FinishReason) -> &'static str {
         FinishReason::Length => "length",
         FinishReason::Cancelled => "cancelled",
     }
+}
+
+/// `context`'s ids (negative ones are a 400; ids past the vocabulary are
+/// refused when the prompt is tokenized).
+fn context_ids(context: Option<&[i64]>) -> Result<Vec<u32>, ApiError> {
+    context
+        .unwrap_or_default()
+        .iter()
+        .map(|&i| {
+            u32::try_from(i).map_err(|_| {
+                ApiError::bad_request(format!("context holds {i}, which is no token id"))
+            })
+        })
+        .collect()
 }
 
 fn no_images(images: &[String]) -> Result<(), ApiError> {
@@ -334,6 +352,7 @@ pub(crate) async fn generate(State(s): State<AppState>, body: Bytes) -> Result<R
     let (mut req, ctx) = r.options.request(prompt, s.n_ctx())?;
     req.format = format;
     req.think = think;
+    req.prefix = context_ids(r.context.as_deref())?;
     let running = s.start(req, ctx).await?;
     respond(
         running,
@@ -379,6 +398,7 @@ pub(crate) async fn chat(State(s): State<AppState>, body: Bytes) -> Result<Respo
     req.format = format;
     req.tools = tools;
     req.think = think;
+    req.drop_old_turns = r.truncate.unwrap_or(true);
     let running = s.start(req, ctx).await?;
     respond(
         running,

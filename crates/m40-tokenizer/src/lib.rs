@@ -170,7 +170,8 @@ impl Tokenizer {
         Ok(ids)
     }
 
-    fn check(&self, ids: &[u32]) -> Result<()> {
+    /// An error naming the first id that is not in the vocabulary.
+    pub fn check(&self, ids: &[u32]) -> Result<()> {
         match ids.iter().find(|&&i| i as usize >= self.n_vocab()) {
             Some(&id) => Err(TokenizerError::BadId {
                 id,

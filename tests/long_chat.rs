@@ -1,0 +1,82 @@
+//! Long conversations (issue 57, point 6): a chat that outgrows the
+//! context loses its oldest turns after the system message, as Ollama's
+//! `truncate` does, and still answers; one that may not is refused; a
+//! continuation (`Request::prefix`, Ollama's `context`) keeps the ids.
+
+mod support;
+
+use m40_runtime::{CancelToken, EngineError, Message, Prompt, Request};
+use support::On;
+
+on_both!(
+    old_turns_are_dropped_to_fit,
+    prefix_ids_continue_a_conversation
+);
+
+fn long_chat(turns: usize) -> Vec<Message> {
+    let mut m = vec![Message::new("system", "You are Zed, a terse helper.")];
+    for i in 0..turns {
+        m.push(Message::new(
+            "user",
+            format!("Question {i}: tell me about the number {i} at length."),
+        ));
+        m.push(Message::new(
+            "assistant",
+            format!("The number {i} is a number. ").repeat(8),
+        ));
+    }
+    m.push(Message::new("user", "Last question: what is your name?"));
+    m
+}
+
+fn old_turns_are_dropped_to_fit(on: On) {
+    let e = support::smollm2_engine(on, 1024);
+    let mut r = Request::new(Prompt::Chat(long_chat(40)));
+    r.max_tokens = Some(16);
+    let err = e.prepare(r.clone()).unwrap_err();
+    assert!(matches!(err, EngineError::ContextOverflow { .. }), "{err}");
+    r.drop_old_turns = true;
+    let p = e.prepare(r.clone()).unwrap();
+    assert!(
+        p.dropped_messages() > 0 && p.dropped_messages().is_multiple_of(2),
+        "{}",
+        p.dropped_messages()
+    );
+    assert!(p.prompt_tokens().len() + 16 <= e.n_ctx());
+    let text = e.tokenizer().decode(p.prompt_tokens()).unwrap();
+    assert!(text.contains("You are Zed"), "the system message stays");
+    assert!(text.contains("Last question"), "the last message stays");
+    assert!(!text.contains("Question 0:"), "the oldest turn goes");
+    let kept = 41 * 2 - 1 - p.dropped_messages();
+    assert!(text.contains(&format!("Question {}:", 39)), "{kept} kept");
+    let d = e.run(&p, &CancelToken::new(), |_| {}).unwrap();
+    assert!(!d.token_ids.is_empty());
+    // A chat that fits is left whole.
+    let mut short = Request::new(Prompt::Chat(long_chat(2)));
+    short.drop_old_turns = true;
+    assert_eq!(e.prepare(short).unwrap().dropped_messages(), 0);
+}
+
+fn prefix_ids_continue_a_conversation(on: On) {
+    let e = support::smollm2_engine(on, 1024);
+    let first = Request::new(Prompt::Chat(vec![Message::new(
+        "user",
+        "My name is Zebulon.",
+    )]));
+    let p = e.prepare(first).unwrap();
+    let mut r = Request::new(Prompt::Chat(vec![Message::new("user", "What is my name?")]));
+    r.max_tokens = Some(4);
+    let alone = e.prepare(r.clone()).unwrap().prompt_tokens().to_vec();
+    r.prefix = p.prompt_tokens().to_vec();
+    let joined = e.prepare(r.clone()).unwrap();
+    // The prefix, then the new prompt (less a BOS the engine would add).
+    let ids = joined.prompt_tokens();
+    assert_eq!(&ids[..r.prefix.len()], &r.prefix[..]);
+    let rest = &ids[r.prefix.len()..];
+    assert!(
+        rest == &alone[..] || rest == &alone[1..],
+        "{rest:?} vs {alone:?}"
+    );
+    r.prefix = vec![u32::MAX];
+    assert!(e.prepare(r).is_err(), "ids past the vocabulary are refused");
+}
