@@ -53,6 +53,9 @@ pub(crate) struct Submission {
     pub max_new: usize,
     pub sampling: SamplingParams,
     pub logprobs: bool,
+    /// Added to these tokens' logits before sampling (OpenAI's
+    /// `logit_bias`); the row is then sampled on the host.
+    pub logit_bias: Vec<(u32, f32)>,
     /// Run on past end-of-generation tokens (to `max_new`).
     pub ignore_eos: bool,
     /// A structured output's grammar: each token is sampled from those it
@@ -587,7 +590,8 @@ impl Loop {
             let mut want = if !samples {
                 Want::Nothing
             } else {
-                match (l.sub.logprobs, l.sampler.selection(max_k)) {
+                let host = l.sub.logprobs || !l.sub.logit_bias.is_empty();
+                match (host, l.sampler.selection(max_k)) {
                     (false, Some(sel)) => Want::Select(sel),
                     _ => Want::Logits,
                 }
@@ -668,6 +672,11 @@ impl Loop {
                     let (tok, logits) = match out {
                         StepOut::Logits(mut logits) => {
                             let raw = l.sub.logprobs.then(|| logits.clone());
+                            for &(id, bias) in &l.sub.logit_bias {
+                                if let Some(x) = logits.get_mut(id as usize) {
+                                    *x += bias;
+                                }
+                            }
                             if let Some(m) = &mask {
                                 apply_mask(m, &mut logits);
                             }

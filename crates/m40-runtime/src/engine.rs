@@ -57,6 +57,8 @@ pub enum EngineError {
     Thread(std::io::Error),
     #[error(transparent)]
     Format(#[from] m40_chat::FormatError),
+    #[error("this model has no fill-in-the-middle tokens, so it cannot complete between a prompt and a suffix; leave out suffix")]
+    NoInfill,
     #[error("this model does not think: its chat template marks no reasoning (leave out think or reasoning_effort, or set it to false/none)")]
     NoThinking,
 }
@@ -372,6 +374,20 @@ impl Engine {
         let tok = &self.core.tokenizer;
         let (text, bos, plan, format) = match &req.prompt {
             Prompt::Text(t) => (t.clone(), true, Plan::default(), req.format.clone()),
+            Prompt::Infill { prefix, suffix } => {
+                let [pre, suf, mid] = tok.fim_tokens().ok_or(EngineError::NoInfill)?;
+                let plain = Encode {
+                    parse_special: false,
+                    add_special: false,
+                };
+                let mut ids: Vec<u32> = tok.bos().filter(|_| tok.adds_bos()).into_iter().collect();
+                ids.push(pre);
+                ids.extend(tok.encode(prefix, plain)?);
+                ids.push(suf);
+                ids.extend(tok.encode(suffix, plain)?);
+                ids.push(mid);
+                return Ok((ids, Plan::default(), req.format.clone()));
+            }
             Prompt::Chat(m) => {
                 let (text, plan, format) =
                     self.chat.render(m, req, tok.render_options(true), tok)?;
@@ -415,6 +431,8 @@ impl Engine {
     /// once.
     pub fn prepare(&self, mut request: Request) -> Result<Prepared> {
         request.sampling.validate()?;
+        let biased: Vec<u32> = request.logit_bias.iter().map(|b| b.0).collect();
+        self.core.tokenizer.check(&biased)?;
         let n_ctx = request.context.map_or(self.n_ctx, |c| c.min(self.n_ctx));
         let (mut prompt, plan, format, dropped) = self.render_fitted(&mut request, n_ctx)?;
         let constraint = match &format {
@@ -523,6 +541,7 @@ impl Engine {
             max_new: max_tokens,
             sampling: req.sampling.clone(),
             logprobs: req.logprobs.is_some(),
+            logit_bias: req.logit_bias.clone(),
             ignore_eos: req.ignore_eos,
             constraint: prepared.constraint.clone(),
             cancel: stop_seq.clone(),
@@ -554,6 +573,7 @@ impl Engine {
         let mut stops = StopFilter::new(&req.stop);
         let mut ids = Vec::new();
         let mut gen_start = None;
+        let mut end_token = None;
         let finish = loop {
             if ids.len() >= max_tokens {
                 break FinishReason::Length;
@@ -575,6 +595,7 @@ impl Engine {
                 gen_start = Some(Instant::now());
             }
             if tokenizer.is_eog(id) && !req.ignore_eos {
+                end_token = Some(id);
                 break FinishReason::Stop;
             }
             ids.push(id);
@@ -638,6 +659,7 @@ impl Engine {
             thinking: all.thinking,
             tool_calls: all.calls,
             token_ids: ids,
+            end_token,
             finish_reason: finish,
             timings,
         })

@@ -13,6 +13,9 @@ pub enum Prompt {
     Text(String),
     /// A conversation, rendered with the chat template.
     Chat(Vec<Message>),
+    /// Fill in the middle between `prefix` and `suffix` (code models with
+    /// FIM tokens; [`crate::EngineError::NoInfill`] otherwise).
+    Infill { prefix: String, suffix: String },
 }
 
 /// One generation request.
@@ -26,6 +29,9 @@ pub struct Request {
     pub stop: Vec<String>,
     /// Return the chosen token's log-probability and this many alternatives.
     pub logprobs: Option<usize>,
+    /// Added to these tokens' logits before sampling (OpenAI's
+    /// `logit_bias`: -100 bans a token, 100 all but forces it).
+    pub logit_bias: Vec<(u32, f32)>,
     /// Drop the prompt's start instead of failing when it does not fit.
     pub truncate_prompt: bool,
     /// A chat that does not fit loses its oldest turns after the system
@@ -91,6 +97,7 @@ impl Request {
             max_tokens: None,
             stop: Vec::new(),
             logprobs: None,
+            logit_bias: Vec::new(),
             truncate_prompt: false,
             drop_old_turns: false,
             prefix: Vec::new(),
@@ -164,6 +171,9 @@ pub struct Completion {
     /// The functions it called.
     pub tool_calls: Vec<ToolCall>,
     pub token_ids: Vec<u32>,
+    /// The end-of-generation token that ended it, if one did (not in
+    /// `token_ids`; a conversation continued from ids needs it).
+    pub end_token: Option<u32>,
     pub finish_reason: FinishReason,
     pub timings: Timings,
 }

@@ -500,6 +500,16 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/models/{*id}", get(openai::model))
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
+        // Unknown OpenAI routes answer in OpenAI's error shape.
+        .route(
+            "/v1/{*rest}",
+            axum::routing::any(|| async {
+                openai::OaiError::from(ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    "no such endpoint: m40-llm serves /v1/chat/completions, /v1/completions and /v1/models",
+                ))
+            }),
+        )
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such endpoint") })
         // Refuses an oversize Content-Length before reading the body (413),
         // and stops a streamed body at the limit.

@@ -76,6 +76,12 @@ impl Options {
                     "num_ctx must be positive, not {c}"
                 )))
             }
+            Some(c) if c as usize > n_ctx => {
+                return Err(ApiError::bad_request(format!(
+                    "num_ctx {c} is more than the {n_ctx} tokens this server loaded the model \
+                     with; ask for {n_ctx} or less, or start the server with a larger --ctx"
+                )))
+            }
             c => c.map(|c| c as usize),
         };
         Ok((req, ctx))
@@ -103,6 +109,31 @@ struct GenerateRequest {
     keep_alive: Option<Value>,
     /// The ids a previous answer returned: this prompt continues them.
     context: Option<Vec<i64>>,
+    /// Text after the answer: fill in the middle (code models).
+    suffix: Option<String>,
+    #[serde(flatten)]
+    logprobs: Logprobs,
+}
+
+/// Ollama's `logprobs` and `top_logprobs` (Ollama 0.12.11 and later).
+#[derive(Debug, Default, Deserialize)]
+struct Logprobs {
+    #[serde(default)]
+    logprobs: bool,
+    top_logprobs: Option<i64>,
+}
+
+impl Logprobs {
+    /// The request's `logprobs`: None, or how many alternatives.
+    fn asked(&self) -> Result<Option<usize>, ApiError> {
+        match (self.logprobs, self.top_logprobs) {
+            (_, Some(n)) if !(0..=20).contains(&n) => Err(ApiError::bad_request(format!(
+                "top_logprobs must be 0 to 20, not {n}"
+            ))),
+            (true, n) => Ok(Some(n.unwrap_or(0) as usize)),
+            (false, _) => Ok(None),
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -136,6 +167,8 @@ struct ChatRequest {
     keep_alive: Option<Value>,
     /// Drop the oldest turns of a chat that does not fit (default true).
     truncate: Option<bool>,
+    #[serde(flatten)]
+    logprobs: Logprobs,
 }
 
 fn now() -> String {
@@ -230,7 +263,14 @@ impl Shape for GenerateShape {
             o.insert("thinking".into(), json!(done.thinking));
         }
         final_fields(&mut o, done, self.received);
-        let context: Vec<u32> = prompt_ids.iter().chain(&done.token_ids).copied().collect();
+        // The ids to continue from: the prompt, the answer and the token
+        // that ended it.
+        let context: Vec<u32> = prompt_ids
+            .iter()
+            .chain(&done.token_ids)
+            .chain(&done.end_token)
+            .copied()
+            .collect();
         o.insert("context".into(), json!(context));
         Value::Object(o)
     }
@@ -285,32 +325,69 @@ fn ndjson_line(v: &Value) -> Bytes {
 }
 
 /// Stream `running` as NDJSON, or collect it into one object.
-async fn respond(running: Running, stream: bool, shape: impl Shape) -> Result<Response, ApiError> {
+async fn respond(
+    running: Running,
+    stream: bool,
+    shape: impl Shape,
+    logprobs: bool,
+) -> Result<Response, ApiError> {
+    let engine = running.engine.clone();
+    let entries = move |tokens: &[TokenEvent]| -> Value {
+        tokens
+            .iter()
+            .filter(|t| t.logprob.is_some())
+            .map(|t| crate::openai::chat_logprob(&engine, t))
+            .collect()
+    };
     if !stream {
         let prompt_ids = running.prompt_ids.clone();
-        let (_, done) = running.collect().await?;
-        return Ok(Json(shape.last(&done, true, &prompt_ids)).into_response());
+        let (tokens, done) = running.collect().await?;
+        let mut last = shape.last(&done, true, &prompt_ids);
+        if logprobs {
+            last["logprobs"] = entries(&tokens);
+        }
+        return Ok(Json(last).into_response());
     }
-    let body = futures_util::stream::unfold(Some((running, shape, 0)), |st| async move {
-        let (mut running, shape, calls) = st?;
-        loop {
-            let line = match running.recv().await? {
-                Event::Token(t)
-                    if t.text.is_empty() && t.thinking.is_empty() && t.tool_calls.is_empty() =>
-                {
-                    continue
+    // Tokens whose text is held (a split character, a possible marker)
+    // give their logprobs with the next line.
+    let state = (running, shape, 0, Vec::<TokenEvent>::new());
+    let body = futures_util::stream::unfold(Some(state), move |st| {
+        let entries = entries.clone();
+        async move {
+            let (mut running, shape, calls, mut pending) = st?;
+            loop {
+                let mut line = match running.recv().await? {
+                    Event::Token(t)
+                        if t.text.is_empty()
+                            && t.thinking.is_empty()
+                            && t.tool_calls.is_empty() =>
+                    {
+                        if logprobs {
+                            pending.push(t);
+                        }
+                        continue;
+                    }
+                    Event::Token(t) => {
+                        let mut v = shape.chunk(&t, calls);
+                        let calls = calls + t.tool_calls.len();
+                        if logprobs {
+                            pending.push(t);
+                            v["logprobs"] = entries(&std::mem::take(&mut pending));
+                        }
+                        let l = ndjson_line(&v);
+                        return Some((
+                            Ok::<_, Infallible>(l),
+                            Some((running, shape, calls, pending)),
+                        ));
+                    }
+                    Event::Done(Ok(done)) => shape.last(&done, false, &running.prompt_ids),
+                    Event::Done(Err(e)) => json!({ "error": e }),
+                };
+                if logprobs && !pending.is_empty() {
+                    line["logprobs"] = entries(&pending);
                 }
-                Event::Token(t) => {
-                    let l = ndjson_line(&shape.chunk(&t, calls));
-                    let calls = calls + t.tool_calls.len();
-                    return Some((Ok::<_, Infallible>(l), Some((running, shape, calls))));
-                }
-                Event::Done(Ok(done)) => {
-                    ndjson_line(&shape.last(&done, false, &running.prompt_ids))
-                }
-                Event::Done(Err(e)) => ndjson_line(&json!({ "error": e })),
-            };
-            return Some((Ok(line), None));
+                return Some((Ok(ndjson_line(&line)), None));
+            }
         }
     });
     Ok((
@@ -324,6 +401,7 @@ pub(crate) async fn generate(State(s): State<AppState>, body: Bytes) -> Result<R
     let received = Instant::now();
     let r: GenerateRequest = parse_json(&body)?;
     s.check_model(r.model.as_deref())?;
+    check_keep_alive(r.keep_alive.as_ref())?;
     no_images(&r.images)?;
     let format = crate::format::ollama(r.format.as_ref())?;
     let think = crate::tools::ollama_think(r.think.as_ref())?;
@@ -339,7 +417,12 @@ pub(crate) async fn generate(State(s): State<AppState>, body: Bytes) -> Result<R
             .into_response(),
         );
     }
-    let prompt = if r.raw {
+    let prompt = if let Some(suffix) = r.suffix.filter(|s| !s.is_empty()) {
+        Prompt::Infill {
+            prefix: prompt_text,
+            suffix,
+        }
+    } else if r.raw {
         Prompt::Text(prompt_text)
     } else {
         let mut m = Vec::new();
@@ -353,11 +436,13 @@ pub(crate) async fn generate(State(s): State<AppState>, body: Bytes) -> Result<R
     req.format = format;
     req.think = think;
     req.prefix = context_ids(r.context.as_deref())?;
+    req.logprobs = r.logprobs.asked()?;
     let running = s.start(req, ctx).await?;
     respond(
         running,
         r.stream.unwrap_or(true),
         GenerateShape { model, received },
+        r.logprobs.logprobs,
     )
     .await
 }
@@ -366,6 +451,7 @@ pub(crate) async fn chat(State(s): State<AppState>, body: Bytes) -> Result<Respo
     let received = Instant::now();
     let r: ChatRequest = parse_json(&body)?;
     s.check_model(r.model.as_deref())?;
+    check_keep_alive(r.keep_alive.as_ref())?;
     let tools = crate::tools::tools(r.tools.as_ref())?;
     let format = crate::format::ollama(r.format.as_ref())?;
     let think = crate::tools::ollama_think(r.think.as_ref())?;
@@ -399,17 +485,73 @@ pub(crate) async fn chat(State(s): State<AppState>, body: Bytes) -> Result<Respo
     req.tools = tools;
     req.think = think;
     req.drop_old_turns = r.truncate.unwrap_or(true);
+    req.logprobs = r.logprobs.asked()?;
     let running = s.start(req, ctx).await?;
     respond(
         running,
         r.stream.unwrap_or(true),
         ChatShape { model, received },
+        r.logprobs.logprobs,
     )
     .await
 }
 
 pub(crate) async fn version() -> Json<Value> {
     Json(json!({ "version": env!("CARGO_PKG_VERSION") }))
+}
+
+/// Ollama's `keep_alive`: a number of seconds, or a Go duration ("5m",
+/// "1h30m", "-1"); anything else is a 400, as in Ollama. The model stays
+/// loaded whatever it says (but 0, below).
+fn check_keep_alive(keep_alive: Option<&Value>) -> Result<(), ApiError> {
+    let ok = match keep_alive {
+        None | Some(Value::Null | Value::Number(_)) => true,
+        Some(Value::String(s)) => go_duration(s.trim()),
+        Some(_) => false,
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::bad_request(format!(
+            "keep_alive: invalid duration {}; use seconds or a duration like \"5m\", \"1h\", \"-1\"",
+            keep_alive.map(Value::to_string).unwrap_or_default()
+        )))
+    }
+}
+
+/// Whether `s` is a Go duration: an optional sign, then numbers each
+/// with a unit (ns, us, µs, ms, s, m, h); "0" alone needs none. Ollama
+/// also takes a plain number.
+fn go_duration(s: &str) -> bool {
+    let s = s.strip_prefix(['-', '+']).unwrap_or(s);
+    if !s.starts_with(|c: char| c.is_ascii_digit() || c == '.') {
+        return false;
+    }
+    if s == "0" || s.parse::<f64>().is_ok() {
+        return true;
+    }
+    let mut rest = s;
+    if rest.is_empty() {
+        return false;
+    }
+    while !rest.is_empty() {
+        let n = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        if n == 0 || rest[..n].parse::<f64>().is_err() {
+            return false;
+        }
+        rest = &rest[n..];
+        let unit = ["ns", "us", "µs", "ms", "s", "m", "h"]
+            .into_iter()
+            .filter(|u| rest.starts_with(u))
+            .max_by_key(|u| u.len());
+        match unit {
+            Some(u) => rest = &rest[u.len()..],
+            None => return false,
+        }
+    }
+    true
 }
 
 /// Whether Ollama's `keep_alive` says to unload at once: 0, "0", "0s", "0m".
@@ -460,6 +602,21 @@ pub(crate) async fn ps(State(s): State<AppState>) -> Json<Value> {
     // What the engine runs now (m40-llm's own fields).
     m["m40_activity"] = json!(engine.activity());
     Json(json!({ "models": [m] }))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn go_durations() {
+        for ok in [
+            "5m", "1h30m", "-1", "0", "300ms", "1.5h", "10s", "-1m", "3600", "2.5",
+        ] {
+            assert!(super::go_duration(ok), "{ok}");
+        }
+        for bad in ["", "5 minutes", "m", "1x", "--1", "1h-", "forever"] {
+            assert!(!super::go_duration(bad), "{bad}");
+        }
+    }
 }
 
 #[derive(Deserialize)]

@@ -104,10 +104,33 @@ struct Common {
     /// vLLM's and llama.cpp's extension: variables for the chat template
     /// (`{"enable_thinking": false}`).
     chat_template_kwargs: Option<serde_json::Map<String, Value>>,
+    /// Token id (as a string) to a bias from -100 to 100 added to its logit.
+    logit_bias: Option<std::collections::BTreeMap<String, f32>>,
     /// vLLM's and llama.cpp's extension: generate past the end-of-turn
     /// token to `max_tokens` (fixed-length requests, for benchmarks).
     #[serde(default)]
     ignore_eos: bool,
+}
+
+/// OpenAI's `logit_bias`: token ids (JSON keys) to biases in [-100, 100];
+/// ids past the vocabulary are refused when the request is prepared.
+fn logit_bias(
+    map: Option<&std::collections::BTreeMap<String, f32>>,
+) -> Result<Vec<(u32, f32)>, ApiError> {
+    map.into_iter()
+        .flatten()
+        .map(|(k, &v)| {
+            let id = k.trim().parse::<u32>().map_err(|_| {
+                ApiError::bad_request(format!("logit_bias: {k:?} is not a token id"))
+            })?;
+            if !(-100.0..=100.0).contains(&v) {
+                return Err(ApiError::bad_request(format!(
+                    "logit_bias: {v} for token {id} is outside -100 to 100"
+                )));
+            }
+            Ok((id, v))
+        })
+        .collect()
 }
 
 #[derive(Debug, Deserialize)]
@@ -166,6 +189,7 @@ impl Common {
             return Err(ApiError::bad_request("at most 4 stop sequences"));
         }
         req.logprobs = logprobs;
+        req.logit_bias = logit_bias(self.logit_bias.as_ref())?;
         req.ignore_eos = self.ignore_eos;
         req.format = format;
         req.tools = tools;
@@ -251,8 +275,8 @@ fn token_text(e: &Engine, id: u32) -> String {
     e.tokenizer().decode(&[id]).unwrap_or_default()
 }
 
-/// Chat's logprobs entry for one token.
-fn chat_logprob(e: &Engine, t: &TokenEvent) -> Value {
+/// Chat's logprobs entry for one token (Ollama's is the same).
+pub(crate) fn chat_logprob(e: &Engine, t: &TokenEvent) -> Value {
     let entry = |id: u32, lp: f32| {
         let text = token_text(e, id);
         json!({"token": text, "logprob": lp, "bytes": text.as_bytes()})

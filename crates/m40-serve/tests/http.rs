@@ -84,9 +84,11 @@ fn ollama_generate_streams_what_it_returns_whole() {
     assert!(n <= 12 && whole["done_reason"] == reason, "{whole}");
     let prompt_n = whole["prompt_eval_count"].as_u64().unwrap();
     assert!(prompt_n > 5);
+    // The context holds the prompt, the answer and the token that ended it.
+    let ended = u64::from(reason == "stop");
     assert_eq!(
         whole["context"].as_array().unwrap().len() as u64,
-        prompt_n + n
+        prompt_n + n + ended
     );
     for k in ["total_duration", "prompt_eval_duration", "eval_duration"] {
         assert!(whole[k].as_u64().unwrap() > 0, "{k}: {whole}");

@@ -254,6 +254,29 @@ impl Tokenizer {
         self.vocab.bos
     }
 
+    /// Fill-in-the-middle's prefix, suffix and middle tokens, where the
+    /// vocabulary has them (StarCoder's `<fim_prefix>`, Qwen2.5-Coder's
+    /// `<|fim_prefix|>`, DeepSeek-Coder's `<｜fim▁begin｜>`, CodeLlama's
+    /// `<PRE>`), as llama.cpp finds them.
+    pub fn fim_tokens(&self) -> Option<[u32; 3]> {
+        const SETS: [[&str; 3]; 5] = [
+            ["<fim_prefix>", "<fim_suffix>", "<fim_middle>"],
+            ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"],
+            ["<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"],
+            ["<PRE>", "<SUF>", "<MID>"],
+            ["▁<PRE>", "▁<SUF>", "▁<MID>"],
+        ];
+        SETS.iter().find_map(|set| {
+            let ids: Vec<u32> = set.iter().filter_map(|t| self.token_id(t)).collect();
+            <[u32; 3]>::try_from(ids).ok()
+        })
+    }
+
+    /// Whether encoding adds a BOS token (`tokenizer.ggml.add_bos_token`).
+    pub fn adds_bos(&self) -> bool {
+        self.vocab.add_bos
+    }
+
     pub fn eos(&self) -> Option<u32> {
         self.vocab.eos
     }

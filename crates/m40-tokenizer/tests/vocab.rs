@@ -214,3 +214,26 @@ fn harmony_ends_its_turn_at_return_or_call() {
     b.push_str(&special.finish().unwrap());
     assert_eq!((a.as_str(), b.as_str()), ("hi", "<|channel|>hi"));
 }
+
+/// Fill-in-the-middle tokens where the vocabularies have them.
+#[test]
+fn fim_tokens_are_found_where_they_exist() {
+    let Some(td) = common::testdata() else { return };
+    let tok = |name: &str| {
+        let f = GgufFile::open(td.join(format!("vocab/ggml-vocab-{name}.gguf"))).unwrap();
+        Tokenizer::from_gguf(&f).unwrap()
+    };
+    let names = |t: &Tokenizer| {
+        t.fim_tokens()
+            .map(|ids| ids.map(|i| t.piece(i).unwrap().to_string()))
+    };
+    assert_eq!(
+        names(&tok("starcoder")).unwrap(),
+        ["<fim_prefix>", "<fim_suffix>", "<fim_middle>"]
+    );
+    assert_eq!(
+        names(&tok("deepseek-coder")).unwrap(),
+        ["<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"]
+    );
+    assert_eq!(names(&tok("llama-spm")), None);
+}

@@ -114,3 +114,12 @@ pub fn sse(path: &str, body: Value) -> Vec<String> {
 pub fn greedy(n: u64) -> Value {
     json!({"temperature": 0, "num_predict": n})
 }
+
+/// Each (path, body, needle): a 400 whose body says `needle`.
+pub fn assert_400s(cases: &[(&str, Value, &str)]) {
+    for (path, body, needle) in cases {
+        let (s, text) = post_raw(path, &body.to_string());
+        assert_eq!(s, 400, "{path} {body}: {text}");
+        assert!(text.contains(needle), "{path}: {text}");
+    }
+}

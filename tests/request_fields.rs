@@ -1,16 +1,19 @@
-//! Long conversations (issue 57, point 6): a chat that outgrows the
-//! context loses its oldest turns after the system message, as Ollama's
-//! `truncate` does, and still answers; one that may not is refused; a
-//! continuation (`Request::prefix`, Ollama's `context`) keeps the ids.
+//! Request fields of issue 57, points 5 and 6, on both backends: a chat
+//! that outgrows the context loses its oldest turns after the system
+//! message, as Ollama's `truncate` does, and still answers (one that may
+//! not is refused); a continuation (`Request::prefix`, Ollama's `context`)
+//! keeps the ids; `logit_bias` bans and forces tokens (on the GPU through
+//! the host-sampled row); a fill-in-the-middle prompt needs FIM tokens.
 
 mod support;
 
-use m40_runtime::{CancelToken, EngineError, Message, Prompt, Request};
+use m40_runtime::{CancelToken, EngineError, Message, Prompt, Request, SamplingParams};
 use support::On;
 
 on_both!(
     old_turns_are_dropped_to_fit,
-    prefix_ids_continue_a_conversation
+    prefix_ids_continue_a_conversation,
+    logit_bias_bans_and_forces,
 );
 
 fn long_chat(turns: usize) -> Vec<Message> {
@@ -79,4 +82,40 @@ fn prefix_ids_continue_a_conversation(on: On) {
     );
     r.prefix = vec![u32::MAX];
     assert!(e.prepare(r).is_err(), "ids past the vocabulary are refused");
+}
+
+fn logit_bias_bans_and_forces(on: On) {
+    let e = support::smollm2_engine(on, 1024);
+    let mut r = Request::new(Prompt::Text("The capital of France is".into()));
+    r.max_tokens = Some(6);
+    r.sampling = SamplingParams {
+        temperature: 0.0,
+        ..Default::default()
+    };
+    let run = |r: &Request| {
+        e.generate(r, &CancelToken::new(), |_| {})
+            .unwrap()
+            .token_ids
+    };
+    let free = run(&r);
+    // Banned, the greedy first token is another.
+    r.logit_bias = vec![(free[0], -100.0)];
+    let banned = run(&r);
+    assert_ne!(banned[0], free[0]);
+    assert!(!banned.contains(&free[0]));
+    // Sampled with a large bias, one token is all there is.
+    let x = e.tokenizer().token_id("x").unwrap();
+    r.logit_bias = vec![(x, 100.0)];
+    r.sampling = SamplingParams {
+        temperature: 1.0,
+        seed: Some(3),
+        ..Default::default()
+    };
+    assert_eq!(run(&r), vec![x; 6]);
+    // Fill in the middle needs FIM tokens, which SmolLM2 has not.
+    let infill = Request::new(Prompt::Infill {
+        prefix: "def f(".into(),
+        suffix: "return x".into(),
+    });
+    assert!(matches!(e.prepare(infill), Err(EngineError::NoInfill)));
 }
