@@ -16,6 +16,14 @@ pub struct ChatOptions {
     pub max_tokens: Option<usize>,
     pub system: Option<String>,
     pub stop: Vec<String>,
+    /// A smaller context (`/set parameter num_ctx`).
+    pub num_ctx: Option<usize>,
+    /// Answers as JSON (`/set format json`).
+    pub json: bool,
+    /// Thinking on or off (`/set think`, `/set nothink`).
+    pub think: Option<m40_runtime::Think>,
+    /// No figures after each answer (`/set quiet`; `/set verbose` shows them).
+    pub quiet: bool,
 }
 
 /// One answer.
@@ -33,6 +41,9 @@ pub trait ChatBackend {
     /// Where the chat runs and what model: the first line of a chat, and
     /// `/show info`.
     fn describe(&self) -> Vec<String>;
+    /// The model's chat template, license or Modelfile (`/show`), where
+    /// known.
+    fn model_text(&self, what: &str) -> Option<String>;
     /// Answer the conversation so far, streaming text into `on_text`.
     fn answer(
         &self,
@@ -44,6 +55,25 @@ pub trait ChatBackend {
 }
 
 impl ChatBackend for Engine {
+    fn model_text(&self, what: &str) -> Option<String> {
+        let info = self.info();
+        let md = self.model_file().metadata();
+        match what {
+            "template" => Some(info.chat_template),
+            "license" => md
+                .opt_str("general.license")
+                .ok()
+                .flatten()
+                .map(str::to_string),
+            "modelfile" => Some(format!(
+                "FROM {}\nTEMPLATE \"\"\"{}\"\"\"\n",
+                info.path.display(),
+                info.chat_template
+            )),
+            _ => None,
+        }
+    }
+
     fn describe(&self) -> Vec<String> {
         let h = self.hparams();
         let f = self.model_file();
@@ -80,6 +110,9 @@ impl ChatBackend for Engine {
         req.sampling = opts.sampling.clone();
         req.max_tokens = opts.max_tokens;
         req.stop = opts.stop.clone();
+        req.context = opts.num_ctx;
+        req.think = opts.think.clone();
+        req.format = opts.json.then_some(m40_runtime::Format::Json);
         // A conversation that outgrew the context loses its oldest turns
         // (after the system message), as Ollama's does, and says so; a last
         // message that alone does not fit loses its start.
@@ -92,39 +125,63 @@ impl ChatBackend for Engine {
                 prepared.dropped_messages()
             );
         }
-        // A model's reasoning is shown as Ollama's CLI shows it, before
-        // the answer; the history keeps only the answer.
-        let mut thinking = false;
-        let c = self.run(&prepared, cancel, |ev| {
-            if !ev.thinking.is_empty() {
-                if !thinking {
-                    on_text("Thinking...\n");
-                    thinking = true;
-                }
-                on_text(&ev.thinking);
-            }
-            if thinking && !ev.text.is_empty() {
-                on_text("\n...done thinking.\n\n");
-                thinking = false;
-            }
-            on_text(&ev.text)
-        })?;
+        // The history keeps only the answer.
+        let mut show = Shown::default();
+        let c = self.run(&prepared, cancel, |ev| on_text(&show.text(ev)))?;
         Ok(Turn {
             cancelled: c.finish_reason == FinishReason::Cancelled,
             stats: rates(
                 c.timings.prompt_tokens as u64,
-                c.timings.prompt_tokens_per_s(),
+                c.timings.prompt_ms,
                 c.timings.generated_tokens as u64,
-                c.timings.generation_tokens_per_s(),
+                c.timings.generation_ms,
             ),
             text: c.text,
         })
     }
 }
 
-/// The figures every answer reports.
-pub fn rates(prompt: u64, prompt_per_s: f64, generated: u64, generated_per_s: f64) -> String {
-    format!("{prompt} prompt tokens at {prompt_per_s:.1} t/s, {generated} generated at {generated_per_s:.1} t/s")
+/// What the terminal shows of a streamed answer: a model's reasoning
+/// before the answer, as Ollama's CLI shows it.
+#[derive(Default)]
+pub struct Shown {
+    thinking: bool,
+}
+
+impl Shown {
+    pub fn text(&mut self, ev: &m40_runtime::TokenEvent) -> String {
+        let mut s = String::new();
+        if !ev.thinking.is_empty() {
+            if !self.thinking {
+                s.push_str("Thinking...\n");
+                self.thinking = true;
+            }
+            s.push_str(&ev.thinking);
+        }
+        if self.thinking && !ev.text.is_empty() {
+            s.push_str("\n...done thinking.\n\n");
+            self.thinking = false;
+        }
+        s.push_str(&ev.text);
+        s
+    }
+}
+
+/// The figures every answer reports: counts, and rates where they mean
+/// something (a rate over less than a millisecond, or of nothing, does not).
+pub fn rates(prompt: u64, prompt_ms: f64, generated: u64, generated_ms: f64) -> String {
+    let part = |n: u64, ms: f64, what: &str| {
+        if n == 0 || ms < 1.0 {
+            format!("{n} {what}")
+        } else {
+            format!("{n} {what} at {:.1} t/s", n as f64 / (ms / 1e3))
+        }
+    };
+    format!(
+        "{}, {}",
+        part(prompt, prompt_ms, "prompt tokens"),
+        part(generated, generated_ms, "generated")
+    )
 }
 
 /// Install a Ctrl-C handler that cancels `cancel` (once per process).
@@ -139,9 +196,16 @@ Commands:
   /set parameter NAME VALUE   temperature, top_k, top_p, min_p, repeat_penalty,
                               repeat_last_n, presence_penalty, frequency_penalty,
                               seed, num_predict, stop (repeat /set to add stops)
+                              num_ctx (a smaller context)
   /set system TEXT            a system message (starts the conversation over)
+  /set format json            answers as JSON (/set noformat: free text)
+  /set think, /set nothink    thinking on or off (models that think)
+  /set verbose, /set quiet    figures after each answer, or not
+  /set nowordwrap             (m40-llm never wraps words)
   /show info                  the model and where it runs
   /show parameters            the sampling settings in use
+  /show system|template|modelfile|license
+  \"\"\"                         begins and ends a message of several lines
   /clear                      start the conversation over (also /reset)
   /bye                        quit (also /exit, Ctrl-D)
   /?                          this help
@@ -192,6 +256,12 @@ fn set_parameter(opts: &mut ChatOptions, name: &str, value: &str) -> Result<Stri
             }
         }
         "stop" => next.stop.push(value.to_string()),
+        "num_ctx" => {
+            next.num_ctx = match int()? {
+                n if n <= 0 => return Err(format!("num_ctx must be positive, not {n}")),
+                n => Some(n as usize),
+            }
+        }
         _ => {
             return Err(format!(
                 "unknown parameter `{name}`; see /? for the ones there are"
@@ -239,6 +309,41 @@ fn command(line: &str, opts: &mut ChatOptions, backend: &dyn ChatBackend) -> Act
         ("/?" | "/help", _) => Action::Say(HELP.into()),
         ("/show", ["info"]) => Action::Say(backend.describe().join("\n")),
         ("/show", ["parameters"]) => Action::Say(show_parameters(opts)),
+        ("/show", ["system"]) => Action::Say(
+            opts.system
+                .clone()
+                .unwrap_or_else(|| "(no system message)".into()),
+        ),
+        ("/show", [what @ ("template" | "modelfile" | "license")]) => Action::Say(
+            backend
+                .model_text(what)
+                .unwrap_or_else(|| format!("(the model has no {what})")),
+        ),
+        ("/set", ["format", "json"]) => {
+            opts.json = true;
+            Action::Say("set format to json".into())
+        }
+        ("/set", ["noformat"]) => {
+            opts.json = false;
+            Action::Say("format cleared".into())
+        }
+        ("/set", ["think"]) => {
+            opts.think = Some(m40_runtime::Think::On);
+            Action::Say("thinking on".into())
+        }
+        ("/set", ["nothink"]) => {
+            opts.think = Some(m40_runtime::Think::Off);
+            Action::Say("thinking off".into())
+        }
+        ("/set", ["verbose"]) => {
+            opts.quiet = false;
+            Action::Say("figures on".into())
+        }
+        ("/set", ["quiet"]) => {
+            opts.quiet = true;
+            Action::Say("figures off".into())
+        }
+        ("/set", ["nowordwrap"]) => Action::Say("word wrap is off (m40-llm never wraps)".into()),
         ("/set", ["parameter", name, value @ ..]) if !value.is_empty() => {
             match set_parameter(opts, name, &value.join(" ")) {
                 Ok(msg) => Action::Say(msg),
@@ -253,6 +358,39 @@ fn command(line: &str, opts: &mut ChatOptions, backend: &dyn ChatBackend) -> Act
             Action::Say(format!("error: incomplete or unknown `{line}`\n{HELP}"))
         }
         _ => Action::Say(format!("unknown command `{cmd}`\n{HELP}")),
+    }
+}
+
+/// Answer the last message of `history`, printing the answer and its
+/// figures; the answer joins the history (a failed one takes the message
+/// back out).
+fn answer_turn(
+    backend: &dyn ChatBackend,
+    history: &mut Vec<Message>,
+    opts: &ChatOptions,
+    cancel: &CancelToken,
+) {
+    let stdout = std::io::stdout();
+    let result = backend.answer(history, opts, cancel, &mut |text| {
+        let mut out = stdout.lock();
+        let _ = out.write_all(text.as_bytes());
+        let _ = out.flush();
+    });
+    println!();
+    match result {
+        Ok(turn) => {
+            if turn.cancelled {
+                eprintln!("(stopped)");
+            }
+            if !opts.quiet {
+                eprintln!("[{}]", turn.stats);
+            }
+            history.push(Message::new("assistant", turn.text));
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            history.pop();
+        }
     }
 }
 
@@ -286,10 +424,38 @@ pub fn run(backend: &dyn ChatBackend, opts: &ChatOptions) -> Result<()> {
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e.into()),
         };
-        let line = line.trim();
+        let mut line = line.trim().to_string();
         if line.is_empty() {
             continue;
         }
+        // `"""` begins a message of several lines, up to a line that ends
+        // with `"""`.
+        if let Some(first) = line.strip_prefix("\"\"\"") {
+            let mut text = first.to_string();
+            let mut closed = text.ends_with("\"\"\"") && !text.is_empty();
+            while !closed {
+                eprint!("... ");
+                std::io::stderr().flush()?;
+                let Some(next) = lines.next() else { break };
+                let next = next?;
+                closed = next.trim_end().ends_with("\"\"\"");
+                text.push('\n');
+                text.push_str(&next);
+            }
+            let text = text.trim_end();
+            line = text
+                .strip_suffix("\"\"\"")
+                .unwrap_or(text)
+                .trim()
+                .to_string();
+            if line.is_empty() {
+                continue;
+            }
+            history.push(Message::new("user", line.clone()));
+            answer_turn(backend, &mut history, &opts, &cancel);
+            continue;
+        }
+        let line = line.as_str();
         if line.starts_with('/') {
             match command(line, &mut opts, backend) {
                 Action::Quit => break,
@@ -302,26 +468,7 @@ pub fn run(backend: &dyn ChatBackend, opts: &ChatOptions) -> Result<()> {
             continue;
         }
         history.push(Message::new("user", line));
-        let stdout = std::io::stdout();
-        let result = backend.answer(&history, &opts, &cancel, &mut |text| {
-            let mut out = stdout.lock();
-            let _ = out.write_all(text.as_bytes());
-            let _ = out.flush();
-        });
-        println!();
-        match result {
-            Ok(turn) => {
-                if turn.cancelled {
-                    eprintln!("(stopped)");
-                }
-                eprintln!("[{}]", turn.stats);
-                history.push(Message::new("assistant", turn.text));
-            }
-            Err(e) => {
-                eprintln!("error: {e:#}");
-                history.pop();
-            }
-        }
+        answer_turn(backend, &mut history, &opts, &cancel);
     }
     Ok(())
 }
@@ -332,6 +479,9 @@ mod tests {
 
     struct Fake;
     impl ChatBackend for Fake {
+        fn model_text(&self, what: &str) -> Option<String> {
+            (what == "template").then(|| "{{ messages }}".into())
+        }
         fn describe(&self) -> Vec<String> {
             vec!["running on the CPU".into(), "model: m".into()]
         }
@@ -392,6 +542,22 @@ mod tests {
             Action::Clear(_)
         ));
         assert_eq!(o.system.as_deref(), Some("Be terse."));
+        // Ollama's other commands.
+        assert_eq!(say(command("/show system", &mut o, &Fake)), "Be terse.");
+        assert_eq!(
+            say(command("/show template", &mut o, &Fake)),
+            "{{ messages }}"
+        );
+        assert!(say(command("/show license", &mut o, &Fake)).contains("no license"));
+        say(command("/set format json", &mut o, &Fake));
+        say(command("/set nothink", &mut o, &Fake));
+        say(command("/set quiet", &mut o, &Fake));
+        say(command("/set parameter num_ctx 256", &mut o, &Fake));
+        assert!(o.json && o.quiet && o.num_ctx == Some(256));
+        assert_eq!(o.think, Some(m40_runtime::Think::Off));
+        assert!(say(command("/set parameter num_ctx 0", &mut o, &Fake)).starts_with("error:"));
+        say(command("/set noformat", &mut o, &Fake));
+        assert!(!o.json);
         // Unknown commands are answered with the help, never sent to the model.
         let m = say(command("/frobnicate now", &mut o, &Fake));
         assert!(

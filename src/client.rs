@@ -300,19 +300,12 @@ pub fn options(opts: &ChatOptions, num_ctx: Option<usize>) -> Value {
 /// One line of figures from a final Ollama object.
 pub fn stats_line(done: &Value, first_token: Option<Duration>) -> String {
     let n = |k: &str| done[k].as_u64().unwrap_or(0);
-    let rate = |count: u64, ns: u64| {
-        if ns > 0 {
-            count as f64 / (ns as f64 / 1e9)
-        } else {
-            0.0
-        }
-    };
-    let (prompt, generated) = (n("prompt_eval_count"), n("eval_count"));
+    let ms = |k: &str| n(k) as f64 / 1e6;
     let mut s = crate::chat::rates(
-        prompt,
-        rate(prompt, n("prompt_eval_duration")),
-        generated,
-        rate(generated, n("eval_duration")),
+        n("prompt_eval_count"),
+        ms("prompt_eval_duration"),
+        n("eval_count"),
+        ms("eval_duration"),
     );
     if let Some(t) = first_token {
         s += &format!(", first token after {:.0} ms", t.as_secs_f64() * 1e3);
@@ -331,6 +324,17 @@ pub struct RemoteChat {
 }
 
 impl ChatBackend for RemoteChat {
+    fn model_text(&self, what: &str) -> Option<String> {
+        let show = self
+            .client
+            .post_json("/api/show", &json!({ "model": self.model }))
+            .ok()?;
+        show[what]
+            .as_str()
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+    }
+
     fn describe(&self) -> Vec<String> {
         let mut lines = vec![format!(
             "running on the server at {} ({} loaded there)",
@@ -372,17 +376,38 @@ impl ChatBackend for RemoteChat {
             .iter()
             .map(|m| json!({"role": m.role, "content": m.content}))
             .collect();
-        let body = json!({
+        let mut body = json!({
             "model": self.model,
             "messages": messages,
             "stream": true,
-            "options": options(opts, self.num_ctx),
+            "options": options(opts, opts.num_ctx.or(self.num_ctx)),
         });
+        if opts.json {
+            body["format"] = json!("json");
+        }
+        match opts.think {
+            Some(m40_runtime::Think::On) => body["think"] = json!(true),
+            Some(m40_runtime::Think::Off) => body["think"] = json!(false),
+            Some(m40_runtime::Think::Effort(ref e)) => body["think"] = json!(e),
+            None => {}
+        }
         let start = Instant::now();
         let mut first = None;
         let mut text = String::new();
+        let mut thinking = false;
         let done = self.client.stream("/api/chat", &body, cancel, &mut |v| {
-            if let Some(t) = v["message"]["content"].as_str() {
+            if let Some(t) = v["message"]["thinking"].as_str().filter(|t| !t.is_empty()) {
+                if !thinking {
+                    on_text("Thinking...\n");
+                    thinking = true;
+                }
+                on_text(t);
+            }
+            if let Some(t) = v["message"]["content"].as_str().filter(|t| !t.is_empty()) {
+                if thinking {
+                    on_text("\n...done thinking.\n\n");
+                    thinking = false;
+                }
                 first.get_or_insert_with(|| start.elapsed());
                 text.push_str(t);
                 on_text(t);

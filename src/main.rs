@@ -93,6 +93,7 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.is::<cmd::run::Interrupted>() => ExitCode::from(130),
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE

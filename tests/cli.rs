@@ -519,12 +519,32 @@ fn run_one_shot_and_interactive() {
     );
     // No prompt: a chat on stdin; /reset and /exit work, each answer reports tokens/s.
     let mut cmd = bin();
-    cmd.arg("run").arg(&model).args(["--temp", "0", "-n", "5"]);
+    cmd.arg("run")
+        .arg(&model)
+        .args(["--chat", "--temp", "0", "-n", "5"]);
     let o = with_stdin(cmd, b"Hi\n/reset\nAgain\n/exit\nnever read\n");
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");
     assert_eq!(err.matches("generated at").count(), 2, "{err}");
     assert!(err.contains("(conversation cleared)"), "{err}");
+    // `"""` begins and ends one message of several lines; /set quiet
+    // drops the figures.
+    let mut cmd = bin();
+    cmd.arg("run")
+        .arg(&model)
+        .args(["--chat", "--temp", "0", "-n", "3"]);
+    let o = with_stdin(
+        cmd,
+        b"\"\"\"first line\nsecond line\nthird\"\"\"\n/set quiet\nHi\n/bye\n",
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert_eq!(err.matches("generated at").count(), 1, "{err}");
+    assert_eq!(
+        err.matches("... ").count(),
+        2,
+        "two continuation lines: {err}"
+    );
 }
 
 #[test]
@@ -619,16 +639,63 @@ fn impossible_limits_and_nonsense_settings_are_clear_errors() {
         ),
         ("--presence-penalty", "9", "--presence-penalty"),
     ] {
-        let o = bin()
-            .arg("run")
-            .arg(&model)
-            .arg("hi")
-            .arg(format!("{flag}={value}"))
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert!(!o.status.success() && err.contains(says), "{flag}: {err}");
+        // `--temp=-1` and `--temp -1` alike (a negative value after a
+        // space is a value, not clap's `-- -1` tip).
+        for args in [
+            vec![format!("{flag}={value}")],
+            vec![flag.into(), value.into()],
+        ] {
+            let o = bin()
+                .arg("run")
+                .arg(&model)
+                .arg("hi")
+                .args(&args)
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(!o.status.success() && err.contains(says), "{args:?}: {err}");
+        }
     }
+    // Piped input comes before the prompt, all of it one prompt (more
+    // prompt tokens than the prompt alone); a piped chat is one prompt too.
+    let prompt_tokens = |o: std::process::Output| -> u64 {
+        let err = String::from_utf8_lossy(&o.stderr).to_string();
+        assert!(o.status.success(), "{err}");
+        let at = err.find(" prompt tokens").expect("a stats line");
+        err[..at]
+            .rsplit('[')
+            .next()
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let run = || {
+        let mut c = bin();
+        c.arg("run")
+            .arg(&model)
+            .args(["--temp", "0", "-n", "2", "--cpu"]);
+        c
+    };
+    let alone = prompt_tokens(with_stdin(
+        {
+            let mut c = run();
+            c.arg("summarize");
+            c
+        },
+        b"",
+    ));
+    let piped = prompt_tokens(with_stdin(
+        {
+            let mut c = run();
+            c.arg("summarize");
+            c
+        },
+        b"first line\nsecond line\n",
+    ));
+    assert!(piped > alone + 4, "{piped} vs {alone}");
+    let whole = prompt_tokens(with_stdin(run(), b"first line\nsecond line\n"));
+    assert!(whole > 4);
     // A directory, a file a byte short: the fact and the size.
     let o = bin().arg("show").arg(dir.path()).output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
@@ -646,7 +713,7 @@ fn ollama_habits_in_the_cli_and_the_chat() {
     let mut cmd = bin();
     cmd.arg("run")
         .arg(&model)
-        .args(["--temp", "0", "-n", "3", "--cpu"]);
+        .args(["--chat", "--temp", "0", "-n", "3", "--cpu"]);
     let o = with_stdin(
         cmd,
         b"/?\n/set parameter temperature 0.5\n/set parameter top_p 7\n/show parameters\n/show info\n/nonsense\nHi\n/clear\n/bye\nnever read\n",

@@ -46,7 +46,7 @@ fn run_uses_a_server_that_has_the_model_loaded() {
     cmd.env("M40_HOST", &host)
         .arg("run")
         .arg(&model)
-        .args(["--temp", "0", "-n", "4"]);
+        .args(["--chat", "--temp", "0", "-n", "4"]);
     let o = with_stdin(cmd, b"Hi\nAgain\n/exit\n");
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(

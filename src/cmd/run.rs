@@ -8,11 +8,16 @@ use m40_llm::client::{self, Client, RemoteChat};
 use m40_runtime::{CancelToken, Engine, Message, Prompt, Request, SamplingParams};
 use serde_json::json;
 
+// Negative values after a space (`--temp -1`) are values, so that the
+// range check names them, not clap's `-- -1` tip.
 #[derive(clap::Args)]
+#[command(allow_negative_numbers = true)]
 pub struct Args {
     /// A GGUF path or a store name.
     pub model: String,
-    /// The prompt; without one, an interactive chat starts.
+    /// The prompt; without one, an interactive chat starts. Piped input
+    /// (`cat notes.txt | m40-llm run MODEL "summarize"`) comes before it;
+    /// all of it is one prompt.
     pub prompt: Option<String>,
     /// Temperature (0 = greedy).
     #[arg(long, default_value_t = 0.8)]
@@ -44,6 +49,10 @@ pub struct Args {
     /// Send the prompt as is, without the chat template.
     #[arg(long)]
     pub raw: bool,
+    /// Chat even when stdin is not a terminal: each line is a message, as
+    /// typed (without it, piped input is one prompt).
+    #[arg(long, conflicts_with = "prompt")]
+    pub chat: bool,
     /// After generating, print {"text", "token_ids", "finish_reason", "timings"} on the last line
     /// (in-process: implies --local).
     #[arg(long)]
@@ -75,8 +84,42 @@ fn check_sampling(opts: &ChatOptions) -> Result<()> {
     })
 }
 
-pub fn run(a: Args) -> Result<()> {
+/// A generation stopped by Ctrl-C: the command exits non-zero (130, as a
+/// shell reports SIGINT) without an error message.
+#[derive(Debug)]
+pub struct Interrupted;
+
+impl std::fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("interrupted")
+    }
+}
+
+impl std::error::Error for Interrupted {}
+
+/// The prompt: the argument, after whatever was piped into stdin (all of
+/// it one prompt); None for a chat (a terminal and no argument).
+fn prompt_with_stdin(arg: Option<String>) -> Result<Option<String>> {
+    use std::io::{IsTerminal, Read};
+    let stdin = std::io::stdin();
+    if stdin.is_terminal() {
+        return Ok(arg);
+    }
+    let mut piped = String::new();
+    stdin.lock().read_to_string(&mut piped)?;
+    let piped = piped.trim_end();
+    Ok(match (piped.is_empty(), arg) {
+        (true, arg) => arg,
+        (false, None) => Some(piped.to_string()),
+        (false, Some(a)) => Some(format!("{piped}\n\n{a}")),
+    })
+}
+
+pub fn run(mut a: Args) -> Result<()> {
     check_sampling(&chat_options(&a))?;
+    if !a.chat {
+        a.prompt = prompt_with_stdin(a.prompt.take())?;
+    }
     if !(a.local || a.json || a.device.cpu || a.device.gpu.is_some()) {
         if let Some(client) = Client::probe() {
             match client.serving(&a.model) {
@@ -116,9 +159,10 @@ pub fn run(a: Args) -> Result<()> {
     let cancel = CancelToken::new();
     chat::cancel_on_ctrl_c(&cancel);
     let stdout = std::io::stdout();
+    let mut show = chat::Shown::default();
     let c = engine.generate(&req, &cancel, |ev| {
         let mut out = stdout.lock();
-        let _ = out.write_all(ev.text.as_bytes());
+        let _ = out.write_all(show.text(ev).as_bytes());
         let _ = out.flush();
     })?;
     println!();
@@ -127,9 +171,9 @@ pub fn run(a: Args) -> Result<()> {
         "[{}, first token after {:.0} ms, {:?}]",
         chat::rates(
             t.prompt_tokens as u64,
-            t.prompt_tokens_per_s(),
+            t.prompt_ms,
             t.generated_tokens as u64,
-            t.generation_tokens_per_s()
+            t.generation_ms
         ),
         t.time_to_first_token_ms,
         c.finish_reason
@@ -139,6 +183,9 @@ pub fn run(a: Args) -> Result<()> {
             "{}",
             json!({"text": c.text, "token_ids": c.token_ids, "finish_reason": c.finish_reason, "timings": c.timings})
         );
+    }
+    if c.finish_reason == m40_runtime::FinishReason::Cancelled {
+        return Err(Interrupted.into());
     }
     Ok(())
 }
@@ -159,6 +206,7 @@ fn chat_options(a: &Args) -> ChatOptions {
         max_tokens: a.n_predict,
         system: a.system.clone(),
         stop: a.stop.clone(),
+        ..ChatOptions::default()
     }
 }
 
@@ -206,7 +254,10 @@ fn run_remote(a: Args, client: Client, name: String) -> Result<()> {
     println!();
     match done {
         Some(d) => eprintln!("[{}]", client::stats_line(&d, first)),
-        None => eprintln!("(stopped)"),
+        None => {
+            eprintln!("(stopped)");
+            return Err(Interrupted.into());
+        }
     }
     Ok(())
 }

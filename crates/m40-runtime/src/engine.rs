@@ -636,7 +636,14 @@ impl Engine {
         let tail = if stops.stopped {
             String::new()
         } else {
-            stops.finish(&stream.finish()?)
+            let mut rest = stream.finish()?;
+            // An answer cut short may end inside a character: its bytes
+            // are dropped, never shown as U+FFFD.
+            if finish != FinishReason::Stop {
+                let whole = rest.trim_end_matches('\u{FFFD}').len();
+                rest.truncate(whole);
+            }
+            stops.finish(&rest)
         };
         let p = read(tail, &mut reader, true);
         if !p.is_empty() {
