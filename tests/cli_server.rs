@@ -153,3 +153,55 @@ fn a_server_with_an_api_key_says_so() {
         "{err}"
     );
 }
+
+/// The first Ctrl-C lets requests in flight finish; a second stops the
+/// server at once (exit status 130).
+#[cfg(unix)]
+#[test]
+fn a_second_ctrl_c_stops_the_server_at_once() {
+    use std::io::Write;
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    // A model slow enough on the CPU that its answer outlasts the test.
+    let model = dir.path().join("small.gguf");
+    ok(bin()
+        .args(["synth", "--shape", "smollm2-135m", "--type", "Q4_0"])
+        .arg(&model)
+        .output()
+        .unwrap());
+    let (mut server, host) = serve(&model, &dir.path().join("store"), &["--ctx", "8192"]);
+    // A streamed request whose client never reads: it stays in flight.
+    let mut client = std::net::TcpStream::connect(&host).unwrap();
+    let body = r#"{"model": "x", "prompt": "hi", "options": {"num_predict": 100000}}"#;
+    let body = body.replace("\"x\"", &format!("{:?}", model.display().to_string()));
+    write!(
+        client,
+        "POST /api/generate HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let pid = server.0.id() as i32;
+    // SAFETY: sends a signal to the child this test started.
+    unsafe { libc::kill(pid, libc::SIGINT) };
+    std::thread::sleep(Duration::from_millis(700));
+    assert!(
+        server.0.try_wait().unwrap().is_none(),
+        "the first Ctrl-C waits for the request"
+    );
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGINT) };
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = server.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the second Ctrl-C did not stop it"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(130));
+    drop(client);
+}

@@ -38,3 +38,24 @@ fn default_model_is_fetched_verified_and_listed() {
     );
     assert!(hp.tied_output);
 }
+
+/// `bench` without a model benchmarks the default model (here on the CPU),
+/// each row printed as its test finishes.
+#[test]
+fn bench_without_a_model_uses_the_default_model() {
+    let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("models");
+    Store::new(&root).ensure_default(&mut |_: &str| {}).unwrap();
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_m40-llm"))
+        .env("M40_MODELS", &root)
+        .args(["bench", "--cpu", "-p", "16", "-n", "2", "-r", "1"])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(out.starts_with(DEFAULT_MODEL), "{out}");
+    assert!(out.contains("| pp16 |") && out.contains("| tg2 |"), "{out}");
+}

@@ -390,7 +390,12 @@ pub fn run(a: Args) -> Result<()> {
             write_model(file, &SynthOptions { shape, ty, seed: 0 }, |_, _| {})?;
             (path, format!("{} {} (random)", shape.name, ty.name()))
         }
-        _ => bail!("name a model, or a shape with --shape"),
+        // No model: the default model, as `run` does.
+        (None, None) => (
+            super::resolve_model(None)?,
+            m40_runtime::store::DEFAULT_MODEL.to_string(),
+        ),
+        (Some(_), Some(_)) => bail!("name a model, or a shape with --shape, not both"),
     };
     if !a.batch.is_empty() {
         return super::bench_batch::run(&path, &label, &a);
@@ -427,20 +432,61 @@ fn bench(path: &PathBuf, label: &str, a: &Args) -> Result<()> {
         },
     )?;
     eprintln!("loaded in {:.1} s", t0.elapsed().as_secs_f64());
+    let size = model.file().file_size();
+    let params = model.file().n_params();
+    if !a.json {
+        println!(
+            "device: {} ({} SMs); ceilings: read {:.0} GB/s, FP32 FMA {:.1} TFLOP/s",
+            info.name, info.sm_count, c.read_gbps, c.fp32_tflops
+        );
+        println!(
+            "model: {label}: {:.2} GiB, {:.2} B params, weights {}; decode graph: {}\n",
+            gib(size),
+            params as f64 / 1e9,
+            match (a.gguf_layout, a.no_fuse) {
+                (true, _) => "in GGUF rows",
+                (false, true) => "packed",
+                (false, false) => "packed, Q/K/V and gate/up stacked",
+            },
+            match (a.persistent, a.warp_attention) {
+                (false, false) => "a launch per kernel",
+                (false, true) => "a launch per kernel, attention in the warp kernel",
+                (true, _) => "the persistent decode kernel",
+            }
+        );
+        println!("| test               |       t/s |        achieved | share of ceiling |");
+        println!("| ------------------ | --------: | --------------: | ---------------: |");
+    }
+    // Each row is printed as its test finishes.
     let mut results = Vec::new();
+    let mut row = |r: TestResult| {
+        if !a.json {
+            use std::io::Write;
+            println!(
+                "| {:<18} | {:>9.1} | {:>7.2} {:<7} | {:>15.1}% |",
+                r.name,
+                r.tokens_per_s,
+                r.achieved,
+                r.unit,
+                100.0 * r.share
+            );
+            let _ = std::io::stdout().flush();
+        }
+        results.push(r);
+    };
     if a.n_prompt > 0 {
-        results.push(pp_test(&g, a.n_prompt, a.reps, &c)?);
+        row(pp_test(&g, a.n_prompt, a.reps, &c)?);
     }
     if a.n_gen > 0 {
-        results.push(tg_test(&g, &model, a.n_gen, 0, a.reps, &c)?);
+        row(tg_test(&g, &model, a.n_gen, 0, a.reps, &c)?);
         if a.depth > 0 {
-            results.push(tg_test(&g, &model, a.n_gen, a.depth, a.reps, &c)?);
+            row(tg_test(&g, &model, a.n_gen, a.depth, a.reps, &c)?);
         }
         // Decode steps launched kernel by kernel instead of replayed from the graph.
         g.set_graphs(false);
         let mut r = tg_test(&g, &model, a.n_gen, 0, a.reps, &c)?;
         r.name = format!("{} (no graph)", r.name);
-        results.push(r);
+        row(r);
         g.set_graphs(true);
     }
     if !a.no_llama_bench {
@@ -450,8 +496,6 @@ fn bench(path: &PathBuf, label: &str, a: &Args) -> Result<()> {
             }
         }
     }
-    let size = model.file().file_size();
-    let params = model.file().n_params();
     if a.json {
         let v = json!({
             "device": info.name,
@@ -473,60 +517,24 @@ fn bench(path: &PathBuf, label: &str, a: &Args) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
-    println!(
-        "device: {} ({} SMs); ceilings: read {:.0} GB/s, FP32 FMA {:.1} TFLOP/s",
-        info.name, info.sm_count, c.read_gbps, c.fp32_tflops
-    );
-    println!(
-        "model: {label}: {:.2} GiB, {:.2} B params, weights {}; decode graph: {}\n",
-        gib(size),
-        params as f64 / 1e9,
-        match (a.gguf_layout, a.no_fuse) {
-            (true, _) => "in GGUF rows",
-            (false, true) => "packed",
-            (false, false) => "packed, Q/K/V and gate/up stacked",
-        },
-        match (a.persistent, a.warp_attention) {
-            (false, false) => "a launch per kernel",
-            (false, true) => "a launch per kernel, attention in the warp kernel",
-            (true, _) => "the persistent decode kernel",
-        }
-    );
-    let has_lb = results.iter().any(|r| r.llama_cpp.is_some());
-    print!("| test               |       t/s |        achieved | share of ceiling |");
-    println!(
-        "{}",
-        if has_lb {
-            " llama.cpp t/s | ratio |"
-        } else {
-            ""
-        }
-    );
-    print!("| ------------------ | --------: | --------------: | ---------------: |");
-    println!(
-        "{}",
-        if has_lb {
-            " ------------: | ----: |"
-        } else {
-            ""
-        }
-    );
-    for r in &results {
-        print!(
-            "| {:<18} | {:>9.1} | {:>7.2} {:<7} | {:>15.1}% |",
-            r.name,
-            r.tokens_per_s,
-            r.achieved,
-            r.unit,
-            100.0 * r.share
-        );
-        if has_lb {
+    // llama.cpp on the same GPU and file, once llama-bench has run.
+    if results.iter().any(|r| r.llama_cpp.is_some()) {
+        println!("\n| test               |       t/s | llama.cpp t/s | ratio |");
+        println!("| ------------------ | --------: | ------------: | ----: |");
+        for r in &results {
             match r.llama_cpp {
-                Some(t) => print!(" {t:>13.1} | {:>5.2} |", r.tokens_per_s / t),
-                None => print!(" {:>13} | {:>5} |", "-", "-"),
+                Some(t) => println!(
+                    "| {:<18} | {:>9.1} | {t:>13.1} | {:>5.2} |",
+                    r.name,
+                    r.tokens_per_s,
+                    r.tokens_per_s / t
+                ),
+                None => println!(
+                    "| {:<18} | {:>9.1} | {:>13} | {:>5} |",
+                    r.name, r.tokens_per_s, "-", "-"
+                ),
             }
         }
-        println!();
     }
     Ok(())
 }

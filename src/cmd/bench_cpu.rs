@@ -50,7 +50,28 @@ pub fn run(path: &Path, label: &str, a: &Args) -> Result<()> {
     // KV pages for one sequence of the longer test.
     let cpu = CpuBackend::with_kv(model, math, a.n_prompt.max(a.n_gen))?;
     let n_vocab = cpu.hparams().n_vocab;
+    let math_name = match math {
+        CpuMath::Quantized => "8-bit inputs",
+        CpuMath::Exact => "exact",
+    };
+    if !a.json {
+        println!(
+            "{label}, CPU, {threads} threads, {math_name}, median of {} runs",
+            a.reps.max(1)
+        );
+        println!("| test | t/s | min | max |");
+        println!("|---|---|---|---|");
+    }
+    // Each row is printed as its test finishes.
     let mut rows = Vec::new();
+    let mut row = |name: String, (med, lo, hi): (f64, f64, f64)| {
+        if !a.json {
+            use std::io::Write;
+            println!("| {name} | {med:.1} | {lo:.1} | {hi:.1} |");
+            let _ = std::io::stdout().flush();
+        }
+        rows.push((name, (med, lo, hi)));
+    };
     pool.install(|| -> Result<()> {
         if a.n_prompt > 0 {
             let toks = random_tokens(a.n_prompt, n_vocab, 1);
@@ -59,7 +80,7 @@ pub fn run(path: &Path, label: &str, a: &Args) -> Result<()> {
                 cpu.forward(&mut cache, &toks, Logits::Last)?;
                 Ok(())
             })?;
-            rows.push((format!("pp{}", a.n_prompt), r));
+            row(format!("pp{}", a.n_prompt), r);
         }
         if a.n_gen > 0 {
             let toks = random_tokens(a.n_gen, n_vocab, 2);
@@ -70,14 +91,10 @@ pub fn run(path: &Path, label: &str, a: &Args) -> Result<()> {
                 }
                 Ok(())
             })?;
-            rows.push((format!("tg{}", a.n_gen), r));
+            row(format!("tg{}", a.n_gen), r);
         }
         Ok(())
     })?;
-    let math_name = match math {
-        CpuMath::Quantized => "8-bit inputs",
-        CpuMath::Exact => "exact",
-    };
     if a.json {
         let tests: Vec<_> = rows
             .iter()
@@ -87,16 +104,6 @@ pub fn run(path: &Path, label: &str, a: &Args) -> Result<()> {
             "{}",
             json!({"model": label, "backend": "cpu", "threads": threads, "math": math_name, "tests": tests})
         );
-    } else {
-        println!(
-            "{label}, CPU, {threads} threads, {math_name}, median of {} runs",
-            a.reps.max(1)
-        );
-        println!("| test | t/s | min | max |");
-        println!("|---|---|---|---|");
-        for (name, (med, lo, hi)) in &rows {
-            println!("| {name} | {med:.1} | {lo:.1} | {hi:.1} |");
-        }
     }
     Ok(())
 }

@@ -19,7 +19,8 @@ use m40_runtime::store::Store;
 pub fn resolve_model(model: Option<&str>) -> Result<PathBuf> {
     let store = Store::from_env()?;
     let name = model.unwrap_or(m40_runtime::store::DEFAULT_MODEL);
-    Ok(store.resolve(name, &mut |msg: &str| eprintln!("{msg}"))?)
+    // A model fetched on first use shows its download as `pull` does.
+    Ok(store.resolve(name, &mut store::Bar::default())?)
 }
 
 /// Where a model runs: `--cpu`, `--gpu N`, or the GPU when there is one.

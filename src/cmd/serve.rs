@@ -92,7 +92,13 @@ pub fn run(a: Args) -> Result<()> {
         eprintln!("m40-llm serving {name} on http://{local}");
         m40_serve::serve(listener, state, async {
             let _ = tokio::signal::ctrl_c().await;
-            eprintln!("shutting down: finishing requests in flight");
+            eprintln!("shutting down: finishing requests in flight (Ctrl-C again stops at once)");
+            // A second Ctrl-C does not wait for them.
+            tokio::spawn(async {
+                let _ = tokio::signal::ctrl_c().await;
+                eprintln!("stopped");
+                std::process::exit(130);
+            });
         })
         .await?;
         Ok(())

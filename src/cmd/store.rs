@@ -38,7 +38,7 @@ pub struct RmArgs {
 
 /// Steps on stderr, downloads as a progress bar (drawn only on a terminal).
 #[derive(Default)]
-struct Bar(Option<ProgressBar>);
+pub struct Bar(Option<ProgressBar>);
 
 impl Progress for Bar {
     fn status(&mut self, msg: &str) {
