@@ -7,13 +7,16 @@
 
 mod support;
 
-use m40_runtime::{CancelToken, EngineError, Message, Prompt, Request, SamplingParams};
+use m40_runtime::{
+    CancelToken, EngineError, FinishReason, Format, Message, Prompt, Request, SamplingParams,
+};
 use support::On;
 
 on_both!(
     old_turns_are_dropped_to_fit,
     prefix_ids_continue_a_conversation,
     logit_bias_bans_and_forces,
+    a_cut_answer_never_ends_inside_a_character,
 );
 
 fn long_chat(turns: usize) -> Vec<Message> {
@@ -118,4 +121,25 @@ fn logit_bias_bans_and_forces(on: On) {
         suffix: "return x".into(),
     });
     assert!(matches!(e.prepare(infill), Err(EngineError::NoInfill)));
+}
+
+fn a_cut_answer_never_ends_inside_a_character(on: On) {
+    let e = support::smollm2_engine(on, 1024);
+    // A grammar makes the model write CJK characters, several byte tokens
+    // each; cut after every count of tokens, the text is whole characters.
+    let target = "日本語の文字";
+    let mut r = Request::new(Prompt::Text("Write:".into()));
+    r.format = Some(Format::Lark(format!("start: {target:?}")));
+    let mut cut_inside = 0;
+    for n in 1..=12 {
+        r.max_tokens = Some(n);
+        let d = e.generate(&r, &CancelToken::new(), |_| {}).unwrap();
+        assert!(!d.text.contains('\u{FFFD}'), "{n} tokens: {:?}", d.text);
+        assert!(target.starts_with(&d.text), "{n} tokens: {:?}", d.text);
+        if d.finish_reason == FinishReason::Length {
+            let whole = e.tokenizer().decode(&d.token_ids).unwrap();
+            cut_inside += usize::from(whole.ends_with('\u{FFFD}'));
+        }
+    }
+    assert!(cut_inside > 0, "no cut fell inside a character");
 }
