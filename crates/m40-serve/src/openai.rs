@@ -194,6 +194,16 @@ impl Common {
         req.format = format;
         req.tools = tools;
         req.tool_choice = crate::tools::choice(self.tool_choice.as_ref())?;
+        if req.tools.is_empty()
+            && matches!(
+                req.tool_choice,
+                m40_runtime::ToolChoice::Required | m40_runtime::ToolChoice::Function(_)
+            )
+        {
+            return Err(ApiError::bad_request(
+                "tool_choice asks for a call, but the request has no tools",
+            ));
+        }
         req.parallel_tool_calls = self.parallel_tool_calls.unwrap_or(true);
         req.think = crate::tools::reasoning_effort(self.reasoning_effort.as_deref())?;
         req.template_vars = self.chat_template_kwargs.clone().unwrap_or_default();

@@ -172,6 +172,11 @@ fn tool_requests_that_cannot_run_are_400s() {
         ),
         (
             "/v1/chat/completions",
+            json!({"model": NAME, "messages": msg, "tool_choice": "required"}),
+            "no tools",
+        ),
+        (
+            "/v1/chat/completions",
             json!({"model": NAME, "messages": [{"role": "assistant", "tool_calls": [
                 {"id": "a", "type": "function", "function": {"name": "f", "arguments": "{oops"}}]}]}),
             "arguments",
