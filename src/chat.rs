@@ -504,6 +504,19 @@ mod tests {
     }
 
     #[test]
+    fn figures_never_show_a_rate_of_nothing() {
+        assert_eq!(
+            rates(12, 30.0, 0, 0.0),
+            "12 prompt tokens at 400.0 t/s, 0 generated"
+        );
+        // A prompt served from the prefix cache in no time has no rate.
+        assert_eq!(
+            rates(5000, 0.2, 3, 60.0),
+            "5000 prompt tokens, 3 generated at 50.0 t/s"
+        );
+    }
+
+    #[test]
     fn ollama_commands() {
         let mut o = ChatOptions::default();
         assert_eq!(command("/bye", &mut o, &Fake), Action::Quit);

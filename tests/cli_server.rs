@@ -205,3 +205,45 @@ fn a_second_ctrl_c_stops_the_server_at_once() {
     assert_eq!(status.code(), Some(130));
     drop(client);
 }
+
+/// An interrupted one-shot `run` exits non-zero (130, as a shell reports
+/// SIGINT), having printed what it had.
+#[cfg(unix)]
+#[test]
+fn an_interrupted_run_exits_130() {
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("small.gguf");
+    ok(bin()
+        .args(["synth", "--shape", "smollm2-135m", "--type", "Q4_0"])
+        .arg(&model)
+        .output()
+        .unwrap());
+    let mut run = bin()
+        .arg("run")
+        .arg(&model)
+        .args([
+            "Tell me a long story.",
+            "--cpu",
+            "--ctx",
+            "8192",
+            "-n",
+            "8000",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    // SAFETY: sends a signal to the child this test started.
+    unsafe { libc::kill(run.id() as i32, libc::SIGINT) };
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = run.try_wait().unwrap() {
+            break s;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "run did not stop");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(130));
+}
