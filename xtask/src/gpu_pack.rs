@@ -126,7 +126,7 @@ const BOTH_BACKENDS: &[&str] = &[
     "structured",
     "tools",
     "thinking",
-    "long_chat",
+    "request_fields",
 ];
 
 pub fn run() -> Result<()> {
