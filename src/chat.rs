@@ -127,7 +127,9 @@ impl ChatBackend for Engine {
         }
         // The history keeps only the answer.
         let mut show = Shown::default();
-        let c = self.run(&prepared, cancel, |ev| on_text(&show.text(ev)))?;
+        let c = self.run(&prepared, cancel, |ev| {
+            on_text(&show.text(&ev.thinking, &ev.text))
+        })?;
         Ok(Turn {
             cancelled: c.finish_reason == FinishReason::Cancelled,
             stats: rates(
@@ -149,20 +151,21 @@ pub struct Shown {
 }
 
 impl Shown {
-    pub fn text(&mut self, ev: &m40_runtime::TokenEvent) -> String {
+    /// The terminal text of a piece of reasoning and answer.
+    pub fn text(&mut self, thinking: &str, text: &str) -> String {
         let mut s = String::new();
-        if !ev.thinking.is_empty() {
+        if !thinking.is_empty() {
             if !self.thinking {
                 s.push_str("Thinking...\n");
                 self.thinking = true;
             }
-            s.push_str(&ev.thinking);
+            s.push_str(thinking);
         }
-        if self.thinking && !ev.text.is_empty() {
+        if self.thinking && !text.is_empty() {
             s.push_str("\n...done thinking.\n\n");
             self.thinking = false;
         }
-        s.push_str(&ev.text);
+        s.push_str(text);
         s
     }
 }

@@ -394,23 +394,18 @@ impl ChatBackend for RemoteChat {
         let start = Instant::now();
         let mut first = None;
         let mut text = String::new();
-        let mut thinking = false;
+        let mut show = crate::chat::Shown::default();
         let done = self.client.stream("/api/chat", &body, cancel, &mut |v| {
-            if let Some(t) = v["message"]["thinking"].as_str().filter(|t| !t.is_empty()) {
-                if !thinking {
-                    on_text("Thinking...\n");
-                    thinking = true;
-                }
-                on_text(t);
-            }
-            if let Some(t) = v["message"]["content"].as_str().filter(|t| !t.is_empty()) {
-                if thinking {
-                    on_text("\n...done thinking.\n\n");
-                    thinking = false;
-                }
+            let m = &v["message"];
+            let thinking = m["thinking"].as_str().unwrap_or("");
+            let content = m["content"].as_str().unwrap_or("");
+            if !content.is_empty() {
                 first.get_or_insert_with(|| start.elapsed());
-                text.push_str(t);
-                on_text(t);
+                text.push_str(content);
+            }
+            let shown = show.text(thinking, content);
+            if !shown.is_empty() {
+                on_text(&shown);
             }
         })?;
         Ok(match done {

@@ -160,15 +160,9 @@ fn a_server_with_an_api_key_says_so() {
 #[test]
 fn a_second_ctrl_c_stops_the_server_at_once() {
     use std::io::Write;
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
     let dir = tempfile::tempdir().unwrap();
-    // A model slow enough on the CPU that its answer outlasts the test.
-    let model = dir.path().join("small.gguf");
-    ok(bin()
-        .args(["synth", "--shape", "smollm2-135m", "--type", "Q4_0"])
-        .arg(&model)
-        .output()
-        .unwrap());
+    let model = slow_model(dir.path());
     let (mut server, host) = serve(&model, &dir.path().join("store"), &["--ctx", "8192"]);
     // A streamed request whose client never reads: it stays in flight.
     let mut client = std::net::TcpStream::connect(&host).unwrap();
@@ -191,18 +185,11 @@ fn a_second_ctrl_c_stops_the_server_at_once() {
     );
     // SAFETY: as above.
     unsafe { libc::kill(pid, libc::SIGINT) };
-    let t0 = Instant::now();
-    let status = loop {
-        if let Some(s) = server.0.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "the second Ctrl-C did not stop it"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    assert_eq!(status.code(), Some(130));
+    assert_eq!(
+        exit_status(&mut server.0, 10),
+        Some(130),
+        "the second Ctrl-C stops it"
+    );
     drop(client);
 }
 
@@ -211,14 +198,9 @@ fn a_second_ctrl_c_stops_the_server_at_once() {
 #[cfg(unix)]
 #[test]
 fn an_interrupted_run_exits_130() {
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
     let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("small.gguf");
-    ok(bin()
-        .args(["synth", "--shape", "smollm2-135m", "--type", "Q4_0"])
-        .arg(&model)
-        .output()
-        .unwrap());
+    let model = slow_model(dir.path());
     let mut run = bin()
         .arg("run")
         .arg(&model)
@@ -237,13 +219,32 @@ fn an_interrupted_run_exits_130() {
     std::thread::sleep(Duration::from_secs(2));
     // SAFETY: sends a signal to the child this test started.
     unsafe { libc::kill(run.id() as i32, libc::SIGINT) };
-    let t0 = Instant::now();
-    let status = loop {
-        if let Some(s) = run.try_wait().unwrap() {
-            break s;
+    assert_eq!(exit_status(&mut run, 20), Some(130));
+}
+
+/// A random-weight model of SmolLM2's shape in `dir`: slow enough on the
+/// CPU that a long answer outlasts a test.
+fn slow_model(dir: &std::path::Path) -> std::path::PathBuf {
+    let model = dir.join("small.gguf");
+    ok(bin()
+        .args(["synth", "--shape", "smollm2-135m", "--type", "Q4_0"])
+        .arg(&model)
+        .output()
+        .unwrap());
+    model
+}
+
+/// The exit code of `child`, which must exit within `secs` seconds.
+fn exit_status(child: &mut std::process::Child, secs: u64) -> Option<i32> {
+    let t0 = std::time::Instant::now();
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s.code();
         }
-        assert!(t0.elapsed() < Duration::from_secs(20), "run did not stop");
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    assert_eq!(status.code(), Some(130));
+        assert!(
+            t0.elapsed().as_secs() < secs,
+            "it did not exit within {secs} s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
 }

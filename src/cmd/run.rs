@@ -162,7 +162,7 @@ pub fn run(mut a: Args) -> Result<()> {
     let mut show = chat::Shown::default();
     let c = engine.generate(&req, &cancel, |ev| {
         let mut out = stdout.lock();
-        let _ = out.write_all(show.text(ev).as_bytes());
+        let _ = out.write_all(show.text(&ev.thinking, &ev.text).as_bytes());
         let _ = out.flush();
     })?;
     println!();

@@ -27,7 +27,8 @@ impl Parsed {
         self.content.is_empty() && self.thinking.is_empty() && self.calls.is_empty()
     }
 
-    fn append(&mut self, other: Parsed) {
+    /// Add `other`'s pieces after these.
+    pub fn append(&mut self, other: Parsed) {
         self.content.push_str(&other.content);
         self.thinking.push_str(&other.thinking);
         self.calls.extend(other.calls);

@@ -380,7 +380,11 @@ impl Engine {
                     parse_special: false,
                     add_special: false,
                 };
-                let mut ids: Vec<u32> = tok.bos().filter(|_| tok.adds_bos()).into_iter().collect();
+                let mut ids: Vec<u32> = tok
+                    .bos()
+                    .filter(|_| tok.vocab().add_bos)
+                    .into_iter()
+                    .collect();
                 ids.push(pre);
                 ids.extend(tok.encode(prefix, plain)?);
                 ids.push(suf);
@@ -557,10 +561,7 @@ impl Engine {
             Some(r) => {
                 let mut p = r.push(&text);
                 if end {
-                    let rest = r.finish();
-                    p.content.push_str(&rest.content);
-                    p.thinking.push_str(&rest.thinking);
-                    p.calls.extend(rest.calls);
+                    p.append(r.finish());
                 }
                 p
             }
@@ -612,9 +613,7 @@ impl Engine {
                 _ => (None, Vec::new()),
             };
             let p = read(text, &mut reader, false);
-            all.content.push_str(&p.content);
-            all.thinking.push_str(&p.thinking);
-            all.calls.extend(p.calls.iter().cloned());
+            all.append(p.clone());
             on_token(&TokenEvent {
                 id,
                 text: p.content,
@@ -647,9 +646,7 @@ impl Engine {
         };
         let p = read(tail, &mut reader, true);
         if !p.is_empty() {
-            all.content.push_str(&p.content);
-            all.thinking.push_str(&p.thinking);
-            all.calls.extend(p.calls.iter().cloned());
+            all.append(p.clone());
             on_token(&TokenEvent {
                 id: *ids.last().unwrap_or(&0),
                 text: p.content,

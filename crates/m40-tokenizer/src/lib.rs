@@ -272,11 +272,6 @@ impl Tokenizer {
         })
     }
 
-    /// Whether encoding adds a BOS token (`tokenizer.ggml.add_bos_token`).
-    pub fn adds_bos(&self) -> bool {
-        self.vocab.add_bos
-    }
-
     pub fn eos(&self) -> Option<u32> {
         self.vocab.eos
     }
