@@ -36,6 +36,8 @@ enum Command {
     Template(cmd::text::TemplateArgs),
     /// Perplexity of a model on a text (llama.cpp's protocol).
     Perplexity(cmd::perplexity::Args),
+    /// Embeddings of texts, as JSON (an embedding model, or any chat model).
+    Embed(cmd::embed::Args),
     /// Fetch a model into the store: a catalog name, hf.co/OWNER/REPO[/FILE.gguf|:QUANT], a URL, or a path.
     Pull(cmd::store::PullArgs),
     /// List the models in the store.
@@ -85,6 +87,7 @@ fn main() -> ExitCode {
         Command::Tokenize(a) => cmd::text::tokenize(a),
         Command::Template(a) => cmd::text::template(a),
         Command::Perplexity(a) => cmd::perplexity::run(a),
+        Command::Embed(a) => cmd::embed::run(a),
         Command::Pull(a) => cmd::store::pull(a),
         Command::List => cmd::store::list(),
         Command::Rm(a) => cmd::store::rm(a),

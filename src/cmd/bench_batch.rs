@@ -117,7 +117,7 @@ fn run_batch<B: Backend>(
                     apply_mask(&mask, &mut l);
                     m40_runtime::sampling::argmax(&l)
                 }
-                StepOut::Nothing => bail!("a decode step returned nothing"),
+                StepOut::Nothing | StepOut::Hidden(_) => bail!("a decode step returned no logits"),
             };
             // A token the mask did not allow fails to be accepted.
             let complete = schema.is_some_and(|s| s.eog.contains(&tok))

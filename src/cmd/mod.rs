@@ -1,6 +1,7 @@
 pub mod bench;
 pub mod bench_batch;
 pub mod bench_cpu;
+pub mod embed;
 pub mod perplexity;
 pub mod run;
 pub mod serve;

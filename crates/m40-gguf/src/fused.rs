@@ -12,12 +12,22 @@ pub type Fused = (String, usize, Vec<(String, usize)>);
 impl HyperParams {
     /// phi3's fused matrices: per layer `attn_qkv` (n_embd columns; the Q,
     /// K and V rows) and `ffn_up` (gate rows, then up rows), each with its
-    /// parts' names and rows. Empty for the other architectures.
+    /// parts' names and rows; nomic-bert's `attn_qkv`. Empty for the other
+    /// architectures.
     pub fn fused_tensors(&self) -> Vec<Fused> {
+        let (q, kv) = (self.n_head * self.head_dim, self.n_head_kv * self.head_dim);
+        if self.arch == Arch::NomicBert {
+            return (0..self.n_layer)
+                .map(|l| {
+                    let n = LayerNames::new(l);
+                    let parts = vec![(n.wq, q), (n.wk, kv), (n.wv, kv)];
+                    (format!("blk.{l}.attn_qkv.weight"), self.n_embd, parts)
+                })
+                .collect();
+        }
         if self.arch != Arch::Phi3 {
             return Vec::new();
         }
-        let (q, kv) = (self.n_head * self.head_dim, self.n_head_kv * self.head_dim);
         (0..self.n_layer)
             .flat_map(|l| {
                 let n = LayerNames::new(l);

@@ -1,7 +1,7 @@
 //! The model shapes `m40-llm synth --shape` knows: tiny test shapes per
 //! architecture and the real shapes of the models people run.
 
-use crate::hparams::Arch;
+use crate::hparams::{Arch, Pooling};
 
 /// A model shape `m40-llm synth --shape` knows.
 #[derive(Clone, Debug, PartialEq)]
@@ -42,6 +42,9 @@ pub struct Shape {
     /// Rotated dimensions per head (`rope.dimension_count`), where fewer
     /// than the head size (Phi-4-mini: 96 of 128).
     pub rope_dim: Option<usize>,
+    /// `pooling_type`: an embedding model's (encoders, qwen3-embedding).
+    /// A decoder that pools its last token also adds EOS to its input.
+    pub pooling: Option<Pooling>,
 }
 
 /// The shapes the synthesizer knows: `tiny` matches the quant zoo.
@@ -68,6 +71,24 @@ const PLAIN: Shape = Shape {
     attn_temp: None,
     longrope: None,
     rope_dim: None,
+    pooling: None,
+};
+
+/// qwen3-tiny (in SHAPES), also the base of qwen3-embedding-tiny.
+const QWEN3_TINY: Shape = Shape {
+    name: "qwen3-tiny",
+    arch: Arch::Qwen3,
+    head_dim: Some(64),
+    n_layer: 2,
+    n_embd: 128,
+    n_head: 4,
+    n_head_kv: 2,
+    n_ff: 384,
+    n_vocab: 512,
+    n_ctx_train: 4096,
+    rope_freq_base: 1000000.0,
+    tied_output: false,
+    ..PLAIN
 };
 
 /// gemma3-tiny (in SHAPES), also the base of gemma3-tiny-256.
@@ -162,21 +183,7 @@ pub const SHAPES: &[Shape] = &[
         ..PLAIN
     },
     // Qwen3's tiny test shape: a head size (64) that is not n_embd / n_head.
-    Shape {
-        name: "qwen3-tiny",
-        arch: Arch::Qwen3,
-        head_dim: Some(64),
-        n_layer: 2,
-        n_embd: 128,
-        n_head: 4,
-        n_head_kv: 2,
-        n_ff: 384,
-        n_vocab: 512,
-        n_ctx_train: 4096,
-        rope_freq_base: 1000000.0,
-        tied_output: false,
-        ..PLAIN
-    },
+    QWEN3_TINY,
     Shape {
         name: "qwen3-8b",
         arch: Arch::Qwen3,
@@ -448,6 +455,81 @@ pub const SHAPES: &[Shape] = &[
         n_ctx_train: 8192,
         rope_freq_base: 10000.0,
         tied_output: true,
+        ..PLAIN
+    },
+    // Embedding models. Encoders' tiny test shapes (a WordPiece vocabulary
+    // of BERT's special ids), and a qwen3 that pools its last token.
+    Shape {
+        name: "bert-tiny",
+        arch: Arch::Bert,
+        n_layer: 2,
+        n_embd: 128,
+        n_head: 4,
+        n_head_kv: 4,
+        n_ff: 512,
+        n_vocab: 1024,
+        n_ctx_train: 512,
+        pooling: Some(Pooling::Cls),
+        ..PLAIN
+    },
+    Shape {
+        name: "nomic-bert-tiny",
+        arch: Arch::NomicBert,
+        n_layer: 2,
+        n_embd: 128,
+        n_head: 4,
+        n_head_kv: 4,
+        n_ff: 384,
+        n_vocab: 1024,
+        n_ctx_train: 2048,
+        rope_freq_base: 1000.0,
+        pooling: Some(Pooling::Mean),
+        ..PLAIN
+    },
+    Shape {
+        name: "qwen3-embedding-tiny",
+        pooling: Some(Pooling::Last),
+        ..QWEN3_TINY
+    },
+    // all-minilm (L6 v2), bge-large / mxbai-embed-large, nomic-embed-text.
+    Shape {
+        name: "all-minilm",
+        arch: Arch::Bert,
+        n_layer: 6,
+        n_embd: 384,
+        n_head: 12,
+        n_head_kv: 12,
+        n_ff: 1536,
+        n_vocab: 30522,
+        n_ctx_train: 512,
+        pooling: Some(Pooling::Mean),
+        ..PLAIN
+    },
+    Shape {
+        name: "bge-large",
+        arch: Arch::Bert,
+        n_layer: 24,
+        n_embd: 1024,
+        n_head: 16,
+        n_head_kv: 16,
+        n_ff: 4096,
+        n_vocab: 30522,
+        n_ctx_train: 512,
+        pooling: Some(Pooling::Cls),
+        ..PLAIN
+    },
+    Shape {
+        name: "nomic-embed-text",
+        arch: Arch::NomicBert,
+        n_layer: 12,
+        n_embd: 768,
+        n_head: 12,
+        n_head_kv: 12,
+        n_ff: 3072,
+        n_vocab: 30522,
+        n_ctx_train: 2048,
+        rope_freq_base: 1000.0,
+        pooling: Some(Pooling::Mean),
         ..PLAIN
     },
 ];

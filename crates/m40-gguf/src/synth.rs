@@ -14,7 +14,9 @@ use std::io::{Read, Write};
 use rayon::prelude::*;
 
 use crate::error::{GgufError, Result};
-use crate::hparams::{Arch, HyperParams, LayerNames, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
+use crate::hparams::{
+    Arch, HyperParams, LayerNames, Pooling, OUTPUT, OUTPUT_NORM, TOKEN_EMBD, TOKEN_TYPES,
+};
 use crate::metadata::{Array, Metadata, Value};
 use crate::quant;
 pub use crate::shapes::{Shape, SHAPES};
@@ -177,6 +179,60 @@ fn tokenizer_metadata(md: &mut Metadata, n_vocab: usize, arch: Arch) {
     md.insert("tokenizer.ggml.add_eos_token", Value::Bool(false));
 }
 
+/// A WordPiece vocabulary (`bert`) in BERT's layout: `[PAD]` 0, `[UNK]`
+/// 100, `[CLS]` 101, `[SEP]` 102, `[MASK]` 103 (unused ones between), then
+/// each letter, digit and punctuation mark as a word and as a continuation,
+/// then words of two and three letters, in GGUF's spelling (a word starts
+/// with `▁`, a continuation is bare).
+fn wordpiece_metadata(md: &mut Metadata, n_vocab: usize) {
+    let mut tokens: Vec<String> = (0..104).map(|i| format!("[unused{i}]")).collect();
+    for (i, t) in [
+        (0, "[PAD]"),
+        (100, "[UNK]"),
+        (101, "[CLS]"),
+        (102, "[SEP]"),
+        (103, "[MASK]"),
+    ] {
+        tokens[i] = t.into();
+    }
+    let mut types = vec![3i32; 104];
+    let chars: Vec<char> = ('a'..='z')
+        .chain('0'..='9')
+        .chain(".,!?'-:;()".chars())
+        .collect();
+    let letters = || 'a'..='z';
+    let pairs = letters().flat_map(|a| letters().map(move |b| format!("{a}{b}")));
+    let triples = letters()
+        .flat_map(|a| letters().flat_map(move |b| letters().map(move |c| format!("{a}{b}{c}"))));
+    let words = pairs.chain(triples);
+    for w in chars.iter().map(|c| c.to_string()).chain(words) {
+        if tokens.len() + 2 > n_vocab {
+            break;
+        }
+        tokens.push(format!("▁{w}"));
+        tokens.push(w);
+        types.extend([1, 1]);
+    }
+    while tokens.len() < n_vocab {
+        tokens.push(format!("[unused{}]", tokens.len()));
+        types.push(3);
+    }
+    md.insert("tokenizer.ggml.model", Value::String("bert".into()));
+    md.insert("tokenizer.ggml.tokens", Value::Array(Array::String(tokens)));
+    md.insert("tokenizer.ggml.token_type", Value::Array(Array::I32(types)));
+    md.insert("tokenizer.ggml.token_type_count", Value::U32(2));
+    for (key, id) in [
+        ("padding_token_id", 0),
+        ("unknown_token_id", 100),
+        ("bos_token_id", 101),
+        ("cls_token_id", 101),
+        ("seperator_token_id", 102),
+        ("mask_token_id", 103),
+    ] {
+        md.insert(format!("tokenizer.ggml.{key}"), Value::U32(id));
+    }
+}
+
 /// The metadata of a synthetic model.
 pub fn metadata(shape: &Shape, ty: FileType) -> Metadata {
     let mut md = Metadata::new();
@@ -206,7 +262,10 @@ pub fn metadata(shape: &Shape, ty: FileType) -> Metadata {
         key("rope.dimension_count"),
         u(shape.rope_dim.unwrap_or(shape.head_dim())),
     );
-    if shape.arch == Arch::CommandR {
+    if shape.arch.encoder() {
+        md.insert(key("attention.layer_norm_epsilon"), Value::F32(1e-12));
+        md.insert(key("attention.causal"), Value::Bool(false));
+    } else if shape.arch == Arch::CommandR {
         md.insert(key("attention.layer_norm_epsilon"), Value::F32(1e-5));
         // Command-R's and Aya 23's.
         md.insert(key("logit_scale"), Value::F32(0.0625));
@@ -263,8 +322,19 @@ pub fn metadata(shape: &Shape, ty: FileType) -> Metadata {
     if let Some(t) = shape.attn_temp {
         md.insert(key("attention.temperature_scale"), Value::F32(t));
     }
+    if let Some(p) = shape.pooling {
+        md.insert(key("pooling_type"), u(p as usize));
+    }
     md.insert(key("vocab_size"), u(shape.n_vocab));
-    tokenizer_metadata(&mut md, shape.n_vocab, shape.arch);
+    if shape.arch.encoder() {
+        wordpiece_metadata(&mut md, shape.n_vocab);
+    } else {
+        tokenizer_metadata(&mut md, shape.n_vocab, shape.arch);
+        if shape.pooling == Some(Pooling::Last) {
+            // qwen3-embedding's input ends with EOS, whose state it pools.
+            md.insert("tokenizer.ggml.add_eos_token", Value::Bool(true));
+        }
+    }
     md
 }
 
@@ -430,8 +500,11 @@ pub fn write_model<W: Write>(
         .into_iter()
         .map(|(name, shape)| {
             // Routers, biases and norms (command-r+'s head norms are 2-D)
-            // stay F32, as llama-quantize leaves them.
+            // stay F32, as llama-quantize leaves them; so do an encoder's
+            // token type embeddings (llama.cpp adds a row of them to F32
+            // activations, which its CPU backend does only in F32).
             let ty = if shape.len() == 1
+                || name == TOKEN_TYPES
                 || name.ends_with(".bias")
                 || name.ends_with("norm.weight")
                 || name.ends_with("ffn_gate_inp.weight")

@@ -16,6 +16,8 @@ pub enum Want {
     /// The backend's selection from the last token's logits
     /// ([`Backend::forward_select`]).
     Select(Selection),
+    /// Every token's final hidden state ([`Logits::Hidden`]).
+    Hidden,
 }
 
 /// One sequence's part of a step: `tokens` at positions `cache.len()..`.
@@ -31,6 +33,8 @@ pub enum StepOut {
     Nothing,
     Logits(Vec<f32>),
     Top(Vec<(u32, f32)>),
+    /// The step's tokens' final hidden states (n_tokens, n_embd).
+    Hidden(Vec<f32>),
 }
 
 /// A step run as each sequence's own forward in turn: what a backend
@@ -51,6 +55,9 @@ pub fn forward_each<B: Backend + ?Sized>(
                     StepOut::Logits(backend.forward(s.cache, s.tokens, Logits::Last)?)
                 }
                 Want::Select(sel) => StepOut::Top(backend.forward_select(s.cache, s.tokens, sel)?),
+                Want::Hidden => {
+                    StepOut::Hidden(backend.forward(s.cache, s.tokens, Logits::Hidden)?)
+                }
             })
         })
         .collect()

@@ -34,6 +34,9 @@ pub enum Logits {
     Last,
     /// Every token's: (n_tokens, n_vocab).
     All,
+    /// No logits: every token's final hidden state, after the output norm
+    /// where the model has one (n_tokens, n_embd): what embeddings pool.
+    Hidden,
 }
 
 /// The interface the engine drives; the CPU and GPU backends implement it.

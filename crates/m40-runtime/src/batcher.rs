@@ -37,6 +37,9 @@ pub(crate) enum SeqEvent {
     Failed(Arc<ModelError>),
     /// Its structured output is complete: nothing else may follow.
     Complete,
+    /// The final hidden states of the next of its prompt's tokens (rows of
+    /// n_embd), for an embedding ([`Submission::hidden`]).
+    Hidden(Vec<f32>),
 }
 
 /// A sequence whose structured output's constraint failed.
@@ -61,6 +64,11 @@ pub(crate) struct Submission {
     /// A structured output's grammar: each token is sampled from those it
     /// allows, and the sequence ends when it is complete.
     pub constraint: Option<Constraint>,
+    /// An embedding's sequence: its prompt's hidden states come back
+    /// ([`SeqEvent::Hidden`]) and nothing is sampled; an encoder's prompt
+    /// runs in one step. It takes no part in the prefix cache (an
+    /// encoder's keys depend on the tokens after them).
+    pub hidden: bool,
     pub cancel: CancelToken,
     pub events: mpsc::Sender<SeqEvent>,
 }
@@ -173,8 +181,15 @@ impl Batcher {
     }
 
     pub fn submit(&self, sub: Submission) {
-        self.shared.counters.waiting.fetch_add(1, Ordering::SeqCst);
-        lock(&self.shared.inbox).new.push(sub);
+        self.submit_all(vec![sub]);
+    }
+
+    /// Several sequences at once: the loop sees all of them before its
+    /// next step (an embedding request's inputs run together).
+    pub fn submit_all(&self, subs: Vec<Submission>) {
+        let n = subs.len();
+        self.shared.counters.waiting.fetch_add(n, Ordering::SeqCst);
+        lock(&self.shared.inbox).new.extend(subs);
         self.shared.wake.notify_one();
     }
 
@@ -352,7 +367,7 @@ impl Loop {
             // first chunk runs, in this step: nothing is evicted before.
             let (prefix, live, p) = (&self.prefix, &self.live, self.page_tokens);
             let step = self.sched.plan_with(|id| match (prefix, live.get(&id)) {
-                (Some(pc), Some(l)) if l.tokens.len() > 1 => {
+                (Some(pc), Some(l)) if l.tokens.len() > 1 && !l.sub.hidden => {
                     pc.peek(&l.tokens[..l.tokens.len() - 1], p)
                 }
                 _ => 0,
@@ -398,7 +413,13 @@ impl Loop {
         let id = self.next_id;
         self.next_id += 1;
         let max_new = sub.max_new.max(1);
-        if let Err(e) = self.sched.add(id, sub.prompt.len(), max_new) {
+        let n = sub.prompt.len();
+        let added = match (sub.hidden, self.core.backend.hparams().causal) {
+            (false, _) => self.sched.add(id, n, max_new),
+            (true, true) => self.sched.add(id, n, 0),
+            (true, false) => self.sched.add_whole(id, n),
+        };
+        if let Err(e) = added {
             let _ = sub
                 .events
                 .send(SeqEvent::Failed(Arc::new(ModelError::Unsupported(
@@ -413,6 +434,7 @@ impl Loop {
         }
         let mut sub = sub;
         let constraint = sub.constraint.take();
+        let chain = (!sub.hidden).then_some((None, 0));
         self.live.insert(
             id,
             Live {
@@ -422,7 +444,7 @@ impl Loop {
                 sampler,
                 constraint,
                 uses: Vec::new(),
-                chain: Some((None, 0)),
+                chain,
             },
         );
     }
@@ -552,10 +574,12 @@ impl Loop {
                     let p = self.page_tokens;
                     let last = l.tokens.len() - 1;
                     let got = match &mut self.prefix {
-                        Some(pc) if last > 0 => pc.acquire(&l.tokens[..last], p),
+                        Some(pc) if last > 0 && !l.sub.hidden => pc.acquire(&l.tokens[..last], p),
                         _ => CachedPrefix::default(),
                     };
-                    l.chain = Some((got.key, got.tokens / p));
+                    if !l.sub.hidden {
+                        l.chain = Some((got.key, got.tokens / p));
+                    }
                     // The scheduler may start the chunk at the page
                     // boundary before a partly shared last page.
                     let start = range.start.min(got.tokens);
@@ -586,8 +610,10 @@ impl Loop {
             // acquire took now).
             debug_assert_eq!(cache.len(), range.start, "the planned prefix");
             let range = cache.len()..range.end;
-            let samples = range.end == l.tokens.len();
-            let mut want = if !samples {
+            let samples = range.end == l.tokens.len() && !l.sub.hidden;
+            let mut want = if l.sub.hidden {
+                Want::Hidden
+            } else if !samples {
                 Want::Nothing
             } else {
                 let host = l.sub.logprobs || !l.sub.logit_bias.is_empty();
@@ -659,6 +685,14 @@ impl Loop {
                     self.live.get_mut(id).expect("live").cache = Some(cache);
                     self.cache_pages(*id);
                     let l = self.live.get_mut(id).expect("live");
+                    if let StepOut::Hidden(rows) = out {
+                        // It ends after its prompt's last chunk (the
+                        // scheduler's complete), or now if its caller left.
+                        if l.sub.events.send(SeqEvent::Hidden(rows)).is_err() {
+                            ended.push(*id);
+                        }
+                        continue;
+                    }
                     if !samples {
                         continue;
                     }
@@ -683,7 +717,9 @@ impl Loop {
                             (l.sampler.sample(&mut logits), raw)
                         }
                         StepOut::Top(top) => (l.sampler.sample_selected(&top), None),
-                        StepOut::Nothing => unreachable!("a sampled sequence asked for logits"),
+                        StepOut::Nothing | StepOut::Hidden(_) => {
+                            unreachable!("a sampled sequence asked for logits")
+                        }
                     };
                     let eog = self.core.tokenizer.is_eog(tok);
                     let mut complete = false;

@@ -61,6 +61,20 @@ pub enum EngineError {
     NoInfill,
     #[error("this model does not think: its chat template marks no reasoning (leave out think or reasoning_effort, or set it to false/none)")]
     NoThinking,
+    #[error("this is an embedding model ({0}): it cannot generate text; ask it for embeddings (/api/embed, /v1/embeddings, m40-llm embed)")]
+    EmbeddingOnly(&'static str),
+    #[error("input {index} is {tokens} tokens; this model embeds at most {max} at once (allow truncation to cut it)")]
+    InputTooLong {
+        index: usize,
+        tokens: usize,
+        max: usize,
+    },
+    #[error("dimensions {asked}: this model's embeddings have {max}; ask for 1 to {max}")]
+    BadDimensions { asked: usize, max: usize },
+    #[error("this model cannot give embeddings: {0}")]
+    NoEmbeddings(&'static str),
+    #[error("the request was cancelled")]
+    Cancelled,
 }
 
 impl From<RenderError> for EngineError {
@@ -200,12 +214,12 @@ pub use crate::cancel::CancelToken;
 /// each one's tokens are those it would get alone).
 pub struct Engine {
     model: Arc<Model>,
-    core: Arc<Core>,
+    pub(crate) core: Arc<Core>,
     /// Why Auto chose the CPU, if it did.
     note: Option<String>,
     chat: ChatFormat,
-    n_ctx: usize,
-    batcher: Batcher,
+    pub(crate) n_ctx: usize,
+    pub(crate) batcher: Batcher,
     /// The vocabulary's grammar compiler, built for the first structured
     /// output.
     grammars: OnceLock<Result<Arc<Grammars>, FormatError>>,
@@ -434,6 +448,9 @@ impl Engine {
     /// it and `max_tokens` into the context: every request passes here,
     /// once.
     pub fn prepare(&self, mut request: Request) -> Result<Prepared> {
+        if self.hparams().encoder.is_some() {
+            return Err(EngineError::EmbeddingOnly(self.hparams().arch.name()));
+        }
         request.sampling.validate()?;
         let biased: Vec<u32> = request.logit_bias.iter().map(|b| b.0).collect();
         self.core.tokenizer.check(&biased)?;
@@ -548,6 +565,7 @@ impl Engine {
             logit_bias: req.logit_bias.clone(),
             ignore_eos: req.ignore_eos,
             constraint: prepared.constraint.clone(),
+            hidden: false,
             cancel: stop_seq.clone(),
             events: tx,
         });
@@ -585,7 +603,8 @@ impl Engine {
             let (id, raw) = match rx.recv_timeout(Duration::from_millis(20)) {
                 Ok(SeqEvent::Token { id, logits }) => (id, logits),
                 Ok(SeqEvent::Failed(e)) => return Err(EngineError::Step(e)),
-                Ok(SeqEvent::Complete) => break FinishReason::Stop,
+                // (Hidden states go only to embeddings' sequences.)
+                Ok(SeqEvent::Complete | SeqEvent::Hidden(_)) => break FinishReason::Stop,
                 Err(mpsc::RecvTimeoutError::Timeout) => continue,
                 // The loop ended the sequence: its last allowed token.
                 Err(mpsc::RecvTimeoutError::Disconnected) => break FinishReason::Length,
@@ -671,7 +690,7 @@ impl Engine {
 }
 
 /// Cancels a token when dropped.
-struct CancelOnDrop(CancelToken);
+pub(crate) struct CancelOnDrop(pub(crate) CancelToken);
 
 impl Drop for CancelOnDrop {
     fn drop(&mut self) {
@@ -706,6 +725,11 @@ fn pick_backend(
     };
     if opts.backend == BackendChoice::Cpu {
         return Ok((cpu()?, None));
+    }
+    let hp = model.hparams();
+    if hp.encoder.is_some() && opts.backend == BackendChoice::Auto {
+        let why = format!("{} (an encoder) runs on the CPU", hp.arch.name());
+        return Ok((cpu()?, Some(why)));
     }
     let device = match m40_device::Device::open(opts.gpu) {
         Ok(d) => d,

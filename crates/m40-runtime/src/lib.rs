@@ -31,6 +31,7 @@
 //! `03_cancel.rs`) each show one thing.
 
 pub use batcher::Load;
+pub use embed::{EmbedInput, EmbedRequest, Embeddings};
 pub use engine::{
     BackendChoice, CancelToken, Completion, Engine, EngineError, EngineOptions, FinishReason,
     KernelProgress, Prompt, Request, Think, Timings, TokenEvent, UploadProgress, DEFAULT_CONTEXT,
@@ -38,6 +39,7 @@ pub use engine::{
 };
 pub use info::ModelInfo;
 pub use m40_chat::{Format, FormatError, Syntax, Thinking, Tool, ToolCall, ToolChoice, ToolError};
+pub use m40_gguf::hparams::Pooling;
 pub use m40_tokenizer::Message;
 pub use sampling::SamplingParams;
 
@@ -54,6 +56,7 @@ pub use m40_tokenizer::{Tokenizer, TokenizerError};
 mod batcher;
 mod cancel;
 mod chat;
+pub mod embed;
 pub mod engine;
 mod info;
 pub mod perplexity;

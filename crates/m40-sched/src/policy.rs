@@ -45,6 +45,12 @@ pub enum SchedError {
     },
     #[error("sequence {0} has an empty prompt")]
     EmptyPrompt(SeqId),
+    #[error("sequence {id}: a prompt of {prompt} tokens that must run in one step; a step runs {max} at most")]
+    NotOneStep {
+        id: SeqId,
+        prompt: usize,
+        max: usize,
+    },
 }
 
 /// What one step runs.
@@ -89,6 +95,9 @@ struct Seq {
     /// more than its tokens need until that step is done (the shared
     /// page stays taken while the copy is made).
     copies: bool,
+    /// Its prompt runs in one chunk (an encoder's: every token attends to
+    /// every other).
+    whole: bool,
 }
 
 impl Seq {
@@ -140,6 +149,31 @@ impl Scheduler {
     /// Queue a sequence with `prompt` tokens that may sample `max_new`
     /// more. Refused when it could not run even alone.
     pub fn add(&mut self, id: SeqId, prompt: usize, max_new: usize) -> Result<(), SchedError> {
+        self.insert(id, prompt, max_new, false)
+    }
+
+    /// A sequence whose prompt is computed in one chunk, for its hidden
+    /// states (an embedding: nothing is sampled, and an encoder's tokens
+    /// attend to each other, so its prompt cannot be cut): it ends after
+    /// that step.
+    pub fn add_whole(&mut self, id: SeqId, prompt: usize) -> Result<(), SchedError> {
+        if prompt > self.cfg.max_batch_tokens {
+            return Err(SchedError::NotOneStep {
+                id,
+                prompt,
+                max: self.cfg.max_batch_tokens,
+            });
+        }
+        self.insert(id, prompt, 0, true)
+    }
+
+    fn insert(
+        &mut self,
+        id: SeqId,
+        prompt: usize,
+        max_new: usize,
+        whole: bool,
+    ) -> Result<(), SchedError> {
         if self.seqs.contains_key(&id) {
             return Err(SchedError::Duplicate(id));
         }
@@ -165,6 +199,7 @@ impl Scheduler {
                 generated: 0,
                 max_new,
                 copies: false,
+                whole,
             },
         );
         self.waiting.push_back(id);
@@ -230,9 +265,12 @@ impl Scheduler {
 
     /// The chunk from `start` of a sequence of `tokens` tokens: to the
     /// next multiple of `chunk_tokens`, or its end.
-    fn chunk(&self, start: usize, tokens: usize) -> Range<usize> {
+    fn chunk(&self, s: &Seq, start: usize) -> Range<usize> {
+        if s.whole {
+            return start..s.tokens;
+        }
         let c = self.cfg.chunk_tokens;
-        start..tokens.min((start / c + 1) * c)
+        start..s.tokens.min((start / c + 1) * c)
     }
 
     /// The next step: the pages its tokens need are taken (see
@@ -279,7 +317,7 @@ impl Scheduler {
             if s.decoding() {
                 continue;
             }
-            let chunk = self.chunk(s.computed, s.tokens);
+            let chunk = self.chunk(s, s.computed);
             if chunk.len() > budget {
                 continue;
             }
@@ -314,7 +352,7 @@ impl Scheduler {
                 start -= start % self.cfg.page_tokens;
                 copies = false;
             }
-            let chunk = self.chunk(start, tokens);
+            let chunk = self.chunk(&self.seqs[&id], start);
             if chunk.len() > budget || !self.grow(id, tokens, usize::from(copies)) {
                 break;
             }

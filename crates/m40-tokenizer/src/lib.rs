@@ -167,6 +167,9 @@ impl Tokenizer {
         if opts.add_special && self.vocab.add_eos {
             ids.extend(self.vocab.eos);
         }
+        if opts.add_special && self.vocab.add_sep {
+            ids.extend(self.vocab.sep);
+        }
         Ok(ids)
     }
 

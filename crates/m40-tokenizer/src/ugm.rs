@@ -285,6 +285,8 @@ mod tests {
             pad: None,
             add_bos: false,
             add_eos: false,
+            sep: None,
+            add_sep: false,
             add_space_prefix: prefix,
             remove_extra_whitespaces: merge,
             precompiled_charsmap: None,

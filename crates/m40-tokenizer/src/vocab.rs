@@ -70,6 +70,11 @@ pub struct Vocab {
     pub pad: Option<u32>,
     pub add_bos: bool,
     pub add_eos: bool,
+    /// WordPiece's separator (`[SEP]`: `tokenizer.ggml.seperator_token_id`,
+    /// BERT's 102 where absent), added after the text where `add_sep`
+    /// (`tokenizer.ggml.add_sep_token`; WordPiece's default, as llama.cpp).
+    pub sep: Option<u32>,
+    pub add_sep: bool,
     pub add_space_prefix: bool,
     /// `tokenizer.ggml.remove_extra_whitespaces` (Unigram): one space
     /// before each word, none elsewhere.
@@ -142,7 +147,19 @@ impl Vocab {
                 None => Ok(None),
             }
         };
-        let default_bos = matches!(kind, VocabKind::Spm | VocabKind::SpmBpe);
+        let default_bos = matches!(kind, VocabKind::Spm | VocabKind::SpmBpe | VocabKind::Wpm);
+        let wpm = kind == VocabKind::Wpm;
+        // BERT's `[CLS]` (101) and `[SEP]` (102), llama.cpp's defaults of a
+        // bert vocabulary; its converter may write the first as cls.
+        let wpm_default = |id: Option<u32>, v: u32| match id {
+            None if wpm && (v as usize) < n => Some(v),
+            other => other,
+        };
+        let bos = match id("tokenizer.ggml.bos_token_id")? {
+            None if wpm => wpm_default(id("tokenizer.ggml.cls_token_id")?, 101),
+            other => other,
+        };
+        let sep = wpm_default(id("tokenizer.ggml.seperator_token_id")?, 102);
         // llama.cpp's defaults for a t5 vocabulary: EOS 1, unknown 2, pad 0.
         let ugm_default = |key: &str, v: u32| -> Result<Option<u32>> {
             match id(key)? {
@@ -167,7 +184,9 @@ impl Vocab {
             scores,
             types,
             merges,
-            bos: id("tokenizer.ggml.bos_token_id")?,
+            bos,
+            sep,
+            add_sep: md.opt_bool("tokenizer.ggml.add_sep_token")?.unwrap_or(wpm),
             eos: ugm_default("tokenizer.ggml.eos_token_id", 1)?,
             eot: id("tokenizer.ggml.eot_token_id")?,
             eom: id("tokenizer.ggml.eom_token_id")?,

@@ -58,6 +58,74 @@ pub enum Arch {
     /// embedding, logits times `logit_scale`; from 64 layers (Command-R+)
     /// a LayerNorm over each query and key head with weights per head.
     CommandR,
+    /// BERT encoders (`bert`: all-minilm, bge, mxbai-embed-large,
+    /// snowflake-arctic-embed): learned positions, [`Encoder`] layers,
+    /// biases on every matrix, a GELU FFN.
+    Bert,
+    /// Nomic's BERT (`nomic-bert`: nomic-embed-text): [`Encoder`] layers
+    /// with Q/K/V in one matrix (`attn_qkv`), NeoX RoPE, a SwiGLU FFN, no
+    /// biases.
+    NomicBert,
+}
+
+/// An encoder's layer (bert, nomic-bert), as llama.cpp's `build_bert`:
+/// token type 0's embedding added to every token's (and the learned
+/// position's, bert), then a LayerNorm with bias (`token_embd_norm`); in
+/// each layer the attention over every token of the sequence (not causal),
+/// x = LN(x + attn(x)) (`attn_output_norm`), x = LN(x + ffn(x))
+/// (`layer_output_norm`), each with a bias; no output norm, no logits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Encoder {
+    /// `position_embd` added at the input (bert); else RoPE (nomic-bert).
+    pub learned_pos: bool,
+    /// Biases on the FFN's matrices (bert: `ffn_up.bias`, `ffn_down.bias`).
+    pub ffn_bias: bool,
+    /// The FFN: act(gate) * up (nomic-bert's SwiGLU), or act(up) with no
+    /// gate (bert's GELU).
+    pub gated: bool,
+    /// Rows of `token_types` (`tokenizer.ggml.token_type_count`, 2 unless
+    /// the file says).
+    pub n_token_types: usize,
+}
+
+/// How an embedding pools its tokens' hidden states (llama.cpp's
+/// `pooling_type`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pooling {
+    /// Every token's own.
+    None = 0,
+    /// Their mean.
+    Mean = 1,
+    /// The first token's, `[CLS]`.
+    Cls = 2,
+    /// The last token's (qwen3-embedding).
+    Last = 3,
+    /// A reranker's score.
+    Rank = 4,
+}
+
+impl Pooling {
+    /// llama.cpp's id; an unknown one is an error.
+    pub fn from_id(id: usize) -> Option<Pooling> {
+        Some(match id {
+            0 => Pooling::None,
+            1 => Pooling::Mean,
+            2 => Pooling::Cls,
+            3 => Pooling::Last,
+            4 => Pooling::Rank,
+            _ => return None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Pooling::None => "none",
+            Pooling::Mean => "mean",
+            Pooling::Cls => "cls",
+            Pooling::Last => "last",
+            Pooling::Rank => "rank",
+        }
+    }
 }
 
 /// How the model normalizes its activations.
@@ -83,6 +151,8 @@ impl Arch {
             "phi3" => Ok(Arch::Phi3),
             "gpt-oss" => Ok(Arch::GptOss),
             "command-r" => Ok(Arch::CommandR),
+            "bert" => Ok(Arch::Bert),
+            "nomic-bert" => Ok(Arch::NomicBert),
             other => Err(GgufError::UnsupportedArchitecture(other.to_string())),
         }
     }
@@ -90,8 +160,11 @@ impl Arch {
     /// How the architecture pairs RoPE's dimensions.
     pub fn rope_style(self) -> RopeStyle {
         match self {
-            Arch::Llama | Arch::Granite | Arch::Mistral3 | Arch::CommandR => RopeStyle::Normal,
-            Arch::Qwen2
+            Arch::Llama | Arch::Granite | Arch::Mistral3 | Arch::CommandR | Arch::Bert => {
+                RopeStyle::Normal
+            }
+            Arch::NomicBert
+            | Arch::Qwen2
             | Arch::Qwen3
             | Arch::Qwen3Moe
             | Arch::Gemma2
@@ -104,7 +177,12 @@ impl Arch {
     /// Whether its Q/K/V always carry biases (llama files may too: see
     /// [`HyperParams::from_file`]).
     pub fn qkv_bias(self) -> bool {
-        matches!(self, Arch::Qwen2 | Arch::GptOss)
+        matches!(self, Arch::Qwen2 | Arch::GptOss | Arch::Bert)
+    }
+
+    /// Whether it is an encoder ([`Encoder`]).
+    pub fn encoder(self) -> bool {
+        matches!(self, Arch::Bert | Arch::NomicBert)
     }
 
     /// Whether each query and key head is RMS-normed before RoPE.
@@ -130,6 +208,8 @@ impl Arch {
             Arch::Phi3 => "phi3",
             Arch::GptOss => "gpt-oss",
             Arch::CommandR => "command-r",
+            Arch::Bert => "bert",
+            Arch::NomicBert => "nomic-bert",
         }
     }
 }
@@ -258,6 +338,13 @@ pub struct HyperParams {
     /// `attn_sinks.weight` (gpt-oss): per query head a logit in the
     /// softmax's denominator with no value.
     pub attn_sinks: bool,
+    /// Each token attends to those before it (false: to every token of its
+    /// sequence, an encoder's; `attention.causal`).
+    pub causal: bool,
+    /// An encoder's layer (bert, nomic-bert).
+    pub encoder: Option<Encoder>,
+    /// How its embeddings pool (`pooling_type`), where the file says.
+    pub pooling: Option<Pooling>,
 }
 
 /// The names of one layer's tensors.
@@ -292,6 +379,13 @@ pub struct LayerNames {
     pub ffn_gate_exps_b: String,
     pub ffn_up_exps_b: String,
     pub ffn_down_exps_b: String,
+    /// An encoder's post-norms and FFN biases.
+    pub attn_out_norm: String,
+    pub attn_out_norm_b: String,
+    pub out_norm: String,
+    pub out_norm_b: String,
+    pub ffn_up_b: String,
+    pub ffn_down_b: String,
 }
 
 impl LayerNames {
@@ -324,6 +418,12 @@ impl LayerNames {
             ffn_gate_exps_b: n("ffn_gate_exps.bias"),
             ffn_up_exps_b: n("ffn_up_exps.bias"),
             ffn_down_exps_b: n("ffn_down_exps.bias"),
+            attn_out_norm: n("attn_output_norm.weight"),
+            attn_out_norm_b: n("attn_output_norm.bias"),
+            out_norm: n("layer_output_norm.weight"),
+            out_norm_b: n("layer_output_norm.bias"),
+            ffn_up_b: n("ffn_up.bias"),
+            ffn_down_b: n("ffn_down.bias"),
         }
     }
 }
@@ -331,6 +431,11 @@ impl LayerNames {
 pub const TOKEN_EMBD: &str = "token_embd.weight";
 pub const OUTPUT_NORM: &str = "output_norm.weight";
 pub const OUTPUT: &str = "output.weight";
+/// An encoder's input tensors.
+pub const TOKEN_TYPES: &str = "token_types.weight";
+pub const POSITION_EMBD: &str = "position_embd.weight";
+pub const TOKEN_EMBD_NORM: &str = "token_embd_norm.weight";
+pub const TOKEN_EMBD_NORM_B: &str = "token_embd_norm.bias";
 
 fn bad(msg: String) -> GgufError {
     GgufError::BadHyperparameters(msg)
@@ -452,7 +557,7 @@ impl HyperParams {
             Some(other) => return Err(bad(format!("unknown RoPE scaling type `{other}`"))),
         };
         let norm = match arch {
-            Arch::CommandR => NormKind::Layer,
+            Arch::CommandR | Arch::Bert | Arch::NomicBert => NormKind::Layer,
             _ => NormKind::Rms,
         };
         let rms_eps = match norm {
@@ -525,7 +630,37 @@ impl HyperParams {
             }),
             _ => None,
         };
+        let encoder = arch.encoder().then(|| -> Result<Encoder> {
+            Ok(Encoder {
+                learned_pos: arch == Arch::Bert,
+                ffn_bias: arch == Arch::Bert,
+                gated: arch != Arch::Bert,
+                n_token_types: md
+                    .opt_usize("tokenizer.ggml.token_type_count")?
+                    .unwrap_or(2)
+                    .max(1),
+            })
+        });
+        let pooling = match md.opt_usize(&key("pooling_type"))? {
+            None => None,
+            Some(id) => Some(
+                Pooling::from_id(id)
+                    .ok_or_else(|| bad(format!("unknown {a}.pooling_type {id}")))?,
+            ),
+        };
+        let causal = match md.opt_bool(&key("attention.causal"))? {
+            Some(c) => c,
+            None => !arch.encoder(),
+        };
+        if !causal && !arch.encoder() {
+            return Err(bad(format!(
+                "{a} with non-causal attention is not supported by m40-llm"
+            )));
+        }
         Ok(Self {
+            causal,
+            encoder: encoder.transpose()?,
+            pooling,
             arch,
             n_layer,
             n_embd,
@@ -549,6 +684,7 @@ impl HyperParams {
             qk_norm: arch.qk_norm() || (arch == Arch::CommandR && n_layer >= 64),
             act: match arch {
                 a if a.gemma() => Activation::GeluTanh,
+                Arch::Bert => Activation::GeluTanh,
                 Arch::GptOss => Activation::SwigluOai,
                 _ => Activation::Silu,
             },
@@ -563,7 +699,7 @@ impl HyperParams {
             moe,
             attn_temp,
             rope_attn_factor,
-            out_bias: arch == Arch::GptOss,
+            out_bias: matches!(arch, Arch::GptOss | Arch::Bert),
             attn_sinks: arch == Arch::GptOss,
         })
     }
@@ -666,6 +802,10 @@ impl HyperParams {
             self.n_vocab as u64,
         );
         let mut out = vec![(TOKEN_EMBD.to_string(), vec![d, v])];
+        if let Some(e) = self.encoder {
+            self.encoder_tensors(e, &mut out);
+            return out;
+        }
         let h = self.n_head as u64;
         for l in 0..self.n_layer {
             let n = self.layer_names(l);
@@ -727,5 +867,50 @@ impl HyperParams {
             out.push((OUTPUT.to_string(), vec![d, v]));
         }
         out
+    }
+}
+
+impl HyperParams {
+    /// An encoder's tensors after the token embedding (llama.cpp's order).
+    fn encoder_tensors(&self, e: Encoder, out: &mut Vec<(String, Vec<u64>)>) {
+        let (d, q, ff) = (
+            self.n_embd as u64,
+            (self.n_head * self.head_dim) as u64,
+            self.n_ff as u64,
+        );
+        if e.learned_pos {
+            out.push((POSITION_EMBD.into(), vec![d, self.n_ctx_train as u64]));
+        }
+        out.push((TOKEN_TYPES.into(), vec![d, e.n_token_types as u64]));
+        out.push((TOKEN_EMBD_NORM.into(), vec![d]));
+        out.push((TOKEN_EMBD_NORM_B.into(), vec![d]));
+        for l in 0..self.n_layer {
+            let n = self.layer_names(l);
+            for (w, b) in [(n.wq, n.bq), (n.wk, n.bk), (n.wv, n.bv)] {
+                out.push((w, vec![d, q]));
+                if self.qkv_bias {
+                    out.push((b, vec![q]));
+                }
+            }
+            out.push((n.wo, vec![q, d]));
+            if self.out_bias {
+                out.push((n.bo, vec![d]));
+            }
+            out.push((n.attn_out_norm, vec![d]));
+            out.push((n.attn_out_norm_b, vec![d]));
+            if e.gated {
+                out.push((n.ffn_gate, vec![d, ff]));
+            }
+            out.push((n.ffn_up, vec![d, ff]));
+            if e.ffn_bias {
+                out.push((n.ffn_up_b, vec![ff]));
+            }
+            out.push((n.ffn_down, vec![ff, d]));
+            if e.ffn_bias {
+                out.push((n.ffn_down_b, vec![d]));
+            }
+            out.push((n.out_norm, vec![d]));
+            out.push((n.out_norm_b, vec![d]));
+        }
     }
 }

@@ -2,6 +2,7 @@
 //! blocks, a paged FP16 KV cache (`kv`), all prompt tokens through each
 //! matmul together.
 
+mod encoder;
 pub(crate) mod fused;
 mod kv;
 pub mod matmul;
@@ -22,6 +23,7 @@ use crate::error::{ModelError, Result};
 use crate::host::human_bytes;
 use crate::paged::PagedCache;
 use crate::{Backend, KvState, Logits, Model, SeqStep, StepOut, Want, DEFAULT_SEQUENCES};
+use encoder::{layernorm_bias, EncoderInput, EncoderLayer};
 pub use kv::PAGE_TOKENS;
 use kv::{row_at, HostPages, LayerPages};
 use m40_gguf::TensorView;
@@ -31,7 +33,9 @@ use ops::{glu, head_norm, norm, rmsnorm, softcap, softmax_sink, Rope};
 
 /// Small per-layer vectors kept as f32 (norm weights, biases).
 struct LayerVecs {
-    attn_norm: Vec<f32>,
+    /// None in an encoder (its norms come after the residual adds).
+    attn_norm: Option<Vec<f32>>,
+    encoder: Option<EncoderLayer>,
     /// None where attention and FFN share the attention norm (command-r).
     ffn_norm: Option<Vec<f32>>,
     bq: Option<Vec<f32>>,
@@ -68,7 +72,9 @@ pub struct CpuBackend {
     model: Arc<Model>,
     math: CpuMath,
     layers: Vec<LayerVecs>,
-    output_norm: Vec<f32>,
+    /// None in an encoder.
+    output_norm: Option<Vec<f32>>,
+    encoder: Option<Box<EncoderInput>>,
     rope: Rope,
     /// The sliding-window layers' RoPE (gemma), where they differ.
     rope_window: Option<Rope>,
@@ -124,8 +130,9 @@ impl CpuBackend {
                     ]),
                     _ => None,
                 },
-                attn_norm: vec_f32(&model, &n.attn_norm)?,
-                ffn_norm: opt(!hp.parallel, &n.ffn_norm)?,
+                attn_norm: opt(hp.encoder.is_none(), &n.attn_norm)?,
+                encoder: EncoderLayer::load(&model, &n)?,
+                ffn_norm: opt(!hp.parallel && hp.encoder.is_none(), &n.ffn_norm)?,
                 bq: opt(hp.qkv_bias, &n.bq)?,
                 bk: opt(hp.qkv_bias, &n.bk)?,
                 bv: opt(hp.qkv_bias, &n.bv)?,
@@ -146,13 +153,18 @@ impl CpuBackend {
         }
         let rope = Rope::for_model(&model)?;
         let rope_window = Rope::for_window(&model)?;
-        let output_norm = vec_f32(&model, OUTPUT_NORM)?;
+        let output_norm = match hp.encoder {
+            None => Some(vec_f32(&model, OUTPUT_NORM)?),
+            Some(_) => None,
+        };
+        let encoder = EncoderInput::load(&model)?.map(Box::new);
         let kv = HostPages::new(hp.n_layer, hp.n_head_kv * hp.head_dim, pages);
         Ok(Self {
             model,
             math,
             layers,
             output_norm,
+            encoder,
             rope,
             rope_window,
             kv,
@@ -161,6 +173,15 @@ impl CpuBackend {
 
     pub fn math(&self) -> CpuMath {
         self.math
+    }
+
+    /// The output norm over rows of the residual stream (an encoder has
+    /// none).
+    fn final_norm(&self, rows: &mut [f32]) {
+        let hp = self.model.hparams();
+        if let Some(w) = &self.output_norm {
+            norm(hp.norm, rows, w, hp.rms_eps);
+        }
     }
 
     /// `out = W x` for the `n` rows of `x`, by this backend's math.
@@ -198,7 +219,9 @@ impl CpuBackend {
     /// Causal GQA attention of a step's tokens, each over its own
     /// sequence's cache up to and including its position (on a
     /// sliding-window layer, its `window` newest keys): `at[i]` = (the
-    /// cache of token i, its position). q: (n, n_head*hd); out likewise.
+    /// cache of token i, its position); an encoder's over every token of
+    /// its sequence (`ends[s]`: the sequence's length after the step).
+    /// q: (n, n_head*hd); out likewise.
     /// Scores are q.k times the model's scale (and the query's temperature
     /// where the model has one), soft-capped where it says.
     /// Each (token, KV head) is computed alone, in the same order whatever
@@ -207,6 +230,7 @@ impl CpuBackend {
         &self,
         tables: &[&[u32]],
         at: &[(usize, usize)],
+        ends: &[usize],
         layer: usize,
         q: &[f32],
         out: &mut [f32],
@@ -230,8 +254,9 @@ impl CpuBackend {
                 let (i, g) = (task / hp.n_head_kv, task % hp.n_head_kv);
                 let (seq, pos) = at[i];
                 let row = |pos| row_at(tables[seq], pos, kv_dim) + g * hd;
+                let end = if hp.causal { pos + 1 } else { ends[seq] };
                 let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
-                let len = pos + 1 - first;
+                let len = end - first;
                 // mistral3's temperature scales the queries by position.
                 let scale = scale * hp.attn_temp.map_or(1.0, |t| t.at(pos));
                 let qh = &q[i * hp.n_head * hd + g * group * hd..][..group * hd];
@@ -270,7 +295,10 @@ impl CpuBackend {
     fn run(&self, seqs: &mut [(&mut CpuCache, &[u32], Logits)]) -> Result<Vec<Vec<f32>>> {
         let hp = self.model.hparams();
         // Every sequence's input is checked before any cache changes.
-        for (cache, tokens, _) in seqs.iter() {
+        for (cache, tokens, want) in seqs.iter() {
+            if self.encoder.is_some() && matches!(want, Logits::Last | Logits::All) {
+                return Err(ModelError::Unsupported("logits of an encoder".into()));
+            }
             if !cache.is_of(self.kv.pool()) {
                 return Err(ModelError::Unsupported(
                     "a KV cache of another backend".into(),
@@ -317,10 +345,16 @@ impl CpuBackend {
         let mut gate = vec![0f32; n * hp.n_ff]; // (n, n_ff)
         let mut up = vec![0f32; n * hp.n_ff];
         self.embed(&tokens, &mut x)?;
+        if let Some(input) = &self.encoder {
+            self.encoder_input(input, at.iter().map(|&(_, p)| p), &mut x)?;
+        }
+        let ends: Vec<usize> = seqs.iter().map(|(c, t, _)| c.len() + t.len()).collect();
         for (l, lv) in self.layers.iter().enumerate() {
             let names = self.model.layer(l);
             h.copy_from_slice(&x);
-            norm(hp.norm, &mut h, &lv.attn_norm, hp.rms_eps);
+            if let Some(w) = &lv.attn_norm {
+                norm(hp.norm, &mut h, w, hp.rms_eps);
+            }
             self.matmul(&names.wq, &h, n, &mut q)?;
             self.matmul(&names.wk, &h, n, &mut k)?;
             self.matmul(&names.wv, &h, n, &mut v)?;
@@ -335,7 +369,8 @@ impl CpuBackend {
                 Some(r) if hp.is_swa(l) => r,
                 _ => &self.rope,
             };
-            for (i, &(_, pos)) in at.iter().enumerate() {
+            let roped = !hp.encoder.is_some_and(|e| e.learned_pos);
+            for (i, &(_, pos)) in at.iter().enumerate().filter(|_| roped) {
                 rope.apply(&mut q[i * q_dim..(i + 1) * q_dim], hd, pos);
                 rope.apply(&mut k[i * kv_dim..(i + 1) * kv_dim], hd, pos);
             }
@@ -349,13 +384,21 @@ impl CpuBackend {
                 }
             }
             let tables: Vec<&[u32]> = seqs.iter().map(|(c, _, _)| c.pages()).collect();
-            self.attention(&tables, &at, l, &q, &mut att);
+            self.attention(&tables, &at, &ends, l, &q, &mut att);
             self.matmul(&names.wo, &att, n, &mut proj)?;
             add_bias(&mut proj, &lv.bo);
             if let Some([post, _]) = &lv.post_norms {
                 rmsnorm(&mut proj, post, hp.rms_eps);
             }
             add_residual(&mut x, &proj, hp.residual_scale);
+            if let Some(e) = &lv.encoder {
+                // Post-norms: x = LN(x + attn), x = LN(x + ffn(x)).
+                layernorm_bias(&mut x, &e.attn_out, hp.rms_eps);
+                self.encoder_ffn(&names, e, &x, n, [&mut gate, &mut up], &mut proj)?;
+                add_residual(&mut x, &proj, 1.0);
+                layernorm_bias(&mut x, &e.out, hp.rms_eps);
+                continue;
+            }
 
             // In parallel (command-r) the FFN reads the attention's input h.
             if let Some(ffn_norm) = &lv.ffn_norm {
@@ -376,8 +419,10 @@ impl CpuBackend {
             }
             add_residual(&mut x, &proj, hp.residual_scale);
         }
-        // The rows each sequence wants logits of, all through one matmul.
+        // The rows each sequence wants logits of, all through one matmul;
+        // hidden states are the normed rows themselves.
         let mut wanted = Vec::new(); // (sequence, rows)
+        let mut out: Vec<Vec<f32>> = seqs.iter().map(|_| Vec::new()).collect();
         let mut first = 0;
         for (s, (cache, t, want)) in seqs.iter_mut().enumerate() {
             cache.set_len(cache.len() + t.len());
@@ -385,11 +430,16 @@ impl CpuBackend {
                 Logits::None => first..first,
                 Logits::Last => first + t.len() - 1..first + t.len(),
                 Logits::All => first..first + t.len(),
+                Logits::Hidden => {
+                    let mut rows = x[first * d..(first + t.len()) * d].to_vec();
+                    self.final_norm(&mut rows);
+                    out[s] = rows;
+                    first..first
+                }
             };
             first += t.len();
             wanted.push((s, rows));
         }
-        let mut out: Vec<Vec<f32>> = seqs.iter().map(|_| Vec::new()).collect();
         let n_rows: usize = wanted.iter().map(|(_, r)| r.len()).sum();
         if n_rows == 0 {
             return Ok(out);
@@ -398,7 +448,7 @@ impl CpuBackend {
         for (_, r) in &wanted {
             rows.extend_from_slice(&x[r.start * d..r.end * d]);
         }
-        norm(hp.norm, &mut rows, &self.output_norm, hp.rms_eps);
+        self.final_norm(&mut rows);
         let out_name = if hp.tied_output { TOKEN_EMBD } else { OUTPUT };
         let mut logits = vec![0f32; n_rows * hp.n_vocab];
         self.matmul(out_name, &rows, n_rows, &mut logits)?;
@@ -536,6 +586,7 @@ impl Backend for CpuBackend {
             let want = match s.want {
                 Want::Nothing => Logits::None,
                 Want::Logits => Logits::Last,
+                Want::Hidden => Logits::Hidden,
                 Want::Select(_) => {
                     return Err(ModelError::Unsupported(
                         "token selection on this backend".into(),
@@ -550,6 +601,7 @@ impl Backend for CpuBackend {
             .zip(seqs.iter())
             .map(|(l, s)| match s.want {
                 Want::Nothing => StepOut::Nothing,
+                Want::Hidden => StepOut::Hidden(l),
                 _ => StepOut::Logits(l),
             })
             .collect())
@@ -631,6 +683,9 @@ mod tests {
             rope_attn_factor: 1.0,
             out_bias: false,
             attn_sinks: false,
+            causal: true,
+            encoder: None,
+            pooling: None,
         }
     }
 

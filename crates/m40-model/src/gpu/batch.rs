@@ -186,7 +186,11 @@ impl GpuBackend {
         // (and its new prompt's first token) by 2.5-3 ms (BENCHMARKS.md,
         // issue 33: the steady TTFT probe).
         let graphs_on = self.graphs.load(std::sync::atomic::Ordering::Relaxed);
-        let graph = graphs_on && rows.len() == seqs && seqs <= self.max_batch;
+        let graph = graphs_on
+            && rows.len() == seqs
+            && seqs <= self.max_batch
+            && !wants.iter().any(|w| **w == Want::Hidden);
+        let mut hidden: Vec<Option<Vec<f32>>> = vec![None; seqs];
         let n = rows.len();
         let tokens: Vec<u32> = rows.iter().map(|&(j, i)| steps[j].0[i]).collect();
         let pos: Vec<usize> = rows.iter().map(|&(j, i)| before[j] + i).collect();
@@ -198,12 +202,32 @@ impl GpuBackend {
             self.batch_graph_step(w, pools, graphs, n, max_start)?;
         } else {
             self.enqueue(w, pools, n, max_start, StepAttn::Batch, false)?;
+            if wants.iter().any(|w| **w == Want::Hidden) {
+                // Every row's hidden state, before the logits' norm
+                // overwrites them, back in each sequence's token order.
+                let d = hp.n_embd;
+                let mut all = Vec::with_capacity(n * d);
+                self.hidden(w, n, &mut all)?;
+                let mut each: Vec<Vec<f32>> =
+                    steps.iter().map(|(t, _)| vec![0f32; t.len() * d]).collect();
+                for (r, &(j, i)) in rows.iter().enumerate() {
+                    each[j][i * d..(i + 1) * d].copy_from_slice(&all[r * d..(r + 1) * d]);
+                }
+                for (j, h) in each.into_iter().enumerate() {
+                    if *wants[j] == Want::Hidden {
+                        hidden[j] = Some(h);
+                    }
+                }
+            }
             self.logits(w, 0..seqs, Residual::Done)?;
         }
         for ((c, &p), (t, _)) in caches.iter_mut().zip(&before).zip(steps) {
             c.set_len(p + t.len());
         }
-        let mut out = vec![StepOut::Nothing; seqs];
+        let mut out: Vec<StepOut> = hidden
+            .into_iter()
+            .map(|h| h.map_or(StepOut::Nothing, StepOut::Hidden))
+            .collect();
         // Rows that want their logits come to the host before any
         // selection penalizes its row in place.
         for (r, a) in args.iter().enumerate() {

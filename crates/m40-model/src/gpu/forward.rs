@@ -586,6 +586,23 @@ impl GpuBackend {
         self.finish_logits(w, n)
     }
 
+    /// The final hidden states of the step's `n` rows (the output norm of
+    /// the residual stream, as the logits read it) appended to `out`.
+    pub(super) fn hidden(&self, w: &mut Workspace, n: usize, out: &mut Vec<f32>) -> Result<()> {
+        let d = self.model.hparams().n_embd;
+        self.norm(
+            norm_bufs!(w),
+            &self.weights.output_norm,
+            0..n,
+            Residual::Done,
+        )?;
+        let at = out.len();
+        out.resize(at + n * d, 0.0);
+        self.stream
+            .copy_to_host(&w.h.slice(0..n * d)?, &mut out[at..])?;
+        Ok(())
+    }
+
     /// The `n` rows of logits in `w.logits` times the model's logit scale
     /// (granite, command-r) and soft-capped (gemma), where it says.
     fn finish_logits(&self, w: &mut Workspace, n: usize) -> Result<()> {
@@ -644,7 +661,7 @@ impl GpuBackend {
         )?;
         let n_vocab = hp.n_vocab;
         let use_graphs = self.graphs.load(std::sync::atomic::Ordering::Relaxed);
-        if n == 1 && use_graphs && want != Logits::None {
+        if n == 1 && use_graphs && !matches!(want, Logits::None | Logits::Hidden) {
             // A masked selection runs after the graph, once the host has
             // its mask (computed while the graph runs).
             let masked = sel.as_ref().and_then(|s| s.mask);
@@ -672,6 +689,12 @@ impl GpuBackend {
         cache.set_len(start + n);
         let rows = match want {
             Logits::None => return Ok(()),
+            Logits::Hidden => {
+                return match out {
+                    Some(out) => self.hidden(w, n, out),
+                    None => Ok(()),
+                };
+            }
             Logits::Last => n - 1..n,
             Logits::All => 0..n,
         };

@@ -335,6 +335,12 @@ impl GpuBackend {
     /// The backend for `model` on `device` (`Device::open(ordinal)`).
     pub fn new(device: Arc<Device>, model: Arc<Model>, opts: GpuOptions) -> Result<Self> {
         let hp = model.hparams().clone();
+        if hp.encoder.is_some() {
+            return Err(ModelError::Unsupported(format!(
+                "{} (an encoder) on the GPU: it runs on the CPU",
+                hp.arch.name()
+            )));
+        }
         if hp.head_dim > MAX_HEAD_DIM || !hp.head_dim.is_multiple_of(2) {
             return Err(ModelError::Unsupported(format!(
                 "head dimension {} on the GPU (even, at most {MAX_HEAD_DIM})",

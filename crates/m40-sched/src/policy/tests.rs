@@ -37,6 +37,38 @@ fn a_long_prompt_is_chunked_and_running_decodes_go_first() {
 }
 
 #[test]
+fn a_whole_prompt_runs_in_one_step_and_ends_there() {
+    // Chunks of 4 beside up to 4 decodes; a whole 7-token prompt is not
+    // cut, waits while a decode leaves it too little budget, and ends
+    // after its step (nothing sampled), its pages freed.
+    let mut s = Scheduler::new(cfg(8, 4, 64, 0));
+    s.add(1, 3, 10).unwrap();
+    let step = s.plan();
+    s.complete(&step, &[]);
+    s.add_whole(2, 7).unwrap();
+    s.add_whole(3, 3).unwrap();
+    let step = s.plan();
+    assert_eq!(
+        (step.decode.clone(), step.prefill.clone()),
+        (vec![1], vec![(2, 0..7)])
+    );
+    assert_eq!(s.complete(&step, &[]), [2]);
+    assert_eq!(s.pages_of(2), None);
+    let step = s.plan();
+    assert_eq!(step.prefill, [(3, 0..3)]);
+    assert_eq!(s.complete(&step, &[]), [3]);
+    // One longer than a step can never run: refused at once.
+    assert_eq!(
+        s.add_whole(4, 9),
+        Err(SchedError::NotOneStep {
+            id: 4,
+            prompt: 9,
+            max: 8
+        })
+    );
+}
+
+#[test]
 fn cached_prefixes_count_only_the_tokens_computed() {
     // A budget of 16 (chunks of 14 beside up to 2 decodes): two 10-token
     // prompts of which 7 tokens are cached fit one step (3 tokens each);

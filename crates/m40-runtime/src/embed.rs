@@ -1,0 +1,234 @@
+//! Embeddings: each input's final hidden states (after the output norm
+//! where the model has one), pooled as its GGUF's `pooling_type` says (mean
+//! where it says nothing: any chat model, as Ollama allows), L2-normalized
+//! as Ollama, llama.cpp's `llama-embedding` and OpenAI's API return them.
+//! The inputs of a request run together in the engine's steps (64 short
+//! texts in one step, beside whatever else runs).
+
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use m40_gguf::hparams::Pooling;
+use m40_tokenizer::Encode;
+
+use crate::batcher::{SeqEvent, Submission};
+use crate::engine::{CancelOnDrop, Engine, EngineError, Result};
+use crate::sampling::SamplingParams;
+use crate::CancelToken;
+
+/// One input to embed.
+#[derive(Clone, Debug, PartialEq)]
+pub enum EmbedInput {
+    /// Text, tokenized as the model's vocabulary says (BERT's `[CLS]` and
+    /// `[SEP]`, a BOS, qwen3-embedding's closing EOS); special tokens in it
+    /// are not parsed.
+    Text(String),
+    /// Token ids, run as given (OpenAI's token arrays).
+    Tokens(Vec<u32>),
+}
+
+/// What to embed and how.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EmbedRequest {
+    pub inputs: Vec<EmbedInput>,
+    /// An input longer than the model takes is cut to fit (its closing
+    /// special token kept); else it is refused (Ollama's `truncate`).
+    pub truncate: bool,
+    /// Keep the first `dimensions` of each vector, normalized again
+    /// (Matryoshka models; OpenAI's and Ollama's `dimensions`).
+    pub dimensions: Option<usize>,
+}
+
+impl EmbedRequest {
+    pub fn new(inputs: Vec<EmbedInput>) -> Self {
+        Self {
+            inputs,
+            truncate: true,
+            dimensions: None,
+        }
+    }
+}
+
+/// The vectors of a request's inputs, in its order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Embeddings {
+    pub vectors: Vec<Vec<f32>>,
+    /// Each input's tokens as it ran (after any truncation).
+    pub tokens: Vec<usize>,
+    /// From the request's start to its last vector.
+    pub total_ms: f64,
+}
+
+impl Embeddings {
+    pub fn prompt_tokens(&self) -> usize {
+        self.tokens.iter().sum()
+    }
+}
+
+/// `v` scaled to unit length (left as it is when it is all zeros).
+pub fn normalize(v: &mut [f32]) {
+    let norm = v.iter().map(|&x| x as f64 * x as f64).sum::<f64>().sqrt();
+    if norm > 0.0 {
+        v.iter_mut().for_each(|x| *x = (*x as f64 / norm) as f32);
+    }
+}
+
+/// One vector from a sequence's hidden states (`rows` of `d`).
+pub fn pool(kind: Pooling, rows: &[f32], d: usize) -> Vec<f32> {
+    let n = rows.len() / d;
+    match kind {
+        Pooling::Cls => rows[..d].to_vec(),
+        Pooling::Last => rows[(n - 1) * d..].to_vec(),
+        _ => {
+            let mut sum = vec![0f64; d];
+            for row in rows.chunks_exact(d) {
+                sum.iter_mut().zip(row).for_each(|(s, &x)| *s += x as f64);
+            }
+            sum.into_iter().map(|s| (s / n as f64) as f32).collect()
+        }
+    }
+}
+
+impl Engine {
+    /// How this model's embeddings pool: its file's `pooling_type`, mean
+    /// where it has none (or says none: one vector per input is what the
+    /// APIs return); a reranker's cannot be embeddings.
+    pub fn pooling(&self) -> Result<Pooling> {
+        match self.hparams().pooling {
+            Some(Pooling::Rank) => Err(EngineError::NoEmbeddings(
+                "it is a reranker (pooling_type rank), whose output is a score",
+            )),
+            Some(Pooling::None) | None => Ok(Pooling::Mean),
+            Some(p) => Ok(p),
+        }
+    }
+
+    /// The most tokens one input may have: the context, and for an encoder
+    /// (whose input runs in one step) the step's tokens.
+    pub fn max_embed_tokens(&self) -> usize {
+        let step = self.activity().max_batch_tokens;
+        if self.hparams().causal {
+            self.n_ctx
+        } else {
+            self.n_ctx.min(step)
+        }
+    }
+
+    /// Each input's token ids, cut or refused where too long.
+    fn embed_tokens(&self, req: &EmbedRequest) -> Result<Vec<Vec<u32>>> {
+        let tk = &self.core.tokenizer;
+        let max = self.max_embed_tokens();
+        let vocab = tk.vocab();
+        // The special token the vocabulary closes a text with, kept last
+        // when a text is cut.
+        let closing = match (vocab.add_sep, vocab.add_eos) {
+            (true, _) => vocab.sep,
+            (false, true) => vocab.eos,
+            _ => None,
+        };
+        req.inputs
+            .iter()
+            .enumerate()
+            .map(|(index, input)| {
+                let (mut ids, close) = match input {
+                    EmbedInput::Text(t) => {
+                        let opts = Encode {
+                            parse_special: false,
+                            add_special: true,
+                        };
+                        (tk.encode(t, opts)?, closing)
+                    }
+                    EmbedInput::Tokens(ids) => {
+                        tk.check(ids)?;
+                        (ids.clone(), None)
+                    }
+                };
+                if ids.is_empty() {
+                    return Err(EngineError::EmptyPrompt);
+                }
+                if ids.len() > max {
+                    if !req.truncate {
+                        return Err(EngineError::InputTooLong {
+                            index,
+                            tokens: ids.len(),
+                            max,
+                        });
+                    }
+                    ids.truncate(max);
+                    if let Some(c) = close {
+                        ids[max - 1] = c;
+                    }
+                }
+                Ok(ids)
+            })
+            .collect()
+    }
+
+    /// Embed `req`'s inputs: every one submitted at once, so that they run
+    /// together in the engine's steps.
+    pub fn embed(&self, req: &EmbedRequest, cancel: &CancelToken) -> Result<Embeddings> {
+        let start = Instant::now();
+        let pooling = self.pooling()?;
+        let d = self.hparams().n_embd;
+        if let Some(k) = req.dimensions {
+            if k == 0 || k > d {
+                return Err(EngineError::BadDimensions { asked: k, max: d });
+            }
+        }
+        let inputs = self.embed_tokens(req)?;
+        let stop = CancelToken::new();
+        let _stop_on_return = CancelOnDrop(stop.clone());
+        let (subs, rxs): (Vec<Submission>, Vec<mpsc::Receiver<SeqEvent>>) = inputs
+            .iter()
+            .map(|ids| {
+                let (tx, rx) = mpsc::channel();
+                let sub = Submission {
+                    prompt: ids.clone(),
+                    max_new: 1,
+                    sampling: SamplingParams::default(),
+                    logprobs: false,
+                    logit_bias: Vec::new(),
+                    ignore_eos: false,
+                    constraint: None,
+                    hidden: true,
+                    cancel: stop.clone(),
+                    events: tx,
+                };
+                (sub, rx)
+            })
+            .unzip();
+        self.batcher.submit_all(subs);
+        let mut vectors = Vec::with_capacity(inputs.len());
+        for (ids, rx) in inputs.iter().zip(rxs) {
+            let mut rows = Vec::with_capacity(ids.len() * d);
+            while rows.len() < ids.len() * d {
+                if cancel.is_cancelled() {
+                    return Err(EngineError::Cancelled);
+                }
+                match rx.recv_timeout(Duration::from_millis(20)) {
+                    Ok(SeqEvent::Hidden(r)) => rows.extend_from_slice(&r),
+                    Ok(SeqEvent::Failed(e)) => return Err(EngineError::Step(e)),
+                    Ok(_) | Err(mpsc::RecvTimeoutError::Timeout) => {}
+                    Err(mpsc::RecvTimeoutError::Disconnected) => {
+                        return Err(EngineError::Step(std::sync::Arc::new(
+                            m40_model::ModelError::Unsupported(
+                                "the step loop ended the embedding early".into(),
+                            ),
+                        )))
+                    }
+                }
+            }
+            let mut v = pool(pooling, &rows, d);
+            if let Some(k) = req.dimensions {
+                v.truncate(k);
+            }
+            normalize(&mut v);
+            vectors.push(v);
+        }
+        Ok(Embeddings {
+            vectors,
+            tokens: inputs.iter().map(Vec::len).collect(),
+            total_ms: start.elapsed().as_secs_f64() * 1e3,
+        })
+    }
+}
