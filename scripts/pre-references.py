@@ -65,3 +65,27 @@ for special in (False, True):
     ugm["special" if special else "literal"] = run("default", "ggml-vocab-nomic-bert-moe", UGM_TEXTS, special)
 json.dump(ugm, open(f"{data}/llamacpp-ugm.json", "w"), ensure_ascii=False, separators=(",", ":"))
 print(f"Unigram: {len(UGM_TEXTS)} texts -> {data}/llamacpp-ugm.json")
+
+# WordPiece: llama.cpp's own segmentation (see crates/m40-tokenizer/src/wpm.rs)
+# on bert-bge's vocabulary: Hangul (its syllables become their leading
+# jamo), Devanagari's and Thai's marks, emoji keycaps and variation
+# selectors, accents, CJK, punctuation and symbols, special tokens.
+WPM_TEXTS = UGM_TEXTS + [
+    "안녕하세요 세계! 한국어 텍스트",
+    "नमस्ते दुनिया, हिन्दी में पाठ",
+    "1️⃣ 2️⃣ #️⃣ *️⃣ keycaps ❤️ ✔︎",
+    "สวัสดีครับ ภาษาไทย",
+    "مَرْحَبًا بِالْعَالَم",
+    "Tiếng Việt có dấu: ắ ằ ẳ ẵ ặ",
+    "中文字符和日本語のテキスト、カタカナ",
+    "naïve café résumé Ångström ß ẞ İstanbul",
+    "price: $5.99 + €3 = ~£8 @home #tag 50% ^_^ `code` |x| <a>",
+    "[CLS] inside [SEP] text [MASK] [UNK] [PAD]",
+    "ＦＵＬＬＷＩＤＴＨ ｔｅｘｔ and e\u0301 combining and \u200d\u200c joiners",
+    "tab\tand\u000bvertical\u0085next\u2028line\u3000wide",
+]
+wpm = {"texts": WPM_TEXTS}
+for special in (False, True):
+    wpm["special" if special else "literal"] = run("default", "ggml-vocab-bert-bge", WPM_TEXTS, special)
+json.dump(wpm, open(f"{data}/llamacpp-wpm.json", "w"), ensure_ascii=False, separators=(",", ":"))
+print(f"WordPiece: {len(WPM_TEXTS)} texts -> {data}/llamacpp-wpm.json")

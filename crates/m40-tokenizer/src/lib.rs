@@ -18,6 +18,7 @@ mod stream;
 pub mod template;
 mod ugm;
 pub mod vocab;
+mod wpm;
 
 use std::collections::BTreeSet;
 use tokenizers::{OffsetReferential, OffsetType};
@@ -58,6 +59,8 @@ pub struct Tokenizer {
     split: Option<PreSplit>,
     /// The Unigram segmenter (`t5` vocabularies).
     ugm: Option<ugm::Ugm>,
+    /// The WordPiece segmenter (`bert` vocabularies).
+    wpm: Option<wpm::Wpm>,
     eog: BTreeSet<u32>,
 }
 
@@ -109,12 +112,17 @@ impl Tokenizer {
             VocabKind::Ugm => Some(ugm::Ugm::new(&vocab)?),
             _ => None,
         };
+        let wpm = match vocab.kind {
+            VocabKind::Wpm => Some(wpm::Wpm::new(&vocab)?),
+            _ => None,
+        };
         Ok(Self {
             vocab,
             parsing,
             literal,
             split,
             ugm,
+            wpm,
             eog,
         })
     }
@@ -143,26 +151,24 @@ impl Tokenizer {
         if opts.add_special && self.vocab.add_bos {
             ids.extend(self.vocab.bos);
         }
-        match &self.ugm {
-            Some(ugm) => {
-                // Special tokens split off as for the other models, each
-                // stretch of text between them segmented on its own.
-                let pre = tk
-                    .get_added_vocabulary()
-                    .extract_and_normalize(None::<&tokenizers::NormalizerWrapper>, text);
-                for (piece, _, tokens) in
-                    pre.get_splits(OffsetReferential::Original, OffsetType::Byte)
-                {
-                    match tokens {
-                        Some(tokens) => ids.extend(tokens.iter().map(|t| t.id)),
-                        None => ugm.encode(piece, &mut ids)?,
-                    }
+        if self.ugm.is_some() || self.wpm.is_some() {
+            // Special tokens split off as for the other models, each
+            // stretch of text between them segmented on its own.
+            let pre = tk
+                .get_added_vocabulary()
+                .extract_and_normalize(None::<&tokenizers::NormalizerWrapper>, text);
+            for (piece, _, tokens) in pre.get_splits(OffsetReferential::Original, OffsetType::Byte)
+            {
+                match (tokens, &self.ugm, &self.wpm) {
+                    (Some(tokens), _, _) => ids.extend(tokens.iter().map(|t| t.id)),
+                    (None, Some(ugm), _) => ugm.encode(piece, &mut ids)?,
+                    (None, None, Some(wpm)) => wpm.encode(piece, &mut ids),
+                    (None, None, None) => unreachable!("a segmenter of ours"),
                 }
             }
-            None => {
-                let enc = tk.encode_fast(text, false).map_err(error::hf)?;
-                ids.extend_from_slice(enc.get_ids());
-            }
+        } else {
+            let enc = tk.encode_fast(text, false).map_err(error::hf)?;
+            ids.extend_from_slice(enc.get_ids());
         }
         if opts.add_special && self.vocab.add_eos {
             ids.extend(self.vocab.eos);

@@ -287,6 +287,8 @@ mod tests {
             add_eos: false,
             sep: None,
             add_sep: false,
+            lowercase: false,
+            strip_accents: false,
             add_space_prefix: prefix,
             remove_extra_whitespaces: merge,
             precompiled_charsmap: None,

@@ -75,6 +75,11 @@ pub struct Vocab {
     /// (`tokenizer.ggml.add_sep_token`; WordPiece's default, as llama.cpp).
     pub sep: Option<u32>,
     pub add_sep: bool,
+    /// WordPiece's normalizer (`tokenizer.ggml.normalizer.lowercase` and
+    /// `.strip_accents`; llama.cpp's defaults: both, unless the pre is
+    /// `whitespace`, and accents stripped where lowercased).
+    pub lowercase: bool,
+    pub strip_accents: bool,
     pub add_space_prefix: bool,
     /// `tokenizer.ggml.remove_extra_whitespaces` (Unigram): one space
     /// before each word, none elsewhere.
@@ -160,6 +165,13 @@ impl Vocab {
             other => other,
         };
         let sep = wpm_default(id("tokenizer.ggml.seperator_token_id")?, 102);
+        let pre = md.opt_str("tokenizer.ggml.pre")?;
+        let lowercase = md
+            .opt_bool("tokenizer.ggml.normalizer.lowercase")?
+            .unwrap_or(pre != Some("whitespace"));
+        let strip_accents = md
+            .opt_bool("tokenizer.ggml.normalizer.strip_accents")?
+            .unwrap_or(lowercase);
         // llama.cpp's defaults for a t5 vocabulary: EOS 1, unknown 2, pad 0.
         let ugm_default = |key: &str, v: u32| -> Result<Option<u32>> {
             match id(key)? {
@@ -187,6 +199,8 @@ impl Vocab {
             bos,
             sep,
             add_sep: md.opt_bool("tokenizer.ggml.add_sep_token")?.unwrap_or(wpm),
+            lowercase,
+            strip_accents,
             eos: ugm_default("tokenizer.ggml.eos_token_id", 1)?,
             eot: id("tokenizer.ggml.eot_token_id")?,
             eom: id("tokenizer.ggml.eom_token_id")?,

@@ -396,16 +396,28 @@ fn difference(tok: &Tokenizer, what: &str, want: &[u32], got: &[u32]) -> String 
 /// special tokens parsed and added.
 #[test]
 fn unigram_tokenizes_as_llama_cpp_does() {
+    segments_as_llama_cpp("llamacpp-ugm.json", "nomic-bert-moe", VocabKind::Ugm);
+}
+
+/// llama.cpp's WordPiece on bert-bge's vocabulary beyond its test vectors
+/// (Hangul, Devanagari, Thai, Arabic marks, emoji keycaps, CJK, symbols:
+/// tests/data/llamacpp-wpm.json, from scripts/pre-references.sh).
+#[test]
+fn wordpiece_tokenizes_as_llama_cpp_does() {
+    segments_as_llama_cpp("llamacpp-wpm.json", "bert-bge", VocabKind::Wpm);
+}
+
+/// Every text of tests/data/`data` as llama.cpp's tokenizer of
+/// ggml-vocab-`vocab`.gguf gives it: literal text, and with special tokens
+/// parsed and added.
+fn segments_as_llama_cpp(data: &str, vocab: &str, kind: VocabKind) {
     let Some(dir) = dir() else { return };
-    let data = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/data/llamacpp-ugm.json"
-    ))
-    .unwrap();
-    let data: serde_json::Value = serde_json::from_str(&data).unwrap();
-    let f = GgufFile::open(dir.join("ggml-vocab-nomic-bert-moe.gguf")).unwrap();
+    let path = format!("{}/tests/data/{data}", env!("CARGO_MANIFEST_DIR"));
+    let data: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let f = GgufFile::open(dir.join(format!("ggml-vocab-{vocab}.gguf"))).unwrap();
     let tok = Tokenizer::from_gguf(&f).unwrap();
-    assert_eq!(tok.vocab().kind, VocabKind::Ugm);
+    assert_eq!(tok.vocab().kind, kind);
     let texts = data["texts"].as_array().unwrap();
     let (mut failures, mut checked) = (Vec::new(), 0);
     for (mode, special) in [("literal", false), ("special", true)] {
@@ -435,5 +447,5 @@ fn unigram_tokenizes_as_llama_cpp_does() {
         failures.join("\n")
     );
     assert!(tok.encode("", Encode::default()).unwrap().is_empty());
-    eprintln!("Unigram: {checked} texts as llama.cpp");
+    eprintln!("{vocab}: {checked} texts as llama.cpp");
 }
