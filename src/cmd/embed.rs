@@ -47,6 +47,7 @@ pub fn run(a: Args) -> Result<()> {
         inputs: texts.into_iter().map(EmbedInput::Text).collect(),
         truncate: !a.no_truncate,
         dimensions: a.dimensions,
+        normalize: true,
     };
     let got = engine.embed(&req, &CancelToken::new())?;
     let out = serde_json::json!({

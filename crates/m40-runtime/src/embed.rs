@@ -37,6 +37,9 @@ pub struct EmbedRequest {
     /// Keep the first `dimensions` of each vector, normalized again
     /// (Matryoshka models; OpenAI's and Ollama's `dimensions`).
     pub dimensions: Option<usize>,
+    /// Scale each vector to unit length (everything but Ollama's older
+    /// `/api/embeddings`, which returns them as pooled).
+    pub normalize: bool,
 }
 
 impl EmbedRequest {
@@ -45,6 +48,7 @@ impl EmbedRequest {
             inputs,
             truncate: true,
             dimensions: None,
+            normalize: true,
         }
     }
 }
@@ -222,7 +226,9 @@ impl Engine {
             if let Some(k) = req.dimensions {
                 v.truncate(k);
             }
-            normalize(&mut v);
+            if req.normalize {
+                normalize(&mut v);
+            }
             vectors.push(v);
         }
         Ok(Embeddings {

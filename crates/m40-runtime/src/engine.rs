@@ -372,13 +372,11 @@ impl Engine {
     pub fn info(&self) -> crate::ModelInfo {
         let mut info = crate::ModelInfo::of(&self.model);
         info.chat_template = self.chat.source().to_string();
-        info.capabilities = vec!["completion"];
-        if self.native_tools() {
-            info.capabilities.push("tools");
-        }
-        if self.thinking().is_some() {
-            info.capabilities.push("thinking");
-        }
+        info.capabilities = crate::info::capabilities(
+            self.hparams(),
+            self.native_tools(),
+            self.thinking().is_some(),
+        );
         info
     }
 

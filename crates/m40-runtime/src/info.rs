@@ -25,9 +25,30 @@ pub struct ModelInfo {
     /// The model's chat template (Jinja), or the one m40-llm uses for a
     /// model without one ([`crate::DEFAULT_CHAT_TEMPLATE`]).
     pub chat_template: String,
-    /// Ollama's capabilities: "completion"; "tools" where the chat template
-    /// shows tools to the model; "thinking" where it marks reasoning.
+    /// Ollama's capabilities: "completion" (a decoder); "embedding" where
+    /// the file says how to pool (an encoder has only this one); "tools"
+    /// where the chat template shows tools to the model; "thinking" where
+    /// it marks reasoning.
     pub capabilities: Vec<&'static str>,
+}
+
+/// [`ModelInfo::capabilities`] of a model of `hp` whose template shows
+/// tools and marks reasoning as `tools` and `thinking` say.
+pub(crate) fn capabilities(hp: &HyperParams, tools: bool, thinking: bool) -> Vec<&'static str> {
+    if hp.encoder.is_some() {
+        return vec!["embedding"];
+    }
+    let mut c = vec!["completion"];
+    if hp.pooling.is_some() {
+        c.push("embedding");
+    }
+    if tools {
+        c.push("tools");
+    }
+    if thinking {
+        c.push("thinking");
+    }
+    c
 }
 
 impl ModelInfo {
@@ -67,14 +88,8 @@ impl ModelInfo {
             .opt_str("tokenizer.chat_template.tool_use")
             .ok()
             .flatten();
-        let mut capabilities = vec!["completion"];
         let (tools, thinking) = crate::chat::capabilities(&chat_template, tool_use);
-        if tools {
-            capabilities.push("tools");
-        }
-        if thinking {
-            capabilities.push("thinking");
-        }
+        let capabilities = capabilities(&hparams, tools, thinking);
         ModelInfo {
             path: f.path().to_path_buf(),
             architecture: f.architecture().unwrap_or("unknown").to_string(),

@@ -51,7 +51,7 @@ pub use m40_model::cpu::CpuMath;
 pub use m40_model::gpu::LoadProgress;
 pub use m40_model::{Model, ModelError};
 pub use m40_tokenizer::template::CHATML as DEFAULT_CHAT_TEMPLATE;
-pub use m40_tokenizer::{Tokenizer, TokenizerError};
+pub use m40_tokenizer::{Encode, Tokenizer, TokenizerError};
 
 mod batcher;
 mod cancel;

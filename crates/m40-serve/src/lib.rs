@@ -33,6 +33,7 @@ use m40_runtime::{CancelToken, Completion, Engine, Request, TokenEvent};
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 
+mod embed;
 mod format;
 mod metrics;
 mod models;
@@ -410,7 +411,7 @@ impl Running {
     }
 }
 
-struct CancelOnDrop(CancelToken);
+pub(crate) struct CancelOnDrop(pub(crate) CancelToken);
 
 impl Drop for CancelOnDrop {
     fn drop(&mut self) {
@@ -443,7 +444,7 @@ impl ApiError {
         Self::new(StatusCode::BAD_REQUEST, message)
     }
 
-    fn retry_after(mut self, seconds: u64) -> Self {
+    pub(crate) fn retry_after(mut self, seconds: u64) -> Self {
         self.retry_after = Some(seconds);
         self
     }
@@ -496,6 +497,9 @@ pub fn router(state: AppState) -> Router {
         .route("/api/show", post(ollama::show))
         .route("/api/generate", post(ollama::generate))
         .route("/api/chat", post(ollama::chat))
+        .route("/api/embed", post(embed::ollama_embed))
+        .route("/api/embeddings", post(embed::ollama_embeddings))
+        .route("/v1/embeddings", post(embed::openai_embeddings))
         .route("/v1/models", get(openai::models))
         .route("/v1/models/{*id}", get(openai::model))
         .route("/v1/chat/completions", post(openai::chat_completions))
@@ -506,7 +510,7 @@ pub fn router(state: AppState) -> Router {
             axum::routing::any(|| async {
                 openai::OaiError::from(ApiError::new(
                     StatusCode::NOT_FOUND,
-                    "no such endpoint: m40-llm serves /v1/chat/completions, /v1/completions and /v1/models",
+                    "no such endpoint: m40-llm serves /v1/chat/completions, /v1/completions, /v1/embeddings and /v1/models",
                 ))
             }),
         )

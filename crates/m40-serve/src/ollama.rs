@@ -503,7 +503,7 @@ pub(crate) async fn version() -> Json<Value> {
 /// Ollama's `keep_alive`: a number of seconds, or a Go duration ("5m",
 /// "1h30m", "-1"); anything else is a 400, as in Ollama. The model stays
 /// loaded whatever it says (but 0, below).
-fn check_keep_alive(keep_alive: Option<&Value>) -> Result<(), ApiError> {
+pub(crate) fn check_keep_alive(keep_alive: Option<&Value>) -> Result<(), ApiError> {
     let ok = match keep_alive {
         None | Some(Value::Null | Value::Number(_)) => true,
         Some(Value::String(s)) => go_duration(s.trim()),

@@ -191,6 +191,23 @@ expect_error(lambda: ol.generate(model="no-such-model", prompt="hi"), ollama.Res
 expect_error(lambda: ol.generate(model=MODEL, prompt="hi", options={"temperature": "hot"}),
              ollama.ResponseError, "a wrong option type", 400)
 
+# embeddings: both clients, as a RAG front-end asks for them
+import base64, math, struct
+oe = oa.embeddings.create(model=MODEL, input=["the sky is blue", "cats purr"])
+check(len(oe.data) == 2 and len(oe.data[0].embedding) == 576 and oe.usage.prompt_tokens > 0,
+      f"openai embeddings: {len(oe.data)}")
+check(abs(math.hypot(*oe.data[0].embedding) - 1) < 1e-4, "openai embeddings are normalized")
+raw = oa.embeddings.create(model=MODEL, input="the sky is blue", encoding_format="base64")
+floats = struct.unpack(f"<{len(base64.b64decode(raw.data[0].embedding)) // 4}f",
+                       base64.b64decode(raw.data[0].embedding))
+check(max(abs(a - b) for a, b in zip(floats, oe.data[0].embedding)) < 1e-5, "base64 embeddings")
+oe2 = oa.embeddings.create(model=MODEL, input="the sky is blue", dimensions=64)
+check(len(oe2.data[0].embedding) == 64, "openai dimensions")
+le = ol.embed(model=MODEL, input=["the sky is blue", "cats purr"])
+check(len(le.embeddings) == 2 and max(abs(a - b) for a, b in zip(le.embeddings[0], oe.data[0].embedding)) < 1e-5,
+      "ollama embed matches openai's")
+check(len(ol.embeddings(model=MODEL, prompt="the sky is blue").embedding) == 576, "ollama embeddings (older)")
+
 # pull (a path, named in place), list, delete
 steps = [p.status for p in ol.pull(GGUF, stream=True)]
 check(steps and steps[0] == "pulling manifest" and steps[-1] == "success", f"pull progress: {steps}")
