@@ -22,7 +22,35 @@ on_both!(
     limits_are_clear_errors,
 );
 
+/// tests/data: in this checkout, or under the working directory (the GPU
+/// pack runs from a copy of the tree).
+fn data_dir() -> std::path::PathBuf {
+    [env!("CARGO_MANIFEST_DIR"), "."]
+        .iter()
+        .map(|r| Path::new(r).join("tests/data"))
+        .find(|p| p.join("llamacpp-embed-tiny-F32.json").is_file())
+        .expect("tests/data with the llama.cpp embedding references")
+}
+
 fn engine(on: On, shape: &str, ty: &str, dir: &Path, parallel: usize) -> Engine {
+    engine_math(
+        on,
+        shape,
+        ty,
+        dir,
+        parallel,
+        m40_runtime::CpuMath::Quantized,
+    )
+}
+
+fn engine_math(
+    on: On,
+    shape: &str,
+    ty: &str,
+    dir: &Path,
+    parallel: usize,
+    cpu_math: m40_runtime::CpuMath,
+) -> Engine {
     let shape = Shape::find(shape).expect("a synth shape");
     let path = dir.join(format!("{}-{ty}.gguf", shape.name));
     if !path.exists() {
@@ -45,6 +73,7 @@ fn engine(on: On, shape: &str, ty: &str, dir: &Path, parallel: usize) -> Engine 
         n_ctx: Some(512),
         backend,
         parallel: Some(parallel),
+        cpu_math,
         ..Default::default()
     };
     Engine::from_path(&path, opts).unwrap()
@@ -64,7 +93,7 @@ fn texts(e: &Engine, texts: &[String]) -> m40_runtime::Embeddings {
 
 fn embeddings_match_llamacpp(on: On) {
     let dir = tempfile::tempdir().unwrap();
-    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+    let data = data_dir();
     for shape in [
         "bert-tiny",
         "nomic-bert-tiny",
@@ -194,4 +223,49 @@ fn limits_are_clear_errors(on: On) {
         Err(EngineError::EmbeddingOnly("bert"))
     ));
     support::idle(&e);
+}
+
+/// The GPU's vectors against the exact CPU's, element by element, for
+/// every embedding shape, the inputs alone and in one batched request
+/// (the decoders' rows through the batched step and alone; the encoders'
+/// groups).
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_vectors_match_the_exact_cpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let t: Vec<String> = (0..40)
+        .map(|i| format!("text {i}: {}", "the cat sat on the mat ".repeat(i % 7 + 1)))
+        .collect();
+    for shape in [
+        "bert-tiny",
+        "nomic-bert-tiny",
+        "qwen3-embedding-tiny",
+        "tiny",
+    ] {
+        let cpu = engine_math(
+            On::Cpu,
+            shape,
+            "F32",
+            dir.path(),
+            64,
+            m40_runtime::CpuMath::Exact,
+        );
+        let gpu = engine(On::Gpu, shape, "F32", dir.path(), 64);
+        let want = texts(&cpu, &t);
+        let all = texts(&gpu, &t);
+        for (i, w) in want.vectors.iter().enumerate() {
+            let alone = texts(&gpu, std::slice::from_ref(&t[i]));
+            for got in [&all.vectors[i], &alone.vectors[0]] {
+                let worst = got
+                    .iter()
+                    .zip(w)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0f32, f32::max);
+                assert!(
+                    worst < 2e-3,
+                    "{shape} text {i}: GPU and CPU differ by {worst}"
+                );
+            }
+        }
+    }
 }

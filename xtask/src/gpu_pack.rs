@@ -127,6 +127,7 @@ const BOTH_BACKENDS: &[&str] = &[
     "tools",
     "thinking",
     "request_fields",
+    "embeddings",
 ];
 
 pub fn run() -> Result<()> {

@@ -16,6 +16,7 @@ mod bench;
 mod decode;
 mod elementwise;
 mod embed;
+mod encoder;
 mod gemm;
 mod gemm_rows;
 mod gemv;
@@ -43,6 +44,7 @@ pub use attention::{
     MAX_HEAD_DIM,
 };
 pub use decode::DecodeProgram;
+pub use encoder::{EncAttnInputs, EncHeads, ENC_MAX_KEYS};
 pub use error::{KernelError, Result};
 pub use format::{gemv_shared_bytes, KernelFormat};
 pub use gemm::{
@@ -90,6 +92,7 @@ const MODULE_TABLE: &[(&str, &str)] = &[
     module!("decode"),
     module!("elementwise"),
     module!("embed"),
+    module!("encoder"),
     module!("gemm.common"),
     module!("gemm.f32"),
     module!("gemm.f16"),

@@ -724,11 +724,6 @@ fn pick_backend(
     if opts.backend == BackendChoice::Cpu {
         return Ok((cpu()?, None));
     }
-    let hp = model.hparams();
-    if hp.encoder.is_some() && opts.backend == BackendChoice::Auto {
-        let why = format!("{} (an encoder) runs on the CPU", hp.arch.name());
-        return Ok((cpu()?, Some(why)));
-    }
     let device = match m40_device::Device::open(opts.gpu) {
         Ok(d) => d,
         Err(e) if opts.backend == BackendChoice::Auto => {

@@ -12,6 +12,7 @@ mod bench;
 mod decode;
 mod elementwise;
 mod embed;
+mod encoder;
 mod gemm;
 mod gemm_rows;
 mod gemv;

@@ -20,6 +20,7 @@
 //! failure halfway.
 
 mod batch;
+mod encoder;
 mod forward;
 mod graphs;
 mod kv;
@@ -45,6 +46,7 @@ pub use m40_kernels::LoadProgress;
 use crate::cpu::ops::Rope;
 use crate::error::{ModelError, Result};
 use crate::{Backend, KvState, Logits, Model, Selection, SeqStep, StepOut};
+use encoder::EncoderWeights;
 use forward::attn_shape;
 use graphs::Graphs;
 use kv::Pools;
@@ -130,6 +132,8 @@ pub struct GpuBackend {
     kernels: Kernels,
     stream: Stream,
     weights: Weights,
+    /// An encoder's layers (bert, nomic-bert: `encoder.rs`).
+    encoder: Option<EncoderWeights>,
     inv_freq: DeviceBuffer<f32>,
     rope: RopeParams,
     /// The sliding-window layers' RoPE (gemma), where they have their own.
@@ -335,12 +339,6 @@ impl GpuBackend {
     /// The backend for `model` on `device` (`Device::open(ordinal)`).
     pub fn new(device: Arc<Device>, model: Arc<Model>, opts: GpuOptions) -> Result<Self> {
         let hp = model.hparams().clone();
-        if hp.encoder.is_some() {
-            return Err(ModelError::Unsupported(format!(
-                "{} (an encoder) on the GPU: it runs on the CPU",
-                hp.arch.name()
-            )));
-        }
         if hp.head_dim > MAX_HEAD_DIM || !hp.head_dim.is_multiple_of(2) {
             return Err(ModelError::Unsupported(format!(
                 "head dimension {} on the GPU (even, at most {MAX_HEAD_DIM})",
@@ -379,7 +377,8 @@ impl GpuBackend {
                 &l0.ffn_up
             };
             let t = model.tensor(name).info;
-            kernels.gemm_slots_for(t.ty, packs(&opts, t.ty, t.row_len()))?
+            let packed = packs(&opts, t.ty, t.row_len()) && hp.encoder.is_none();
+            kernels.gemm_slots_for(t.ty, packed)?
         };
         kernels.load_modules(&weights::rows_modules(&model, &opts, gpu), &mut progress)?;
         let (free, total) = device.memory()?;
@@ -412,6 +411,7 @@ impl GpuBackend {
 
         let stream = device.new_stream()?;
         let weights = Weights::upload(&model, &opts, &stream, w)?;
+        let encoder = EncoderWeights::upload(&model, &stream)?;
 
         // NeoX heads uploaded with their pairs adjacent rotate as llama's.
         let adjacent = weights::neox_pairs_adjacent(&opts, &hp);
@@ -457,6 +457,7 @@ impl GpuBackend {
             kernels,
             stream,
             weights,
+            encoder,
             inv_freq,
             rope,
             rope_window,
@@ -511,6 +512,20 @@ impl Backend for GpuBackend {
     }
 
     fn forward(&self, cache: &mut GpuCache, tokens: &[u32], want: Logits) -> Result<Vec<f32>> {
+        if let Some(enc) = &self.encoder {
+            if want != Logits::Hidden {
+                return Err(ModelError::Unsupported("logits of an encoder".into()));
+            }
+            let mut one = [SeqStep {
+                cache,
+                tokens,
+                want: crate::Want::Hidden,
+            }];
+            return match self.encoder_batch(enc, &mut one)?.pop() {
+                Some(StepOut::Hidden(h)) => Ok(h),
+                _ => Ok(Vec::new()),
+            };
+        }
         let mut st = lock(&self.state);
         let mut out = Vec::new();
         self.run(&mut st, cache, tokens, want, Some(&mut out), None)?;
@@ -557,7 +572,10 @@ impl Backend for GpuBackend {
     }
 
     fn forward_batch(&self, seqs: &mut [SeqStep<'_, GpuCache>]) -> Result<Vec<StepOut>> {
-        self.forward_batch_gpu(seqs)
+        match &self.encoder {
+            Some(enc) => self.encoder_batch(enc, seqs),
+            None => self.forward_batch_gpu(seqs),
+        }
     }
 
     fn forward_select(

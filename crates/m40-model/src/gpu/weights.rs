@@ -306,7 +306,20 @@ impl Weights {
             Ok(stream.upload(&v, name)?)
         };
         // The embedding is packed only when it is also the output matrix.
-        let embd = one(stacks(&[TOKEN_EMBD], hp.tied_output, false)?);
+        let embd = one(stacks(
+            &[TOKEN_EMBD],
+            hp.tied_output && hp.encoder.is_none(),
+            false,
+        )?);
+        if hp.encoder.is_some() {
+            // An encoder's layers are `encoder.rs`'s; it has no output.
+            return Ok(Weights {
+                embd,
+                layers: Vec::new(),
+                output_norm: stream.upload(&[0f32], "no output norm")?,
+                output: None,
+            });
+        }
         let mut layers = Vec::with_capacity(hp.n_layer);
         for l in 0..hp.n_layer {
             let n = model.layer(l);
@@ -497,6 +510,9 @@ pub(super) fn modules_needed(model: &Model, opts: &GpuOptions) -> Vec<&'static s
     if hp.moe.is_some() {
         m.push("moe");
     }
+    if hp.encoder.is_some() {
+        m.push("encoder");
+    }
     m
 }
 
@@ -561,10 +577,13 @@ fn uploads_packed(opts: &GpuOptions, hp: &HyperParams, t: &m40_gguf::TensorInfo)
     !in_rows(opts, hp, t) && packs(opts, t.ty, t.row_len())
 }
 
-/// Whether a tensor stays in GGUF rows: a mixture's router, and its
-/// experts where they are not packed (`experts_packed`).
+/// Whether a tensor stays in GGUF rows: an encoder's (`encoder.rs`), a
+/// mixture's router, and its experts where they are not packed
+/// (`experts_packed`).
 pub(super) fn in_rows(opts: &GpuOptions, hp: &HyperParams, t: &m40_gguf::TensorInfo) -> bool {
-    t.name.ends_with("ffn_gate_inp.weight") || (t.shape.len() == 3 && !experts_packed(opts, hp, t))
+    hp.encoder.is_some()
+        || t.name.ends_with("ffn_gate_inp.weight")
+        || (t.shape.len() == 3 && !experts_packed(opts, hp, t))
 }
 
 /// Whether a mixture's experts tensor `t` (3-D) is uploaded in the packed
