@@ -125,7 +125,10 @@ impl Engine {
         let vocab = tk.vocab();
         // The special token the vocabulary closes a text with, kept last
         // when a text is cut.
-        let closing = match (vocab.add_sep, vocab.add_eos) {
+        let closing = match (
+            vocab.add_sep || vocab.kind == m40_tokenizer::VocabKind::Wpm,
+            vocab.add_eos,
+        ) {
             (true, _) => vocab.sep,
             (false, true) => vocab.eos,
             _ => None,

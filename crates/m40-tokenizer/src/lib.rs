@@ -148,7 +148,9 @@ impl Tokenizer {
             &self.literal
         };
         let mut ids = Vec::with_capacity(text.len() / 3 + 2);
-        if opts.add_special && self.vocab.add_bos {
+        // WordPiece's specials are always [CLS] ... [SEP] (llama.cpp's).
+        let wpm = self.wpm.is_some();
+        if opts.add_special && (self.vocab.add_bos || wpm) {
             ids.extend(self.vocab.bos);
         }
         if self.ugm.is_some() || self.wpm.is_some() {
@@ -170,10 +172,10 @@ impl Tokenizer {
             let enc = tk.encode_fast(text, false).map_err(error::hf)?;
             ids.extend_from_slice(enc.get_ids());
         }
-        if opts.add_special && self.vocab.add_eos {
+        if opts.add_special && self.vocab.add_eos && !wpm {
             ids.extend(self.vocab.eos);
         }
-        if opts.add_special && self.vocab.add_sep {
+        if opts.add_special && (self.vocab.add_sep || wpm) {
             ids.extend(self.vocab.sep);
         }
         Ok(ids)
