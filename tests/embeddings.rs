@@ -22,14 +22,18 @@ on_both!(
     limits_are_clear_errors,
 );
 
-/// tests/data: in this checkout, or under the working directory (the GPU
-/// pack runs from a copy of the tree).
+/// tests/data: in this checkout, or under the working directory, or the
+/// GPU pack's copy (`embed-refs`, beside its run.sh).
 fn data_dir() -> std::path::PathBuf {
-    [env!("CARGO_MANIFEST_DIR"), "."]
-        .iter()
-        .map(|r| Path::new(r).join("tests/data"))
-        .find(|p| p.join("llamacpp-embed-tiny-F32.json").is_file())
-        .expect("tests/data with the llama.cpp embedding references")
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    [
+        root.join("tests/data"),
+        "tests/data".into(),
+        "embed-refs".into(),
+    ]
+    .into_iter()
+    .find(|p| p.join("llamacpp-embed-tiny-F32.json").is_file())
+    .expect("tests/data with the llama.cpp embedding references")
 }
 
 fn engine(on: On, shape: &str, ty: &str, dir: &Path, parallel: usize) -> Engine {

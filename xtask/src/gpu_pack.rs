@@ -194,6 +194,22 @@ pub fn run() -> Result<()> {
             zoo.display()
         );
     }
+    // llama.cpp's embeddings (tests/data/llamacpp-embed-*.json) for the
+    // embeddings test, which looks in ./embed-refs (run.sh runs from here).
+    let edest = pack.join("embed-refs");
+    std::fs::create_dir_all(&edest).map_err(|e| e.to_string())?;
+    for e in std::fs::read_dir(root.join("tests/data")).map_err(|e| e.to_string())? {
+        let e = e.map_err(|e| e.to_string())?;
+        if e.file_name()
+            .to_string_lossy()
+            .starts_with("llamacpp-embed-")
+        {
+            let to = edest.join(e.file_name());
+            std::fs::copy(e.path(), &to).map_err(|err| format!("{}: {err}", e.path().display()))?;
+            total += std::fs::metadata(&to).map(|m| m.len()).unwrap_or(0);
+        }
+    }
+    eprintln!("  embed-refs");
     let script = pack.join("run.sh");
     std::fs::write(&script, RUN_SH).map_err(|e| e.to_string())?;
     #[cfg(unix)]
