@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 
 use m40_runtime::{CancelToken, EmbedInput, EmbedRequest, Embeddings, EngineError};
 
-use crate::ollama::check_keep_alive;
+use crate::ollama::{check_keep_alive, load_or_unload};
 use crate::openai::OaiError;
 use crate::{parse_json, ApiError, AppState};
 
@@ -136,6 +136,9 @@ pub(crate) async fn ollama_embed(
     }
     let model = r.model.unwrap_or_default();
     let got = if inputs.is_empty() {
+        // As an empty generate: loads the model, or with keep_alive 0
+        // unloads it.
+        load_or_unload(&s, r.keep_alive.as_ref()).await?;
         Embeddings {
             vectors: Vec::new(),
             tokens: Vec::new(),

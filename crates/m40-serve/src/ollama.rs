@@ -568,7 +568,7 @@ fn unload_now(keep_alive: Option<&Value>) -> bool {
 
 /// A request without a prompt: unload the model (keep_alive 0) or load it;
 /// the `done_reason` Ollama gives.
-async fn load_or_unload(
+pub(crate) async fn load_or_unload(
     s: &AppState,
     keep_alive: Option<&Value>,
 ) -> Result<&'static str, ApiError> {
