@@ -740,3 +740,42 @@ fn ollama_habits_in_the_cli_and_the_chat() {
     assert_eq!(err.matches(" generated").count(), 1, "{err}");
     assert!(err.contains("(conversation cleared)"), "{err}");
 }
+
+#[test]
+fn embed_prints_vectors_and_an_encoder_does_not_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bert.gguf");
+    ok(bin()
+        .args(["synth", "--shape", "bert-tiny", "--type", "F16"])
+        .arg(&path)
+        .output()
+        .unwrap());
+    assert_eq!(show_json(&path)["architecture"], "bert");
+    let out = bin()
+        .args(["embed", "--cpu"])
+        .arg(&path)
+        .args(["a cat", "a dog"])
+        .output()
+        .unwrap();
+    let j: Value = serde_json::from_str(&ok(out)).unwrap();
+    let e = j["embeddings"].as_array().unwrap();
+    assert_eq!((e.len(), e[0].as_array().unwrap().len()), (2, 128));
+    assert!(j["prompt_eval_count"].as_u64().unwrap() >= 6);
+    // Each line of stdin is a text; --dimensions keeps the first N.
+    let mut cmd = bin();
+    cmd.args(["embed", "--cpu", "--dimensions", "16"])
+        .arg(&path);
+    let j: Value = serde_json::from_str(&ok(with_stdin(cmd, b"one\ntwo\nthree\n"))).unwrap();
+    let e = j["embeddings"].as_array().unwrap();
+    assert_eq!((e.len(), e[2].as_array().unwrap().len()), (3, 16));
+    // An embedding model does not generate: a clear error.
+    let out = bin()
+        .args(["run", "--cpu", "--local"])
+        .arg(&path)
+        .arg("hi")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("embedding model"), "{err}");
+}
