@@ -281,9 +281,14 @@ impl Engine {
             .unwrap_or((pages * page_tokens / 256).clamp(1, 64))
             .max(1);
         let limits = Limits {
+            // An encoder's input runs in one step: by default as long a
+            // step as the backend takes, so that a whole context fits.
             max_batch_tokens: opts
                 .max_batch_tokens
-                .unwrap_or(backend.step_tokens())
+                .unwrap_or(match model.hparams().encoder {
+                    Some(_) => backend.max_step(),
+                    None => backend.step_tokens(),
+                })
                 .clamp(1, backend.max_step()),
             parallel,
             page_tokens,
