@@ -3,7 +3,8 @@
 //! message, as Ollama's `truncate` does, and still answers (one that may
 //! not is refused); a continuation (`Request::prefix`, Ollama's `context`)
 //! keeps the ids; `logit_bias` bans and forces tokens (on the GPU through
-//! the host-sampled row); a fill-in-the-middle prompt needs FIM tokens.
+//! the host-sampled row); a fill-in-the-middle prompt needs FIM tokens; an
+//! answer that fills the context shifts and goes on (Ollama's `shift`).
 
 mod support;
 
@@ -17,6 +18,7 @@ on_both!(
     prefix_ids_continue_a_conversation,
     logit_bias_bans_and_forces,
     a_cut_answer_never_ends_inside_a_character,
+    an_answer_that_fills_the_context_shifts,
 );
 
 fn long_chat(turns: usize) -> Vec<Message> {
@@ -142,4 +144,46 @@ fn a_cut_answer_never_ends_inside_a_character(on: On) {
         }
     }
     assert!(cut_inside > 0, "no cut fell inside a character");
+}
+
+fn an_answer_that_fills_the_context_shifts(on: On) {
+    let e = support::smollm2_engine(on, 1024);
+    let greedy = SamplingParams {
+        temperature: 0.0,
+        repeat_penalty: 1.0,
+        ..Default::default()
+    };
+    let mut r = Request::new(Prompt::Text("Count with me: one, two, three,".into()));
+    r.sampling = greedy.clone();
+    r.context = Some(64);
+    r.ignore_eos = true;
+    r.max_tokens = Some(150);
+    // Without shift the answer stops where the 64-token context ends.
+    r.fit_max_tokens = true;
+    let prompt = e.prompt_tokens(&r.prompt).unwrap();
+    let cut = e.generate(&r, &CancelToken::new(), |_| {}).unwrap();
+    assert_eq!(cut.token_ids.len(), 64 - prompt.len());
+    assert_eq!(cut.finish_reason, FinishReason::Length);
+    // With it, past the context: 150 tokens, two shifts and more.
+    r.shift = true;
+    let long = e.generate(&r, &CancelToken::new(), |_| {}).unwrap();
+    assert_eq!(long.token_ids.len(), 150);
+    assert_eq!(long.finish_reason, FinishReason::Length);
+    assert_eq!(long.token_ids[..cut.token_ids.len()], cut.token_ids[..]);
+    support::idle(e);
+    if let On::Gpu = on {
+        return;
+    }
+    // The first shift kept the first 4 tokens and the newer half of the
+    // rest: what follows is what a fresh start from those tokens gives
+    // (bitwise on the CPU).
+    let all: Vec<u32> = prompt.iter().chain(&long.token_ids).copied().collect();
+    let kept: Vec<u32> = all[..4].iter().chain(&all[34..64]).copied().collect();
+    let mut fresh = Request::new(Prompt::Text(String::new()));
+    fresh.prefix = kept;
+    fresh.sampling = greedy;
+    fresh.ignore_eos = true;
+    fresh.max_tokens = Some(12);
+    let again = e.generate(&fresh, &CancelToken::new(), |_| {}).unwrap();
+    assert_eq!(again.token_ids[..], all[64..76]);
 }

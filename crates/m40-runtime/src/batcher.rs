@@ -26,7 +26,10 @@ use m40_sched::{CachedPrefix, Config, PageKey, PrefixCache, Scheduler, SeqId, St
 use m40_tokenizer::Tokenizer;
 
 use crate::cancel::CancelToken;
+
+mod stats;
 use crate::sampling::{Sampler, SamplingParams};
+use stats::StepStats;
 
 /// What the loop sends a sequence's caller.
 pub(crate) enum SeqEvent {
@@ -69,6 +72,10 @@ pub(crate) struct Submission {
     /// runs in one step. It takes no part in the prefix cache (an
     /// encoder's keys depend on the tokens after them).
     pub hidden: bool,
+    /// A context shift (`Request::shift`): when its tokens fill this
+    /// context, it keeps the first `SHIFT_KEEP`, drops the older half of
+    /// the rest and is computed again from what is left.
+    pub shift: Option<usize>,
     pub cancel: CancelToken,
     pub events: mpsc::Sender<SeqEvent>,
 }
@@ -239,6 +246,8 @@ struct Live {
     /// collision ended the chain).
     uses: Vec<u32>,
     chain: Option<(Option<PageKey>, usize)>,
+    /// Tokens sampled so far (a shift drops some of `tokens`).
+    generated: usize,
 }
 
 struct Loop {
@@ -254,54 +263,6 @@ struct Loop {
     /// `M40_STEP_STATS=N`: every N steps, the mean time a step spends
     /// planning, preparing, in the backend and after, to stderr.
     stats: Option<StepStats>,
-}
-
-/// Step timings summed over `M40_STEP_STATS` steps.
-#[derive(Default)]
-struct StepStats {
-    every: usize,
-    steps: usize,
-    mixed: usize,
-    rows: usize,
-    seqs: usize,
-    /// Seconds idle, planning, preparing, in the backend, after.
-    times: [f64; 5],
-}
-
-/// Now in milliseconds since the Unix epoch (the step stats' clock, which
-/// the load example's probe prints too).
-fn unix_ms() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64() * 1e3)
-}
-
-impl StepStats {
-    fn add(&mut self, rows: usize, seqs: usize, t: [f64; 5]) {
-        self.steps += 1;
-        self.mixed += (rows > seqs) as usize;
-        self.rows += rows;
-        self.seqs += seqs;
-        for (sum, v) in self.times.iter_mut().zip(t) {
-            *sum += v;
-        }
-        if self.steps == self.every {
-            let n = self.steps as f64;
-            let [idle, plan, prepare, backend, after] = self.times.map(|v| v * 1e3 / n);
-            eprintln!(
-                "steps {} to {:.1} ms (Unix time): {:.1} rows, {:.1} sequences, {} with prompt rows; ms a step: idle {idle:.3}, plan {plan:.3}, prepare {prepare:.3}, backend {backend:.3}, after {after:.3}",
-                self.steps,
-                unix_ms(),
-                self.rows as f64 / n,
-                self.seqs as f64 / n,
-                self.mixed,
-            );
-            *self = StepStats {
-                every: self.every,
-                ..Default::default()
-            };
-        }
-    }
 }
 
 impl Loop {
@@ -330,10 +291,7 @@ impl Loop {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .filter(|&n: &usize| n > 0)
-                .map(|every| StepStats {
-                    every,
-                    ..Default::default()
-                }),
+                .map(StepStats::every),
         }
     }
 
@@ -414,6 +372,12 @@ impl Loop {
         self.next_id += 1;
         let max_new = sub.max_new.max(1);
         let n = sub.prompt.len();
+        // A shifting sequence is scheduled to its context's end; past it, it
+        // starts over (`shift`).
+        let max_new = match sub.shift {
+            Some(ctx) => max_new.min(ctx.saturating_sub(n)).max(1),
+            None => max_new,
+        };
         let added = match (sub.hidden, self.core.backend.hparams().causal) {
             (false, _) => self.sched.add(id, n, max_new),
             (true, true) => self.sched.add(id, n, 0),
@@ -445,6 +409,7 @@ impl Loop {
                 constraint,
                 uses: Vec::new(),
                 chain,
+                generated: 0,
             },
         );
     }
@@ -459,6 +424,32 @@ impl Loop {
             }
             l.uses.clear();
             l.chain = Some((None, 0));
+        }
+    }
+
+    /// `id`'s tokens fill its context (the scheduler has ended it): it
+    /// keeps its first `SHIFT_KEEP` tokens and the newer half of the rest,
+    /// and waits to be computed again from them, to go on sampling.
+    fn shift(&mut self, id: SeqId) {
+        self.forget_cache(id);
+        let Some(l) = self.live.get_mut(&id) else {
+            return;
+        };
+        let (Some(ctx), n) = (l.sub.shift, l.tokens.len()) else {
+            return;
+        };
+        let keep = crate::request::SHIFT_KEEP.min(l.sub.prompt.len());
+        let discard = (n - keep) / 2;
+        l.tokens.drain(keep..keep + discard);
+        let left = l.sub.max_new - l.generated;
+        let room = ctx.saturating_sub(l.tokens.len()).min(left).max(1);
+        if let Err(e) = self.sched.add(id, l.tokens.len(), room) {
+            let e = Arc::new(ModelError::Unsupported(format!(
+                "this request cannot go on after its context shift: {e}"
+            )));
+            if let Some(l) = self.remove(id) {
+                let _ = l.sub.events.send(SeqEvent::Failed(e));
+            }
         }
     }
 
@@ -562,7 +553,10 @@ impl Loop {
                 continue;
             };
             let range = range.unwrap_or(l.tokens.len() - 1..l.tokens.len());
-            let cap = l.sub.prompt.len() + l.sub.max_new.max(1);
+            let cap = match l.sub.shift {
+                Some(ctx) => ctx.min(l.sub.prompt.len() + l.sub.max_new.max(1)),
+                None => l.sub.prompt.len() + l.sub.max_new.max(1),
+            };
             let made = match l.cache.take() {
                 Some(c) => Ok(c),
                 None => {
@@ -679,6 +673,8 @@ impl Loop {
         let returned = std::time::Instant::now();
         drop(steps);
         let mut ended: Vec<SeqId> = Vec::new();
+        // Sequences whose tokens fill their context and that go on.
+        let mut shifts: Vec<SeqId> = Vec::new();
         match result {
             Ok(outs) => {
                 for (((id, _, _, samples), cache), out) in parts.iter().zip(caches).zip(outs) {
@@ -733,6 +729,7 @@ impl Loop {
                         complete = c.is_done();
                     }
                     l.tokens.push(tok);
+                    l.generated += 1;
                     let mut gone = l
                         .sub
                         .events
@@ -741,8 +738,11 @@ impl Loop {
                     if complete && !eog {
                         gone |= l.sub.events.send(SeqEvent::Complete).is_err();
                     }
-                    if gone || (eog && (!l.sub.ignore_eos || l.constraint.is_some())) || complete {
+                    let end = eog && (!l.sub.ignore_eos || l.constraint.is_some());
+                    if gone || end || complete || l.generated >= l.sub.max_new {
                         ended.push(*id);
+                    } else if l.sub.shift.is_some_and(|ctx| l.tokens.len() >= ctx) {
+                        shifts.push(*id);
                     }
                 }
             }
@@ -761,7 +761,11 @@ impl Loop {
             self.sched.cancel(id);
         }
         for id in self.sched.complete(step, &ended) {
-            self.remove(id);
+            if shifts.contains(&id) {
+                self.shift(id);
+            } else {
+                self.remove(id);
+            }
         }
         ([started, returned], ran)
     }

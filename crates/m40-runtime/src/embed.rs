@@ -198,6 +198,7 @@ impl Engine {
                     ignore_eos: false,
                     constraint: None,
                     hidden: true,
+                    shift: None,
                     cancel: stop.clone(),
                     events: tx,
                 };

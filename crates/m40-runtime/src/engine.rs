@@ -183,6 +183,8 @@ pub struct Prepared {
     pub(crate) plan: Plan,
     /// Messages dropped from the start of the chat to fit the context.
     pub(crate) dropped: usize,
+    /// The request's context (where a shifting answer shifts).
+    pub(crate) n_ctx: usize,
 }
 
 impl Prepared {
@@ -467,6 +469,27 @@ impl Engine {
             return Err(EngineError::EmptyPrompt);
         }
         let room = n_ctx.saturating_sub(prompt.len());
+        if request.shift {
+            // The answer may outgrow the context: it shifts.
+            if room == 0 {
+                return Err(EngineError::PromptTooLong {
+                    prompt: prompt.len(),
+                    n_ctx,
+                });
+            }
+            let max_tokens = request
+                .max_tokens
+                .unwrap_or(n_ctx * crate::request::SHIFT_MAX_CONTEXTS);
+            return Ok(Prepared {
+                request,
+                prompt,
+                max_tokens,
+                constraint,
+                plan,
+                dropped,
+                n_ctx,
+            });
+        }
         let mut max_tokens = request.max_tokens.unwrap_or(room);
         if request.fit_max_tokens && !request.truncate_prompt {
             if room == 0 {
@@ -496,6 +519,7 @@ impl Engine {
             constraint,
             plan,
             dropped,
+            n_ctx,
         })
     }
 
@@ -569,6 +593,7 @@ impl Engine {
             ignore_eos: req.ignore_eos,
             constraint: prepared.constraint.clone(),
             hidden: false,
+            shift: req.shift.then_some(prepared.n_ctx),
             cancel: stop_seq.clone(),
             events: tx,
         });

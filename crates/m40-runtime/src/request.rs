@@ -18,6 +18,13 @@ pub enum Prompt {
     Infill { prefix: String, suffix: String },
 }
 
+/// Tokens a context shift keeps from the start ([`Request::shift`]; Ollama's
+/// `num_keep` default).
+pub const SHIFT_KEEP: usize = 4;
+/// A shifting request without `max_tokens` makes at most this many
+/// contexts of new tokens (Ollama's is unbounded).
+pub const SHIFT_MAX_CONTEXTS: usize = 4;
+
 /// One generation request.
 #[derive(Clone, Debug)]
 pub struct Request {
@@ -49,6 +56,13 @@ pub struct Request {
     /// instead of failing (generation then stops where the context ends,
     /// as Ollama's server does).
     pub fit_max_tokens: bool,
+    /// When the answer fills the context, keep going (Ollama's `shift`,
+    /// its default): the first [`SHIFT_KEEP`] tokens are kept, the older
+    /// half of the rest dropped, and the sequence computed again from what
+    /// is left; `max_tokens` may then pass the context (default:
+    /// [`SHIFT_MAX_CONTEXTS`] contexts' worth). Off, generation stops
+    /// where the context ends.
+    pub shift: bool,
     /// Generate past end-of-generation tokens, to `max_tokens` or the end
     /// of the context (vLLM's and llama.cpp's `ignore_eos`: requests of a
     /// fixed length, for benchmarks). Stop strings still stop.
@@ -103,6 +117,7 @@ impl Request {
             prefix: Vec::new(),
             context: None,
             fit_max_tokens: false,
+            shift: false,
             ignore_eos: false,
             format: None,
             tools: Vec::new(),

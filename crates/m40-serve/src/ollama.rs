@@ -107,6 +107,8 @@ struct GenerateRequest {
     /// 0 with an empty prompt unloads the model (`ollama stop`); other
     /// values are accepted, the model stays loaded.
     keep_alive: Option<Value>,
+    /// Keep generating when the answer fills the context (default true).
+    shift: Option<bool>,
     /// The ids a previous answer returned: this prompt continues them.
     context: Option<Vec<i64>>,
     /// Text after the answer: fill in the middle (code models).
@@ -167,6 +169,8 @@ struct ChatRequest {
     keep_alive: Option<Value>,
     /// Drop the oldest turns of a chat that does not fit (default true).
     truncate: Option<bool>,
+    /// Keep generating when the answer fills the context (default true).
+    shift: Option<bool>,
     #[serde(flatten)]
     logprobs: Logprobs,
 }
@@ -433,6 +437,7 @@ pub(crate) async fn generate(State(s): State<AppState>, body: Bytes) -> Result<R
         Prompt::Chat(m)
     };
     let (mut req, ctx) = r.options.request(prompt, s.n_ctx())?;
+    req.shift = r.shift.unwrap_or(true);
     req.format = format;
     req.think = think;
     req.prefix = context_ids(r.context.as_deref())?;
@@ -481,6 +486,7 @@ pub(crate) async fn chat(State(s): State<AppState>, body: Bytes) -> Result<Respo
     }
     crate::tools::link_results(&mut messages);
     let (mut req, ctx) = r.options.request(Prompt::Chat(messages), s.n_ctx())?;
+    req.shift = r.shift.unwrap_or(true);
     req.format = format;
     req.tools = tools;
     req.think = think;

@@ -179,3 +179,29 @@ fn logit_bias_bans_and_forces_tokens() {
     let (_, forced) = post("/v1/completions", body(json!({ x.to_string(): 100 })));
     assert_eq!(forced["choices"][0]["text"], "xxxx", "{forced}");
 }
+
+/// Ollama's `shift` (default on): an answer that fills the context goes
+/// on past it; off, it stops there with done_reason "length".
+#[test]
+fn shift_goes_past_the_context_and_off_stops_there() {
+    let body = |shift: Option<bool>| {
+        // A schema the answer cannot finish in 100 tokens: no early end.
+        let format = json!({"type": "array", "items": {"type": "integer"}, "minItems": 80});
+        let mut b = json!({"model": NAME, "prompt": "Count: one, two, three,", "stream": false,
+                           "format": format,
+                           "options": {"num_ctx": 64, "num_predict": 100, "temperature": 0}});
+        if let Some(s) = shift {
+            b["shift"] = json!(s);
+        }
+        b
+    };
+    let on = generate(body(None));
+    assert_eq!(
+        (on["eval_count"].as_u64(), on["done_reason"].as_str()),
+        (Some(100), Some("length"))
+    );
+    let off = generate(body(Some(false)));
+    let prompt = off["prompt_eval_count"].as_u64().unwrap();
+    assert_eq!(off["eval_count"].as_u64(), Some(64 - prompt));
+    assert_eq!(off["done_reason"], "length");
+}
