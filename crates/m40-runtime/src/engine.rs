@@ -469,38 +469,25 @@ impl Engine {
             return Err(EngineError::EmptyPrompt);
         }
         let room = n_ctx.saturating_sub(prompt.len());
-        if request.shift {
-            // The answer may outgrow the context: it shifts.
-            if room == 0 {
-                return Err(EngineError::PromptTooLong {
-                    prompt: prompt.len(),
-                    n_ctx,
-                });
-            }
-            let max_tokens = request
-                .max_tokens
-                .unwrap_or(n_ctx * crate::request::SHIFT_MAX_CONTEXTS);
-            return Ok(Prepared {
-                request,
-                prompt,
-                max_tokens,
-                constraint,
-                plan,
-                dropped,
+        // A shifting answer may outgrow the context; another must fit it
+        // (or, where the request allows, is cut to, or cuts the prompt).
+        let shifts = request.shift;
+        if room == 0 && (shifts || (request.fit_max_tokens && !request.truncate_prompt)) {
+            return Err(EngineError::PromptTooLong {
+                prompt: prompt.len(),
                 n_ctx,
             });
         }
-        let mut max_tokens = request.max_tokens.unwrap_or(room);
-        if request.fit_max_tokens && !request.truncate_prompt {
-            if room == 0 {
-                return Err(EngineError::PromptTooLong {
-                    prompt: prompt.len(),
-                    n_ctx,
-                });
-            }
+        let mut max_tokens = match shifts {
+            true => request
+                .max_tokens
+                .unwrap_or(n_ctx * crate::request::SHIFT_MAX_CONTEXTS),
+            false => request.max_tokens.unwrap_or(room),
+        };
+        if request.fit_max_tokens && !request.truncate_prompt && !shifts {
             max_tokens = max_tokens.min(room);
         }
-        if prompt.len() + max_tokens > n_ctx || prompt.len() >= n_ctx {
+        if !shifts && (prompt.len() + max_tokens > n_ctx || prompt.len() >= n_ctx) {
             if !request.truncate_prompt {
                 return Err(EngineError::ContextOverflow {
                     prompt: prompt.len(),
