@@ -1,8 +1,10 @@
 //! `cargo xtask <task>`: project automation in Rust (matklad's cargo-xtask).
 //!
-//! - `ci`: what CI runs (`.ci/run`): fmt check, clippy with warnings denied,
-//!   the committed PTX checked against its sources, the test suite. If
-//!   `cargo xtask ci` passes locally, CI passes.
+//! - `ci`: what CI runs (`.ci/run` installs the toolchain's parts and calls
+//!   it): the Python clients and llama.cpp's test vocabularies fetched into
+//!   target/, fmt check, clippy with warnings denied, the committed PTX
+//!   checked against its sources, the test suite with every input it reads
+//!   required. If `cargo xtask ci` passes locally, CI passes.
 //! - `ptx [--check]`: kernels/*.cu -> kernels/ptx/*.ptx and the sm_52 reports.
 //! - `bench [ARGS]`: `m40-llm bench ARGS` from a release build: the
 //!   llama-bench-like table (pp512, tg128, tg128 at depth 4096) against the
@@ -27,13 +29,22 @@ fn cargo(args: &[&str]) -> bool {
 
 fn ci() -> bool {
     // As .ci/run: the tests must read ../shared/testdata, not skip it.
-    let testdata = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/testdata");
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let testdata = root.join("../shared/testdata");
     if !testdata.is_dir() {
         eprintln!("error: ../shared/testdata is missing (CI runs with ../shared beside the clone)");
         return false;
     }
-    // Inherited by the cargo commands below (no other thread runs yet).
+    let Some((clients, vocab)) = ci_inputs(&root) else {
+        return false;
+    };
+    // Inherited by the cargo commands below (no other thread runs yet):
+    // the tests that read these fail without them rather than skip.
     std::env::set_var("M40_REQUIRE_TESTDATA", "1");
+    std::env::set_var("M40_PY_CLIENTS", &clients);
+    std::env::set_var("M40_REQUIRE_PY_CLIENTS", "1");
+    std::env::set_var("M40_LLAMACPP_VOCAB", &vocab);
+    std::env::set_var("M40_REQUIRE_LLAMACPP_VOCAB", "1");
     cargo(&["fmt", "--all", "--check"])
         && cargo(&[
             "clippy",
@@ -45,6 +56,48 @@ fn ci() -> bool {
         ])
         && ptx_check()
         && cargo(&["test", "--workspace"])
+}
+
+/// What the tests read beyond ../shared, fetched once into target/: the
+/// official Python clients (and jsonschema) from PyPI, for the server's
+/// client test; llama.cpp's tokenizer test vocabularies, from the PyPI
+/// sdist of llama-cpp-python (scripts/llamacpp-vocab.sh). Their folders.
+fn ci_inputs(root: &std::path::Path) -> Option<(std::path::PathBuf, String)> {
+    let clients = root.join("target/pyclients");
+    let have = Command::new("python3")
+        .args(["-c", "import openai, ollama, jsonschema"])
+        .env("PYTHONPATH", &clients)
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !have {
+        eprintln!("== openai and ollama Python clients (pip install --target target/pyclients)");
+        let pip = |extra: &[&str]| {
+            Command::new("python3")
+                .args(["-m", "pip", "install", "-q", "--disable-pip-version-check"])
+                .args(["--upgrade", "--target"])
+                .arg(&clients)
+                .args(["openai", "ollama", "jsonschema"])
+                .args(extra)
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        if !pip(&[]) && !pip(&["--break-system-packages"]) {
+            eprintln!("error: could not install the Python clients");
+            return None;
+        }
+    }
+    eprintln!("== llama.cpp's test vocabularies (scripts/llamacpp-vocab.sh)");
+    let out = Command::new(root.join("scripts/llamacpp-vocab.sh"))
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .ok()
+        .filter(|o| o.status.success());
+    let Some(out) = out else {
+        eprintln!("error: scripts/llamacpp-vocab.sh failed");
+        return None;
+    };
+    let vocab = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    Some((clients, vocab))
 }
 
 fn ptx_check() -> bool {
