@@ -50,68 +50,159 @@ fn code(path: &Path) -> String {
         .join("\n")
 }
 
-/// The top-level modules of the crate whose sources are `src`, each with
-/// the other top-level modules it names (`crate::m`, `use crate::{m, ..}`).
-fn module_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
-    let mut files = Vec::new();
-    rust_files(src, &mut files);
-    let top = |p: &Path| -> String {
-        let rel = p.strip_prefix(src).unwrap();
-        let first = rel
-            .components()
-            .next()
-            .unwrap()
-            .as_os_str()
-            .to_string_lossy();
-        first.trim_end_matches(".rs").to_string()
-    };
-    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for f in &files {
-        let m = top(f);
-        if m == "lib" || m == "main" {
-            continue;
-        }
-        let c = code(f);
-        let uses = graph.entry(m).or_default();
-        let mut rest = c.as_str();
-        while let Some(at) = rest.find("crate::") {
-            rest = &rest[at + 7..];
-            if let Some(group) = rest.strip_prefix('{') {
-                // use crate::{a, b::c, d::{..}}: the first name of each path.
-                let (mut depth, mut piece) = (0, String::new());
-                let mut pieces = Vec::new();
-                for ch in group.chars() {
-                    match ch {
-                        '}' if depth == 0 => break,
-                        ',' if depth == 0 => pieces.push(std::mem::take(&mut piece)),
-                        '{' => depth += 1,
-                        '}' => depth -= 1,
-                        c => piece.push(c),
+/// A file's module path under `src` (`gpu/mod.rs` and `gpu.rs`: ["gpu"];
+/// `lib.rs`, `main.rs`: []).
+fn module_of(src: &Path, file: &Path) -> Vec<String> {
+    let rel = file.strip_prefix(src).unwrap();
+    let mut parts: Vec<String> = rel
+        .components()
+        .map(|c| {
+            c.as_os_str()
+                .to_string_lossy()
+                .trim_end_matches(".rs")
+                .to_string()
+        })
+        .collect();
+    if matches!(
+        parts.last().map(String::as_str),
+        Some("mod" | "lib" | "main")
+    ) {
+        parts.pop();
+    }
+    parts
+}
+
+/// The paths a file's code names after `crate::` or `super::` (each
+/// piece of a `{..}` group its own path), resolved from module `m`:
+/// absolute module paths, possibly running on into items.
+fn named_paths(code: &str, m: &[String]) -> Vec<Vec<String>> {
+    fn ident(s: &str) -> String {
+        s.chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect()
+    }
+    /// `a::b::{c, d::e}` (the text after a prefix) as paths.
+    fn expand(text: &str) -> Vec<Vec<String>> {
+        let text = text.trim_start();
+        if let Some(group) = text.strip_prefix('{') {
+            let (mut depth, mut piece, mut out) = (0, String::new(), Vec::new());
+            for ch in group.chars() {
+                match ch {
+                    '}' if depth == 0 => break,
+                    ',' if depth == 0 => out.extend(expand(&std::mem::take(&mut piece))),
+                    '{' => {
+                        depth += 1;
+                        piece.push(ch)
                     }
+                    '}' => {
+                        depth -= 1;
+                        piece.push(ch)
+                    }
+                    c => piece.push(c),
                 }
-                pieces.push(piece);
-                for p in pieces {
-                    let name: String = p
-                        .trim()
-                        .chars()
-                        .take_while(|c| c.is_alphanumeric() || *c == '_')
-                        .collect();
-                    uses.insert(name);
+            }
+            out.extend(expand(&piece));
+            return out;
+        }
+        let name = ident(text);
+        if name.is_empty() {
+            return vec![Vec::new()];
+        }
+        match text[name.len()..].strip_prefix("::") {
+            Some(rest) => expand(rest)
+                .into_iter()
+                .map(|mut p| {
+                    p.insert(0, name.clone());
+                    p
+                })
+                .collect(),
+            None => vec![vec![name]],
+        }
+    }
+    let mut out = Vec::new();
+    for prefix in ["crate::", "super::"] {
+        let mut rest = code;
+        while let Some(at) = rest.find(prefix) {
+            // Not the tail of a longer name (`my_crate::`, `super::super::`).
+            let before = code.len() - rest.len() + at;
+            let ok = !code[..before]
+                .chars()
+                .next_back()
+                .is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':');
+            rest = &rest[at + prefix.len()..];
+            if !ok {
+                continue;
+            }
+            let mut base = Vec::new();
+            if prefix == "super::" {
+                // A module's parent (a directory module's, from its mod.rs,
+                // likewise), once more for each further `super::`.
+                base = m.to_vec();
+                base.pop();
+                while let Some(r) = rest.strip_prefix("super::") {
+                    base.pop();
+                    rest = r;
                 }
-            } else {
-                let name: String = rest
-                    .chars()
-                    .take_while(|c| c.is_alphanumeric() || *c == '_')
-                    .collect();
-                uses.insert(name);
+            }
+            for p in expand(rest) {
+                let mut full = base.clone();
+                full.extend(p);
+                out.push(full);
             }
         }
     }
-    let names: BTreeSet<String> = graph.keys().cloned().collect();
-    for (m, uses) in graph.iter_mut() {
-        uses.retain(|u| names.contains(u) && u != m);
+    out
+}
+
+/// For each module with submodules (by its path, "" the crate root), its
+/// children, each with the siblings it imports: an import from a child (or
+/// anything inside it) of something inside another child is an edge
+/// between those two children. Imports of a module's own ancestors (a
+/// child's `super::Type`) make no edge.
+fn module_graphs(src: &Path) -> BTreeMap<String, BTreeMap<String, BTreeSet<String>>> {
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    let modules: BTreeSet<Vec<String>> = files.iter().map(|f| module_of(src, f)).collect();
+    let mut graphs: BTreeMap<String, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
+    for m in modules.iter().filter(|m| !m.is_empty()) {
+        let parent = m[..m.len() - 1].join("::");
+        graphs
+            .entry(parent)
+            .or_default()
+            .entry(m[m.len() - 1].clone())
+            .or_default();
     }
-    graph
+    for f in &files {
+        let from = module_of(src, f);
+        for path in named_paths(&code(f), &from) {
+            // The longest prefix that is a module.
+            let Some(to) = (1..=path.len())
+                .rev()
+                .map(|n| path[..n].to_vec())
+                .find(|p| modules.contains(p))
+            else {
+                continue;
+            };
+            let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
+            if common == from.len() || common == to.len() {
+                continue; // one holds the other
+            }
+            let parent = from[..common].join("::");
+            graphs
+                .entry(parent)
+                .or_default()
+                .entry(from[common].clone())
+                .or_default()
+                .insert(to[common].clone());
+        }
+    }
+    graphs
+}
+
+/// The top-level modules of the crate whose sources are `src`, each with
+/// the other top-level modules it names.
+fn module_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    module_graphs(src).remove("").unwrap_or_default()
 }
 
 /// A cycle of `graph`, if it has one.
@@ -163,14 +254,17 @@ fn no_module_imports_form_a_cycle() {
     }
     assert!(srcs.len() >= 9);
     for src in srcs {
-        let g = module_graph(&src);
-        assert!(!g.is_empty(), "{}: no modules", src.display());
-        if let Some(c) = find_cycle(&g) {
-            panic!(
-                "{}: modules import each other: {}",
-                src.display(),
-                c.join(" -> ")
-            );
+        let graphs = module_graphs(&src);
+        assert!(graphs.contains_key(""), "{}: no modules", src.display());
+        for (parent, g) in &graphs {
+            if let Some(c) = find_cycle(g) {
+                panic!(
+                    "{}: modules of `{}` import each other: {}",
+                    src.display(),
+                    if parent.is_empty() { "crate" } else { parent },
+                    c.join(" -> ")
+                );
+            }
         }
     }
 }
@@ -195,6 +289,24 @@ fn the_cycle_check_sees_cycles() {
     std::fs::write(src.join("c.rs"), "use crate::a::Y;").unwrap();
     let cycle = find_cycle(&module_graph(src)).expect("a -> b -> c -> a");
     assert_eq!(cycle.first(), cycle.last());
+    // Nested: siblings inside `n` through `super::` (and a child naming its
+    // parent's items, which is no edge), and a grandchild's import.
+    std::fs::write(src.join("c.rs"), "pub fn g() {}").unwrap();
+    std::fs::create_dir_all(src.join("n/deep")).unwrap();
+    std::fs::write(src.join("n.rs"), "mod p; mod q; mod deep; pub struct S;").unwrap();
+    std::fs::write(src.join("n/p.rs"), "use super::{q::T, S};").unwrap();
+    std::fs::write(src.join("n/q.rs"), "use super::S; pub struct T;").unwrap();
+    std::fs::write(src.join("n/deep/mod.rs"), "mod r;").unwrap();
+    std::fs::write(src.join("n/deep/r.rs"), "fn f() { super::super::p::f() }").unwrap();
+    let gs = module_graphs(src);
+    assert_eq!(gs["n"]["p"], ["q"].map(String::from).into());
+    assert!(gs["n"]["q"].is_empty());
+    assert_eq!(gs["n"]["deep"], ["p"].map(String::from).into());
+    assert_eq!(find_cycle(&gs["n"]), None);
+    std::fs::write(src.join("n/q.rs"), "use crate::n::deep::X; pub struct T;").unwrap();
+    let gs = module_graphs(src);
+    let cycle = find_cycle(&gs["n"]).expect("p -> q -> deep -> p");
+    assert_eq!(cycle.len(), 4, "{cycle:?}");
 }
 
 /// The crates in ARCHITECTURE.md's order: each depends only on earlier

@@ -30,7 +30,7 @@ use serde_json::json;
 
 use m40_gguf::synth::token_ids as random_tokens;
 
-use super::bench::Args;
+use super::bench_args::Args;
 
 /// One row of the table.
 struct Row {

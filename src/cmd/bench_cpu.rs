@@ -14,7 +14,7 @@ use serde_json::json;
 
 use m40_gguf::synth::token_ids as random_tokens;
 
-use super::bench::Args;
+use super::bench_args::Args;
 
 /// Median and range of `f`'s tokens/s over `reps` runs after a warm-up.
 fn measure(

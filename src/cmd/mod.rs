@@ -1,4 +1,5 @@
 pub mod bench;
+pub mod bench_args;
 pub mod bench_batch;
 pub mod bench_cpu;
 pub mod embed;

@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 
-use m40_kernels::{DecodeProgram, KV_PAGE};
+use m40_kernels::{AttnPlan, AttnShape, DecodeProgram, KV_PAGE};
 
 use super::forward::{attn_shape, StepAttn};
 use super::kv::Pools;
@@ -221,5 +221,30 @@ impl GpuBackend {
     /// matrices are not stacked), and the output GEMV.
     fn decode_ops(&self) -> usize {
         self.weights.layers.len() * 12 + 4
+    }
+}
+
+impl GpuBackend {
+    /// Make sure the split scratch holds what `plan` needs for `shape`.
+    /// A larger scratch is a new buffer: the graphs captured with the old
+    /// one are dropped with it.
+    pub(super) fn scratch(
+        &self,
+        w: &mut Workspace,
+        graphs: &mut Graphs,
+        plan: &AttnPlan,
+        shape: &AttnShape,
+    ) -> Result<()> {
+        let (np, nml) = plan.scratch_len(shape);
+        if w.part.len() < np || w.part_ml.len() < nml {
+            graphs.clear();
+        }
+        if w.part.len() < np {
+            w.part = self.stream.alloc::<f32>(np, "attention scratch")?;
+        }
+        if w.part_ml.len() < nml {
+            w.part_ml = self.stream.alloc::<f32>(nml, "attention scratch")?;
+        }
+        Ok(())
     }
 }

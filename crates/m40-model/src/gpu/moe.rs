@@ -1,7 +1,8 @@
 //! A mixture-of-experts FFN on the device (qwen3moe, Mixtral, gpt-oss):
 //! routing on the device, the chosen experts' GEMVs by id.
 
-use m40_device::{DeviceBuffer, DeviceView};
+use m40_device::{DeviceBuffer, DeviceView, Stream};
+use m40_gguf::HyperParams;
 use m40_kernels::{
     ExpertGlu, GemmOpts, MoeShape, PackFormat, PackedMatrix, QMatrix, RouterNorm, RouterRoute,
     RowSplit,
@@ -9,7 +10,6 @@ use m40_kernels::{
 
 use super::residual::{Input, Residual};
 use super::weights::{Experts, GluBias, Mat, MatView, MoeMats};
-use super::workspace::MoeBufs;
 use super::GpuBackend;
 use crate::error::{ModelError, Result};
 
@@ -304,5 +304,76 @@ impl GpuBackend {
             d,
         )?;
         Ok(())
+    }
+}
+
+/// A mixture of experts' activations for b tokens of k experts each: the
+/// router's logits (b, n_expert), the chosen ids and weights (b, k), the
+/// experts' gate and up (b k, n_ff_exp) and outputs (b k, n_embd).
+pub(super) struct MoeBufs {
+    pub(super) logits: DeviceBuffer<f32>,
+    pub(super) ids: DeviceBuffer<i32>,
+    pub(super) w: DeviceBuffer<f32>,
+    pub(super) gate: DeviceBuffer<f32>,
+    pub(super) up: DeviceBuffer<f32>,
+    pub(super) y: DeviceBuffer<f32>,
+    /// A prefill's slots by expert ([`GpuBackend::moe_grouped`]): each
+    /// sorted position's slot, each slot's sorted position, and the
+    /// tokens' rows in that order (then the experts' outputs in it).
+    pub(super) order: DeviceBuffer<i32>,
+    pub(super) inverse: DeviceBuffer<i32>,
+    pub(super) sorted: DeviceBuffer<f32>,
+    /// The one-token router's count of finished blocks (its last block
+    /// routes: `RouterRoute`), zero between launches.
+    pub(super) done: DeviceBuffer<u32>,
+}
+
+/// Floats of [`MoeBufs`] for b tokens (ids counted as floats: 4 bytes).
+fn moe_floats(hp: &HyperParams, b: usize) -> [usize; 9] {
+    match hp.moe {
+        Some(m) => {
+            let slots = b * m.n_expert_used;
+            // The grouped prefill's buffers where a step can group.
+            let grouped = match slots >= MOE_GROUP_ROWS * m.n_expert {
+                true => slots,
+                false => 1,
+            };
+            [
+                b * m.n_expert,
+                slots,
+                slots,
+                slots * m.n_ff_exp,
+                slots * m.n_ff_exp,
+                slots * hp.n_embd,
+                grouped,
+                grouped,
+                grouped * hp.n_embd,
+            ]
+        }
+        None => [1; 9],
+    }
+}
+
+impl MoeBufs {
+    pub(super) fn new(stream: &Stream, hp: &HyperParams, b: usize) -> Result<MoeBufs> {
+        let a = |n: usize, what: &str| stream.alloc::<f32>(n.max(1), what);
+        let [l, i, w, g, u, y, o, inv, sorted] = moe_floats(hp, b);
+        Ok(MoeBufs {
+            logits: a(l, "expert routing")?,
+            ids: stream.alloc::<i32>(i, "expert routing")?,
+            w: a(w, "expert routing")?,
+            gate: a(g, "expert activations")?,
+            up: a(u, "expert activations")?,
+            y: a(y, "expert activations")?,
+            order: stream.alloc::<i32>(o, "expert routing")?,
+            inverse: stream.alloc::<i32>(inv, "expert routing")?,
+            sorted: a(sorted, "expert activations")?,
+            done: stream.alloc_zeroed::<u32>(1, "expert routing")?,
+        })
+    }
+
+    /// Floats (and ids, 4 bytes each) [`MoeBufs::new`] allocates.
+    pub(super) fn floats(hp: &HyperParams, b: usize) -> u64 {
+        moe_floats(hp, b).iter().sum::<usize>() as u64
     }
 }

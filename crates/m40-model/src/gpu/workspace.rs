@@ -5,11 +5,11 @@
 use m40_device::{DeviceBuffer, Stream};
 use m40_gguf::HyperParams;
 use m40_kernels::{
-    gemm_scratch_len, AttnPlan, AttnShape, GemmSlots, SelectMasks, SelectOut, SelectRows,
-    PACK_ROWS, SELECT_ARGS, SELECT_MAX_K, SELECT_SCRATCH,
+    gemm_scratch_len, GemmSlots, SelectMasks, SelectOut, SelectRows, PACK_ROWS, SELECT_ARGS,
+    SELECT_MAX_K, SELECT_SCRATCH,
 };
 
-use super::graphs::Graphs;
+use super::moe::MoeBufs;
 use super::GpuBackend;
 use crate::error::Result;
 use crate::Backend;
@@ -84,53 +84,6 @@ pub(super) struct Workspace {
     pub(super) moe: MoeBufs,
 }
 
-/// A mixture of experts' activations for b tokens of k experts each: the
-/// router's logits (b, n_expert), the chosen ids and weights (b, k), the
-/// experts' gate and up (b k, n_ff_exp) and outputs (b k, n_embd).
-pub(super) struct MoeBufs {
-    pub(super) logits: DeviceBuffer<f32>,
-    pub(super) ids: DeviceBuffer<i32>,
-    pub(super) w: DeviceBuffer<f32>,
-    pub(super) gate: DeviceBuffer<f32>,
-    pub(super) up: DeviceBuffer<f32>,
-    pub(super) y: DeviceBuffer<f32>,
-    /// A prefill's slots by expert ([`GpuBackend::moe_grouped`]): each
-    /// sorted position's slot, each slot's sorted position, and the
-    /// tokens' rows in that order (then the experts' outputs in it).
-    pub(super) order: DeviceBuffer<i32>,
-    pub(super) inverse: DeviceBuffer<i32>,
-    pub(super) sorted: DeviceBuffer<f32>,
-    /// The one-token router's count of finished blocks (its last block
-    /// routes: `RouterRoute`), zero between launches.
-    pub(super) done: DeviceBuffer<u32>,
-}
-
-/// Floats of [`MoeBufs`] for b tokens (ids counted as floats: 4 bytes).
-fn moe_floats(hp: &HyperParams, b: usize) -> [usize; 9] {
-    match hp.moe {
-        Some(m) => {
-            let slots = b * m.n_expert_used;
-            // The grouped prefill's buffers where a step can group.
-            let grouped = match slots >= super::moe::MOE_GROUP_ROWS * m.n_expert {
-                true => slots,
-                false => 1,
-            };
-            [
-                b * m.n_expert,
-                slots,
-                slots,
-                slots * m.n_ff_exp,
-                slots * m.n_ff_exp,
-                slots * hp.n_embd,
-                grouped,
-                grouped,
-                grouped * hp.n_embd,
-            ]
-        }
-        None => [1; 9],
-    }
-}
-
 impl Workspace {
     /// The workspace of a backend of `hp` for steps of up to `b` tokens
     /// over a pool of `n_pages`; the attention scratch sized for `dec`
@@ -167,21 +120,7 @@ impl Workspace {
             masks: stream.alloc::<u32>(LOGIT_ROWS * mask_words(hp.n_vocab), "token masks")?,
             part: a(dec_part, "attention scratch")?,
             part_ml: a(dec_ml, "attention scratch")?,
-            moe: {
-                let [l, i, w, g, u, y, o, inv, sorted] = moe_floats(hp, b);
-                MoeBufs {
-                    logits: a(l, "expert routing")?,
-                    ids: stream.alloc::<i32>(i, "expert routing")?,
-                    w: a(w, "expert routing")?,
-                    gate: a(g, "expert activations")?,
-                    up: a(u, "expert activations")?,
-                    y: a(y, "expert activations")?,
-                    order: stream.alloc::<i32>(o, "expert routing")?,
-                    inverse: stream.alloc::<i32>(inv, "expert routing")?,
-                    sorted: a(sorted, "expert activations")?,
-                    done: stream.alloc_zeroed::<u32>(1, "expert routing")?,
-                }
-            },
+            moe: MoeBufs::new(stream, hp, b)?,
         })
     }
 
@@ -209,7 +148,7 @@ impl Workspace {
                 + LOGIT_ROWS * (2 * SELECT_MAX_K + SELECT_SCRATCH + mask_words(hp.n_vocab)))
                 as u64
             + gemm_scratch(hp, b.max(1), gpu) as u64
-            + moe_floats(hp, b).iter().sum::<usize>() as u64)
+            + MoeBufs::floats(hp, b))
     }
 }
 
@@ -432,29 +371,6 @@ impl GpuBackend {
             row[..n].copy_from_slice(&m[..n]);
         }
         self.stream.copy_to_device(&v, &mut w.masks)?;
-        Ok(())
-    }
-
-    /// Make sure the split scratch holds what `plan` needs for `shape`.
-    /// A larger scratch is a new buffer: the graphs captured with the old
-    /// one are dropped with it.
-    pub(super) fn scratch(
-        &self,
-        w: &mut Workspace,
-        graphs: &mut Graphs,
-        plan: &AttnPlan,
-        shape: &AttnShape,
-    ) -> Result<()> {
-        let (np, nml) = plan.scratch_len(shape);
-        if w.part.len() < np || w.part_ml.len() < nml {
-            graphs.clear();
-        }
-        if w.part.len() < np {
-            w.part = self.stream.alloc::<f32>(np, "attention scratch")?;
-        }
-        if w.part_ml.len() < nml {
-            w.part_ml = self.stream.alloc::<f32>(nml, "attention scratch")?;
-        }
         Ok(())
     }
 

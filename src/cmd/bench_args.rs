@@ -1,0 +1,89 @@
+//! `m40-llm bench`'s arguments, shared by its GPU, batched and CPU runs
+//! (`bench.rs`, `bench_batch.rs`, `bench_cpu.rs`).
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Model file or store name (or use --shape).
+    pub model: Option<String>,
+    /// Generate a random-weight model of this shape instead (any shape
+    /// `m40-llm synth --shape` knows: its help lists them).
+    #[arg(long, conflicts_with = "model")]
+    pub shape: Option<String>,
+    /// Weight type of the generated model.
+    #[arg(long = "type", default_value = "Q4_0")]
+    pub ty: String,
+    /// Prompt tokens of the pp test (0 skips it).
+    #[arg(short = 'p', long, default_value_t = 512)]
+    pub n_prompt: usize,
+    /// Generated tokens of the tg tests (0 skips them).
+    #[arg(short = 'n', long, default_value_t = 128)]
+    pub n_gen: usize,
+    /// Context depth of the second tg test (0 skips it).
+    #[arg(short = 'd', long, default_value_t = 4096)]
+    pub depth: usize,
+    /// KV cache size in tokens (0: what the tests need). A server's
+    /// context (e.g. 8192) makes the decode steps plan their attention as
+    /// they would there.
+    #[arg(long, default_value_t = 0)]
+    pub ctx: usize,
+    /// Timed repetitions per test (the median is reported).
+    #[arg(short = 'r', long, default_value_t = 5)]
+    pub reps: usize,
+    /// CUDA device ordinal.
+    #[arg(long, default_value_t = 0)]
+    pub gpu: usize,
+    /// Print JSON instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Keep the weights in their GGUF row layout instead of repacking them
+    /// for the packed GEMV (to compare the two).
+    #[arg(long)]
+    pub gguf_layout: bool,
+    /// Keep Q, K, V and gate, up as separate matrices (one launch each)
+    /// instead of stacking them (to compare the two).
+    #[arg(long)]
+    pub no_fuse: bool,
+    /// Run each decode step's GEMVs and attention as one launch of the
+    /// persistent decode kernel instead of a launch per kernel inside the
+    /// step's graph (to compare the two).
+    #[arg(long)]
+    pub persistent: bool,
+    /// Decode attention in the warp kernel with its key splits instead of
+    /// the decode kernel (to compare the two).
+    #[arg(long)]
+    pub warp_attention: bool,
+    /// Do not run llama-bench even when it is on PATH.
+    #[arg(long)]
+    pub no_llama_bench: bool,
+    /// Benchmark the CPU backend instead: pp and tg in tokens/s, as
+    /// llama-bench's CPU build reports them.
+    #[arg(long)]
+    pub cpu: bool,
+    /// Threads for --cpu (default: every core).
+    #[arg(short = 't', long)]
+    pub threads: Option<usize>,
+    /// With --cpu: the exact FP32 reference instead of 8-bit inputs.
+    #[arg(long)]
+    pub cpu_exact: bool,
+    /// Batched decode instead (llama-batched-bench's table): these numbers
+    /// of sequences, each with a prompt of --npp tokens, decoding --ntg
+    /// tokens together.
+    #[arg(long, value_delimiter = ',', value_name = "B,B,...")]
+    pub batch: Vec<usize>,
+    /// Prompt tokens per sequence of --batch.
+    #[arg(long, default_value_t = 128)]
+    pub npp: usize,
+    /// Generated tokens per sequence of --batch.
+    #[arg(long, default_value_t = 128)]
+    pub ntg: usize,
+    /// With --batch on the GPU: each sequence's own decode step (bitwise
+    /// its solo result) instead of one batched step.
+    #[arg(long)]
+    pub batch_invariant: bool,
+    /// With --batch: every sequence's tokens constrained by this JSON
+    /// schema (a structured output's cost: its masks computed on the host
+    /// while each step runs, applied in the selection; a sequence whose
+    /// document is complete starts another).
+    #[arg(long, value_name = "FILE")]
+    pub json_schema: Option<std::path::PathBuf>,
+}
