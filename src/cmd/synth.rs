@@ -13,7 +13,9 @@ pub struct Args {
     /// granite-tiny (granite); mistral3-tiny (mistral3); phi3-tiny (phi3); qwen3moe-tiny,
     /// qwen3-30b-a3b (qwen3moe); mixtral-tiny, mixtral-8x7b (llama with experts);
     /// gpt-oss-tiny, gpt-oss-20b (gpt-oss); command-r-tiny, command-r-plus-tiny,
-    /// aya-23-8b (command-r).
+    /// aya-23-8b (command-r); embedding models: bert-tiny, all-minilm, bge-large (bert),
+    /// nomic-bert-tiny, nomic-embed-text (nomic-bert), qwen3-embedding-tiny (qwen3,
+    /// last-token pooling).
     #[arg(long)]
     pub shape: String,
     /// Weight type: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K, or
