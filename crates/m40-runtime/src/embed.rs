@@ -122,17 +122,8 @@ impl Engine {
     fn embed_tokens(&self, req: &EmbedRequest) -> Result<Vec<Vec<u32>>> {
         let tk = &self.core.tokenizer;
         let max = self.max_embed_tokens();
-        let vocab = tk.vocab();
-        // The special token the vocabulary closes a text with, kept last
-        // when a text is cut.
-        let closing = match (
-            vocab.add_sep || vocab.kind == m40_tokenizer::VocabKind::Wpm,
-            vocab.add_eos,
-        ) {
-            (true, _) => vocab.sep,
-            (false, true) => vocab.eos,
-            _ => None,
-        };
+        // The special token a text ends with, kept last when one is cut.
+        let closing = tk.closing_special();
         req.inputs
             .iter()
             .enumerate()

@@ -6,7 +6,6 @@ use std::time::Instant;
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use base64::Engine as _;
@@ -35,14 +34,7 @@ impl AppState {
     /// client goes or its time runs out.
     pub(crate) async fn embed(&self, req: EmbedRequest) -> Result<Embeddings, ApiError> {
         let engine = self.loaded().await?;
-        let waiting = engine.activity().waiting;
-        if waiting >= self.inner.config.max_queue {
-            return Err(ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("the server is busy ({waiting} requests waiting); retry later"),
-            )
-            .retry_after(5));
-        }
+        self.check_queue(&engine)?;
         let cancel = CancelToken::new();
         let _on_drop = crate::CancelOnDrop(cancel.clone());
         let timer = {

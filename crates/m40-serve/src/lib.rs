@@ -230,6 +230,19 @@ impl AppState {
         }
     }
 
+    /// A 503 with `Retry-After` while `max_queue` sequences wait.
+    pub(crate) fn check_queue(&self, engine: &Engine) -> Result<(), ApiError> {
+        let waiting = engine.activity().waiting;
+        if waiting >= self.inner.config.max_queue {
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("the server is busy ({waiting} requests waiting); retry later"),
+            )
+            .retry_after(5));
+        }
+        Ok(())
+    }
+
     /// Check a request against the context (the loaded one, or `ctx` where
     /// a request asks for less) and hand it to the engine, which runs it
     /// with the others in flight; it streams into the returned [`Running`].
@@ -247,14 +260,7 @@ impl AppState {
             .prepare(req)
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
         let clock = RequestClock::start(received);
-        let waiting = engine.activity().waiting;
-        if waiting >= self.inner.config.max_queue {
-            return Err(ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("the server is busy ({waiting} requests waiting); retry later"),
-            )
-            .retry_after(5));
-        }
+        self.check_queue(&engine)?;
         let (tx, rx) = mpsc::channel(256);
         let cancel = CancelToken::new();
         let c = cancel.clone();

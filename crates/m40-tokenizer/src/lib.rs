@@ -181,6 +181,20 @@ impl Tokenizer {
         Ok(ids)
     }
 
+    /// The special token [`Tokenizer::encode`] ends a text with when it
+    /// adds them: WordPiece's `[SEP]`, else the EOS where the vocabulary
+    /// adds one.
+    pub fn closing_special(&self) -> Option<u32> {
+        let v = &self.vocab;
+        if v.add_sep || self.wpm.is_some() {
+            v.sep
+        } else if v.add_eos {
+            v.eos
+        } else {
+            None
+        }
+    }
+
     /// An error naming the first id that is not in the vocabulary.
     pub fn check(&self, ids: &[u32]) -> Result<()> {
         match ids.iter().find(|&&i| i as usize >= self.n_vocab()) {

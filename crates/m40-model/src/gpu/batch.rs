@@ -43,16 +43,11 @@ impl GpuBackend {
         self.batch_decode && attn_decodes(hp.head_dim, group)
     }
 
-    /// [`crate::Backend::forward_batch`]: the decode tokens and short
-    /// prompt chunks ([`JOIN_CHUNK`]) of two or more sequences in batched
-    /// steps, each other sequence alone.
-    pub(super) fn forward_batch_gpu(
-        &self,
-        seqs: &mut [SeqStep<'_, GpuCache>],
-    ) -> Result<Vec<StepOut>> {
+    /// Every sequence's input of a step, checked before any runs: ids in
+    /// the vocabulary, room in its context, a cache of this backend.
+    pub(super) fn check_steps(&self, seqs: &[SeqStep<'_, GpuCache>]) -> Result<()> {
         let hp = self.model.hparams();
-        // Every sequence's input is checked before any runs.
-        for s in seqs.iter() {
+        for s in seqs {
             crate::check_input(s.cache.len(), s.cache.n_ctx(), s.tokens, hp.n_vocab)?;
             if !s.cache.is_of(&self.pages) {
                 return Err(ModelError::Unsupported(
@@ -60,6 +55,18 @@ impl GpuBackend {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// [`crate::Backend::forward_batch`]: the decode tokens and short
+    /// prompt chunks ([`JOIN_CHUNK`]) of two or more sequences in batched
+    /// steps, each other sequence alone.
+    pub(super) fn forward_batch_gpu(
+        &self,
+        seqs: &mut [SeqStep<'_, GpuCache>],
+    ) -> Result<Vec<StepOut>> {
+        // Every sequence's input is checked before any runs.
+        self.check_steps(seqs)?;
         let join = JOIN_CHUNK.min(self.max_batch);
         let joined: Vec<usize> = (0..seqs.len())
             .filter(|&i| (1..=join).contains(&seqs[i].tokens.len()))

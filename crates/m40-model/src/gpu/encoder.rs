@@ -152,14 +152,8 @@ impl GpuBackend {
         enc: &EncoderWeights,
         seqs: &mut [SeqStep<'_, GpuCache>],
     ) -> Result<Vec<StepOut>> {
-        let hp = self.model.hparams();
+        self.check_steps(seqs)?;
         for s in seqs.iter() {
-            crate::check_input(s.cache.len(), s.cache.n_ctx(), s.tokens, hp.n_vocab)?;
-            if !s.cache.is_of(&self.pages) {
-                return Err(ModelError::Unsupported(
-                    "a KV cache of another GPU backend".into(),
-                ));
-            }
             if s.want != Want::Hidden || s.cache.len() != 0 || s.tokens.len() > self.max_batch {
                 return Err(ModelError::Unsupported(format!(
                     "an encoder's step takes whole sequences of at most {} tokens for their hidden states",
