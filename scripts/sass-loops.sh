@@ -3,15 +3,17 @@
 # kernel's main loop (its loop with the most FFMA), by opcode: how
 # BENCHMARKS.md counts instructions a loop without a GPU.
 #
-#   scripts/sass-loops.sh kernels/ptx/gemv_packed.q4_0.ptx [ARCH] [KERNEL ...]
+#   scripts/sass-loops.sh gemv_packed.q4_0 [ARCH] [KERNEL ...]
 #
+# The module by name (crates/m40-kernels/ptx/NAME.ptx.zst, decompressed with
+# the zstd tool) or as a path to a .ptx or .ptx.zst file.
 # ARCH: sm_90 (default; what the H100 JIT-compiles the PTX for) or sm_52.
 # KERNELs: entry names (default: every kernel of the module). ptxas comes
 # from target/cuda-tools (`cargo xtask ptx` installs it), nvdisasm from the
 # PyPI wheel nvidia-cuda-nvdisasm, fetched once into target/cuda-tools/nvdisasm.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PTX=${1:?usage: scripts/sass-loops.sh MODULE.ptx [ARCH] [KERNEL ...]}
+PTX=${1:?usage: scripts/sass-loops.sh MODULE [ARCH] [KERNEL ...]}
 ARCH=${2:-sm_90}
 shift $(($# < 2 ? $# : 2))
 PTXAS=target/cuda-tools/nvidia/cuda_nvcc/bin/ptxas
@@ -27,6 +29,12 @@ if [ -z "$NVDISASM" ]; then
 fi
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
+[ -f "$PTX" ] || PTX=crates/m40-kernels/ptx/$PTX.ptx.zst
+if [[ "$PTX" == *.zst ]]; then
+    command -v zstd >/dev/null || { echo "the zstd tool is needed to read $PTX" >&2; exit 1; }
+    zstd -q -dc "$PTX" > "$T/m.ptx"
+    PTX=$T/m.ptx
+fi
 "$PTXAS" -arch="$ARCH" -o "$T/m.cubin" "$PTX"
 "$NVDISASM" -c "$T/m.cubin" > "$T/m.sass" 2>/dev/null
 if [ $# -eq 0 ]; then

@@ -5,7 +5,7 @@
 //!   target/, fmt check, clippy with warnings denied, the committed PTX
 //!   checked against its sources, the test suite with every input it reads
 //!   required. If `cargo xtask ci` passes locally, CI passes.
-//! - `ptx [--check]`: kernels/*.cu -> kernels/ptx/*.ptx and the sm_52 reports.
+//! - `ptx [--check]`: kernels/*.cu -> crates/m40-kernels/ptx/*.ptx.zst, its index and the sm_52 reports.
 //! - `bench [ARGS]`: `m40-llm bench ARGS` from a release build: the
 //!   llama-bench-like table (pp512, tg128, tg128 at depth 4096) against the
 //!   measured ceilings, for a model file or `--shape NAME --type TYPE`.

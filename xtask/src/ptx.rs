@@ -1,8 +1,11 @@
 //! `cargo xtask ptx [--check]`: compile every `kernels/*.cu` with NVRTC for
-//! `compute_52` into `kernels/ptx/NAME.ptx`, and write `ptxas -arch=sm_52 -v`'s
-//! resource report (registers, spills, shared memory) to
-//! `kernels/ptx/NAME.sm_52.txt`. `--check` regenerates into memory and fails
-//! if anything differs from what is committed. Without `--check`, each
+//! `compute_52` into `crates/m40-kernels/ptx/NAME.ptx.zst` (zstd level 19:
+//! the PTX travels inside m40-kernels' package, ~9x smaller than its text),
+//! list each module's kernels in `ptx/index.txt`, and write
+//! `ptxas -arch=sm_52 -v`'s resource report (registers, spills, shared
+//! memory) to `ptx/NAME.sm_52.txt`. `--check` regenerates into memory and
+//! fails if anything differs from what is committed (the PTX compared as
+//! text, so another zstd version's bytes do not count as a change). Without `--check`, each
 //! source is compiled REPRO_RUNS more times after all of them, and a source
 //! whose PTX differs between compilations is an error: the check could not
 //! pass reliably (NVRTC 11.8's vectorizer chose differently from run to run
@@ -24,6 +27,10 @@ const PACKAGES: &[&str] = &[
     "nvidia-cuda-nvcc-cu12==12.9.86",
 ];
 const ARCH: &str = "compute_52";
+/// Where the PTX, its index and the reports go, from the workspace root.
+const OUT_DIR: &str = "crates/m40-kernels/ptx";
+/// zstd level of the committed PTX (decompressed once per module at load).
+const ZSTD_LEVEL: i32 = 19;
 /// Extra compilations of each source that must give the same PTX.
 const REPRO_RUNS: usize = 2;
 
@@ -194,6 +201,41 @@ fn units(stem: &str, code: &str) -> Vec<(String, String)> {
     }
 }
 
+/// The text of a committed output (a `.zst` decompressed), if it exists.
+fn committed(path: &Path) -> Option<String> {
+    let bytes = std::fs::read(path).ok()?;
+    let text = if path.extension().is_some_and(|e| e == "zst") {
+        zstd::decode_all(&bytes[..]).ok()?
+    } else {
+        bytes
+    };
+    String::from_utf8(text).ok()
+}
+
+/// Write an output: a `.zst` compressed at [`ZSTD_LEVEL`], text as is.
+fn write_output(path: &Path, text: &str) -> Result<()> {
+    let bytes = if path.extension().is_some_and(|e| e == "zst") {
+        zstd::encode_all(text.as_bytes(), ZSTD_LEVEL).map_err(|e| e.to_string())?
+    } else {
+        text.as_bytes().to_vec()
+    };
+    std::fs::write(path, bytes).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// `MODULE KERNEL...`: the kernels (`.entry` names) a module's PTX defines,
+/// so that m40-kernels finds a kernel's module without decompressing any.
+fn index_line(module: &str, ptx: &str) -> String {
+    let mut line = module.to_string();
+    for l in ptx.lines() {
+        if let Some(name) = l.trim_start().strip_prefix(".visible .entry ") {
+            line.push(' ');
+            line.push_str(name.trim_end_matches('('));
+        }
+    }
+    line.push('\n');
+    line
+}
+
 fn ptxas_report(tools: &Path, ptx: &Path) -> Result<String> {
     let ptxas = tools.join("nvidia/cuda_nvcc/bin/ptxas");
     let out = Command::new(&ptxas)
@@ -242,7 +284,7 @@ fn first_difference(a: &str, b: &str) -> Option<String> {
 pub fn run(check: bool) -> Result<()> {
     let root = root();
     let kernels = root.join("kernels");
-    let out_dir = kernels.join("ptx");
+    let out_dir = root.join(OUT_DIR);
     let tools = tools()?;
     let nvrtc = Nvrtc::load(&tools)?;
     let include = tools.join("nvidia/cuda_runtime/include");
@@ -267,6 +309,7 @@ pub fn run(check: bool) -> Result<()> {
     let mut stale = Vec::new();
     let mut compiled = Vec::new();
     let mut expected = Vec::new();
+    let mut index = String::new();
     for src in &sources {
         let stem = src.file_stem().unwrap().to_string_lossy().into_owned();
         let code = std::fs::read_to_string(src).map_err(|e| format!("{}: {e}", src.display()))?;
@@ -281,42 +324,52 @@ pub fn run(check: bool) -> Result<()> {
             let scratch = tmp.join(format!("{module}.ptx"));
             std::fs::write(&scratch, &ptx).map_err(|e| e.to_string())?;
             report.push_str(&ptxas_report(&tools, &scratch)?);
-            outputs.push((format!("{module}.ptx"), ptx));
+            index.push_str(&index_line(&module, &ptx));
+            outputs.push((format!("{module}.ptx.zst"), ptx));
         }
         outputs.push((format!("{stem}.sm_52.txt"), report));
         for (file, text) in outputs {
             let dest = out_dir.join(&file);
             expected.push(file.clone());
-            let same = std::fs::read_to_string(&dest).is_ok_and(|old| old == text);
-            if check {
-                if !same {
+            if committed(&dest).is_none_or(|old| old != text) {
+                if check {
                     stale.push(file);
+                } else {
+                    write_output(&dest, &text)?;
+                    eprintln!("wrote {OUT_DIR}/{file}");
                 }
-            } else if !same {
-                std::fs::write(&dest, text).map_err(|e| format!("{}: {e}", dest.display()))?;
-                eprintln!("wrote kernels/ptx/{file}");
             }
         }
     }
-    // PTX no source makes any more (a source split into parts, or removed).
+    let dest = out_dir.join("index.txt");
+    expected.push("index.txt".into());
+    if committed(&dest).is_none_or(|old| old != index) {
+        if check {
+            stale.push("index.txt".into());
+        } else {
+            write_output(&dest, &index)?;
+            eprintln!("wrote {OUT_DIR}/index.txt");
+        }
+    }
+    // Files no source makes any more (a source split into parts, or removed).
     for e in std::fs::read_dir(&out_dir)
         .map_err(|e| e.to_string())?
         .flatten()
     {
         let file = e.file_name().to_string_lossy().into_owned();
-        let ours = file.ends_with(".ptx") || file.ends_with(".sm_52.txt");
+        let ours = file.ends_with(".ptx.zst") || file.ends_with(".sm_52.txt");
         if ours && !expected.contains(&file) {
             if check {
                 stale.push(format!("{file} (no source makes it: delete it)"));
             } else {
                 std::fs::remove_file(e.path()).map_err(|e| e.to_string())?;
-                eprintln!("removed kernels/ptx/{file}");
+                eprintln!("removed {OUT_DIR}/{file}");
             }
         }
     }
     if !stale.is_empty() {
         return Err(format!(
-            "kernels/ptx is stale (run `cargo xtask ptx` and commit): {}",
+            "{OUT_DIR} is stale (run `cargo xtask ptx` and commit): {}",
             stale.join(", ")
         ));
     }
@@ -349,7 +402,14 @@ pub fn run(check: bool) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::{first_difference, units};
+    use super::{first_difference, index_line, units};
+
+    #[test]
+    fn the_index_lists_each_entry() {
+        let ptx = ".version 7.8\n.visible .entry f(\n.param .u64 a\n)\n{\n}\n.visible .entry g_x4(\n)\n{\n}\n";
+        assert_eq!(index_line("gemv.q4_0", ptx), "gemv.q4_0 f g_x4\n");
+        assert_eq!(index_line("empty", ".version 7.8\n"), "empty\n");
+    }
 
     #[test]
     fn sources_split_into_the_parts_their_first_line_names() {

@@ -32,7 +32,7 @@ pub struct KernelAttributes {
 }
 
 impl Device {
-    /// Load PTX text (a module of kernels/ptx/). `name` names it in errors.
+    /// Load PTX text (a module of m40-kernels' embedded PTX). `name` names it in errors.
     pub fn load_module(self: &Arc<Self>, name: &'static str, ptx: &str) -> Result<Module> {
         let inner =
             self.ctx

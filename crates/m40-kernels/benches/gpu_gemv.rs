@@ -136,7 +136,7 @@ fn main() {
     let shapes = [(4096usize, 4096usize), (14336, 4096), (4096, 14336)];
     println!("| format | rows x cols | weights MB | us | GB/s | % of read | us (stream) | split | us k=1 | us k=2 | us k=4 | regs sm_52 | regs here | smem B |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
-    let report = include_str!("../../../kernels/ptx/gemv.sm_52.txt");
+    let report = include_str!("../ptx/gemv.sm_52.txt");
     let mut json = Vec::new();
     let batch_only = std::env::var_os("M40_BENCH_BATCH_ONLY").is_some();
     let row_major = std::env::var_os("M40_BENCH_PACKED_ONLY").is_none() && !batch_only;
@@ -231,7 +231,7 @@ fn main() {
     println!("\npacked layout (weights repacked at upload):\n");
     println!("| format | rows x cols | us | GB/s | % of read | split | us k=1 | us k=2 | us k=3 | us k=4 | regs sm_52 | regs here |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
-    let report = include_str!("../../../kernels/ptx/gemv_packed.sm_52.txt");
+    let report = include_str!("../ptx/gemv_packed.sm_52.txt");
     // Two more shapes show what the launch costs: 4 rows (about the fixed
     // cost of a launch: start, first loads' latency, drain) and 57344x4096
     // (4x the gate/up bytes: closer to the streaming rate).
@@ -551,7 +551,7 @@ fn activations(s: &Stream, n: usize) -> DeviceBuffer<f32> {
     s.upload(&v, "x").expect("upload")
 }
 
-/// Registers ptxas reported for `kernel` on sm_52 (kernels/ptx/gemv.sm_52.txt).
+/// Registers ptxas reported for `kernel` on sm_52 (ptx/gemv.sm_52.txt).
 fn sm52_registers(report: &str, kernel: &str) -> String {
     report
         .split(&format!("Function properties for {kernel}\n"))

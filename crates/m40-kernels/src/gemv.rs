@@ -193,7 +193,7 @@ mod tests {
     /// committed PTX, and all fit in 48 KB.
     #[test]
     fn gemv_shared_memory_matches_ptxas_report() {
-        let report = include_str!("../../../kernels/ptx/gemv.sm_52.txt");
+        let report = include_str!("../ptx/gemv.sm_52.txt");
         for f in KernelFormat::ALL {
             let name = f.gemv;
             let at = report

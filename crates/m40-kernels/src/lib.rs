@@ -1,9 +1,10 @@
 //! The CUDA kernels of m40-llm and one launcher per kernel.
 //!
-//! The PTX in `kernels/ptx/` (compiled from `kernels/*.cu` for compute_52 by
-//! `cargo xtask ptx`, committed) is embedded here with `include_str!`; each
-//! module is loaded into a device the first time one of its kernels is
-//! launched there ([`Kernels`] holds one per device). Every launcher owns its
+//! The PTX in this package's `ptx/` (compiled from the repository's
+//! `kernels/*.cu` for compute_52 by `cargo xtask ptx`, committed compressed
+//! with zstd) is embedded here with `include_bytes!`; each module is
+//! decompressed and loaded into a device the first time one of its kernels
+//! is launched there ([`Kernels`] holds one per device). Every launcher owns its
 //! kernel's grid math (block sizes are named constants mirroring the `.cu`
 //! file) and checks what the kernel assumes: buffer lengths, alignment, the
 //! 48 KB of shared memory a block may have on sm_52. Kernels know nothing of
@@ -66,27 +67,60 @@ pub use sample::{
 /// Shared memory a block may use on sm_52 (and without opt-in on any GPU).
 pub(crate) const MAX_SHARED_PER_BLOCK: usize = 48 * 1024;
 
-/// `(name, PTX)` of `kernels/ptx/NAME.ptx`.
+/// Module `NAME`: its name and `ptx/NAME.ptx.zst`.
 macro_rules! module {
     ($name:literal) => {
-        (
-            $name,
-            include_str!(concat!("../../../kernels/ptx/", $name, ".ptx")),
-        )
+        PtxModule {
+            name: $name,
+            zst: include_bytes!(concat!("../ptx/", $name, ".ptx.zst")),
+        }
     };
 }
 
-/// The PTX modules: (name, text), one per `kernels/*.cu`, or, for a source
+/// One PTX module as embedded: zstd-compressed text.
+pub struct PtxModule {
+    pub name: &'static str,
+    zst: &'static [u8],
+}
+
+impl PtxModule {
+    /// The PTX text (decompressed now: each device loads a module once, and
+    /// the text is dropped once the driver has it).
+    pub fn text(&self) -> Result<String> {
+        use std::io::Read;
+        let corrupt = |what: String| KernelError::Shape {
+            kernel: self.name,
+            what: format!("the embedded PTX does not decompress: {what}"),
+        };
+        let mut text = String::new();
+        ruzstd::decoding::StreamingDecoder::new(self.zst)
+            .map_err(|e| corrupt(e.to_string()))?
+            .read_to_string(&mut text)
+            .map_err(|e| corrupt(e.to_string()))?;
+        Ok(text)
+    }
+
+    /// Bytes of the compressed PTX.
+    pub fn compressed_len(&self) -> usize {
+        self.zst.len()
+    }
+}
+
+/// `MODULE KERNEL...` per line: the kernels each module defines
+/// (written with the PTX by `cargo xtask ptx`).
+const INDEX: &str = include_str!("../ptx/index.txt");
+
+/// The PTX modules, one per `kernels/*.cu`, or, for a source
 /// compiled in parts (its `// m40-parts:` line), one per part, named
 /// `STEM.PART` (`gemm.q4_1`): a model loads, and the driver JIT-compiles on
 /// a first run, only the parts of its formats.
 ///
 /// A `static`: the megabytes of PTX are in the binary once (a `const` is
 /// copied at each place it is used).
-pub static MODULES: &[(&str, &str)] = MODULE_TABLE;
+pub static MODULES: &[PtxModule] = MODULE_TABLE;
 
 /// [`MODULES`] as a constant, for its length only.
-const MODULE_TABLE: &[(&str, &str)] = &[
+const MODULE_TABLE: &[PtxModule] = &[
     module!("attention"),
     module!("bench"),
     module!("decode"),
@@ -224,7 +258,9 @@ impl Kernels {
         if let Some(m) = self.modules[i].get() {
             return Ok(m);
         }
-        let loaded = self.device.load_module(MODULES[i].0, MODULES[i].1)?;
+        let loaded = self
+            .device
+            .load_module(MODULES[i].name, &MODULES[i].text()?)?;
         // Another thread may have won the race; either module is fine.
         let _ = self.modules[i].set(loaded);
         Ok(self.modules[i].get().expect("just set"))
@@ -233,7 +269,7 @@ impl Kernels {
     /// Load every module now (the driver JIT-compiles the PTX for this GPU on
     /// first load; doing it up front keeps that out of the first request).
     pub fn load_all(&self) -> Result<()> {
-        let all: Vec<&'static str> = MODULES.iter().map(|(m, _)| *m).collect();
+        let all: Vec<&'static str> = MODULES.iter().map(|m| m.name).collect();
         self.load_modules(&all, &mut |_| {})
     }
 
@@ -253,7 +289,7 @@ impl Kernels {
             .map(|m| {
                 MODULES
                     .iter()
-                    .position(|(name, _)| name == m)
+                    .position(|x| x.name == *m)
                     .expect("callers name modules that exist")
             })
             .collect();
@@ -281,7 +317,7 @@ impl Kernels {
                     let r = self.module(index[i]).map(|_| ());
                     tracing::debug!(
                         "module {} loaded in {:.2} s",
-                        MODULES[index[i]].0,
+                        MODULES[index[i]].name,
                         t.elapsed().as_secs_f64()
                     );
                     if tx.send(r).is_err() {
@@ -327,30 +363,34 @@ pub struct LoadProgress {
 /// source `module`: the module itself, or, for a source compiled in parts,
 /// the part whose PTX defines the kernel.
 fn module_of(module: &str, name: &str) -> usize {
-    if let Some(i) = MODULES.iter().position(|(m, _)| *m == module) {
+    if let Some(i) = MODULES.iter().position(|m| m.name == module) {
         return i;
     }
-    let entry = format!(".entry {name}(");
-    MODULES
-        .iter()
-        .position(|(m, ptx)| {
+    let part = INDEX
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .find(|(m, entries)| {
             m.strip_prefix(module)
                 .is_some_and(|rest| rest.starts_with('.'))
-                && ptx.contains(&entry)
+                && entries.split(' ').any(|e| e == name)
         })
-        .unwrap_or_else(|| panic!("no module of {module} holds kernel {name}"))
+        .unwrap_or_else(|| panic!("no module of {module} holds kernel {name}"));
+    MODULES
+        .iter()
+        .position(|m| m.name == part.0)
+        .expect("the index names modules that exist")
 }
 
 /// The modules of `source` (a `kernels/*.cu` stem) a model whose matrices
 /// are in `formats` (kernel symbols, `q4_1`) needs: the source itself, or
 /// its common part and the parts of those formats that exist.
 pub fn modules_for(source: &str, formats: &[&str]) -> Vec<&'static str> {
-    if let Some((m, _)) = MODULES.iter().find(|(m, _)| *m == source) {
-        return vec![m];
+    if let Some(m) = MODULES.iter().find(|m| m.name == source) {
+        return vec![m.name];
     }
     MODULES
         .iter()
-        .map(|(m, _)| *m)
+        .map(|m| m.name)
         .filter(|m| {
             m.strip_prefix(source)
                 .and_then(|rest| rest.strip_prefix('.'))
@@ -394,16 +434,38 @@ mod tests {
             }
         }
         want.sort();
-        let mut have: Vec<String> = MODULES.iter().map(|(m, _)| m.to_string()).collect();
+        let mut have: Vec<String> = MODULES.iter().map(|m| m.name.to_string()).collect();
         have.sort();
         assert_eq!(have, want);
+    }
+
+    /// Every module decompresses, and the index lists exactly the kernels
+    /// its PTX defines, in the same order.
+    #[test]
+    fn the_index_matches_the_decompressed_ptx() {
+        let lines: Vec<&str> = INDEX.lines().collect();
+        assert_eq!(lines.len(), MODULES.len());
+        for m in MODULES {
+            let text = m.text().unwrap();
+            assert!(text.starts_with("//"), "{}: not PTX text", m.name);
+            let entries: Vec<&str> = text
+                .lines()
+                .filter_map(|l| l.strip_prefix(".visible .entry "))
+                .map(|e| e.trim_end_matches('('))
+                .collect();
+            let line = lines
+                .iter()
+                .find(|l| l.split(' ').next() == Some(m.name))
+                .unwrap_or_else(|| panic!("{} is not in the index", m.name));
+            let listed: Vec<&str> = line.split(' ').skip(1).collect();
+            assert_eq!(listed, entries, "{}", m.name);
+        }
     }
 
     /// Every kernel a launcher names is in the committed PTX.
     #[test]
     fn kernel_names_exist_in_ptx() {
-        let all: Vec<&str> = crate::MODULES.iter().map(|(_, p)| *p).collect();
-        let has = |n: &str| all.iter().any(|p| p.contains(&format!(".entry {n}(")));
+        let has = |n: &str| INDEX.lines().any(|l| l.split(' ').skip(1).any(|e| e == n));
         for f in KernelFormat::ALL {
             assert!(has(f.gemv), "{}", f.gemv);
             assert!(has(f.embed), "{}", f.embed);
@@ -496,7 +558,7 @@ mod tests {
 
     #[test]
     fn kernels_are_found_in_their_part() {
-        let name = |i: usize| MODULES[i].0;
+        let name = |i: usize| MODULES[i].name;
         assert_eq!(name(module_of("gemm", "gemm_packed_q4_1_f32")), "gemm.q4_1");
         assert_eq!(name(module_of("gemm", "gemm_small_q6_k_f32")), "gemm.q6_k");
         assert_eq!(name(module_of("gemm", "gemm_reduce_f32")), "gemm.common");
