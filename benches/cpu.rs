@@ -61,7 +61,7 @@ fn matmuls(c: &mut Criterion) {
 }
 
 fn end_to_end(c: &mut Criterion) {
-    let store = m40_runtime::store::Store::from_env().unwrap();
+    let store = m40_store::Store::from_env().unwrap();
     let path = store
         .ensure_default(&mut |m: &str| eprintln!("{m}"))
         .unwrap();

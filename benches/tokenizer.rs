@@ -12,7 +12,7 @@ fn bench(c: &mut Criterion) {
         eprintln!("skipping: {} not found", text_path.display());
         return;
     };
-    let store = m40_runtime::store::Store::from_env().unwrap();
+    let store = m40_store::Store::from_env().unwrap();
     let model = store
         .ensure_default(&mut |m: &str| eprintln!("{m}"))
         .unwrap();

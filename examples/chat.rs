@@ -10,8 +10,9 @@ use m40_runtime::{Engine, EngineOptions};
 fn main() -> Result<()> {
     let model = std::env::args()
         .nth(1)
-        .unwrap_or_else(|| m40_runtime::store::DEFAULT_MODEL.to_string());
-    let engine = Engine::load(&model, EngineOptions::default())?;
+        .unwrap_or_else(|| m40_store::DEFAULT_MODEL.to_string());
+    let path = m40_store::Store::from_env()?.resolve(&model, &mut |m: &str| eprintln!("{m}"))?;
+    let engine = Engine::from_path(&path, EngineOptions::default())?;
     eprintln!(
         "{model}: {} layers, context {}",
         engine.hparams().n_layer,

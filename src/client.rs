@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use m40_runtime::store::{same_model, Store};
+use m40_store::{same_model, Store};
 use m40_runtime::{CancelToken, Message};
 use serde_json::{json, Value};
 

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use m40_runtime::store::{sha256_file, Store, CATALOG, DEFAULT_MODEL};
+use m40_store::{sha256_file, Store, CATALOG, DEFAULT_MODEL};
 
 #[test]
 fn default_model_is_fetched_verified_and_listed() {

@@ -308,7 +308,7 @@ pub fn run(a: Args) -> Result<()> {
         // No model: the default model, as `run` does.
         (None, None) => (
             super::resolve_model(None)?,
-            m40_runtime::store::DEFAULT_MODEL.to_string(),
+            m40_store::DEFAULT_MODEL.to_string(),
         ),
         (Some(_), Some(_)) => bail!("name a model, or a shape with --shape, not both"),
     };

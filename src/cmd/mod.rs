@@ -14,13 +14,13 @@ pub mod text;
 use std::path::PathBuf;
 
 use anyhow::Result;
-use m40_runtime::store::Store;
+use m40_store::Store;
 
 /// A model argument (path, store name, or the default model when absent) as a
 /// path, fetching catalog models on first use.
 pub fn resolve_model(model: Option<&str>) -> Result<PathBuf> {
     let store = Store::from_env()?;
-    let name = model.unwrap_or(m40_runtime::store::DEFAULT_MODEL);
+    let name = model.unwrap_or(m40_store::DEFAULT_MODEL);
     // A model fetched on first use shows its download as `pull` does.
     Ok(store.resolve(name, &mut store::Bar::default())?)
 }

@@ -68,7 +68,7 @@ pub fn run(a: Args) -> Result<()> {
         if !local.ip().is_loopback() && api_key.is_none() {
             bail!("{local} is not a loopback address: set --api-key (or M40_API_KEY) to serve beyond this machine");
         }
-        let name = a.model.clone().unwrap_or_else(|| m40_runtime::store::DEFAULT_MODEL.to_string());
+        let name = a.model.clone().unwrap_or_else(|| m40_store::DEFAULT_MODEL.to_string());
         let path = super::resolve_model(Some(&name))?;
         let opts = a.device.engine_options(a.ctx);
         // After an unload (`m40-llm stop`), the next request loads it so again.
@@ -83,7 +83,7 @@ pub fn run(a: Args) -> Result<()> {
             max_queue: a.max_queue,
             request_timeout: Duration::from_secs(a.timeout),
             api_key,
-            store: Some(m40_runtime::store::Store::from_env()?),
+            store: Some(m40_store::Store::from_env()?),
             allow_any_pull: a.allow_any_pull,
             reload: Some(reload),
             ..Default::default()

@@ -3,7 +3,7 @@
 use anyhow::{bail, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use m40_llm::client::{server_base, Client};
-use m40_runtime::store::{Progress, PullOptions, Store};
+use m40_store::{Progress, PullOptions, Store};
 
 #[derive(clap::Args)]
 pub struct PullArgs {

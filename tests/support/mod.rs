@@ -60,7 +60,7 @@ pub fn smollm2() -> PathBuf {
         return PathBuf::from(p);
     }
     let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("models");
-    m40_runtime::store::Store::new(root)
+    m40_store::Store::new(root)
         .ensure_default(&mut |m: &str| eprintln!("{m}"))
         .expect("fetching the default model")
 }

@@ -7,12 +7,13 @@ use std::io::Write;
 
 use m40_runtime::{CancelToken, Engine, EngineOptions, Message, Prompt, Request, SamplingParams};
 
-fn main() -> Result<(), m40_runtime::EngineError> {
+fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let model = args.next().unwrap_or_else(|| "smollm2:135m".into());
     let prompt = args.next().unwrap_or_else(|| "Name three colors.".into());
 
-    let engine = Engine::load(&model, EngineOptions::default())?;
+    let path = m40_store::Store::from_env()?.resolve(&model, &mut |m: &str| eprintln!("{m}"))?;
+    let engine = Engine::from_path(&path, EngineOptions::default())?;
     eprintln!("running on the {}", engine.backend_name());
 
     let mut req = Request::new(Prompt::Chat(vec![Message::new("user", prompt)]));

@@ -5,11 +5,12 @@
 
 use m40_runtime::{CancelToken, Engine, EngineOptions, Message, Prompt, Request, SamplingParams};
 
-fn main() -> Result<(), m40_runtime::EngineError> {
+fn main() -> Result<(), Box<dyn std::error::Error>> {
     let model = std::env::args()
         .nth(1)
         .unwrap_or_else(|| "smollm2:135m".into());
-    let engine = Engine::load(&model, EngineOptions::default())?;
+    let path = m40_store::Store::from_env()?.resolve(&model, &mut |m: &str| eprintln!("{m}"))?;
+    let engine = Engine::from_path(&path, EngineOptions::default())?;
 
     let mut history = vec![Message::new("system", "You are a terse assistant.")];
     for question in ["What is the capital of France?", "And of Italy?"] {

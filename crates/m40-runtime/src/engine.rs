@@ -19,13 +19,10 @@ use m40_tokenizer::{Encode, Tokenizer};
 use crate::batcher::{Batcher, Core, Limits, Load, SeqEvent, Submission};
 pub use crate::request::{Completion, FinishReason, Prompt, Request, Think, Timings, TokenEvent};
 use crate::sampling::logprobs;
-use crate::store::Store;
 
 /// Errors from loading a model or running a request.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
-    #[error(transparent)]
-    Store(#[from] crate::store::StoreError),
     #[error(transparent)]
     Model(#[from] m40_model::ModelError),
     #[error(transparent)]
@@ -243,12 +240,8 @@ fn context_length(hp: &m40_gguf::HyperParams, asked: Option<usize>) -> Result<us
 }
 
 impl Engine {
-    /// Load by path or store name (catalog models are fetched on first use).
-    pub fn load(model: &str, opts: EngineOptions) -> Result<Self> {
-        let path = Store::from_env()?.resolve(model, &mut |m: &str| eprintln!("{m}"))?;
-        Self::from_path(&path, opts)
-    }
-
+    /// Load the GGUF file at `path` (a store name is resolved to one by
+    /// the m40-store crate: `Store::from_env()?.resolve(name, ..)`).
     pub fn from_path(path: &Path, opts: EngineOptions) -> Result<Self> {
         let model = Model::open(path)?;
         let n_ctx = context_length(model.hparams(), opts.n_ctx)?;

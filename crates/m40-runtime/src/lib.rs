@@ -3,9 +3,11 @@
 //! ```no_run
 //! use m40_runtime::{CancelToken, Engine, EngineOptions, Message, Prompt, Request, SamplingParams};
 //!
-//! # fn main() -> Result<(), m40_runtime::EngineError> {
-//! // A path to a GGUF file, or a store name (fetched on first use).
-//! let engine = Engine::load("smollm2:135m", EngineOptions::default())?;
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // A GGUF file; the m40-store crate turns a store name into one (fetched
+//! // on first use).
+//! let path = m40_store::Store::from_env()?.resolve("smollm2:135m", &mut |m: &str| eprintln!("{m}"))?;
+//! let engine = Engine::from_path(&path, EngineOptions::default())?;
 //! let mut req = Request::new(Prompt::Chat(vec![Message::new("user", "Name a color.")]));
 //! req.sampling = SamplingParams { temperature: 0.7, seed: Some(1), ..Default::default() };
 //! req.max_tokens = Some(32);
@@ -16,10 +18,13 @@
 //! # }
 //! ```
 //!
-//! - [`engine::Engine`]: load a model (path or store name), generate with
-//!   streaming tokens, stop strings, logprobs, cancellation and timings.
+//! - [`engine::Engine`]: load a GGUF model, generate with streaming tokens,
+//!   stop strings, logprobs, cancellation and timings.
 //! - [`sampling`]: greedy, temperature, top-k/top-p/min-p, penalties, seeds.
-//! - [`store`]: the model store; [`perplexity`]: llama.cpp's protocol.
+//! - [`perplexity`]: llama.cpp's protocol.
+//!
+//! The model store (names, the catalog, `pull`) is the m40-store crate, so
+//! that inference alone pulls in no HTTP client.
 //!
 //! Build the engine optimized even in your debug builds (the CPU backend is
 //! about 100x slower unoptimized), in your `Cargo.toml`:
@@ -63,4 +68,3 @@ pub mod perplexity;
 mod request;
 pub mod sampling;
 mod stop;
-pub mod store;

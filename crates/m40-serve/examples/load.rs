@@ -59,7 +59,7 @@ const USAGE: &str = "usage: load [--url URL] [--model M] [--clients 1,8,32] [--r
 fn args() -> Result<Args, String> {
     let mut a = Args {
         url: None,
-        model: m40_runtime::store::DEFAULT_MODEL.into(),
+        model: m40_store::DEFAULT_MODEL.into(),
         clients: vec![1, 8, 32],
         requests: None,
         max_tokens: 32,
@@ -398,7 +398,10 @@ fn main() {
                 max_batch_tokens: a.max_batch_tokens,
                 ..Default::default()
             };
-            let engine = Arc::new(Engine::load(&a.model, opts).expect("loading the model"));
+            let path = m40_store::Store::from_env()
+                .and_then(|s| s.resolve(&a.model, &mut |m: &str| eprintln!("{m}")))
+                .expect("finding the model");
+            let engine = Arc::new(Engine::from_path(&path, opts).expect("loading the model"));
             let config = ServerConfig {
                 max_queue: 1024,
                 ..Default::default()

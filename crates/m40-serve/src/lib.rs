@@ -5,7 +5,8 @@
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::sync::Arc;
-//! let engine = m40_runtime::Engine::load("smollm2:135m", Default::default())?;
+//! let path = m40_store::Store::from_env()?.resolve("smollm2:135m", &mut |_: &str| {})?;
+//! let engine = m40_runtime::Engine::from_path(&path, Default::default())?;
 //! let state = m40_serve::AppState::new(Arc::new(engine), "smollm2:135m", Default::default());
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:11434").await?;
 //! m40_serve::serve(listener, state, async { tokio::signal::ctrl_c().await.ok(); }).await?;
@@ -28,7 +29,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::Router;
-use m40_runtime::store::{same_model, Store};
+use m40_store::{same_model, Store};
 use m40_runtime::{CancelToken, Completion, Engine, Request, TokenEvent};
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;

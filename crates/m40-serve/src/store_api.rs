@@ -9,7 +9,7 @@ use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use m40_runtime::store::{same_model, ModelRef, Progress, PullOptions, Store, StoreError};
+use m40_store::{same_model, ModelRef, Progress, PullOptions, Store, StoreError};
 use m40_runtime::ModelInfo;
 use serde::Deserialize;
 use serde_json::{json, Value};

@@ -715,7 +715,7 @@ fn the_official_python_clients_work() {
     let _ = std::fs::remove_dir_all(&root);
     // The script pulls a path on this machine (no network): allowed.
     let base = start(ServerConfig {
-        store: Some(m40_runtime::store::Store::new(&root)),
+        store: Some(m40_store::Store::new(&root)),
         allow_any_pull: true,
         ..Default::default()
     });

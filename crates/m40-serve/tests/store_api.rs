@@ -69,7 +69,7 @@ fn file_server(data: Vec<u8>) -> String {
 fn the_store_api_pulls_lists_and_deletes() {
     let root = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("store-api");
     let _ = std::fs::remove_dir_all(&root);
-    let store = m40_runtime::store::Store::new(&root);
+    let store = m40_store::Store::new(&root);
     // URLs over HTTP only with --allow-any-pull; no sha256 to check them
     // against, so with Ollama's "insecure".
     let base = start(ServerConfig {
@@ -194,7 +194,7 @@ fn pull_over_http_takes_names_only() {
     let root = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("store-locked");
     let _ = std::fs::remove_dir_all(&root);
     let base = start(ServerConfig {
-        store: Some(m40_runtime::store::Store::new(&root)),
+        store: Some(m40_store::Store::new(&root)),
         ..Default::default()
     });
     let secret = root.join("secret.txt");
@@ -226,7 +226,7 @@ fn pull_over_http_takes_names_only() {
 #[test]
 fn keep_alive_zero_unloads_and_the_next_request_loads_again() {
     let root = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("models");
-    let path = m40_runtime::store::Store::new(root)
+    let path = m40_store::Store::new(root)
         .ensure_default(&mut |_: &str| {})
         .unwrap();
     let loads = Arc::new(std::sync::atomic::AtomicUsize::new(0));

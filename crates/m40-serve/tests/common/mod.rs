@@ -18,7 +18,7 @@ pub fn model_path() -> std::path::PathBuf {
     static P: OnceLock<std::path::PathBuf> = OnceLock::new();
     P.get_or_init(|| {
         let root = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("models");
-        m40_runtime::store::Store::new(root)
+        m40_store::Store::new(root)
             .ensure_default(&mut |m: &str| eprintln!("{m}"))
             .expect("fetching the default model")
     })
