@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use m40_store::{same_model, Store};
 use m40_runtime::{CancelToken, Message};
+use m40_store::{same_model, Store};
 use serde_json::{json, Value};
 
 use crate::chat::{ChatBackend, ChatOptions, Turn};

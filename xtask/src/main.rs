@@ -9,10 +9,13 @@
 //! - `bench [ARGS]`: `m40-llm bench ARGS` from a release build: the
 //!   llama-bench-like table (pp512, tg128, tg128 at depth 4096) against the
 //!   measured ceilings, for a model file or `--shape NAME --type TYPE`.
+//! - `package`: every crate packaged and verified, and a program outside
+//!   the workspace built against the packaged m40-runtime and run.
 //! - `gpu-pack`: the GPU test and bench binaries with a run script, for the
 //!   device machine (see CONTRIBUTING.md).
 
 mod gpu_pack;
+mod package;
 mod ptx;
 
 use std::process::{Command, ExitCode};
@@ -56,6 +59,7 @@ fn ci() -> bool {
         ])
         && ptx_check()
         && cargo(&["test", "--workspace"])
+        && package::run(&root)
 }
 
 /// What the tests read beyond ../shared, fetched once into target/: the
@@ -136,6 +140,9 @@ fn main() -> ExitCode {
             args.extend(rest.iter().map(String::as_str));
             cargo(&args)
         }
+        Some("package") => {
+            package::run(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
+        }
         Some("gpu-pack") => match gpu_pack::run() {
             Ok(()) => true,
             Err(e) => {
@@ -144,7 +151,7 @@ fn main() -> ExitCode {
             }
         },
         _ => {
-            eprintln!("usage: cargo xtask <task>\n\ntasks:\n  ci            fmt check, clippy -D warnings, PTX check, tests (what .ci/run does)\n  ptx [--check] compile kernels/*.cu for compute_52 (NVRTC from PyPI) and write the sm_52 reports\n  bench [ARGS]  m40-llm bench ARGS (release): pp512/tg128 tables vs the measured ceilings (--help for ARGS)\n  gpu-pack      build the GPU tests and benches into target/gpu-pack with run.sh");
+            eprintln!("usage: cargo xtask <task>\n\ntasks:\n  ci            fmt check, clippy -D warnings, PTX check, tests, package (what .ci/run does)\n  package       cargo package --workspace, then a program outside it built on the packaged m40-runtime\n  ptx [--check] compile kernels/*.cu for compute_52 (NVRTC from PyPI) and write the sm_52 reports\n  bench [ARGS]  m40-llm bench ARGS (release): pp512/tg128 tables vs the measured ceilings (--help for ARGS)\n  gpu-pack      build the GPU tests and benches into target/gpu-pack with run.sh");
             return ExitCode::from(2);
         }
     };

@@ -29,8 +29,8 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::Router;
-use m40_store::{same_model, Store};
 use m40_runtime::{CancelToken, Completion, Engine, Request, TokenEvent};
+use m40_store::{same_model, Store};
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 
