@@ -127,9 +127,11 @@ impl ChatBackend for Engine {
         }
         // The history keeps only the answer.
         let mut show = Shown::default();
-        let c = self.run(&prepared, cancel, |ev| {
-            on_text(&show.text(&ev.thinking, &ev.text))
-        })?;
+        let mut run = self.start(&prepared, cancel);
+        for ev in &mut run {
+            on_text(&show.text(&ev.thinking, &ev.text));
+        }
+        let c = run.finish()?;
         Ok(Turn {
             cancelled: c.finish_reason == FinishReason::Cancelled,
             stats: rates(

@@ -70,7 +70,14 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "warn".into())
+                // M40_STEP_STATS's lines are the step loop's info events.
+                .add_directive(
+                    "m40_runtime::steps=info"
+                        .parse()
+                        .expect("a valid directive"),
+                ),
         )
         .without_time()
         .init();

@@ -57,7 +57,7 @@ fn old_turns_are_dropped_to_fit(on: On) {
     assert!(!text.contains("Question 0:"), "the oldest turn goes");
     let kept = 41 * 2 - 1 - p.dropped_messages();
     assert!(text.contains(&format!("Question {}:", 39)), "{kept} kept");
-    let d = e.run(&p, &CancelToken::new(), |_| {}).unwrap();
+    let d = e.start(&p, &CancelToken::new()).finish().unwrap();
     assert!(!d.token_ids.is_empty());
     // A chat that fits is left whole.
     let mut short = Request::new(Prompt::Chat(long_chat(2)));

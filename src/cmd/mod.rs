@@ -107,8 +107,16 @@ impl DeviceArgs {
             max_batch_tokens: self.max_batch_tokens,
             batch_invariant: self.batch_invariant,
             no_prefix_cache: self.no_prefix_cache,
+            step_stats: env_usize("M40_STEP_STATS"),
+            jit_threads: env_usize("M40_JIT_THREADS"),
         }
     }
+}
+
+/// A number from the environment (the CLI's diagnostic knobs; the library
+/// reads none).
+pub fn env_usize(name: &str) -> Option<usize> {
+    std::env::var(name).ok()?.trim().parse().ok()
 }
 
 /// Says on stderr what a slow kernel load is (the driver compiling the PTX

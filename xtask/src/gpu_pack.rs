@@ -4,7 +4,7 @@
 //!
 //! GPU binaries are the integration tests and benches whose target name
 //! starts with `gpu` (e.g. crates/m40-kernels/tests/gpu_kernels/), and the
-//! tests whose bodies run on both backends (`tests/engine.rs`, which needs
+//! tests whose bodies run on both backends (`on_both!` in `tests/*.rs`: they need
 //! SmolLM2 at `M40_SMOLLM2` there: carry it separately, it does not fit
 //! in the pack). The
 //! device tool carries at most 64 MiB: the pack is also written as
@@ -97,6 +97,7 @@ fn build(args: &[&str], target_dir: &Path) -> Result<Vec<(String, PathBuf)>> {
     if !out.status.success() {
         return Err(format!("cargo {} failed", args.join(" ")));
     }
+    let both = both_backends(&root());
     let mut found = Vec::new();
     for line in String::from_utf8_lossy(&out.stdout).lines() {
         let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
@@ -109,7 +110,7 @@ fn build(args: &[&str], target_dir: &Path) -> Result<Vec<(String, PathBuf)>> {
         let kind = &msg["target"]["kind"][0];
         let exe = msg["executable"].as_str();
         let wanted = (name.starts_with("gpu") && (kind == "test" || kind == "bench"))
-            || (BOTH_BACKENDS.contains(&name) && kind == "test")
+            || (both.iter().any(|b| b == name) && kind == "test")
             || (name == "m40-llm" && kind == "bin" && msg["profile"]["test"] == false);
         if let (true, Some(exe)) = (wanted, exe) {
             found.push((name.to_string(), PathBuf::from(exe)));
@@ -119,16 +120,21 @@ fn build(args: &[&str], target_dir: &Path) -> Result<Vec<(String, PathBuf)>> {
 }
 
 /// Test targets whose bodies run on both backends (`NAME::gpu` ignored
-/// without a GPU): the pack runs their GPU half too.
-const BOTH_BACKENDS: &[&str] = &[
-    "engine",
-    "batching",
-    "structured",
-    "tools",
-    "thinking",
-    "request_fields",
-    "embeddings",
-];
+/// without a GPU): the root's `tests/*.rs` that use `on_both!`. The pack
+/// runs their GPU half too.
+fn both_backends(root: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(root.join("tests"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "rs"))
+        .filter(|p| std::fs::read_to_string(p).is_ok_and(|s| s.contains("\non_both!(")))
+        .filter_map(|p| Some(p.file_stem()?.to_string_lossy().into_owned()))
+        .collect();
+    names.sort();
+    names
+}
 
 pub fn run() -> Result<()> {
     let root = root();

@@ -270,18 +270,21 @@ impl Kernels {
     /// first load; doing it up front keeps that out of the first request).
     pub fn load_all(&self) -> Result<()> {
         let all: Vec<&'static str> = MODULES.iter().map(|m| m.name).collect();
-        self.load_modules(&all, &mut |_| {})
+        self.load_modules(&all, None, &mut |_| {})
     }
 
     /// Load `modules` (names of [`MODULES`]: a split source's parts by
     /// their own names, `gemm.q4_1`) now, several at once: on a GPU
     /// or driver the PTX has not met before, the driver JIT-compiles each
     /// module on its first load (then keeps the result in its cache,
-    /// `~/.nv/ComputeCache`), which takes seconds a module. `progress` is
-    /// called on this thread after each module and every half second.
+    /// `~/.nv/ComputeCache`), which takes seconds a module. `threads` caps
+    /// the loads at once (1: one after another; default: one a core).
+    /// `progress` is called on this thread after each module and every half
+    /// second.
     pub fn load_modules(
         &self,
         modules: &[&'static str],
+        threads: Option<usize>,
         progress: &mut dyn FnMut(LoadProgress),
     ) -> Result<()> {
         let index: Vec<usize> = modules
@@ -294,10 +297,7 @@ impl Kernels {
             })
             .collect();
         let total = index.len();
-        // M40_JIT_THREADS caps the loads at once (1: one after another).
-        let threads = std::env::var("M40_JIT_THREADS")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
+        let threads = threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(4, |n| n.get()))
             .min(total)
             .max(1);

@@ -13,7 +13,6 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
@@ -43,6 +42,8 @@ pub(crate) enum SeqEvent {
     /// The final hidden states of the next of its prompt's tokens (rows of
     /// n_embd), for an embedding ([`Submission::hidden`]).
     Hidden(Vec<f32>),
+    /// The engine is going away (its loop ends before the sequence does).
+    Stopped,
 }
 
 /// A sequence whose structured output's constraint failed.
@@ -77,7 +78,7 @@ pub(crate) struct Submission {
     /// the rest and is computed again from what is left.
     pub shift: Option<usize>,
     pub cancel: CancelToken,
-    pub events: mpsc::Sender<SeqEvent>,
+    pub events: flume::Sender<SeqEvent>,
 }
 
 /// The loop's limits.
@@ -92,6 +93,8 @@ pub(crate) struct Limits {
     /// Keep full KV pages for later requests that start with the same
     /// tokens.
     pub prefix_cache: bool,
+    /// Log the step timings every N steps.
+    pub step_stats: Option<usize>,
 }
 
 /// Counters the loop keeps for [`crate::Engine::activity`].
@@ -260,7 +263,7 @@ struct Loop {
     /// more.
     prefix: Option<PrefixCache>,
     page_tokens: usize,
-    /// `M40_STEP_STATS=N`: every N steps, the mean time a step spends
+    /// `EngineOptions::step_stats`: every N steps, the mean time a step spends
     /// planning, preparing, in the backend and after, to stderr.
     stats: Option<StepStats>,
 }
@@ -287,11 +290,7 @@ impl Loop {
             next_id: 0,
             prefix,
             page_tokens: l.page_tokens,
-            stats: std::env::var("M40_STEP_STATS")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .filter(|&n: &usize| n > 0)
-                .map(StepStats::every),
+            stats: l.step_stats.map(StepStats::every),
         }
     }
 
@@ -308,6 +307,12 @@ impl Loop {
                         .unwrap_or_else(|e| e.into_inner());
                 }
                 if inbox.shutdown {
+                    for sub in std::mem::take(&mut inbox.new) {
+                        let _ = sub.events.send(SeqEvent::Stopped);
+                    }
+                    for l in self.live.values() {
+                        let _ = l.sub.events.send(SeqEvent::Stopped);
+                    }
                     return;
                 }
                 std::mem::take(&mut inbox.new)

@@ -5,16 +5,16 @@
 //! The inputs of a request run together in the engine's steps (64 short
 //! texts in one step, beside whatever else runs).
 
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use m40_gguf::hparams::Pooling;
 use m40_tokenizer::Encode;
 
 use crate::batcher::{SeqEvent, Submission};
-use crate::engine::{CancelOnDrop, Engine, EngineError, Result};
+use crate::cancel::{CancelOnDrop, CancelToken};
+use crate::error::{EngineError, Result};
 use crate::sampling::SamplingParams;
-use crate::CancelToken;
+use crate::Engine;
 
 /// One input to embed.
 #[derive(Clone, Debug, PartialEq)]
@@ -174,12 +174,14 @@ impl Engine {
             }
         }
         let inputs = self.embed_tokens(req)?;
-        let stop = CancelToken::new();
+        // The inputs' own token, under the caller's: the loop drops them
+        // when either fires, and when this call returns.
+        let stop = cancel.child();
         let _stop_on_return = CancelOnDrop(stop.clone());
-        let (subs, rxs): (Vec<Submission>, Vec<mpsc::Receiver<SeqEvent>>) = inputs
+        let (subs, rxs): (Vec<Submission>, Vec<flume::Receiver<SeqEvent>>) = inputs
             .iter()
             .map(|ids| {
-                let (tx, rx) = mpsc::channel();
+                let (tx, rx) = flume::unbounded();
                 let sub = Submission {
                     prompt: ids.clone(),
                     max_new: 1,
@@ -201,14 +203,16 @@ impl Engine {
         for (ids, rx) in inputs.iter().zip(rxs) {
             let mut rows = Vec::with_capacity(ids.len() * d);
             while rows.len() < ids.len() * d {
-                if cancel.is_cancelled() {
+                if stop.is_cancelled() {
                     return Err(EngineError::Cancelled);
                 }
-                match rx.recv_timeout(Duration::from_millis(20)) {
+                match rx.recv() {
                     Ok(SeqEvent::Hidden(r)) => rows.extend_from_slice(&r),
                     Ok(SeqEvent::Failed(e)) => return Err(EngineError::Step(e)),
-                    Ok(_) | Err(mpsc::RecvTimeoutError::Timeout) => {}
-                    Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    Ok(SeqEvent::Stopped) => return Err(EngineError::Stopped),
+                    Ok(_) => {}
+                    Err(_) if stop.is_cancelled() => return Err(EngineError::Cancelled),
+                    Err(flume::RecvError::Disconnected) => {
                         return Err(EngineError::Step(std::sync::Arc::new(
                             m40_model::ModelError::Unsupported(
                                 "the step loop ended the embedding early".into(),

@@ -2,89 +2,24 @@
 //! generation requests that stream tokens.
 
 use std::path::Path;
-use std::sync::{mpsc, Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, OnceLock};
 
-use m40_chat::{Constraint, Format, FormatError, Grammars};
+use m40_chat::{Format, FormatError, Grammars};
 use m40_model::cpu::CpuBackend;
 use m40_model::gpu::{GpuBackend, GpuOptions};
 use m40_model::{AnyBackend, Backend, Model, ModelError};
 use m40_tokenizer::template::ChatTemplate;
 
-use crate::chat::{ChatFormat, Plan, Reader, RenderError};
-use crate::stop::StopFilter;
-use m40_chat::Parsed;
 use m40_tokenizer::{Encode, Tokenizer};
 
-use crate::batcher::{Batcher, Core, Limits, Load, SeqEvent, Submission};
-pub use crate::request::{Completion, FinishReason, Prompt, Request, Think, Timings, TokenEvent};
-use crate::sampling::logprobs;
-
-/// Errors from loading a model or running a request.
-#[derive(Debug, thiserror::Error)]
-pub enum EngineError {
-    #[error(transparent)]
-    Model(#[from] m40_model::ModelError),
-    #[error(transparent)]
-    Tokenizer(#[from] m40_tokenizer::TokenizerError),
-    #[error("the prompt ({prompt} tokens) plus max_tokens ({max_tokens}) exceeds the context of {n_ctx} tokens; shorten the prompt, lower max_tokens, or allow truncation")]
-    ContextOverflow {
-        prompt: usize,
-        max_tokens: usize,
-        n_ctx: usize,
-    },
-    #[error("a context of {asked} tokens is more than the {max} this model was made for; use {max} or less (0 means {max})")]
-    ContextTooLong { asked: usize, max: usize },
-    #[error(transparent)]
-    InvalidParam(#[from] crate::sampling::InvalidParam),
-    #[error("the prompt is empty")]
-    EmptyPrompt,
-    #[error("the prompt is {prompt} tokens but the context holds {n_ctx} (room is needed for at least one generated token)")]
-    PromptTooLong { prompt: usize, n_ctx: usize },
-    #[error("the model fits neither the GPU nor the CPU: {gpu}; and on the CPU, {cpu}")]
-    NoRoom {
-        gpu: Box<ModelError>,
-        cpu: Box<ModelError>,
-    },
-    #[error("no usable GPU ({0}); run on the CPU instead (--cpu)")]
-    NoGpu(m40_device::DeviceError),
-    #[error("the step running this request failed: {0}")]
-    Step(Arc<ModelError>),
-    #[error("the engine's step loop could not start: {0}")]
-    Thread(std::io::Error),
-    #[error(transparent)]
-    Format(#[from] m40_chat::FormatError),
-    #[error("this model has no fill-in-the-middle tokens, so it cannot complete between a prompt and a suffix; leave out suffix")]
-    NoInfill,
-    #[error("this model does not think: its chat template marks no reasoning (leave out think or reasoning_effort, or set it to false/none)")]
-    NoThinking,
-    #[error("this is an embedding model ({0}): it cannot generate text; ask it for embeddings (/api/embed, /v1/embeddings, m40-llm embed)")]
-    EmbeddingOnly(&'static str),
-    #[error("input {index} is {tokens} tokens; this model embeds at most {max} at once (allow truncation to cut it)")]
-    InputTooLong {
-        index: usize,
-        tokens: usize,
-        max: usize,
-    },
-    #[error("dimensions {asked}: this model's embeddings have {max}; ask for 1 to {max}")]
-    BadDimensions { asked: usize, max: usize },
-    #[error("this model cannot give embeddings: {0}")]
-    NoEmbeddings(&'static str),
-    #[error("the request was cancelled")]
-    Cancelled,
-}
-
-impl From<RenderError> for EngineError {
-    fn from(e: RenderError) -> Self {
-        match e {
-            RenderError::Template(e) => Self::Tokenizer(e),
-            RenderError::Format(e) => Self::Format(e),
-            RenderError::NoThinking => Self::NoThinking,
-        }
-    }
-}
-
-pub type Result<T, E = EngineError> = std::result::Result<T, E>;
+use crate::batcher::{Batcher, Core, Limits, Load, Submission};
+use crate::cancel::CancelToken;
+use crate::chat::{ChatFormat, Plan};
+use crate::error::{EngineError, Result};
+use crate::generation::Generation;
+use crate::prepared::Prepared;
+use crate::request::{Prompt, Request, TokenEvent};
+use crate::Completion;
 
 /// Which backend runs the model.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -160,53 +95,17 @@ pub struct EngineOptions {
     /// Do not keep full KV pages for later requests that start with the
     /// same tokens (`--no-prefix-cache`).
     pub no_prefix_cache: bool,
+    /// Every N steps, the step loop's mean timings (idle, plan, prepare,
+    /// backend, after), rows and sequences, logged through `tracing` at
+    /// info level, target `m40_runtime::steps` (the CLI's `M40_STEP_STATS=N`).
+    pub step_stats: Option<usize>,
+    /// GPU kernel modules loaded at once on a first run (the CLI's
+    /// `M40_JIT_THREADS`; default one a core).
+    pub jit_threads: Option<usize>,
 }
 
 /// Contexts the KV cache holds by default ([`EngineOptions::kv_tokens`]).
 pub use m40_model::{DEFAULT_GPU_SEQUENCES, DEFAULT_SEQUENCES};
-
-/// A request tokenized and checked against the context, once: what
-/// [`Engine::run`] runs. [`Engine::generate`] is [`Engine::prepare`] and
-/// [`Engine::run`]; a server prepares first to refuse a request before
-/// queueing it.
-#[derive(Clone, Debug)]
-pub struct Prepared {
-    pub(crate) request: Request,
-    pub(crate) prompt: Vec<u32>,
-    pub(crate) max_tokens: usize,
-    /// The request's format (or forced tool calls), compiled.
-    pub(crate) constraint: Option<Constraint>,
-    /// How the answer is taken apart (thinking, calls).
-    pub(crate) plan: Plan,
-    /// Messages dropped from the start of the chat to fit the context.
-    pub(crate) dropped: usize,
-    /// The request's context (where a shifting answer shifts).
-    pub(crate) n_ctx: usize,
-}
-
-impl Prepared {
-    /// The prompt's token ids (after any truncation).
-    pub fn prompt_tokens(&self) -> &[u32] {
-        &self.prompt
-    }
-
-    /// The most new tokens the run may make.
-    pub fn max_tokens(&self) -> usize {
-        self.max_tokens
-    }
-
-    pub fn request(&self) -> &Request {
-        &self.request
-    }
-
-    /// How many of the chat's oldest messages were left out to fit the
-    /// context ([`Request::drop_old_turns`]).
-    pub fn dropped_messages(&self) -> usize {
-        self.dropped
-    }
-}
-
-pub use crate::cancel::CancelToken;
 
 /// A loaded model ready to generate, from any number of threads at once:
 /// their requests run together in batched steps (continuous batching;
@@ -289,6 +188,7 @@ impl Engine {
             page_tokens,
             pages,
             prefix_cache: !opts.no_prefix_cache,
+            step_stats: opts.step_stats.filter(|&n| n > 0),
         };
         let core = Arc::new(Core { backend, tokenizer });
         let batcher = Batcher::start(core.clone(), limits).map_err(EngineError::Thread)?;
@@ -429,17 +329,19 @@ impl Engine {
         Ok((ids, plan, format))
     }
 
-    /// Run a request, calling `on_token` for every generated token. Ends at
-    /// an end-of-generation token or stop string ([`FinishReason::Stop`]),
-    /// at `max_tokens` or a full context ([`FinishReason::Length`]), or when
-    /// `cancel` fires ([`FinishReason::Cancelled`]).
+    /// Prepare and run a request, calling `on_token` for every generated
+    /// token (see [`Engine::start`] for how it ends).
     pub fn generate(
         &self,
         req: &Request,
         cancel: &CancelToken,
-        on_token: impl FnMut(&TokenEvent),
+        mut on_token: impl FnMut(&TokenEvent),
     ) -> Result<Completion> {
-        self.run(&self.prepare(req.clone())?, cancel, on_token)
+        let mut run = self.start(&self.prepare(req.clone())?, cancel);
+        for token in &mut run {
+            on_token(&token);
+        }
+        run.finish()
     }
 
     /// Check `req` (its sampling parameters), tokenize its prompt and fit
@@ -543,30 +445,20 @@ impl Engine {
         Ok((fitted.0, fitted.1, fitted.2, before - kept.len()))
     }
 
-    /// Run a prepared request (see [`Engine::generate`]). It runs in the
-    /// engine's steps together with every other request in flight; its
-    /// tokens are those it would get alone.
-    pub fn run(
-        &self,
-        prepared: &Prepared,
-        cancel: &CancelToken,
-        mut on_token: impl FnMut(&TokenEvent),
-    ) -> Result<Completion> {
-        let (req, prompt, max_tokens) = (&prepared.request, &prepared.prompt, prepared.max_tokens);
-        let start = Instant::now();
-        let mut timings = Timings {
-            prompt_tokens: prompt.len(),
-            ..Default::default()
-        };
-        let tokenizer = &self.core.tokenizer;
-        // The loop's own cancel: set by the caller's, by a stop string, and
-        // when this call returns (whatever else happens).
-        let stop_seq = CancelToken::new();
-        let _stop_on_return = CancelOnDrop(stop_seq.clone());
-        let (tx, rx) = mpsc::channel();
+    /// Start a prepared request: it runs in the engine's steps together
+    /// with every other request in flight (its tokens are those it would
+    /// get alone), and the returned [`Generation`] yields its tokens as they
+    /// are sampled. It ends at an end-of-generation token or stop string
+    /// ([`FinishReason::Stop`]), at its `max_tokens` or a full context
+    /// ([`FinishReason::Length`]), or when `cancel` fires, the generation
+    /// is cancelled or dropped ([`FinishReason::Cancelled`]).
+    pub fn start(&self, prepared: &Prepared, cancel: &CancelToken) -> Generation {
+        let req = &prepared.request;
+        let own = cancel.child();
+        let (tx, rx) = flume::unbounded();
         self.batcher.submit(Submission {
-            prompt: prompt.clone(),
-            max_new: max_tokens,
+            prompt: prepared.prompt.clone(),
+            max_new: prepared.max_tokens,
             sampling: req.sampling.clone(),
             logprobs: req.logprobs.is_some(),
             logit_bias: req.logit_bias.clone(),
@@ -574,135 +466,10 @@ impl Engine {
             constraint: prepared.constraint.clone(),
             hidden: false,
             shift: req.shift.then_some(prepared.n_ctx),
-            cancel: stop_seq.clone(),
+            cancel: own.clone(),
             events: tx,
         });
-        // Thinking and calls are read with control tokens written out.
-        let mut reader = prepared.plan.reader();
-        let mut stream = match reader {
-            Some(_) => tokenizer.stream_with_special(),
-            None => tokenizer.stream(),
-        };
-        let read = |text: String, reader: &mut Option<Reader>, end: bool| match reader {
-            Some(r) => {
-                let mut p = r.push(&text);
-                if end {
-                    p.append(r.finish());
-                }
-                p
-            }
-            None => Parsed {
-                content: text,
-                ..Parsed::default()
-            },
-        };
-        let mut all = Parsed::default();
-        let mut stops = StopFilter::new(&req.stop);
-        let mut ids = Vec::new();
-        let mut gen_start = None;
-        let mut end_token = None;
-        let finish = loop {
-            if ids.len() >= max_tokens {
-                break FinishReason::Length;
-            }
-            if cancel.is_cancelled() {
-                break FinishReason::Cancelled;
-            }
-            let (id, raw) = match rx.recv_timeout(Duration::from_millis(20)) {
-                Ok(SeqEvent::Token { id, logits }) => (id, logits),
-                Ok(SeqEvent::Failed(e)) => return Err(EngineError::Step(e)),
-                // (Hidden states go only to embeddings' sequences.)
-                Ok(SeqEvent::Complete | SeqEvent::Hidden(_)) => break FinishReason::Stop,
-                Err(mpsc::RecvTimeoutError::Timeout) => continue,
-                // The loop ended the sequence: its last allowed token.
-                Err(mpsc::RecvTimeoutError::Disconnected) => break FinishReason::Length,
-            };
-            if ids.is_empty() {
-                timings.time_to_first_token_ms = start.elapsed().as_secs_f64() * 1e3;
-                timings.prompt_ms = timings.time_to_first_token_ms;
-                gen_start = Some(Instant::now());
-            }
-            if tokenizer.is_eog(id) && !req.ignore_eos {
-                end_token = Some(id);
-                break FinishReason::Stop;
-            }
-            ids.push(id);
-            let (text, stopped) = stops.push(&stream.push(id)?);
-            let (logprob, top_logprobs) = match (req.logprobs, raw) {
-                (Some(n), Some(raw)) => {
-                    let (lp, top) = logprobs(&raw, id, n);
-                    let top = top
-                        .into_iter()
-                        .map(|(i, l)| (i, tokenizer.piece(i).unwrap_or_default().to_string(), l))
-                        .collect();
-                    (Some(lp), top)
-                }
-                _ => (None, Vec::new()),
-            };
-            let p = read(text, &mut reader, false);
-            all.append(p.clone());
-            on_token(&TokenEvent {
-                id,
-                text: p.content,
-                thinking: p.thinking,
-                tool_calls: p.calls,
-                logprob,
-                top_logprobs,
-            });
-            if stopped {
-                break FinishReason::Stop;
-            }
-        };
-        stop_seq.cancel();
-        if ids.is_empty() && timings.prompt_ms == 0.0 {
-            timings.prompt_ms = start.elapsed().as_secs_f64() * 1e3;
-        }
-        // What the stream, the stop filter and the reader still hold
-        // (the first two unless a stop string ended it).
-        let tail = if stops.stopped {
-            String::new()
-        } else {
-            let mut rest = stream.finish()?;
-            // An answer cut short may end inside a character: its bytes
-            // are dropped, never shown as U+FFFD.
-            if finish != FinishReason::Stop {
-                let whole = rest.trim_end_matches('\u{FFFD}').len();
-                rest.truncate(whole);
-            }
-            stops.finish(&rest)
-        };
-        let p = read(tail, &mut reader, true);
-        if !p.is_empty() {
-            all.append(p.clone());
-            on_token(&TokenEvent {
-                id: *ids.last().unwrap_or(&0),
-                text: p.content,
-                thinking: p.thinking,
-                tool_calls: p.calls,
-                logprob: None,
-                top_logprobs: Vec::new(),
-            });
-        }
-        timings.generated_tokens = ids.len();
-        timings.generation_ms = gen_start.map_or(0.0, |g| g.elapsed().as_secs_f64() * 1e3);
-        Ok(Completion {
-            text: all.content,
-            thinking: all.thinking,
-            tool_calls: all.calls,
-            token_ids: ids,
-            end_token,
-            finish_reason: finish,
-            timings,
-        })
-    }
-}
-
-/// Cancels a token when dropped.
-pub(crate) struct CancelOnDrop(pub(crate) CancelToken);
-
-impl Drop for CancelOnDrop {
-    fn drop(&mut self) {
-        self.0.cancel();
+        Generation::new(self.core.clone(), prepared, rx, own)
     }
 }
 
@@ -753,6 +520,7 @@ fn pick_backend(
         max_batch: m40_model::DEFAULT_STEP,
         progress: opts.upload_progress.as_ref().map(|p| p.0.clone()),
         kernel_progress: opts.kernel_progress.as_ref().map(|p| p.0.clone()),
+        jit_threads: opts.jit_threads,
         ..Default::default()
     };
     match GpuBackend::new(device, model.clone(), gpu_opts) {

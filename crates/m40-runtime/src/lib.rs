@@ -18,8 +18,10 @@
 //! # }
 //! ```
 //!
-//! - [`engine::Engine`]: load a GGUF model, generate with streaming tokens,
-//!   stop strings, logprobs, cancellation and timings.
+//! - [`Engine`]: load a GGUF model; [`Engine::start`] runs a request as a
+//!   [`Generation`] (an iterator of its tokens, a `Stream` with the
+//!   `stream` feature), with stop strings, logprobs, structured output,
+//!   tools, cancellation and timings; [`Engine::embed`] for embeddings.
 //! - [`sampling`]: greedy, temperature, top-k/top-p/min-p, penalties, seeds.
 //! - [`perplexity`]: llama.cpp's protocol.
 //!
@@ -36,16 +38,20 @@
 //! `03_cancel.rs`) each show one thing.
 
 pub use batcher::Load;
+pub use cancel::CancelToken;
 pub use embed::{EmbedInput, EmbedRequest, Embeddings};
 pub use engine::{
-    BackendChoice, CancelToken, Completion, Engine, EngineError, EngineOptions, FinishReason,
-    KernelProgress, Prompt, Request, Think, Timings, TokenEvent, UploadProgress, DEFAULT_CONTEXT,
+    BackendChoice, Engine, EngineOptions, KernelProgress, UploadProgress, DEFAULT_CONTEXT,
     DEFAULT_GPU_SEQUENCES, DEFAULT_SEQUENCES,
 };
+pub use error::{EngineError, Result};
+pub use generation::Generation;
 pub use info::ModelInfo;
 pub use m40_chat::{Format, FormatError, Syntax, Thinking, Tool, ToolCall, ToolChoice, ToolError};
 pub use m40_gguf::hparams::Pooling;
 pub use m40_tokenizer::Message;
+pub use prepared::Prepared;
+pub use request::{Completion, FinishReason, Prompt, Request, Think, Timings, TokenEvent};
 pub use sampling::SamplingParams;
 
 // The types this API hands out from the crates below it, so that a program
@@ -61,10 +67,13 @@ pub use m40_tokenizer::{Encode, Tokenizer, TokenizerError};
 mod batcher;
 mod cancel;
 mod chat;
-pub mod embed;
-pub mod engine;
+mod embed;
+mod engine;
+mod error;
+mod generation;
 mod info;
 pub mod perplexity;
+mod prepared;
 mod request;
 pub mod sampling;
 mod stop;

@@ -3,8 +3,8 @@
 
 /// Holds back text that could be the start of a stop string; cuts at the
 /// first stop string, which is never emitted.
-pub(crate) struct StopFilter<'a> {
-    stops: &'a [String],
+pub(crate) struct StopFilter {
+    stops: Vec<String>,
     /// All text emitted so far.
     emitted: String,
     /// Decoded but not yet emitted.
@@ -12,10 +12,10 @@ pub(crate) struct StopFilter<'a> {
     pub(crate) stopped: bool,
 }
 
-impl<'a> StopFilter<'a> {
-    pub(crate) fn new(stops: &'a [String]) -> Self {
+impl StopFilter {
+    pub(crate) fn new(stops: &[String]) -> Self {
         Self {
-            stops,
+            stops: stops.to_vec(),
             emitted: String::new(),
             held: String::new(),
             stopped: false,

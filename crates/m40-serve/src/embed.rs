@@ -36,7 +36,7 @@ impl AppState {
         let engine = self.loaded().await?;
         self.check_queue(&engine)?;
         let cancel = CancelToken::new();
-        let _on_drop = crate::CancelOnDrop(cancel.clone());
+        let _on_drop = CancelOnDrop(cancel.clone());
         let timer = {
             let (c, timeout) = (cancel.clone(), self.inner.config.request_timeout);
             tokio::spawn(async move {
@@ -243,4 +243,13 @@ pub(crate) async fn openai_embeddings(
         "usage": {"prompt_tokens": n, "total_tokens": n},
     }))
     .into_response())
+}
+
+/// Cancels a token when dropped (the client went away).
+struct CancelOnDrop(CancelToken);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.cancel();
+    }
 }

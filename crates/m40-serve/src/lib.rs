@@ -32,7 +32,6 @@ use axum::Router;
 use m40_runtime::{CancelToken, Completion, Engine, Request, TokenEvent};
 use m40_store::{same_model, Store};
 use serde::de::DeserializeOwned;
-use tokio::sync::mpsc;
 
 mod embed;
 mod format;
@@ -262,13 +261,10 @@ impl AppState {
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
         let clock = RequestClock::start(received);
         self.check_queue(&engine)?;
-        let (tx, rx) = mpsc::channel(256);
         let cancel = CancelToken::new();
-        let c = cancel.clone();
         let metrics = self.inner.metrics.clone();
         let prompt_ids = prepared.prompt_tokens().to_vec();
-        let prompt_len = prompt_ids.len();
-        metrics.started(prompt_len);
+        metrics.started(prompt_ids.len());
         let timeout = self.inner.config.request_timeout;
         let timer = {
             let c = cancel.clone();
@@ -277,52 +273,27 @@ impl AppState {
                 c.cancel();
             })
         };
-        let running_engine = engine.clone();
-        let thread_clock = clock.clone();
-        tokio::task::spawn_blocking(move || {
-            let start = Instant::now();
-            let mut last = None::<Instant>;
-            let mut events = 0;
-            let result = engine.run(&prepared, &c, |t| {
-                events += 1;
-                let now = Instant::now();
-                match last {
-                    None => {
-                        metrics.first_token(now - start);
-                        if let Some(c) = &thread_clock {
-                            c.first_token(start, now);
-                        }
-                    }
-                    Some(prev) => metrics.next_token(now - prev),
-                }
-                last = Some(now);
-                if tx.blocking_send(Event::Token(t.clone())).is_err() {
-                    // The client went away: stop generating.
-                    c.cancel();
-                }
-            });
-            timer.abort();
-            metrics.finished(
-                result.as_ref().map_or(0, |d| d.token_ids.len()),
-                prompt_len + events,
-            );
-            let _ = tx.blocking_send(Event::Done(result.map_err(|e| e.to_string())));
-        });
+        // The engine's step loop runs it; its tokens arrive on this task
+        // as they are sampled (no thread of its own).
+        let generation = engine.start(&prepared, &cancel);
         Ok(Running {
-            rx,
-            _cancel: CancelOnDrop(cancel),
+            generation: Some(generation),
+            timer,
+            metrics,
+            started: Instant::now(),
+            last: None,
+            events: 0,
             prompt_ids,
-            engine: running_engine,
+            engine,
             clock,
         })
     }
 }
 
 /// `M40_REQUEST_STATS=1`: each request's hand-offs to stderr, from when
-/// `start` took it: its prompt prepared, its generation's thread started,
-/// its first token (the engine's callback), and that token taken by the
-/// response (`Running::recv`). What a client sees past that is the
-/// response's writing and the network.
+/// `start` took it: its prompt prepared, its generation started, and its
+/// first token taken by the response (`Running::recv`). What a client sees
+/// past that is the response's writing and the network.
 #[derive(Clone)]
 struct RequestClock {
     id: u64,
@@ -354,13 +325,13 @@ impl RequestClock {
         (at - self.received).as_secs_f64() * 1e3
     }
 
-    fn first_token(&self, thread: Instant, token: Instant) {
+    fn first_token(&self, started: Instant, token: Instant) {
         eprintln!(
-            "request {}: taken at {:.1} ms (Unix time); prepared +{:.3} ms, its thread +{:.3}, first token +{:.3}",
+            "request {}: taken at {:.1} ms (Unix time); prepared +{:.3} ms, started +{:.3}, first token taken +{:.3}",
             self.id,
             self.unix_ms,
             self.ms(self.prepared),
-            self.ms(thread),
+            self.ms(started),
             self.ms(token)
         );
     }
@@ -375,8 +346,15 @@ pub(crate) enum Event {
 /// A generation in progress; dropping it (a client that went away)
 /// cancels it.
 pub(crate) struct Running {
-    rx: mpsc::Receiver<Event>,
-    _cancel: CancelOnDrop,
+    /// None once its end was taken.
+    generation: Option<m40_runtime::Generation>,
+    /// Cancels it at the request timeout.
+    timer: tokio::task::JoinHandle<()>,
+    metrics: metrics::Metrics,
+    started: Instant,
+    last: Option<Instant>,
+    /// Events taken (the KV tokens it holds beyond its prompt).
+    events: usize,
     pub prompt_ids: Vec<u32>,
     /// The engine it runs on.
     pub engine: Arc<Engine>,
@@ -385,18 +363,33 @@ pub(crate) struct Running {
 }
 
 impl Running {
-    /// The next event.
+    /// The next event: its tokens, then once its end.
     pub async fn recv(&mut self) -> Option<Event> {
-        let ev = self.rx.recv().await;
-        if let (Some(Event::Token(_)), Some(c)) = (&ev, &self.clock) {
-            eprintln!(
-                "request {}: first token taken by the response +{:.3} ms",
-                c.id,
-                c.ms(Instant::now())
-            );
-            self.clock = None;
+        let generation = self.generation.as_mut()?;
+        let Some(t) = generation.recv().await else {
+            let done = self.generation.take()?.finish();
+            self.ended(done.as_ref().map_or(0, |d| d.token_ids.len()));
+            return Some(Event::Done(done.map_err(|e| e.to_string())));
+        };
+        self.events += 1;
+        let now = Instant::now();
+        match self.last {
+            None => {
+                self.metrics.first_token(now - self.started);
+                if let Some(c) = self.clock.take() {
+                    c.first_token(self.started, now);
+                }
+            }
+            Some(prev) => self.metrics.next_token(now - prev),
         }
-        ev
+        self.last = Some(now);
+        Some(Event::Token(t))
+    }
+
+    fn ended(&mut self, generated: usize) {
+        self.timer.abort();
+        self.metrics
+            .finished(generated, self.prompt_ids.len() + self.events);
     }
 
     /// Wait for the whole output: the tokens and the completion.
@@ -418,11 +411,15 @@ impl Running {
     }
 }
 
-pub(crate) struct CancelOnDrop(pub(crate) CancelToken);
-
-impl Drop for CancelOnDrop {
+impl Drop for Running {
+    /// A request given up before its end (the client went away): the
+    /// generation's drop cancels it; its counts end here.
     fn drop(&mut self) {
-        self.0.cancel();
+        if let Some(g) = self.generation.take() {
+            let generated = g.token_ids().len();
+            drop(g);
+            self.ended(generated);
+        }
     }
 }
 

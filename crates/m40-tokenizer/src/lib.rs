@@ -302,14 +302,14 @@ impl Tokenizer {
     }
 
     /// A detokenizer fed one id at a time.
-    pub fn stream(&self) -> StreamDecoder<'_> {
+    pub fn stream(&self) -> StreamDecoder<&Tokenizer> {
         StreamDecoder::new(self, false)
     }
 
     /// A streaming decoder that writes control tokens out (`<|python_tag|>`,
     /// `[TOOL_CALLS]`, harmony's `<|channel|>`), for parsing what a model
     /// writes around its answer.
-    pub fn stream_with_special(&self) -> StreamDecoder<'_> {
+    pub fn stream_with_special(&self) -> StreamDecoder<&Tokenizer> {
         StreamDecoder::new(self, true)
     }
 }

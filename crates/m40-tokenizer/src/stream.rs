@@ -9,11 +9,16 @@
 //! alone, is what keeps SentencePiece's leading-space rules and multi-token
 //! characters right.
 
+use std::ops::Deref;
+
 use crate::error::Result;
 use crate::Tokenizer;
 
-pub struct StreamDecoder<'a> {
-    tok: &'a Tokenizer,
+/// A streaming decoder over a tokenizer it borrows (`Tokenizer::stream`)
+/// or owns a handle to (`StreamDecoder::new(Arc<..>, ..)`: a decoder that
+/// outlives the borrow, as a running generation does).
+pub struct StreamDecoder<T: Deref<Target = Tokenizer>> {
+    tok: T,
     ids: Vec<u32>,
     /// Window start: ids before it have been emitted and are forgotten.
     start: usize,
@@ -24,8 +29,9 @@ pub struct StreamDecoder<'a> {
     special: bool,
 }
 
-impl<'a> StreamDecoder<'a> {
-    pub(crate) fn new(tok: &'a Tokenizer, special: bool) -> Self {
+impl<T: Deref<Target = Tokenizer>> StreamDecoder<T> {
+    /// A decoder over `tok`; `special`: control tokens written out.
+    pub fn new(tok: T, special: bool) -> Self {
         Self {
             tok,
             ids: Vec::new(),

@@ -100,6 +100,9 @@ pub struct GpuOptions {
     /// Off: each sequence's own step, bitwise what it computes alone (batch
     /// invariance), at one sequence's speed.
     pub batch_decode: bool,
+    /// Kernel modules loaded at once (the driver JIT-compiles each on a
+    /// first run); default one a core, 1 one after another.
+    pub jit_threads: Option<usize>,
 }
 
 impl Default for GpuOptions {
@@ -116,6 +119,7 @@ impl Default for GpuOptions {
             persistent: false,
             decode_attention: true,
             batch_decode: true,
+            jit_threads: None,
         }
     }
 }
@@ -366,7 +370,11 @@ impl GpuBackend {
                 f(p)
             }
         };
-        kernels.load_modules(&modules_needed(&model, &opts), &mut progress)?;
+        kernels.load_modules(
+            &modules_needed(&model, &opts),
+            opts.jit_threads,
+            &mut progress,
+        )?;
         // The GEMM's slots from a format the model holds (loading another
         // format's kernels would JIT-compile them on a first run).
         let gpu = {
@@ -380,7 +388,11 @@ impl GpuBackend {
             let packed = packs(&opts, t.ty, t.row_len()) && hp.encoder.is_none();
             kernels.gemm_slots_for(t.ty, packed)?
         };
-        kernels.load_modules(&weights::rows_modules(&model, &opts, gpu), &mut progress)?;
+        kernels.load_modules(
+            &weights::rows_modules(&model, &opts, gpu),
+            opts.jit_threads,
+            &mut progress,
+        )?;
         let (free, total) = device.memory()?;
         let limit = (device.budget_left() as u64).min(free as u64);
         let sms = device.info().sm_count as usize;

@@ -1,6 +1,8 @@
-//! `M40_STEP_STATS=N`: the step loop's mean timings every N steps.
+//! `EngineOptions::step_stats` (the CLI's `M40_STEP_STATS=N`): the step
+//! loop's mean timings every N steps, logged at info level with target
+//! `m40_runtime::steps`.
 
-/// Step timings summed over `M40_STEP_STATS` steps.
+/// Step timings summed over N steps.
 #[derive(Default)]
 pub(super) struct StepStats {
     every: usize,
@@ -42,7 +44,8 @@ impl StepStats {
         if self.steps == self.every {
             let n = self.steps as f64;
             let [idle, plan, prepare, backend, after] = self.times.map(|v| v * 1e3 / n);
-            eprintln!(
+            tracing::info!(
+                target: "m40_runtime::steps",
                 "steps {} to {:.1} ms (Unix time): {:.1} rows, {:.1} sequences, {} with prompt rows; ms a step: idle {idle:.3}, plan {plan:.3}, prepare {prepare:.3}, backend {backend:.3}, after {after:.3}",
                 self.steps,
                 unix_ms(),
