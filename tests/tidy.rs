@@ -1,6 +1,6 @@
 //! The shape of the code (ARCHITECTURE.md, "Invariants"): no source file
-//! over 800 lines, no import cycle between the modules of a crate, and the
-//! crates layered in one order.
+//! over 800 lines, no import cycle between the modules of a crate, the
+//! crates layered in one order, and `unsafe` only where it is said to be.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -342,4 +342,104 @@ fn crates_depend_only_on_the_layers_above() {
             }
         }
     }
+}
+
+/// Where `unsafe` may be, outside m40-device (the door to CUDA), and why
+/// (ARCHITECTURE.md, "Invariants"): a path prefix and its kind.
+const UNSAFE_PLACES: &[(&str, &str)] = &[
+    ("crates/m40-kernels/", "kernel launches and graph replays"),
+    ("crates/m40-model/src/gpu/graphs.rs", "graph replays"),
+    (
+        "crates/m40-model/src/cpu/",
+        "x86 SIMD intrinsics behind a run-time feature check",
+    ),
+    ("crates/m40-gguf/src/file.rs", "the GGUF file's memory map"),
+    ("src/main.rs", "a POSIX signal's default action"),
+    (
+        "tests/cli_server.rs",
+        "a POSIX signal to a child the test started",
+    ),
+    ("xtask/src/ptx.rs", "NVRTC's C API, loaded with libloading"),
+];
+
+/// Every `unsafe` outside m40-device is in one of [`UNSAFE_PLACES`], and
+/// every one (an `unsafe` block, fn or impl) has a `SAFETY:` comment or a
+/// `# Safety` doc on its line or in the comments right above it.
+#[test]
+fn unsafe_is_only_where_the_architecture_says_and_always_explained() {
+    let mut files = Vec::new();
+    for dir in ["crates", "src", "xtask", "tests", "benches", "examples"] {
+        rust_files(&root().join(dir), &mut files);
+    }
+    let (mut misplaced, mut unexplained) = (Vec::new(), Vec::new());
+    for f in &files {
+        let rel = f
+            .strip_prefix(root())
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        if rel.starts_with("crates/m40-device/") || rel == "tests/tidy.rs" {
+            continue;
+        }
+        let text = std::fs::read_to_string(f).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            let code = line.split("//").next().unwrap_or_default();
+            // Blocks and declarations (not `unsafe fn(..)` pointer types).
+            let is_unsafe = ["unsafe {", "unsafe fn ", "unsafe impl"]
+                .iter()
+                .any(|u| code.contains(u));
+            if !is_unsafe {
+                continue;
+            }
+            if !UNSAFE_PLACES.iter().any(|(p, _)| rel.starts_with(p)) {
+                misplaced.push(format!("{rel}:{}", i + 1));
+            }
+            // Its line, and the comments and attributes right above it.
+            let above = lines[..i].iter().rev().take_while(|l| {
+                let t = l.trim_start();
+                t.starts_with("//") || t.starts_with("#[")
+            });
+            let explained = std::iter::once(line)
+                .chain(above)
+                .any(|l| l.contains("SAFETY:") || l.contains("# Safety"));
+            if !explained {
+                unexplained.push(format!("{rel}:{}", i + 1));
+            }
+        }
+    }
+    assert!(
+        misplaced.is_empty(),
+        "unsafe outside its places: {misplaced:?}"
+    );
+    assert!(
+        unexplained.is_empty(),
+        "unsafe without SAFETY: {unexplained:?}"
+    );
+}
+
+/// Every path ARCHITECTURE.md's code map names exists.
+#[test]
+fn the_code_map_names_paths_that_exist() {
+    let text = std::fs::read_to_string(root().join("ARCHITECTURE.md")).unwrap();
+    let map = text
+        .split("## Code map")
+        .nth(1)
+        .and_then(|s| s.split("\n## ").next())
+        .expect("ARCHITECTURE.md has a code map");
+    let paths: Vec<&str> = map
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|p| p.contains('/') && !p.contains(' ') && !p.contains('*'))
+        .collect();
+    assert!(paths.len() >= 10, "{paths:?}");
+    let missing: Vec<&&str> = paths
+        .iter()
+        .filter(|p| !root().join(p.trim_end_matches('/')).exists())
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "the code map names missing paths: {missing:?}"
+    );
 }

@@ -533,6 +533,7 @@ impl Kernels {
                 sinks,
                 sc: &comb,
             };
+            let c = cfg((rows as u32, parts, 1), ATT_COMBINE_THREADS, 0);
             // SAFETY: attn_combine_f32(const float* part, const float* part_ml,
             // float* out, const float* sinks, int splits, int hd, int
             // n_head): block (r, y) reads part[(r*splits..)*hd],
@@ -540,7 +541,6 @@ impl Kernels {
             // checked; or null) and writes its slice of out[r*hd..][..hd],
             // r < rows, y < parts <= hd; lengths checked above. Recorded:
             // decode.cu's DecCombine, the same.
-            let c = cfg((rows as u32, parts, 1), ATT_COMBINE_THREADS, 0);
             unsafe { self.submit(stream, &exec, c, head, &mut a)? };
         }
         Ok(plan)

@@ -313,6 +313,7 @@ impl Kernels {
             (rows as i64) * row_bytes,
             to_i32(K, "x_per", x_per)?,
         );
+        let act = glu.map_or(0, |g| act_id(g.act));
         // SAFETY: gemv_id(glu)_<fmt>_f32(const u8* W, const float* x,
         // float* y, int nrows, int ncols, long long row_bytes, int cb, int
         // ksplit, const int* ids, int n_mat, long long mat_bytes, int
@@ -325,7 +326,6 @@ impl Kernels {
         // and gemv_idglu's const float* gb, const float* ub, int act: the
         // biases of expert e at [e out_rows..][..out_rows] (n_mat rows of
         // them, checked; or null).
-        let act = glu.map_or(0, |g| act_id(g.act));
         unsafe {
             let l = stream
                 .launch(&kernel)
