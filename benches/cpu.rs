@@ -92,7 +92,7 @@ fn end_to_end(c: &mut Criterion) {
                 let mut t = 1u32;
                 for _ in 0..64 {
                     let l = cpu.forward(&mut cache, &[t], Logits::Last).unwrap();
-                    t = m40_runtime::sampling::argmax(&l);
+                    t = m40_model::argmax(&l);
                 }
             })
         });

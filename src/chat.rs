@@ -241,7 +241,7 @@ fn set_parameter(opts: &mut ChatOptions, name: &str, value: &str) -> Result<Stri
     };
     let mut next = opts.clone();
     let sp = &mut next.sampling;
-    let count = m40_runtime::sampling::count;
+    let count = m40_runtime::SamplingParams::count;
     match name {
         "temperature" => sp.temperature = float()?,
         "top_p" => sp.top_p = float()?,

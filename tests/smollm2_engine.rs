@@ -109,7 +109,7 @@ fn greedy_continuations_match_llama_cpp_until_a_near_tie() {
             if gaps[step] < 0.25 {
                 break; // nearly tied for llama.cpp: either token is right
             }
-            let next = m40_runtime::sampling::argmax(&logits);
+            let next = m40_model::argmax(&logits);
             assert_eq!(
                 next, w,
                 "{}: step {step} (llama.cpp's top-2 gap {})",

@@ -115,7 +115,7 @@ fn run_batch<B: Backend>(
                 StepOut::Top(top) => top[0].0,
                 StepOut::Logits(mut l) => {
                     apply_mask(&mask, &mut l);
-                    m40_runtime::sampling::argmax(&l)
+                    m40_model::argmax(&l)
                 }
                 StepOut::Nothing | StepOut::Hidden(_) => bail!("a decode step returned no logits"),
             };

@@ -443,3 +443,18 @@ impl Backend for AnyBackend {
         }
     }
 }
+
+/// The index of the largest logit (the first one on ties).
+pub fn argmax(logits: &[f32]) -> u32 {
+    logits
+        .iter()
+        .enumerate()
+        .fold((0usize, f32::NEG_INFINITY), |b, (i, &v)| {
+            if v > b.1 {
+                (i, v)
+            } else {
+                b
+            }
+        })
+        .0 as u32
+}

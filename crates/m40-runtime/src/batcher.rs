@@ -113,6 +113,7 @@ struct Counters {
 
 /// What an engine is doing now.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct Load {
     /// Sequences queued for admission.
     pub waiting: usize,

@@ -54,7 +54,8 @@ impl EmbedRequest {
 }
 
 /// The vectors of a request's inputs, in its order.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
+#[non_exhaustive]
 pub struct Embeddings {
     pub vectors: Vec<Vec<f32>>,
     /// Each input's tokens as it ran (after any truncation).

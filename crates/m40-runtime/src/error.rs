@@ -8,6 +8,7 @@ use crate::chat::RenderError;
 
 /// Errors from loading a model or running a request.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum EngineError {
     #[error(transparent)]
     Model(#[from] m40_model::ModelError),

@@ -10,6 +10,7 @@ use m40_gguf::{GgufError, GgufFile, HyperParams};
 
 /// A model's description.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct ModelInfo {
     pub path: PathBuf,
     /// `general.architecture` ("llama"), or "unknown".

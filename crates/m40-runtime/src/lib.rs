@@ -22,7 +22,7 @@
 //!   [`Generation`] (an iterator of its tokens, a `Stream` with the
 //!   `stream` feature), with stop strings, logprobs, structured output,
 //!   tools, cancellation and timings; [`Engine::embed`] for embeddings.
-//! - [`sampling`]: greedy, temperature, top-k/top-p/min-p, penalties, seeds.
+//! - [`SamplingParams`]: greedy, temperature, top-k/top-p/min-p, penalties, seeds.
 //! - [`perplexity`]: llama.cpp's protocol.
 //!
 //! The model store (names, the catalog, `pull`) is the m40-store crate, so
@@ -52,7 +52,7 @@ pub use m40_gguf::hparams::Pooling;
 pub use m40_tokenizer::Message;
 pub use prepared::Prepared;
 pub use request::{Completion, FinishReason, Prompt, Request, Think, Timings, TokenEvent};
-pub use sampling::SamplingParams;
+pub use sampling::{InvalidParam, SamplingParams, RANGES as SAMPLING_RANGES};
 
 // The types this API hands out from the crates below it, so that a program
 // needs only m40-runtime in its Cargo.toml.
@@ -75,5 +75,5 @@ mod info;
 pub mod perplexity;
 mod prepared;
 mod request;
-pub mod sampling;
+mod sampling;
 mod stop;

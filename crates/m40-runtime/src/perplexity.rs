@@ -45,6 +45,7 @@ impl Scoring {
 
 /// The result of a perplexity run.
 #[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
 pub struct Perplexity {
     pub ppl: f64,
     /// llama-perplexity's "+/-": the standard error of the mean NLL times

@@ -27,6 +27,7 @@ pub const SHIFT_MAX_CONTEXTS: usize = 4;
 
 /// One generation request.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct Request {
     pub prompt: Prompt,
     pub sampling: SamplingParams,
@@ -142,6 +143,7 @@ pub enum FinishReason {
 
 /// One generated token as it streams.
 #[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
 pub struct TokenEvent {
     pub id: u32,
     /// Answer text that became final with this token (may be empty, or
@@ -159,6 +161,7 @@ pub struct TokenEvent {
 
 /// Timings of one request.
 #[derive(Clone, Debug, Default, Serialize)]
+#[non_exhaustive]
 pub struct Timings {
     pub prompt_tokens: usize,
     pub prompt_ms: f64,
@@ -178,6 +181,7 @@ impl Timings {
 
 /// The outcome of a request.
 #[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
 pub struct Completion {
     /// The answer (without thinking and calls).
     pub text: String,

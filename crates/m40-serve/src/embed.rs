@@ -131,11 +131,7 @@ pub(crate) async fn ollama_embed(
         // As an empty generate: loads the model, or with keep_alive 0
         // unloads it.
         load_or_unload(&s, r.keep_alive.as_ref()).await?;
-        Embeddings {
-            vectors: Vec::new(),
-            tokens: Vec::new(),
-            total_ms: 0.0,
-        }
+        Embeddings::default()
     } else {
         let mut req = EmbedRequest::new(inputs);
         req.truncate = r.truncate.unwrap_or(true);

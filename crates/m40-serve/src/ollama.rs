@@ -10,7 +10,6 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use m40_runtime::sampling::count;
 use m40_runtime::{Completion, FinishReason, Message, Prompt, Request, SamplingParams, TokenEvent};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -43,14 +42,13 @@ impl Options {
     /// And the context it asks for (`num_ctx`: at most the loaded one).
     fn request(self, prompt: Prompt, n_ctx: usize) -> Result<(Request, Option<usize>), ApiError> {
         let d = SamplingParams::default();
-        let invalid =
-            |e: m40_runtime::sampling::InvalidParam| ApiError::bad_request(format!("option {e}"));
+        let invalid = |e: m40_runtime::InvalidParam| ApiError::bad_request(format!("option {e}"));
         let mut req = Request::new(prompt);
         req.sampling = SamplingParams {
             temperature: self.temperature.unwrap_or(d.temperature),
             top_k: self
                 .top_k
-                .map_or(Ok(d.top_k), |k| count("top_k", k))
+                .map_or(Ok(d.top_k), |k| SamplingParams::count("top_k", k))
                 .map_err(invalid)?,
             top_p: self.top_p.unwrap_or(d.top_p),
             min_p: self.min_p.unwrap_or(d.min_p),
@@ -61,7 +59,7 @@ impl Options {
             penalty_last_n: match self.repeat_last_n {
                 None => d.penalty_last_n,
                 Some(-1) => n_ctx,
-                Some(n) => count("repeat_last_n", n).map_err(invalid)?,
+                Some(n) => SamplingParams::count("repeat_last_n", n).map_err(invalid)?,
             },
             // Ollama: a negative seed is a random one.
             seed: self.seed.filter(|&s| s >= 0).map(|s| s as u64),

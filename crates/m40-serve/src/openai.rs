@@ -10,7 +10,6 @@ use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use m40_runtime::sampling::count;
 use m40_runtime::{
     Completion, Engine, FinishReason, Message, Prompt, Request, SamplingParams, TokenEvent,
 };
@@ -168,7 +167,7 @@ impl Common {
             top_p: self.top_p.unwrap_or(d.top_p),
             top_k: self
                 .top_k
-                .map_or(Ok(d.top_k), |k| count("top_k", k))
+                .map_or(Ok(d.top_k), |k| SamplingParams::count("top_k", k))
                 .map_err(|e| ApiError::bad_request(e.to_string()))?,
             min_p: self.min_p.unwrap_or(d.min_p),
             repeat_penalty: self.repeat_penalty.unwrap_or(d.repeat_penalty),

@@ -1,6 +1,6 @@
 //! Sampling: sets are respected, seeds reproduce, penalties as worked by hand.
 
-use m40_runtime::sampling::{logprobs, Sampler, SamplingParams};
+use super::{logprobs, Sampler, SamplingParams};
 use proptest::prelude::*;
 
 fn logits_strategy() -> impl Strategy<Value = Vec<f32>> {

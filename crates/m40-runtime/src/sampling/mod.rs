@@ -5,7 +5,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use m40_model::Selection;
+use m40_model::{argmax, Selection};
 
 /// Sampling settings; the defaults are llama.cpp's. [`SamplingParams::validate`]
 /// checks them against [`RANGES`].
@@ -91,13 +91,13 @@ impl InvalidParam {
     }
 }
 
-/// An integer parameter a request gives as a signed number (`top_k`):
-/// a count, or an error naming it when negative.
-pub fn count(name: &'static str, v: i64) -> Result<usize, InvalidParam> {
-    usize::try_from(v).map_err(|_| InvalidParam::new(name, v))
-}
-
 impl SamplingParams {
+    /// An integer parameter a request gives as a signed number (`top_k`):
+    /// a count, or an error naming it when negative.
+    pub fn count(name: &'static str, v: i64) -> Result<usize, InvalidParam> {
+        usize::try_from(v).map_err(|_| InvalidParam::new(name, v))
+    }
+
     /// Checks every value against its range ([`RANGES`]): NaN, infinities
     /// and values that make no sense (a negative temperature, a top_p of 5,
     /// a repeat penalty of 0, which would divide by zero) are errors naming
@@ -158,16 +158,8 @@ impl Rng {
 }
 
 /// A sampler for one sequence (it remembers recent tokens for the penalties).
-///
-/// ```
-/// use m40_runtime::sampling::{Sampler, SamplingParams};
-/// let mut s = Sampler::new(SamplingParams { seed: Some(7), ..Default::default() });
-/// let mut logits = vec![0.0, 5.0, 1.0];
-/// let id = s.sample(&mut logits);
-/// assert!(id < 3);
-/// ```
 #[derive(Clone, Debug)]
-pub struct Sampler {
+pub(crate) struct Sampler {
     params: SamplingParams,
     rng: Rng,
     recent: VecDeque<u32>,
@@ -199,10 +191,6 @@ impl Sampler {
             rng: Rng(seed),
             recent: VecDeque::new(),
         }
-    }
-
-    pub fn params(&self) -> &SamplingParams {
-        &self.params
     }
 
     /// Remember a token (prompt or generated) for the penalties.
@@ -379,7 +367,9 @@ impl Sampler {
         id
     }
 
-    /// The ids `sample` may return for these (already penalized) logits.
+    /// The ids `sample` may return for these (already penalized) logits
+    /// (the tests' oracle).
+    #[cfg(test)]
     pub fn allowed(&self, logits: &[f32]) -> Vec<u32> {
         if self.params.temperature <= 0.0 {
             return vec![argmax(logits)];
@@ -388,24 +378,9 @@ impl Sampler {
     }
 }
 
-/// The index of the largest logit (the first one on ties).
-pub fn argmax(logits: &[f32]) -> u32 {
-    logits
-        .iter()
-        .enumerate()
-        .fold((0usize, f32::NEG_INFINITY), |b, (i, &v)| {
-            if v > b.1 {
-                (i, v)
-            } else {
-                b
-            }
-        })
-        .0 as u32
-}
-
 /// Log-probabilities of the model's distribution: the chosen token's and the
 /// `top_n` most likely.
-pub fn logprobs(logits: &[f32], chosen: u32, top_n: usize) -> (f32, Vec<(u32, f32)>) {
+pub(crate) fn logprobs(logits: &[f32], chosen: u32, top_n: usize) -> (f32, Vec<(u32, f32)>) {
     let max = logits.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
     let lse = (logits
         .iter()
@@ -427,3 +402,6 @@ pub fn logprobs(logits: &[f32], chosen: u32, top_n: usize) -> (f32, Vec<(u32, f3
     top.sort_by(|a, b| b.1.total_cmp(&a.1));
     (logits[chosen as usize] - lse, top)
 }
+
+#[cfg(test)]
+mod tests;
