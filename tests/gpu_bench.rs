@@ -80,14 +80,18 @@ fn bench_prints_llama_bench_side_by_side() {
     // Each test's row is printed as it finishes, then the comparison with
     // llama.cpp (test, ours, llama.cpp's, ratio): its row is the last.
     let row = |name: &str| -> Vec<String> {
-        let line = table
+        // The last row whose first cell is `name` exactly ("tg8" is not
+        // "tg8 (no graph)").
+        table
             .lines()
-            .rfind(|l| l.starts_with(&format!("| {name} ")))
-            .unwrap_or_else(|| panic!("no row {name} in\n{table}"));
-        line.split('|')
-            .map(|c| c.trim().to_string())
-            .filter(|c| !c.is_empty())
-            .collect()
+            .map(|l| -> Vec<String> {
+                l.split('|')
+                    .map(|c| c.trim().to_string())
+                    .filter(|c| !c.is_empty())
+                    .collect()
+            })
+            .rfind(|cells| cells.first().is_some_and(|c| c == name))
+            .unwrap_or_else(|| panic!("no row {name} in\n{table}"))
     };
     assert!(table.contains("llama.cpp t/s"), "{table}");
     for (name, theirs) in [
