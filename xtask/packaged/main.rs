@@ -1,13 +1,15 @@
 //! A program outside the workspace that depends on m40-runtime and m40-store
 //! as crates.io would serve them: `cargo xtask package` packages every crate,
 //! points this program's dependencies at the packaged sources (not the
-//! workspace's) and runs it. It loads SmolLM2-135M on the CPU and answers one
-//! question greedily.
+//! workspace's) and runs it. It loads SmolLM2-135M on the CPU and continues
+//! a prompt greedily (the continuation llama.cpp gives, tests/engine.rs).
 //!
 //! Usage: packaged STORE_ROOT (the store that holds, or will fetch, the
 //! default model).
 
-use m40_runtime::{BackendChoice, CancelToken, Engine, EngineOptions, Message, Prompt, Request};
+use m40_runtime::{
+    BackendChoice, CancelToken, Engine, EngineOptions, Prompt, Request, SamplingParams,
+};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let root = std::env::args().nth(1).ok_or("usage: packaged STORE_ROOT")?;
@@ -18,12 +20,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ..Default::default()
     };
     let engine = Engine::from_path(&path, opts)?;
-    let question = "What is the capital of France? Answer in one sentence.";
-    let mut req = Request::new(Prompt::Chat(vec![Message::new("user", question)]));
-    req.max_tokens = Some(16);
+    let prompt = "The capital of France is";
+    let mut req = Request::new(Prompt::Text(prompt.into()));
+    req.sampling = SamplingParams::greedy();
+    req.max_tokens = Some(5);
     let mut text = String::new();
     let done = engine.generate(&req, &CancelToken::new(), |t| text.push_str(&t.text))?;
-    println!("{question}\n{text}");
+    println!("{prompt}{text}");
     println!(
         "{} tokens, {:?}, {:.1} tokens/s on the {}",
         done.token_ids.len(),
@@ -31,9 +34,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         done.timings.generation_tokens_per_s(),
         engine.backend_name()
     );
-    // Greedy SmolLM2-135M-Instruct knows this one.
-    if !text.contains("Paris") {
-        return Err(format!("expected Paris in the answer, got {text:?}").into());
+    // llama.cpp's greedy continuation of this prompt (tests/engine.rs).
+    if text != " Paris.\n\nThe" {
+        return Err(format!("expected \" Paris.\\n\\nThe\", got {text:?}").into());
     }
     Ok(())
 }

@@ -11,6 +11,7 @@ use std::process::Command;
 
 /// Package, verify, build the consumer and run it; false on any failure.
 pub fn run(root: &Path) -> bool {
+    forget_unpacked(root);
     if !crate::cargo(&[
         "package",
         "--workspace",
@@ -25,6 +26,53 @@ pub fn run(root: &Path) -> bool {
         Err(e) => {
             eprintln!("error: {e}");
             false
+        }
+    }
+}
+
+/// cargo verifies a crate whose workspace dependencies are unpublished
+/// through a local overlay registry, which it unpacks into
+/// `$CARGO_HOME/registry/src/-HASH/NAME-VERSION` and reuses by name and
+/// version: a second run would build against the first run's sources.
+/// Those unpacked `m40-*` folders are removed first (crates.io's own
+/// folders, `index.crates.io-*`, are left alone), and so are the dev
+/// builds of the `m40-*` crates, which cargo, taking a registry crate of
+/// one version to be immutable, would otherwise reuse.
+fn forget_unpacked(root: &Path) {
+    let debug = root.join("target/debug");
+    for dir in [debug.join(".fingerprint"), debug.join("deps")] {
+        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with("m40-") || name.starts_with("libm40_") || name.starts_with("m40_") {
+                let p = e.path();
+                let _ = if p.is_dir() {
+                    std::fs::remove_dir_all(&p)
+                } else {
+                    std::fs::remove_file(&p)
+                };
+            }
+        }
+    }
+    let home = std::env::var_os("CARGO_HOME")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cargo")));
+    let Some(src) = home.map(|h| h.join("registry/src")) else {
+        return;
+    };
+    let overlays = std::fs::read_dir(&src)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with('-'));
+    for overlay in overlays {
+        for e in std::fs::read_dir(overlay.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            if e.file_name().to_string_lossy().starts_with("m40-") {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
         }
     }
 }

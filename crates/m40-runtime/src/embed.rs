@@ -164,8 +164,17 @@ impl Engine {
     }
 
     /// Embed `req`'s inputs: every one submitted at once, so that they run
-    /// together in the engine's steps.
+    /// together in the engine's steps. ([`Engine::embed_start`] and
+    /// [`EmbedRun::wait`].)
     pub fn embed(&self, req: &EmbedRequest, cancel: &CancelToken) -> Result<Embeddings> {
+        self.embed_start(req, cancel)?.wait()
+    }
+
+    /// Check and tokenize `req`'s inputs and submit them all to the
+    /// engine's steps; the returned [`EmbedRun`] gives their vectors
+    /// (blocking, or awaited with the `stream` feature) and cancels them
+    /// when dropped or when `cancel` fires.
+    pub fn embed_start(&self, req: &EmbedRequest, cancel: &CancelToken) -> Result<EmbedRun> {
         let start = Instant::now();
         let pooling = self.pooling()?;
         let d = self.hparams().n_embd;
@@ -176,9 +185,8 @@ impl Engine {
         }
         let inputs = self.embed_tokens(req)?;
         // The inputs' own token, under the caller's: the loop drops them
-        // when either fires, and when this call returns.
+        // when either fires, and when the run is dropped.
         let stop = cancel.child();
-        let _stop_on_return = CancelOnDrop(stop.clone());
         let (subs, rxs): (Vec<Submission>, Vec<flume::Receiver<SeqEvent>>) = inputs
             .iter()
             .map(|ids| {
@@ -200,41 +208,108 @@ impl Engine {
             })
             .unzip();
         self.batcher.submit_all(subs);
-        let mut vectors = Vec::with_capacity(inputs.len());
-        for (ids, rx) in inputs.iter().zip(rxs) {
-            let mut rows = Vec::with_capacity(ids.len() * d);
-            while rows.len() < ids.len() * d {
-                if stop.is_cancelled() {
-                    return Err(EngineError::Cancelled);
-                }
-                match rx.recv() {
-                    Ok(SeqEvent::Hidden(r)) => rows.extend_from_slice(&r),
-                    Ok(SeqEvent::Failed(e)) => return Err(EngineError::Step(e)),
-                    Ok(SeqEvent::Stopped) => return Err(EngineError::Stopped),
-                    Ok(_) => {}
-                    Err(_) if stop.is_cancelled() => return Err(EngineError::Cancelled),
-                    Err(flume::RecvError::Disconnected) => {
-                        return Err(EngineError::Step(std::sync::Arc::new(
-                            m40_model::ModelError::Unsupported(
-                                "the step loop ended the embedding early".into(),
-                            ),
-                        )))
-                    }
-                }
-            }
-            let mut v = pool(pooling, &rows, d);
-            if let Some(k) = req.dimensions {
-                v.truncate(k);
-            }
-            if req.normalize {
-                normalize(&mut v);
-            }
-            vectors.push(v);
-        }
-        Ok(Embeddings {
-            vectors,
+        Ok(EmbedRun {
+            rxs,
             tokens: inputs.iter().map(Vec::len).collect(),
-            total_ms: start.elapsed().as_secs_f64() * 1e3,
+            d,
+            pooling,
+            dimensions: req.dimensions,
+            normalize: req.normalize,
+            _stop: CancelOnDrop(stop.clone()),
+            stop,
+            start,
         })
+    }
+}
+
+/// Embedding inputs running in the engine's steps
+/// ([`Engine::embed_start`]); dropping it cancels them.
+pub struct EmbedRun {
+    rxs: Vec<flume::Receiver<SeqEvent>>,
+    /// Each input's tokens.
+    tokens: Vec<usize>,
+    d: usize,
+    pooling: Pooling,
+    dimensions: Option<usize>,
+    normalize: bool,
+    stop: CancelToken,
+    _stop: CancelOnDrop,
+    start: Instant,
+}
+
+impl EmbedRun {
+    /// Wait for every input's vector.
+    pub fn wait(self) -> Result<Embeddings> {
+        let mut all = Vec::with_capacity(self.rxs.len());
+        for (i, rx) in self.rxs.iter().enumerate() {
+            let mut rows = Vec::with_capacity(self.tokens[i] * self.d);
+            while rows.len() < self.tokens[i] * self.d {
+                self.take(rx.recv(), &mut rows)?;
+            }
+            all.push(rows);
+        }
+        Ok(self.vectors(all))
+    }
+
+    /// [`EmbedRun::wait`], awaited (the `stream` feature).
+    #[cfg(feature = "stream")]
+    pub async fn wait_async(self) -> Result<Embeddings> {
+        let mut all = Vec::with_capacity(self.rxs.len());
+        for (i, rx) in self.rxs.iter().enumerate() {
+            let mut rows = Vec::with_capacity(self.tokens[i] * self.d);
+            while rows.len() < self.tokens[i] * self.d {
+                self.take(rx.recv_async().await, &mut rows)?;
+            }
+            all.push(rows);
+        }
+        Ok(self.vectors(all))
+    }
+
+    /// One event of an input: its hidden rows added, or why it ended.
+    fn take(
+        &self,
+        ev: std::result::Result<SeqEvent, flume::RecvError>,
+        rows: &mut Vec<f32>,
+    ) -> Result<()> {
+        if self.stop.is_cancelled() {
+            return Err(EngineError::Cancelled);
+        }
+        match ev {
+            Ok(SeqEvent::Hidden(r)) => rows.extend_from_slice(&r),
+            Ok(SeqEvent::Failed(e)) => return Err(EngineError::Step(e)),
+            Ok(SeqEvent::Stopped) => return Err(EngineError::Stopped),
+            Ok(_) => {}
+            Err(_) if self.stop.is_cancelled() => return Err(EngineError::Cancelled),
+            Err(flume::RecvError::Disconnected) => {
+                return Err(EngineError::Step(std::sync::Arc::new(
+                    m40_model::ModelError::Unsupported(
+                        "the step loop ended the embedding early".into(),
+                    ),
+                )))
+            }
+        }
+        Ok(())
+    }
+
+    /// Each input's rows pooled, cut to the dimensions asked, normalized.
+    fn vectors(&self, all: Vec<Vec<f32>>) -> Embeddings {
+        let vectors = all
+            .iter()
+            .map(|rows| {
+                let mut v = pool(self.pooling, rows, self.d);
+                if let Some(k) = self.dimensions {
+                    v.truncate(k);
+                }
+                if self.normalize {
+                    normalize(&mut v);
+                }
+                v
+            })
+            .collect();
+        Embeddings {
+            vectors,
+            tokens: self.tokens.clone(),
+            total_ms: self.start.elapsed().as_secs_f64() * 1e3,
+        }
     }
 }

@@ -39,7 +39,7 @@
 
 pub use batcher::Load;
 pub use cancel::CancelToken;
-pub use embed::{EmbedInput, EmbedRequest, Embeddings};
+pub use embed::{EmbedInput, EmbedRequest, EmbedRun, Embeddings};
 pub use engine::{
     BackendChoice, Engine, EngineOptions, KernelProgress, UploadProgress, DEFAULT_CONTEXT,
     DEFAULT_GPU_SEQUENCES, DEFAULT_SEQUENCES,

@@ -21,9 +21,10 @@ use crate::{parse_json, ApiError, AppState};
 /// A refusal of the request itself is a 400; a failed step is the server's.
 fn embed_error(e: EngineError) -> ApiError {
     match e {
-        EngineError::Step(_) | EngineError::Thread(_) | EngineError::Cancelled => {
-            ApiError::internal(e.to_string())
-        }
+        EngineError::Step(_)
+        | EngineError::Thread(_)
+        | EngineError::Cancelled
+        | EngineError::Stopped => ApiError::internal(e.to_string()),
         e => ApiError::bad_request(e.to_string()),
     }
 }
@@ -36,7 +37,6 @@ impl AppState {
         let engine = self.loaded().await?;
         self.check_queue(&engine)?;
         let cancel = CancelToken::new();
-        let _on_drop = CancelOnDrop(cancel.clone());
         let timer = {
             let (c, timeout) = (cancel.clone(), self.inner.config.request_timeout);
             tokio::spawn(async move {
@@ -45,9 +45,13 @@ impl AppState {
             })
         };
         let metrics = self.metrics().clone();
-        let got = tokio::task::spawn_blocking(move || engine.embed(&req, &cancel))
-            .await
-            .map_err(|e| ApiError::internal(e.to_string()))?;
+        // Awaited on the request's task (no thread of its own); the inputs
+        // are cancelled if the client goes (this future is dropped, and
+        // the run with it).
+        let got = match engine.embed_start(&req, &cancel) {
+            Ok(run) => run.wait_async().await,
+            Err(e) => Err(e),
+        };
         timer.abort();
         let got = got.map_err(embed_error)?;
         metrics.started(got.prompt_tokens());
@@ -239,13 +243,4 @@ pub(crate) async fn openai_embeddings(
         "usage": {"prompt_tokens": n, "total_tokens": n},
     }))
     .into_response())
-}
-
-/// Cancels a token when dropped (the client went away).
-struct CancelOnDrop(CancelToken);
-
-impl Drop for CancelOnDrop {
-    fn drop(&mut self) {
-        self.0.cancel();
-    }
 }
