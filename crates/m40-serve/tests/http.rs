@@ -448,7 +448,12 @@ fn a_full_queue_answers_503_with_retry_after() {
         },
     );
     let a = open_stream(&base, 400);
-    wait_until("the first request to run", || running(&base) == 1);
+    // Admitted by the engine's loop, not only counted by the server (its
+    // metrics count a request before the loop takes it out of the queue).
+    wait_until("the first request to run", || {
+        let l = one.activity();
+        running(&base) == 1 && l.running == 1 && l.waiting == 0
+    });
     // The second waits in the queue (its response has not started).
     let addr = base.strip_prefix("http://").unwrap().to_string();
     let waiting = std::thread::spawn(move || {
