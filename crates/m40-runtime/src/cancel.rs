@@ -58,12 +58,3 @@ impl CancelToken {
         self.0.cancelled.store(false, Ordering::SeqCst);
     }
 }
-
-/// Cancels a token when dropped.
-pub(crate) struct CancelOnDrop(pub(crate) CancelToken);
-
-impl Drop for CancelOnDrop {
-    fn drop(&mut self) {
-        self.0.cancel();
-    }
-}

@@ -11,7 +11,7 @@ use m40_gguf::hparams::Pooling;
 use m40_tokenizer::Encode;
 
 use crate::batcher::{SeqEvent, Submission};
-use crate::cancel::{CancelOnDrop, CancelToken};
+use crate::cancel::CancelToken;
 use crate::error::{EngineError, Result};
 use crate::sampling::SamplingParams;
 use crate::Engine;
@@ -215,7 +215,6 @@ impl Engine {
             pooling,
             dimensions: req.dimensions,
             normalize: req.normalize,
-            _stop: CancelOnDrop(stop.clone()),
             stop,
             start,
         })
@@ -233,8 +232,13 @@ pub struct EmbedRun {
     dimensions: Option<usize>,
     normalize: bool,
     stop: CancelToken,
-    _stop: CancelOnDrop,
     start: Instant,
+}
+
+impl Drop for EmbedRun {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
 }
 
 impl EmbedRun {

@@ -66,7 +66,6 @@ pub struct Generation {
 
 /// What turns a sequence's ids into events.
 struct Decode {
-    core: Arc<Core>,
     stream: StreamDecoder<SharedTokenizer>,
     reader: Option<Reader>,
     stops: StopFilter,
@@ -101,14 +100,13 @@ impl Generation {
         let req = &prepared.request;
         // Thinking and calls are read with control tokens written out.
         let reader = prepared.plan.reader();
-        let stream = StreamDecoder::new(SharedTokenizer(core.clone()), reader.is_some());
+        let stream = StreamDecoder::new(SharedTokenizer(core), reader.is_some());
         Generation {
             rx,
             #[cfg(feature = "stream")]
             stream: None,
             cancel,
             state: Decode {
-                core,
                 stream,
                 reader,
                 stops: StopFilter::new(&req.stop),
@@ -317,7 +315,7 @@ impl Decode {
             self.timings.prompt_ms = self.timings.time_to_first_token_ms;
             self.gen_start = Some(Instant::now());
         }
-        let tok = &self.core.tokenizer;
+        let tok = self.stream.tokenizer();
         if tok.is_eog(id) && !self.ignore_eos {
             self.end_token = Some(id);
             return Turn::End(Ok(FinishReason::Stop));

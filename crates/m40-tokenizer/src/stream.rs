@@ -42,6 +42,11 @@ impl<T: Deref<Target = Tokenizer>> StreamDecoder<T> {
         }
     }
 
+    /// The tokenizer it decodes with.
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tok
+    }
+
     fn decode(&self, ids: &[u32]) -> Result<String> {
         if self.special {
             self.tok.decode_with_special(ids)
