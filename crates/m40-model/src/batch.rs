@@ -27,6 +27,16 @@ pub struct SeqStep<'a, C> {
     pub want: Want,
 }
 
+/// What one step of [`Backend::forward_batch`] takes at most
+/// ([`Backend::step_limits`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepLimits {
+    /// Tokens (rows), over all the step's sequences.
+    pub tokens: usize,
+    /// Sequences.
+    pub seqs: usize,
+}
+
 /// What one sequence of a step gets back, as its [`Want`] asked.
 #[derive(Clone, Debug, PartialEq)]
 pub enum StepOut {

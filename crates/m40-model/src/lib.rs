@@ -21,7 +21,7 @@ use std::path::Path;
 use m40_gguf::hparams::LayerNames;
 use m40_gguf::{GgufFile, HyperParams, TensorView};
 
-pub use batch::{SeqStep, StepOut, Want};
+pub use batch::{SeqStep, StepLimits, StepOut, Want};
 pub use error::{ModelError, Result};
 pub use mask::{apply_mask, MaskFiller, MaskSlot, MaskWords};
 
@@ -67,19 +67,35 @@ pub trait Backend: Send + Sync {
     fn step_tokens(&self) -> usize {
         self.max_step()
     }
-    /// The KV pool every cache of this backend draws from: (tokens per
-    /// page, pages). Its pages can be held apart from any cache (a prefix
-    /// cache keeps them) and shared by new caches.
+    /// What one [`Backend::forward_batch`] takes at most: a scheduler that
+    /// plans within these limits has each step run as planned (on the GPU,
+    /// one batched forward, and each prompt chunk longer than
+    /// `gpu::JOIN_CHUNK` through the prefill attention).
+    fn step_limits(&self) -> StepLimits {
+        StepLimits {
+            tokens: self.max_step(),
+            seqs: usize::MAX,
+        }
+    }
+    /// The KV pool every cache of this backend is in: (tokens per page,
+    /// pages). [`Backend::new_cache`]'s caches take its pages through the
+    /// backend's own accounting; a caller that keeps the accounting itself
+    /// (m40-sched's KV manager) gives each step's pages with
+    /// [`Backend::cache_on`] instead. One or the other: a backend refuses
+    /// the second while caches of its own hold pages.
     fn kv_pool(&self) -> (usize, usize);
-    /// The pool's pages nothing holds.
-    fn kv_free_pages(&self) -> usize;
-    /// One more holder for each of `pages` (held already, by a cache).
-    fn kv_hold(&self, pages: &[u32]);
-    /// One holder less for each of `pages`; a page nothing holds is free.
-    fn kv_release(&self, pages: &[u32]);
-    /// A cache of up to `n_ctx` tokens that starts with the full, computed
-    /// pool pages `pages` (read only; its own tokens go to its own pages).
-    fn cache_with_prefix(&self, pages: &[u32], n_ctx: usize) -> Result<Self::Cache>;
+    /// A cache of up to `n_ctx` tokens on the pool pages `pages` (its block
+    /// table, which the caller's ledger owns), whose first `len` tokens are
+    /// computed; `copy` (page, page), where given, is made before its first
+    /// write (the second page replaces the first, shared, in `pages`). It
+    /// takes and frees no page: writing past `pages` is an error.
+    fn cache_on(
+        &self,
+        pages: Vec<u32>,
+        copy: Option<(u32, u32)>,
+        len: usize,
+        n_ctx: usize,
+    ) -> Result<Self::Cache>;
     /// The largest `k` [`Backend::forward_select`] takes; 0: this backend
     /// does not select (the caller samples from [`Backend::forward`]'s logits).
     fn select_max_k(&self) -> usize {
@@ -172,16 +188,6 @@ pub trait KvState {
     fn n_ctx(&self) -> usize;
     /// Forget everything from position `n` on.
     fn truncate(&mut self, n: usize);
-    /// Its pages of the backend's pool, in order (none without a pool).
-    fn pool_pages(&self) -> &[u32] {
-        &[]
-    }
-    /// Pool pages that writing `tokens` more takes: those the cache lacks,
-    /// and a copy of a shared page the first write lands in (none without
-    /// a pool).
-    fn pages_to_write(&self, _tokens: usize) -> usize {
-        0
-    }
 }
 
 /// Contexts a KV cache holds by default over all sequences together (the
@@ -286,18 +292,6 @@ impl KvState for AnyCache {
             AnyCache::Gpu(c) => c.truncate(n),
         }
     }
-    fn pages_to_write(&self, tokens: usize) -> usize {
-        match self {
-            AnyCache::Cpu(c) => c.pages_to_write(tokens),
-            AnyCache::Gpu(c) => c.pages_to_write(tokens),
-        }
-    }
-    fn pool_pages(&self) -> &[u32] {
-        match self {
-            AnyCache::Cpu(c) => c.pool_pages(),
-            AnyCache::Gpu(c) => c.pool_pages(),
-        }
-    }
 }
 
 impl AnyBackend {
@@ -369,31 +363,23 @@ impl Backend for AnyBackend {
         }
     }
 
-    fn kv_free_pages(&self) -> usize {
+    fn step_limits(&self) -> StepLimits {
         match self {
-            AnyBackend::Cpu(b) => b.kv_free_pages(),
-            AnyBackend::Gpu(b) => b.kv_free_pages(),
+            AnyBackend::Cpu(b) => b.step_limits(),
+            AnyBackend::Gpu(b) => b.step_limits(),
         }
     }
 
-    fn kv_hold(&self, pages: &[u32]) {
-        match self {
-            AnyBackend::Cpu(b) => b.kv_hold(pages),
-            AnyBackend::Gpu(b) => b.kv_hold(pages),
-        }
-    }
-
-    fn kv_release(&self, pages: &[u32]) {
-        match self {
-            AnyBackend::Cpu(b) => b.kv_release(pages),
-            AnyBackend::Gpu(b) => b.kv_release(pages),
-        }
-    }
-
-    fn cache_with_prefix(&self, pages: &[u32], n_ctx: usize) -> Result<AnyCache> {
+    fn cache_on(
+        &self,
+        pages: Vec<u32>,
+        copy: Option<(u32, u32)>,
+        len: usize,
+        n_ctx: usize,
+    ) -> Result<AnyCache> {
         Ok(match self {
-            AnyBackend::Cpu(b) => AnyCache::Cpu(b.cache_with_prefix(pages, n_ctx)?),
-            AnyBackend::Gpu(b) => AnyCache::Gpu(b.cache_with_prefix(pages, n_ctx)?),
+            AnyBackend::Cpu(b) => AnyCache::Cpu(b.cache_on(pages, copy, len, n_ctx)?),
+            AnyBackend::Gpu(b) => AnyCache::Gpu(b.cache_on(pages, copy, len, n_ctx)?),
         })
     }
 

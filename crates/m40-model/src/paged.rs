@@ -9,6 +9,11 @@
 //! [`PagedCache::with_prefix`]: a common prompt prefix is computed once): a
 //! sequence never writes into a page another one holds; where it would
 //! ([`PagedCache::unshare_tail`]), it takes a copy of its own first.
+//!
+//! That accounting is for a backend's own caches ([`crate::Backend::new_cache`]).
+//! A caller that keeps its own ledger (m40-sched's KV manager, the engine's
+//! one owner of the pool) gives a step's block tables instead
+//! ([`PagedCache::on_pages`]): such a cache takes and frees nothing.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -116,6 +121,10 @@ pub struct PagedCache {
     len: usize,
     n_ctx: usize,
     pool: Arc<PagePool>,
+    /// None: its pages are the pool accounting's (taken and freed here).
+    /// Some: a caller's ledger gave them; the copy it says to make before
+    /// the first write, until made.
+    given: Option<Option<(u32, u32)>>,
 }
 
 impl PagedCache {
@@ -126,7 +135,47 @@ impl PagedCache {
             len: 0,
             n_ctx,
             pool,
+            given: None,
         }
+    }
+
+    /// A sequence on the pool pages `pages` that a caller's ledger gave
+    /// (see the module's documentation), its first `len` tokens computed;
+    /// `copy` is made before the first write. Checked: every page in the
+    /// pool, `len` within the pages and `n_ctx`, and no page of the pool
+    /// held by the pool's own accounting (one ledger at a time).
+    pub fn on_pages(
+        pool: Arc<PagePool>,
+        pages: Vec<u32>,
+        copy: Option<(u32, u32)>,
+        len: usize,
+        n_ctx: usize,
+    ) -> Result<PagedCache> {
+        let n = pool.pages() as u32;
+        let bad = |what: String| Err(ModelError::Unsupported(format!("a block table {what}")));
+        if let Some(&p) = pages
+            .iter()
+            .chain(copy.iter().flat_map(|(a, b)| [a, b]))
+            .find(|&&p| p >= n)
+        {
+            return bad(format!("with page {p} of a pool of {n}"));
+        }
+        if len > pages.len() * pool.page_tokens || len > n_ctx {
+            return bad(format!(
+                "of {} pages for {len} tokens in a context of {n_ctx}",
+                pages.len()
+            ));
+        }
+        if pool.free_pages() != pool.pages() {
+            return bad("over a pool whose pages the backend's own caches hold".into());
+        }
+        Ok(PagedCache {
+            pages,
+            len,
+            n_ctx,
+            pool,
+            given: Some(copy),
+        })
     }
 
     /// A sequence that starts with the full pages `pages` of `pool`
@@ -139,6 +188,7 @@ impl PagedCache {
             len: (pages.len() * pool.page_tokens).min(n_ctx),
             n_ctx,
             pool,
+            given: None,
         }
     }
 
@@ -155,6 +205,12 @@ impl PagedCache {
     /// Take pages so that the cache holds `len` tokens (all or none).
     pub fn extend_to(&mut self, len: usize) -> Result<()> {
         let need = len.div_ceil(self.pool.page_tokens);
+        if need > self.pages.len() && self.given.is_some() {
+            return Err(ModelError::Unsupported(format!(
+                "a step writing {len} tokens on a block table of {} pages",
+                self.pages.len()
+            )));
+        }
         if need > self.pages.len() {
             let more = self.pool.allocate(need - self.pages.len())?;
             self.pages.extend(more);
@@ -177,6 +233,9 @@ impl PagedCache {
     /// page): the caller copies the first's rows to the second before the
     /// write.
     pub fn unshare_tail(&mut self) -> Result<Option<(u32, u32)>> {
+        if let Some(copy) = &mut self.given {
+            return Ok(copy.take());
+        }
         let Some(i) = self.shared_tail() else {
             return Ok(None);
         };
@@ -204,7 +263,7 @@ impl PagedCache {
     }
 
     fn release_from(&mut self, keep: usize) {
-        if self.pages.len() > keep {
+        if self.given.is_none() && self.pages.len() > keep {
             let gone: Vec<u32> = self.pages.drain(keep..).collect();
             self.pool.release(&gone);
         }
@@ -227,14 +286,6 @@ impl KvState for PagedCache {
     fn truncate(&mut self, n: usize) {
         self.len = self.len.min(n);
         self.release_from(self.len.div_ceil(self.pool.page_tokens));
-    }
-    fn pool_pages(&self) -> &[u32] {
-        &self.pages
-    }
-    fn pages_to_write(&self, tokens: usize) -> usize {
-        let need = (self.len + tokens).div_ceil(self.pool.page_tokens);
-        need.saturating_sub(self.pages.len())
-            + usize::from(tokens > 0 && self.shared_tail().is_some())
     }
 }
 
@@ -261,7 +312,6 @@ mod tests {
         assert!(a.pages()[..2].iter().all(|&p| pool.holders(p) == 2));
         assert_eq!(pool.holders(a.pages()[2]), 1);
         assert_eq!(c.unshare_tail().unwrap(), None, "at a page boundary");
-        assert_eq!(c.pages_to_write(36), 2, "64 + 36 tokens: 2 more pages");
         c.extend_to(100).unwrap();
         c.set_len(100);
         assert_eq!(pool.free_pages(), 3);
@@ -271,18 +321,10 @@ mod tests {
         assert_eq!(c.pages().len(), 2);
         assert_eq!(pool.free_pages(), 5);
         let shared = c.pages()[1];
-        assert_eq!(
-            c.pages_to_write(10),
-            1,
-            "no page more, but a copy of page 1"
-        );
-        assert_eq!(c.pages_to_write(30), 2, "a page more and the copy");
-        assert_eq!(c.pages_to_write(0), 0);
         let (old, new) = c.unshare_tail().unwrap().expect("page 1 is shared");
         assert_eq!((old, c.pages()[1]), (shared, new));
         assert_eq!((pool.holders(old), pool.holders(new)), (1, 1));
         assert_eq!(c.unshare_tail().unwrap(), None, "now its own");
-        assert_eq!(c.pages_to_write(10), 0, "no copy once its own");
 
         // Dropping gives back what only it held.
         drop(a);
@@ -292,5 +334,31 @@ mod tests {
         assert_eq!(pool.free_pages(), 8);
         // Pages come back whole: 8 allocate again.
         assert_eq!(pool.allocate(8).unwrap().len(), 8);
+    }
+
+    #[test]
+    fn given_pages_are_used_as_given() {
+        let pool = PagePool::new(8, 32);
+        let mut c = PagedCache::on_pages(pool.clone(), vec![5, 2], Some((7, 2)), 40, 100).unwrap();
+        assert_eq!((c.len(), c.pages()), (40, &[5, 2][..]));
+        assert_eq!(c.unshare_tail().unwrap(), Some((7, 2)), "the copy, once");
+        assert_eq!(c.unshare_tail().unwrap(), None);
+        c.extend_to(64).unwrap();
+        let e = c.extend_to(65).unwrap_err();
+        assert!(e.to_string().contains("block table of 2 pages"), "{e}");
+        c.truncate(10);
+        drop(c);
+        assert_eq!(pool.free_pages(), 8, "it took and freed nothing");
+        // Checked: pages in the pool, tokens within them and the context,
+        // and no page held by the pool's own accounting.
+        let on = |pages: Vec<u32>, len| PagedCache::on_pages(pool.clone(), pages, None, len, 100);
+        assert!(on(vec![8], 0).is_err());
+        assert!(on(vec![1], 33).is_err());
+        assert!(PagedCache::on_pages(pool.clone(), vec![1, 2, 3, 4], None, 101, 100).is_err());
+        let mut own = PagedCache::new(pool.clone(), 100);
+        own.extend_to(1).unwrap();
+        assert!(on(vec![1], 0).is_err());
+        drop(own);
+        assert!(on(vec![1], 0).is_ok());
     }
 }

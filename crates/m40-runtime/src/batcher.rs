@@ -18,10 +18,10 @@ use std::thread::JoinHandle;
 
 use m40_chat::Constraint;
 use m40_model::{
-    apply_mask, AnyBackend, AnyCache, Backend, KvState, MaskFiller, MaskSlot, ModelError, SeqStep,
-    StepOut, Want,
+    apply_mask, AnyBackend, AnyCache, Backend, MaskFiller, MaskSlot, ModelError, SeqStep, StepOut,
+    Want,
 };
-use m40_sched::{CachedPrefix, Config, PageKey, PrefixCache, Scheduler, SeqId, Step};
+use m40_sched::{Config, Scheduler, SeqId, Step};
 use m40_tokenizer::Tokenizer;
 
 use crate::cancel::CancelToken;
@@ -239,17 +239,9 @@ struct Live {
     sub: Submission,
     /// The prompt, then every sampled token.
     tokens: Vec<u32>,
-    /// None while waiting (before admission, after a preemption).
-    cache: Option<AnyCache>,
     sampler: Sampler,
     /// The submission's grammar, taken out of it (it changes each token).
     constraint: Option<Constraint>,
-    /// Prefix caching: the pages it uses from the prefix cache (those its
-    /// cache started with, then the ones it cached itself), and the key and
-    /// count of its leading full pages the cache has seen (None: a key
-    /// collision ended the chain).
-    uses: Vec<u32>,
-    chain: Option<(Option<PageKey>, usize)>,
     /// Tokens sampled so far (a shift drops some of `tokens`).
     generated: usize,
 }
@@ -260,10 +252,6 @@ struct Loop {
     sched: Scheduler,
     live: HashMap<SeqId, Live>,
     next_id: SeqId,
-    /// Full pages by their tokens; each cached page holds the pool once
-    /// more.
-    prefix: Option<PrefixCache>,
-    page_tokens: usize,
     /// `EngineOptions::step_stats`: every N steps, the mean time a step spends
     /// planning, preparing, in the backend and after, to stderr.
     stats: Option<StepStats>,
@@ -281,16 +269,14 @@ impl Loop {
             // As large as fits beside every running decode (the scheduler
             // lowers it to that).
             chunk_tokens: l.max_batch_tokens,
+            prefix_cache: l.prefix_cache,
         });
-        let prefix = l.prefix_cache.then(PrefixCache::new);
         Loop {
             core,
             shared,
             sched,
             live: HashMap::new(),
             next_id: 0,
-            prefix,
-            page_tokens: l.page_tokens,
             stats: l.step_stats.map(StepStats::every),
         }
     }
@@ -327,23 +313,12 @@ impl Loop {
                 self.publish();
                 continue;
             }
-            // A sequence admitted now takes its cached prefix when its
-            // first chunk runs, in this step: nothing is evicted before.
-            let (prefix, live, p) = (&self.prefix, &self.live, self.page_tokens);
-            let step = self.sched.plan_with(|id| match (prefix, live.get(&id)) {
-                (Some(pc), Some(l)) if l.tokens.len() > 1 && !l.sub.hidden => {
-                    pc.peek(&l.tokens[..l.tokens.len() - 1], p)
-                }
-                _ => 0,
-            });
+            let step = self.sched.plan();
             let planned = std::time::Instant::now();
             if !step.preempted.is_empty() {
                 let c = &self.shared.counters;
                 c.preemptions
                     .fetch_add(step.preempted.len() as u64, Ordering::Relaxed);
-            }
-            for id in &step.preempted {
-                self.forget_cache(*id);
             }
             self.publish();
             if step.is_empty() {
@@ -385,9 +360,9 @@ impl Loop {
             None => max_new,
         };
         let added = match (sub.hidden, self.core.backend.hparams().causal) {
-            (false, _) => self.sched.add(id, n, max_new),
-            (true, true) => self.sched.add(id, n, 0),
-            (true, false) => self.sched.add_whole(id, n),
+            (false, _) => self.sched.add(id, &sub.prompt, max_new),
+            (true, true) => self.sched.add_private(id, &sub.prompt, 0),
+            (true, false) => self.sched.add_whole(id, &sub.prompt),
         };
         if let Err(e) = added {
             let _ = sub
@@ -404,40 +379,22 @@ impl Loop {
         }
         let mut sub = sub;
         let constraint = sub.constraint.take();
-        let chain = (!sub.hidden).then_some((None, 0));
         self.live.insert(
             id,
             Live {
                 tokens: sub.prompt.clone(),
                 sub,
-                cache: None,
                 sampler,
                 constraint,
-                uses: Vec::new(),
-                chain,
                 generated: 0,
             },
         );
-    }
-
-    /// `id`'s cache is gone (preempted: it computes everything again):
-    /// its cached pages are unused by it.
-    fn forget_cache(&mut self, id: SeqId) {
-        if let Some(l) = self.live.get_mut(&id) {
-            l.cache = None;
-            if let Some(pc) = &mut self.prefix {
-                pc.release(&l.uses);
-            }
-            l.uses.clear();
-            l.chain = Some((None, 0));
-        }
     }
 
     /// `id`'s tokens fill its context (the scheduler has ended it): it
     /// keeps its first `SHIFT_KEEP` tokens and the newer half of the rest,
     /// and waits to be computed again from them, to go on sampling.
     fn shift(&mut self, id: SeqId) {
-        self.forget_cache(id);
         let Some(l) = self.live.get_mut(&id) else {
             return;
         };
@@ -449,7 +406,7 @@ impl Loop {
         l.tokens.drain(keep..keep + discard);
         let left = l.sub.max_new - l.generated;
         let room = ctx.saturating_sub(l.tokens.len()).min(left).max(1);
-        if let Err(e) = self.sched.add(id, l.tokens.len(), room) {
+        if let Err(e) = self.sched.add(id, &l.tokens, room) {
             let e = Arc::new(ModelError::Unsupported(format!(
                 "this request cannot go on after its context shift: {e}"
             )));
@@ -459,52 +416,9 @@ impl Loop {
         }
     }
 
-    /// `id` leaves: its cached pages are unused by it.
+    /// `id` leaves (the scheduler has let its pages go).
     fn remove(&mut self, id: SeqId) -> Option<Live> {
-        let l = self.live.remove(&id)?;
-        if let Some(pc) = &mut self.prefix {
-            pc.release(&l.uses);
-        }
-        Some(l)
-    }
-
-    /// The full pages of `id` the prefix cache has not seen go into it
-    /// (each held once more by the cache, until it evicts the page).
-    fn cache_pages(&mut self, id: SeqId) {
-        let (Some(pc), Some(l)) = (&mut self.prefix, self.live.get_mut(&id)) else {
-            return;
-        };
-        let Some(cache) = &l.cache else { return };
-        let p = self.page_tokens;
-        let full = cache.len() / p;
-        while let Some((key, n)) = l.chain {
-            if n >= full {
-                break;
-            }
-            let page = cache.pool_pages()[n];
-            let (k, dup) = pc.insert(key, &l.tokens[n * p..(n + 1) * p], page);
-            if dup.is_none() {
-                if !pc.holds(page) {
-                    // A key collision: this sequence caches no more.
-                    l.chain = None;
-                    break;
-                }
-                self.core.backend.kv_hold(&[page]);
-                l.uses.push(page);
-            }
-            l.chain = Some((Some(k), n + 1));
-        }
-    }
-
-    /// Pool pages for `need` more: cached pages nobody uses go back to the
-    /// pool (least recently used first) while the pool has fewer free.
-    fn make_room(&mut self, need: usize) {
-        let Some(pc) = &mut self.prefix else { return };
-        let free = self.core.backend.kv_free_pages();
-        if free < need {
-            let gone = pc.evict(need - free);
-            self.core.backend.kv_release(&gone);
-        }
+        self.live.remove(&id)
     }
 
     /// Sequences whose caller cancelled (or went away) leave, freeing
@@ -528,11 +442,13 @@ impl Loop {
         let queued = lock(&self.shared.inbox).new.len();
         c.waiting.store(waiting + queued, Ordering::SeqCst);
         c.running.store(running, Ordering::SeqCst);
-        let free = self.sched.free_pages();
+        let kv = self.sched.kv();
         c.pages_used
-            .store(self.sched.pages().saturating_sub(free), Ordering::SeqCst);
-        let cached = self.prefix.as_ref().map_or(0, PrefixCache::len);
-        c.prefix_pages.store(cached, Ordering::Relaxed);
+            .store(kv.pages() - kv.available(), Ordering::SeqCst);
+        c.prefix_pages.store(kv.cached(), Ordering::Relaxed);
+        let (hits, saved) = kv.prefix_hits();
+        c.prefix_hits.store(hits, Ordering::Relaxed);
+        c.prefix_tokens.store(saved, Ordering::Relaxed);
     }
 
     /// Run `step`, sample where it computed a sequence's last token, and
@@ -563,41 +479,10 @@ impl Loop {
                 Some(ctx) => ctx.min(l.sub.prompt.len() + l.sub.max_new.max(1)),
                 None => l.sub.prompt.len() + l.sub.max_new.max(1),
             };
-            let made = match l.cache.take() {
-                Some(c) => Ok(c),
-                None => {
-                    // Admitted (or back after a preemption): the longest
-                    // cached prefix of its tokens but the last (computed
-                    // for the logits), taken now, so no waiting sequence
-                    // pins pages. It may end inside its last page: the
-                    // backend copies that page before writing into it.
-                    let p = self.page_tokens;
-                    let last = l.tokens.len() - 1;
-                    let got = match &mut self.prefix {
-                        Some(pc) if last > 0 && !l.sub.hidden => pc.acquire(&l.tokens[..last], p),
-                        _ => CachedPrefix::default(),
-                    };
-                    if !l.sub.hidden {
-                        l.chain = Some((got.key, got.tokens / p));
-                    }
-                    // The scheduler may start the chunk at the page
-                    // boundary before a partly shared last page.
-                    let start = range.start.min(got.tokens);
-                    if start == 0 {
-                        backend.new_cache(cap)
-                    } else {
-                        let c = &self.shared.counters;
-                        c.prefix_hits.fetch_add(1, Ordering::Relaxed);
-                        c.prefix_tokens.fetch_add(start as u64, Ordering::Relaxed);
-                        let shared: Vec<u32> = got.pages.iter().copied().chain(got.part).collect();
-                        l.uses = got.pages;
-                        backend.cache_with_prefix(&shared, cap).map(|mut c| {
-                            c.truncate(start);
-                            c
-                        })
-                    }
-                }
-            };
+            // Its pages as the plan gives them; what came before the
+            // chunk is in them (a cached prefix's tokens too).
+            let kv = &step.kv[&id];
+            let made = backend.cache_on(kv.pages.clone(), kv.copy, range.start, cap);
             let cache = match made {
                 Ok(c) => c,
                 Err(e) => {
@@ -605,11 +490,6 @@ impl Loop {
                     continue;
                 }
             };
-            // The cache holds what came before: a new sequence's chunk
-            // starts at the prefix plan_with counted (its peek then, what
-            // acquire took now).
-            debug_assert_eq!(cache.len(), range.start, "the planned prefix");
-            let range = cache.len()..range.end;
             let samples = range.end == l.tokens.len() && !l.sub.hidden;
             let mut want = if l.sub.hidden {
                 Want::Hidden
@@ -634,15 +514,6 @@ impl Loop {
             parts.push((id, l.tokens[range].to_vec(), want, samples));
             caches.push(cache);
         }
-        // Pages the step's tokens take: the pool gives back cached pages
-        // nobody uses where it has too few free.
-        let need: usize = caches
-            .iter()
-            .zip(&parts)
-            .map(|(c, (_, t, _, _))| c.pages_to_write(t.len()))
-            .sum();
-        self.make_room(need);
-        let backend = &self.core.backend;
         let mut steps: Vec<SeqStep<'_, AnyCache>> = caches
             .iter_mut()
             .zip(&parts)
@@ -678,14 +549,16 @@ impl Loop {
         });
         let returned = std::time::Instant::now();
         drop(steps);
+        drop(caches);
         let mut ended: Vec<SeqId> = Vec::new();
+        // The tokens sampled, for the scheduler (its prefix cache keys
+        // pages by their tokens).
+        let mut sampled: Vec<(SeqId, u32)> = Vec::new();
         // Sequences whose tokens fill their context and that go on.
         let mut shifts: Vec<SeqId> = Vec::new();
         match result {
             Ok(outs) => {
-                for (((id, _, _, samples), cache), out) in parts.iter().zip(caches).zip(outs) {
-                    self.live.get_mut(id).expect("live").cache = Some(cache);
-                    self.cache_pages(*id);
+                for ((id, _, _, samples), out) in parts.iter().zip(outs) {
                     let l = self.live.get_mut(id).expect("live");
                     if let StepOut::Hidden(rows) = out {
                         // It ends after its prompt's last chunk (the
@@ -735,6 +608,7 @@ impl Loop {
                         complete = c.is_done();
                     }
                     l.tokens.push(tok);
+                    sampled.push((*id, tok));
                     l.generated += 1;
                     let mut gone = l
                         .sub
@@ -766,7 +640,7 @@ impl Loop {
             }
             self.sched.cancel(id);
         }
-        for id in self.sched.complete(step, &ended) {
+        for id in self.sched.complete(step, &sampled, &ended) {
             if shifts.contains(&id) {
                 self.shift(id);
             } else {

@@ -170,10 +170,12 @@ impl Engine {
         let chat = ChatFormat::new(template, &source, tool_use.as_deref(), &tokenizer);
         let (backend, note) = pick_backend(&model, &opts, n_ctx)?;
         let (page_tokens, pages) = backend.kv_pool();
+        // At most what one step of the backend takes, so that every plan
+        // runs as one step (Backend::step_limits).
         let parallel = opts
             .parallel
             .unwrap_or((pages * page_tokens / 256).clamp(1, 64))
-            .max(1);
+            .clamp(1, backend.step_limits().seqs);
         let limits = Limits {
             // An encoder's input runs in one step: by default as long a
             // step as the backend takes, so that a whole context fits.

@@ -20,14 +20,20 @@
 //!   computed again from its prompt and the tokens it had generated (no
 //!   token is lost or repeated: the caller keeps them).
 //!
-//! [`PrefixCache`] keys full KV pages by their tokens and all before them
-//! (a request takes the longest match, the last page in part), counts
-//! their users, and keeps unused ones until the pool needs them
-//! (least recently used first out). m40-runtime's step loop
-//! (`batcher.rs`) drives both: it plans every step of an `Engine` here.
+//! The KV pool's one ledger is the scheduler's ([`KvManager`]): which
+//! pages are free, each sequence's block table, the prefix cache and the
+//! copies a step makes. [`PrefixCache`] keys full KV pages by their tokens
+//! and all before them (a sequence takes the longest match, the last page
+//! in part), counts their users, and keeps unused ones until an allocation
+//! needs them (least recently used first out). A step's plan carries every
+//! sequence's pages ([`Step::kv`]); a backend only executes it.
+//! m40-runtime's step loop (`batcher.rs`) plans every step of an `Engine`
+//! here.
 
+mod kv;
 mod policy;
 mod prefix;
 
+pub use kv::{KvManager, SeqKv};
 pub use policy::{Config, SchedError, Scheduler, SeqId, Step};
 pub use prefix::{page_key, CachedPrefix, PageKey, PrefixCache};

@@ -3,6 +3,8 @@
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 
+use crate::kv::{Blocks, Found, KvManager, SeqKv};
+
 /// A sequence's id, given by the caller.
 pub type SeqId = u64;
 
@@ -19,6 +21,9 @@ pub struct Config {
     pub page_tokens: usize,
     /// Pages in the KV pool.
     pub pages: usize,
+    /// Keep full KV pages for later sequences that start with the same
+    /// tokens ([`crate::PrefixCache`]).
+    pub prefix_cache: bool,
     /// Pages a sequence must leave free after its prompt to be admitted:
     /// room for the running ones to grow.
     pub watermark_pages: usize,
@@ -67,6 +72,9 @@ pub struct Step {
     /// Sequences preempted before this step: their pages are free, and they
     /// wait first in line to be computed again.
     pub preempted: Vec<SeqId>,
+    /// The KV pages of every sequence the step runs: its block table (the
+    /// step's tokens' pages taken), and the copy it makes first.
+    pub kv: HashMap<SeqId, SeqKv>,
 }
 
 impl Step {
@@ -82,39 +90,40 @@ impl Step {
 
 struct Seq {
     /// Tokens known: the prompt, then each token sampled.
-    tokens: usize,
+    ids: Vec<u32>,
     /// Tokens in the KV cache (0 while waiting).
     computed: usize,
-    /// Pages held.
-    pages: usize,
+    /// Its pages (none while waiting).
+    blocks: Blocks,
     /// New tokens sampled so far, and at most.
     generated: usize,
     max_new: usize,
-    /// Admitted with a cached prefix that ends inside a page: its first
-    /// step writes into a copy of that shared page, and it holds a page
-    /// more than its tokens need until that step is done (the shared
-    /// page stays taken while the copy is made).
-    copies: bool,
     /// Its prompt runs in one chunk (an encoder's: every token attends to
     /// every other).
     whole: bool,
+    /// It takes part in the prefix cache.
+    cached: bool,
 }
 
 impl Seq {
+    fn tokens(&self) -> usize {
+        self.ids.len()
+    }
+
     /// Decoding: it has sampled, and only that last token is to compute.
     fn decoding(&self) -> bool {
-        self.generated > 0 && self.tokens - self.computed == 1
+        self.generated > 0 && self.tokens() - self.computed == 1
     }
 }
 
 /// The state of continuous batching: sequences waiting and running, and the
-/// KV pages they hold.
+/// KV pages they hold (the [`KvManager`]: the pool's one ledger).
 ///
-/// A sequence takes the pages of its prompt when admitted and one more
-/// page each time its decoding crosses a page boundary. Every step makes
-/// progress: a running sequence alone always fits (`add` refuses one whose
-/// prompt and new tokens exceed the pool), and all running decodes fit the
-/// token budget.
+/// A sequence takes the pages of its prompt when admitted (the prefix
+/// cache's where it has them) and one more page each time its decoding
+/// crosses a page boundary. Every step makes progress: a running sequence
+/// alone always fits (`add` refuses one whose prompt and new tokens exceed
+/// the pool), and all running decodes fit the token budget.
 pub struct Scheduler {
     cfg: Config,
     seqs: HashMap<SeqId, Seq>,
@@ -122,7 +131,7 @@ pub struct Scheduler {
     waiting: VecDeque<SeqId>,
     /// Running, oldest admission first.
     running: Vec<SeqId>,
-    free_pages: usize,
+    kv: KvManager,
 }
 
 impl Scheduler {
@@ -134,7 +143,7 @@ impl Scheduler {
             .min(cfg.max_batch_tokens - cfg.max_running)
             .max(1);
         Scheduler {
-            free_pages: cfg.pages,
+            kv: KvManager::new(cfg.pages, cfg.page_tokens, cfg.prefix_cache),
             cfg,
             seqs: HashMap::new(),
             waiting: VecDeque::new(),
@@ -146,37 +155,52 @@ impl Scheduler {
         tokens.div_ceil(self.cfg.page_tokens)
     }
 
-    /// Queue a sequence with `prompt` tokens that may sample `max_new`
-    /// more. Refused when it could not run even alone.
-    pub fn add(&mut self, id: SeqId, prompt: usize, max_new: usize) -> Result<(), SchedError> {
-        self.insert(id, prompt, max_new, false)
+    /// Queue a sequence with the tokens `prompt` that may sample `max_new`
+    /// more. Refused when it could not run even alone. It takes part in the
+    /// prefix cache (where the scheduler keeps one): its first tokens may
+    /// come from cached pages, and its full pages are cached.
+    pub fn add(&mut self, id: SeqId, prompt: &[u32], max_new: usize) -> Result<(), SchedError> {
+        self.insert(id, prompt, max_new, false, true)
+    }
+
+    /// [`Scheduler::add`], for a sequence that takes no part in the prefix
+    /// cache (an embedding's).
+    pub fn add_private(
+        &mut self,
+        id: SeqId,
+        prompt: &[u32],
+        max_new: usize,
+    ) -> Result<(), SchedError> {
+        self.insert(id, prompt, max_new, false, false)
     }
 
     /// A sequence whose prompt is computed in one chunk, for its hidden
     /// states (an embedding: nothing is sampled, and an encoder's tokens
     /// attend to each other, so its prompt cannot be cut): it ends after
     /// that step.
-    pub fn add_whole(&mut self, id: SeqId, prompt: usize) -> Result<(), SchedError> {
-        if prompt > self.cfg.max_batch_tokens {
+    pub fn add_whole(&mut self, id: SeqId, prompt: &[u32]) -> Result<(), SchedError> {
+        if prompt.len() > self.cfg.max_batch_tokens {
             return Err(SchedError::NotOneStep {
                 id,
-                prompt,
+                prompt: prompt.len(),
                 max: self.cfg.max_batch_tokens,
             });
         }
-        self.insert(id, prompt, 0, true)
+        self.insert(id, prompt, 0, true, false)
     }
 
     fn insert(
         &mut self,
         id: SeqId,
-        prompt: usize,
+        ids: &[u32],
         max_new: usize,
         whole: bool,
+        cached: bool,
     ) -> Result<(), SchedError> {
         if self.seqs.contains_key(&id) {
             return Err(SchedError::Duplicate(id));
         }
+        let prompt = ids.len();
         if prompt == 0 {
             return Err(SchedError::EmptyPrompt(id));
         }
@@ -193,13 +217,13 @@ impl Scheduler {
         self.seqs.insert(
             id,
             Seq {
-                tokens: prompt,
+                ids: ids.to_vec(),
                 computed: 0,
-                pages: 0,
+                blocks: Blocks::default(),
                 generated: 0,
                 max_new,
-                copies: false,
                 whole,
+                cached,
             },
         );
         self.waiting.push_back(id);
@@ -209,10 +233,10 @@ impl Scheduler {
     /// Drop a sequence (its client went away), freeing its pages. False if
     /// it was not scheduled.
     pub fn cancel(&mut self, id: SeqId) -> bool {
-        let Some(s) = self.seqs.remove(&id) else {
+        let Some(mut s) = self.seqs.remove(&id) else {
             return false;
         };
-        self.free_pages += s.pages;
+        self.kv.release(&mut s.blocks);
         self.waiting.retain(|&w| w != id);
         self.running.retain(|&r| r != id);
         true
@@ -228,36 +252,37 @@ impl Scheduler {
         self.cfg.pages
     }
 
-    /// Free KV pages.
+    /// KV pages a sequence could take now: free ones, and cached ones no
+    /// sequence uses.
     pub fn free_pages(&self) -> usize {
-        self.free_pages
+        self.kv.available()
     }
 
-    /// Pages `id` holds, if it is scheduled.
+    /// The KV ledger: pages, the prefix cache and its hits.
+    pub fn kv(&self) -> &KvManager {
+        &self.kv
+    }
+
+    /// Pages `id` holds, if it is scheduled (a copy's source too, until the
+    /// copy is made).
     pub fn pages_of(&self, id: SeqId) -> Option<usize> {
-        self.seqs.get(&id).map(|s| s.pages)
+        self.seqs
+            .get(&id)
+            .map(|s| s.blocks.kv.pages.len() + usize::from(s.blocks.kv.copy.is_some()))
     }
 
-    /// Take pages so that `id` holds `tokens` tokens and `extra` pages
-    /// more; false (nothing taken) when the free pages are too few.
-    fn grow(&mut self, id: SeqId, tokens: usize, extra: usize) -> bool {
-        let need = self.pages_for(tokens) + extra;
+    /// Take pages so that `id` holds `tokens` tokens; false (nothing taken)
+    /// when too few are available.
+    fn grow(&mut self, id: SeqId, tokens: usize) -> bool {
         let s = self.seqs.get_mut(&id).expect("scheduled");
-        let more = need.saturating_sub(s.pages);
-        if more > self.free_pages {
-            return false;
-        }
-        s.pages += more;
-        self.free_pages -= more;
-        true
+        self.kv.grow(&mut s.blocks, tokens)
     }
 
     /// Free the newest running sequence's pages and queue it first.
     fn preempt_newest(&mut self, step: &mut Step) {
         let id = self.running.pop().expect("a running sequence to preempt");
         let s = self.seqs.get_mut(&id).expect("scheduled");
-        self.free_pages += s.pages;
-        s.pages = 0;
+        self.kv.release(&mut s.blocks);
         s.computed = 0;
         self.waiting.push_front(id);
         step.preempted.push(id);
@@ -267,26 +292,21 @@ impl Scheduler {
     /// next multiple of `chunk_tokens`, or its end.
     fn chunk(&self, s: &Seq, start: usize) -> Range<usize> {
         if s.whole {
-            return start..s.tokens;
+            return start..s.tokens();
         }
         let c = self.cfg.chunk_tokens;
-        start..s.tokens.min((start / c + 1) * c)
+        start..s.tokens().min((start / c + 1) * c)
     }
 
-    /// The next step: the pages its tokens need are taken (see
+    /// The next step: the pages its tokens need are taken, and each
+    /// sequence's block table is in [`Step::kv`] (see
     /// [`Scheduler::complete`] for what comes after).
+    ///
+    /// A sequence admitted with a cached prefix starts its first chunk
+    /// where the prefix ends (or at the page boundary before it, when the
+    /// partly shared page it would copy does not fit), so the step's budget
+    /// counts only the tokens it computes.
     pub fn plan(&mut self) -> Step {
-        self.plan_with(|_| 0)
-    }
-
-    /// [`Scheduler::plan`], where `cached(id)` says how many of a waiting
-    /// sequence's first tokens a prefix cache holds now (asked only of
-    /// the sequences it tries to admit): its first chunk starts there (or
-    /// at the page boundary before it, when the page a copy of the last,
-    /// partly shared, page takes does not fit), so the step's budget
-    /// counts the tokens it computes. The caller takes those cached tokens
-    /// into the sequence's cache before the step runs.
-    pub fn plan_with(&mut self, mut cached: impl FnMut(SeqId) -> usize) -> Step {
         let mut step = Step::default();
         let mut budget = self.cfg.max_batch_tokens;
         // Running decodes, oldest first; when the pages run dry, the newest
@@ -300,7 +320,7 @@ impl Scheduler {
                 continue;
             }
             let want = s.computed + 1;
-            if self.grow(id, want, 0) {
+            if self.grow(id, want) {
                 step.decode.push(id);
                 budget -= 1;
                 i += 1;
@@ -329,50 +349,87 @@ impl Scheduler {
             let Some(&id) = self.waiting.front() else {
                 break;
             };
-            if step.preempted.contains(&id) {
+            if step.preempted.contains(&id) || !self.admit(id, &mut budget, &mut step) {
                 break;
             }
-            let s = &self.seqs[&id];
-            let need = self.pages_for(s.tokens) + self.cfg.watermark_pages;
-            if need > self.free_pages && !self.running.is_empty() {
-                break;
-            }
-            // Alone, a sequence is admitted whatever the watermark: it fits
-            // the pool (checked by `add`). It takes the pages of all its
-            // tokens now (cached ones too), so its chunks never wait for
-            // pages, and one more for its first step where the cached
-            // prefix ends inside a page (the copy it writes into); where
-            // that one page does not fit, it computes that page's cached
-            // tokens again instead. Its last token is computed whatever is
-            // cached.
-            let tokens = s.tokens;
-            let mut start = cached(id).min(tokens - 1);
-            let mut copies = !start.is_multiple_of(self.cfg.page_tokens);
-            if copies && self.pages_for(tokens) + 1 > self.free_pages {
-                start -= start % self.cfg.page_tokens;
-                copies = false;
-            }
-            let chunk = self.chunk(&self.seqs[&id], start);
-            if chunk.len() > budget || !self.grow(id, tokens, usize::from(copies)) {
-                break;
-            }
-            let s = self.seqs.get_mut(&id).expect("scheduled");
-            s.computed = start;
-            s.copies = copies;
-            self.waiting.pop_front();
-            self.running.push(id);
-            budget -= chunk.len();
-            step.prefill.push((id, chunk));
+        }
+        for &id in step
+            .decode
+            .iter()
+            .chain(step.prefill.iter().map(|(id, _)| id))
+        {
+            step.kv.insert(id, self.seqs[&id].blocks.kv.clone());
         }
         step
     }
 
-    /// After `step` ran: its tokens are in the caches, a sampled token was
-    /// appended to each sequence whose last token it computed, unless the
-    /// sequence is in `ended` (an end-of-generation token, a stop string,
-    /// its client gone: its pages are freed). A sequence that reaches its
-    /// `max_new` ends too. Returns the sequences that ended.
-    pub fn complete(&mut self, step: &Step, ended: &[SeqId]) -> Vec<SeqId> {
+    /// Admit the waiting head `id` if its pages and first chunk fit; false
+    /// (nothing changed) if not.
+    ///
+    /// Alone, a sequence is admitted whatever the watermark: it fits the
+    /// pool (checked by `add`). It takes the pages of all its tokens now
+    /// (cached ones too), so its chunks never wait for pages; where its
+    /// cached prefix ends inside a page, it keeps that page until its first
+    /// step has copied it, or, where that does not fit, computes that
+    /// page's cached tokens again instead. Its last token is computed
+    /// whatever is cached.
+    fn admit(&mut self, id: SeqId, budget: &mut usize, step: &mut Step) -> bool {
+        let s = &self.seqs[&id];
+        let n = s.tokens();
+        let found = if s.cached {
+            self.kv.lookup(&s.ids[..n - 1])
+        } else {
+            Found::default()
+        };
+        let own = self.pages_for(n) - found.whole;
+        let avail = self.kv.available() - found.whole_unused;
+        let need = own
+            + if self.running.is_empty() {
+                0
+            } else {
+                self.cfg.watermark_pages
+            };
+        let part_cost = usize::from(found.part_unused);
+        let with_part = found.part > 0 && need + part_cost <= avail;
+        if need > avail {
+            return false;
+        }
+        let start = found.whole * self.cfg.page_tokens + if with_part { found.part } else { 0 };
+        let chunk = self.chunk(s, start);
+        if chunk.len() > *budget {
+            return false;
+        }
+        let s = self.seqs.get_mut(&id).expect("scheduled");
+        let prompt = &s.ids[..n - 1];
+        if !self
+            .kv
+            .admit(&mut s.blocks, prompt, n, found, with_part, s.cached)
+        {
+            return false;
+        }
+        s.computed = start;
+        self.waiting.pop_front();
+        self.running.push(id);
+        *budget -= chunk.len();
+        step.prefill.push((id, chunk));
+        true
+    }
+
+    /// After `step` ran: its tokens are in the caches (its full pages are
+    /// cached now, its copies made), and `sampled` has the token sampled
+    /// for each sequence whose last token it computed, unless the sequence
+    /// is in `ended` (an end-of-generation token, a stop string, its client
+    /// gone: its pages are freed). A sequence that reaches its `max_new`
+    /// ends too. Returns the sequences that ended.
+    ///
+    /// A sampled token not given is not known: the sequence caches no more
+    /// pages (the prefix cache is keyed by tokens).
+    pub fn complete(
+        &mut self,
+        step: &Step,
+        sampled: &[(SeqId, u32)],
+        ended: &[SeqId],
+    ) -> Vec<SeqId> {
         let mut done = Vec::new();
         let ran = step
             .decode
@@ -384,14 +441,15 @@ impl Scheduler {
                 continue; // cancelled meanwhile
             };
             s.computed = end.unwrap_or(s.computed + 1);
-            if s.copies {
-                // The copy is made: the shared page is given back.
-                s.copies = false;
-                s.pages -= 1;
-                self.free_pages += 1;
-            }
-            if s.computed == s.tokens {
-                s.tokens += 1;
+            self.kv.ran(&mut s.blocks, &s.ids, s.computed);
+            if s.computed == s.tokens() {
+                match sampled.iter().find(|(i, _)| *i == id) {
+                    Some(&(_, t)) => s.ids.push(t),
+                    None => {
+                        s.ids.push(u32::MAX);
+                        s.blocks.stop_caching();
+                    }
+                }
                 s.generated += 1;
                 if s.generated >= s.max_new || ended.contains(&id) {
                     done.push(id);

@@ -55,10 +55,9 @@ struct Entry {
 pub struct CachedPrefix {
     /// Its whole pages, each now used once more.
     pub pages: Vec<u32>,
-    /// The cached page after them that shares its first tokens, if any:
-    /// not used by the request, which copies it before it writes into it
-    /// (its own cache holds the pool's page until then, so the prefix
-    /// cache may evict it meanwhile).
+    /// The cached page after them that shares its first tokens, if asked
+    /// for: used by the request until it has copied it (it writes into the
+    /// copy), then released ([`PrefixCache::release`]).
     pub part: Option<u32>,
     /// The key of the last whole page (the sequence chains the pages it
     /// fills next from it).
@@ -66,6 +65,12 @@ pub struct CachedPrefix {
     /// The tokens it holds: the whole pages', then the partial page's
     /// first ones.
     pub tokens: usize,
+}
+
+/// What [`PrefixCache::peek_pages`] finds.
+pub(crate) struct Peeked {
+    pub(crate) whole: Vec<u32>,
+    pub(crate) part: Option<(u32, usize)>,
 }
 
 /// Cached pages by key, their users, and the unused ones in order of last
@@ -101,16 +106,18 @@ impl PrefixCache {
     }
 
     /// The longest cached prefix of `tokens` (pages of `page_tokens`): the
-    /// whole pages that match, each now used once more, then the cached
-    /// page after them that shares the most of the next tokens (at least
-    /// one; not used, see [`CachedPrefix::part`]).
-    pub fn acquire(&mut self, tokens: &[u32], page_tokens: usize) -> CachedPrefix {
+    /// whole pages that match, each now used once more, then, where
+    /// `with_part`, the cached page after them that shares the most of the
+    /// next tokens (at least one), used once more too until the request has
+    /// copied it ([`CachedPrefix::part`]).
+    pub fn acquire(&mut self, tokens: &[u32], page_tokens: usize, with_part: bool) -> CachedPrefix {
         let (whole, part) = self.lookup(tokens, page_tokens);
+        let part = part.filter(|_| with_part);
         CachedPrefix {
             key: whole.last().copied(),
             tokens: whole.len() * page_tokens + part.map_or(0, |(_, n)| n),
             pages: whole.into_iter().map(|key| self.take(key)).collect(),
-            part: part.map(|(key, _)| self.touch(key)),
+            part: part.map(|(key, _)| self.take(key)),
         }
     }
 
@@ -119,6 +126,16 @@ impl PrefixCache {
     pub fn peek(&self, tokens: &[u32], page_tokens: usize) -> usize {
         let (whole, part) = self.lookup(tokens, page_tokens);
         whole.len() * page_tokens + part.map_or(0, |(_, n)| n)
+    }
+
+    /// [`PrefixCache::peek`]'s pages: the whole ones, and the partly
+    /// shared one with the tokens it shares.
+    pub(crate) fn peek_pages(&self, tokens: &[u32], page_tokens: usize) -> Peeked {
+        let (whole, part) = self.lookup(tokens, page_tokens);
+        Peeked {
+            whole: whole.iter().map(|k| self.by_key[k].page).collect(),
+            part: part.map(|(k, n)| (self.by_key[&k].page, n)),
+        }
     }
 
     /// The keys of the whole cached pages `tokens` starts with, and the
@@ -331,14 +348,14 @@ mod tests {
         assert_eq!(c.evictable(), 3);
         // The pages are back in use on a hit, then released again.
         // (Its last 2 tokens are not a page, and no cached page follows.)
-        let again = c.acquire(&history, 4).pages;
+        let again = c.acquire(&history, 4, true).pages;
         assert_eq!(again, [10, 11, 12]);
         assert!(c.release(&again).is_empty());
         assert_eq!(c.evictable(), 3);
         // The next turn resends the history and more: the 3 pages again.
         let mut turn = history.clone();
         turn.extend(toks(2, 9));
-        let got = c.acquire(&turn, 4);
+        let got = c.acquire(&turn, 4, true);
         assert_eq!((got.pages, got.tokens), (vec![10, 11, 12], 12));
         assert_eq!(
             got.key,
@@ -351,9 +368,9 @@ mod tests {
         // Another start shares only the first page.
         let mut other = history[..4].to_vec();
         other.extend(toks(3, 8));
-        assert_eq!(c.acquire(&other, 4).pages, [10]);
+        assert_eq!(c.acquire(&other, 4, true).pages, [10]);
         // A different first page: nothing.
-        assert_eq!(c.acquire(&toks(4, 12), 4), CachedPrefix::default());
+        assert_eq!(c.acquire(&toks(4, 12), 4, true), CachedPrefix::default());
     }
 
     #[test]
@@ -370,7 +387,7 @@ mod tests {
         let unused = c.evictable();
         assert_eq!(c.peek(&q, 4), 6, "what acquire finds");
         assert_eq!(c.evictable(), unused, "peek takes nothing");
-        let got = c.acquire(&q, 4);
+        let got = c.acquire(&q, 4, true);
         assert_eq!(
             (got.pages.clone(), got.part, got.tokens),
             (vec![0], Some(1), 6)
@@ -380,7 +397,15 @@ mod tests {
             Some(page_key(None, &a[..4])),
             "chained from the whole page"
         );
-        assert_eq!(c.evictable(), 4, "page 0 is in use; page 1, copied, is not");
+        assert_eq!(c.evictable(), 3, "pages 0 and 1 are in use until the copy");
+        c.release(&got.pages);
+        c.release(&[1]);
+        // Without the part: only the whole pages.
+        let got = c.acquire(&q, 4, false);
+        assert_eq!(
+            (got.pages.clone(), got.part, got.tokens),
+            (vec![0], None, 4)
+        );
         c.release(&got.pages);
         // Of two cached pages after the same one, the longer match wins.
         b[..5].copy_from_slice(&a[..5]);
@@ -392,22 +417,24 @@ mod tests {
         r.extend_from_slice(&b[4..7]); // a's page 0, then b's page 1's first 3
         r.push(u32::MAX);
         assert_eq!(c.peek(&r, 4), 7);
-        let got = c.acquire(&r, 4);
+        let got = c.acquire(&r, 4, true);
         assert_eq!(
             (got.pages.clone(), got.part, got.tokens),
             (vec![0], Some(8), 7),
             "{got:?}"
         );
         c.release(&got.pages);
+        c.release(&[8]);
         // Fewer tokens than a page: the first page's match, nothing used.
-        let got = c.acquire(&a[..3], 4);
+        let got = c.acquire(&a[..3], 4, true);
         assert_eq!((got.pages.len(), got.part, got.tokens), (0, Some(0), 3));
+        c.release(&[0]);
         // Nothing shared: nothing taken.
-        assert_eq!(c.acquire(&toks(9, 3), 4), CachedPrefix::default());
+        assert_eq!(c.acquire(&toks(9, 3), 4, true), CachedPrefix::default());
         // An evicted page is no longer offered.
         let gone = c.evict(usize::MAX);
         assert_eq!(gone.len(), 6);
-        assert_eq!(c.acquire(&a, 4), CachedPrefix::default());
+        assert_eq!(c.acquire(&a, 4, true), CachedPrefix::default());
         assert_eq!(c.peek(&a, 4), 0);
         assert!(c.next.is_empty());
     }
@@ -424,7 +451,7 @@ mod tests {
         assert_eq!(c.evict(3), [3, 2, 1]);
         assert_eq!((c.len(), c.evictable()), (1, 1));
         // a's head is still found; in use, it is never evicted.
-        let pages = c.acquire(&toks(1, 8), 4).pages;
+        let pages = c.acquire(&toks(1, 8), 4, true).pages;
         assert_eq!(pages, [0]);
         assert!(c.evict(5).is_empty());
         c.release(&pages);
@@ -454,7 +481,10 @@ mod tests {
                 stamp: 0,
             },
         );
-        assert_eq!(fake.acquire(&[1, 2, 3, 4], 4).pages, Vec::<u32>::new());
+        assert_eq!(
+            fake.acquire(&[1, 2, 3, 4], 4, true).pages,
+            Vec::<u32>::new()
+        );
         assert_eq!(fake.insert(None, &[1, 2, 3, 4], 3).1, None);
         assert!(!fake.holds(3));
     }

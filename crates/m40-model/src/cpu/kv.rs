@@ -127,9 +127,11 @@ mod tests {
         v.iter().map(|x| x.to_bits()).collect()
     }
 
-    /// A sequence started on another's full pages, and one truncated into
-    /// a shared page (which it copies before writing), compute what a cold
-    /// sequence does, bitwise; the other sequence's rows stay as they were.
+    /// Block tables a scheduler gives (`Backend::cache_on`): a sequence
+    /// started on another's full pages, and one whose cached prefix ends
+    /// inside a shared page (copied before its first write), compute what a
+    /// cold sequence does, bitwise; the other sequence's rows stay as they
+    /// were.
     #[test]
     fn shared_and_copied_pages_give_a_cold_runs_logits() {
         let dir = tempfile::tempdir().unwrap();
@@ -138,34 +140,42 @@ mod tests {
         let cpu = CpuBackend::with_kv(model, CpuMath::Exact, 16 * PAGE_TOKENS).unwrap();
         let tokens: Vec<u32> = (0..41).map(|i| ((i * 7 + 3) % nv) as u32).collect();
         let p = PAGE_TOKENS;
-        let mut a = cpu.new_cache(128).unwrap();
+        let pages = |from: u32, n: usize| (from..from + n as u32).collect::<Vec<u32>>();
+        let n = 41usize.div_ceil(p);
+        let mut a = cpu.cache_on(pages(0, n), None, 0, 128).unwrap();
         let cold = cpu.forward(&mut a, &tokens[..40], Logits::All).unwrap();
+        let a_pages = a.pages().to_vec();
 
-        let mut b = cpu.cache_with_prefix(&a.pages()[..2], 128).unwrap();
-        assert_eq!(b.len(), 2 * p);
-        let pool = cpu.kv.pool();
-        assert_eq!(pool.holders(a.pages()[1]), 2);
+        // b starts on a's first two pages.
+        let mut table = a_pages[..2].to_vec();
+        table.extend(pages(6, n - 2));
+        let mut b = cpu.cache_on(table, None, 2 * p, 128).unwrap();
         let warm = cpu
             .forward(&mut b, &tokens[2 * p..40], Logits::All)
             .unwrap();
         assert_eq!(bits(&warm), bits(&cold[2 * p * nv..]));
 
-        // Back into the shared second page: b writes its own copy of it.
-        b.truncate(p + 4);
-        let shared = b.pages()[1];
+        // c shares a's second page's first 4 tokens: a copy of its own.
+        let mut table = vec![a_pages[0]];
+        table.extend(pages(10, n - 1));
+        let copy = Some((a_pages[1], 10));
+        let mut c = cpu.cache_on(table, copy, p + 4, 128).unwrap();
         let again = cpu
-            .forward(&mut b, &tokens[p + 4..40], Logits::All)
+            .forward(&mut c, &tokens[p + 4..40], Logits::All)
             .unwrap();
         assert_eq!(bits(&again), bits(&cold[(p + 4) * nv..]));
-        assert_ne!(b.pages()[1], shared);
-        assert_eq!(pool.holders(shared), 1);
 
         // a's rows are intact: its next token is a cold run's.
         let next = cpu.forward(&mut a, &tokens[40..], Logits::Last).unwrap();
-        let mut c = cpu.new_cache(128).unwrap();
-        let fresh = cpu.forward(&mut c, &tokens, Logits::Last).unwrap();
-        assert_eq!(bits(&next), bits(&fresh));
         drop((a, b, c));
+        let mut d = cpu.new_cache(128).unwrap();
+        let fresh = cpu.forward(&mut d, &tokens, Logits::Last).unwrap();
+        assert_eq!(bits(&next), bits(&fresh));
+        // Given pages are not the backend's to count: while its own cache
+        // holds pages, it refuses them.
+        assert!(cpu.cache_on(pages(0, 1), None, 0, 128).is_err());
+        drop(d);
+        let pool = cpu.kv.pool();
         assert_eq!(pool.free_pages(), pool.pages());
     }
 

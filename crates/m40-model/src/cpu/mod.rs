@@ -555,24 +555,14 @@ impl Backend for CpuBackend {
         (pool.page_tokens(), pool.pages())
     }
 
-    fn kv_free_pages(&self) -> usize {
-        self.kv.pool().free_pages()
-    }
-
-    fn kv_hold(&self, pages: &[u32]) {
-        self.kv.pool().share(pages);
-    }
-
-    fn kv_release(&self, pages: &[u32]) {
-        self.kv.pool().release(pages);
-    }
-
-    fn cache_with_prefix(&self, pages: &[u32], n_ctx: usize) -> Result<CpuCache> {
-        Ok(PagedCache::with_prefix(
-            self.kv.pool().clone(),
-            pages,
-            n_ctx,
-        ))
+    fn cache_on(
+        &self,
+        pages: Vec<u32>,
+        copy: Option<(u32, u32)>,
+        len: usize,
+        n_ctx: usize,
+    ) -> Result<CpuCache> {
+        PagedCache::on_pages(self.kv.pool().clone(), pages, copy, len, n_ctx)
     }
 
     fn forward(&self, cache: &mut CpuCache, tokens: &[u32], want: Logits) -> Result<Vec<f32>> {

@@ -59,8 +59,8 @@ impl GpuBackend {
     }
 
     /// [`crate::Backend::forward_batch`]: the decode tokens and short
-    /// prompt chunks ([`JOIN_CHUNK`]) of two or more sequences in batched
-    /// steps, each other sequence alone.
+    /// prompt chunks ([`JOIN_CHUNK`]) of two or more sequences in one
+    /// batched forward, each other sequence alone (before it).
     pub(super) fn forward_batch_gpu(
         &self,
         seqs: &mut [SeqStep<'_, GpuCache>],
@@ -80,35 +80,29 @@ impl GpuBackend {
                 out[i] = forward_each(self, &mut seqs[i..=i])?.remove(0);
             }
         }
-        // Groups of at most max_batch rows and LOGIT_ROWS sequences.
-        let mut groups: Vec<Vec<usize>> = Vec::new();
-        let mut rows = 0;
-        for &i in &joined {
-            let n = seqs[i].tokens.len();
-            match groups.last_mut() {
-                Some(g) if rows + n <= self.max_batch && g.len() < LOGIT_ROWS => g.push(i),
-                _ => {
-                    groups.push(vec![i]);
-                    rows = 0;
-                }
-            }
-            rows += n;
+        // One forward for all of them: the scheduler plans within
+        // `step_limits`, so nothing is regrouped here.
+        let rows: usize = joined.iter().map(|&i| seqs[i].tokens.len()).sum();
+        if rows > self.max_batch || joined.len() > LOGIT_ROWS {
+            return Err(ModelError::Unsupported(format!(
+                "a batched step of {rows} rows over {} sequences; one forward takes at most {} rows and {LOGIT_ROWS} sequences (Backend::step_limits)",
+                joined.len(),
+                self.max_batch
+            )));
         }
-        for group in groups {
-            let steps: Vec<(&[u32], Want)> = group
-                .iter()
-                .map(|&i| (seqs[i].tokens, seqs[i].want.clone()))
-                .collect();
-            let mut caches: Vec<&mut GpuCache> = seqs
-                .iter_mut()
-                .enumerate()
-                .filter(|(i, _)| group.contains(i))
-                .map(|(_, s)| &mut *s.cache)
-                .collect();
-            let outs = self.step_batch(&mut caches, &steps)?;
-            for (&i, o) in group.iter().zip(outs) {
-                out[i] = o;
-            }
+        let steps: Vec<(&[u32], Want)> = joined
+            .iter()
+            .map(|&i| (seqs[i].tokens, seqs[i].want.clone()))
+            .collect();
+        let mut caches: Vec<&mut GpuCache> = seqs
+            .iter_mut()
+            .enumerate()
+            .filter(|(i, _)| joined.contains(i))
+            .map(|(_, s)| &mut *s.cache)
+            .collect();
+        let outs = self.step_batch(&mut caches, &steps)?;
+        for (&i, o) in joined.iter().zip(outs) {
+            out[i] = o;
         }
         Ok(out)
     }

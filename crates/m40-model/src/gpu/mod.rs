@@ -51,7 +51,7 @@ use forward::attn_shape;
 use graphs::Graphs;
 use kv::Pools;
 use weights::{device_bytes, modules_needed, packs, Weights};
-use workspace::{gemm_scratch, Select, Workspace};
+use workspace::{gemm_scratch, Select, Workspace, LOGIT_ROWS};
 
 /// How to set up a [`GpuBackend`].
 pub struct GpuOptions {
@@ -560,27 +560,25 @@ impl Backend for GpuBackend {
         (KV_PAGE, self.pages.pages())
     }
 
-    fn kv_free_pages(&self) -> usize {
-        self.pages.free_pages()
-    }
-
-    fn kv_hold(&self, pages: &[u32]) {
-        self.pages.share(pages);
-    }
-
-    fn kv_release(&self, pages: &[u32]) {
-        self.pages.release(pages);
-    }
-
-    fn cache_with_prefix(&self, pages: &[u32], n_ctx: usize) -> Result<GpuCache> {
-        if pages.len() * KV_PAGE > n_ctx || pages.iter().any(|&p| p as usize >= self.pages.pages())
-        {
-            return Err(ModelError::Unsupported(format!(
-                "a prefix of {} pages for a cache of {n_ctx} tokens",
-                pages.len()
-            )));
+    fn step_limits(&self) -> crate::StepLimits {
+        crate::StepLimits {
+            tokens: self.max_batch,
+            seqs: if self.batches_decode() {
+                LOGIT_ROWS
+            } else {
+                usize::MAX
+            },
         }
-        Ok(GpuCache::with_prefix(self.pages.clone(), pages, n_ctx))
+    }
+
+    fn cache_on(
+        &self,
+        pages: Vec<u32>,
+        copy: Option<(u32, u32)>,
+        len: usize,
+        n_ctx: usize,
+    ) -> Result<GpuCache> {
+        GpuCache::on_pages(self.pages.clone(), pages, copy, len, n_ctx)
     }
 
     fn forward_batch(&self, seqs: &mut [SeqStep<'_, GpuCache>]) -> Result<Vec<StepOut>> {
