@@ -13,6 +13,7 @@ pub mod cpu;
 pub mod error;
 pub mod gpu;
 pub(crate) mod host;
+mod kv_layout;
 mod mask;
 pub mod paged;
 
@@ -23,6 +24,7 @@ use m40_gguf::{GgufFile, HyperParams, TensorView};
 
 pub use batch::{SeqStep, StepLimits, StepOut, Want};
 pub use error::{ModelError, Result};
+pub use kv_layout::{KvFormat, KvLayout};
 pub use mask::{apply_mask, MaskFiller, MaskSlot, MaskWords};
 
 /// Which logits a forward pass returns.

@@ -101,7 +101,13 @@ impl HostPages {
     }
 
     fn no_room(&self, pages: usize) -> ModelError {
-        let bytes = 2 * 2 * (self.layers.len() * pages * PAGE_TOKENS * self.kv_dim) as u64;
+        let layout = crate::KvLayout {
+            format: crate::KvFormat::F16,
+            page_tokens: PAGE_TOKENS,
+            n_layer: self.layers.len(),
+            kv_dim: self.kv_dim,
+        };
+        let bytes = layout.pool_bytes(pages);
         ModelError::HostMemory {
             what: format!("a KV cache of {} tokens", pages * PAGE_TOKENS),
             need: human_bytes(bytes),

@@ -482,9 +482,9 @@ pub fn memory_needed(hp: &HyperParams, n_ctx: usize, batch: usize) -> (u64, u64)
     (kv, act)
 }
 
-/// FP16 K and V of every layer for one token.
+/// The K and V of every layer for one token (FP16).
 fn kv_bytes_per_token(hp: &HyperParams) -> u64 {
-    2 * 2 * (hp.n_layer * hp.n_head_kv * hp.head_dim) as u64
+    crate::KvLayout::new(hp, kv::PAGE_TOKENS, crate::KvFormat::F16).token_bytes()
 }
 
 /// Checks that a KV cache of `n_ctx` tokens (over all sequences) and

@@ -17,6 +17,7 @@
 use super::forward::StepAttn;
 use super::kv::GpuCache;
 use super::residual::Residual;
+use super::tuning::JOIN_CHUNK;
 use super::workspace::{mask_words, LOGIT_ROWS};
 use super::{lock, GpuBackend, State};
 use crate::batch::{forward_each, SeqStep, StepOut, Want};
@@ -25,13 +26,6 @@ use crate::KvState;
 use m40_kernels::{
     attn_decodes, select_args, Penalties, SelectMasks, SelectOut, SelectRows, KV_PAGE, SELECT_ARGS,
 };
-
-/// Prompt chunks of at most this many tokens join a batched step, each
-/// token a row at its own position (decode attention over its sequence's
-/// keys so far); longer ones run alone, through the prefill attention,
-/// which reads each key once per tile of queries instead of once per
-/// query.
-pub const JOIN_CHUNK: usize = 64;
 
 impl GpuBackend {
     /// Whether this backend batches decode steps: `batch_decode`, and a

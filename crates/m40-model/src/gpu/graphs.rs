@@ -17,20 +17,12 @@ use m40_kernels::{AttnPlan, AttnShape, DecodeProgram, KV_PAGE};
 use super::forward::{attn_shape, StepAttn};
 use super::kv::Pools;
 use super::residual::Residual;
+use super::tuning::{
+    BATCH_GRAPHS, CAPTURE_AT, GRAPH_LINEAR_CONTEXT, GRAPH_MIN_CONTEXT, SEEN_SHAPES,
+};
 use super::workspace::Workspace;
 use super::GpuBackend;
 use crate::error::Result;
-
-/// The smallest context a decode graph plans its attention for (tokens):
-/// one page, so the first 32 positions run attention without a key split
-/// (and no combine launch; BENCHMARKS.md, "Measurements behind constants").
-const GRAPH_MIN_CONTEXT: usize = 32;
-/// Past this context, decode graphs' buckets grow by this many tokens, not
-/// to the next power of two: a step at position 4096 plans attention for
-/// 5120 keys (80 splits of 2 pages on an H100, 65 of them with keys), not
-/// 8192 (129 splits, half of them past the context, and a combine over all
-/// 129; BENCHMARKS.md, "Measurements behind constants").
-const GRAPH_LINEAR_CONTEXT: usize = 1024;
 
 /// A captured decode step, and the program its persistent decode kernel
 /// launches run (`GpuOptions::persistent`): the graph holds the program's
@@ -83,19 +75,6 @@ impl std::ops::DerefMut for Graphs {
         &mut self.map
     }
 }
-
-/// A decode batch's shape is captured the time it runs this often; until
-/// then its kernels launch one by one. A capture costs about a step's time
-/// more (instantiating a few hundred nodes), and a batch's size changes as
-/// sequences join and leave: shapes that run once are not captured.
-const CAPTURE_AT: u32 = 2;
-
-/// Shapes counted towards a capture at most; past it the counts restart.
-const SEEN_SHAPES: usize = 4096;
-
-/// Batched-step graphs kept at most (a few hundred nodes each); past it
-/// the one used longest ago is dropped (captured again if a step needs it).
-const BATCH_GRAPHS: usize = 256;
 
 impl GpuBackend {
     /// The one-token step at `start` whose inputs are uploaded, replayed

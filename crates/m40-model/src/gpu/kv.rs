@@ -7,6 +7,7 @@ use m40_kernels::KV_PAGE;
 
 use crate::error::Result;
 pub use crate::paged::PagePool;
+use crate::{KvFormat, KvLayout};
 
 /// A sequence's KV cache on the GPU: pages of the backend's pool.
 pub type GpuCache = crate::paged::PagedCache;
@@ -20,16 +21,18 @@ pub(super) struct Pools {
 }
 
 impl Pools {
-    /// `n_pages` pages for `n_layer` layers of `kv_dim` values a token.
-    pub(super) fn new(
-        stream: &Stream,
-        n_layer: usize,
-        n_pages: usize,
-        kv_dim: usize,
-    ) -> Result<Pools> {
-        let page_len = KV_PAGE * kv_dim;
+    /// `n_pages` pages of `layout` (its format FP16: a page's values are
+    /// u16 bits).
+    pub(super) fn new(stream: &Stream, layout: KvLayout, n_pages: usize) -> Result<Pools> {
+        assert_eq!(
+            layout.format,
+            KvFormat::F16,
+            "the GPU's pools hold FP16 pages"
+        );
+        assert_eq!(layout.page_tokens, KV_PAGE, "the attention kernels' page");
+        let page_len = layout.page_values();
         let pool = |what: &str| -> Result<Vec<DeviceBuffer<u16>>> {
-            (0..n_layer)
+            (0..layout.n_layer)
                 .map(|_| Ok(stream.alloc::<u16>(n_pages * page_len, what)?))
                 .collect()
         };

@@ -4,8 +4,8 @@
 use m40_kernels::{gemm_plan, GemmOpts, GemvOpts, GemvOut, RowSplit};
 
 use super::residual::Input;
+use super::tuning::{GEMV_FILL_TOKENS, GEMV_MAX_TOKENS, GEMV_TAIL, GEMV_TAIL_LAUNCH, GEMV_TOKENS};
 use super::weights::{Mat, MatView};
-use super::workspace::{GEMV_FILL_TOKENS, GEMV_MAX_TOKENS, GEMV_TOKENS};
 use super::{lock, GpuBackend};
 use crate::error::Result;
 
@@ -13,13 +13,6 @@ use crate::error::Result;
 /// rows).
 const NARROW_ROWS: usize = 32;
 const LARGE_ROWS: usize = 64;
-
-/// Rows past a GEMM's last full tile at most that the GEMV computes
-/// instead (`gemv_tail`), in launches of up to GEMV_TAIL_LAUNCH (the
-/// plain batched kernels: from a first token on, which the chunked one
-/// does not take).
-const GEMV_TAIL: usize = 16;
-const GEMV_TAIL_LAUNCH: usize = 8;
 
 /// Of a packed GEMM's `n` rows, those that the GEMV computes after the
 /// GEMM's full tiles: past 32 rows (the narrow tile) up to 64, or past a

@@ -4,10 +4,12 @@
 //!
 //! - [`weights`]: upload, packing and stacking of the matrices, and what a
 //!   model needs (kernel modules, bytes) before anything is allocated.
-//! - [`kv`]: the KV pools and their pages: a [`PagePool`] shared by every
-//!   sequence of the backend, a [`GpuCache`] per sequence (its block table,
-//!   growing and shrinking page by page; pages shared read-only by
-//!   sequences with a common prefix).
+//! - [`kv`]: the KV pools (their [`crate::KvLayout`]) and a [`GpuCache`] per
+//!   sequence: its block table, given by a scheduler's plan
+//!   ([`crate::Backend::cache_on`]) or kept by the backend's own [`PagePool`]
+//!   ([`crate::Backend::new_cache`]).
+//! - [`tuning`]: every threshold that picks a kernel, a step size or a
+//!   graph policy, with the measurement behind it.
 //! - [`workspace`]: a step's activations, inputs and scratch.
 //! - [`forward`]: a step's kernels, queued (capturable).
 //! - [`graphs`]: decode steps replayed from captured CUDA graphs, and the
@@ -27,6 +29,7 @@ mod kv;
 mod matmul;
 mod moe;
 mod residual;
+mod tuning;
 mod weights;
 mod workspace;
 
@@ -42,14 +45,16 @@ use m40_kernels::{
 
 pub use kv::{GpuCache, PagePool};
 pub use m40_kernels::LoadProgress;
+pub use tuning::{JOIN_CHUNK, KV_FIT_HEADROOM};
 
 use crate::cpu::ops::Rope;
 use crate::error::{ModelError, Result};
-use crate::{Backend, KvState, Logits, Model, Selection, SeqStep, StepOut};
+use crate::{Backend, KvFormat, KvLayout, KvState, Logits, Model, Selection, SeqStep, StepOut};
 use encoder::EncoderWeights;
 use forward::attn_shape;
 use graphs::Graphs;
 use kv::Pools;
+use tuning::{GEMM_SHARE, MIN_STEP_TOKENS, STEP_TARGET_S};
 use weights::{device_bytes, modules_needed, packs, Weights};
 use workspace::{gemm_scratch, Select, Workspace, LOGIT_ROWS};
 
@@ -159,6 +164,8 @@ pub struct GpuBackend {
     batch_decode: bool,
     graphs: std::sync::atomic::AtomicBool,
     pages: Arc<PagePool>,
+    /// The KV pool's layout (FP16 pages of KV_PAGE tokens).
+    kv_layout: KvLayout,
     state: Mutex<State>,
     /// The partial tiles of prefill GEMMs split over K (`gemm_scratch`).
     gemm_part: Mutex<DeviceBuffer<f32>>,
@@ -199,9 +206,9 @@ fn memory_needed(
         + file
             .tensor_info("rope_freqs.weight")
             .map_or(0, |t| t.n_bytes);
-    let kv_dim = (hp.n_head_kv * hp.head_dim) as u64;
-    let pages = kv_tokens.div_ceil(KV_PAGE);
-    let kv = 2 * hp.n_layer as u64 * pages as u64 * KV_PAGE as u64 * kv_dim * 2;
+    let layout = KvLayout::new(hp, KV_PAGE, KvFormat::F16);
+    let pages = layout.pages_for(kv_tokens);
+    let kv = layout.pool_bytes(pages);
     let (part, ml) = dec_scratch(hp, pages.max(1), sm_count, opts.decode_attention);
     let work = Workspace::bytes(hp, opts.max_batch.max(1), pages, gpu) + 4 * (part + ml) as u64;
     (weights, kv, work)
@@ -219,12 +226,6 @@ fn dec_scratch(
     let full = attn_shape(hp, 1, n_pages * KV_PAGE - 1);
     AttnPlan::choose(&full, sm_count, decode_attention).scratch_len(&full)
 }
-
-/// Bytes of the device's budget a KV pool sized to what fits
-/// (`GpuOptions::kv_min_tokens`) leaves free: steps whose attention splits
-/// its keys more than a decode step's grow their scratch (kilobytes to a
-/// few megabytes), which would otherwise fail on a full budget.
-pub const KV_FIT_HEADROOM: u64 = 64 << 20;
 
 /// The largest KV pool, in whole pages and at most `asked` tokens, whose
 /// total memory (`total(tokens)`, growing with tokens) is within `limit`;
@@ -269,20 +270,6 @@ fn kv_pool_tokens(
         None => Err(max_kv_tokens(asked, limit, total)),
     }
 }
-
-/// The seconds a batched step's rows take at most by default: a long
-/// prompt arriving holds every running stream's next token back by about
-/// this much (each step runs one chunk of it).
-const STEP_TARGET_S: f64 = 0.25;
-
-/// The share of the FP32 FMA rate the prefill GEMM runs at (an H100 and an
-/// H200: 42-55% at 32 tokens, ~50% at 512; BENCHMARKS.md), taken to be the
-/// same on other GPUs (not measured on an M40).
-const GEMM_SHARE: f64 = 0.5;
-
-/// The fewest tokens the default step takes: two of the GEMM's 64-token
-/// tiles, and room for a prompt chunk beside 64 running decodes.
-const MIN_STEP_TOKENS: usize = 128;
 
 /// The default tokens of a batched step (`Backend::step_tokens`): the
 /// largest power of two whose rows take at most STEP_TARGET_S at
@@ -449,9 +436,9 @@ impl GpuBackend {
             None => None,
         };
 
-        let kv_dim = hp.n_head_kv * hp.head_dim;
-        let n_pages = kv_tokens.div_ceil(KV_PAGE).max(1);
-        let pools = Pools::new(&stream, hp.n_layer, n_pages, kv_dim)?;
+        let layout = KvLayout::new(&hp, KV_PAGE, KvFormat::F16);
+        let n_pages = layout.pages_for(kv_tokens).max(1);
+        let pools = Pools::new(&stream, layout, n_pages)?;
         let step_tokens = default_step_tokens(
             device.info().peak_fp32_flops(),
             flops_per_token(&model),
@@ -482,6 +469,7 @@ impl GpuBackend {
             batch_decode: opts.batch_decode,
             graphs: opts.graphs.into(),
             pages: PagePool::new(n_pages, KV_PAGE),
+            kv_layout: layout,
             state: Mutex::new(State {
                 work,
                 pools,
@@ -499,6 +487,11 @@ impl GpuBackend {
     /// (off); benchmarks compare the two.
     pub fn set_graphs(&self, on: bool) {
         self.graphs.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The KV pool's format and page shape.
+    pub fn kv_layout(&self) -> KvLayout {
+        self.kv_layout
     }
 
     /// Pages in the KV pool, and pages free.

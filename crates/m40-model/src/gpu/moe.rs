@@ -9,18 +9,10 @@ use m40_kernels::{
 };
 
 use super::residual::{Input, Residual};
+use super::tuning::MOE_GROUP_ROWS;
 use super::weights::{Experts, GluBias, Mat, MatView, MoeMats};
 use super::GpuBackend;
 use crate::error::{ModelError, Result};
-
-/// Steps whose slots average at least this many per expert (a prefill's,
-/// on a model of few experts) run each chosen expert as one GEMM over the
-/// tokens routed to it ([`GpuBackend::moe_grouped`]) instead of a GEMV per
-/// (token, slot), which reads an expert's matrices once for every token
-/// that chose it. Fewer rows make GEMMs too small to fill the GPU: on an
-/// H100, qwen3-30b-a3b's pp512 (128 experts, 8 a token: 32 rows an
-/// expert) ran at 510 t/s grouped against 1235 through the GEMVs.
-pub(super) const MOE_GROUP_ROWS: usize = 64;
 
 impl GpuBackend {
     /// A mixture of experts over the `n` normed rows h ([`MoeMats`]): the

@@ -10,6 +10,7 @@ use m40_kernels::{
 };
 
 use super::moe::MoeBufs;
+use super::tuning::{GEMV_MAX_TOKENS, GEMV_TOKENS};
 use super::GpuBackend;
 use crate::error::Result;
 use crate::Backend;
@@ -27,23 +28,6 @@ pub(super) struct Select<'a> {
 
 /// Rows of logits computed per output matmul when all are asked for.
 pub(super) const LOGIT_ROWS: usize = 64;
-
-/// Tokens up to which a step runs packed matrices through the batched GEMV
-/// (each weight loaded once for every 8 of them, one launch) rather than
-/// the GEMM tile. On an H100, an 8B Q4_0's steps of 24 sequences ran 18%
-/// faster through the GEMV (3 chunks), of 32 5% slower (BENCHMARKS.md).
-pub(super) const GEMV_TOKENS: usize = 24;
-
-/// Tokens up to which a matrix whose GEMM would not give every SM a block
-/// (a small model's on a large GPU) takes the batched GEMV (chunks of up to
-/// 8 tokens, one launch). On an H200, decode steps of 24-32 sequences ran
-/// 1.2-2.0x faster so for SmolLM2's and a 1B's shapes; on an H100,
-/// SmolLM2's steps of 48-64 2.3-2.7x (BENCHMARKS.md).
-pub(super) const GEMV_MAX_TOKENS: usize = 128;
-
-/// Tokens up to which "would not give every SM a block" is the rule above;
-/// from there the GEMM must fill fewer than half the SMs.
-pub(super) const GEMV_FILL_TOKENS: usize = 32;
 
 /// Activations for `max_batch` tokens, and the attention split scratch.
 pub(super) struct Workspace {
