@@ -56,23 +56,80 @@ pub(super) enum GraphKey {
 }
 
 /// The captured steps, and how often each batched-step shape not captured
-/// yet has run.
+/// yet has run. It owns what it keeps and when a graph goes: a batched one
+/// used longest ago past [`BATCH_GRAPHS`], and all of them when a buffer
+/// they were captured with is replaced ([`Graphs::fit_scratch`]).
 #[derive(Default)]
 pub(super) struct Graphs {
     map: HashMap<GraphKey, StepGraph>,
     seen: HashMap<GraphKey, u32>,
 }
 
-impl std::ops::Deref for Graphs {
-    type Target = HashMap<GraphKey, StepGraph>;
-    fn deref(&self) -> &Self::Target {
-        &self.map
+impl Graphs {
+    pub(super) fn contains(&self, key: &GraphKey) -> bool {
+        self.map.contains_key(key)
     }
-}
 
-impl std::ops::DerefMut for Graphs {
-    fn deref_mut(&mut self) -> &mut Self::Target {
-        &mut self.map
+    /// The graph captured for `key`, now its most recent use.
+    fn get(&mut self, key: &GraphKey) -> Option<&StepGraph> {
+        let g = self.map.get_mut(key)?;
+        g.used = std::time::Instant::now();
+        Some(g)
+    }
+
+    /// A batched step of shape `key` runs without a graph: whether it has
+    /// now run often enough ([`CAPTURE_AT`]) to be captured.
+    fn due(&mut self, key: GraphKey) -> bool {
+        if self.seen.len() >= SEEN_SHAPES {
+            self.seen.clear();
+        }
+        let seen = self.seen.entry(key).or_insert(0);
+        *seen += 1;
+        if *seen < CAPTURE_AT {
+            return false;
+        }
+        self.seen.remove(&key);
+        true
+    }
+
+    /// Keep `graph` for `key`; past [`BATCH_GRAPHS`] batched ones, the one
+    /// used longest ago makes room.
+    fn insert(&mut self, key: GraphKey, graph: StepGraph) {
+        let batch = |k: &GraphKey| matches!(k, GraphKey::Batch(..));
+        if batch(&key) && self.map.keys().filter(|k| batch(k)).count() >= BATCH_GRAPHS {
+            let old = self
+                .map
+                .iter()
+                .filter(|(k, _)| batch(k))
+                .min_by_key(|(_, g)| g.used)
+                .map(|(k, _)| *k);
+            if let Some(k) = old {
+                self.map.remove(&k);
+            }
+        }
+        self.map.insert(key, graph);
+    }
+
+    /// Make sure `w`'s attention scratch holds `part` and `ml` values. A
+    /// larger scratch is a new buffer: the graphs captured with the old
+    /// one are dropped with it.
+    pub(super) fn fit_scratch(
+        &mut self,
+        stream: &m40_device::Stream,
+        w: &mut Workspace,
+        part: usize,
+        ml: usize,
+    ) -> Result<()> {
+        if w.part.len() < part || w.part_ml.len() < ml {
+            self.map.clear();
+        }
+        if w.part.len() < part {
+            w.part = stream.alloc::<f32>(part, "attention scratch")?;
+        }
+        if w.part_ml.len() < ml {
+            w.part_ml = stream.alloc::<f32>(ml, "attention scratch")?;
+        }
+        Ok(())
     }
 }
 
@@ -90,7 +147,7 @@ impl GpuBackend {
     ) -> Result<()> {
         let max_start = self.graph_bucket(start);
         let key = GraphKey::Step(selects, max_start);
-        if !graphs.contains_key(&key) {
+        if !graphs.contains(&key) {
             let shape = attn_shape(self.model.hparams(), 1, max_start);
             let plan = self.attn_plan(&shape);
             self.scratch(w, graphs, &plan, &shape)?;
@@ -116,11 +173,12 @@ impl GpuBackend {
             }
             graphs.insert(key, StepGraph::new(graph, program));
         }
+        let g = graphs.get(&key).expect("captured");
         // SAFETY: the graph uses the workspace, pools, weights and inputs
         // of this backend, which live as long as it does (the state mutex
         // is held), and the attention scratch it was captured with (a
-        // larger scratch drops every graph: see `scratch`).
-        unsafe { graphs[&key].graph.launch()? };
+        // larger scratch drops every graph: see `Graphs::fit_scratch`).
+        unsafe { g.graph.launch()? };
         Ok(())
     }
 
@@ -140,30 +198,12 @@ impl GpuBackend {
     ) -> Result<()> {
         let bucket = self.graph_bucket(max_start);
         let key = GraphKey::Batch(n, bucket);
-        if !graphs.contains_key(&key) {
-            if graphs.seen.len() >= SEEN_SHAPES {
-                graphs.seen.clear();
-            }
-            let seen = graphs.seen.entry(key).or_insert(0);
-            *seen += 1;
-            if *seen < CAPTURE_AT {
+        if !graphs.contains(&key) {
+            if !graphs.due(key) {
                 // The same launches the graph would hold (its bucket too,
                 // so that the step's results are the graph's).
                 self.enqueue(w, pools, n, bucket, StepAttn::Batch, false)?;
                 return self.logits(w, 0..n, Residual::Done);
-            }
-            graphs.seen.remove(&key);
-            let batch = |k: &GraphKey| matches!(k, GraphKey::Batch(..));
-            if graphs.keys().filter(|k| batch(k)).count() >= BATCH_GRAPHS {
-                // The batched graph used longest ago makes room.
-                let old = graphs
-                    .iter()
-                    .filter(|(k, _)| batch(k))
-                    .min_by_key(|(_, g)| g.used)
-                    .map(|(k, _)| *k);
-                if let Some(k) = old {
-                    graphs.remove(&k);
-                }
             }
             let graph = self.stream.capture(|_| -> Result<()> {
                 self.enqueue(w, pools, n, bucket, StepAttn::Batch, false)?;
@@ -171,8 +211,7 @@ impl GpuBackend {
             })?;
             graphs.insert(key, StepGraph::new(graph, None));
         }
-        let g = graphs.get_mut(&key).expect("captured");
-        g.used = std::time::Instant::now();
+        let g = graphs.get(&key).expect("captured");
         // SAFETY: as in graph_step (batched steps use no attention
         // scratch).
         unsafe { g.graph.launch()? };
@@ -204,9 +243,8 @@ impl GpuBackend {
 }
 
 impl GpuBackend {
-    /// Make sure the split scratch holds what `plan` needs for `shape`.
-    /// A larger scratch is a new buffer: the graphs captured with the old
-    /// one are dropped with it.
+    /// Make sure the split scratch holds what `plan` needs for `shape`
+    /// ([`Graphs::fit_scratch`]).
     pub(super) fn scratch(
         &self,
         w: &mut Workspace,
@@ -215,15 +253,6 @@ impl GpuBackend {
         shape: &AttnShape,
     ) -> Result<()> {
         let (np, nml) = plan.scratch_len(shape);
-        if w.part.len() < np || w.part_ml.len() < nml {
-            graphs.clear();
-        }
-        if w.part.len() < np {
-            w.part = self.stream.alloc::<f32>(np, "attention scratch")?;
-        }
-        if w.part_ml.len() < nml {
-            w.part_ml = self.stream.alloc::<f32>(nml, "attention scratch")?;
-        }
-        Ok(())
+        graphs.fit_scratch(&self.stream, w, np, nml)
     }
 }
