@@ -39,11 +39,12 @@ fn engine_with(
             BackendChoice::Gpu
         }
     };
-    let mut opts = EngineOptions {
-        n_ctx: Some(N_CTX),
-        backend,
-        kv_tokens: Some(kv_tokens),
-        parallel: Some(parallel),
+    let mut opts = {
+        let mut o = EngineOptions::default();
+        o.n_ctx = Some(N_CTX);
+        o.backend = backend;
+        o.kv_tokens = Some(kv_tokens);
+        o.parallel = Some(parallel);
         // Bitwise each request's solo tokens on the GPU too (its batched
         // decode is checked against the CPU in crates/m40-model's
         // gpu_batch tests instead), and no prefix cache there: a hit
@@ -51,9 +52,9 @@ fn engine_with(
         // GPU's kernels do not give bitwise alike
         // (shared_prefixes_reuse_cached_pages turns it on). The CPU's
         // prefix hits are bitwise a cold run's: on.
-        batch_invariant: true,
-        no_prefix_cache: matches!(on, On::Gpu),
-        ..Default::default()
+        o.batch_invariant = true;
+        o.no_prefix_cache = matches!(on, On::Gpu);
+        o
     };
     f(&mut opts);
     Arc::new(Engine::from_path(&support::smollm2(), opts).unwrap())
@@ -96,11 +97,12 @@ fn request(i: usize) -> Request {
     let mut r = Request::new(Prompt::Text(text));
     r.max_tokens = Some(1 + (i * 7) % 20);
     r.sampling = if i % 4 == 1 {
-        SamplingParams {
-            temperature: 0.8,
-            top_k: 40,
-            seed: Some(1000 + i as u64),
-            ..Default::default()
+        {
+            let mut o = SamplingParams::default();
+            o.temperature = 0.8;
+            o.top_k = 40;
+            o.seed = Some(1000 + i as u64);
+            o
         }
     } else {
         SamplingParams::greedy()

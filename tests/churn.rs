@@ -45,15 +45,16 @@ fn engine(
     budget: usize,
     cache: bool,
 ) -> Arc<Engine> {
-    let opts = EngineOptions {
-        n_ctx: Some(N_CTX),
-        backend: BackendChoice::Cpu,
-        kv_tokens: Some(kv_tokens),
-        parallel: Some(parallel),
-        max_batch_tokens: Some(budget),
-        batch_invariant: true,
-        no_prefix_cache: !cache,
-        ..Default::default()
+    let opts = {
+        let mut o = EngineOptions::default();
+        o.n_ctx = Some(N_CTX);
+        o.backend = BackendChoice::Cpu;
+        o.kv_tokens = Some(kv_tokens);
+        o.parallel = Some(parallel);
+        o.max_batch_tokens = Some(budget);
+        o.batch_invariant = true;
+        o.no_prefix_cache = !cache;
+        o
     };
     Arc::new(Engine::from_path(model, opts).unwrap())
 }
@@ -86,11 +87,12 @@ fn request(i: usize) -> Request {
     q.max_tokens = Some(1 + (r >> 16) as usize % 40);
     q.ignore_eos = i.is_multiple_of(3);
     q.sampling = if i % 4 == 1 {
-        SamplingParams {
-            temperature: 0.9,
-            top_k: 20,
-            seed: Some(7 + i as u64),
-            ..Default::default()
+        {
+            let mut o = SamplingParams::default();
+            o.temperature = 0.9;
+            o.top_k = 20;
+            o.seed = Some(7 + i as u64);
+            o
         }
     } else {
         SamplingParams::greedy()

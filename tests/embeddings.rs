@@ -73,12 +73,13 @@ fn engine_math(
             BackendChoice::Gpu
         }
     };
-    let opts = EngineOptions {
-        n_ctx: Some(512),
-        backend,
-        parallel: Some(parallel),
-        cpu_math,
-        ..Default::default()
+    let opts = {
+        let mut o = EngineOptions::default();
+        o.n_ctx = Some(512);
+        o.backend = backend;
+        o.parallel = Some(parallel);
+        o.cpu_math = cpu_math;
+        o
     };
     Engine::from_path(&path, opts).unwrap()
 }

@@ -62,10 +62,11 @@ fn greedy_raw_prompt_matches_llama_cpp(on: On) {
 
 fn seeds_reproduce_and_differ(on: On) {
     let e = engine(on);
-    let s = |seed| SamplingParams {
-        temperature: 1.0,
-        seed: Some(seed),
-        ..Default::default()
+    let s = |seed| {
+        let mut o = SamplingParams::default();
+        o.temperature = 1.0;
+        o.seed = Some(seed);
+        o
     };
     let run = |seed| {
         e.generate(
@@ -192,11 +193,12 @@ fn logprobs_are_reported(on: On) {
 /// at load with an error that says so, not an abort on a later request.
 #[test]
 fn a_cpu_kv_cache_beyond_the_machine_is_a_clear_error() {
-    let opts = EngineOptions {
-        n_ctx: Some(256),
-        backend: BackendChoice::Cpu,
-        kv_tokens: Some(1 << 40),
-        ..Default::default()
+    let opts = {
+        let mut o = EngineOptions::default();
+        o.n_ctx = Some(256);
+        o.backend = BackendChoice::Cpu;
+        o.kv_tokens = Some(1 << 40);
+        o
     };
     let e = Engine::from_path(&support::smollm2(), opts)
         .err()

@@ -136,13 +136,14 @@ fn a_generation_outliving_its_engine_ends_in_an_error(on: On) {
     if matches!(on, On::Gpu) {
         m40_device::testing::gpu_device("a generation outliving its engine");
     }
-    let opts = EngineOptions {
-        n_ctx: Some(256),
-        backend: match on {
+    let opts = {
+        let mut o = EngineOptions::default();
+        o.n_ctx = Some(256);
+        o.backend = match on {
             On::Cpu => BackendChoice::Cpu,
             On::Gpu => BackendChoice::Gpu,
-        },
-        ..Default::default()
+        };
+        o
     };
     let e = Engine::from_path(&support::smollm2(), opts).unwrap();
     let prepared = e.prepare(story(200)).unwrap();

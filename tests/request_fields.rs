@@ -93,9 +93,10 @@ fn logit_bias_bans_and_forces(on: On) {
     let e = support::smollm2_engine(on, 1024);
     let mut r = Request::new(Prompt::Text("The capital of France is".into()));
     r.max_tokens = Some(6);
-    r.sampling = SamplingParams {
-        temperature: 0.0,
-        ..Default::default()
+    r.sampling = {
+        let mut o = SamplingParams::default();
+        o.temperature = 0.0;
+        o
     };
     let run = |r: &Request| {
         e.generate(r, &CancelToken::new(), |_| {})
@@ -111,10 +112,11 @@ fn logit_bias_bans_and_forces(on: On) {
     // Sampled with a large bias, one token is all there is.
     let x = e.tokenizer().token_id("x").unwrap();
     r.logit_bias = vec![(x, 100.0)];
-    r.sampling = SamplingParams {
-        temperature: 1.0,
-        seed: Some(3),
-        ..Default::default()
+    r.sampling = {
+        let mut o = SamplingParams::default();
+        o.temperature = 1.0;
+        o.seed = Some(3);
+        o
     };
     assert_eq!(run(&r), vec![x; 6]);
     // Fill in the middle needs FIM tokens, which SmolLM2 has not.
@@ -148,10 +150,11 @@ fn a_cut_answer_never_ends_inside_a_character(on: On) {
 
 fn an_answer_that_fills_the_context_shifts(on: On) {
     let e = support::smollm2_engine(on, 1024);
-    let greedy = SamplingParams {
-        temperature: 0.0,
-        repeat_penalty: 1.0,
-        ..Default::default()
+    let greedy = {
+        let mut o = SamplingParams::default();
+        o.temperature = 0.0;
+        o.repeat_penalty = 1.0;
+        o
     };
     let mut r = Request::new(Prompt::Text("Count with me: one, two, three,".into()));
     r.sampling = greedy.clone();

@@ -73,11 +73,12 @@ fn schema_answers_validate_greedy_and_sampled(on: On) {
     for seed in [None, Some(1), Some(2), Some(3)] {
         let sampling = match seed {
             None => SamplingParams::greedy(),
-            Some(s) => SamplingParams {
-                temperature: 1.0,
-                seed: Some(s),
-                ..Default::default()
-            },
+            Some(s) => {
+                let mut o = SamplingParams::default();
+                o.temperature = 1.0;
+                o.seed = Some(s);
+                o
+            }
         };
         let done = run(e, &chat(ask, Format::JsonSchema(person()), sampling, 200));
         assert_eq!(done.finish_reason, FinishReason::Stop, "{:?}", done.text);
@@ -156,9 +157,10 @@ fn batched_constrained_and_free_requests(on: On) {
     let e = engine(on);
     let free = |i: u64| {
         let mut r = Request::new(Prompt::Text(format!("Once upon a time, number {i},")));
-        r.sampling = SamplingParams {
-            seed: Some(i),
-            ..Default::default()
+        r.sampling = {
+            let mut o = SamplingParams::default();
+            o.seed = Some(i);
+            o
         };
         r.max_tokens = Some(24);
         r
@@ -169,9 +171,10 @@ fn batched_constrained_and_free_requests(on: On) {
         let constrained: Vec<_> = (0..5u64)
             .map(|i| {
                 s.spawn(move || {
-                    let sampling = SamplingParams {
-                        seed: Some(10 + i),
-                        ..Default::default()
+                    let sampling = {
+                        let mut o = SamplingParams::default();
+                        o.seed = Some(10 + i);
+                        o
                     };
                     run(e, &chat(ask, Format::JsonSchema(person()), sampling, 200))
                 })

@@ -90,25 +90,27 @@ impl DeviceArgs {
                 }
             }))
         });
-        m40_runtime::EngineOptions {
-            n_ctx,
-            backend,
-            gpu: self.gpu.unwrap_or(0),
-            chat_template: None,
-            upload_progress,
-            kernel_progress: Some(kernel_progress()),
-            cpu_math: if self.cpu_exact {
+        {
+            let mut o = m40_runtime::EngineOptions::default();
+            o.n_ctx = n_ctx;
+            o.backend = backend;
+            o.gpu = self.gpu.unwrap_or(0);
+            o.chat_template = None;
+            o.upload_progress = upload_progress;
+            o.kernel_progress = Some(kernel_progress());
+            o.cpu_math = if self.cpu_exact {
                 m40_runtime::CpuMath::Exact
             } else {
                 m40_runtime::CpuMath::Quantized
-            },
-            kv_tokens: self.kv_tokens,
-            parallel: self.parallel,
-            max_batch_tokens: self.max_batch_tokens,
-            batch_invariant: self.batch_invariant,
-            no_prefix_cache: self.no_prefix_cache,
-            step_stats: env_usize("M40_STEP_STATS"),
-            jit_threads: env_usize("M40_JIT_THREADS"),
+            };
+            o.kv_tokens = self.kv_tokens;
+            o.parallel = self.parallel;
+            o.max_batch_tokens = self.max_batch_tokens;
+            o.batch_invariant = self.batch_invariant;
+            o.no_prefix_cache = self.no_prefix_cache;
+            o.step_stats = env_usize("M40_STEP_STATS");
+            o.jit_threads = env_usize("M40_JIT_THREADS");
+            o
         }
     }
 }

@@ -192,16 +192,18 @@ pub fn run(mut a: Args) -> Result<()> {
 
 fn chat_options(a: &Args) -> ChatOptions {
     ChatOptions {
-        sampling: SamplingParams {
-            temperature: a.temp,
-            top_k: a.top_k,
-            top_p: a.top_p,
-            min_p: a.min_p,
-            repeat_penalty: a.repeat_penalty,
-            presence_penalty: a.presence_penalty,
-            frequency_penalty: a.frequency_penalty,
-            penalty_last_n: a.repeat_last_n,
-            seed: a.seed,
+        sampling: {
+            let mut o = SamplingParams::default();
+            o.temperature = a.temp;
+            o.top_k = a.top_k;
+            o.top_p = a.top_p;
+            o.min_p = a.min_p;
+            o.repeat_penalty = a.repeat_penalty;
+            o.presence_penalty = a.presence_penalty;
+            o.frequency_penalty = a.frequency_penalty;
+            o.penalty_last_n = a.repeat_last_n;
+            o.seed = a.seed;
+            o
         },
         max_tokens: a.n_predict,
         system: a.system.clone(),

@@ -80,10 +80,11 @@ pub fn smollm2_engine(on: On, n_ctx: usize) -> &'static m40_runtime::Engine {
         }
     };
     let e = cell.get_or_init(|| {
-        let opts = EngineOptions {
-            n_ctx: Some(n_ctx),
-            backend,
-            ..Default::default()
+        let opts = {
+            let mut o = EngineOptions::default();
+            o.n_ctx = Some(n_ctx);
+            o.backend = backend;
+            o
         };
         Engine::from_path(&smollm2(), opts).unwrap()
     });
@@ -150,11 +151,12 @@ pub fn templated_engine(on: On, template: &str) -> &'static m40_runtime::Engine 
     } else {
         BackendChoice::Cpu
     };
-    let opts = EngineOptions {
-        n_ctx: Some(1024),
-        backend,
-        chat_template: Some(src),
-        ..Default::default()
+    let opts = {
+        let mut o = EngineOptions::default();
+        o.n_ctx = Some(1024);
+        o.backend = backend;
+        o.chat_template = Some(src);
+        o
     };
     let e: &'static Engine = Box::leak(Box::new(Engine::from_path(&smollm2(), opts).unwrap()));
     all.push((gpu, template.to_string(), e));

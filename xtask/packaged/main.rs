@@ -14,11 +14,12 @@ use m40_runtime::{
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let root = std::env::args().nth(1).ok_or("usage: packaged STORE_ROOT")?;
     let path = m40_store::Store::new(root).ensure_default(&mut |m: &str| eprintln!("{m}"))?;
-    let opts = EngineOptions {
-        backend: BackendChoice::Cpu,
-        n_ctx: Some(256),
-        ..Default::default()
-    };
+    let opts = {
+let mut o = EngineOptions::default();
+o.backend = BackendChoice::Cpu;
+o.n_ctx = Some(256);
+o
+};
     let engine = Engine::from_path(&path, opts)?;
     let prompt = "The capital of France is";
     let mut req = Request::new(Prompt::Text(prompt.into()));

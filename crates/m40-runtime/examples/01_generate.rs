@@ -17,10 +17,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     eprintln!("running on the {}", engine.backend_name());
 
     let mut req = Request::new(Prompt::Chat(vec![Message::new("user", prompt)]));
-    req.sampling = SamplingParams {
-        temperature: 0.7,
-        seed: Some(42), // the same seed gives the same text
-        ..Default::default()
+    req.sampling = {
+        let mut o = SamplingParams::default();
+        o.temperature = 0.7;
+        o.seed = Some(42);
+        o
     };
     req.max_tokens = Some(64);
 

@@ -55,8 +55,10 @@ impl std::fmt::Debug for KernelProgress {
     }
 }
 
-/// How to load a model.
+/// How to load a model. More options will come: start from
+/// `EngineOptions::default()` and set fields.
 #[derive(Clone, Debug, Default)]
+#[non_exhaustive]
 pub struct EngineOptions {
     /// Context length in tokens: by default the model's context up to
     /// [`DEFAULT_CONTEXT`] (as Ollama); `Some(0)` is the whole context the

@@ -1,7 +1,7 @@
 //! m40-runtime: the library users embed.
 //!
 //! ```no_run
-//! use m40_runtime::{CancelToken, Engine, EngineOptions, Message, Prompt, Request, SamplingParams};
+//! use m40_runtime::{CancelToken, Engine, EngineOptions, Message, Prompt, Request};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! // A GGUF file; the m40-store crate turns a store name into one (fetched
@@ -9,7 +9,8 @@
 //! let path = m40_store::Store::from_env()?.resolve("smollm2:135m", &mut |m: &str| eprintln!("{m}"))?;
 //! let engine = Engine::from_path(&path, EngineOptions::default())?;
 //! let mut req = Request::new(Prompt::Chat(vec![Message::new("user", "Name a color.")]));
-//! req.sampling = SamplingParams { temperature: 0.7, seed: Some(1), ..Default::default() };
+//! req.sampling.temperature = 0.7;
+//! req.sampling.seed = Some(1);
 //! req.max_tokens = Some(32);
 //! req.stop = vec!["\n\n".into()];
 //! let done = engine.generate(&req, &CancelToken::new(), |token| print!("{}", token.text))?;

@@ -130,15 +130,27 @@ impl Request {
     }
 }
 
-/// Why generation ended.
+/// Why generation ended (more reasons may come: match with a wildcard).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum FinishReason {
     /// An end-of-generation token or a stop string.
     Stop,
     /// max_tokens or the context ran out.
     Length,
     Cancelled,
+}
+
+impl FinishReason {
+    /// Its name, as Ollama's `done_reason` gives it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Cancelled => "cancelled",
+        }
+    }
 }
 
 /// One generated token as it streams.

@@ -12,16 +12,14 @@ use m40_runtime::{
 };
 
 fn engine(path: &std::path::Path, backend: BackendChoice) -> Engine {
-    Engine::from_path(
-        path,
-        EngineOptions {
-            n_ctx: Some(256),
-            backend,
-            // The GPU computes in FP32: compare with the exact CPU.
-            cpu_math: CpuMath::Exact,
-            ..Default::default()
-        },
-    )
+    Engine::from_path(path, {
+        let mut o = EngineOptions::default();
+        o.n_ctx = Some(256);
+        o.backend = backend;
+        // The GPU computes in FP32: compare with the exact CPU.
+        o.cpu_math = CpuMath::Exact;
+        o
+    })
     .unwrap()
 }
 
@@ -58,9 +56,10 @@ fn gpu_engine_generates_what_the_cpu_engine_does() {
             differ.push(ty);
         }
         // Seeded sampling matches too (the same logits, the same draws).
-        req.sampling = SamplingParams {
-            seed: Some(5),
-            ..Default::default()
+        req.sampling = {
+            let mut o = SamplingParams::default();
+            o.seed = Some(5);
+            o
         };
         let (g, c) = (run(&auto, &req), run(&cpu, &req));
         if g.token_ids != c.token_ids {
@@ -78,14 +77,12 @@ fn gpu_engine_generates_what_the_cpu_engine_does() {
 fn asking_for_a_missing_gpu_is_an_error() {
     let Some(td) = common::testdata() else { return };
     let path = td.join("quant-zoo/zoo-Q8_0.gguf");
-    let r = Engine::from_path(
-        &path,
-        EngineOptions {
-            backend: BackendChoice::Gpu,
-            gpu: 99,
-            ..Default::default()
-        },
-    );
+    let r = Engine::from_path(&path, {
+        let mut o = EngineOptions::default();
+        o.backend = BackendChoice::Gpu;
+        o.gpu = 99;
+        o
+    });
     let err = r.err().expect("GPU 99 does not exist");
     assert!(err.to_string().contains("--cpu"), "{err}");
 }

@@ -387,16 +387,17 @@ fn main() {
     let (url, model) = match &a.url {
         Some(u) => (u.trim_end_matches('/').to_string(), a.model.clone()),
         None => {
-            let opts = EngineOptions {
-                n_ctx: Some(a.ctx),
-                backend: if a.cpu {
+            let opts = {
+                let mut o = EngineOptions::default();
+                o.n_ctx = Some(a.ctx);
+                o.backend = if a.cpu {
                     BackendChoice::Cpu
                 } else {
                     BackendChoice::Auto
-                },
-                no_prefix_cache: a.no_prefix_cache,
-                max_batch_tokens: a.max_batch_tokens,
-                ..Default::default()
+                };
+                o.no_prefix_cache = a.no_prefix_cache;
+                o.max_batch_tokens = a.max_batch_tokens;
+                o
             };
             let path = m40_store::Store::from_env()
                 .and_then(|s| s.resolve(&a.model, &mut |m: &str| eprintln!("{m}")))

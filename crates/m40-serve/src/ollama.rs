@@ -44,25 +44,27 @@ impl Options {
         let d = SamplingParams::default();
         let invalid = |e: m40_runtime::InvalidParam| ApiError::bad_request(format!("option {e}"));
         let mut req = Request::new(prompt);
-        req.sampling = SamplingParams {
-            temperature: self.temperature.unwrap_or(d.temperature),
-            top_k: self
+        req.sampling = {
+            let mut o = SamplingParams::default();
+            o.temperature = self.temperature.unwrap_or(d.temperature);
+            o.top_k = self
                 .top_k
                 .map_or(Ok(d.top_k), |k| SamplingParams::count("top_k", k))
-                .map_err(invalid)?,
-            top_p: self.top_p.unwrap_or(d.top_p),
-            min_p: self.min_p.unwrap_or(d.min_p),
-            repeat_penalty: self.repeat_penalty.unwrap_or(d.repeat_penalty),
-            presence_penalty: self.presence_penalty.unwrap_or(d.presence_penalty),
-            frequency_penalty: self.frequency_penalty.unwrap_or(d.frequency_penalty),
+                .map_err(invalid)?;
+            o.top_p = self.top_p.unwrap_or(d.top_p);
+            o.min_p = self.min_p.unwrap_or(d.min_p);
+            o.repeat_penalty = self.repeat_penalty.unwrap_or(d.repeat_penalty);
+            o.presence_penalty = self.presence_penalty.unwrap_or(d.presence_penalty);
+            o.frequency_penalty = self.frequency_penalty.unwrap_or(d.frequency_penalty);
             // Ollama: -1 is the whole context, 0 disables the penalties.
-            penalty_last_n: match self.repeat_last_n {
+            o.penalty_last_n = match self.repeat_last_n {
                 None => d.penalty_last_n,
                 Some(-1) => n_ctx,
                 Some(n) => SamplingParams::count("repeat_last_n", n).map_err(invalid)?,
-            },
+            };
             // Ollama: a negative seed is a random one.
-            seed: self.seed.filter(|&s| s >= 0).map(|s| s as u64),
+            o.seed = self.seed.filter(|&s| s >= 0).map(|s| s as u64);
+            o
         };
         req.sampling.validate().map_err(invalid)?;
         // Ollama: -1 (and -2) generate until the context is full.
@@ -178,11 +180,7 @@ fn now() -> String {
 }
 
 fn done_reason(r: FinishReason) -> &'static str {
-    match r {
-        FinishReason::Stop => "stop",
-        FinishReason::Length => "length",
-        FinishReason::Cancelled => "cancelled",
-    }
+    r.as_str()
 }
 
 /// `context`'s ids (negative ones are a 400; ids past the vocabulary are

@@ -162,19 +162,21 @@ impl Common {
         }
         let d = SamplingParams::default();
         let mut req = Request::new(prompt);
-        req.sampling = SamplingParams {
-            temperature: self.temperature.unwrap_or(d.temperature),
-            top_p: self.top_p.unwrap_or(d.top_p),
-            top_k: self
+        req.sampling = {
+            let mut o = SamplingParams::default();
+            o.temperature = self.temperature.unwrap_or(d.temperature);
+            o.top_p = self.top_p.unwrap_or(d.top_p);
+            o.top_k = self
                 .top_k
                 .map_or(Ok(d.top_k), |k| SamplingParams::count("top_k", k))
-                .map_err(|e| ApiError::bad_request(e.to_string()))?,
-            min_p: self.min_p.unwrap_or(d.min_p),
-            repeat_penalty: self.repeat_penalty.unwrap_or(d.repeat_penalty),
-            presence_penalty: self.presence_penalty.unwrap_or(d.presence_penalty),
-            frequency_penalty: self.frequency_penalty.unwrap_or(d.frequency_penalty),
-            penalty_last_n: d.penalty_last_n,
-            seed: self.seed,
+                .map_err(|e| ApiError::bad_request(e.to_string()))?;
+            o.min_p = self.min_p.unwrap_or(d.min_p);
+            o.repeat_penalty = self.repeat_penalty.unwrap_or(d.repeat_penalty);
+            o.presence_penalty = self.presence_penalty.unwrap_or(d.presence_penalty);
+            o.frequency_penalty = self.frequency_penalty.unwrap_or(d.frequency_penalty);
+            o.penalty_last_n = d.penalty_last_n;
+            o.seed = self.seed;
+            o
         };
         req.sampling
             .validate()
@@ -271,7 +273,9 @@ fn finish_reason(r: FinishReason, called: bool) -> &'static str {
     match r {
         FinishReason::Stop if called => "tool_calls",
         FinishReason::Stop => "stop",
-        FinishReason::Length | FinishReason::Cancelled => "length",
+        // Length, Cancelled and any reason to come: OpenAI has no other
+        // name for an answer cut short.
+        _ => "length",
     }
 }
 

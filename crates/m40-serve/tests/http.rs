@@ -436,9 +436,10 @@ fn a_client_that_disconnects_cancels_its_request() {
 fn a_full_queue_answers_503_with_retry_after() {
     // An engine that runs one sequence at a time: the second request waits
     // for admission, the third finds the queue full.
-    let one = engine_with(m40_runtime::EngineOptions {
-        parallel: Some(1),
-        ..Default::default()
+    let one = engine_with({
+        let mut o = m40_runtime::EngineOptions::default();
+        o.parallel = Some(1);
+        o
     });
     let base = start_with(
         one.clone(),

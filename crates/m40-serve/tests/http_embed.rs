@@ -213,9 +213,10 @@ fn an_encoder_embeds_and_does_not_generate() {
     };
     let f = std::fs::File::create(&path).unwrap();
     m40_gguf::synth::write_model(std::io::BufWriter::new(f), &opts, |_, _| {}).unwrap();
-    let opts = EngineOptions {
-        backend: BackendChoice::Cpu,
-        ..Default::default()
+    let opts = {
+        let mut o = EngineOptions::default();
+        o.backend = BackendChoice::Cpu;
+        o
     };
     let e = Arc::new(Engine::from_path(&path, opts).unwrap());
     let base = start_with(e, ServerConfig::default());

@@ -23,9 +23,10 @@ fn thinking_server() -> Option<&'static str> {
             "../../../shared/testdata/templates/deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja",
         );
         let src = std::fs::read_to_string(t).ok()?;
-        let e = engine_with(EngineOptions {
-            chat_template: Some(src),
-            ..Default::default()
+        let e = engine_with({
+            let mut o = EngineOptions::default();
+            o.chat_template = Some(src);
+            o
         });
         Some(start_with(e, ServerConfig::default()))
     })

@@ -233,14 +233,12 @@ fn keep_alive_zero_unloads_and_the_next_request_loads_again() {
     let counted = loads.clone();
     let reload = m40_serve::Reload(Arc::new(move || {
         counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        Engine::from_path(
-            &path,
-            EngineOptions {
-                n_ctx: Some(N_CTX),
-                backend: BackendChoice::Cpu,
-                ..Default::default()
-            },
-        )
+        Engine::from_path(&path, {
+            let mut o = EngineOptions::default();
+            o.n_ctx = Some(N_CTX);
+            o.backend = BackendChoice::Cpu;
+            o
+        })
     }));
     let base = start(ServerConfig {
         reload: Some(reload),

@@ -8,8 +8,10 @@ use std::collections::{HashMap, VecDeque};
 use m40_model::{argmax, Selection};
 
 /// Sampling settings; the defaults are llama.cpp's. [`SamplingParams::validate`]
-/// checks them against [`RANGES`].
+/// checks them against [`RANGES`]. More settings will come: start from
+/// `SamplingParams::default()` (or [`SamplingParams::greedy`]) and set fields.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct SamplingParams {
     /// 0 is greedy. Ranges: [`RANGES`].
     pub temperature: f32,

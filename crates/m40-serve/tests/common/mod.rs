@@ -27,10 +27,11 @@ pub fn model_path() -> std::path::PathBuf {
 
 /// An engine of the default model on the CPU with `opts` (context N_CTX).
 pub fn engine_with(opts: EngineOptions) -> Arc<Engine> {
-    let opts = EngineOptions {
-        n_ctx: Some(N_CTX),
-        backend: BackendChoice::Cpu,
-        ..opts
+    let opts = {
+        let mut o = opts;
+        o.n_ctx = Some(N_CTX);
+        o.backend = BackendChoice::Cpu;
+        o
     };
     Arc::new(Engine::from_path(&model_path(), opts).expect("loading the default model"))
 }
