@@ -28,7 +28,8 @@ enum Command {
     /// Benchmark a model (or a random one of a known shape) on the GPU:
     /// pp512, tg128, tg128 at depth 4096, against the measured ceilings.
     Bench(cmd::bench::Args),
-    /// Write a random-weight model (llama, mixtral, qwen3, qwen3moe, gemma, granite, mistral3, phi3, gpt-oss, command-r, bert, nomic-bert) of a real shape (for tests and benchmarks).
+    /// Write a random-weight model of a known shape, any architecture m40-llm runs
+    /// (for tests and benchmarks; `--shape` lists them).
     Synth(cmd::synth::Args),
     /// Print the token ids of a text as a JSON array.
     Tokenize(cmd::text::TokenizeArgs),

@@ -8,15 +8,8 @@ use m40_gguf::synth::{write_model, FileType, Shape, SynthOptions, SHAPES};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Model shape: tiny, smollm2-135m, llama-1b, llama-8b (llama); qwen3-tiny,
-    /// qwen3-8b (qwen3); gemma2-tiny (gemma2); gemma3-tiny, gemma3-12b (gemma3);
-    /// granite-tiny (granite); mistral3-tiny (mistral3); phi3-tiny (phi3); qwen3moe-tiny,
-    /// qwen3-30b-a3b (qwen3moe); mixtral-tiny, mixtral-8x7b (llama with experts);
-    /// gpt-oss-tiny, gpt-oss-20b (gpt-oss); command-r-tiny, command-r-plus-tiny,
-    /// aya-23-8b (command-r); embedding models: bert-tiny, all-minilm, bge-large (bert),
-    /// nomic-bert-tiny, nomic-embed-text (nomic-bert), qwen3-embedding-tiny (qwen3,
-    /// last-token pooling).
-    #[arg(long)]
+    /// Model shape (every one `m40-llm synth` knows, by architecture).
+    #[arg(long, help = shape_help())]
     pub shape: String,
     /// Weight type: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K, or
     /// Q4_K_M (llama-quantize's mix of Q4_K and Q6_K). Norms stay F32. K-quant
@@ -29,6 +22,22 @@ pub struct Args {
     pub seed: u64,
     /// Output file.
     pub out: PathBuf,
+}
+
+/// `--shape`'s help: the shapes of `SHAPES`, grouped by architecture.
+fn shape_help() -> String {
+    let groups: Vec<String> = m40_gguf::hparams::Arch::ALL
+        .iter()
+        .filter_map(|&arch| {
+            let names: Vec<&str> = SHAPES
+                .iter()
+                .filter(|s| s.arch == arch)
+                .map(|s| s.name)
+                .collect();
+            (!names.is_empty()).then(|| format!("{} ({})", names.join(", "), arch.name()))
+        })
+        .collect();
+    format!("Model shape: {}", groups.join("; "))
 }
 
 pub fn run(a: Args) -> Result<()> {

@@ -51,8 +51,9 @@ pub enum GgufError {
         expected: Vec<u64>,
         found: Vec<u64>,
     },
-    #[error("unsupported architecture `{0}`: m40-llm runs the llama family (llama, mistral, mixtral, smollm, tinyllama), qwen2, qwen3, qwen3moe, gemma2, gemma3, granite, mistral3 and phi3")]
-    UnsupportedArchitecture(String),
+    /// `name`, and every architecture m40-llm runs (`Arch::names`).
+    #[error("unsupported architecture `{name}`: m40-llm runs {known} (`llama` covers Llama, Mistral, Mixtral, SmolLM and TinyLlama files)")]
+    UnsupportedArchitecture { name: String, known: String },
     #[error("invalid hyperparameters: {0}")]
     BadHyperparameters(String),
     #[error("{ty} is not supported for {op}")]
