@@ -27,11 +27,7 @@ fn tolerance(ty: FileType) -> f64 {
     }
 }
 
-fn check(shape: &str, ty: impl Into<FileType>) {
-    check_file(shape, ty, "");
-}
-
-/// `check` against the reference file `llamacpp-{shape}-{ty}{suffix}.json`,
+/// The CPU engine's logits against `llamacpp-{shape}-{ty}{suffix}.json`,
 /// the model run with the reference's context (llama.cpp's driver records
 /// it; 64 where it does not).
 fn check_file(shape: &str, ty: impl Into<FileType>, suffix: &str) {
@@ -68,90 +64,91 @@ fn check_file(shape: &str, ty: impl Into<FileType>, suffix: &str) {
     eprintln!("{shape} {ty}{suffix}: worst relative error {worst:.2e}");
     assert!(worst <= tolerance(ty), "{shape} {ty}{suffix}: {worst:.2e}");
 }
+// What each architecture's references exercise:
+// gemma2: Soft-capped scores and logits, GeGLU, post-norms, a sliding window of 5 keys on
+//   layer 0 (of 2), scaled embeddings.
+// gemma3: Gemma 2's layers with head norms: two window layers (RoPE base 10,000, unscaled) and
+//   one global (base 1e6, positions / 8).
+// granite: Granite's multipliers: embeddings x 12, scores x 1/64 (not 1/8), each residual
+//   branch x 0.22, logits / 8.
+// mistral3: YaRN (factor 16 over 8 positions, the file's betas and log multiplier:
+//   the ramp over pairs 0-25 and the magnitude scale 1.1218) and the attention temperature,
+//   which scales positions 8-15's queries.
+// phi3: Q/K/V and gate/up each one matrix in the file, NeoX RoPE, LongRoPE's short
+//   factors at a context of 64 (within its original context of 256) and its long ones at 512,
+//   its attention factor 1.2.
+// qwen3moe: 8 experts, 3 a token (each token's router, softmax, top 3 renormalized),
+//   Qwen3's attention.
+// mixtral: a llama file with 4 experts, 2 a token.
+// gpt-oss: Q/K/V and output biases, a sink per head, layer 0 through a window of 5
+//   keys, YaRN, 8 experts (3 a token) with biases, the router's softmax over the chosen, the
+//   clamped SwiGLU; and its published format, MXFP4 experts.
+// command-r: LayerNorm, attention and FFN in parallel from one norm, the tied
+//   output times logit_scale (1/16); at 64 layers (Command-R+'s) a LayerNorm over each query and
+//   key head with weights per head.
 
-#[test]
-fn qwen3_matches_llama_cpp() {
-    check("qwen3-tiny", GgmlType::F32);
-    check("qwen3-tiny", GgmlType::F16);
+/// The committed references: (shape, file type, suffix) from each
+/// `llamacpp-{shape}-{type}{suffix}.json` in tests/data (the suffix a
+/// context, `-ctx512`).
+fn references() -> Vec<(String, FileType, String)> {
+    let dir = format!("{}/tests/data", env!("CARGO_MANIFEST_DIR"));
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let name = e.unwrap().file_name().into_string().unwrap();
+        let Some(stem) = name
+            .strip_prefix("llamacpp-")
+            .and_then(|n| n.strip_suffix(".json"))
+        else {
+            continue;
+        };
+        let (stem, suffix) = match stem.rfind("-ctx") {
+            Some(at) => (&stem[..at], &stem[at..]),
+            None => (stem, ""),
+        };
+        let at = stem.rfind('-').unwrap();
+        let ty = FileType::parse(&stem[at + 1..]).unwrap_or_else(|| panic!("{name}: its type"));
+        out.push((stem[..at].to_string(), ty, suffix.to_string()));
+    }
+    out.sort_by_key(|(s, t, x)| (s.clone(), t.name(), x.clone()));
+    out
 }
 
-/// Soft-capped scores and logits, GeGLU, post-norms, a sliding window of 5
-/// keys on layer 0 (of 2), scaled embeddings.
+/// Every committed reference, each architecture's tiny shapes in each type
+/// llama.cpp ran them (the list is the data directory: a reference is
+/// tested by being committed).
 #[test]
-fn gemma2_matches_llama_cpp() {
-    check("gemma2-tiny", GgmlType::F32);
-    check("gemma2-tiny", GgmlType::F16);
-}
-
-/// Gemma 2's layers with head norms: two window layers (RoPE base 10,000,
-/// unscaled) and one global (base 1e6, positions / 8).
-#[test]
-fn gemma3_matches_llama_cpp() {
-    check("gemma3-tiny", GgmlType::F32);
-    check("gemma3-tiny", GgmlType::F16);
-}
-
-/// Granite's multipliers: embeddings x 12, scores x 1/64 (not 1/8), each
-/// residual branch x 0.22, logits / 8.
-#[test]
-fn granite_matches_llama_cpp() {
-    check("granite-tiny", GgmlType::F32);
-    check("granite-tiny", GgmlType::F16);
-}
-
-/// mistral3: YaRN (factor 16 over 8 positions, the file's betas and log
-/// multiplier: the ramp over pairs 0-25 and the magnitude scale 1.1218)
-/// and the attention temperature, which scales positions 8-15's queries.
-#[test]
-fn mistral3_matches_llama_cpp() {
-    check("mistral3-tiny", GgmlType::F32);
-    check("mistral3-tiny", GgmlType::F16);
-}
-
-/// phi3: Q/K/V and gate/up each one matrix in the file, NeoX RoPE,
-/// LongRoPE's short factors at a context of 64 (within its original
-/// context of 256) and its long ones at 512, its attention factor 1.2.
-#[test]
-fn phi3_matches_llama_cpp() {
-    for ty in [GgmlType::F32, GgmlType::F16] {
-        check_file("phi3-tiny", ty, "");
-        check_file("phi3-tiny", ty, "-ctx512");
+fn every_reference_matches_llama_cpp() {
+    let refs = references();
+    assert!(refs.len() >= 20, "{refs:?}");
+    for (shape, ty, suffix) in refs {
+        check_file(&shape, ty, &suffix);
     }
 }
 
-/// qwen3moe: 8 experts, 3 a token (each token's router, softmax, top 3
-/// renormalized), Qwen3's attention.
+/// Every architecture m40-llm runs (`Arch::ALL`) has llama.cpp logits
+/// here, or is checked against llama.cpp elsewhere, said below.
 #[test]
-fn qwen3moe_matches_llama_cpp() {
-    check("qwen3moe-tiny", GgmlType::F32);
-    check("qwen3moe-tiny", GgmlType::F16);
-}
-
-/// Mixtral: a llama file with 4 experts, 2 a token.
-#[test]
-fn mixtral_matches_llama_cpp() {
-    check("mixtral-tiny", GgmlType::F32);
-    check("mixtral-tiny", GgmlType::F16);
-}
-
-/// gpt-oss: Q/K/V and output biases, a sink per head, layer 0 through a
-/// window of 5 keys, YaRN, 8 experts (3 a token) with biases, the router's
-/// softmax over the chosen, the clamped SwiGLU; and its published format,
-/// MXFP4 experts.
-#[test]
-fn gpt_oss_matches_llama_cpp() {
-    check("gpt-oss-tiny", GgmlType::F32);
-    check("gpt-oss-tiny", GgmlType::F16);
-    check("gpt-oss-tiny", FileType::Mxfp4Moe);
-}
-
-/// command-r: LayerNorm, attention and FFN in parallel from one norm, the
-/// tied output times logit_scale (1/16); at 64 layers (Command-R+'s) a
-/// LayerNorm over each query and key head with weights per head.
-#[test]
-fn command_r_matches_llama_cpp() {
-    check("command-r-tiny", GgmlType::F32);
-    check("command-r-tiny", GgmlType::F16);
-    check("command-r-plus-tiny", GgmlType::F32);
-    check("command-r-plus-tiny", GgmlType::F16);
+fn every_architecture_is_checked_against_llama_cpp() {
+    use m40_gguf::hparams::Arch;
+    let elsewhere = [
+        // Encoders: pooled vectors against llama.cpp's (tests/embeddings.rs).
+        (Arch::Bert, "tests/embeddings.rs"),
+        (Arch::NomicBert, "tests/embeddings.rs"),
+        // Not yet: qwen2's CPU forward (llama's with Q/K/V biases and NeoX
+        // RoPE) is checked only against the GPU (gpu_forward.rs).
+        (Arch::Qwen2, "none yet"),
+    ];
+    let refs = references();
+    for arch in Arch::ALL {
+        let here = refs
+            .iter()
+            .any(|(s, _, _)| Shape::find(s).is_some_and(|sh| sh.arch == arch));
+        let other = elsewhere.iter().any(|(a, _)| *a == arch);
+        assert!(here || other, "{}: no llama.cpp reference", arch.name());
+        assert!(
+            !(here && other),
+            "{}: listed as checked elsewhere",
+            arch.name()
+        );
+    }
 }
