@@ -11,7 +11,7 @@ TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 # BOS, then 15 ids spread over the 512-token vocabulary.
 IDS="1 300 45 7 511 260 33 128 77 402 5 219 384 96 150 451"
-for shape in ${SHAPES:-qwen3-tiny gemma2-tiny gemma3-tiny granite-tiny mistral3-tiny phi3-tiny qwen3moe-tiny mixtral-tiny gpt-oss-tiny command-r-tiny command-r-plus-tiny}; do
+for shape in ${SHAPES:-qwen3-tiny gemma2-tiny gemma3-tiny granite-tiny mistral3-tiny phi3-tiny smollm3-tiny qwen2-tiny qwen3moe-tiny mixtral-tiny gpt-oss-tiny command-r-tiny command-r-plus-tiny}; do
     TYPES="F32 F16"
     # gpt-oss is published as MXFP4 experts and Q8_0 for the rest.
     [ "$shape" = gpt-oss-tiny ] && TYPES="F32 F16 MXFP4_MOE"

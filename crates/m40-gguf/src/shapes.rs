@@ -289,6 +289,22 @@ pub const SHAPES: &[Shape] = &[
         rope_dim: Some(48),
         ..PLAIN
     },
+    // SmolLM3's tiny test shape: llama's layer, layer 3 without RoPE, and
+    // SmolLM3-3B's RoPE base, tied output and 4-to-1 grouped queries.
+    Shape {
+        name: "smollm3-tiny",
+        arch: Arch::SmolLm3,
+        n_layer: 4,
+        n_embd: 256,
+        n_head: 4,
+        n_head_kv: 1,
+        n_ff: 512,
+        n_vocab: 512,
+        n_ctx_train: 2048,
+        rope_freq_base: 5000000.0,
+        tied_output: true,
+        ..PLAIN
+    },
     // Mixtures of experts: qwen3moe's tiny shape (8 experts, 3 a token),
     // Mixtral's (llama with 4 experts, 2 a token), and Qwen3-30B-A3B.
     Shape {

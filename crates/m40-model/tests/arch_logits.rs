@@ -134,9 +134,6 @@ fn every_architecture_is_checked_against_llama_cpp() {
         // Encoders: pooled vectors against llama.cpp's (tests/embeddings.rs).
         (Arch::Bert, "tests/embeddings.rs"),
         (Arch::NomicBert, "tests/embeddings.rs"),
-        // Not yet: qwen2's CPU forward (llama's with Q/K/V biases and NeoX
-        // RoPE) is checked only against the GPU (gpu_forward.rs).
-        (Arch::Qwen2, "none yet"),
     ];
     let refs = references();
     for arch in Arch::ALL {

@@ -363,6 +363,21 @@ fn synth_mistral3_gpu_matches_cpu() {
     check_shape("mistral3-tiny", &types, &[1, 5, 17, 100], 32);
 }
 
+/// smollm3: every fourth layer without RoPE (layer 3 of 4): the identity
+/// table in the RoPE-and-append kernels and in the one-token GEMVs that
+/// rotate and append (packed Q4_0), beside rotating layers.
+#[test]
+#[ignore = "needs a GPU"]
+fn synth_smollm3_gpu_matches_cpu() {
+    gpu_device("synth_smollm3_gpu_matches_cpu");
+    let types = [
+        FileType::All(GgmlType::F32),
+        FileType::All(GgmlType::Q8_0),
+        FileType::All(GgmlType::Q4_0),
+    ];
+    check_shape("smollm3-tiny", &types, &[1, 5, 17, 100], 32);
+}
+
 /// phi3: the fused Q/K/V and gate/up read as their parts (row ranges of
 /// one upload), NeoX RoPE with LongRoPE's factors and its magnitude scale
 /// in the RoPE kernels (not in the one-token GEMVs: the launch apart).

@@ -1,7 +1,7 @@
 //! The architectures m40-llm runs: each one's name and the traits of its
 //! layer that the hyperparameters do not state.
 
-use super::RopeStyle;
+use super::{Activation, NormKind, RopeStyle};
 use crate::error::{GgufError, Result};
 
 /// Architectures m40-llm runs (`general.architecture`).
@@ -41,6 +41,9 @@ pub enum Arch {
     /// RoPE, LongRoPE's per-dimension factors (`rope_factors_long` and
     /// `_short`) where the file has them.
     Phi3,
+    /// Hugging Face's SmolLM3 (`smollm3`): llama's layer, every fourth
+    /// layer without RoPE (NoPE: layers 3, 7, 11, ...).
+    SmolLm3,
     /// OpenAI's gpt-oss (`gpt-oss`): biases on Q/K/V and the attention's
     /// output, a learned sink logit per head in each softmax, every other
     /// layer a sliding window (from layer 0), YaRN, NeoX RoPE, and a
@@ -64,9 +67,62 @@ pub enum Arch {
     NomicBert,
 }
 
+/// What an architecture's layers are beyond what its file states: one
+/// row of [`Arch::traits`] per architecture, which the hyperparameters,
+/// the tensor list ([`HyperParams::expected_tensors`]) and both backends
+/// (through [`HyperParams::block`]) read.
+///
+/// [`HyperParams::expected_tensors`]: super::HyperParams::expected_tensors
+/// [`HyperParams::block`]: super::HyperParams::block
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Traits {
+    /// `general.architecture`.
+    pub name: &'static str,
+    /// How RoPE pairs the dimensions of a head.
+    pub rope_style: RopeStyle,
+    pub norm: NormKind,
+    /// The FFN gate's activation.
+    pub act: Activation,
+    /// Q/K/V always carry biases (llama files may too: see
+    /// [`HyperParams::from_file`](super::HyperParams::from_file)).
+    pub qkv_bias: bool,
+    /// Each query and key head is normed before RoPE.
+    pub qk_norm: bool,
+    /// Gemma's layer: embeddings times sqrt(n_embd), RMSNorms of the
+    /// attention's and the FFN's outputs before they join the residual.
+    pub gemma: bool,
+    /// Attention and FFN in parallel from one norm: x + attn(n) + ffn(n).
+    pub parallel: bool,
+    /// An encoder ([`Encoder`](super::Encoder)): bidirectional, pooled.
+    pub encoder: bool,
+    /// A bias on the attention's output projection.
+    pub out_bias: bool,
+    /// A learned sink logit per head in each softmax.
+    pub sinks: bool,
+    /// Every n-th layer (those with (l + 1) % n == 0) attends without
+    /// RoPE (llama.cpp's `n_no_rope_layer_step`); 0: every layer rotates.
+    pub no_rope_every: usize,
+}
+
+/// What an architecture's row does not state: llama's layer.
+const LLAMA: Traits = Traits {
+    name: "llama",
+    rope_style: RopeStyle::Normal,
+    norm: NormKind::Rms,
+    act: Activation::Silu,
+    qkv_bias: false,
+    qk_norm: false,
+    gemma: false,
+    parallel: false,
+    encoder: false,
+    out_bias: false,
+    sinks: false,
+    no_rope_every: 0,
+};
+
 impl Arch {
     /// Every architecture, in the order help texts list them.
-    pub const ALL: [Arch; 13] = [
+    pub const ALL: [Arch; 14] = [
         Arch::Llama,
         Arch::Qwen2,
         Arch::Qwen3,
@@ -76,11 +132,102 @@ impl Arch {
         Arch::Granite,
         Arch::Mistral3,
         Arch::Phi3,
+        Arch::SmolLm3,
         Arch::GptOss,
         Arch::CommandR,
         Arch::Bert,
         Arch::NomicBert,
     ];
+
+    /// The architecture's row: its layer's traits.
+    pub const fn traits(self) -> Traits {
+        use RopeStyle::Neox;
+        let gemma = Traits {
+            rope_style: Neox,
+            act: Activation::GeluTanh,
+            gemma: true,
+            ..LLAMA
+        };
+        match self {
+            Arch::Llama => LLAMA,
+            Arch::Qwen2 => Traits {
+                name: "qwen2",
+                rope_style: Neox,
+                qkv_bias: true,
+                ..LLAMA
+            },
+            Arch::Qwen3 => Traits {
+                name: "qwen3",
+                rope_style: Neox,
+                qk_norm: true,
+                ..LLAMA
+            },
+            Arch::Qwen3Moe => Traits {
+                name: "qwen3moe",
+                rope_style: Neox,
+                qk_norm: true,
+                ..LLAMA
+            },
+            Arch::Gemma2 => Traits {
+                name: "gemma2",
+                ..gemma
+            },
+            Arch::Gemma3 => Traits {
+                name: "gemma3",
+                qk_norm: true,
+                ..gemma
+            },
+            Arch::Granite => Traits {
+                name: "granite",
+                ..LLAMA
+            },
+            Arch::Mistral3 => Traits {
+                name: "mistral3",
+                ..LLAMA
+            },
+            Arch::Phi3 => Traits {
+                name: "phi3",
+                rope_style: Neox,
+                ..LLAMA
+            },
+            Arch::SmolLm3 => Traits {
+                name: "smollm3",
+                no_rope_every: 4,
+                ..LLAMA
+            },
+            Arch::GptOss => Traits {
+                name: "gpt-oss",
+                rope_style: Neox,
+                act: Activation::SwigluOai,
+                qkv_bias: true,
+                out_bias: true,
+                sinks: true,
+                ..LLAMA
+            },
+            Arch::CommandR => Traits {
+                name: "command-r",
+                norm: NormKind::Layer,
+                parallel: true,
+                ..LLAMA
+            },
+            Arch::Bert => Traits {
+                name: "bert",
+                norm: NormKind::Layer,
+                act: Activation::GeluTanh,
+                qkv_bias: true,
+                encoder: true,
+                out_bias: true,
+                ..LLAMA
+            },
+            Arch::NomicBert => Traits {
+                name: "nomic-bert",
+                rope_style: Neox,
+                norm: NormKind::Layer,
+                encoder: true,
+                ..LLAMA
+            },
+        }
+    }
 
     /// Every architecture's `general.architecture` name, comma-separated:
     /// what help texts and errors list.
@@ -88,82 +235,44 @@ impl Arch {
         Arch::ALL.map(Arch::name).join(", ")
     }
 
+    /// The architecture named `name` (`general.architecture`).
     pub fn parse(name: &str) -> Result<Self> {
-        match name {
-            "llama" => Ok(Arch::Llama),
-            "qwen2" => Ok(Arch::Qwen2),
-            "qwen3" => Ok(Arch::Qwen3),
-            "qwen3moe" => Ok(Arch::Qwen3Moe),
-            "gemma2" => Ok(Arch::Gemma2),
-            "gemma3" => Ok(Arch::Gemma3),
-            "granite" => Ok(Arch::Granite),
-            "mistral3" => Ok(Arch::Mistral3),
-            "phi3" => Ok(Arch::Phi3),
-            "gpt-oss" => Ok(Arch::GptOss),
-            "command-r" => Ok(Arch::CommandR),
-            "bert" => Ok(Arch::Bert),
-            "nomic-bert" => Ok(Arch::NomicBert),
-            other => Err(GgufError::UnsupportedArchitecture {
-                name: other.to_string(),
+        Arch::ALL
+            .into_iter()
+            .find(|a| a.name() == name)
+            .ok_or_else(|| GgufError::UnsupportedArchitecture {
+                name: name.to_string(),
                 known: Arch::names(),
-            }),
-        }
+            })
+    }
+
+    pub const fn name(self) -> &'static str {
+        self.traits().name
     }
 
     /// How the architecture pairs RoPE's dimensions.
-    pub fn rope_style(self) -> RopeStyle {
-        match self {
-            Arch::Llama | Arch::Granite | Arch::Mistral3 | Arch::CommandR | Arch::Bert => {
-                RopeStyle::Normal
-            }
-            Arch::NomicBert
-            | Arch::Qwen2
-            | Arch::Qwen3
-            | Arch::Qwen3Moe
-            | Arch::Gemma2
-            | Arch::Gemma3
-            | Arch::Phi3
-            | Arch::GptOss => RopeStyle::Neox,
-        }
+    pub const fn rope_style(self) -> RopeStyle {
+        self.traits().rope_style
     }
 
-    /// Whether its Q/K/V always carry biases (llama files may too: see
-    /// [`HyperParams::from_file`]).
-    pub fn qkv_bias(self) -> bool {
-        matches!(self, Arch::Qwen2 | Arch::GptOss | Arch::Bert)
+    /// Whether its Q/K/V always carry biases.
+    pub const fn qkv_bias(self) -> bool {
+        self.traits().qkv_bias
     }
 
-    /// Whether it is an encoder ([`Encoder`]).
-    pub fn encoder(self) -> bool {
-        matches!(self, Arch::Bert | Arch::NomicBert)
+    /// Whether it is an encoder ([`Encoder`](super::Encoder)).
+    pub const fn encoder(self) -> bool {
+        self.traits().encoder
     }
 
-    /// Whether each query and key head is RMS-normed before RoPE.
-    pub fn qk_norm(self) -> bool {
-        matches!(self, Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3)
+    /// Whether each query and key head is normed before RoPE.
+    pub const fn qk_norm(self) -> bool {
+        self.traits().qk_norm
     }
 
     /// Gemma's layer: scaled embeddings, GELU gate, post-norms.
-    pub fn gemma(self) -> bool {
-        matches!(self, Arch::Gemma2 | Arch::Gemma3)
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Arch::Llama => "llama",
-            Arch::Qwen2 => "qwen2",
-            Arch::Qwen3 => "qwen3",
-            Arch::Qwen3Moe => "qwen3moe",
-            Arch::Gemma2 => "gemma2",
-            Arch::Gemma3 => "gemma3",
-            Arch::Granite => "granite",
-            Arch::Mistral3 => "mistral3",
-            Arch::Phi3 => "phi3",
-            Arch::GptOss => "gpt-oss",
-            Arch::CommandR => "command-r",
-            Arch::Bert => "bert",
-            Arch::NomicBert => "nomic-bert",
-        }
+    pub const fn gemma(self) -> bool {
+        self.traits().gemma
     }
 }
 
@@ -186,10 +295,11 @@ mod tests {
                 Arch::Granite => 6,
                 Arch::Mistral3 => 7,
                 Arch::Phi3 => 8,
-                Arch::GptOss => 9,
-                Arch::CommandR => 10,
-                Arch::Bert => 11,
-                Arch::NomicBert => 12,
+                Arch::SmolLm3 => 9,
+                Arch::GptOss => 10,
+                Arch::CommandR => 11,
+                Arch::Bert => 12,
+                Arch::NomicBert => 13,
             };
             assert_eq!(at, i, "{a:?}");
             assert_eq!(Arch::parse(a.name()).unwrap(), a);

@@ -7,11 +7,13 @@ pub use crate::rope::{AttnTemperature, RopeScaling};
 
 mod arch;
 mod encoder;
+mod layer;
 mod parts;
-pub use arch::Arch;
+pub use arch::{Arch, Traits};
 pub use encoder::{
     Encoder, Pooling, POSITION_EMBD, TOKEN_EMBD_NORM, TOKEN_EMBD_NORM_B, TOKEN_TYPES,
 };
+pub use layer::{Block, LayerRope};
 use parts::{moe, sliding_window};
 
 /// How the model normalizes its activations.
@@ -360,10 +362,8 @@ impl HyperParams {
             }
             Some(other) => return Err(bad(format!("unknown RoPE scaling type `{other}`"))),
         };
-        let norm = match arch {
-            Arch::CommandR | Arch::Bert | Arch::NomicBert => NormKind::Layer,
-            _ => NormKind::Rms,
-        };
+        let traits = arch.traits();
+        let norm = traits.norm;
         let rms_eps = match norm {
             NormKind::Rms => md
                 .opt_f64(&key("attention.layer_norm_rms_epsilon"))?
@@ -460,34 +460,29 @@ impl HyperParams {
             n_ctx_orig,
             rope_freq_base,
             rope_dim,
-            rope_style: arch.rope_style(),
+            rope_style: traits.rope_style,
             rope_scaling,
             rms_eps,
             norm,
-            parallel: arch == Arch::CommandR,
+            parallel: traits.parallel,
             tied_output: true,
-            qkv_bias: arch.qkv_bias(),
+            qkv_bias: traits.qkv_bias,
             // Command-R+ (64 layers and more) norms its heads.
-            qk_norm: arch.qk_norm() || (arch == Arch::CommandR && n_layer >= 64),
-            act: match arch {
-                a if a.gemma() => Activation::GeluTanh,
-                Arch::Bert => Activation::GeluTanh,
-                Arch::GptOss => Activation::SwigluOai,
-                _ => Activation::Silu,
-            },
+            qk_norm: traits.qk_norm || (arch == Arch::CommandR && n_layer >= 64),
+            act: traits.act,
             embd_scale,
             attn_scale,
             attn_softcap,
             final_softcap,
-            post_norms: arch.gemma(),
+            post_norms: traits.gemma,
             sliding_window,
             residual_scale,
             logit_scale,
             moe,
             attn_temp,
             rope_attn_factor,
-            out_bias: matches!(arch, Arch::GptOss | Arch::Bert),
-            attn_sinks: arch == Arch::GptOss,
+            out_bias: traits.out_bias,
+            attn_sinks: traits.sinks,
         })
     }
 
@@ -594,18 +589,18 @@ impl HyperParams {
             return out;
         }
         let h = self.n_head as u64;
-        for l in 0..self.n_layer {
+        for (l, b) in self.blocks().into_iter().enumerate() {
             let n = self.layer_names(l);
             out.push((n.attn_norm, vec![d]));
             out.push((n.wq, vec![d, q]));
             out.push((n.wk, vec![d, kv]));
             out.push((n.wv, vec![d, kv]));
-            if self.qkv_bias {
+            if b.qkv_bias {
                 out.push((n.bq, vec![q]));
                 out.push((n.bk, vec![kv]));
                 out.push((n.bv, vec![kv]));
             }
-            if self.qk_norm {
+            if b.head_norms {
                 let hd = self.head_dim as u64;
                 let (q, k) = (self.qk_norm_len(true), self.qk_norm_len(false));
                 let shape = |len: usize| match len as u64 {
@@ -616,19 +611,19 @@ impl HyperParams {
                 out.push((n.k_norm, shape(k)));
             }
             out.push((n.wo, vec![q, d]));
-            if self.out_bias {
+            if b.out_bias {
                 out.push((n.bo, vec![d]));
             }
-            if self.attn_sinks {
+            if b.sinks {
                 out.push((n.sinks, vec![h]));
             }
-            if self.post_norms {
+            if b.post_norms {
                 out.push((n.attn_post_norm, vec![d]));
             }
-            if !self.parallel {
+            if b.ffn_norm() {
                 out.push((n.ffn_norm, vec![d]));
             }
-            if let Some(m) = self.moe {
+            if let Some(m) = b.experts {
                 let (e, fe) = (m.n_expert as u64, m.n_ff_exp as u64);
                 out.push((n.ffn_gate_inp, vec![d, e]));
                 out.push((n.ffn_gate_exps, vec![d, fe, e]));
@@ -645,7 +640,7 @@ impl HyperParams {
                 out.push((n.ffn_up, vec![d, ff]));
                 out.push((n.ffn_down, vec![ff, d]));
             }
-            if self.post_norms {
+            if b.post_norms {
                 out.push((n.ffn_post_norm, vec![d]));
             }
         }

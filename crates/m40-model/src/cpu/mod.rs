@@ -14,7 +14,7 @@ pub(crate) mod simd;
 use std::sync::Arc;
 
 use half::slice::HalfFloatSliceExt;
-use m40_gguf::hparams::{OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
+use m40_gguf::hparams::{Block, LayerRope, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
 use m40_gguf::quant::dequantize;
 use m40_gguf::HyperParams;
 use rayon::prelude::*;
@@ -33,6 +33,8 @@ use ops::{glu, head_norm, norm, rmsnorm, softcap, softmax_sink, Rope};
 
 /// Small per-layer vectors kept as f32 (norm weights, biases).
 struct LayerVecs {
+    /// What the layer is (the description the GPU backend reads too).
+    block: Block,
     /// None in an encoder (its norms come after the residual adds).
     attn_norm: Option<Vec<f32>>,
     encoder: Option<EncoderLayer>,
@@ -113,15 +115,17 @@ impl CpuBackend {
             return Err(kv_too_big(&hp, kv_tokens));
         }
         let mut layers = Vec::with_capacity(hp.n_layer);
-        for l in 0..hp.n_layer {
+        for (l, block) in hp.blocks().into_iter().enumerate() {
             let n = model.layer(l);
             let opt = |on: bool, name: &str| -> Result<Option<Vec<f32>>> {
                 on.then(|| vec_f32(&model, name)).transpose()
             };
+            let decoder = hp.encoder.is_none();
             layers.push(LayerVecs {
-                bo: opt(hp.out_bias, &n.bo)?,
-                sinks: opt(hp.attn_sinks, &n.sinks)?,
-                moe_bias: match hp.moe {
+                block,
+                bo: opt(block.out_bias, &n.bo)?,
+                sinks: opt(block.sinks, &n.sinks)?,
+                moe_bias: match block.experts {
                     Some(m) if m.bias => Some([
                         vec_f32(&model, &n.ffn_gate_inp_b)?,
                         vec_f32(&model, &n.ffn_gate_exps_b)?,
@@ -130,18 +134,18 @@ impl CpuBackend {
                     ]),
                     _ => None,
                 },
-                attn_norm: opt(hp.encoder.is_none(), &n.attn_norm)?,
+                attn_norm: opt(decoder, &n.attn_norm)?,
                 encoder: EncoderLayer::load(&model, &n)?,
-                ffn_norm: opt(!hp.parallel && hp.encoder.is_none(), &n.ffn_norm)?,
-                bq: opt(hp.qkv_bias, &n.bq)?,
-                bk: opt(hp.qkv_bias, &n.bk)?,
-                bv: opt(hp.qkv_bias, &n.bv)?,
-                qk_norm: if hp.qk_norm {
+                ffn_norm: opt(block.ffn_norm() && decoder, &n.ffn_norm)?,
+                bq: opt(block.qkv_bias, &n.bq)?,
+                bk: opt(block.qkv_bias, &n.bk)?,
+                bv: opt(block.qkv_bias, &n.bv)?,
+                qk_norm: if block.head_norms {
                     Some([vec_f32(&model, &n.q_norm)?, vec_f32(&model, &n.k_norm)?])
                 } else {
                     None
                 },
-                post_norms: if hp.post_norms {
+                post_norms: if block.post_norms {
                     Some([
                         vec_f32(&model, &n.attn_post_norm)?,
                         vec_f32(&model, &n.ffn_post_norm)?,
@@ -242,11 +246,7 @@ impl CpuBackend {
         let kv_dim = hp.n_head_kv * hd;
         let pages = self.kv.read(layer);
         let LayerPages { k: kc, v: vc } = &*pages;
-        let window = hp
-            .sliding_window
-            .as_ref()
-            .filter(|_| hp.is_swa(layer))
-            .map(|w| w.window);
+        let window = self.layers[layer].block.window;
         // One task per (token, KV head): its `group` query heads are contiguous.
         out.par_chunks_mut(group * hd)
             .enumerate()
@@ -255,7 +255,10 @@ impl CpuBackend {
                 let (seq, pos) = at[i];
                 let row = |pos| row_at(tables[seq], pos, kv_dim) + g * hd;
                 let end = if hp.causal { pos + 1 } else { ends[seq] };
-                let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
+                let first = match window {
+                    0 => 0,
+                    w => (pos + 1).saturating_sub(w),
+                };
                 let len = end - first;
                 // mistral3's temperature scales the queries by position.
                 let scale = scale * hp.attn_temp.map_or(1.0, |t| t.at(pos));
@@ -365,14 +368,18 @@ impl CpuBackend {
                 head_norm(hp.norm, &mut q, qn, hd, hp.rms_eps);
                 head_norm(hp.norm, &mut k, kn, hd, hp.rms_eps);
             }
-            let rope = match &self.rope_window {
-                Some(r) if hp.is_swa(l) => r,
-                _ => &self.rope,
+            let rope = match lv.block.rope {
+                LayerRope::Model => Some(&self.rope),
+                LayerRope::Window => Some(self.rope_window.as_ref().unwrap_or(&self.rope)),
+                LayerRope::None => None,
             };
-            let roped = !hp.encoder.is_some_and(|e| e.learned_pos);
-            for (i, &(_, pos)) in at.iter().enumerate().filter(|_| roped) {
-                rope.apply(&mut q[i * q_dim..(i + 1) * q_dim], hd, pos);
-                rope.apply(&mut k[i * kv_dim..(i + 1) * kv_dim], hd, pos);
+            let learned = hp.encoder.is_some_and(|e| e.learned_pos);
+            let rope = rope.filter(|_| !learned);
+            if let Some(rope) = rope {
+                for (i, &(_, pos)) in at.iter().enumerate() {
+                    rope.apply(&mut q[i * q_dim..(i + 1) * q_dim], hd, pos);
+                    rope.apply(&mut k[i * kv_dim..(i + 1) * kv_dim], hd, pos);
+                }
             }
             {
                 let mut pages = self.kv.write(l);
@@ -405,7 +412,7 @@ impl CpuBackend {
                 h.copy_from_slice(&x);
                 norm(hp.norm, &mut h, ffn_norm, hp.rms_eps);
             }
-            if hp.moe.is_some() {
+            if lv.block.experts.is_some() {
                 self.moe_ffn(&names, lv.moe_bias.as_ref(), &h, n, &mut proj)?;
                 add_residual(&mut x, &proj, hp.residual_scale);
                 continue;

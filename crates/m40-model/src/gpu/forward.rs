@@ -5,6 +5,7 @@
 //! KV append folded into the Q/K/V GEMV).
 
 use m40_device::{DeviceBuffer, DeviceView};
+use m40_gguf::hparams::Block;
 use m40_gguf::{HyperParams, NormKind};
 use m40_kernels::{
     AddResidual, AttnInputs, AttnPlan, AttnScratch, AttnShape, Fold, GemvOpts, GemvOut, HeadNorms,
@@ -38,15 +39,11 @@ pub(super) fn attn_shape(hp: &HyperParams, n_tok: usize, start: usize) -> AttnSh
     }
 }
 
-/// `shape` on layer `l`: with its sliding window, where it has one.
-fn layer_shape(hp: &HyperParams, shape: &AttnShape, l: usize) -> AttnShape {
-    let window = match &hp.sliding_window {
-        Some(w) if hp.is_swa(l) => w.window,
-        _ => 0,
-    };
+/// `shape` on a layer of `block`: with its sliding window, where it has one.
+fn layer_shape(block: &Block, shape: &AttnShape) -> AttnShape {
     AttnShape {
         scores: Scores {
-            window,
+            window: block.window,
             ..shape.scores
         },
         ..*shape
@@ -357,10 +354,7 @@ impl GpuBackend {
             self.norm_after(norm_bufs!(w), &layer.attn_norm, n, res)?;
             let (hv, pv) = (w.h.view(), w.norm_part.view());
             let xin = res.input(&hv, &pv);
-            let (inv_freq, rope) = match &self.rope_window {
-                Some((f, p)) if hp.is_swa(l) => (f.view(), p),
-                _ => (self.inv_freq.view(), &self.rope),
-            };
+            let (inv_freq, rope) = self.ropes.of(layer.block.rope);
             // One token through packed Q/K/V stacks (one, or a run of them
             // per format: a Q4_K_M layer's Q/K and its Q6_K V), no head
             // norms, llama's RoPE style (a NeoX model's heads are uploaded
@@ -470,7 +464,7 @@ impl GpuBackend {
                 pos: &pos_v,
                 sinks: sinks.as_ref(),
             };
-            let shape = layer_shape(hp, &shape, l);
+            let shape = layer_shape(&layer.block, &shape);
             match (&tab, attn) {
                 (Some(tab), _) => k.attention_decode_batch(s, &shape, &inputs, tab, &mut w.att)?,
                 (None, StepAttn::Batch) => unreachable!("a batch has its table offsets"),

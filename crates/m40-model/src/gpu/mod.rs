@@ -29,6 +29,7 @@ mod kv;
 mod matmul;
 mod moe;
 mod residual;
+mod rope;
 mod tuning;
 mod weights;
 mod workspace;
@@ -36,24 +37,24 @@ mod workspace;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use m40_device::{Device, DeviceBuffer, Stream};
-use m40_gguf::hparams::{RopeStyle as GgufRope, TOKEN_EMBD};
+use m40_gguf::hparams::TOKEN_EMBD;
 use m40_gguf::HyperParams;
 use m40_kernels::{
-    select_args, select_masked, AttnPlan, GemmSlots, Kernels, Penalties, RopeParams, RopeStyle,
-    KV_PAGE, MAX_HEAD_DIM, MOE_MAX_EXPERTS, SELECT_MAX_K,
+    select_args, select_masked, AttnPlan, GemmSlots, Kernels, Penalties, KV_PAGE, MAX_HEAD_DIM,
+    MOE_MAX_EXPERTS, SELECT_MAX_K,
 };
 
 pub use kv::{GpuCache, PagePool};
 pub use m40_kernels::LoadProgress;
 pub use tuning::{JOIN_CHUNK, KV_FIT_HEADROOM};
 
-use crate::cpu::ops::Rope;
 use crate::error::{ModelError, Result};
 use crate::{Backend, KvFormat, KvLayout, KvState, Logits, Model, Selection, SeqStep, StepOut};
 use encoder::EncoderWeights;
 use forward::attn_shape;
 use graphs::Graphs;
 use kv::Pools;
+use rope::Ropes;
 use tuning::{GEMM_SHARE, MIN_STEP_TOKENS, STEP_TARGET_S};
 use weights::{device_bytes, modules_needed, packs, Weights};
 use workspace::{gemm_scratch, Select, Workspace, LOGIT_ROWS};
@@ -143,10 +144,8 @@ pub struct GpuBackend {
     weights: Weights,
     /// An encoder's layers (bert, nomic-bert: `encoder.rs`).
     encoder: Option<EncoderWeights>,
-    inv_freq: DeviceBuffer<f32>,
-    rope: RopeParams,
-    /// The sliding-window layers' RoPE (gemma), where they have their own.
-    rope_window: Option<(DeviceBuffer<f32>, RopeParams)>,
+    /// The RoPE table of each kind of layer.
+    ropes: Ropes,
     max_batch: usize,
     /// `Backend::step_tokens`: [`default_step_tokens`] for this device and
     /// model.
@@ -414,27 +413,7 @@ impl GpuBackend {
 
         // NeoX heads uploaded with their pairs adjacent rotate as llama's.
         let adjacent = weights::neox_pairs_adjacent(&opts, &hp);
-        let params = |r: &Rope| RopeParams {
-            style: match hp.rope_style {
-                GgufRope::Normal => RopeStyle::Normal,
-                GgufRope::Neox if adjacent => RopeStyle::Normal,
-                GgufRope::Neox => RopeStyle::Neox,
-            },
-            n_head: hp.n_head,
-            head_dim: hp.head_dim,
-            n_rot: hp.rope_dim,
-            pos_scale: r.pos_scale,
-        };
-        let cpu_rope = Rope::for_model(&model)?;
-        let inv_freq = stream.upload(&cpu_rope.device_table(), "RoPE frequencies")?;
-        let rope = params(&cpu_rope);
-        let rope_window = match Rope::for_window(&model)? {
-            Some(r) => Some((
-                stream.upload(&r.device_table(), "sliding-window RoPE frequencies")?,
-                params(&r),
-            )),
-            None => None,
-        };
+        let ropes = Ropes::upload(&model, adjacent, &stream)?;
 
         let layout = KvLayout::new(&hp, KV_PAGE, KvFormat::F16);
         let n_pages = layout.pages_for(kv_tokens).max(1);
@@ -457,9 +436,7 @@ impl GpuBackend {
             stream,
             weights,
             encoder,
-            inv_freq,
-            rope,
-            rope_window,
+            ropes,
             max_batch,
             step_tokens,
             gemm_slots: gpu,

@@ -3,7 +3,7 @@
 //! model needs (kernel modules, bytes) known before anything is uploaded.
 
 use m40_device::{DeviceBuffer, DeviceView, Stream};
-use m40_gguf::hparams::{Activation, RopeStyle, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
+use m40_gguf::hparams::{Activation, Block, RopeStyle, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
 use m40_gguf::{GgmlType, HyperParams, TensorView};
 use m40_kernels::{
     gemm_plan, interleave_glu, modules_for, pack_gemv, GemmSlots, GemmTile, KernelFormat,
@@ -114,6 +114,8 @@ pub(super) struct Stack {
 }
 
 pub(super) struct Layer {
+    /// What the layer is (the description the CPU backend reads too).
+    pub(super) block: Block,
     pub(super) attn_norm: DeviceBuffer<f32>,
     /// None where attention and FFN share the attention norm (command-r).
     pub(super) ffn_norm: Option<DeviceBuffer<f32>>,
@@ -321,9 +323,9 @@ impl Weights {
             });
         }
         let mut layers = Vec::with_capacity(hp.n_layer);
-        for l in 0..hp.n_layer {
+        for (l, block) in hp.blocks().into_iter().enumerate() {
             let n = model.layer(l);
-            let bias = if hp.qkv_bias {
+            let bias = if block.qkv_bias {
                 // Q's and K's in their matrices' row order.
                 let heads = |v: Vec<f32>| match adjacent {
                     true => pairs_adjacent(&v, 1, hp.head_dim, hp.rope_dim),
@@ -336,12 +338,12 @@ impl Weights {
             } else {
                 None
             };
-            let qk_norm = if hp.qk_norm {
+            let qk_norm = if block.head_norms {
                 Some([f32s(&n.q_norm)?, f32s(&n.k_norm)?])
             } else {
                 None
             };
-            let post_norms = if hp.post_norms {
+            let post_norms = if block.post_norms {
                 Some([f32s(&n.attn_post_norm)?, f32s(&n.ffn_post_norm)?])
             } else {
                 None
@@ -351,16 +353,17 @@ impl Weights {
             let interleave = hp.act != Activation::SwigluOai;
             let opt = |on: bool, name: &str| on.then(|| f32s(name)).transpose();
             layers.push(Layer {
+                block,
                 attn_norm: f32s(&n.attn_norm)?,
-                ffn_norm: opt(!hp.parallel, &n.ffn_norm)?,
+                ffn_norm: opt(block.ffn_norm(), &n.ffn_norm)?,
                 bias,
                 qk_norm,
                 post_norms,
-                bo: opt(hp.out_bias, &n.bo)?,
-                sinks: opt(hp.attn_sinks, &n.sinks)?,
+                bo: opt(block.out_bias, &n.bo)?,
+                sinks: opt(block.sinks, &n.sinks)?,
                 qkv: stacks(&[&n.wq, &n.wk, &n.wv], true, false)?,
                 wo: one(stacks(&[&n.wo], true, false)?),
-                ffn: if let Some(m) = hp.moe {
+                ffn: if let Some(m) = block.experts {
                     let (g, u) = (model.tensor(&n.ffn_gate_exps), model.tensor(&n.ffn_up_exps));
                     // Each expert's matrix (its gate and up interleaved, with
                     // `up`), packed where `experts_packed` says, one after
