@@ -8,13 +8,14 @@ use m40_device::{DeviceBuffer, DeviceView};
 use m40_gguf::hparams::Block;
 use m40_gguf::{HyperParams, NormKind};
 use m40_kernels::{
-    AddResidual, AttnInputs, AttnPlan, AttnScratch, AttnShape, Fold, GemvOpts, GemvOut, HeadNorms,
-    KvAppend, PostNorm, RopeKv, RopeStyle, RowSplit, Scores,
+    AddResidual, AttnInputs, AttnPlan, AttnScratch, AttnShape, Fold, GemvOpts, GemvOut, KvAppend,
+    PostNorm, RopeKv, RowSplit, Scores,
 };
 
 use super::kv::{GpuCache, Pools};
+use super::ops::{HeadNorms, Join, LayerOps};
 use super::residual::{Input, Residual};
-use super::weights::{Ffn, Mat, MatView, Stack};
+use super::weights::{Ffn, Layer, Mat, MatView, Stack};
 use super::workspace::{norm_bufs, res_bufs, Norm, Res, Select, Workspace, LOGIT_ROWS};
 use super::{GpuBackend, State};
 use crate::error::Result;
@@ -48,6 +49,17 @@ fn layer_shape(block: &Block, shape: &AttnShape) -> AttnShape {
         },
         ..*shape
     }
+}
+
+/// What every layer of a step shares: its token count, positions,
+/// attention and whether its logits follow.
+struct LayerStep {
+    n: usize,
+    max_start: usize,
+    attn: StepAttn,
+    /// The attention's shape on a layer without a window.
+    shape: AttnShape,
+    last_logits: bool,
 }
 
 /// How a step's attention runs: one sequence's tokens under a plan, or a
@@ -246,18 +258,6 @@ impl GpuBackend {
         Ok(k.add(s, x, &proj.view(), n * d)?)
     }
 
-    /// Whether the norm before `mats` folds into their GEMVs (and the
-    /// residual GEMV before it, `producer`): one token, `fuse`, an RMSNorm
-    /// (the fold computes an RMS scale: LayerNorm models, command-r, run
-    /// their norms apart), and every one of them packed.
-    fn folds<'m>(&self, producer: &Mat, mut mats: impl Iterator<Item = &'m Mat>, n: usize) -> bool {
-        self.fuse
-            && n == 1
-            && self.model.hparams().norm == NormKind::Rms
-            && producer.packed
-            && mats.all(|m| m.packed)
-    }
-
     /// h = norm(x rows `rows`) * weight (the model's RMSNorm or LayerNorm),
     /// adding the pending residual rows `w.proj` (post-normed where it
     /// says) to x first when `res` is pending (rows then start at 0).
@@ -313,8 +313,8 @@ impl GpuBackend {
     /// from pos[0] (at most `max_start`), attention as `attn` says (with
     /// [`StepAttn::Batch`], each token of its own sequence at a position of
     /// at most `max_start`); with `last_logits`, then the last token's
-    /// logits into `w.logits`. Nothing here allocates or waits, so it can
-    /// be captured.
+    /// logits into `w.logits`. Each layer's kernels are its op list's
+    /// (`ops.rs`). Nothing here allocates or waits, so it can be captured.
     pub(super) fn enqueue(
         &self,
         w: &mut Workspace,
@@ -326,16 +326,7 @@ impl GpuBackend {
     ) -> Result<()> {
         let hp = self.model.hparams();
         let (s, k) = (&self.stream, &self.kernels);
-        let b = self.max_batch;
-        let hd = hp.head_dim;
-        let (q_dim, kv_dim) = (hp.n_head * hd, hp.n_head_kv * hd);
         let ids = w.inputs.slice(0..n)?;
-        let pos_v = w.inputs.slice(b..b + n)?;
-        let table = w.inputs.slice(2 * b..2 * b + self.pages.pages())?;
-        let tab = match attn {
-            StepAttn::Batch => Some(w.inputs.slice(self.tab_at()..self.tab_at() + n)?),
-            StepAttn::Seq(_) => None,
-        };
         let data = self.weights.embd.data.view();
         match self.weights.embd.view(&data) {
             MatView::Packed(m) => k.embed_packed(s, &m, &ids, &mut w.x)?,
@@ -344,210 +335,18 @@ impl GpuBackend {
         if hp.embd_scale != 1.0 {
             k.scale(s, &mut w.x, n * hp.n_embd, hp.embd_scale)?;
         }
-        let shape = attn_shape(hp, n, max_start);
+        let step = LayerStep {
+            n,
+            max_start,
+            attn,
+            shape: attn_shape(hp, n, max_start),
+            last_logits,
+        };
         // How the last residual connection was left (see matmul_res).
         let mut res = Residual::Done;
-        let out_w = self.weights.output();
-        for (l, layer) in self.weights.layers.iter().enumerate() {
-            // Q, K, V of the attention norm (folded into their GEMV, or run
-            // here into h).
-            self.norm_after(norm_bufs!(w), &layer.attn_norm, n, res)?;
-            let (hv, pv) = (w.h.view(), w.norm_part.view());
-            let xin = res.input(&hv, &pv);
-            let (inv_freq, rope) = self.ropes.of(layer.block.rope);
-            // One token through packed Q/K/V stacks (one, or a run of them
-            // per format: a Q4_K_M layer's Q/K and its Q6_K V), no head
-            // norms, llama's RoPE style (a NeoX model's heads are uploaded
-            // so: `neox_pairs_adjacent`): the GEMVs add the biases, rotate
-            // and append to the cache themselves.
-            let rope_folded = self.fuse
-                && n == 1
-                && layer.qkv.iter().all(|st| st.mat.packed)
-                && layer.qk_norm.is_none()
-                && rope.style == RopeStyle::Normal;
-            // Where this layer's rotated keys and values go.
-            let mut kv = KvAppend {
-                n_head_kv: hp.n_head_kv,
-                pos: &pos_v,
-                inv_freq: &inv_freq,
-                p: rope,
-                kpool: &mut pools.k[l],
-                vpool: &mut pools.v[l],
-                table: &table,
-                max_start,
-            };
-            if rope_folded {
-                let mut first = 0;
-                for st in &layer.qkv {
-                    let data = st.mat.data.view();
-                    let MatView::Packed(m) = st.mat.view(&data) else {
-                        unreachable!("rope_folded: packed")
-                    };
-                    let (x, fold) = self.fold_in(xin);
-                    // This stack's rows' biases (Q's, K's, V's in one buffer).
-                    let from: usize = [q_dim, kv_dim][..first].iter().sum();
-                    let bias = match &layer.bias {
-                        Some(b) => Some(b.slice(from..from + m.rows)?),
-                        None => None,
-                    };
-                    let parts = first..first + st.parts.len();
-                    first = parts.end;
-                    let out = GemvOut::RopeKv(RopeKv {
-                        parts,
-                        q: &mut w.q,
-                        kv: kv.reborrow(),
-                        bias: bias.as_ref(),
-                    });
-                    let opts = GemvOpts {
-                        m: 1,
-                        ksplit: None,
-                        fold,
-                    };
-                    k.gemv_packed_to(s, &m, x, out, opts)?;
-                }
-            } else {
-                self.matmul_stacks(&layer.qkv, xin, &mut [&mut w.q, &mut w.k, &mut w.v], n)?;
-                // Biases in the RoPE launch; apart only before head norms
-                // (no architecture here has both).
-                if let (Some(b), Some(_)) = (&layer.bias, &layer.qk_norm) {
-                    let kd = kv_dim;
-                    k.add_rows(s, &mut w.q, &b.slice(0..q_dim)?, n)?;
-                    k.add_rows(s, &mut w.k, &b.slice(q_dim..q_dim + kd)?, n)?;
-                    k.add_rows(s, &mut w.v, &b.slice(q_dim + kd..q_dim + 2 * kd)?, n)?;
-                }
-                // Head norms in the RoPE launch where their head size
-                // allows (a multiple of 64) and they are RMSNorms shared by
-                // the heads, else apart before it.
-                let fused_norms = hd.is_multiple_of(64)
-                    && hd <= 256
-                    && hp.norm == NormKind::Rms
-                    && hp.qk_norm_len(true) == hd;
-                if let (Some([qn, kn]), false) = (&layer.qk_norm, fused_norms) {
-                    let (kind, eps) = (hp.norm, hp.rms_eps);
-                    k.norm_in_place(s, kind, &mut w.q, &qn.view(), hd, n * hp.n_head, eps)?;
-                    k.norm_in_place(s, kind, &mut w.k, &kn.view(), hd, n * hp.n_head_kv, eps)?;
-                }
-                let (kv_k, kv_v) = (w.k.slice(0..n * kv_dim)?, w.v.slice(0..n * kv_dim)?);
-                match (&layer.qk_norm, fused_norms) {
-                    (Some([qn, kn]), true) => {
-                        let (qn, kn) = (qn.view(), kn.view());
-                        let norms = HeadNorms {
-                            q: &qn,
-                            k: &kn,
-                            eps: hp.rms_eps,
-                        };
-                        let t = tab.as_ref();
-                        k.rope_kv_append_normed(s, &mut w.q, &kv_k, &kv_v, kv, t, norms)?
-                    }
-                    _ => match (&tab, &layer.bias) {
-                        (t, Some(b)) => {
-                            let b = b.view();
-                            k.rope_kv_append_biased(s, &mut w.q, &kv_k, &kv_v, kv, t.as_ref(), &b)?
-                        }
-                        (Some(tab), None) => {
-                            k.rope_kv_append_batch(s, &mut w.q, &kv_k, &kv_v, kv, tab)?
-                        }
-                        (None, None) => k.rope_kv_append(s, &mut w.q, &kv_k, &kv_v, kv)?,
-                    },
-                }
-            }
-            if let Some(t) = hp.attn_temp {
-                let per_token = tab.is_some();
-                k.attn_temperature(s, &mut w.q, &pos_v, per_token, n, q_dim, t.scale, t.floor)?;
-            }
-            let sinks = layer.sinks.as_ref().map(|b| b.view());
-            let inputs = AttnInputs {
-                q: &w.q.slice(0..n * q_dim)?,
-                kpool: &pools.k[l].view(),
-                vpool: &pools.v[l].view(),
-                table: &table,
-                pos: &pos_v,
-                sinks: sinks.as_ref(),
-            };
-            let shape = layer_shape(&layer.block, &shape);
-            match (&tab, attn) {
-                (Some(tab), _) => k.attention_decode_batch(s, &shape, &inputs, tab, &mut w.att)?,
-                (None, StepAttn::Batch) => unreachable!("a batch has its table offsets"),
-                (None, StepAttn::Seq(plan)) => {
-                    let scratch = AttnScratch {
-                        part: &mut w.part,
-                        part_ml: &mut w.part_ml,
-                    };
-                    k.attention(s, &shape, &inputs, &mut w.att, Some(scratch), Some(plan))?;
-                }
-            }
-            let av = w.att.view();
-            // gpt-oss's output bias joins x first (x is up to date here:
-            // the attention norm took any pending branch).
-            if let Some(bo) = &layer.bo {
-                k.add_rows(s, &mut w.x, &bo.view(), n)?;
-            }
-            res = if hp.parallel {
-                // The FFN reads h, the attention's input, and its branch
-                // needs proj: the attention's joins x now.
-                let r = self.matmul_res(&layer.wo, &av, res_bufs!(w), n, None)?;
-                if r.is_pending() {
-                    self.join_pending(&mut w.x, &mut w.proj, r, n)?;
-                }
-                Residual::Done
-            } else if hp.residual_transformed() {
-                let post = layer.post_norms.as_ref().map(|[p, _]| p);
-                self.transformed_res(&layer.wo, &av, post, &mut w.proj, n)?
-            } else {
-                // The FFN norm folds into dense GEMVs only (a mixture's
-                // router reads a normed h).
-                let emit = match &layer.ffn {
-                    Ffn::Dense { gate_up, .. } => {
-                        let ffn = gate_up.iter().map(|s| &s.mat);
-                        let norm = layer.ffn_norm.as_ref();
-                        norm.filter(|_| self.folds(&layer.wo, ffn, n))
-                    }
-                    Ffn::Moe(_) => None,
-                };
-                self.matmul_res(&layer.wo, &av, res_bufs!(w), n, emit)?
-            };
-
-            // A one-token mixture's router takes the FFN norm where x is up
-            // to date and the norm an RMSNorm (`router_fused`).
-            let router_norm = match (&layer.ffn, &layer.ffn_norm) {
-                (Ffn::Moe(mats), Some(nw)) => (self.router_fused(mats, n)
-                    && matches!(res, Residual::Done)
-                    && hp.norm == NormKind::Rms)
-                    .then_some(nw),
-                _ => None,
-            };
-            if let (Some(ffn_norm), None) = (&layer.ffn_norm, router_norm) {
-                self.norm_after(norm_bufs!(w), ffn_norm, n, res)?;
-            }
-            let (gate_up, down) = match &layer.ffn {
-                Ffn::Dense { gate_up, down } => (gate_up, down),
-                Ffn::Moe(mats) => {
-                    let x = w.x.view();
-                    let norm = router_norm.map(|nw| (&x, nw));
-                    res = self.moe_ffn(mats, &mut w.h, norm, &mut w.moe, &mut w.proj, n)?;
-                    continue;
-                }
-            };
-            let (hv, pv) = (w.h.view(), w.norm_part.view());
-            let xin = res.input(&hv, &pv);
-            self.gate_up(gate_up, xin, &mut w.gate, &mut w.up, n)?;
-            let gv = w.gate.view();
-            // The norm after the down projection: the next layer's, or the
-            // output norm when this step's logits follow.
-            let emit = match self.weights.layers.get(l + 1) {
-                Some(next) => {
-                    let qkv = next.qkv.iter().map(|s| &s.mat);
-                    self.folds(down, qkv, n).then_some(&next.attn_norm)
-                }
-                None => (last_logits && self.folds(down, std::iter::once(out_w), n))
-                    .then_some(&self.weights.output_norm),
-            };
-            res = if hp.residual_transformed() {
-                let post = layer.post_norms.as_ref().map(|[_, p]| p);
-                self.transformed_res(down, &gv, post, &mut w.proj, n)?
-            } else {
-                self.matmul_res(down, &gv, res_bufs!(w), n, emit)?
-            };
+        for (l, (layer, ops)) in self.weights.layers.iter().zip(&self.ops).enumerate() {
+            res = self.attention_layer(w, pools, l, (layer, ops), &step, res)?;
+            res = self.ffn_layer(w, l, (layer, ops), &step, res)?;
         }
         if res.is_pending() && (n > 1 || !last_logits) {
             self.join_pending(&mut w.x, &mut w.proj, res, n)?;
@@ -557,6 +356,218 @@ impl GpuBackend {
             self.logits(w, n - 1..n, res)?;
         }
         Ok(())
+    }
+
+    /// Layer `l`'s attention half: its norm (unless folded), Q/K/V, head
+    /// norms, RoPE and the KV append, the attention, and its output's
+    /// residual connection, left as the returned [`Residual`].
+    fn attention_layer<'a>(
+        &'a self,
+        w: &mut Workspace,
+        pools: &mut Pools,
+        l: usize,
+        (layer, ops): (&'a Layer, &LayerOps),
+        step: &LayerStep,
+        res: Residual<'a>,
+    ) -> Result<Residual<'a>> {
+        let hp = self.model.hparams();
+        let (s, k) = (&self.stream, &self.kernels);
+        let (b, n, max_start) = (self.max_batch, step.n, step.max_start);
+        let hd = hp.head_dim;
+        let (q_dim, kv_dim) = (hp.n_head * hd, hp.n_head_kv * hd);
+        let pos_v = w.inputs.slice(b..b + n)?;
+        let table = w.inputs.slice(2 * b..2 * b + self.pages.pages())?;
+        let tab = match step.attn {
+            StepAttn::Batch => Some(w.inputs.slice(self.tab_at()..self.tab_at() + n)?),
+            StepAttn::Seq(_) => None,
+        };
+        // Q, K, V of the attention norm (folded into their GEMV, or run
+        // here into h).
+        self.norm_after(norm_bufs!(w), &layer.attn_norm, n, res)?;
+        let (hv, pv) = (w.h.view(), w.norm_part.view());
+        let xin = res.input(&hv, &pv);
+        let (inv_freq, rope) = self.ropes.of(layer.block.rope);
+        // Where this layer's rotated keys and values go.
+        let mut kv = KvAppend {
+            n_head_kv: hp.n_head_kv,
+            pos: &pos_v,
+            inv_freq: &inv_freq,
+            p: rope,
+            kpool: &mut pools.k[l],
+            vpool: &mut pools.v[l],
+            table: &table,
+            max_start,
+        };
+        if n == 1 && ops.one_token_rope {
+            // One token through packed Q/K/V stacks (one, or a run of them
+            // per format: a Q4_K_M layer's Q/K and its Q6_K V): the GEMVs
+            // add the biases, rotate and append to the cache themselves.
+            let mut first = 0;
+            for st in &layer.qkv {
+                let data = st.mat.data.view();
+                let MatView::Packed(m) = st.mat.view(&data) else {
+                    unreachable!("one_token_rope: packed")
+                };
+                let (x, fold) = self.fold_in(xin);
+                // This stack's rows' biases (Q's, K's, V's in one buffer).
+                let from: usize = [q_dim, kv_dim][..first].iter().sum();
+                let bias = match &layer.bias {
+                    Some(b) => Some(b.slice(from..from + m.rows)?),
+                    None => None,
+                };
+                let parts = first..first + st.parts.len();
+                first = parts.end;
+                let out = GemvOut::RopeKv(RopeKv {
+                    parts,
+                    q: &mut w.q,
+                    kv: kv.reborrow(),
+                    bias: bias.as_ref(),
+                });
+                let opts = GemvOpts {
+                    m: 1,
+                    ksplit: None,
+                    fold,
+                };
+                k.gemv_packed_to(s, &m, x, out, opts)?;
+            }
+        } else {
+            self.matmul_stacks(&layer.qkv, xin, &mut [&mut w.q, &mut w.k, &mut w.v], n)?;
+            if let (Some(b), true) = (&layer.bias, ops.bias_apart) {
+                let kd = kv_dim;
+                k.add_rows(s, &mut w.q, &b.slice(0..q_dim)?, n)?;
+                k.add_rows(s, &mut w.k, &b.slice(q_dim..q_dim + kd)?, n)?;
+                k.add_rows(s, &mut w.v, &b.slice(q_dim + kd..q_dim + 2 * kd)?, n)?;
+            }
+            if let (Some([qn, kn]), HeadNorms::Apart) = (&layer.qk_norm, ops.head_norms) {
+                let (kind, eps) = (hp.norm, hp.rms_eps);
+                k.norm_in_place(s, kind, &mut w.q, &qn.view(), hd, n * hp.n_head, eps)?;
+                k.norm_in_place(s, kind, &mut w.k, &kn.view(), hd, n * hp.n_head_kv, eps)?;
+            }
+            let (kv_k, kv_v) = (w.k.slice(0..n * kv_dim)?, w.v.slice(0..n * kv_dim)?);
+            match (&layer.qk_norm, ops.head_norms) {
+                (Some([qn, kn]), HeadNorms::InRope) => {
+                    let (qn, kn) = (qn.view(), kn.view());
+                    let norms = m40_kernels::HeadNorms {
+                        q: &qn,
+                        k: &kn,
+                        eps: hp.rms_eps,
+                    };
+                    let t = tab.as_ref();
+                    k.rope_kv_append_normed(s, &mut w.q, &kv_k, &kv_v, kv, t, norms)?
+                }
+                _ => match (&tab, &layer.bias) {
+                    (t, Some(b)) if !ops.bias_apart => {
+                        let b = b.view();
+                        k.rope_kv_append_biased(s, &mut w.q, &kv_k, &kv_v, kv, t.as_ref(), &b)?
+                    }
+                    (Some(tab), _) => k.rope_kv_append_batch(s, &mut w.q, &kv_k, &kv_v, kv, tab)?,
+                    (None, _) => k.rope_kv_append(s, &mut w.q, &kv_k, &kv_v, kv)?,
+                },
+            }
+        }
+        if let Some(t) = hp.attn_temp {
+            let per_token = tab.is_some();
+            k.attn_temperature(s, &mut w.q, &pos_v, per_token, n, q_dim, t.scale, t.floor)?;
+        }
+        let sinks = layer.sinks.as_ref().map(|b| b.view());
+        let inputs = AttnInputs {
+            q: &w.q.slice(0..n * q_dim)?,
+            kpool: &pools.k[l].view(),
+            vpool: &pools.v[l].view(),
+            table: &table,
+            pos: &pos_v,
+            sinks: sinks.as_ref(),
+        };
+        let shape = layer_shape(&layer.block, &step.shape);
+        match (&tab, step.attn) {
+            (Some(tab), _) => k.attention_decode_batch(s, &shape, &inputs, tab, &mut w.att)?,
+            (None, StepAttn::Batch) => unreachable!("a batch has its table offsets"),
+            (None, StepAttn::Seq(plan)) => {
+                let scratch = AttnScratch {
+                    part: &mut w.part,
+                    part_ml: &mut w.part_ml,
+                };
+                k.attention(s, &shape, &inputs, &mut w.att, Some(scratch), Some(plan))?;
+            }
+        }
+        let av = w.att.view();
+        // gpt-oss's output bias joins x first (x is up to date here: the
+        // attention norm took any pending branch).
+        if let Some(bo) = &layer.bo {
+            k.add_rows(s, &mut w.x, &bo.view(), n)?;
+        }
+        Ok(match ops.attn_join {
+            Join::Parallel => {
+                // The FFN reads h, the attention's input, and its branch
+                // needs proj: the attention's joins x now.
+                let r = self.matmul_res(&layer.wo, &av, res_bufs!(w), n, None)?;
+                if r.is_pending() {
+                    self.join_pending(&mut w.x, &mut w.proj, r, n)?;
+                }
+                Residual::Done
+            }
+            Join::Transformed => {
+                let post = layer.post_norms.as_ref().map(|[p, _]| p);
+                self.transformed_res(&layer.wo, &av, post, &mut w.proj, n)?
+            }
+            Join::Plain => {
+                let emit = layer.ffn_norm.as_ref();
+                let emit = emit.filter(|_| n == 1 && ops.one_token_ffn_norm);
+                self.matmul_res(&layer.wo, &av, res_bufs!(w), n, emit)?
+            }
+        })
+    }
+
+    /// Layer `l`'s FFN half after `res` (its attention's): the FFN norm
+    /// (unless folded), the FFN (dense or a mixture), and its residual
+    /// connection, left as the returned [`Residual`].
+    fn ffn_layer<'a>(
+        &'a self,
+        w: &mut Workspace,
+        l: usize,
+        (layer, ops): (&'a Layer, &LayerOps),
+        step: &LayerStep,
+        mut res: Residual<'a>,
+    ) -> Result<Residual<'a>> {
+        let n = step.n;
+        // A one-token mixture's router takes the FFN norm where x is up to
+        // date.
+        let router_norm = layer
+            .ffn_norm
+            .as_ref()
+            .filter(|_| n == 1 && ops.one_token_router_norm && matches!(res, Residual::Done));
+        if let (Some(ffn_norm), None) = (&layer.ffn_norm, router_norm) {
+            self.norm_after(norm_bufs!(w), ffn_norm, n, res)?;
+        }
+        let (gate_up, down) = match &layer.ffn {
+            Ffn::Dense { gate_up, down } => (gate_up, down),
+            Ffn::Moe(mats) => {
+                let x = w.x.view();
+                let norm = router_norm.map(|nw| (&x, nw));
+                res = self.moe_ffn(mats, &mut w.h, norm, &mut w.moe, &mut w.proj, n)?;
+                return Ok(res);
+            }
+        };
+        let (hv, pv) = (w.h.view(), w.norm_part.view());
+        let xin = res.input(&hv, &pv);
+        self.gate_up(gate_up, xin, &mut w.gate, &mut w.up, n)?;
+        let gv = w.gate.view();
+        Ok(match ops.ffn_join {
+            Join::Transformed => {
+                let post = layer.post_norms.as_ref().map(|[_, p]| p);
+                self.transformed_res(down, &gv, post, &mut w.proj, n)?
+            }
+            _ => {
+                // The norm after the down projection: the next layer's, or
+                // the output norm when this step's logits follow.
+                let next = match self.weights.layers.get(l + 1) {
+                    Some(next) => Some(&next.attn_norm),
+                    None => step.last_logits.then_some(&self.weights.output_norm),
+                };
+                let emit = next.filter(|_| n == 1 && ops.one_token_next_norm);
+                self.matmul_res(down, &gv, res_bufs!(w), n, emit)?
+            }
+        })
     }
 
     /// Rows `rows` (at most LOGIT_ROWS) of the final norm and output matmul

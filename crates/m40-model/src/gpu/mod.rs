@@ -28,6 +28,7 @@ mod graphs;
 mod kv;
 mod matmul;
 mod moe;
+mod ops;
 mod residual;
 mod rope;
 mod tuning;
@@ -54,6 +55,7 @@ use encoder::EncoderWeights;
 use forward::attn_shape;
 use graphs::Graphs;
 use kv::Pools;
+use ops::LayerOps;
 use rope::Ropes;
 use tuning::{GEMM_SHARE, MIN_STEP_TOKENS, STEP_TARGET_S};
 use weights::{device_bytes, modules_needed, packs, Weights};
@@ -146,6 +148,8 @@ pub struct GpuBackend {
     encoder: Option<EncoderWeights>,
     /// The RoPE table of each kind of layer.
     ropes: Ropes,
+    /// Each decoder layer's op list (`ops.rs`), what `enqueue` walks.
+    ops: Vec<LayerOps>,
     max_batch: usize,
     /// `Backend::step_tokens`: [`default_step_tokens`] for this device and
     /// model.
@@ -414,6 +418,7 @@ impl GpuBackend {
         // NeoX heads uploaded with their pairs adjacent rotate as llama's.
         let adjacent = weights::neox_pairs_adjacent(&opts, &hp);
         let ropes = Ropes::upload(&model, adjacent, &stream)?;
+        let ops = LayerOps::plan(&hp, &weights, &kernels, opts.fuse, ropes.style());
 
         let layout = KvLayout::new(&hp, KV_PAGE, KvFormat::F16);
         let n_pages = layout.pages_for(kv_tokens).max(1);
@@ -437,6 +442,7 @@ impl GpuBackend {
             weights,
             encoder,
             ropes,
+            ops,
             max_batch,
             step_tokens,
             gemm_slots: gpu,

@@ -62,6 +62,11 @@ impl Ropes {
         })
     }
 
+    /// The pairing the kernels are given (every table's).
+    pub(super) fn style(&self) -> RopeStyle {
+        self.params.style
+    }
+
     /// The table and parameters of a layer whose RoPE is `r`.
     pub(super) fn of(&self, r: LayerRope) -> (DeviceView<'_, f32>, &RopeParams) {
         let model = (&self.table, &self.params);
