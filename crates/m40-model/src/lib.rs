@@ -79,13 +79,13 @@ pub trait Backend: Send + Sync {
             seqs: usize::MAX,
         }
     }
-    /// The KV pool every cache of this backend is in: (tokens per page,
-    /// pages). [`Backend::new_cache`]'s caches take its pages through the
+    /// The KV pool every cache of this backend is in: (its layout: the
+    /// page format and tokens per page, and its pages). [`Backend::new_cache`]'s caches take its pages through the
     /// backend's own accounting; a caller that keeps the accounting itself
     /// (m40-sched's KV manager) gives each step's pages with
     /// [`Backend::cache_on`] instead. One or the other: a backend refuses
     /// the second while caches of its own hold pages.
-    fn kv_pool(&self) -> (usize, usize);
+    fn kv_pool(&self) -> (KvLayout, usize);
     /// A cache of up to `n_ctx` tokens on the pool pages `pages` (its block
     /// table, which the caller's ledger owns), whose first `len` tokens are
     /// computed; `copy` (page, page), where given, is made before its first
@@ -358,7 +358,7 @@ impl Backend for AnyBackend {
         }
     }
 
-    fn kv_pool(&self) -> (usize, usize) {
+    fn kv_pool(&self) -> (KvLayout, usize) {
         match self {
             AnyBackend::Cpu(b) => b.kv_pool(),
             AnyBackend::Gpu(b) => b.kv_pool(),

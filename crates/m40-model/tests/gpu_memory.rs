@@ -75,7 +75,8 @@ fn a_pool_with_a_minimum_takes_what_fits_the_budget() {
     assert_eq!(dev.budget_used(), 0, "nothing was allocated");
 
     let g = GpuBackend::new(dev.clone(), model.clone(), opts(1024)).unwrap();
-    let (page, pages) = g.kv_pool();
+    let (layout, pages) = g.kv_pool();
+    let page = layout.page_tokens;
     assert!((1024..asked).contains(&(page * pages)), "{pages} pages");
     assert!(dev.budget_used() <= dev.budget_limit());
     // One more page would not have fitted beside the headroom: the pool is

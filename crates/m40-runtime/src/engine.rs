@@ -171,7 +171,8 @@ impl Engine {
         };
         let chat = ChatFormat::new(template, &source, tool_use.as_deref(), &tokenizer);
         let (backend, note) = pick_backend(&model, &opts, n_ctx)?;
-        let (page_tokens, pages) = backend.kv_pool();
+        let (layout, pages) = backend.kv_pool();
+        let page_tokens = layout.page_tokens;
         // At most what one step of the backend takes, so that every plan
         // runs as one step (Backend::step_limits).
         let parallel = opts

@@ -557,9 +557,11 @@ impl Backend for CpuBackend {
         Ok(PagedCache::new(self.kv.pool().clone(), n_ctx))
     }
 
-    fn kv_pool(&self) -> (usize, usize) {
+    fn kv_pool(&self) -> (crate::KvLayout, usize) {
         let pool = self.kv.pool();
-        (pool.page_tokens(), pool.pages())
+        let hp = self.model.hparams();
+        let layout = crate::KvLayout::new(hp, pool.page_tokens(), crate::KvFormat::F16);
+        (layout, pool.pages())
     }
 
     fn cache_on(
@@ -782,7 +784,8 @@ mod tests {
             assert!(matches!(e, ModelError::HostMemory { .. }), "{e}");
         }
         let cpu = CpuBackend::with_kv(model, CpuMath::Exact, 64).unwrap();
-        assert_eq!(cpu.kv_pool(), (PAGE_TOKENS, 64 / PAGE_TOKENS));
+        let (layout, pages) = cpu.kv_pool();
+        assert_eq!((layout.page_tokens, pages), (PAGE_TOKENS, 64 / PAGE_TOKENS));
         assert_eq!(cpu.new_cache(64).unwrap().n_ctx(), 64);
     }
 }

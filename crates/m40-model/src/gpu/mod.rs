@@ -472,11 +472,6 @@ impl GpuBackend {
         self.graphs.store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// The KV pool's format and page shape.
-    pub fn kv_layout(&self) -> KvLayout {
-        self.kv_layout
-    }
-
     /// Pages in the KV pool, and pages free.
     pub fn kv_pages(&self) -> (usize, usize) {
         (self.pages.pages(), self.pages.free_pages())
@@ -532,8 +527,8 @@ impl Backend for GpuBackend {
         SELECT_MAX_K.min(self.model.hparams().n_vocab)
     }
 
-    fn kv_pool(&self) -> (usize, usize) {
-        (KV_PAGE, self.pages.pages())
+    fn kv_pool(&self) -> (KvLayout, usize) {
+        (self.kv_layout, self.pages.pages())
     }
 
     fn step_limits(&self) -> crate::StepLimits {
