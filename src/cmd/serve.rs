@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use m40_llm::client;
 use m40_runtime::Engine;
-use m40_serve::{AppState, ServerConfig};
+use m40_serve::{AppState, KeepAlive, ServerConfig};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -35,6 +35,12 @@ pub struct Args {
     /// default `/api/pull` takes catalog names and hf.co/ references only).
     #[arg(long)]
     pub allow_any_pull: bool,
+    /// How long the model stays loaded after its last request, where a
+    /// request does not say: a duration ("5m", "1h30m") or seconds; 0
+    /// unloads it at once, a negative one keeps it (Ollama's
+    /// OLLAMA_KEEP_ALIVE).
+    #[arg(long, env = "M40_KEEP_ALIVE", default_value = "5m", value_parser = KeepAlive::parse)]
+    pub keep_alive: KeepAlive,
     #[command(flatten)]
     pub device: super::DeviceArgs,
 }
@@ -86,6 +92,7 @@ pub fn run(a: Args) -> Result<()> {
             store: Some(m40_store::Store::from_env()?),
             allow_any_pull: a.allow_any_pull,
             reload: Some(reload),
+            keep_alive: a.keep_alive,
             ..Default::default()
         };
         let state = AppState::new(Arc::new(engine), &name, config);

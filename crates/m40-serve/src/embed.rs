@@ -14,8 +14,9 @@ use serde_json::{json, Value};
 
 use m40_runtime::{CancelToken, EmbedInput, EmbedRequest, Embeddings, EngineError};
 
-use crate::ollama::{check_keep_alive, load_or_unload};
+use crate::ollama::load_or_unload;
 use crate::openai::OaiError;
+use crate::KeepAlive;
 use crate::{parse_json, ApiError, AppState};
 
 /// A refusal of the request itself is a 400; a failed step is the server's.
@@ -33,7 +34,12 @@ impl AppState {
     /// Run `req` on the engine (loading it again where it was unloaded);
     /// a 503 while the queue is full, the request cancelled when its
     /// client goes or its time runs out.
-    pub(crate) async fn embed(&self, req: EmbedRequest) -> Result<Embeddings, ApiError> {
+    pub(crate) async fn embed(
+        &self,
+        req: EmbedRequest,
+        keep_alive: KeepAlive,
+    ) -> Result<Embeddings, ApiError> {
+        let _lease = self.lease(keep_alive);
         let engine = self.loaded().await?;
         self.check_queue(&engine)?;
         let cancel = CancelToken::new();
@@ -124,7 +130,7 @@ pub(crate) async fn ollama_embed(
     let received = Instant::now();
     let r: EmbedBody = parse_json(&body)?;
     s.check_model(r.model.as_deref())?;
-    check_keep_alive(r.keep_alive.as_ref())?;
+    let keep = s.keep_alive_of(r.keep_alive.as_ref())?;
     let mut inputs = parse_input(r.input, "input")?;
     // Ollama skips a lone empty string (an empty array of embeddings).
     if matches!(inputs.as_slice(), [EmbedInput::Text(t)] if t.is_empty()) {
@@ -134,13 +140,13 @@ pub(crate) async fn ollama_embed(
     let got = if inputs.is_empty() {
         // As an empty generate: loads the model, or with keep_alive 0
         // unloads it.
-        load_or_unload(&s, r.keep_alive.as_ref()).await?;
+        load_or_unload(&s, keep).await?;
         Embeddings::default()
     } else {
         let mut req = EmbedRequest::new(inputs);
         req.truncate = r.truncate.unwrap_or(true);
         req.dimensions = dimensions(r.dimensions)?;
-        s.embed(req).await?
+        s.embed(req, keep).await?
     };
     Ok(Json(json!({
         "model": model,
@@ -170,14 +176,14 @@ pub(crate) async fn ollama_embeddings(
 ) -> Result<Response, ApiError> {
     let r: EmbeddingsBody = parse_json(&body)?;
     s.check_model(r.model.as_deref())?;
-    check_keep_alive(r.keep_alive.as_ref())?;
+    let keep = s.keep_alive_of(r.keep_alive.as_ref())?;
     let prompt = r.prompt.unwrap_or_default();
     if prompt.is_empty() {
         return Ok(Json(json!({ "embedding": [] })).into_response());
     }
     let mut req = EmbedRequest::new(vec![EmbedInput::Text(prompt)]);
     req.normalize = false;
-    let mut got = s.embed(req).await?;
+    let mut got = s.embed(req, keep).await?;
     Ok(Json(json!({ "embedding": got.vectors.remove(0) })).into_response())
 }
 
@@ -220,7 +226,7 @@ pub(crate) async fn openai_embeddings(
     }
     let mut req = EmbedRequest::new(inputs);
     req.dimensions = dimensions(r.dimensions)?;
-    let got = s.embed(req).await?;
+    let got = s.embed(req, s.default_keep_alive()).await?;
     let n = got.prompt_tokens();
     let data: Vec<Value> = got
         .vectors

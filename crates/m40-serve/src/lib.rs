@@ -35,6 +35,7 @@ use serde::de::DeserializeOwned;
 
 mod embed;
 mod format;
+mod keep_alive;
 mod metrics;
 mod models;
 mod ollama;
@@ -42,6 +43,7 @@ mod openai;
 mod store_api;
 mod tools;
 
+pub use keep_alive::KeepAlive;
 use metrics::Metrics;
 
 /// Server limits.
@@ -69,6 +71,11 @@ pub struct ServerConfig {
     /// `m40-llm stop` and `ollama stop` send); without it the model cannot
     /// be unloaded.
     pub reload: Option<Reload>,
+    /// How long the model stays loaded after its last request ends,
+    /// where a request does not say (Ollama's default: 5 minutes;
+    /// `serve --keep-alive`, `M40_KEEP_ALIVE`). Only a server with
+    /// `reload` unloads it.
+    pub keep_alive: KeepAlive,
 }
 
 /// How a server loads its model again after an unload.
@@ -91,6 +98,7 @@ impl Default for ServerConfig {
             store: None,
             allow_any_pull: false,
             reload: None,
+            keep_alive: KeepAlive::default(),
         }
     }
 }
@@ -114,6 +122,8 @@ struct Inner {
     config: ServerConfig,
     metrics: Metrics,
     loaded_at: chrono::DateTime<chrono::Utc>,
+    /// When it is unloaded once idle (`keep_alive.rs`).
+    life: std::sync::Mutex<keep_alive::Life>,
 }
 
 impl AppState {
@@ -126,6 +136,7 @@ impl AppState {
                 n_ctx: engine.n_ctx(),
                 engine: std::sync::RwLock::new(Some(engine)),
                 loading: tokio::sync::Mutex::new(()),
+                life: std::sync::Mutex::new(keep_alive::Life::new(config.keep_alive)),
                 name: name.to_string(),
                 config,
                 metrics: Metrics::default(),
@@ -250,8 +261,10 @@ impl AppState {
         &self,
         mut req: Request,
         ctx: Option<usize>,
+        keep_alive: KeepAlive,
     ) -> Result<Running, ApiError> {
         let received = Instant::now();
+        let lease = self.lease(keep_alive);
         let engine = self.loaded().await?;
         // Generation stops where the context ends.
         req.context = ctx;
@@ -286,6 +299,7 @@ impl AppState {
             prompt_ids,
             engine,
             clock,
+            _lease: lease,
         })
     }
 }
@@ -360,6 +374,8 @@ pub(crate) struct Running {
     pub engine: Arc<Engine>,
     /// `M40_REQUEST_STATS`: until its first token is taken.
     clock: Option<RequestClock>,
+    /// Keeps the model loaded until the request ends.
+    _lease: keep_alive::Lease,
 }
 
 impl Running {
@@ -611,9 +627,12 @@ pub async fn serve(
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(state))
+    let idle = tokio::spawn(state.clone().watch_idle());
+    let served = axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown)
-        .await
+        .await;
+    idle.abort();
+    served
 }
 
 /// Serve `state` on a loopback port from a thread with its own runtime, for

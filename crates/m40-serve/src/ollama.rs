@@ -15,7 +15,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::models::{describe, model_entry, modified_at};
-use crate::{parse_json, ApiError, AppState, Event, Running};
+use crate::{parse_json, ApiError, AppState, Event, KeepAlive, Running};
 use m40_runtime::ModelInfo;
 
 /// Ollama's `options` (the ones m40-llm uses; others are accepted and
@@ -401,7 +401,7 @@ pub(crate) async fn generate(State(s): State<AppState>, body: Bytes) -> Result<R
     let received = Instant::now();
     let r: GenerateRequest = parse_json(&body)?;
     s.check_model(r.model.as_deref())?;
-    check_keep_alive(r.keep_alive.as_ref())?;
+    let keep = s.keep_alive_of(r.keep_alive.as_ref())?;
     no_images(&r.images)?;
     let format = crate::format::ollama(r.format.as_ref())?;
     let think = crate::tools::ollama_think(r.think.as_ref())?;
@@ -410,7 +410,7 @@ pub(crate) async fn generate(State(s): State<AppState>, body: Bytes) -> Result<R
     if prompt_text.is_empty() {
         // Ollama: an empty prompt loads the model, or with keep_alive 0
         // unloads it (`ollama stop`).
-        let reason = load_or_unload(&s, r.keep_alive.as_ref()).await?;
+        let reason = load_or_unload(&s, keep).await?;
         return Ok(
             Json(json!({"model": model, "created_at": now(), "response": "",
                               "done": true, "done_reason": reason}))
@@ -438,7 +438,7 @@ pub(crate) async fn generate(State(s): State<AppState>, body: Bytes) -> Result<R
     req.think = think;
     req.prefix = context_ids(r.context.as_deref())?;
     req.logprobs = r.logprobs.asked()?;
-    let running = s.start(req, ctx).await?;
+    let running = s.start(req, ctx, keep).await?;
     respond(
         running,
         r.stream.unwrap_or(true),
@@ -452,13 +452,13 @@ pub(crate) async fn chat(State(s): State<AppState>, body: Bytes) -> Result<Respo
     let received = Instant::now();
     let r: ChatRequest = parse_json(&body)?;
     s.check_model(r.model.as_deref())?;
-    check_keep_alive(r.keep_alive.as_ref())?;
+    let keep = s.keep_alive_of(r.keep_alive.as_ref())?;
     let tools = crate::tools::tools(r.tools.as_ref())?;
     let format = crate::format::ollama(r.format.as_ref())?;
     let think = crate::tools::ollama_think(r.think.as_ref())?;
     let model = r.model.clone().unwrap_or_default();
     if r.messages.is_empty() {
-        let reason = load_or_unload(&s, r.keep_alive.as_ref()).await?;
+        let reason = load_or_unload(&s, keep).await?;
         return Ok(Json(json!({"model": model, "created_at": now(),
                               "message": {"role": "assistant", "content": ""},
                               "done": true, "done_reason": reason}))
@@ -488,7 +488,7 @@ pub(crate) async fn chat(State(s): State<AppState>, body: Bytes) -> Result<Respo
     req.think = think;
     req.drop_old_turns = r.truncate.unwrap_or(true);
     req.logprobs = r.logprobs.asked()?;
-    let running = s.start(req, ctx).await?;
+    let running = s.start(req, ctx, keep).await?;
     respond(
         running,
         r.stream.unwrap_or(true),
@@ -502,86 +502,24 @@ pub(crate) async fn version() -> Json<Value> {
     Json(json!({ "version": env!("CARGO_PKG_VERSION") }))
 }
 
-/// Ollama's `keep_alive`: a number of seconds, or a Go duration ("5m",
-/// "1h30m", "-1"); anything else is a 400, as in Ollama. The model stays
-/// loaded whatever it says (but 0, below).
-pub(crate) fn check_keep_alive(keep_alive: Option<&Value>) -> Result<(), ApiError> {
-    let ok = match keep_alive {
-        None | Some(Value::Null | Value::Number(_)) => true,
-        Some(Value::String(s)) => go_duration(s.trim()),
-        Some(_) => false,
-    };
-    if ok {
-        Ok(())
-    } else {
-        Err(ApiError::bad_request(format!(
-            "keep_alive: invalid duration {}; use seconds or a duration like \"5m\", \"1h\", \"-1\"",
-            keep_alive.map(Value::to_string).unwrap_or_default()
-        )))
-    }
-}
-
-/// Whether `s` is a Go duration: an optional sign, then numbers each
-/// with a unit (ns, us, µs, ms, s, m, h); "0" alone needs none. Ollama
-/// also takes a plain number.
-fn go_duration(s: &str) -> bool {
-    let s = s.strip_prefix(['-', '+']).unwrap_or(s);
-    if !s.starts_with(|c: char| c.is_ascii_digit() || c == '.') {
-        return false;
-    }
-    if s == "0" || s.parse::<f64>().is_ok() {
-        return true;
-    }
-    let mut rest = s;
-    if rest.is_empty() {
-        return false;
-    }
-    while !rest.is_empty() {
-        let n = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(rest.len());
-        if n == 0 || rest[..n].parse::<f64>().is_err() {
-            return false;
-        }
-        rest = &rest[n..];
-        let unit = ["ns", "us", "µs", "ms", "s", "m", "h"]
-            .into_iter()
-            .filter(|u| rest.starts_with(u))
-            .max_by_key(|u| u.len());
-        match unit {
-            Some(u) => rest = &rest[u.len()..],
-            None => return false,
-        }
-    }
-    true
-}
-
-/// Whether Ollama's `keep_alive` says to unload at once: 0, "0", "0s", "0m".
-fn unload_now(keep_alive: Option<&Value>) -> bool {
-    match keep_alive {
-        Some(Value::Number(n)) => n.as_f64() == Some(0.0),
-        Some(Value::String(s)) => {
-            let digits = s.trim().trim_end_matches(['s', 'm', 'h']);
-            !digits.is_empty() && digits.parse::<f64>().is_ok_and(|v| v == 0.0)
-        }
-        _ => false,
-    }
-}
-
 /// A request without a prompt: unload the model (keep_alive 0) or load it;
 /// the `done_reason` Ollama gives.
 pub(crate) async fn load_or_unload(
     s: &AppState,
-    keep_alive: Option<&Value>,
+    keep_alive: KeepAlive,
 ) -> Result<&'static str, ApiError> {
-    if unload_now(keep_alive) {
-        if !s.unload() {
+    if keep_alive.is_zero() {
+        if !s.can_unload() {
             return Err(ApiError::bad_request(
                 "this server cannot load its model again, so it does not unload it",
             ));
         }
+        // Now, or as its requests in flight end.
+        s.reap(Some(keep_alive));
         return Ok("unload");
     }
+    // Loaded (Ollama's preload), kept `keep_alive` from now.
+    let _lease = s.lease(keep_alive);
     s.loaded().await?;
     Ok("load")
 }
@@ -592,10 +530,19 @@ pub(crate) async fn ps(State(s): State<AppState>) -> Json<Value> {
         return Json(json!({ "models": [] }));
     };
     let mut m = model_entry(&s);
-    // The model stays loaded: Ollama shows such a model (keep_alive < 0)
-    // as expiring in the far future.
-    let forever = chrono::Utc::now() + chrono::Duration::days(100 * 365);
-    m["expires_at"] = json!(forever.to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
+    // When it goes if no request comes; a model kept forever (keep_alive
+    // < 0, or a server that cannot load it again) Ollama shows as
+    // expiring in the far future.
+    let forever = chrono::Duration::days(100 * 365);
+    let left = match s.expires_at() {
+        Some(at) => at.saturating_duration_since(std::time::Instant::now()),
+        None => forever.to_std().unwrap_or_default(),
+    };
+    let expires = chrono::Utc::now()
+        + chrono::Duration::from_std(left)
+            .unwrap_or(forever)
+            .min(forever);
+    m["expires_at"] = json!(expires.to_rfc3339_opts(chrono::SecondsFormat::Millis, true));
     // Ollama's `ps` derives its PROCESSOR column from this.
     let on_gpu = engine.backend_name() != "CPU";
     m["size_vram"] = json!(if on_gpu { m["size"].clone() } else { json!(0) });
@@ -604,21 +551,6 @@ pub(crate) async fn ps(State(s): State<AppState>) -> Json<Value> {
     // What the engine runs now (m40-llm's own fields).
     m["m40_activity"] = json!(engine.activity());
     Json(json!({ "models": [m] }))
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn go_durations() {
-        for ok in [
-            "5m", "1h30m", "-1", "0", "300ms", "1.5h", "10s", "-1m", "3600", "2.5",
-        ] {
-            assert!(super::go_duration(ok), "{ok}");
-        }
-        for bad in ["", "5 minutes", "m", "1x", "--1", "1h-", "forever"] {
-            assert!(!super::go_duration(bad), "{bad}");
-        }
-    }
 }
 
 #[derive(Deserialize)]

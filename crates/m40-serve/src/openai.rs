@@ -521,7 +521,7 @@ pub(crate) async fn chat_completions(
     }
     let logprobs = r.logprobs.then_some(top as usize);
     let req = r.common.request(&s, Prompt::Chat(messages), logprobs)?;
-    let running = s.start(req, None).await?;
+    let running = s.start(req, None, s.default_keep_alive()).await?;
     let meta = Meta {
         id: id("chatcmpl"),
         object: if r.common.stream {
@@ -564,7 +564,7 @@ pub(crate) async fn completions(
     if r.common.max_tokens.is_none() && r.common.max_completion_tokens.is_none() {
         req.max_tokens = Some(16);
     }
-    let running = s.start(req, None).await?;
+    let running = s.start(req, None, s.default_keep_alive()).await?;
     let meta = Meta {
         id: id("cmpl"),
         object: "text_completion",

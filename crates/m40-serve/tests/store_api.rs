@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use common::*;
 use m40_runtime::{BackendChoice, Engine, EngineOptions};
-use m40_serve::ServerConfig;
+use m40_serve::{KeepAlive, ServerConfig};
 use serde_json::{json, Value};
 
 /// Serves `data` at `/m.gguf` (honouring Range); the first response stops
@@ -223,8 +223,9 @@ fn pull_over_http_takes_names_only() {
     assert!(!root.join("manifests").exists(), "nothing was named");
 }
 
-#[test]
-fn keep_alive_zero_unloads_and_the_next_request_loads_again() {
+/// A server that can load its model again (counting the loads), whose
+/// model stays `keep_alive` after its last request.
+fn reloading_server(keep_alive: KeepAlive) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
     let root = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("models");
     let path = m40_store::Store::new(root)
         .ensure_default(&mut |_: &str| {})
@@ -242,13 +243,28 @@ fn keep_alive_zero_unloads_and_the_next_request_loads_again() {
     }));
     let base = start(ServerConfig {
         reload: Some(reload),
+        keep_alive,
         ..Default::default()
     });
-    let ps = |base: &str| -> Vec<Value> {
-        let mut r = agent().get(&format!("{base}/api/ps")).call().unwrap();
-        let v: Value = serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap();
-        v["models"].as_array().unwrap().clone()
-    };
+    (base, loads)
+}
+
+/// `/api/ps`'s models.
+fn ps(base: &str) -> Vec<Value> {
+    let mut r = agent().get(&format!("{base}/api/ps")).call().unwrap();
+    let v: Value = serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap();
+    v["models"].as_array().unwrap().clone()
+}
+
+/// Seconds from now to a model's `expires_at`.
+fn expires_in(m: &Value) -> f64 {
+    let at = chrono::DateTime::parse_from_rfc3339(m["expires_at"].as_str().unwrap()).unwrap();
+    (at.with_timezone(&chrono::Utc) - chrono::Utc::now()).as_seconds_f64()
+}
+
+#[test]
+fn keep_alive_zero_unloads_and_the_next_request_loads_again() {
+    let (base, loads) = reloading_server(KeepAlive::default());
     assert_eq!(ps(&base).len(), 1);
     let stop = json!({"model": NAME, "keep_alive": 0}).to_string();
     let (s, text) = post_raw_at(&base, "/api/generate", &stop);
@@ -284,4 +300,71 @@ fn keep_alive_zero_unloads_and_the_next_request_loads_again() {
     let (s, text) = post_raw("/api/generate", &stop);
     assert_eq!(s, 400, "{text}");
     assert_eq!(get("/api/ps").1.matches("\"name\"").count(), 1);
+}
+
+/// keep_alive as Ollama keeps it: the server's default (here 1 s) counted
+/// from the end of the last request, a request's own (`-1`: forever, a
+/// duration), shown in `/api/ps`; an idle model whose time ran out is
+/// unloaded and the next request loads it again; a request in flight keeps
+/// it loaded whatever its keep_alive.
+#[test]
+fn an_idle_model_is_unloaded_when_its_keep_alive_runs_out() {
+    let (base, loads) = reloading_server(KeepAlive::For(std::time::Duration::from_secs(1)));
+    let loaded = || loads.load(std::sync::atomic::Ordering::SeqCst);
+    let gen = |extra: Value| {
+        let mut body = json!({"model": NAME, "prompt": "Hi", "raw": true, "stream": false,
+                              "options": greedy(2)});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        let (s, t) = post_raw_at(&base, "/api/generate", &body.to_string());
+        assert_eq!(s, 200, "{t}");
+    };
+    gen(json!({}));
+    let m = ps(&base);
+    assert_eq!(m.len(), 1);
+    let left = expires_in(&m[0]);
+    assert!((0.0..=1.05).contains(&left), "{left}");
+    std::thread::sleep(std::time::Duration::from_millis(1600));
+    assert!(ps(&base).is_empty(), "unloaded after 1 s idle");
+    assert_eq!(loaded(), 0);
+    // The next request loads it; "-1" keeps it.
+    gen(json!({"keep_alive": -1}));
+    assert_eq!(loaded(), 1);
+    std::thread::sleep(std::time::Duration::from_millis(1300));
+    let m = ps(&base);
+    assert_eq!(m.len(), 1, "kept");
+    assert!(expires_in(&m[0]) > 50.0 * 365.0 * 86400.0);
+    // A duration of its own ("3s"), shown as such.
+    gen(json!({"keep_alive": "3s"}));
+    let left = expires_in(&ps(&base)[0]);
+    assert!((2.0..=3.05).contains(&left), "{left}");
+    assert_eq!(loaded(), 1);
+}
+
+/// A request in flight keeps its model loaded past a keep_alive of 0 (a
+/// server whose default is 0): a stream's first token, then a pause far
+/// longer than the server's watch takes to unload an idle model, then the
+/// rest; once it ends the model goes.
+#[test]
+fn a_request_in_flight_keeps_its_model_loaded() {
+    let (base, loads) = reloading_server(KeepAlive::For(std::time::Duration::ZERO));
+    let body = json!({"model": NAME, "prompt": "Once upon a time", "stream": true,
+                      "max_tokens": 300, "ignore_eos": true, "temperature": 0});
+    let mut r = agent()
+        .post(&format!("{base}/v1/completions"))
+        .send(body.to_string())
+        .unwrap();
+    let mut lines = BufReader::new(r.body_mut().as_reader()).lines();
+    let first = lines.next().unwrap().unwrap();
+    assert!(first.starts_with("data: {"), "{first}");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(ps(&base).len(), 1, "in flight: loaded");
+    let rest: Vec<String> = lines.map(Result::unwrap).collect();
+    assert!(rest.iter().any(|l| l == "data: [DONE]"), "{rest:?}");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(ps(&base).is_empty(), "keep_alive 0: unloaded once idle");
+    // (The server's first engine, idle with a keep_alive of 0, may have
+    // gone before the request came: at most that one load.)
+    assert!(loads.load(std::sync::atomic::Ordering::SeqCst) <= 1);
 }
