@@ -66,30 +66,39 @@ pub fn smollm2() -> PathBuf {
 }
 
 /// SmolLM2 ([`smollm2`]) with a context of `n_ctx` on `on`, loaded once
-/// per backend and test binary (each binary asks for one context).
+/// per backend and test binary (each binary asks for one context). Tests
+/// run in parallel on it: one that checks the engine is idle after it
+/// ([`idle`]) takes an engine of its own ([`own_smollm2_engine`]).
 pub fn smollm2_engine(on: On, n_ctx: usize) -> &'static m40_runtime::Engine {
-    use m40_runtime::{BackendChoice, Engine, EngineOptions};
     use std::sync::OnceLock;
-    static CPU: OnceLock<Engine> = OnceLock::new();
-    static GPU: OnceLock<Engine> = OnceLock::new();
-    let (cell, backend) = match on {
-        On::Cpu => (&CPU, BackendChoice::Cpu),
-        On::Gpu => {
-            m40_device::testing::gpu_device("SmolLM2 engine tests");
-            (&GPU, BackendChoice::Gpu)
-        }
+    static CPU: OnceLock<m40_runtime::Engine> = OnceLock::new();
+    static GPU: OnceLock<m40_runtime::Engine> = OnceLock::new();
+    let cell = match on {
+        On::Cpu => &CPU,
+        On::Gpu => &GPU,
     };
-    let e = cell.get_or_init(|| {
-        let opts = {
-            let mut o = EngineOptions::default();
-            o.n_ctx = Some(n_ctx);
-            o.backend = backend;
-            o
-        };
-        Engine::from_path(&smollm2(), opts).unwrap()
-    });
+    let e = cell.get_or_init(|| own_smollm2_engine(on, n_ctx));
     assert_eq!(e.n_ctx(), n_ctx, "one context per test binary");
     e
+}
+
+/// SmolLM2 with a context of `n_ctx` on `on`, loaded for the caller alone.
+pub fn own_smollm2_engine(on: On, n_ctx: usize) -> m40_runtime::Engine {
+    use m40_runtime::{BackendChoice, Engine, EngineOptions};
+    let backend = match on {
+        On::Cpu => BackendChoice::Cpu,
+        On::Gpu => {
+            m40_device::testing::gpu_device("SmolLM2 engine tests");
+            BackendChoice::Gpu
+        }
+    };
+    let opts = {
+        let mut o = EngineOptions::default();
+        o.n_ctx = Some(n_ctx);
+        o.backend = backend;
+        o
+    };
+    Engine::from_path(&smollm2(), opts).unwrap()
 }
 
 /// A JSON array of token ids (reference.json) as u32s.
