@@ -66,13 +66,19 @@ fn end_quietly_on_closed_pipes() {
 }
 
 fn main() -> ExitCode {
+    let cli = Cli::parse();
     // Library warnings (an unknown pre-tokenizer, an odd special token id) go
-    // to stderr; RUST_LOG adjusts the level.
+    // to stderr; RUST_LOG adjusts the level, and `serve --debug`
+    // (M40_DEBUG) shows m40-llm's debug lines (each request).
+    let level = match &cli.command {
+        Command::Serve(a) if a.debug => "warn,m40_serve=debug,m40_runtime=debug,m40_llm=debug",
+        _ => "warn",
+    };
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "warn".into())
+                .unwrap_or_else(|_| level.into())
                 // M40_STEP_STATS's lines are the step loop's info events.
                 .add_directive(
                     "m40_runtime::steps=info"
@@ -82,7 +88,6 @@ fn main() -> ExitCode {
         )
         .without_time()
         .init();
-    let cli = Cli::parse();
     if !matches!(cli.command, Command::Serve(_)) {
         end_quietly_on_closed_pipes();
     }

@@ -19,7 +19,11 @@ use m40_store::Store;
 /// A model argument (path, store name, or the default model when absent) as a
 /// path, fetching catalog models on first use.
 pub fn resolve_model(model: Option<&str>) -> Result<PathBuf> {
-    let store = Store::from_env()?;
+    resolve_in(&Store::from_env()?, model)
+}
+
+/// [`resolve_model`] in `store`.
+pub fn resolve_in(store: &Store, model: Option<&str>) -> Result<PathBuf> {
     let name = model.unwrap_or(m40_store::DEFAULT_MODEL);
     // A model fetched on first use shows its download as `pull` does.
     Ok(store.resolve(name, &mut store::Bar::default())?)
@@ -41,8 +45,9 @@ pub struct DeviceArgs {
     #[arg(long)]
     pub cpu_exact: bool,
     /// Sequences generating at once at most (more wait in line); default:
-    /// one per 256 tokens of the KV cache, at most 64.
-    #[arg(long, value_name = "N")]
+    /// one per 256 tokens of the KV cache, at most 64 (Ollama's
+    /// OLLAMA_NUM_PARALLEL).
+    #[arg(long, value_name = "N", env = "M40_NUM_PARALLEL")]
     pub parallel: Option<usize>,
     /// Tokens one batched step runs at most (running decodes first, prompt
     /// chunks fill the rest); default on the GPU what it computes in about

@@ -21,15 +21,17 @@ pub struct Args {
     /// needed to bind anything but a loopback address.
     #[arg(long)]
     pub api_key: Option<String>,
-    /// Requests that may wait for the engine before new ones get 503.
-    #[arg(long, default_value_t = 64)]
+    /// Requests that may wait for the engine before new ones get 503
+    /// (Ollama's OLLAMA_MAX_QUEUE).
+    #[arg(long, default_value_t = 64, env = "M40_MAX_QUEUE")]
     pub max_queue: usize,
     /// Seconds a request may run before it is cancelled.
     #[arg(long, default_value_t = 600)]
     pub timeout: u64,
     /// Context length in tokens (default: the model's, up to 4096; 0: all
-    /// the model was made for, which is also the most).
-    #[arg(long)]
+    /// the model was made for, which is also the most; Ollama's
+    /// OLLAMA_CONTEXT_LENGTH).
+    #[arg(long, env = "M40_CONTEXT_LENGTH")]
     pub ctx: Option<usize>,
     /// Let HTTP clients pull by a path on this machine or by any URL (by
     /// default `/api/pull` takes catalog names and hf.co/ references only).
@@ -41,6 +43,18 @@ pub struct Args {
     /// OLLAMA_KEEP_ALIVE).
     #[arg(long, env = "M40_KEEP_ALIVE", default_value = "5m", value_parser = KeepAlive::parse)]
     pub keep_alive: KeepAlive,
+    /// Browser origins allowed to call the server beside this machine's
+    /// pages and app webviews, comma-separated, `*` for any run of
+    /// characters ("https://*.example.com"; Ollama's OLLAMA_ORIGINS).
+    #[arg(long, env = "M40_ORIGINS", value_delimiter = ',')]
+    pub origins: Vec<String>,
+    /// The model store's folder (Ollama's OLLAMA_MODELS; default: the
+    /// user's data folder's m40-llm/models).
+    #[arg(long, env = "M40_MODELS", value_name = "DIR")]
+    pub models: Option<std::path::PathBuf>,
+    /// Log each request and the engine's steps (Ollama's OLLAMA_DEBUG).
+    #[arg(long, env = "M40_DEBUG", value_parser = clap::builder::BoolishValueParser::new())]
+    pub debug: bool,
     #[command(flatten)]
     pub device: super::DeviceArgs,
 }
@@ -75,7 +89,11 @@ pub fn run(a: Args) -> Result<()> {
             bail!("{local} is not a loopback address: set --api-key (or M40_API_KEY) to serve beyond this machine");
         }
         let name = a.model.clone().unwrap_or_else(|| m40_store::DEFAULT_MODEL.to_string());
-        let path = super::resolve_model(Some(&name))?;
+        let store = match &a.models {
+            Some(dir) => m40_store::Store::new(dir),
+            None => m40_store::Store::from_env()?,
+        };
+        let path = super::resolve_in(&store, Some(&name))?;
         let opts = a.device.engine_options(a.ctx);
         // After an unload (`m40-llm stop`), the next request loads it so again.
         let reload = {
@@ -89,10 +107,11 @@ pub fn run(a: Args) -> Result<()> {
             max_queue: a.max_queue,
             request_timeout: Duration::from_secs(a.timeout),
             api_key,
-            store: Some(m40_store::Store::from_env()?),
+            store: Some(store),
             allow_any_pull: a.allow_any_pull,
             reload: Some(reload),
             keep_alive: a.keep_alive,
+            origins: a.origins.clone(),
             ..Default::default()
         };
         let state = AppState::new(Arc::new(engine), &name, config);

@@ -36,6 +36,7 @@ use serde::de::DeserializeOwned;
 mod embed;
 mod format;
 mod keep_alive;
+mod layers;
 mod metrics;
 mod models;
 mod ollama;
@@ -44,6 +45,7 @@ mod store_api;
 mod tools;
 
 pub use keep_alive::KeepAlive;
+pub use layers::DEFAULT_ORIGINS;
 use metrics::Metrics;
 
 /// Server limits.
@@ -76,6 +78,10 @@ pub struct ServerConfig {
     /// `serve --keep-alive`, `M40_KEEP_ALIVE`). Only a server with
     /// `reload` unloads it.
     pub keep_alive: KeepAlive,
+    /// Browser origins allowed beside [`DEFAULT_ORIGINS`] (Ollama's:
+    /// this machine's pages and app webviews), each a pattern where `*`
+    /// stands for anything (`--origins`, `M40_ORIGINS`; `OLLAMA_ORIGINS`).
+    pub origins: Vec<String>,
 }
 
 /// How a server loads its model again after an unload.
@@ -99,6 +105,7 @@ impl Default for ServerConfig {
             allow_any_pull: false,
             reload: None,
             keep_alive: KeepAlive::default(),
+            origins: Vec::new(),
         }
     }
 }
@@ -505,6 +512,7 @@ pub(crate) fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError
 pub fn router(state: AppState) -> Router {
     let limit = state.inner.config.max_body_bytes;
     let key = state.inner.config.api_key.clone();
+    let cors = layers::cors(&state.inner.config.origins);
     Router::new()
         .route("/", get(root).head(root))
         .route("/health", get(health))
@@ -548,6 +556,9 @@ pub fn router(state: AppState) -> Router {
                 async move { check_key(key.as_deref(), req, next).await }
             },
         ))
+        .layer(axum::middleware::from_fn(layers::access_log))
+        // Outermost: a browser's preflight is answered before the key check.
+        .layer(cors)
         .with_state(state)
 }
 
@@ -606,8 +617,10 @@ fn same_key(given: &str, key: &str) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
 }
 
+/// `GET /` and `HEAD /`: Ollama's health answer, word for word (health
+/// probes and scripts look for it).
 async fn root() -> &'static str {
-    "m40-llm is running"
+    "Ollama is running"
 }
 
 async fn health(axum::extract::State(s): axum::extract::State<AppState>) -> Response {

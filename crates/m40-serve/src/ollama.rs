@@ -498,8 +498,15 @@ pub(crate) async fn chat(State(s): State<AppState>, body: Bytes) -> Result<Respo
     .await
 }
 
+/// The Ollama version whose API this server answers as: 0.12.11, the
+/// release that added `logprobs`, the newest of the request fields served
+/// here (tools came in 0.3, `format` schemas in 0.5, `think` in 0.9), so a
+/// client that compares the version against the release that brought a
+/// feature finds every feature served here. m40-llm's own is `m40_llm`.
+pub(crate) const OLLAMA_API_VERSION: &str = "0.12.11";
+
 pub(crate) async fn version() -> Json<Value> {
-    Json(json!({ "version": env!("CARGO_PKG_VERSION") }))
+    Json(json!({ "version": OLLAMA_API_VERSION, "m40_llm": env!("CARGO_PKG_VERSION") }))
 }
 
 /// A request without a prompt: unload the model (keep_alive 0) or load it;

@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 #[test]
 fn info_endpoints_answer() {
     let (s, body) = get("/");
-    assert_eq!((s, body.as_str()), (200, "m40-llm is running"));
+    assert_eq!((s, body.as_str()), (200, "Ollama is running"));
     let head = agent().head(&format!("{}/", server())).call().unwrap();
     assert_eq!(head.status().as_u16(), 200);
     let (s, h) = get("/health");
@@ -27,7 +27,11 @@ fn info_endpoints_answer() {
     );
     let (s, v) = get("/api/version");
     assert_eq!(s, 200);
-    assert!(serde_json::from_str::<Value>(&v).unwrap()["version"].is_string());
+    // The Ollama release whose API is served (its newest field, logprobs,
+    // came in 0.12.11), and m40-llm's own version.
+    let v: Value = serde_json::from_str(&v).unwrap();
+    assert_eq!(v["version"], "0.12.11");
+    assert_eq!(v["m40_llm"], env!("CARGO_PKG_VERSION"));
     // The openai client's models.retrieve; Ollama's show with the template;
     // ps with an expiry in the future (the model stays loaded).
     let (s, m) = get(&format!("/v1/models/{NAME}"));
