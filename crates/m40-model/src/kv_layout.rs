@@ -5,6 +5,24 @@
 
 use m40_gguf::HyperParams;
 
+/// What a backend holds, bytes: its weights, its KV pool (all of it, as
+/// planned: the CPU's pages are taken as first used) and a step's
+/// workspace; `on_device` where they are in GPU memory (the CPU's weights
+/// are the mapped file).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryUse {
+    pub weights: u64,
+    pub kv: u64,
+    pub workspace: u64,
+    pub on_device: bool,
+}
+
+impl MemoryUse {
+    pub fn total(&self) -> u64 {
+        self.weights + self.kv + self.workspace
+    }
+}
+
 /// How a pool stores K and V values.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]

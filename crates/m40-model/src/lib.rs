@@ -24,7 +24,7 @@ use m40_gguf::{GgufFile, HyperParams, TensorView};
 
 pub use batch::{SeqStep, StepLimits, StepOut, Want};
 pub use error::{ModelError, Result};
-pub use kv_layout::{KvFormat, KvLayout};
+pub use kv_layout::{KvFormat, KvLayout, MemoryUse};
 pub use mask::{apply_mask, MaskFiller, MaskSlot, MaskWords};
 
 /// Which logits a forward pass returns.
@@ -73,6 +73,8 @@ pub trait Backend: Send + Sync {
     /// plans within these limits has each step run as planned (on the GPU,
     /// one batched forward, and each prompt chunk longer than
     /// `gpu::JOIN_CHUNK` through the prefill attention).
+    /// The memory it holds (weights, KV pool, workspace).
+    fn memory(&self) -> MemoryUse;
     fn step_limits(&self) -> StepLimits {
         StepLimits {
             tokens: self.max_step(),
@@ -362,6 +364,13 @@ impl Backend for AnyBackend {
         match self {
             AnyBackend::Cpu(b) => b.kv_pool(),
             AnyBackend::Gpu(b) => b.kv_pool(),
+        }
+    }
+
+    fn memory(&self) -> MemoryUse {
+        match self {
+            AnyBackend::Cpu(b) => b.memory(),
+            AnyBackend::Gpu(b) => b.memory(),
         }
     }
 

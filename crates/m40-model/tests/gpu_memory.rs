@@ -79,6 +79,10 @@ fn a_pool_with_a_minimum_takes_what_fits_the_budget() {
     let page = layout.page_tokens;
     assert!((1024..asked).contains(&(page * pages)), "{pages} pages");
     assert!(dev.budget_used() <= dev.budget_limit());
+    // What it reports holding (`/api/ps`'s size) is what it allocated.
+    let mem = g.memory();
+    assert!(mem.on_device);
+    assert_eq!(mem.total(), dev.budget_used() as u64, "{mem:?}");
     // One more page would not have fitted beside the headroom: the pool is
     // the most there was room for, and what the backend allocated is what
     // it counted.

@@ -221,6 +221,12 @@ impl Engine {
         self.batcher.load()
     }
 
+    /// The memory its backend holds: weights, KV pool and workspace, on
+    /// the GPU or in host memory.
+    pub fn memory(&self) -> crate::MemoryUse {
+        self.core.backend.memory()
+    }
+
     /// "CPU" or the GPU's name.
     pub fn backend_name(&self) -> String {
         self.core.backend.describe()

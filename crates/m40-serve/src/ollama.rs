@@ -550,9 +550,11 @@ pub(crate) async fn ps(State(s): State<AppState>) -> Json<Value> {
             .unwrap_or(forever)
             .min(forever);
     m["expires_at"] = json!(expires.to_rfc3339_opts(chrono::SecondsFormat::Millis, true));
-    // Ollama's `ps` derives its PROCESSOR column from this.
-    let on_gpu = engine.backend_name() != "CPU";
-    m["size_vram"] = json!(if on_gpu { m["size"].clone() } else { json!(0) });
+    // What it holds (weights, KV pool, workspace); Ollama's `ps` derives
+    // its PROCESSOR column from the part in GPU memory.
+    let mem = engine.memory();
+    m["size"] = json!(mem.total());
+    m["size_vram"] = json!(if mem.on_device { mem.total() } else { 0 });
     m["context_length"] = json!(s.n_ctx());
     m["m40_backend"] = json!(engine.backend_name());
     // What the engine runs now (m40-llm's own fields).

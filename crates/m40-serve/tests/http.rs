@@ -55,6 +55,11 @@ fn info_endpoints_answer() {
         "{expires}"
     );
     assert_eq!(ps["models"][0]["m40_backend"], "CPU");
+    // What the engine holds: the mapped file, its KV pool and workspace,
+    // none of it in GPU memory.
+    let file = std::fs::metadata(model_path()).unwrap().len();
+    assert!(ps["models"][0]["size"].as_u64().unwrap() > file, "{ps}");
+    assert_eq!(ps["models"][0]["size_vram"], 0);
     for path in ["/api/tags", "/api/ps"] {
         let (s, t) = get(path);
         let t: Value = serde_json::from_str(&t).unwrap();

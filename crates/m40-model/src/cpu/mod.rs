@@ -20,7 +20,6 @@ use m40_gguf::HyperParams;
 use rayon::prelude::*;
 
 use crate::error::{ModelError, Result};
-use crate::host::human_bytes;
 use crate::paged::PagedCache;
 use crate::{Backend, KvState, Logits, Model, SeqStep, StepOut, Want, DEFAULT_SEQUENCES};
 use encoder::{layernorm_bias, EncoderInput, EncoderLayer};
@@ -28,6 +27,9 @@ pub use kv::PAGE_TOKENS;
 use kv::{row_at, HostPages, LayerPages};
 use m40_gguf::TensorView;
 use matmul::matmul;
+mod memory;
+use memory::kv_too_big;
+pub use memory::{check_memory, memory_needed};
 pub use moe::route;
 use ops::{glu, head_norm, norm, rmsnorm, softcap, softmax_sink, Rope};
 
@@ -474,66 +476,6 @@ impl CpuBackend {
     }
 }
 
-/// Host memory a [`CpuBackend`] of `hp` takes beyond its (memory-mapped)
-/// weights, bytes: (a KV cache of `n_ctx` tokens, the activations of one
-/// forward of `batch` tokens with its logits).
-pub fn memory_needed(hp: &HyperParams, n_ctx: usize, batch: usize) -> (u64, u64) {
-    let kv = kv_bytes_per_token(hp).saturating_mul(n_ctx as u64);
-    let (b, d, ff) = (batch as u64, hp.n_embd as u64, hp.n_ff as u64);
-    let (q, kvd) = (
-        (hp.n_head * hp.head_dim) as u64,
-        (hp.n_head_kv * hp.head_dim) as u64,
-    );
-    // x, h, proj; q, att; k, v; gate, up; logits (f32).
-    let act = 4 * b * (3 * d + 2 * q + 2 * kvd + 2 * ff + hp.n_vocab as u64);
-    (kv, act)
-}
-
-/// The K and V of every layer for one token (FP16).
-fn kv_bytes_per_token(hp: &HyperParams) -> u64 {
-    crate::KvLayout::new(hp, kv::PAGE_TOKENS, crate::KvFormat::F16).token_bytes()
-}
-
-/// Checks that a KV cache of `n_ctx` tokens (over all sequences) and
-/// forwards of `batch` tokens fit in the memory this machine has available
-/// (where it can be read), before anything is allocated; the error says
-/// what would fit.
-pub fn check_memory(hp: &HyperParams, n_ctx: usize, batch: usize) -> Result<()> {
-    let Some(available) = crate::host::available_memory() else {
-        return Ok(());
-    };
-    let (kv, act) = memory_needed(hp, n_ctx, batch);
-    if kv.saturating_add(act) <= available {
-        return Ok(());
-    }
-    let fits = available.saturating_sub(act) / kv_bytes_per_token(hp).max(1);
-    Err(ModelError::HostMemory {
-        what: format!("a KV cache of {n_ctx} tokens (with the activations)"),
-        need: format!(
-            "{} ({} KV cache, {} activations)",
-            human_bytes(kv.saturating_add(act)),
-            human_bytes(kv),
-            human_bytes(act)
-        ),
-        available: human_bytes(available),
-        hint: if fits > 0 {
-            format!("use a context (and --kv-tokens) of at most {fits} tokens")
-        } else {
-            "free some memory or use a smaller model".into()
-        },
-    })
-}
-
-fn kv_too_big(hp: &HyperParams, n_ctx: usize) -> ModelError {
-    let kv = kv_bytes_per_token(hp).saturating_mul(n_ctx as u64);
-    ModelError::HostMemory {
-        what: format!("a KV cache of {n_ctx} tokens"),
-        need: human_bytes(kv),
-        available: crate::host::available_memory().map_or_else(|| "less".into(), human_bytes),
-        hint: "use a smaller context or --kv-tokens".into(),
-    }
-}
-
 /// x += s * p: a residual branch (scaled by granite's multiplier; s * p
 /// is exactly p where s is 1).
 fn add_residual(x: &mut [f32], p: &[f32], s: f32) {
@@ -562,6 +504,18 @@ impl Backend for CpuBackend {
         let hp = self.model.hparams();
         let layout = crate::KvLayout::new(hp, pool.page_tokens(), crate::KvFormat::F16);
         (layout, pool.pages())
+    }
+
+    fn memory(&self) -> crate::MemoryUse {
+        let hp = self.model.hparams();
+        let (layout, pages) = self.kv_pool();
+        let (_, act) = memory_needed(hp, 0, crate::DEFAULT_STEP);
+        crate::MemoryUse {
+            weights: self.model.file().file_size(),
+            kv: layout.pool_bytes(pages),
+            workspace: act,
+            on_device: false,
+        }
     }
 
     fn cache_on(

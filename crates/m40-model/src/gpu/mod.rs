@@ -50,7 +50,9 @@ pub use m40_kernels::LoadProgress;
 pub use tuning::{JOIN_CHUNK, KV_FIT_HEADROOM};
 
 use crate::error::{ModelError, Result};
-use crate::{Backend, KvFormat, KvLayout, KvState, Logits, Model, Selection, SeqStep, StepOut};
+use crate::{
+    Backend, KvFormat, KvLayout, KvState, Logits, MemoryUse, Model, Selection, SeqStep, StepOut,
+};
 use encoder::EncoderWeights;
 use forward::attn_shape;
 use graphs::Graphs;
@@ -150,6 +152,8 @@ pub struct GpuBackend {
     ropes: Ropes,
     /// Each decoder layer's op list (`ops.rs`), what `enqueue` walks.
     ops: Vec<LayerOps>,
+    /// What it allocated (`memory_needed` of its pool).
+    memory: MemoryUse,
     max_batch: usize,
     /// `Backend::step_tokens`: [`default_step_tokens`] for this device and
     /// model.
@@ -409,7 +413,13 @@ impl GpuBackend {
                 });
             }
         };
-        let (w, _, _) = memory_needed(&model, &opts, gpu, sms, kv_tokens);
+        let (w, kv_bytes, work_bytes) = memory_needed(&model, &opts, gpu, sms, kv_tokens);
+        let memory = MemoryUse {
+            weights: w,
+            kv: kv_bytes,
+            workspace: work_bytes,
+            on_device: true,
+        };
 
         let stream = device.new_stream()?;
         let weights = Weights::upload(&model, &opts, &stream, w)?;
@@ -443,6 +453,7 @@ impl GpuBackend {
             encoder,
             ropes,
             ops,
+            memory,
             max_batch,
             step_tokens,
             gemm_slots: gpu,
@@ -529,6 +540,10 @@ impl Backend for GpuBackend {
 
     fn kv_pool(&self) -> (KvLayout, usize) {
         (self.kv_layout, self.pages.pages())
+    }
+
+    fn memory(&self) -> MemoryUse {
+        self.memory
     }
 
     fn step_limits(&self) -> crate::StepLimits {

@@ -1,0 +1,68 @@
+//! The CPU backend's memory: what a KV cache and a step's activations
+//! take, checked against the machine's before anything is allocated.
+
+use m40_gguf::HyperParams;
+
+use super::kv;
+use crate::error::{ModelError, Result};
+use crate::host::human_bytes;
+
+/// Host memory a [`CpuBackend`] of `hp` takes beyond its (memory-mapped)
+/// weights, bytes: (a KV cache of `n_ctx` tokens, the activations of one
+/// forward of `batch` tokens with its logits).
+pub fn memory_needed(hp: &HyperParams, n_ctx: usize, batch: usize) -> (u64, u64) {
+    let kv = kv_bytes_per_token(hp).saturating_mul(n_ctx as u64);
+    let (b, d, ff) = (batch as u64, hp.n_embd as u64, hp.n_ff as u64);
+    let (q, kvd) = (
+        (hp.n_head * hp.head_dim) as u64,
+        (hp.n_head_kv * hp.head_dim) as u64,
+    );
+    // x, h, proj; q, att; k, v; gate, up; logits (f32).
+    let act = 4 * b * (3 * d + 2 * q + 2 * kvd + 2 * ff + hp.n_vocab as u64);
+    (kv, act)
+}
+
+/// The K and V of every layer for one token (FP16).
+fn kv_bytes_per_token(hp: &HyperParams) -> u64 {
+    crate::KvLayout::new(hp, kv::PAGE_TOKENS, crate::KvFormat::F16).token_bytes()
+}
+
+/// Checks that a KV cache of `n_ctx` tokens (over all sequences) and
+/// forwards of `batch` tokens fit in the memory this machine has available
+/// (where it can be read), before anything is allocated; the error says
+/// what would fit.
+pub fn check_memory(hp: &HyperParams, n_ctx: usize, batch: usize) -> Result<()> {
+    let Some(available) = crate::host::available_memory() else {
+        return Ok(());
+    };
+    let (kv, act) = memory_needed(hp, n_ctx, batch);
+    if kv.saturating_add(act) <= available {
+        return Ok(());
+    }
+    let fits = available.saturating_sub(act) / kv_bytes_per_token(hp).max(1);
+    Err(ModelError::HostMemory {
+        what: format!("a KV cache of {n_ctx} tokens (with the activations)"),
+        need: format!(
+            "{} ({} KV cache, {} activations)",
+            human_bytes(kv.saturating_add(act)),
+            human_bytes(kv),
+            human_bytes(act)
+        ),
+        available: human_bytes(available),
+        hint: if fits > 0 {
+            format!("use a context (and --kv-tokens) of at most {fits} tokens")
+        } else {
+            "free some memory or use a smaller model".into()
+        },
+    })
+}
+
+pub(super) fn kv_too_big(hp: &HyperParams, n_ctx: usize) -> ModelError {
+    let kv = kv_bytes_per_token(hp).saturating_mul(n_ctx as u64);
+    ModelError::HostMemory {
+        what: format!("a KV cache of {n_ctx} tokens"),
+        need: human_bytes(kv),
+        available: crate::host::available_memory().map_or_else(|| "less".into(), human_bytes),
+        hint: "use a smaller context or --kv-tokens".into(),
+    }
+}
