@@ -12,10 +12,12 @@
 //! in the store without copying it.
 
 mod fetch;
+mod modelfile;
 mod reference;
 #[cfg(test)]
 mod tests;
 
+pub use modelfile::{Modelfile, ModelfileError, PARAMETERS};
 pub use reference::{HfFile, ModelRef};
 
 use std::fs;
