@@ -146,17 +146,41 @@ pub fn ps() -> Result<()> {
         );
     };
     let loaded = client.ps()?;
-    println!("{:<40} {:>10} {:>9}  UNTIL", "NAME", "SIZE", "CONTEXT");
+    println!(
+        "{:<40} {:>10} {:>9} {:>9}  UNTIL",
+        "NAME", "SIZE", "PROCESSOR", "CONTEXT"
+    );
     if loaded.is_empty() {
         eprintln!("(no model loaded now: the server loads its model on the next request)");
     }
     for m in loaded {
+        let size = m["size"].as_u64().unwrap_or(0);
+        let on_gpu = m["size_vram"].as_u64().unwrap_or(0) > 0;
         println!(
-            "{:<40} {:>7.1} MB {:>9}  forever (one model, always loaded)",
+            "{:<40} {:>7.1} MB {:>9} {:>9}  {}",
             m["name"].as_str().unwrap_or("?"),
-            m["size"].as_f64().unwrap_or(0.0) / 1e6,
+            size as f64 / 1e6,
+            if on_gpu { "100% GPU" } else { "100% CPU" },
             m["context_length"].as_u64().unwrap_or(0),
+            until(m["expires_at"].as_str()),
         );
     }
     Ok(())
+}
+
+/// When a model `expires_at` (RFC 3339) goes, as `ollama ps` says it:
+/// "4 minutes from now", "forever" (a model kept).
+fn until(expires_at: Option<&str>) -> String {
+    let Some(at) = expires_at.and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok()) else {
+        return "?".into();
+    };
+    let left = (at.with_timezone(&chrono::Utc) - chrono::Utc::now()).num_seconds();
+    match left {
+        l if l > 50 * 365 * 86400 => "forever".into(),
+        l if l <= 0 => "now (when idle)".into(),
+        l if l < 120 => format!("{l} seconds from now"),
+        l if l < 2 * 3600 => format!("{} minutes from now", l / 60),
+        l if l < 2 * 86400 => format!("{} hours from now", l / 3600),
+        l => format!("{} days from now", l / 86400),
+    }
 }
