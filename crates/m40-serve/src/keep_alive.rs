@@ -125,7 +125,7 @@ impl Drop for Lease {
 
 impl AppState {
     fn life(&self) -> std::sync::MutexGuard<'_, Life> {
-        self.inner.life.lock().unwrap_or_else(|e| e.into_inner())
+        self.slot().life()
     }
 
     /// A request's `keep_alive`, or the server's where it says none (as
@@ -143,7 +143,7 @@ impl AppState {
 
     /// Whether this server can unload its model (it can load it again).
     pub(crate) fn can_unload(&self) -> bool {
-        self.inner.config.reload.is_some()
+        self.slot().can_unload()
     }
 
     /// Hold the model for a request that keeps it `keep_alive` after.
@@ -176,7 +176,7 @@ impl AppState {
         if life.in_flight == 0 && due <= Instant::now() {
             // Under the life lock: a request that comes now waits, then
             // loads the model again.
-            self.unload();
+            self.slot().unload();
             return None;
         }
         Some(due)

@@ -41,12 +41,14 @@ mod metrics;
 mod models;
 mod ollama;
 mod openai;
+mod slot;
 mod store_api;
 mod tools;
 
 pub use keep_alive::KeepAlive;
 pub use layers::DEFAULT_ORIGINS;
 use metrics::Metrics;
+use slot::Slot;
 
 /// Server limits.
 #[derive(Clone, Debug)]
@@ -117,20 +119,10 @@ pub struct AppState {
 }
 
 struct Inner {
-    /// The engine while the model is loaded (requests in flight keep their
-    /// own handle: an unload frees it when the last one ends).
-    engine: std::sync::RwLock<Option<Arc<Engine>>>,
-    /// One load at a time.
-    loading: tokio::sync::Mutex<()>,
-    /// The model's file and shape, kept across unloads (for /api/show, tags).
-    model: Arc<m40_runtime::Model>,
-    n_ctx: usize,
-    name: String,
+    /// The model served (`slot.rs`).
+    slot: Slot,
     config: ServerConfig,
     metrics: Metrics,
-    loaded_at: chrono::DateTime<chrono::Utc>,
-    /// When it is unloaded once idle (`keep_alive.rs`).
-    life: std::sync::Mutex<keep_alive::Life>,
 }
 
 impl AppState {
@@ -139,87 +131,40 @@ impl AppState {
     pub fn new(engine: Arc<Engine>, name: &str, config: ServerConfig) -> Self {
         Self {
             inner: Arc::new(Inner {
-                model: engine.model().clone(),
-                n_ctx: engine.n_ctx(),
-                engine: std::sync::RwLock::new(Some(engine)),
-                loading: tokio::sync::Mutex::new(()),
-                life: std::sync::Mutex::new(keep_alive::Life::new(config.keep_alive)),
-                name: name.to_string(),
+                slot: Slot::new(engine, name, config.keep_alive, config.reload.clone()),
                 config,
                 metrics: Metrics::default(),
-                loaded_at: chrono::Utc::now(),
             }),
         }
     }
 
+    /// The model served, loaded or not.
+    pub(crate) fn slot(&self) -> &Slot {
+        &self.inner.slot
+    }
+
     /// The engine, if the model is loaded now.
     pub(crate) fn engine(&self) -> Option<Arc<Engine>> {
-        self.inner
-            .engine
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.inner.slot.engine()
     }
 
     /// The engine, loading the model again if it was unloaded.
     pub(crate) async fn loaded(&self) -> Result<Arc<Engine>, ApiError> {
-        if let Some(e) = self.engine() {
-            return Ok(e);
-        }
-        let _one = self.inner.loading.lock().await;
-        if let Some(e) = self.engine() {
-            return Ok(e);
-        }
-        let Some(reload) = self.inner.config.reload.clone() else {
-            return Err(ApiError::internal(
-                "the model was unloaded and this server cannot load it again",
-            ));
-        };
-        let engine = tokio::task::spawn_blocking(move || (reload.0)())
-            .await
-            .map_err(|e| ApiError::internal(e.to_string()))?
-            .map_err(|e| {
-                ApiError::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    format!("loading the model again failed: {e}"),
-                )
-            })?;
-        let engine = Arc::new(engine);
-        *self.inner.engine.write().unwrap_or_else(|e| e.into_inner()) = Some(engine.clone());
-        tracing::info!("{} loaded again", self.inner.name);
-        Ok(engine)
-    }
-
-    /// Unload the model (its engine goes when the requests in flight end);
-    /// false where it cannot be loaded again, and stays.
-    pub(crate) fn unload(&self) -> bool {
-        if self.inner.config.reload.is_none() {
-            return false;
-        }
-        let gone = self
-            .inner
-            .engine
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        if gone.is_some() {
-            tracing::info!("{} unloaded", self.inner.name);
-        }
-        true
+        self.inner.slot.loaded().await
     }
 
     /// The model's file and hyperparameters, loaded or not.
     pub(crate) fn model(&self) -> &m40_runtime::Model {
-        &self.inner.model
+        &self.inner.slot.model
     }
 
     /// The context every request gets at most.
     pub(crate) fn n_ctx(&self) -> usize {
-        self.inner.n_ctx
+        self.inner.slot.n_ctx
     }
 
     pub(crate) fn name(&self) -> &str {
-        &self.inner.name
+        &self.inner.slot.name
     }
 
     pub(crate) fn store(&self) -> Option<&Store> {
@@ -235,14 +180,14 @@ impl AppState {
         let Some(m) = requested.map(str::trim).filter(|m| !m.is_empty()) else {
             return Err(ApiError::bad_request("model is required"));
         };
-        if same_model(m, &self.inner.name) {
+        if same_model(m, &self.inner.slot.name) {
             Ok(())
         } else {
             Err(ApiError::new(
                 StatusCode::NOT_FOUND,
                 format!(
                     "model '{m}' not found; this server has '{}' loaded",
-                    self.inner.name
+                    self.inner.slot.name
                 ),
             ))
         }

@@ -25,7 +25,7 @@ pub(crate) fn modified_at(m: &ModelInfo) -> String {
 pub(crate) fn model_entry(s: &AppState) -> Value {
     let info = ModelInfo::of(s.model());
     json!({"name": s.name(), "model": s.name(),
-           "modified_at": s.inner.loaded_at.to_rfc3339(),
+           "modified_at": s.slot().loaded_at.to_rfc3339(),
            "size": info.file_size, "digest": "", "details": details(&info)})
 }
 

@@ -588,7 +588,7 @@ pub(crate) async fn show(State(s): State<AppState>, body: Bytes) -> Result<Json<
         let modified = modified_at(&info);
         return Ok(Json(describe(&info, &modified)));
     }
-    let modified = s.inner.loaded_at.to_rfc3339();
+    let modified = s.slot().loaded_at.to_rfc3339();
     // The loaded engine says which template it renders (a server may
     // override the model's) and what that allows.
     let info = match s.engine() {

@@ -581,7 +581,7 @@ pub(crate) async fn completions(
 }
 
 fn model_object(s: &AppState) -> Value {
-    json!({"id": s.name(), "object": "model", "created": s.inner.loaded_at.timestamp(), "owned_by": "m40-llm"})
+    json!({"id": s.name(), "object": "model", "created": s.slot().loaded_at.timestamp(), "owned_by": "m40-llm"})
 }
 
 pub(crate) async fn models(State(s): State<AppState>) -> Json<Value> {
