@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use m40_llm::client;
 use m40_runtime::Engine;
-use m40_serve::{AppState, KeepAlive, ServerConfig};
+use m40_serve::{AppState, Fit, KeepAlive, ServerConfig};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -52,11 +52,49 @@ pub struct Args {
     /// user's data folder's m40-llm/models).
     #[arg(long, env = "M40_MODELS", value_name = "DIR")]
     pub models: Option<std::path::PathBuf>,
+    /// Models loaded at once at most; 0: as many as fit (Ollama's
+    /// OLLAMA_MAX_LOADED_MODELS). Any stored model is served by name and
+    /// loaded by its first request; one that does not fit unloads the
+    /// least recently used idle model first.
+    #[arg(long, env = "M40_MAX_LOADED_MODELS", default_value_t = 0)]
+    pub max_loaded_models: usize,
     /// Log each request and the engine's steps (Ollama's OLLAMA_DEBUG).
     #[arg(long, env = "M40_DEBUG", value_parser = clap::builder::BoolishValueParser::new())]
     pub debug: bool,
     #[command(flatten)]
     pub device: super::DeviceArgs,
+}
+
+/// Loads the store's models by name, and the model the server started with
+/// (which may be a path) again.
+struct StoreLoader {
+    store: m40_store::Store,
+    first: (String, std::path::PathBuf),
+    opts: m40_runtime::EngineOptions,
+}
+
+impl m40_serve::Loader for StoreLoader {
+    fn resolve(&self, requested: &str) -> Option<String> {
+        if m40_store::same_model(requested, &self.first.0) {
+            return Some(self.first.0.clone());
+        }
+        Some(self.store.manifest(requested).ok()??.name)
+    }
+
+    fn load(&self, name: &str, fit: Fit) -> Result<Engine, m40_runtime::EngineError> {
+        let path = if name == self.first.0 {
+            self.first.1.clone()
+        } else {
+            // Gone since it was resolved: the load says the file is missing.
+            (self.store.manifest(name).ok().flatten()).map_or_else(|| name.into(), |m| m.path)
+        };
+        let mut opts = self.opts.clone();
+        // The GPU or nothing, so that the server frees room there first.
+        if fit == Fit::Best && opts.backend == m40_runtime::BackendChoice::Auto {
+            opts.backend = m40_runtime::BackendChoice::Gpu;
+        }
+        Engine::from_path(&path, opts)
+    }
 }
 
 /// host and port from the flags, else `M40_HOST`, else 127.0.0.1:11434.
@@ -95,11 +133,13 @@ pub fn run(a: Args) -> Result<()> {
         };
         let path = super::resolve_in(&store, Some(&name))?;
         let opts = a.device.engine_options(a.ctx);
-        // After an unload (`m40-llm stop`), the next request loads it so again.
-        let reload = {
-            let (path, opts) = (path.clone(), opts.clone());
-            m40_serve::Reload(Arc::new(move || Engine::from_path(&path, opts.clone())))
-        };
+        // Every stored model by name, and this one again after an unload
+        // (`m40-llm stop`), loaded with the same options.
+        let loader = Arc::new(StoreLoader {
+            store: store.clone(),
+            first: (name.clone(), path.clone()),
+            opts: opts.clone(),
+        });
         let engine = tokio::task::spawn_blocking(move || Engine::from_path(&path, opts)).await??;
         super::report_backend(&engine);
         super::report_limits(&engine);
@@ -109,7 +149,8 @@ pub fn run(a: Args) -> Result<()> {
             api_key,
             store: Some(store),
             allow_any_pull: a.allow_any_pull,
-            reload: Some(reload),
+            loader: Some(loader),
+            max_loaded_models: a.max_loaded_models,
             keep_alive: a.keep_alive,
             origins: a.origins.clone(),
             ..Default::default()

@@ -73,4 +73,25 @@ impl From<RenderError> for EngineError {
     }
 }
 
+impl EngineError {
+    /// Whether loading failed for lack of memory (GPU or host): a load
+    /// that may fit once something else is unloaded.
+    pub fn is_out_of_memory(&self) -> bool {
+        use m40_model::ModelError as M;
+        let oom = |m: &M| {
+            matches!(
+                m,
+                M::GpuMemory { .. }
+                    | M::HostMemory { .. }
+                    | M::Device(m40_device::DeviceError::OutOfMemory { .. })
+            )
+        };
+        match self {
+            EngineError::Model(m) => oom(m),
+            EngineError::NoRoom { .. } => true,
+            _ => false,
+        }
+    }
+}
+
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;

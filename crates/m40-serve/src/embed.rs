@@ -2,6 +2,7 @@
 //! OpenAI's `/v1/embeddings`. A request's inputs run together in the
 //! engine's steps (`Engine::embed`).
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::Bytes;
@@ -16,6 +17,7 @@ use m40_runtime::{CancelToken, EmbedInput, EmbedRequest, Embeddings, EngineError
 
 use crate::ollama::load_or_unload;
 use crate::openai::OaiError;
+use crate::slot::Slot;
 use crate::KeepAlive;
 use crate::{parse_json, ApiError, AppState};
 
@@ -31,16 +33,17 @@ fn embed_error(e: EngineError) -> ApiError {
 }
 
 impl AppState {
-    /// Run `req` on the engine (loading it again where it was unloaded);
-    /// a 503 while the queue is full, the request cancelled when its
-    /// client goes or its time runs out.
+    /// Run `req` on `slot`'s model (loading it where it is not loaded); a
+    /// 503 while the queue is full, the request cancelled when its client
+    /// goes or its time runs out.
     pub(crate) async fn embed(
         &self,
+        slot: &Arc<Slot>,
         req: EmbedRequest,
         keep_alive: KeepAlive,
     ) -> Result<Embeddings, ApiError> {
-        let _lease = self.lease(keep_alive);
-        let engine = self.loaded().await?;
+        let served = self.open(slot, keep_alive).await?;
+        let engine = served.engine.clone();
         self.check_queue(&engine)?;
         let cancel = CancelToken::new();
         let timer = {
@@ -129,7 +132,7 @@ pub(crate) async fn ollama_embed(
 ) -> Result<Response, ApiError> {
     let received = Instant::now();
     let r: EmbedBody = parse_json(&body)?;
-    s.check_model(r.model.as_deref())?;
+    let slot = s.slot_for(r.model.as_deref())?;
     let keep = s.keep_alive_of(r.keep_alive.as_ref())?;
     let mut inputs = parse_input(r.input, "input")?;
     // Ollama skips a lone empty string (an empty array of embeddings).
@@ -140,13 +143,13 @@ pub(crate) async fn ollama_embed(
     let got = if inputs.is_empty() {
         // As an empty generate: loads the model, or with keep_alive 0
         // unloads it.
-        load_or_unload(&s, keep).await?;
+        load_or_unload(&s, &slot, keep).await?;
         Embeddings::default()
     } else {
         let mut req = EmbedRequest::new(inputs);
         req.truncate = r.truncate.unwrap_or(true);
         req.dimensions = dimensions(r.dimensions)?;
-        s.embed(req, keep).await?
+        s.embed(&slot, req, keep).await?
     };
     Ok(Json(json!({
         "model": model,
@@ -175,7 +178,7 @@ pub(crate) async fn ollama_embeddings(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let r: EmbeddingsBody = parse_json(&body)?;
-    s.check_model(r.model.as_deref())?;
+    let slot = s.slot_for(r.model.as_deref())?;
     let keep = s.keep_alive_of(r.keep_alive.as_ref())?;
     let prompt = r.prompt.unwrap_or_default();
     if prompt.is_empty() {
@@ -183,7 +186,7 @@ pub(crate) async fn ollama_embeddings(
     }
     let mut req = EmbedRequest::new(vec![EmbedInput::Text(prompt)]);
     req.normalize = false;
-    let mut got = s.embed(req, keep).await?;
+    let mut got = s.embed(&slot, req, keep).await?;
     Ok(Json(json!({ "embedding": got.vectors.remove(0) })).into_response())
 }
 
@@ -205,7 +208,7 @@ pub(crate) async fn openai_embeddings(
     body: Bytes,
 ) -> Result<Response, OaiError> {
     let r: OaiBody = parse_json(&body)?;
-    s.check_model(r.model.as_deref())?;
+    let slot = s.slot_for(r.model.as_deref())?;
     let base64 = match r.encoding_format.as_deref() {
         None | Some("float") => false,
         Some("base64") => true,
@@ -226,7 +229,7 @@ pub(crate) async fn openai_embeddings(
     }
     let mut req = EmbedRequest::new(inputs);
     req.dimensions = dimensions(r.dimensions)?;
-    let got = s.embed(req, s.default_keep_alive()).await?;
+    let got = s.embed(&slot, req, s.default_keep_alive()).await?;
     let n = got.prompt_tokens();
     let data: Vec<Value> = got
         .vectors

@@ -83,51 +83,7 @@ impl KeepAlive {
     }
 }
 
-/// A loaded model's life: how long it stays once idle (the last request's
-/// `keep_alive`, or the server's), the requests in flight, and since when
-/// it has been idle.
-pub(crate) struct Life {
-    keep_alive: KeepAlive,
-    in_flight: usize,
-    idle_since: Instant,
-}
-
-impl Life {
-    pub(crate) fn new(keep_alive: KeepAlive) -> Self {
-        Life {
-            keep_alive,
-            in_flight: 0,
-            idle_since: Instant::now(),
-        }
-    }
-
-    /// When the model goes if no request comes: counted from the end of
-    /// the last one (from now while some are in flight); None: never.
-    fn expiry(&self) -> Option<Instant> {
-        match self.in_flight {
-            0 => self.keep_alive.expiry(self.idle_since),
-            _ => self.keep_alive.expiry(Instant::now()),
-        }
-    }
-}
-
-/// A request's hold on the model: while any is held the model stays
-/// loaded; the last one's end starts its `keep_alive`.
-pub(crate) struct Lease(AppState);
-
-impl Drop for Lease {
-    fn drop(&mut self) {
-        let mut life = self.0.life();
-        life.in_flight -= 1;
-        life.idle_since = Instant::now();
-    }
-}
-
 impl AppState {
-    fn life(&self) -> std::sync::MutexGuard<'_, Life> {
-        self.slot().life()
-    }
-
     /// A request's `keep_alive`, or the server's where it says none (as
     /// Ollama: each request sets the model's anew); a 400 when invalid.
     pub(crate) fn keep_alive_of(&self, v: Option<&Value>) -> Result<KeepAlive, ApiError> {
@@ -141,57 +97,21 @@ impl AppState {
         self.inner.config.keep_alive
     }
 
-    /// Whether this server can unload its model (it can load it again).
-    pub(crate) fn can_unload(&self) -> bool {
-        self.slot().can_unload()
-    }
-
-    /// Hold the model for a request that keeps it `keep_alive` after.
-    pub(crate) fn lease(&self, keep_alive: KeepAlive) -> Lease {
-        let mut life = self.life();
-        life.keep_alive = keep_alive;
-        life.in_flight += 1;
-        Lease(self.clone())
-    }
-
-    /// When the loaded model is unloaded if no request comes; None: never
-    /// (or this server cannot load it again, so it keeps it).
-    pub(crate) fn expires_at(&self) -> Option<Instant> {
-        if !self.can_unload() {
-            return None;
-        }
-        self.life().expiry()
-    }
-
-    /// Unload the model if it is idle and its time has run out; `keep_alive`
-    /// set first where given. Returns when it would next be due (None:
-    /// never, or it is not loaded).
-    pub(crate) fn reap(&self, keep_alive: Option<KeepAlive>) -> Option<Instant> {
-        let mut life = self.life();
-        if let Some(k) = keep_alive {
-            life.keep_alive = k;
-        }
-        self.engine()?;
-        let due = life.expiry()?;
-        if life.in_flight == 0 && due <= Instant::now() {
-            // Under the life lock: a request that comes now waits, then
-            // loads the model again.
-            self.slot().unload();
-            return None;
-        }
-        Some(due)
-    }
-
-    /// Unload the model whenever it has been idle for its `keep_alive`
-    /// (the server's task while it serves).
+    /// Unload every model that has been idle for its `keep_alive` (the
+    /// server's task while it serves).
     pub(crate) async fn watch_idle(self) {
         loop {
-            let wait = match self.reap(None) {
-                Some(due) => due.saturating_duration_since(Instant::now()),
-                None => Duration::from_secs(1),
-            };
+            let now = Instant::now();
+            let next = self
+                .slots()
+                .iter()
+                .filter_map(|s| s.reap(None))
+                .min()
+                .map_or(Duration::from_secs(1), |due| {
+                    due.saturating_duration_since(now)
+                });
             // Short enough to follow a request that changes the time.
-            let wait = wait.clamp(Duration::from_millis(20), Duration::from_millis(500));
+            let wait = next.clamp(Duration::from_millis(20), Duration::from_millis(500));
             tokio::time::sleep(wait).await;
         }
     }

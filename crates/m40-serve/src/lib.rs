@@ -30,7 +30,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::Router;
 use m40_runtime::{CancelToken, Completion, Engine, Request, TokenEvent};
-use m40_store::{same_model, Store};
+use m40_store::Store;
 use serde::de::DeserializeOwned;
 
 mod embed;
@@ -42,6 +42,7 @@ mod models;
 mod ollama;
 mod openai;
 mod slot;
+mod slots;
 mod store_api;
 mod tools;
 
@@ -49,9 +50,11 @@ pub use keep_alive::KeepAlive;
 pub use layers::DEFAULT_ORIGINS;
 use metrics::Metrics;
 use slot::Slot;
+use slots::Served;
+pub use slots::{Fit, Loader};
 
 /// Server limits.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct ServerConfig {
     /// Requests waiting for admission (the engine's KV cache or its
     /// `parallel` limit full) beyond this are refused with 503.
@@ -71,10 +74,15 @@ pub struct ServerConfig {
     /// server's disk or any URL (`serve --allow-any-pull`). Off, clients
     /// pull catalog names and Hugging Face references only.
     pub allow_any_pull: bool,
-    /// Loads the model again after it was unloaded (`keep_alive: 0`, as
-    /// `m40-llm stop` and `ollama stop` send); without it the model cannot
-    /// be unloaded.
-    pub reload: Option<Reload>,
+    /// Loads models by name: any the server may serve beside the one it
+    /// started with, and that one again after an unload (`keep_alive: 0`,
+    /// as `m40-llm stop` and `ollama stop` send). Without one, the server
+    /// serves its first model only and never unloads it.
+    pub loader: Option<Arc<dyn Loader>>,
+    /// Models loaded at once at most (`--max-loaded-models`,
+    /// `M40_MAX_LOADED_MODELS`; Ollama's `OLLAMA_MAX_LOADED_MODELS`); 0:
+    /// as many as fit.
+    pub max_loaded_models: usize,
     /// How long the model stays loaded after its last request ends,
     /// where a request does not say (Ollama's default: 5 minutes;
     /// `serve --keep-alive`, `M40_KEEP_ALIVE`). Only a server with
@@ -86,16 +94,6 @@ pub struct ServerConfig {
     pub origins: Vec<String>,
 }
 
-/// How a server loads its model again after an unload.
-#[derive(Clone)]
-pub struct Reload(pub Arc<dyn Fn() -> Result<Engine, m40_runtime::EngineError> + Send + Sync>);
-
-impl std::fmt::Debug for Reload {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Reload")
-    }
-}
-
 impl Default for ServerConfig {
     fn default() -> Self {
         Self {
@@ -105,7 +103,8 @@ impl Default for ServerConfig {
             api_key: None,
             store: None,
             allow_any_pull: false,
-            reload: None,
+            loader: None,
+            max_loaded_models: 0,
             keep_alive: KeepAlive::default(),
             origins: Vec::new(),
         }
@@ -119,52 +118,39 @@ pub struct AppState {
 }
 
 struct Inner {
-    /// The model served (`slot.rs`).
-    slot: Slot,
+    /// The models served, loaded or not (`slots.rs`); the first is the
+    /// one the server started with.
+    slots: std::sync::Mutex<Vec<Arc<Slot>>>,
+    /// One load at a time.
+    loading: tokio::sync::Mutex<()>,
     config: ServerConfig,
     metrics: Metrics,
 }
 
 impl AppState {
     /// Serve `engine` under `name` (e.g. `smollm2:135m`; requests may also
-    /// say `smollm2:135m:latest`-style tags of it or leave the tag out).
+    /// say `smollm2:135m:latest`-style tags of it or leave the tag out),
+    /// and any model `config.loader` can load.
     pub fn new(engine: Arc<Engine>, name: &str, config: ServerConfig) -> Self {
+        let first = Slot::with(engine, name, config.keep_alive, config.loader.is_some());
         Self {
             inner: Arc::new(Inner {
-                slot: Slot::new(engine, name, config.keep_alive, config.reload.clone()),
+                slots: std::sync::Mutex::new(vec![Arc::new(first)]),
+                loading: tokio::sync::Mutex::new(()),
                 config,
                 metrics: Metrics::default(),
             }),
         }
     }
 
-    /// The model served, loaded or not.
-    pub(crate) fn slot(&self) -> &Slot {
-        &self.inner.slot
+    /// The model the server started with, loaded or not.
+    pub(crate) fn first(&self) -> Arc<Slot> {
+        self.slots().swap_remove(0)
     }
 
-    /// The engine, if the model is loaded now.
-    pub(crate) fn engine(&self) -> Option<Arc<Engine>> {
-        self.inner.slot.engine()
-    }
-
-    /// The engine, loading the model again if it was unloaded.
-    pub(crate) async fn loaded(&self) -> Result<Arc<Engine>, ApiError> {
-        self.inner.slot.loaded().await
-    }
-
-    /// The model's file and hyperparameters, loaded or not.
-    pub(crate) fn model(&self) -> &m40_runtime::Model {
-        &self.inner.slot.model
-    }
-
-    /// The context every request gets at most.
-    pub(crate) fn n_ctx(&self) -> usize {
-        self.inner.slot.n_ctx
-    }
-
-    pub(crate) fn name(&self) -> &str {
-        &self.inner.slot.name
+    /// The name of the model the server started with.
+    pub(crate) fn name(&self) -> String {
+        self.first().name.clone()
     }
 
     pub(crate) fn store(&self) -> Option<&Store> {
@@ -173,24 +159,6 @@ impl AppState {
 
     pub(crate) fn metrics(&self) -> &Metrics {
         &self.inner.metrics
-    }
-
-    /// Whether a request's `model` names the loaded model ([`same_model`]).
-    pub(crate) fn check_model(&self, requested: Option<&str>) -> Result<(), ApiError> {
-        let Some(m) = requested.map(str::trim).filter(|m| !m.is_empty()) else {
-            return Err(ApiError::bad_request("model is required"));
-        };
-        if same_model(m, &self.inner.slot.name) {
-            Ok(())
-        } else {
-            Err(ApiError::new(
-                StatusCode::NOT_FOUND,
-                format!(
-                    "model '{m}' not found; this server has '{}' loaded",
-                    self.inner.slot.name
-                ),
-            ))
-        }
     }
 
     /// A 503 with `Retry-After` while `max_queue` sequences wait.
@@ -205,19 +173,19 @@ impl AppState {
         }
         Ok(())
     }
+}
 
+impl Served {
     /// Check a request against the context (the loaded one, or `ctx` where
     /// a request asks for less) and hand it to the engine, which runs it
     /// with the others in flight; it streams into the returned [`Running`].
-    pub(crate) async fn start(
-        &self,
-        mut req: Request,
-        ctx: Option<usize>,
-        keep_alive: KeepAlive,
-    ) -> Result<Running, ApiError> {
+    pub(crate) fn start(self, mut req: Request, ctx: Option<usize>) -> Result<Running, ApiError> {
         let received = Instant::now();
-        let lease = self.lease(keep_alive);
-        let engine = self.loaded().await?;
+        let Served {
+            state,
+            engine,
+            lease,
+        } = self;
         // Generation stops where the context ends.
         req.context = ctx;
         req.fit_max_tokens = true;
@@ -225,12 +193,12 @@ impl AppState {
             .prepare(req)
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
         let clock = RequestClock::start(received);
-        self.check_queue(&engine)?;
+        state.check_queue(&engine)?;
         let cancel = CancelToken::new();
-        let metrics = self.inner.metrics.clone();
+        let metrics = state.inner.metrics.clone();
         let prompt_ids = prepared.prompt_tokens().to_vec();
         metrics.started(prompt_ids.len());
-        let timeout = self.inner.config.request_timeout;
+        let timeout = state.inner.config.request_timeout;
         let timer = {
             let c = cancel.clone();
             tokio::spawn(async move {
@@ -327,7 +295,7 @@ pub(crate) struct Running {
     /// `M40_REQUEST_STATS`: until its first token is taken.
     clock: Option<RequestClock>,
     /// Keeps the model loaded until the request ends.
-    _lease: keep_alive::Lease,
+    _lease: slot::Lease,
 }
 
 impl Running {
@@ -569,11 +537,18 @@ async fn root() -> &'static str {
 }
 
 async fn health(axum::extract::State(s): axum::extract::State<AppState>) -> Response {
+    let first = s.first();
+    let loaded: Vec<String> = s
+        .loaded_slots()
+        .iter()
+        .map(|(m, _)| m.name.clone())
+        .collect();
     axum::Json(serde_json::json!({
         "status": "ok",
-        "model": s.name(),
-        "n_ctx": s.n_ctx(),
-        "loaded": s.engine().is_some(),
+        "model": first.name,
+        "n_ctx": first.n_ctx(),
+        "loaded": first.engine().is_some(),
+        "loaded_models": loaded,
     }))
     .into_response()
 }

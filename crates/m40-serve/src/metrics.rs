@@ -11,7 +11,13 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
 
+use m40_runtime::{Engine, Load};
+
+use crate::slot::Slot;
 use crate::AppState;
+
+/// An engine's gauge: name, kind, help, and how to read it from its load.
+type Gauge = (&'static str, &'static str, &'static str, fn(&Load) -> u64);
 
 /// Bucket upper bounds in seconds.
 const TTFT_BUCKETS: [f64; 10] = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
@@ -113,130 +119,150 @@ impl Metrics {
         c.kv_tokens.fetch_sub(kv_held as u64, Ordering::Relaxed);
     }
 
-    /// The metrics, with the engine's `load` where the model is loaded.
-    fn text(&self, n_ctx: usize, load: Option<m40_runtime::Load>) -> String {
+    /// The metrics: the server's, then each loaded model's engine,
+    /// labelled with the model's name.
+    fn text(&self, loaded: &[(Arc<Slot>, Arc<Engine>)]) -> String {
         let c = &self.0;
         let mut out = String::new();
-        let mut scalar = |name: &str, kind: &str, help: &str, v: u64| {
+        fn scalar(out: &mut String, name: &str, kind: &str, help: &str, v: u64) {
             let _ = writeln!(
                 out,
                 "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
             );
-        };
+        }
         scalar(
+            &mut out,
             "m40_requests_total",
             "counter",
             "Generation requests started.",
             c.requests.load(Ordering::Relaxed),
         );
         scalar(
+            &mut out,
             "m40_prompt_tokens_total",
             "counter",
             "Prompt tokens processed.",
             c.prompt_tokens.load(Ordering::Relaxed),
         );
         scalar(
+            &mut out,
             "m40_generated_tokens_total",
             "counter",
             "Tokens generated.",
             c.generated_tokens.load(Ordering::Relaxed),
         );
         scalar(
+            &mut out,
             "m40_requests_running",
             "gauge",
             "Requests generating now.",
             c.running.load(Ordering::Relaxed),
         );
-        let l = load.unwrap_or_default();
-        let engine: [(&str, &str, &str, u64); 12] = [
+        let loads: Vec<(String, Load, usize)> = loaded
+            .iter()
+            .map(|(s, e)| {
+                (
+                    s.name.replace(['\\', '"', '\n'], "_"),
+                    e.activity(),
+                    e.n_ctx(),
+                )
+            })
+            .collect();
+        let engine: [Gauge; 12] = [
             (
                 "m40_queue_depth",
                 "gauge",
                 "Sequences waiting for admission (KV pages or the parallel limit).",
-                l.waiting as u64,
+                |l| l.waiting as u64,
             ),
             (
                 "m40_sequences_running",
                 "gauge",
                 "Sequences admitted: holding KV pages, in the engine's batched steps.",
-                l.running as u64,
+                |l| l.running as u64,
             ),
             (
                 "m40_sequences_parallel_max",
                 "gauge",
                 "Sequences running at once at most (--parallel).",
-                l.parallel as u64,
+                |l| l.parallel as u64,
             ),
             (
                 "m40_kv_pages_used",
                 "gauge",
                 "KV cache pages held by running sequences.",
-                l.kv_pages_used as u64,
+                |l| l.kv_pages_used as u64,
             ),
             (
                 "m40_kv_pages",
                 "gauge",
                 "KV cache pages in the pool.",
-                l.kv_pages as u64,
+                |l| l.kv_pages as u64,
             ),
             (
                 "m40_kv_page_tokens",
                 "gauge",
                 "Tokens per KV cache page.",
-                l.kv_page_tokens as u64,
+                |l| l.kv_page_tokens as u64,
             ),
             (
                 "m40_steps_total",
                 "counter",
                 "Batched forward steps the engine ran.",
-                l.steps,
+                |l| l.steps,
             ),
             (
                 "m40_step_tokens_total",
                 "counter",
                 "Tokens those steps ran (decode tokens and prompt chunks).",
-                l.step_tokens,
+                |l| l.step_tokens,
             ),
             (
                 "m40_preemptions_total",
                 "counter",
                 "Sequences preempted when KV pages ran out (recomputed later).",
-                l.preemptions,
+                |l| l.preemptions,
             ),
             (
                 "m40_prefix_cache_pages",
                 "gauge",
                 "Full KV pages the prefix cache keeps for later requests.",
-                l.prefix_cached_pages as u64,
+                |l| l.prefix_cached_pages as u64,
             ),
             (
                 "m40_prefix_cache_hits_total",
                 "counter",
                 "Requests that started with cached KV pages.",
-                l.prefix_hits,
+                |l| l.prefix_hits,
             ),
             (
                 "m40_prefill_tokens_saved_total",
                 "counter",
                 "Prompt tokens not computed again: they were in cached pages.",
-                l.prefix_tokens_saved,
+                |l| l.prefix_tokens_saved,
             ),
         ];
         for (name, kind, help, v) in engine {
-            scalar(name, kind, help, v);
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            for (model, l, _) in &loads {
+                let _ = writeln!(out, "{name}{{model=\"{model}\"}} {}", v(l));
+            }
         }
         scalar(
+            &mut out,
             "m40_kv_cache_tokens",
             "gauge",
             "Tokens held in KV caches of running requests.",
             c.kv_tokens.load(Ordering::Relaxed),
         );
-        scalar(
-            "m40_kv_cache_capacity_tokens",
-            "gauge",
-            "Tokens one request's KV cache holds (the context).",
-            n_ctx as u64,
+        let name = "m40_kv_cache_capacity_tokens";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Tokens one request's KV cache holds (the context).\n# TYPE {name} gauge"
         );
+        for (model, _, n_ctx) in &loads {
+            let _ = writeln!(out, "{name}{{model=\"{model}\"}} {n_ctx}");
+        }
         c.ttft.write(
             &mut out,
             "m40_time_to_first_token_seconds",
@@ -256,7 +282,6 @@ impl Metrics {
 pub(crate) async fn render(State(s): State<AppState>) -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        s.metrics()
-            .text(s.n_ctx(), s.engine().map(|e| e.activity())),
+        s.metrics().text(&s.loaded_slots()),
     )
 }

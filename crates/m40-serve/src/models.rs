@@ -5,7 +5,7 @@
 use m40_runtime::ModelInfo;
 use serde_json::{json, Value};
 
-use crate::AppState;
+use crate::slot::Slot;
 
 /// A model's `details`, as Ollama describes a model.
 pub(crate) fn details(m: &ModelInfo) -> Value {
@@ -21,11 +21,11 @@ pub(crate) fn modified_at(m: &ModelInfo) -> String {
         .unwrap_or_default()
 }
 
-/// The loaded model as `/api/tags` and `/api/ps` list it.
-pub(crate) fn model_entry(s: &AppState) -> Value {
-    let info = ModelInfo::of(s.model());
-    json!({"name": s.name(), "model": s.name(),
-           "modified_at": s.slot().loaded_at.to_rfc3339(),
+/// A model served here as `/api/tags` and `/api/ps` list it.
+pub(crate) fn model_entry(slot: &Slot, model: &m40_runtime::Model) -> Value {
+    let info = ModelInfo::of(model);
+    json!({"name": slot.name, "model": slot.name,
+           "modified_at": slot.loaded_at().to_rfc3339(),
            "size": info.file_size, "digest": "", "details": details(&info)})
 }
 

@@ -3,6 +3,7 @@
 //! `/api/version`. Durations are nanoseconds, as Ollama reports them.
 
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::{Body, Bytes};
@@ -10,11 +11,14 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use m40_runtime::{Completion, FinishReason, Message, Prompt, Request, SamplingParams, TokenEvent};
+use m40_runtime::{
+    Completion, Engine, FinishReason, Message, Prompt, Request, SamplingParams, TokenEvent,
+};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::models::{describe, model_entry, modified_at};
+use crate::slot::Slot;
 use crate::{parse_json, ApiError, AppState, Event, KeepAlive, Running};
 use m40_runtime::ModelInfo;
 
@@ -400,7 +404,7 @@ async fn respond(
 pub(crate) async fn generate(State(s): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
     let received = Instant::now();
     let r: GenerateRequest = parse_json(&body)?;
-    s.check_model(r.model.as_deref())?;
+    let slot = s.slot_for(r.model.as_deref())?;
     let keep = s.keep_alive_of(r.keep_alive.as_ref())?;
     no_images(&r.images)?;
     let format = crate::format::ollama(r.format.as_ref())?;
@@ -410,7 +414,7 @@ pub(crate) async fn generate(State(s): State<AppState>, body: Bytes) -> Result<R
     if prompt_text.is_empty() {
         // Ollama: an empty prompt loads the model, or with keep_alive 0
         // unloads it (`ollama stop`).
-        let reason = load_or_unload(&s, keep).await?;
+        let reason = load_or_unload(&s, &slot, keep).await?;
         return Ok(
             Json(json!({"model": model, "created_at": now(), "response": "",
                               "done": true, "done_reason": reason}))
@@ -432,13 +436,14 @@ pub(crate) async fn generate(State(s): State<AppState>, body: Bytes) -> Result<R
         m.push(Message::new("user", prompt_text));
         Prompt::Chat(m)
     };
-    let (mut req, ctx) = r.options.request(prompt, s.n_ctx())?;
+    let served = s.open(&slot, keep).await?;
+    let (mut req, ctx) = r.options.request(prompt, served.n_ctx())?;
     req.shift = r.shift.unwrap_or(true);
     req.format = format;
     req.think = think;
     req.prefix = context_ids(r.context.as_deref())?;
     req.logprobs = r.logprobs.asked()?;
-    let running = s.start(req, ctx, keep).await?;
+    let running = served.start(req, ctx)?;
     respond(
         running,
         r.stream.unwrap_or(true),
@@ -451,14 +456,14 @@ pub(crate) async fn generate(State(s): State<AppState>, body: Bytes) -> Result<R
 pub(crate) async fn chat(State(s): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
     let received = Instant::now();
     let r: ChatRequest = parse_json(&body)?;
-    s.check_model(r.model.as_deref())?;
+    let slot = s.slot_for(r.model.as_deref())?;
     let keep = s.keep_alive_of(r.keep_alive.as_ref())?;
     let tools = crate::tools::tools(r.tools.as_ref())?;
     let format = crate::format::ollama(r.format.as_ref())?;
     let think = crate::tools::ollama_think(r.think.as_ref())?;
     let model = r.model.clone().unwrap_or_default();
     if r.messages.is_empty() {
-        let reason = load_or_unload(&s, keep).await?;
+        let reason = load_or_unload(&s, &slot, keep).await?;
         return Ok(Json(json!({"model": model, "created_at": now(),
                               "message": {"role": "assistant", "content": ""},
                               "done": true, "done_reason": reason}))
@@ -481,14 +486,15 @@ pub(crate) async fn chat(State(s): State<AppState>, body: Bytes) -> Result<Respo
         messages.push(msg);
     }
     crate::tools::link_results(&mut messages);
-    let (mut req, ctx) = r.options.request(Prompt::Chat(messages), s.n_ctx())?;
+    let served = s.open(&slot, keep).await?;
+    let (mut req, ctx) = r.options.request(Prompt::Chat(messages), served.n_ctx())?;
     req.shift = r.shift.unwrap_or(true);
     req.format = format;
     req.tools = tools;
     req.think = think;
     req.drop_old_turns = r.truncate.unwrap_or(true);
     req.logprobs = r.logprobs.asked()?;
-    let running = s.start(req, ctx, keep).await?;
+    let running = served.start(req, ctx)?;
     respond(
         running,
         r.stream.unwrap_or(true),
@@ -513,35 +519,39 @@ pub(crate) async fn version() -> Json<Value> {
 /// the `done_reason` Ollama gives.
 pub(crate) async fn load_or_unload(
     s: &AppState,
+    slot: &Arc<Slot>,
     keep_alive: KeepAlive,
 ) -> Result<&'static str, ApiError> {
     if keep_alive.is_zero() {
-        if !s.can_unload() {
+        if !slot.can_unload() {
             return Err(ApiError::bad_request(
                 "this server cannot load its model again, so it does not unload it",
             ));
         }
         // Now, or as its requests in flight end.
-        s.reap(Some(keep_alive));
+        slot.reap(Some(keep_alive));
         return Ok("unload");
     }
     // Loaded (Ollama's preload), kept `keep_alive` from now.
-    let _lease = s.lease(keep_alive);
-    s.loaded().await?;
+    s.open(slot, keep_alive).await?;
     Ok("load")
 }
 
+/// `/api/ps`: the models loaded now, most recently loaded first.
 pub(crate) async fn ps(State(s): State<AppState>) -> Json<Value> {
-    // An unloaded model is not listed (as Ollama's ps after `stop`).
-    let Some(engine) = s.engine() else {
-        return Json(json!({ "models": [] }));
-    };
-    let mut m = model_entry(&s);
+    let mut loaded = s.loaded_slots();
+    loaded.sort_by_key(|(slot, _)| std::cmp::Reverse(slot.loaded_at()));
+    let models: Vec<Value> = loaded.iter().map(|(slot, e)| ps_entry(slot, e)).collect();
+    Json(json!({ "models": models }))
+}
+
+fn ps_entry(slot: &Slot, engine: &Engine) -> Value {
+    let mut m = model_entry(slot, engine.model());
     // When it goes if no request comes; a model kept forever (keep_alive
     // < 0, or a server that cannot load it again) Ollama shows as
     // expiring in the far future.
     let forever = chrono::Duration::days(100 * 365);
-    let left = match s.expires_at() {
+    let left = match slot.expires_at() {
         Some(at) => at.saturating_duration_since(std::time::Instant::now()),
         None => forever.to_std().unwrap_or_default(),
     };
@@ -555,11 +565,11 @@ pub(crate) async fn ps(State(s): State<AppState>) -> Json<Value> {
     let mem = engine.memory();
     m["size"] = json!(mem.total());
     m["size_vram"] = json!(if mem.on_device { mem.total() } else { 0 });
-    m["context_length"] = json!(s.n_ctx());
+    m["context_length"] = json!(engine.n_ctx());
     m["m40_backend"] = json!(engine.backend_name());
     // What the engine runs now (m40-llm's own fields).
     m["m40_activity"] = json!(engine.activity());
-    Json(json!({ "models": [m] }))
+    m
 }
 
 #[derive(Deserialize)]
@@ -572,28 +582,34 @@ struct ShowRequest {
 pub(crate) async fn show(State(s): State<AppState>, body: Bytes) -> Result<Json<Value>, ApiError> {
     let r: ShowRequest = parse_json(&body)?;
     let requested = r.model.or(r.name);
-    if let Err(not_loaded) = s.check_model(requested.as_deref()) {
-        // Any stored model can be described, loaded or not.
-        let stored = match (s.store(), requested.as_deref()) {
-            (Some(store), Some(name)) => store.manifest(name.trim()).ok().flatten(),
-            _ => None,
+    let slot = s.slot_for(requested.as_deref());
+    // A model served here: the loaded engine says which template it
+    // renders (a server may override the model's) and what that allows.
+    if let Some((slot, model)) = slot
+        .as_ref()
+        .ok()
+        .and_then(|sl| sl.model().map(|m| (sl, m.clone())))
+    {
+        let info = match slot.engine() {
+            Some(e) => e.info(),
+            None => ModelInfo::of(&model),
         };
-        let Some(m) = stored else {
-            return Err(not_loaded);
-        };
-        let info = tokio::task::spawn_blocking(move || ModelInfo::read(&m.path))
-            .await
-            .map_err(|e| ApiError::internal(e.to_string()))?
-            .map_err(|e| ApiError::internal(e.to_string()))?;
-        let modified = modified_at(&info);
-        return Ok(Json(describe(&info, &modified)));
+        return Ok(Json(describe(&info, &slot.loaded_at().to_rfc3339())));
     }
-    let modified = s.slot().loaded_at.to_rfc3339();
-    // The loaded engine says which template it renders (a server may
-    // override the model's) and what that allows.
-    let info = match s.engine() {
-        Some(e) => e.info(),
-        None => ModelInfo::of(s.model()),
+    // Any stored model can be described, loaded or not.
+    let stored = match (s.store(), requested.as_deref()) {
+        (Some(store), Some(name)) => store.manifest(name.trim()).ok().flatten(),
+        _ => None,
     };
+    let Some(m) = stored else {
+        return Err(slot.err().unwrap_or_else(|| {
+            ApiError::new(axum::http::StatusCode::NOT_FOUND, "model not found")
+        }));
+    };
+    let info = tokio::task::spawn_blocking(move || ModelInfo::read(&m.path))
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?
+        .map_err(|e| ApiError::internal(e.to_string()))?;
+    let modified = modified_at(&info);
     Ok(Json(describe(&info, &modified)))
 }

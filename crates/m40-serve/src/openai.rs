@@ -3,6 +3,7 @@
 //! Errors are `{"error": {"message", "type", "code"}}` as OpenAI sends them.
 
 use std::convert::Infallible;
+use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -16,6 +17,7 @@ use m40_runtime::{
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use crate::slot::Slot;
 use crate::{parse_json, ApiError, AppState, Event, Running};
 
 /// OpenAI's error body.
@@ -144,8 +146,8 @@ impl Common {
         s: &AppState,
         prompt: Prompt,
         logprobs: Option<usize>,
-    ) -> Result<Request, ApiError> {
-        s.check_model(self.model.as_deref())?;
+    ) -> Result<(Arc<Slot>, Request), ApiError> {
+        let slot = s.slot_for(self.model.as_deref())?;
         if self.n.is_some_and(|n| n != 1) {
             return Err(ApiError::bad_request("only n = 1 is supported"));
         }
@@ -208,7 +210,7 @@ impl Common {
         req.parallel_tool_calls = self.parallel_tool_calls.unwrap_or(true);
         req.think = crate::tools::reasoning_effort(self.reasoning_effort.as_deref())?;
         req.template_vars = self.chat_template_kwargs.clone().unwrap_or_default();
-        Ok(req)
+        Ok((slot, req))
     }
 }
 
@@ -520,8 +522,11 @@ pub(crate) async fn chat_completions(
         return Err(ApiError::bad_request("top_logprobs must be at most 20").into());
     }
     let logprobs = r.logprobs.then_some(top as usize);
-    let req = r.common.request(&s, Prompt::Chat(messages), logprobs)?;
-    let running = s.start(req, None, s.default_keep_alive()).await?;
+    let (slot, req) = r.common.request(&s, Prompt::Chat(messages), logprobs)?;
+    let running = s
+        .open(&slot, s.default_keep_alive())
+        .await?
+        .start(req, None)?;
     let meta = Meta {
         id: id("chatcmpl"),
         object: if r.common.stream {
@@ -558,13 +563,16 @@ pub(crate) async fn completions(
         return Err(ApiError::bad_request("logprobs must be at most 5").into());
     }
     // OpenAI's default for this endpoint is 16 tokens.
-    let mut req = r
-        .common
-        .request(&s, Prompt::Text(prompt), r.logprobs.map(|n| n as usize))?;
+    let (slot, mut req) =
+        r.common
+            .request(&s, Prompt::Text(prompt), r.logprobs.map(|n| n as usize))?;
     if r.common.max_tokens.is_none() && r.common.max_completion_tokens.is_none() {
         req.max_tokens = Some(16);
     }
-    let running = s.start(req, None, s.default_keep_alive()).await?;
+    let running = s
+        .open(&slot, s.default_keep_alive())
+        .await?
+        .start(req, None)?;
     let meta = Meta {
         id: id("cmpl"),
         object: "text_completion",
@@ -580,12 +588,39 @@ pub(crate) async fn completions(
     respond(s, running, r.common.stream, meta).await
 }
 
-fn model_object(s: &AppState) -> Value {
-    json!({"id": s.name(), "object": "model", "created": s.slot().loaded_at.timestamp(), "owned_by": "m40-llm"})
+fn model_object(name: &str, created: i64) -> Value {
+    json!({"id": name, "object": "model", "created": created, "owned_by": "m40-llm"})
 }
 
+/// `/v1/models`: the models loaded now and those the store holds.
 pub(crate) async fn models(State(s): State<AppState>) -> Json<Value> {
-    Json(json!({"object": "list", "data": [model_object(&s)]}))
+    let mut data: Vec<Value> = s
+        .slots()
+        .iter()
+        .filter(|slot| slot.model().is_some())
+        .map(|slot| model_object(&slot.name, slot.loaded_at().timestamp()))
+        .collect();
+    if let Some(store) = s.store().cloned() {
+        let stored = tokio::task::spawn_blocking(move || store.list())
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .unwrap_or_default();
+        for m in stored {
+            if !data.iter().any(|d| {
+                d["id"]
+                    .as_str()
+                    .is_some_and(|n| m40_store::same_model(n, &m.name))
+            }) {
+                // The file's time: when it was pulled.
+                let created = std::fs::metadata(&m.path)
+                    .and_then(|md| md.modified())
+                    .map_or(0, |t| chrono::DateTime::<chrono::Utc>::from(t).timestamp());
+                data.push(model_object(&m.name, created));
+            }
+        }
+    }
+    Json(json!({"object": "list", "data": data}))
 }
 
 /// `/v1/models/{id}` (the openai client's `models.retrieve`).
@@ -593,6 +628,6 @@ pub(crate) async fn model(
     State(s): State<AppState>,
     axum::extract::Path(id): axum::extract::Path<String>,
 ) -> Result<Json<Value>, OaiError> {
-    s.check_model(Some(&id))?;
-    Ok(Json(model_object(&s)))
+    let slot = s.slot_for(Some(&id))?;
+    Ok(Json(model_object(&slot.name, slot.loaded_at().timestamp())))
 }

@@ -70,9 +70,16 @@ pub(crate) async fn tags(State(s): State<AppState>) -> Result<Json<Value>, ApiEr
         .map_err(|e| ApiError::internal(e.to_string()))?
         .map_err(store_error)?;
     }
-    let stored = |m: &Value| m["name"].as_str().is_some_and(|n| same_model(n, s.name()));
-    if !models.iter().any(stored) {
-        models.insert(0, model_entry(&s));
+    // The models served here that the store does not hold (a path).
+    for slot in s.slots().iter().rev() {
+        let stored = |m: &Value| {
+            m["name"]
+                .as_str()
+                .is_some_and(|n| same_model(n, &slot.name))
+        };
+        if let (Some(model), false) = (slot.model(), models.iter().any(stored)) {
+            models.insert(0, model_entry(slot, model));
+        }
     }
     Ok(Json(json!({ "models": models })))
 }

@@ -494,17 +494,18 @@ fn a_full_queue_answers_503_with_retry_after() {
     });
     let mut r = agent().get(&format!("{base}/metrics")).call().unwrap();
     let text = r.body_mut().read_to_string().unwrap();
+    // The engine's gauges, labelled with its model's name.
     for line in [
-        "m40_queue_depth 0",
-        "m40_sequences_running 0",
-        "m40_sequences_parallel_max 1",
-        "m40_kv_pages_used 0",
+        "m40_queue_depth{model=\"smollm2:135m\"} 0",
+        "m40_sequences_running{model=\"smollm2:135m\"} 0",
+        "m40_sequences_parallel_max{model=\"smollm2:135m\"} 1",
+        "m40_kv_pages_used{model=\"smollm2:135m\"} 0",
     ] {
         assert!(text.lines().any(|l| l == line), "{line} in {text}");
     }
     let pages: u64 = text
         .lines()
-        .find_map(|l| l.strip_prefix("m40_kv_pages "))
+        .find_map(|l| l.strip_prefix("m40_kv_pages{model=\"smollm2:135m\"} "))
         .unwrap()
         .parse()
         .unwrap();

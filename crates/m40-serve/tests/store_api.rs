@@ -8,7 +8,6 @@ use std::io::{BufRead, BufReader, Write};
 use std::sync::Arc;
 
 use common::*;
-use m40_runtime::{BackendChoice, Engine, EngineOptions};
 use m40_serve::{KeepAlive, ServerConfig};
 use serde_json::{json, Value};
 
@@ -225,35 +224,18 @@ fn pull_over_http_takes_names_only() {
 
 /// A server that can load its model again (counting the loads), whose
 /// model stays `keep_alive` after its last request.
-fn reloading_server(keep_alive: KeepAlive) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
-    let root = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("models");
-    let path = m40_store::Store::new(root)
-        .ensure_default(&mut |_: &str| {})
-        .unwrap();
-    let loads = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let counted = loads.clone();
-    let reload = m40_serve::Reload(Arc::new(move || {
-        counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        Engine::from_path(&path, {
-            let mut o = EngineOptions::default();
-            o.n_ctx = Some(N_CTX);
-            o.backend = BackendChoice::Cpu;
-            o
-        })
-    }));
-    let base = start(ServerConfig {
-        reload: Some(reload),
+fn reloading_server(keep_alive: KeepAlive) -> (String, Arc<TestLoader>) {
+    let loader = TestLoader::new(&[NAME], None);
+    let base = loader.serve(ServerConfig {
         keep_alive,
         ..Default::default()
     });
-    (base, loads)
+    (base, loader)
 }
 
 /// `/api/ps`'s models.
 fn ps(base: &str) -> Vec<Value> {
-    let mut r = agent().get(&format!("{base}/api/ps")).call().unwrap();
-    let v: Value = serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap();
-    v["models"].as_array().unwrap().clone()
+    ps_at(base)
 }
 
 /// Seconds from now to a model's `expires_at`.
@@ -284,18 +266,18 @@ fn keep_alive_zero_unloads_and_the_next_request_loads_again() {
         &json!({"model": NAME, "keep_alive": "0s"}).to_string(),
     );
     assert_eq!(s, 200);
-    assert_eq!(loads.load(std::sync::atomic::Ordering::SeqCst), 0);
+    assert_eq!(loads.loads(), 0);
     // The next request loads it again, once, and answers as before.
     let body =
         json!({"model": NAME, "prompt": "Hi", "raw": true, "stream": false, "options": greedy(4)});
     let (s, a) = post_raw_at(&base, "/api/generate", &body.to_string());
     assert_eq!(s, 200, "{a}");
-    assert_eq!(loads.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(loads.loads(), 1);
     assert_eq!(ps(&base).len(), 1);
     let (_, b) = post_raw_at(&base, "/api/generate", &body.to_string());
     let text = |t: &str| serde_json::from_str::<Value>(t).unwrap()["response"].clone();
     assert_eq!(text(&a), text(&b));
-    assert_eq!(loads.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(loads.loads(), 1);
     // A server that cannot load its model again does not unload it.
     let (s, text) = post_raw("/api/generate", &stop);
     assert_eq!(s, 400, "{text}");
@@ -310,7 +292,7 @@ fn keep_alive_zero_unloads_and_the_next_request_loads_again() {
 #[test]
 fn an_idle_model_is_unloaded_when_its_keep_alive_runs_out() {
     let (base, loads) = reloading_server(KeepAlive::For(std::time::Duration::from_secs(1)));
-    let loaded = || loads.load(std::sync::atomic::Ordering::SeqCst);
+    let loaded = || loads.loads();
     let gen = |extra: Value| {
         let mut body = json!({"model": NAME, "prompt": "Hi", "raw": true, "stream": false,
                               "options": greedy(2)});
@@ -366,5 +348,5 @@ fn a_request_in_flight_keeps_its_model_loaded() {
     assert!(ps(&base).is_empty(), "keep_alive 0: unloaded once idle");
     // (The server's first engine, idle with a keep_alive of 0, may have
     // gone before the request came: at most that one load.)
-    assert!(loads.load(std::sync::atomic::Ordering::SeqCst) <= 1);
+    assert!(loads.loads() <= 1);
 }

@@ -124,3 +124,89 @@ pub fn assert_400s(cases: &[(&str, Value, &str)]) {
         assert!(text.contains(needle), "{path}: {text}");
     }
 }
+
+/// A loader of the default model's file (CPU, context N_CTX) under any of
+/// its names, counting loads. With `room`, the machine it pretends to be
+/// holds `room` models: a load while that many are loaded (as the server's
+/// `/api/ps` counts them) fails for lack of memory, as the GPU backend's
+/// plan refuses one that does not fit what is free — unless the server
+/// lets it go anywhere and `cpu_room` more fit there.
+pub struct TestLoader {
+    pub names: Vec<String>,
+    pub loads: std::sync::atomic::AtomicUsize,
+    pub room: Option<usize>,
+    pub cpu_room: usize,
+    /// The server asked (set once it is started).
+    pub base: OnceLock<String>,
+    /// (name, fit) of every load asked for.
+    pub asked: std::sync::Mutex<Vec<(String, m40_serve::Fit)>>,
+}
+
+impl TestLoader {
+    pub fn new(names: &[&str], room: Option<usize>) -> Arc<TestLoader> {
+        Arc::new(TestLoader {
+            names: names.iter().map(|n| n.to_string()).collect(),
+            loads: Default::default(),
+            room,
+            cpu_room: 0,
+            base: OnceLock::new(),
+            asked: Default::default(),
+        })
+    }
+
+    pub fn loads(&self) -> usize {
+        self.loads.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// A server of the default model as NAME (loaded) whose loader is this.
+    pub fn serve(self: &Arc<Self>, config: ServerConfig) -> String {
+        let config = ServerConfig {
+            loader: Some(self.clone() as Arc<dyn m40_serve::Loader>),
+            ..config
+        };
+        let base = start_with(engine_with(EngineOptions::default()), config);
+        self.base.set(base.clone()).unwrap();
+        base
+    }
+}
+
+impl m40_serve::Loader for TestLoader {
+    fn resolve(&self, requested: &str) -> Option<String> {
+        self.names
+            .iter()
+            .find(|n| m40_store::same_model(requested, n))
+            .cloned()
+    }
+
+    fn load(&self, name: &str, fit: m40_serve::Fit) -> Result<Engine, m40_runtime::EngineError> {
+        self.asked.lock().unwrap().push((name.to_string(), fit));
+        if let (Some(room), Some(base)) = (self.room, self.base.get()) {
+            let loaded = ps_at(base).len();
+            let room = match fit {
+                m40_serve::Fit::Best => room,
+                m40_serve::Fit::Anywhere => room + self.cpu_room,
+            };
+            if loaded >= room {
+                return Err(m40_runtime::ModelError::GpuMemory {
+                    device: "a pretend GPU".into(),
+                    need: "one model".into(),
+                    free: format!("{loaded} loaded"),
+                    hint: "unload one".into(),
+                }
+                .into());
+            }
+        }
+        self.loads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let mut o = EngineOptions::default();
+        o.n_ctx = Some(N_CTX);
+        o.backend = BackendChoice::Cpu;
+        Engine::from_path(&model_path(), o)
+    }
+}
+
+/// `/api/ps`'s models at `base`.
+pub fn ps_at(base: &str) -> Vec<Value> {
+    let mut r = agent().get(&format!("{base}/api/ps")).call().unwrap();
+    let v: Value = serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap();
+    v["models"].as_array().unwrap().clone()
+}
