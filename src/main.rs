@@ -46,6 +46,12 @@ enum Command {
     List,
     /// Remove models from the store.
     Rm(cmd::store::RmArgs),
+    /// Make a model from a Modelfile (FROM, SYSTEM, TEMPLATE, PARAMETER,
+    /// MESSAGE, LICENSE): a new name for a stored model's file with its own
+    /// defaults.
+    Create(cmd::store::CreateArgs),
+    /// Copy a stored model under another name.
+    Cp(cmd::store::CopyArgs),
     /// Show what a running server has loaded.
     Ps,
     /// Unload a model from a running server (it loads again on its next request).
@@ -106,6 +112,8 @@ fn main() -> ExitCode {
         Command::Pull(a) => cmd::store::pull(a),
         Command::List => cmd::store::list(),
         Command::Rm(a) => cmd::store::rm(a),
+        Command::Create(a) => cmd::store::create(a),
+        Command::Cp(a) => cmd::store::copy(a),
         Command::Ps => cmd::store::ps(),
         Command::Stop(a) => cmd::store::stop(a),
     };

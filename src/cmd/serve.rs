@@ -5,8 +5,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use m40_llm::client;
-use m40_runtime::Engine;
-use m40_serve::{AppState, Fit, KeepAlive, ServerConfig};
+use m40_serve::{AppState, Fit, KeepAlive, Loader, ServerConfig, StoreLoader};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -65,38 +64,6 @@ pub struct Args {
     pub device: super::DeviceArgs,
 }
 
-/// Loads the store's models by name, and the model the server started with
-/// (which may be a path) again.
-struct StoreLoader {
-    store: m40_store::Store,
-    first: (String, std::path::PathBuf),
-    opts: m40_runtime::EngineOptions,
-}
-
-impl m40_serve::Loader for StoreLoader {
-    fn resolve(&self, requested: &str) -> Option<String> {
-        if m40_store::same_model(requested, &self.first.0) {
-            return Some(self.first.0.clone());
-        }
-        Some(self.store.manifest(requested).ok()??.name)
-    }
-
-    fn load(&self, name: &str, fit: Fit) -> Result<Engine, m40_runtime::EngineError> {
-        let path = if name == self.first.0 {
-            self.first.1.clone()
-        } else {
-            // Gone since it was resolved: the load says the file is missing.
-            (self.store.manifest(name).ok().flatten()).map_or_else(|| name.into(), |m| m.path)
-        };
-        let mut opts = self.opts.clone();
-        // The GPU or nothing, so that the server frees room there first.
-        if fit == Fit::Best && opts.backend == m40_runtime::BackendChoice::Auto {
-            opts.backend = m40_runtime::BackendChoice::Gpu;
-        }
-        Engine::from_path(&path, opts)
-    }
-}
-
 /// host and port from the flags, else `M40_HOST`, else 127.0.0.1:11434.
 fn bind_address(a: &Args) -> String {
     let (env_host, env_port) = client::env_host().map_or((None, None), |(h, p)| (Some(h), p));
@@ -135,12 +102,11 @@ pub fn run(a: Args) -> Result<()> {
         let opts = a.device.engine_options(a.ctx);
         // Every stored model by name, and this one again after an unload
         // (`m40-llm stop`), loaded with the same options.
-        let loader = Arc::new(StoreLoader {
-            store: store.clone(),
-            first: (name.clone(), path.clone()),
-            opts: opts.clone(),
-        });
-        let engine = tokio::task::spawn_blocking(move || Engine::from_path(&path, opts)).await??;
+        let loader = Arc::new(StoreLoader::new(store.clone(), opts.clone()).serving(&name, &path));
+        let engine = {
+            let (loader, name) = (loader.clone(), name.clone());
+            tokio::task::spawn_blocking(move || loader.load(&name, Fit::Anywhere)).await??
+        };
         super::report_backend(&engine);
         super::report_limits(&engine);
         let config = ServerConfig {

@@ -1,6 +1,6 @@
 //! `pull`, `list`, `rm` and `ps`: the model store and the running server.
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use m40_llm::client::{server_base, Client};
 use m40_store::{Progress, PullOptions, Store};
@@ -34,6 +34,41 @@ pub struct RmArgs {
     /// Names of stored models.
     #[arg(required = true)]
     pub models: Vec<String>,
+}
+
+#[derive(clap::Args)]
+pub struct CreateArgs {
+    /// The new model's name (NAME[:TAG]).
+    pub name: String,
+    /// The Modelfile: FROM a stored model or a GGUF path, with SYSTEM,
+    /// TEMPLATE (Jinja), PARAMETER, MESSAGE and LICENSE lines.
+    #[arg(short = 'f', long = "file", default_value = "Modelfile")]
+    pub file: std::path::PathBuf,
+}
+
+#[derive(clap::Args)]
+pub struct CopyArgs {
+    pub source: String,
+    pub destination: String,
+}
+
+/// `m40-llm create NAME -f Modelfile`: a model in the store that points at
+/// its FROM's file with the Modelfile's instructions (no copy of the
+/// weights).
+pub fn create(a: CreateArgs) -> Result<()> {
+    let text = std::fs::read_to_string(&a.file)
+        .with_context(|| format!("reading {}", a.file.display()))?;
+    let modelfile = m40_store::Modelfile::parse(&text)?;
+    let m = Store::from_env()?.create(&a.name, &modelfile)?;
+    println!("created '{}' from {}", m.name, modelfile.from);
+    Ok(())
+}
+
+/// `m40-llm cp SOURCE DESTINATION`.
+pub fn copy(a: CopyArgs) -> Result<()> {
+    let m = Store::from_env()?.copy(&a.source, &a.destination)?;
+    println!("copied '{}' to '{}'", a.source, m.name);
+    Ok(())
 }
 
 /// Steps on stderr, downloads as a progress bar (drawn only on a terminal).

@@ -287,6 +287,7 @@ impl Engine {
             self.hparams(),
             self.native_tools(),
             self.thinking().is_some(),
+            self.tokenizer().fim_tokens().is_some(),
         );
         info
     }

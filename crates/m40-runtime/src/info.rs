@@ -29,13 +29,19 @@ pub struct ModelInfo {
     /// Ollama's capabilities: "completion" (a decoder); "embedding" where
     /// the file says how to pool (an encoder has only this one); "tools"
     /// where the chat template shows tools to the model; "thinking" where
-    /// it marks reasoning.
+    /// it marks reasoning; "insert" where the vocabulary has
+    /// fill-in-the-middle tokens (a `suffix` is served).
     pub capabilities: Vec<&'static str>,
 }
 
 /// [`ModelInfo::capabilities`] of a model of `hp` whose template shows
 /// tools and marks reasoning as `tools` and `thinking` say.
-pub(crate) fn capabilities(hp: &HyperParams, tools: bool, thinking: bool) -> Vec<&'static str> {
+pub(crate) fn capabilities(
+    hp: &HyperParams,
+    tools: bool,
+    thinking: bool,
+    insert: bool,
+) -> Vec<&'static str> {
     if hp.encoder.is_some() {
         return vec!["embedding"];
     }
@@ -48,6 +54,9 @@ pub(crate) fn capabilities(hp: &HyperParams, tools: bool, thinking: bool) -> Vec
     }
     if thinking {
         c.push("thinking");
+    }
+    if insert {
+        c.push("insert");
     }
     c
 }
@@ -90,7 +99,16 @@ impl ModelInfo {
             .ok()
             .flatten();
         let (tools, thinking) = crate::chat::capabilities(&chat_template, tool_use);
-        let capabilities = capabilities(&hparams, tools, thinking);
+        let vocab = f
+            .metadata()
+            .opt_str_array("tokenizer.ggml.tokens")
+            .ok()
+            .flatten();
+        let insert = vocab.is_some_and(|v| {
+            m40_tokenizer::fim_tokens_in(|t| v.iter().position(|x| x == t).map(|i| i as u32))
+                .is_some()
+        });
+        let capabilities = capabilities(&hparams, tools, thinking, insert);
         ModelInfo {
             path: f.path().to_path_buf(),
             architecture: f.architecture().unwrap_or("unknown").to_string(),
@@ -146,6 +164,16 @@ mod tests {
                 read.hparams.n_layer,
                 read.path.clone()
             )
+        );
+        // No fill-in-the-middle tokens in its vocabulary: no "insert".
+        assert_eq!(read.capabilities, ["completion"]);
+        let vocab: Vec<&str> = vec!["a", "<|fim_prefix|>", "b", "<|fim_middle|>", "<|fim_suffix|>"];
+        let id = |t: &str| vocab.iter().position(|v| *v == t).map(|i| i as u32);
+        assert_eq!(m40_tokenizer::fim_tokens_in(id), Some([1, 4, 3]));
+        assert_eq!(m40_tokenizer::fim_tokens_in(|t| id(t).filter(|&i| i != 4)), None);
+        assert_eq!(
+            capabilities(&read.hparams, false, false, true),
+            ["completion", "insert"]
         );
         assert!(matches!(
             ModelInfo::read(&dir.path().join("missing.gguf")),

@@ -33,6 +33,8 @@ use m40_runtime::{CancelToken, Completion, Engine, Request, TokenEvent};
 use m40_store::Store;
 use serde::de::DeserializeOwned;
 
+mod create;
+mod defaults;
 mod embed;
 mod format;
 mod keep_alive;
@@ -51,7 +53,7 @@ pub use layers::DEFAULT_ORIGINS;
 use metrics::Metrics;
 use slot::Slot;
 use slots::Served;
-pub use slots::{Fit, Loader};
+pub use slots::{Fit, Loader, StoreLoader};
 
 /// Server limits.
 #[derive(Clone)]
@@ -133,6 +135,9 @@ impl AppState {
     /// and any model `config.loader` can load.
     pub fn new(engine: Arc<Engine>, name: &str, config: ServerConfig) -> Self {
         let first = Slot::with(engine, name, config.keep_alive, config.loader.is_some());
+        if let Some(l) = &config.loader {
+            first.set_modelfile(l.modelfile(name));
+        }
         Self {
             inner: Arc::new(Inner {
                 slots: std::sync::Mutex::new(vec![Arc::new(first)]),
@@ -434,6 +439,8 @@ pub fn router(state: AppState) -> Router {
         .route("/api/tags", get(store_api::tags))
         .route("/api/pull", post(store_api::pull))
         .route("/api/delete", delete(store_api::delete))
+        .route("/api/create", post(create::create))
+        .route("/api/copy", post(create::copy))
         .route("/api/ps", get(ollama::ps))
         .route("/api/show", post(ollama::show))
         .route("/api/generate", post(ollama::generate))

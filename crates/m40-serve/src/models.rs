@@ -3,6 +3,7 @@
 //! GGUF file itself.
 
 use m40_runtime::ModelInfo;
+use m40_store::Modelfile;
 use serde_json::{json, Value};
 
 use crate::slot::Slot;
@@ -29,8 +30,9 @@ pub(crate) fn model_entry(slot: &Slot, model: &m40_runtime::Model) -> Value {
            "size": info.file_size, "digest": "", "details": details(&info)})
 }
 
-/// `/api/show`'s answer.
-pub(crate) fn describe(m: &ModelInfo, modified_at: &str) -> Value {
+/// `/api/show`'s answer: the file's description, and a created model's
+/// instructions.
+pub(crate) fn describe(m: &ModelInfo, modified_at: &str, mf: Option<&Modelfile>) -> Value {
     let arch = &m.architecture;
     let h = &m.hparams;
     let mut info = serde_json::Map::new();
@@ -47,9 +49,9 @@ pub(crate) fn describe(m: &ModelInfo, modified_at: &str) -> Value {
         info.insert(format!("{arch}.{k}"), json!(v));
     }
     info.insert("tokenizer.ggml.vocab_size".into(), json!(h.n_vocab));
-    json!({
-        "modelfile": format!("FROM {}\n", m.path.display()),
-        "parameters": "",
+    let mut v = json!({
+        "modelfile": mf.map_or_else(|| format!("FROM {}\n", m.path.display()), Modelfile::to_text),
+        "parameters": mf.map(Modelfile::parameters_text).unwrap_or_default(),
         // The chat template m40-llm renders (Jinja, as transformers and
         // llama.cpp use it; Ollama's own are Go templates).
         "template": m.chat_template,
@@ -57,5 +59,24 @@ pub(crate) fn describe(m: &ModelInfo, modified_at: &str) -> Value {
         "model_info": info,
         "capabilities": m.capabilities,
         "modified_at": modified_at,
-    })
+    });
+    if let Some(mf) = mf {
+        if let Some(t) = &mf.template {
+            v["template"] = json!(t);
+        }
+        if let Some(s) = &mf.system {
+            v["system"] = json!(s);
+        }
+        if !mf.license.is_empty() {
+            v["license"] = json!(mf.license.join("\n\n"));
+        }
+        if !mf.messages.is_empty() {
+            v["messages"] = mf
+                .messages
+                .iter()
+                .map(|(role, content)| json!({"role": role, "content": content}))
+                .collect();
+        }
+    }
+    v
 }

@@ -17,6 +17,7 @@ use m40_runtime::{
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use crate::defaults::Defaults;
 use crate::models::{describe, model_entry, modified_at};
 use crate::slot::Slot;
 use crate::{parse_json, ApiError, AppState, Event, KeepAlive, Running};
@@ -41,6 +42,27 @@ pub(crate) struct Options {
 }
 
 impl Options {
+    /// These options over a model's defaults: what a request leaves out,
+    /// its PARAMETERs give.
+    fn under(self, d: &Defaults) -> Options {
+        Options {
+            temperature: self.temperature.or_else(|| d.get("temperature")),
+            top_k: self.top_k.or_else(|| d.get("top_k")),
+            top_p: self.top_p.or_else(|| d.get("top_p")),
+            min_p: self.min_p.or_else(|| d.get("min_p")),
+            repeat_penalty: self.repeat_penalty.or_else(|| d.get("repeat_penalty")),
+            repeat_last_n: self.repeat_last_n.or_else(|| d.get("repeat_last_n")),
+            presence_penalty: self.presence_penalty.or_else(|| d.get("presence_penalty")),
+            frequency_penalty: self
+                .frequency_penalty
+                .or_else(|| d.get("frequency_penalty")),
+            seed: self.seed.or_else(|| d.get("seed")),
+            num_predict: self.num_predict.or_else(|| d.get("num_predict")),
+            stop: self.stop.or_else(|| d.stops()),
+            num_ctx: self.num_ctx.or_else(|| d.get("num_ctx")),
+        }
+    }
+
     /// The request these options describe, for `prompt` on an engine with
     /// context `n_ctx`.
     /// And the context it asks for (`num_ctx`: at most the loaded one).
@@ -410,6 +432,7 @@ pub(crate) async fn generate(State(s): State<AppState>, body: Bytes) -> Result<R
     let format = crate::format::ollama(r.format.as_ref())?;
     let think = crate::tools::ollama_think(r.think.as_ref())?;
     let model = r.model.clone().unwrap_or_default();
+    let defaults = slot.defaults();
     let prompt_text = r.prompt.unwrap_or_default();
     if prompt_text.is_empty() {
         // Ollama: an empty prompt loads the model, or with keep_alive 0
@@ -429,15 +452,17 @@ pub(crate) async fn generate(State(s): State<AppState>, body: Bytes) -> Result<R
     } else if r.raw {
         Prompt::Text(prompt_text)
     } else {
+        // The request's system prompt, else the model's (then its
+        // MESSAGEs, where it was created with some).
         let mut m = Vec::new();
         if let Some(sys) = r.system.filter(|s| !s.is_empty()) {
             m.push(Message::new("system", sys));
         }
         m.push(Message::new("user", prompt_text));
-        Prompt::Chat(m)
+        Prompt::Chat(defaults.chat(m))
     };
     let served = s.open(&slot, keep).await?;
-    let (mut req, ctx) = r.options.request(prompt, served.n_ctx())?;
+    let (mut req, ctx) = r.options.under(&defaults).request(prompt, served.n_ctx())?;
     req.shift = r.shift.unwrap_or(true);
     req.format = format;
     req.think = think;
@@ -486,8 +511,13 @@ pub(crate) async fn chat(State(s): State<AppState>, body: Bytes) -> Result<Respo
         messages.push(msg);
     }
     crate::tools::link_results(&mut messages);
+    let defaults = slot.defaults();
+    let messages = defaults.chat(messages);
     let served = s.open(&slot, keep).await?;
-    let (mut req, ctx) = r.options.request(Prompt::Chat(messages), served.n_ctx())?;
+    let (mut req, ctx) = r
+        .options
+        .under(&defaults)
+        .request(Prompt::Chat(messages), served.n_ctx())?;
     req.shift = r.shift.unwrap_or(true);
     req.format = format;
     req.tools = tools;
@@ -594,7 +624,12 @@ pub(crate) async fn show(State(s): State<AppState>, body: Bytes) -> Result<Json<
             Some(e) => e.info(),
             None => ModelInfo::of(&model),
         };
-        return Ok(Json(describe(&info, &slot.loaded_at().to_rfc3339())));
+        let mf = slot.modelfile();
+        return Ok(Json(describe(
+            &info,
+            &slot.loaded_at().to_rfc3339(),
+            mf.as_deref(),
+        )));
     }
     // Any stored model can be described, loaded or not.
     let stored = match (s.store(), requested.as_deref()) {
@@ -606,10 +641,11 @@ pub(crate) async fn show(State(s): State<AppState>, body: Bytes) -> Result<Json<
             ApiError::new(axum::http::StatusCode::NOT_FOUND, "model not found")
         }));
     };
+    let mf = m.modelfile.clone();
     let info = tokio::task::spawn_blocking(move || ModelInfo::read(&m.path))
         .await
         .map_err(|e| ApiError::internal(e.to_string()))?
         .map_err(|e| ApiError::internal(e.to_string()))?;
     let modified = modified_at(&info);
-    Ok(Json(describe(&info, &modified)))
+    Ok(Json(describe(&info, &modified, mf.as_ref())))
 }

@@ -163,32 +163,53 @@ impl Common {
             ));
         }
         let d = SamplingParams::default();
+        // What the request leaves out, a created model's PARAMETERs give;
+        // its SYSTEM and MESSAGEs go before a chat's.
+        let m = slot.defaults();
+        let prompt = match prompt {
+            Prompt::Chat(messages) => Prompt::Chat(m.chat(messages)),
+            p => p,
+        };
         let mut req = Request::new(prompt);
         req.sampling = {
             let mut o = SamplingParams::default();
-            o.temperature = self.temperature.unwrap_or(d.temperature);
-            o.top_p = self.top_p.unwrap_or(d.top_p);
-            o.top_k = self
-                .top_k
+            o.temperature =
+                (self.temperature.or_else(|| m.get("temperature"))).unwrap_or(d.temperature);
+            o.top_p = self.top_p.or_else(|| m.get("top_p")).unwrap_or(d.top_p);
+            o.top_k = (self.top_k.or_else(|| m.get("top_k")))
                 .map_or(Ok(d.top_k), |k| SamplingParams::count("top_k", k))
                 .map_err(|e| ApiError::bad_request(e.to_string()))?;
-            o.min_p = self.min_p.unwrap_or(d.min_p);
-            o.repeat_penalty = self.repeat_penalty.unwrap_or(d.repeat_penalty);
-            o.presence_penalty = self.presence_penalty.unwrap_or(d.presence_penalty);
-            o.frequency_penalty = self.frequency_penalty.unwrap_or(d.frequency_penalty);
-            o.penalty_last_n = d.penalty_last_n;
-            o.seed = self.seed;
+            o.min_p = self.min_p.or_else(|| m.get("min_p")).unwrap_or(d.min_p);
+            o.repeat_penalty = (self.repeat_penalty.or_else(|| m.get("repeat_penalty")))
+                .unwrap_or(d.repeat_penalty);
+            o.presence_penalty = (self.presence_penalty.or_else(|| m.get("presence_penalty")))
+                .unwrap_or(d.presence_penalty);
+            o.frequency_penalty = (self
+                .frequency_penalty
+                .or_else(|| m.get("frequency_penalty")))
+            .unwrap_or(d.frequency_penalty);
+            o.penalty_last_n = m
+                .get::<i64>("repeat_last_n")
+                .and_then(|n| usize::try_from(n).ok())
+                .unwrap_or(d.penalty_last_n);
+            o.seed = self.seed.or_else(|| m.get("seed"));
             o
         };
         req.sampling
             .validate()
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
-        req.max_tokens = self
-            .max_completion_tokens
-            .or(self.max_tokens)
-            .map(|m| m as usize);
-        req.stop = self.stop.clone().map_or_else(Vec::new, OneOrMany::into_vec);
-        if req.stop.len() > 4 {
+        req.max_tokens = (self.max_completion_tokens.or(self.max_tokens))
+            .map(|m| m as usize)
+            .or_else(|| {
+                (m.get::<i64>("num_predict"))
+                    .filter(|&n| n >= 0)
+                    .map(|n| n as usize)
+            });
+        req.stop = match self.stop.clone() {
+            Some(s) => s.into_vec(),
+            None => m.stops().unwrap_or_default(),
+        };
+        if self.stop.as_ref().is_some_and(|_| req.stop.len() > 4) {
             return Err(ApiError::bad_request("at most 4 stop sequences"));
         }
         req.logprobs = logprobs;
@@ -566,7 +587,7 @@ pub(crate) async fn completions(
     let (slot, mut req) =
         r.common
             .request(&s, Prompt::Text(prompt), r.logprobs.map(|n| n as usize))?;
-    if r.common.max_tokens.is_none() && r.common.max_completion_tokens.is_none() {
+    if req.max_tokens.is_none() {
         req.max_tokens = Some(16);
     }
     let running = s

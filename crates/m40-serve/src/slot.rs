@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use m40_runtime::Engine;
 
+use crate::defaults::Defaults;
 use crate::keep_alive::KeepAlive;
 
 pub(crate) struct Slot {
@@ -21,6 +22,8 @@ pub(crate) struct Slot {
     /// Whether the server can load it again (else it is never unloaded).
     can_unload: bool,
     life: Mutex<Life>,
+    /// A created model's instructions (`defaults.rs`).
+    modelfile: RwLock<Option<Arc<m40_store::Modelfile>>>,
 }
 
 impl Slot {
@@ -33,7 +36,27 @@ impl Slot {
             loaded_at: Mutex::new(chrono::Utc::now()),
             can_unload,
             life: Mutex::new(Life::new(keep_alive)),
+            modelfile: RwLock::new(None),
         }
+    }
+
+    /// Its defaults: a created model's instructions.
+    pub(crate) fn defaults(&self) -> Defaults {
+        Defaults(
+            self.modelfile
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
+        )
+    }
+
+    /// A created model's instructions, as the store has them now.
+    pub(crate) fn modelfile(&self) -> Option<Arc<m40_store::Modelfile>> {
+        self.defaults().0
+    }
+
+    pub(crate) fn set_modelfile(&self, m: Option<m40_store::Modelfile>) {
+        *self.modelfile.write().unwrap_or_else(|e| e.into_inner()) = m.map(Arc::new);
     }
 
     /// A model loaded as `engine`.

@@ -35,8 +35,71 @@ pub trait Loader: Send + Sync {
     /// (a stored model, say); None: a 404.
     fn resolve(&self, requested: &str) -> Option<String>;
     /// Load the model served as `name` (a name from `resolve`, or the one
-    /// the server started with).
+    /// the server started with), with its TEMPLATE where it was created
+    /// with one.
     fn load(&self, name: &str, fit: Fit) -> Result<Engine, EngineError>;
+    /// A created model's instructions (SYSTEM, PARAMETERs, MESSAGEs, ...),
+    /// which the server applies beneath each request's own.
+    fn modelfile(&self, _name: &str) -> Option<m40_store::Modelfile> {
+        None
+    }
+}
+
+/// The loader of a store's models (the CLI's): any stored model by name,
+/// created models with their instructions, and a model served from a path
+/// (`serving`), each loaded with the same options.
+pub struct StoreLoader {
+    store: m40_store::Store,
+    opts: m40_runtime::EngineOptions,
+    path: Option<(String, std::path::PathBuf)>,
+}
+
+impl StoreLoader {
+    pub fn new(store: m40_store::Store, opts: m40_runtime::EngineOptions) -> Self {
+        StoreLoader {
+            store,
+            opts,
+            path: None,
+        }
+    }
+
+    /// Serve the file at `path` as `name` too (a model the store may not
+    /// hold: the one the server started with).
+    pub fn serving(mut self, name: &str, path: &std::path::Path) -> Self {
+        self.path = Some((name.to_string(), path.to_path_buf()));
+        self
+    }
+}
+
+impl Loader for StoreLoader {
+    fn resolve(&self, requested: &str) -> Option<String> {
+        match &self.path {
+            Some((name, _)) if same_model(requested, name) => Some(name.clone()),
+            _ => Some(self.store.manifest(requested).ok()??.name),
+        }
+    }
+
+    fn load(&self, name: &str, fit: Fit) -> Result<Engine, EngineError> {
+        let path = match &self.path {
+            Some((n, p)) if n == name => p.clone(),
+            // Gone since it was resolved: the load says the file is missing.
+            _ => (self.store.manifest(name).ok().flatten()).map_or_else(|| name.into(), |m| m.path),
+        };
+        let mut opts = self.opts.clone();
+        // A created model's TEMPLATE is the engine's.
+        if let Some(t) = self.modelfile(name).and_then(|m| m.template) {
+            opts.chat_template = Some(t);
+        }
+        // The GPU or nothing, so that the server frees room there first.
+        if fit == Fit::Best && opts.backend == m40_runtime::BackendChoice::Auto {
+            opts.backend = m40_runtime::BackendChoice::Gpu;
+        }
+        Engine::from_path(&path, opts)
+    }
+
+    fn modelfile(&self, name: &str) -> Option<m40_store::Modelfile> {
+        self.store.manifest(name).ok()??.modelfile
+    }
 }
 
 /// A model opened for one request: loaded, and held loaded until the
@@ -106,6 +169,7 @@ impl AppState {
             return Ok(s.clone());
         }
         let slot = Arc::new(Slot::new(&name, self.default_keep_alive(), true));
+        slot.set_modelfile(loader.modelfile(&name));
         slots.push(slot.clone());
         Ok(slot)
     }
@@ -162,6 +226,7 @@ impl AppState {
                 Fit::Best
             };
             let started = Instant::now();
+            slot.set_modelfile(loader.modelfile(&slot.name));
             let (l, name) = (loader.clone(), slot.name.clone());
             let got = tokio::task::spawn_blocking(move || l.load(&name, fit))
                 .await

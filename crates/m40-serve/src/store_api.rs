@@ -43,7 +43,7 @@ fn no_store() -> ApiError {
     )
 }
 
-fn store(s: &AppState) -> Result<Store, ApiError> {
+pub(crate) fn store(s: &AppState) -> Result<Store, ApiError> {
     s.store().cloned().ok_or_else(no_store)
 }
 

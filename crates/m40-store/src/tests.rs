@@ -543,6 +543,7 @@ fn manifests_round_trip_and_skip_missing_files() {
         sha256: "00".into(),
         size: 4,
         source: "test".into(),
+        modelfile: None,
     };
     s.write_manifest(&m).unwrap();
     assert_eq!(

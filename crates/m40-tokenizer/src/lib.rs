@@ -284,17 +284,7 @@ impl Tokenizer {
     /// `<|fim_prefix|>`, DeepSeek-Coder's `<｜fim▁begin｜>`, CodeLlama's
     /// `<PRE>`), as llama.cpp finds them.
     pub fn fim_tokens(&self) -> Option<[u32; 3]> {
-        const SETS: [[&str; 3]; 5] = [
-            ["<fim_prefix>", "<fim_suffix>", "<fim_middle>"],
-            ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"],
-            ["<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"],
-            ["<PRE>", "<SUF>", "<MID>"],
-            ["▁<PRE>", "▁<SUF>", "▁<MID>"],
-        ];
-        SETS.iter().find_map(|set| {
-            let ids: Vec<u32> = set.iter().filter_map(|t| self.token_id(t)).collect();
-            <[u32; 3]>::try_from(ids).ok()
-        })
+        fim_tokens_in(|t| self.token_id(t))
     }
 
     pub fn eos(&self) -> Option<u32> {
@@ -312,4 +302,20 @@ impl Tokenizer {
     pub fn stream_with_special(&self) -> StreamDecoder<&Tokenizer> {
         StreamDecoder::new(self, true)
     }
+}
+
+/// Fill-in-the-middle's prefix, suffix and middle tokens of a vocabulary
+/// whose token ids `id` gives (see [`Tokenizer::fim_tokens`]).
+pub fn fim_tokens_in(id: impl Fn(&str) -> Option<u32>) -> Option<[u32; 3]> {
+    const SETS: [[&str; 3]; 5] = [
+        ["<fim_prefix>", "<fim_suffix>", "<fim_middle>"],
+        ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"],
+        ["<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"],
+        ["<PRE>", "<SUF>", "<MID>"],
+        ["▁<PRE>", "▁<SUF>", "▁<MID>"],
+    ];
+    SETS.iter().find_map(|set| {
+        let ids: Vec<u32> = set.iter().filter_map(|t| id(t)).collect();
+        <[u32; 3]>::try_from(ids).ok()
+    })
 }
