@@ -46,6 +46,9 @@ fn ci() -> bool {
     std::env::set_var("M40_REQUIRE_TESTDATA", "1");
     std::env::set_var("M40_PY_CLIENTS", &clients);
     std::env::set_var("M40_REQUIRE_PY_CLIENTS", "1");
+    // The chat page's browser test: Debian's Chromium and ChromeDriver
+    // (.ci/run installs them).
+    std::env::set_var("M40_REQUIRE_BROWSER", "1");
     std::env::set_var("M40_LLAMACPP_VOCAB", &vocab);
     std::env::set_var("M40_REQUIRE_LLAMACPP_VOCAB", "1");
     cargo(&["fmt", "--all", "--check"])
@@ -63,24 +66,26 @@ fn ci() -> bool {
 }
 
 /// What the tests read beyond ../shared, fetched once into target/: the
-/// official Python clients (and jsonschema) from PyPI, for the server's
-/// client test; llama.cpp's tokenizer test vocabularies, from the PyPI
+/// official Python clients (and jsonschema, and Selenium for the chat
+/// page's browser test) from PyPI, for the server's client tests; llama.cpp's tokenizer test vocabularies, from the PyPI
 /// sdist of llama-cpp-python (scripts/llamacpp-vocab.sh). Their folders.
 fn ci_inputs(root: &std::path::Path) -> Option<(std::path::PathBuf, String)> {
     let clients = root.join("target/pyclients");
     let have = Command::new("python3")
-        .args(["-c", "import openai, ollama, jsonschema"])
+        .args(["-c", "import openai, ollama, jsonschema, selenium"])
         .env("PYTHONPATH", &clients)
         .output()
         .is_ok_and(|o| o.status.success());
     if !have {
-        eprintln!("== openai and ollama Python clients (pip install --target target/pyclients)");
+        eprintln!(
+            "== openai and ollama Python clients, Selenium (pip install --target target/pyclients)"
+        );
         let pip = |extra: &[&str]| {
             Command::new("python3")
                 .args(["-m", "pip", "install", "-q", "--disable-pip-version-check"])
                 .args(["--upgrade", "--target"])
                 .arg(&clients)
-                .args(["openai", "ollama", "jsonschema"])
+                .args(["openai", "ollama", "jsonschema", "selenium"])
                 .args(extra)
                 .status()
                 .is_ok_and(|s| s.success())

@@ -167,10 +167,19 @@ mod tests {
         );
         // No fill-in-the-middle tokens in its vocabulary: no "insert".
         assert_eq!(read.capabilities, ["completion"]);
-        let vocab: Vec<&str> = vec!["a", "<|fim_prefix|>", "b", "<|fim_middle|>", "<|fim_suffix|>"];
+        let vocab: Vec<&str> = vec![
+            "a",
+            "<|fim_prefix|>",
+            "b",
+            "<|fim_middle|>",
+            "<|fim_suffix|>",
+        ];
         let id = |t: &str| vocab.iter().position(|v| *v == t).map(|i| i as u32);
         assert_eq!(m40_tokenizer::fim_tokens_in(id), Some([1, 4, 3]));
-        assert_eq!(m40_tokenizer::fim_tokens_in(|t| id(t).filter(|&i| i != 4)), None);
+        assert_eq!(
+            m40_tokenizer::fim_tokens_in(|t| id(t).filter(|&i| i != 4)),
+            None
+        );
         assert_eq!(
             capabilities(&read.hparams, false, false, true),
             ["completion", "insert"]

@@ -73,6 +73,56 @@ fn gpu_engine_generates_what_the_cpu_engine_does() {
     );
 }
 
+/// What a server with several models relies on: two engines on one GPU
+/// (each its own stream and step loop) generate at once what each does
+/// alone; each takes about what its memory plan says; dropping one gives
+/// that memory back to the driver, so the next load's plan sees it free.
+#[test]
+#[ignore = "needs a GPU"]
+fn two_engines_share_a_gpu_and_dropping_one_frees_its_memory() {
+    gpu_device("two_engines_share_a_gpu_and_dropping_one_frees_its_memory");
+    let td = common::testdata().expect("the quant zoo is needed (M40_TESTDATA)");
+    let path = td.join("quant-zoo/zoo-Q4_0.gguf");
+    let dev = m40_device::Device::open(0).unwrap();
+    let free = || dev.memory().unwrap().0 as i64;
+    let a = engine(&path, BackendChoice::Gpu);
+    let before = free();
+    let b = engine(&path, BackendChoice::Gpu);
+    let loaded = free();
+    let planned = b.memory().total() as i64;
+    let taken = before - loaded;
+    let mib = |b: i64| b as f64 / (1 << 20) as f64;
+    println!(
+        "second engine: planned {:.1} MiB, the driver's free memory fell {:.1} MiB",
+        mib(planned),
+        mib(taken)
+    );
+    // Its plan, plus the driver's rounding and the kernel modules' code.
+    assert!(
+        taken >= planned && taken <= planned + planned / 8 + (256 << 20),
+        "planned {planned} bytes, took {taken}"
+    );
+    let mut req = Request::new(Prompt::Text("hello world, this is a test".into()));
+    req.sampling = SamplingParams::greedy();
+    req.max_tokens = Some(32);
+    let run = |e: &Engine| e.generate(&req, &CancelToken::new(), |_| {}).unwrap();
+    let alone = run(&a).token_ids;
+    let (x, y) = std::thread::scope(|s| {
+        let (ha, hb) = (s.spawn(|| run(&a)), s.spawn(|| run(&b)));
+        (ha.join().unwrap(), hb.join().unwrap())
+    });
+    assert_eq!(x.token_ids, alone);
+    assert_eq!(y.token_ids, alone);
+    drop(b);
+    let freed = free() - loaded;
+    println!("dropping it freed {:.1} MiB", mib(freed));
+    assert!(
+        freed >= taken - (16 << 20),
+        "took {taken} bytes, gave back {freed}"
+    );
+    assert_eq!(run(&a).token_ids, alone);
+}
+
 #[test]
 fn asking_for_a_missing_gpu_is_an_error() {
     let Some(td) = common::testdata() else { return };

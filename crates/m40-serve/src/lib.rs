@@ -537,10 +537,33 @@ fn same_key(given: &str, key: &str) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
 }
 
-/// `GET /` and `HEAD /`: Ollama's health answer, word for word (health
-/// probes and scripts look for it).
-async fn root() -> &'static str {
-    "Ollama is running"
+/// The chat page (`page/chat.html`): plain HTML and JS on the public API.
+const CHAT_PAGE: &str = include_str!("page/chat.html");
+
+/// `GET /` and `HEAD /`: the chat page for a browser (a request that
+/// accepts HTML); for anything else Ollama's health answer, word for word
+/// (health probes and scripts look for it).
+async fn root(headers: axum::http::HeaderMap) -> Response {
+    let browser = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|a| a.contains("text/html"));
+    if browser {
+        (
+            [
+                (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+                // Nothing but this page's own script and the API it calls.
+                (
+                    header::CONTENT_SECURITY_POLICY,
+                    "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src 'self'",
+                ),
+            ],
+            CHAT_PAGE,
+        )
+            .into_response()
+    } else {
+        "Ollama is running".into_response()
+    }
 }
 
 async fn health(axum::extract::State(s): axum::extract::State<AppState>) -> Response {

@@ -174,6 +174,21 @@ impl AppState {
         Ok(slot)
     }
 
+    /// Stop serving `name` (deleted from the store): unloaded once its
+    /// requests end, and no longer found by name. The model the server
+    /// started with stays.
+    pub(crate) fn forget(&self, name: &str) {
+        let mut slots = self.inner.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let mut first = true;
+        slots.retain(|s| {
+            let keep = std::mem::take(&mut first) || !same_model(name, &s.name);
+            if !keep {
+                s.unload();
+            }
+            keep
+        });
+    }
+
     /// The model for a request that keeps it `keep_alive` after: held
     /// (so nothing unloads it meanwhile), then loaded if it is not.
     pub(crate) async fn open(

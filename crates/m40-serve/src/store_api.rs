@@ -208,7 +208,11 @@ pub(crate) async fn delete(State(s): State<AppState>, body: Bytes) -> Result<Res
         .await
         .map_err(|e| ApiError::internal(e.to_string()))?;
     match removed {
-        Ok(_) => Ok(StatusCode::OK.into_response()),
+        Ok(_) => {
+            // No longer served by that name (requests in flight finish).
+            s.forget(&name);
+            Ok(StatusCode::OK.into_response())
+        }
         Err(StoreError::NotStored(_)) => Err(ApiError::new(
             StatusCode::NOT_FOUND,
             format!("model '{name}' not found"),

@@ -729,9 +729,17 @@ fn the_official_python_clients_work() {
     };
     let root = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("py-store");
     let _ = std::fs::remove_dir_all(&root);
-    // The script pulls a path on this machine (no network): allowed.
+    // The script pulls a path on this machine (no network): allowed; it
+    // creates a model over it, which the server loads by name.
+    let store = m40_store::Store::new(&root);
+    let mut opts = m40_runtime::EngineOptions::default();
+    opts.n_ctx = Some(N_CTX);
+    opts.backend = m40_runtime::BackendChoice::Cpu;
     let base = start(ServerConfig {
-        store: Some(m40_store::Store::new(&root)),
+        store: Some(store.clone()),
+        loader: Some(std::sync::Arc::new(m40_serve::StoreLoader::new(
+            store, opts,
+        ))),
         allow_any_pull: true,
         ..Default::default()
     });

@@ -6,45 +6,8 @@
 
 mod common;
 
-use std::sync::Arc;
-
 use common::*;
-use m40_runtime::{BackendChoice, EngineOptions};
-use m40_serve::{ServerConfig, StoreLoader};
-use m40_store::{PullOptions, Store};
 use serde_json::{json, Value};
-
-/// A server over a fresh store holding the default model as NAME, loading
-/// any stored model by name (CPU, context N_CTX).
-fn store_server() -> (String, Store) {
-    let dir = tempfile::Builder::new()
-        .prefix("create-")
-        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
-        .unwrap()
-        .keep();
-    let store = Store::new(dir);
-    let opts = PullOptions {
-        name: Some(NAME.into()),
-        ..Default::default()
-    };
-    let path = model_path();
-    store
-        .pull_str(path.to_str().unwrap(), &opts, &mut |_: &str| {})
-        .unwrap();
-    let mut o = EngineOptions::default();
-    o.n_ctx = Some(N_CTX);
-    o.backend = BackendChoice::Cpu;
-    let loader = Arc::new(StoreLoader::new(store.clone(), o).serving(NAME, &path));
-    let base = start_with(
-        engine(),
-        ServerConfig {
-            store: Some(store.clone()),
-            loader: Some(loader),
-            ..Default::default()
-        },
-    );
-    (base, store)
-}
 
 fn post_json(base: &str, path: &str, body: Value) -> (u16, Value) {
     let (s, text) = post_raw_at(base, path, &body.to_string());

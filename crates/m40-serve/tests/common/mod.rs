@@ -210,3 +210,35 @@ pub fn ps_at(base: &str) -> Vec<Value> {
     let v: Value = serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap();
     v["models"].as_array().unwrap().clone()
 }
+
+/// A server over a fresh store holding the default model as NAME, loading
+/// any stored model by name (CPU, context N_CTX).
+pub fn store_server() -> (String, m40_store::Store) {
+    let dir = tempfile::Builder::new()
+        .prefix("create-")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .unwrap()
+        .keep();
+    let store = m40_store::Store::new(dir);
+    let opts = m40_store::PullOptions {
+        name: Some(NAME.into()),
+        ..Default::default()
+    };
+    let path = model_path();
+    store
+        .pull_str(path.to_str().unwrap(), &opts, &mut |_: &str| {})
+        .unwrap();
+    let mut o = EngineOptions::default();
+    o.n_ctx = Some(N_CTX);
+    o.backend = BackendChoice::Cpu;
+    let loader = Arc::new(m40_serve::StoreLoader::new(store.clone(), o).serving(NAME, &path));
+    let base = start_with(
+        engine(),
+        ServerConfig {
+            store: Some(store.clone()),
+            loader: Some(loader),
+            ..Default::default()
+        },
+    );
+    (base, store)
+}

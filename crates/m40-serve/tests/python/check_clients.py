@@ -215,6 +215,25 @@ pulled = [m.model for m in ol.list().models if m.model != MODEL]
 check(len(pulled) == 1, f"the pulled model is listed: {pulled}")
 shown = ol.show(pulled[0])
 check(shown.details.family == "llama" and shown.modelinfo["llama.block_count"] == 30, f"show a stored model: {shown}")
+# create (a customised model over the pulled one), its defaults applied,
+# copy, show, ps with both models loaded, delete
+st = ol.create(model="pirate", from_=pulled[0], system="You are a pirate.",
+               parameters={"num_predict": 3, "temperature": 0})
+check(st.status == "success", f"create: {st}")
+pg = ol.generate(model="pirate", prompt="Hi")
+check(pg.eval_count == 3, f"the created model's num_predict: {pg}")
+spelled = ol.generate(model=MODEL, prompt="Hi", system="You are a pirate.",
+                      options={"num_predict": 3, "temperature": 0})
+check(pg.response == spelled.response, f"its system prompt: {pg.response!r} == {spelled.response!r}")
+loaded = sorted(m.model for m in ol.ps().models)
+check("pirate:latest" in loaded or "pirate" in loaded, f"ps lists both loaded models: {loaded}")
+check(ol.copy("pirate", "pirate2").status == "success", "copy")
+sp = ol.show("pirate2")
+check("SYSTEM" in sp.modelfile and "pirate" in sp.modelfile and "num_predict" in sp.parameters,
+      f"show a copy: {sp}")
+check(sp.capabilities and "completion" in sp.capabilities, f"capabilities: {sp.capabilities}")
+for name in ["pirate", "pirate2"]:
+    check(ol.delete(name).status == "success", f"delete {name}")
 check(ol.delete(pulled[0]).status == "success", "delete")
 check(all(m.model == MODEL for m in ol.list().models), "deleted models leave the list")
 expect_error(lambda: ol.delete("no-such-model"), ollama.ResponseError, "deleting an unknown model", 404)
