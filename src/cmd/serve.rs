@@ -57,6 +57,12 @@ pub struct Args {
     /// least recently used idle model first.
     #[arg(long, env = "M40_MAX_LOADED_MODELS", default_value_t = 0)]
     pub max_loaded_models: usize,
+    /// GiB all loaded models may take together (weights, KV caches,
+    /// workspaces); a load that does not fit what the others leave unloads
+    /// the least recently used idle model. Default: the GPU's or the
+    /// machine's free memory decides (a 24 GB M40 on a larger GPU: 24).
+    #[arg(long, env = "M40_MAX_MEMORY", value_name = "GIB")]
+    pub max_memory: Option<f64>,
     /// Log each request and the engine's steps (Ollama's OLLAMA_DEBUG).
     #[arg(long, env = "M40_DEBUG", value_parser = clap::builder::BoolishValueParser::new())]
     pub debug: bool,
@@ -103,9 +109,16 @@ pub fn run(a: Args) -> Result<()> {
         // Every stored model by name, and this one again after an unload
         // (`m40-llm stop`), loaded with the same options.
         let loader = Arc::new(StoreLoader::new(store.clone(), opts.clone()).serving(&name, &path));
+        let max_memory = match a.max_memory {
+            Some(g) if !(g.is_finite() && g > 0.0) => {
+                bail!("--max-memory {g}: give a number of GiB above 0")
+            }
+            g => g.map(|g| (g * (1u64 << 30) as f64) as u64),
+        };
+        let limit = max_memory;
         let engine = {
             let (loader, name) = (loader.clone(), name.clone());
-            tokio::task::spawn_blocking(move || loader.load(&name, Fit::Anywhere)).await??
+            tokio::task::spawn_blocking(move || loader.load(&name, Fit::Anywhere, limit)).await??
         };
         super::report_backend(&engine);
         super::report_limits(&engine);
@@ -117,6 +130,7 @@ pub fn run(a: Args) -> Result<()> {
             allow_any_pull: a.allow_any_pull,
             loader: Some(loader),
             max_loaded_models: a.max_loaded_models,
+            max_memory,
             keep_alive: a.keep_alive,
             origins: a.origins.clone(),
             ..Default::default()

@@ -115,3 +115,49 @@ fn a_pool_with_a_minimum_takes_what_fits_the_budget() {
     let want = small.forward(&mut b, &toks, Logits::All).unwrap();
     assert_eq!(got, want);
 }
+
+/// `memory_limit` caps the plan as a smaller device would: the pool shrinks
+/// to the whole pages that fit it (with a minimum) and what the backend
+/// holds stays within it; without a minimum, a pool that does not fit is
+/// the error, before anything is allocated.
+#[test]
+#[ignore = "needs a GPU"]
+fn a_memory_limit_caps_the_plan() {
+    let dev = gpu_device("a_memory_limit_caps_the_plan");
+    let dir = tempfile::tempdir().unwrap();
+    let model = synth(dir.path(), "tiny", GgmlType::Q8_0);
+    let opts = |kv_tokens, min, limit| GpuOptions {
+        kv_tokens,
+        kv_min_tokens: min,
+        max_batch: 64,
+        memory_limit: limit,
+        ..Default::default()
+    };
+    let full = GpuBackend::new(dev.clone(), model.clone(), opts(1 << 16, None, None)).unwrap();
+    let whole = full.memory().total();
+    drop(full);
+    let before = dev.budget_used();
+    let limit = whole / 2;
+    let err = GpuBackend::new(dev.clone(), model.clone(), opts(1 << 16, None, Some(limit)))
+        .err()
+        .expect("the whole pool does not fit half its memory");
+    assert!(matches!(err, ModelError::GpuMemory { .. }), "{err}");
+    assert!(err.to_string().contains("memory limit"), "{err}");
+    assert_eq!(dev.budget_used(), before, "nothing was allocated");
+    let g = GpuBackend::new(
+        dev.clone(),
+        model.clone(),
+        opts(1 << 16, Some(256), Some(limit)),
+    )
+    .unwrap();
+    let mem = g.memory();
+    let (layout, pages) = g.kv_pool();
+    println!(
+        "limit {limit}: {} of {} KV tokens, {} bytes",
+        layout.page_tokens * pages,
+        1 << 16,
+        mem.total()
+    );
+    assert!(mem.total() <= limit, "{mem:?} within {limit}");
+    assert!((256..1 << 16).contains(&(layout.page_tokens * pages)));
+}

@@ -81,6 +81,12 @@ pub struct EngineOptions {
     /// as many whole pages as the device has room for; down to one context
     /// either way).
     pub kv_tokens: Option<usize>,
+    /// The most bytes the engine may take (weights, KV cache, workspace:
+    /// what [`Engine::memory`] reports), where given: its KV cache shrinks
+    /// to fit (down to one context), else loading fails as it does when the
+    /// device or the machine has no room. A server shares one such budget
+    /// among its models (`m40-serve`'s `max_memory`).
+    pub memory_limit: Option<u64>,
     /// Sequences generating at once at most (`--parallel`; default: one
     /// per 256 tokens of the KV cache, at most 64). More wait in line.
     pub parallel: Option<usize>,
@@ -502,7 +508,7 @@ fn pick_backend(
             .unwrap_or(n_ctx * DEFAULT_SEQUENCES)
             .max(n_ctx);
         loop {
-            match CpuBackend::with_kv(model.clone(), opts.cpu_math, kv) {
+            match CpuBackend::within(model.clone(), opts.cpu_math, kv, opts.memory_limit) {
                 Err(ModelError::HostMemory { .. }) if opts.kv_tokens.is_none() && kv > n_ctx => {
                     kv = (kv / 2).max(n_ctx);
                 }
@@ -533,6 +539,7 @@ fn pick_backend(
         progress: opts.upload_progress.as_ref().map(|p| p.0.clone()),
         kernel_progress: opts.kernel_progress.as_ref().map(|p| p.0.clone()),
         jit_threads: opts.jit_threads,
+        memory_limit: opts.memory_limit,
         ..Default::default()
     };
     match GpuBackend::new(device, model.clone(), gpu_opts) {

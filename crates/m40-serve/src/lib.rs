@@ -85,6 +85,13 @@ pub struct ServerConfig {
     /// `M40_MAX_LOADED_MODELS`; Ollama's `OLLAMA_MAX_LOADED_MODELS`); 0:
     /// as many as fit.
     pub max_loaded_models: usize,
+    /// Bytes all loaded models may take together (weights, KV caches,
+    /// workspaces, as [`Engine::memory`] counts them), where given: each
+    /// load plans within what the others leave (its KV cache shrinks to
+    /// fit, down to one context), and one that does not fit unloads the
+    /// least recently used idle model first (`serve --max-memory`,
+    /// `M40_MAX_MEMORY`; a 24 GB M40's budget on a larger GPU).
+    pub max_memory: Option<u64>,
     /// How long the model stays loaded after its last request ends,
     /// where a request does not say (Ollama's default: 5 minutes;
     /// `serve --keep-alive`, `M40_KEEP_ALIVE`). Only a server with
@@ -107,6 +114,7 @@ impl Default for ServerConfig {
             allow_any_pull: false,
             loader: None,
             max_loaded_models: 0,
+            max_memory: None,
             keep_alive: KeepAlive::default(),
             origins: Vec::new(),
         }

@@ -36,8 +36,9 @@ pub trait Loader: Send + Sync {
     fn resolve(&self, requested: &str) -> Option<String>;
     /// Load the model served as `name` (a name from `resolve`, or the one
     /// the server started with), with its TEMPLATE where it was created
-    /// with one.
-    fn load(&self, name: &str, fit: Fit) -> Result<Engine, EngineError>;
+    /// with one, taking at most `memory_limit` bytes where given
+    /// ([`m40_runtime::EngineOptions::memory_limit`]).
+    fn load(&self, name: &str, fit: Fit, memory_limit: Option<u64>) -> Result<Engine, EngineError>;
     /// A created model's instructions (SYSTEM, PARAMETERs, MESSAGEs, ...),
     /// which the server applies beneath each request's own.
     fn modelfile(&self, _name: &str) -> Option<m40_store::Modelfile> {
@@ -79,13 +80,17 @@ impl Loader for StoreLoader {
         }
     }
 
-    fn load(&self, name: &str, fit: Fit) -> Result<Engine, EngineError> {
+    fn load(&self, name: &str, fit: Fit, memory_limit: Option<u64>) -> Result<Engine, EngineError> {
         let path = match &self.path {
             Some((n, p)) if n == name => p.clone(),
             // Gone since it was resolved: the load says the file is missing.
             _ => (self.store.manifest(name).ok().flatten()).map_or_else(|| name.into(), |m| m.path),
         };
         let mut opts = self.opts.clone();
+        opts.memory_limit = match (opts.memory_limit, memory_limit) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         // A created model's TEMPLATE is the engine's.
         if let Some(t) = self.modelfile(name).and_then(|m| m.template) {
             opts.chat_template = Some(t);
@@ -242,8 +247,15 @@ impl AppState {
             };
             let started = Instant::now();
             slot.set_modelfile(loader.modelfile(&slot.name));
+            // What `max_memory` leaves beside the models loaded now.
+            let limit = self.inner.config.max_memory.map(|m| {
+                let used: u64 = (self.loaded_slots().iter())
+                    .map(|(_, e)| e.memory().total())
+                    .sum();
+                m.saturating_sub(used)
+            });
             let (l, name) = (loader.clone(), slot.name.clone());
-            let got = tokio::task::spawn_blocking(move || l.load(&name, fit))
+            let got = tokio::task::spawn_blocking(move || l.load(&name, fit, limit))
                 .await
                 .map_err(|e| ApiError::internal(e.to_string()))?;
             match got {

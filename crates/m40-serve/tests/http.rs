@@ -744,19 +744,11 @@ fn the_official_python_clients_work() {
         ..Default::default()
     });
     let gguf = engine().model_file().path().to_path_buf();
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/check_clients.py");
-    let out = std::process::Command::new(std::env::var("M40_PYTHON").unwrap_or("python3".into()))
-        .env("PYTHONPATH", &pydir)
-        .arg(script)
-        .args([base.as_str(), NAME])
-        .arg(&gguf)
-        .output()
-        .expect("running python3");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    eprintln!("{stdout}{stderr}");
-    assert!(out.status.success(), "{stdout}{stderr}");
-    assert!(stdout.contains("checks passed"), "{stdout}");
+    run_python(
+        "check_clients.py",
+        &pydir,
+        &[base.as_str(), NAME, gguf.to_str().unwrap()],
+    );
     assert!(
         gguf.is_file(),
         "deleting a model named in place keeps its file"

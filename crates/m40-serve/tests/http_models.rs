@@ -194,3 +194,46 @@ fn a_model_that_does_not_fit_unloads_an_idle_one_first() {
     assert_eq!(generate(&base, NAME).0, 200);
     assert_eq!(names(&base), [NAME]);
 }
+
+/// `max_memory`: each load plans within what the loaded models leave (as
+/// their engines count their memory); a third model that does not fit
+/// beside two unloads the least recently used idle one, and what is loaded
+/// never exceeds the cap.
+#[test]
+fn a_memory_cap_unloads_the_least_recently_used_idle_model() {
+    let one = engine_with(m40_runtime::EngineOptions::default())
+        .memory()
+        .total();
+    let cap = 2 * one + one / 2;
+    let loader = TestLoader::new(&[NAME, OTHER, THIRD], None);
+    let base = loader.serve(ServerConfig {
+        max_memory: Some(cap),
+        keep_alive: KeepAlive::Forever,
+        ..Default::default()
+    });
+    assert_eq!(generate(&base, OTHER).0, 200);
+    assert_eq!(names(&base), [OTHER, NAME]);
+    assert_eq!(generate(&base, NAME).0, 200);
+    // Half a model's room is left: the third's plan does not fit it, so
+    // OTHER (idle the longest) goes and the third loads whole.
+    assert_eq!(generate(&base, THIRD).0, 200);
+    assert_eq!(names(&base), [NAME, THIRD]);
+    let sizes: Vec<u64> = ps_at(&base)
+        .iter()
+        .map(|m| m["size"].as_u64().unwrap())
+        .collect();
+    assert!(sizes.iter().sum::<u64>() <= cap, "{sizes:?} within {cap}");
+    assert!(
+        sizes.iter().all(|&s| s == one),
+        "{sizes:?}: each whole ({one})"
+    );
+    // Three engines began to load: OTHER, the third refused by its plan
+    // (no memory allocated), the third again.
+    assert_eq!(loader.loads(), 3);
+    let asked = loader.asked.lock().unwrap();
+    assert_eq!(
+        asked.iter().filter(|(n, _)| n == THIRD).count(),
+        2,
+        "{asked:?}"
+    );
+}

@@ -88,16 +88,9 @@ fn the_page_chats_in_a_real_browser() {
                                   "parameters": {"num_predict": 24, "temperature": 0}});
     let (s, text) = post_raw_at(&base, "/api/create", &body.to_string());
     assert_eq!(s, 200, "{text}");
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/check_page.py");
-    let out = std::process::Command::new(std::env::var("M40_PYTHON").unwrap_or("python3".into()))
-        .env("PYTHONPATH", pydir.unwrap())
-        .arg(script)
-        .args([base.as_str(), "brief", NAME, &chromium, &driver])
-        .output()
-        .expect("running python3");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    eprintln!("{stdout}{stderr}");
-    assert!(out.status.success(), "{stdout}{stderr}");
-    assert!(stdout.contains("checks passed"), "{stdout}");
+    run_python(
+        "check_page.py",
+        &pydir.unwrap(),
+        &[base.as_str(), "brief", NAME, &chromium, &driver],
+    );
 }

@@ -32,8 +32,23 @@ fn kv_bytes_per_token(hp: &HyperParams) -> u64 {
 /// (where it can be read), before anything is allocated; the error says
 /// what would fit.
 pub fn check_memory(hp: &HyperParams, n_ctx: usize, batch: usize) -> Result<()> {
-    let Some(available) = crate::host::available_memory() else {
-        return Ok(());
+    check_memory_within(hp, n_ctx, batch, None)
+}
+
+/// As [`check_memory`], within `room` bytes too where given (what a memory
+/// limit leaves beside the weights).
+pub fn check_memory_within(
+    hp: &HyperParams,
+    n_ctx: usize,
+    batch: usize,
+    room: Option<u64>,
+) -> Result<()> {
+    let available = match (crate::host::available_memory(), room) {
+        (Some(a), Some(r)) => a.min(r),
+        (a, r) => match a.or(r) {
+            Some(x) => x,
+            None => return Ok(()),
+        },
     };
     let (kv, act) = memory_needed(hp, n_ctx, batch);
     if kv.saturating_add(act) <= available {

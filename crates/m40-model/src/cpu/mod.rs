@@ -29,7 +29,7 @@ use m40_gguf::TensorView;
 use matmul::matmul;
 mod memory;
 use memory::kv_too_big;
-pub use memory::{check_memory, memory_needed};
+pub use memory::{check_memory, check_memory_within, memory_needed};
 pub use moe::route;
 use ops::{glu, head_norm, norm, rmsnorm, softcap, softmax_sink, Rope};
 
@@ -110,8 +110,21 @@ impl CpuBackend {
     /// the machine's now (with a step's activations), so that a server
     /// refuses to start rather than fail requests later.
     pub fn with_kv(model: Arc<Model>, math: CpuMath, kv_tokens: usize) -> Result<Self> {
+        Self::within(model, math, kv_tokens, None)
+    }
+
+    /// As [`CpuBackend::with_kv`], taking at most `memory_limit` bytes in
+    /// all where given (the weights' file, the KV cache, the activations:
+    /// what [`Backend::memory`] reports).
+    pub fn within(
+        model: Arc<Model>,
+        math: CpuMath,
+        kv_tokens: usize,
+        memory_limit: Option<u64>,
+    ) -> Result<Self> {
         let hp = model.hparams().clone();
-        check_memory(&hp, kv_tokens, crate::DEFAULT_STEP)?;
+        let room = memory_limit.map(|l| l.saturating_sub(model.file().file_size()));
+        memory::check_memory_within(&hp, kv_tokens, crate::DEFAULT_STEP, room)?;
         let pages = kv_tokens.max(1).div_ceil(PAGE_TOKENS);
         if pages > u32::MAX as usize {
             return Err(kv_too_big(&hp, kv_tokens));
@@ -737,9 +750,16 @@ mod tests {
                 .expect("no machine holds this");
             assert!(matches!(e, ModelError::HostMemory { .. }), "{e}");
         }
-        let cpu = CpuBackend::with_kv(model, CpuMath::Exact, 64).unwrap();
+        let cpu = CpuBackend::with_kv(model.clone(), CpuMath::Exact, 64).unwrap();
         let (layout, pages) = cpu.kv_pool();
         assert_eq!((layout.page_tokens, pages), (PAGE_TOKENS, 64 / PAGE_TOKENS));
         assert_eq!(cpu.new_cache(64).unwrap().n_ctx(), 64);
+        // A memory limit: what it reports must fit it; a byte less refuses.
+        let total = cpu.memory().total();
+        CpuBackend::within(model.clone(), CpuMath::Exact, 64, Some(total)).unwrap();
+        let e = CpuBackend::within(model, CpuMath::Exact, 64, Some(total - 1))
+            .err()
+            .expect("a byte short");
+        assert!(matches!(e, ModelError::HostMemory { .. }), "{e}");
     }
 }

@@ -75,6 +75,10 @@ pub struct GpuOptions {
     pub kv_min_tokens: Option<usize>,
     /// Tokens per forward step at most (longer prompts run in steps).
     pub max_batch: usize,
+    /// The most bytes the backend may allocate (weights, KV pool,
+    /// workspace), beside the device's own budget and free memory: the KV
+    /// pool shrinks to fit it as it does to fit them.
+    pub memory_limit: Option<u64>,
     /// Called as weights upload: (bytes done, bytes in all).
     pub progress: Option<Arc<dyn Fn(u64, u64) + Send + Sync>>,
     /// Called while the kernels load (the driver compiles them for this GPU
@@ -130,6 +134,7 @@ impl Default for GpuOptions {
             decode_attention: true,
             batch_decode: true,
             jit_threads: None,
+            memory_limit: None,
         }
     }
 }
@@ -388,7 +393,9 @@ impl GpuBackend {
             &mut progress,
         )?;
         let (free, total) = device.memory()?;
-        let limit = (device.budget_left() as u64).min(free as u64);
+        let limit = (device.budget_left() as u64)
+            .min(free as u64)
+            .min(opts.memory_limit.unwrap_or(u64::MAX));
         let sms = device.info().sm_count as usize;
         let needed = |t| {
             let (w, kv, work) = memory_needed(&model, &opts, gpu, sms, t);
@@ -408,7 +415,15 @@ impl GpuBackend {
                         opts.kv_tokens,
                         gib(work)
                     ),
-                    free: format!("{} of {} free", gib(free as u64), gib(total as u64)),
+                    free: match opts.memory_limit.filter(|&l| l < free as u64) {
+                        Some(l) => format!(
+                            "{} allowed by its memory limit ({} of {} free)",
+                            gib(l),
+                            gib(free as u64),
+                            gib(total as u64)
+                        ),
+                        None => format!("{} of {} free", gib(free as u64), gib(total as u64)),
+                    },
                     hint: fit_hint(fits, opts.kv_tokens, w),
                 });
             }

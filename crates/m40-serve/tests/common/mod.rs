@@ -178,7 +178,12 @@ impl m40_serve::Loader for TestLoader {
             .cloned()
     }
 
-    fn load(&self, name: &str, fit: m40_serve::Fit) -> Result<Engine, m40_runtime::EngineError> {
+    fn load(
+        &self,
+        name: &str,
+        fit: m40_serve::Fit,
+        memory_limit: Option<u64>,
+    ) -> Result<Engine, m40_runtime::EngineError> {
         self.asked.lock().unwrap().push((name.to_string(), fit));
         if let (Some(room), Some(base)) = (self.room, self.base.get()) {
             let loaded = ps_at(base).len();
@@ -200,6 +205,7 @@ impl m40_serve::Loader for TestLoader {
         let mut o = EngineOptions::default();
         o.n_ctx = Some(N_CTX);
         o.backend = BackendChoice::Cpu;
+        o.memory_limit = memory_limit;
         Engine::from_path(&model_path(), o)
     }
 }
@@ -241,4 +247,23 @@ pub fn store_server() -> (String, m40_store::Store) {
         },
     );
     (base, store)
+}
+
+/// Run tests/python/`script` with `args` (`M40_PYTHON`, else python3), the
+/// packages in `pydir` on its path; it must succeed and say "checks passed".
+pub fn run_python(script: &str, pydir: &std::ffi::OsStr, args: &[&str]) {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/python")
+        .join(script);
+    let out = std::process::Command::new(std::env::var("M40_PYTHON").unwrap_or("python3".into()))
+        .env("PYTHONPATH", pydir)
+        .arg(path)
+        .args(args)
+        .output()
+        .expect("running python3");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("{stdout}{stderr}");
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(stdout.contains("checks passed"), "{stdout}");
 }
