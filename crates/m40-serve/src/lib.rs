@@ -92,6 +92,10 @@ pub struct ServerConfig {
     /// least recently used idle model first (`serve --max-memory`,
     /// `M40_MAX_MEMORY`; a 24 GB M40's budget on a larger GPU).
     pub max_memory: Option<u64>,
+    /// How long a load waits for a loaded model to finish its requests
+    /// (so that it can be unloaded) where nothing else frees room, before
+    /// the request gets a 503 with `Retry-After` (default 30 s).
+    pub wait_for_room: Duration,
     /// How long the model stays loaded after its last request ends,
     /// where a request does not say (Ollama's default: 5 minutes;
     /// `serve --keep-alive`, `M40_KEEP_ALIVE`). Only a server with
@@ -115,6 +119,7 @@ impl Default for ServerConfig {
             loader: None,
             max_loaded_models: 0,
             max_memory: None,
+            wait_for_room: Duration::from_secs(30),
             keep_alive: KeepAlive::default(),
             origins: Vec::new(),
         }

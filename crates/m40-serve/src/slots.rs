@@ -228,11 +228,14 @@ impl AppState {
             return Ok(e);
         }
         let max = self.inner.config.max_loaded_models;
+        // Where every loaded model runs requests, the load waits this long
+        // for one to finish them.
+        let deadline = Instant::now() + self.inner.config.wait_for_room;
         let mut anywhere = false;
         loop {
             let others = self.loaded_slots().len();
             if max > 0 && others >= max {
-                if self.unload_lru(slot).is_none() {
+                if self.unload_lru(slot).is_none() && !self.wait_for_idle(slot, deadline).await {
                     return Err(busy(format!(
                         "{others} models are loaded (the server's most) and each is running requests; retry later"
                     )));
@@ -278,10 +281,14 @@ impl AppState {
                     }
                 }
                 Err(e) if e.is_out_of_memory() && !self.loaded_slots().is_empty() => {
-                    return Err(busy(format!(
-                        "{} does not fit beside the models running requests now ({e}); retry later",
-                        slot.name
-                    )));
+                    if !self.wait_for_idle(slot, deadline).await {
+                        return Err(busy(format!(
+                            "{} does not fit beside the models running requests now ({e}); retry later",
+                            slot.name
+                        )));
+                    }
+                    // One is idle now: unload it and plan again.
+                    anywhere = false;
                 }
                 Err(e) => {
                     return Err(ApiError::internal(format!(
@@ -290,6 +297,20 @@ impl AppState {
                     )))
                 }
             }
+        }
+    }
+
+    /// Wait until a model other than `keep` is loaded and idle (true), or
+    /// `deadline` passes (false).
+    async fn wait_for_idle(&self, keep: &Arc<Slot>, deadline: Instant) -> bool {
+        loop {
+            if self.any_idle(keep) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
     }
 

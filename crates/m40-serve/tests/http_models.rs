@@ -112,6 +112,8 @@ fn max_loaded_models_unloads_the_least_recently_used_idle_model() {
     let base = loader.serve(ServerConfig {
         max_loaded_models: 2,
         keep_alive: KeepAlive::Forever,
+        // No wait for a busy model to finish: the 503 at once.
+        wait_for_room: std::time::Duration::ZERO,
         ..Default::default()
     });
     assert_eq!(generate(&base, OTHER).0, 200);
@@ -152,6 +154,7 @@ fn a_model_that_does_not_fit_unloads_an_idle_one_first() {
     let loader = TestLoader::new(&[NAME, OTHER], Some(1));
     let base = loader.serve(ServerConfig {
         keep_alive: KeepAlive::Forever,
+        wait_for_room: std::time::Duration::ZERO,
         ..Default::default()
     });
     // The first is idle: the other's load asks for its best place, does

@@ -481,7 +481,9 @@ impl CpuBackend {
             softcap(&mut logits, c);
         }
         let mut at_row = 0;
-        for (s, r) in wanted {
+        // (A sequence with no rows here keeps what it has: nothing, or its
+        // hidden states.)
+        for (s, r) in wanted.into_iter().filter(|(_, r)| !r.is_empty()) {
             out[s] = logits[at_row * hp.n_vocab..(at_row + r.len()) * hp.n_vocab].to_vec();
             at_row += r.len();
         }
