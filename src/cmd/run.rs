@@ -6,6 +6,7 @@ use anyhow::Result;
 use m40_llm::chat::{self, ChatOptions};
 use m40_llm::client::{self, Client, RemoteChat};
 use m40_runtime::{CancelToken, Engine, Message, Prompt, Request, SamplingParams};
+use m40_store::Modelfile;
 use serde_json::json;
 
 // Negative values after a space (`--temp -1`) are values, so that the
@@ -19,24 +20,30 @@ pub struct Args {
     /// (`cat notes.txt | m40-llm run MODEL "summarize"`) comes before it;
     /// all of it is one prompt.
     pub prompt: Option<String>,
-    /// Temperature (0 = greedy).
-    #[arg(long, default_value_t = 0.8)]
-    pub temp: f32,
-    #[arg(long, default_value_t = 40)]
-    pub top_k: usize,
-    #[arg(long, default_value_t = 0.95)]
-    pub top_p: f32,
-    #[arg(long, default_value_t = 0.05)]
-    pub min_p: f32,
-    #[arg(long, default_value_t = 1.0)]
-    pub repeat_penalty: f32,
-    /// Recent tokens the penalties look at.
-    #[arg(long, default_value_t = 64)]
-    pub repeat_last_n: usize,
-    #[arg(long, default_value_t = 0.0)]
-    pub presence_penalty: f32,
-    #[arg(long, default_value_t = 0.0)]
-    pub frequency_penalty: f32,
+    /// Temperature (0 = greedy) [default: 0.8, or a created model's].
+    #[arg(long)]
+    pub temp: Option<f32>,
+    /// [default: 40]
+    #[arg(long)]
+    pub top_k: Option<usize>,
+    /// [default: 0.95]
+    #[arg(long)]
+    pub top_p: Option<f32>,
+    /// [default: 0.05]
+    #[arg(long)]
+    pub min_p: Option<f32>,
+    /// [default: 1.0]
+    #[arg(long)]
+    pub repeat_penalty: Option<f32>,
+    /// Recent tokens the penalties look at [default: 64].
+    #[arg(long)]
+    pub repeat_last_n: Option<usize>,
+    /// [default: 0]
+    #[arg(long)]
+    pub presence_penalty: Option<f32>,
+    /// [default: 0]
+    #[arg(long)]
+    pub frequency_penalty: Option<f32>,
     /// Random seed (the same seed gives the same output).
     #[arg(long)]
     pub seed: Option<u64>,
@@ -116,14 +123,16 @@ fn prompt_with_stdin(arg: Option<String>) -> Result<Option<String>> {
 }
 
 pub fn run(mut a: Args) -> Result<()> {
-    check_sampling(&chat_options(&a))?;
+    let mf = modelfile_of(&a.model);
+    let chat_opts = chat_options(&a, mf.as_ref());
+    check_sampling(&chat_opts)?;
     if !a.chat {
         a.prompt = prompt_with_stdin(a.prompt.take())?;
     }
     if !(a.local || a.json || a.device.cpu || a.device.gpu.is_some()) {
         if let Some(client) = Client::probe() {
             match client.serving(&a.model) {
-                Ok(Some(name)) => return run_remote(a, client, name),
+                Ok(Some(name)) => return run_remote(a, client, name, chat_opts),
                 Ok(None) => eprintln!(
                     "(the server at {} does not have {} loaded: running in this process)",
                     client.base(),
@@ -134,11 +143,13 @@ pub fn run(mut a: Args) -> Result<()> {
         }
     }
     let path = super::resolve_model(Some(&a.model))?;
-    let engine = Engine::from_path(&path, a.device.engine_options(a.ctx))?;
+    let mut opts = a.device.engine_options(a.ctx.or(param_ctx(mf.as_ref())));
+    // A created model's TEMPLATE is the engine's.
+    opts.chat_template = mf.as_ref().and_then(|m| m.template.clone());
+    let engine = Engine::from_path(&path, opts)?;
     if let Some(why) = engine.backend_note() {
         eprintln!("running on the CPU: {why}");
     }
-    let chat_opts = chat_options(&a);
     let Some(prompt) = a.prompt else {
         return chat::run(&engine, &chat_opts);
     };
@@ -146,8 +157,12 @@ pub fn run(mut a: Args) -> Result<()> {
         Prompt::Text(prompt)
     } else {
         let mut m = Vec::new();
-        if let Some(s) = a.system {
-            m.push(Message::new("system", s));
+        if let Some(s) = &chat_opts.system {
+            m.push(Message::new("system", s.clone()));
+        }
+        // A created model's MESSAGEs come before the prompt.
+        for (role, text) in mf.iter().flat_map(|m| &m.messages) {
+            m.push(Message::new(role.clone(), text.clone()));
         }
         m.push(Message::new("user", prompt));
         Prompt::Chat(m)
@@ -190,35 +205,64 @@ pub fn run(mut a: Args) -> Result<()> {
     Ok(())
 }
 
-fn chat_options(a: &Args) -> ChatOptions {
+/// The options the flags give, over a created model's PARAMETERs and
+/// SYSTEM (`m40-llm create`), over the defaults: as the server applies
+/// them, so that a created model runs alike in this process and through a
+/// server.
+fn chat_options(a: &Args, mf: Option<&Modelfile>) -> ChatOptions {
+    fn param<T: std::str::FromStr>(mf: Option<&Modelfile>, name: &str) -> Option<T> {
+        mf?.parameter(name)?.parse().ok()
+    }
+    let d = SamplingParams::default();
     ChatOptions {
         sampling: {
             let mut o = SamplingParams::default();
-            o.temperature = a.temp;
-            o.top_k = a.top_k;
-            o.top_p = a.top_p;
-            o.min_p = a.min_p;
-            o.repeat_penalty = a.repeat_penalty;
-            o.presence_penalty = a.presence_penalty;
-            o.frequency_penalty = a.frequency_penalty;
-            o.penalty_last_n = a.repeat_last_n;
-            o.seed = a.seed;
+            o.temperature = a.temp.or(param(mf, "temperature")).unwrap_or(d.temperature);
+            o.top_k = a.top_k.or(param(mf, "top_k")).unwrap_or(d.top_k);
+            o.top_p = a.top_p.or(param(mf, "top_p")).unwrap_or(d.top_p);
+            o.min_p = a.min_p.or(param(mf, "min_p")).unwrap_or(d.min_p);
+            o.repeat_penalty =
+                (a.repeat_penalty.or(param(mf, "repeat_penalty"))).unwrap_or(d.repeat_penalty);
+            o.presence_penalty = (a.presence_penalty.or(param(mf, "presence_penalty")))
+                .unwrap_or(d.presence_penalty);
+            o.frequency_penalty = (a.frequency_penalty.or(param(mf, "frequency_penalty")))
+                .unwrap_or(d.frequency_penalty);
+            o.penalty_last_n =
+                (a.repeat_last_n.or(param(mf, "repeat_last_n"))).unwrap_or(d.penalty_last_n);
+            o.seed = a.seed.or(param(mf, "seed"));
             o
         },
-        max_tokens: a.n_predict,
-        system: a.system.clone(),
-        stop: a.stop.clone(),
+        max_tokens: a.n_predict.or(param(mf, "num_predict")),
+        system: a.system.clone().or_else(|| mf?.system.clone()),
+        stop: match (a.stop.is_empty(), mf) {
+            (true, Some(mf)) => mf.stops(),
+            _ => a.stop.clone(),
+        },
         ..ChatOptions::default()
     }
 }
 
-/// The same, through a server that has the model loaded as `name`.
-fn run_remote(a: Args, client: Client, name: String) -> Result<()> {
+/// A created model's instructions, where `model` names one in the store.
+fn modelfile_of(model: &str) -> Option<Modelfile> {
+    m40_store::Store::from_env()
+        .ok()?
+        .manifest(model)
+        .ok()??
+        .modelfile
+}
+
+/// A created model's `num_ctx`.
+fn param_ctx(mf: Option<&Modelfile>) -> Option<usize> {
+    mf?.parameter("num_ctx")?.parse().ok()
+}
+
+/// The same, through a server that has the model loaded as `name` (which
+/// applies a created model's instructions itself).
+fn run_remote(a: Args, client: Client, name: String, opts: ChatOptions) -> Result<()> {
     eprintln!(
         "(using the server at {}, which has {name} loaded)",
         client.base()
     );
-    let opts = chat_options(&a);
     let Some(prompt) = a.prompt.clone() else {
         let remote = RemoteChat {
             client,
@@ -233,7 +277,7 @@ fn run_remote(a: Args, client: Client, name: String) -> Result<()> {
         ("/api/generate", body, "/response")
     } else {
         let mut messages = Vec::new();
-        if let Some(s) = &a.system {
+        if let Some(s) = &opts.system {
             messages.push(json!({"role": "system", "content": s}));
         }
         messages.push(json!({"role": "user", "content": prompt}));
