@@ -153,8 +153,9 @@ impl Client {
         Ok(v["models"].as_array().cloned().unwrap_or_default())
     }
 
-    /// The name under which the server has `model` loaded, if it does:
-    /// the same name (catalog aliases and `:latest` aside), or the same file.
+    /// The name under which the server serves `model`, if it does: loaded
+    /// or in its store (it loads it on demand), by the same name (catalog
+    /// aliases and `:latest` aside), or a loaded model of the same file.
     /// An error when the server cannot be asked (an API key is needed).
     pub fn serving(&self, model: &str) -> Result<Option<String>> {
         let local_path = local_path(model);
@@ -163,9 +164,15 @@ impl Client {
             .iter()
             .filter_map(|m| m["name"].as_str().map(str::to_string))
             .collect();
-        if names.is_empty() {
-            // Unloaded (`stop`): the server still serves it, loading it again.
-            names.extend(self.get("/health")?["model"].as_str().map(str::to_string));
+        // Unloaded (`stop`): the server still serves it, loading it again.
+        names.extend(self.get("/health")?["model"].as_str().map(str::to_string));
+        let stored = self.get("/api/tags")?;
+        let stored = stored["models"].as_array().into_iter().flatten();
+        if let Some(name) = stored
+            .filter_map(|m| m["name"].as_str())
+            .find(|n| same_model(n, model))
+        {
+            return Ok(Some(name.to_string()));
         }
         for name in names {
             if same_model(&name, model) {

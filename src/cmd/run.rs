@@ -134,7 +134,7 @@ pub fn run(mut a: Args) -> Result<()> {
             match client.serving(&a.model) {
                 Ok(Some(name)) => return run_remote(a, client, name, chat_opts),
                 Ok(None) => eprintln!(
-                    "(the server at {} does not have {} loaded: running in this process)",
+                    "(the server at {} does not serve {}: running in this process)",
                     client.base(),
                     a.model
                 ),
