@@ -64,7 +64,10 @@ fn run_uses_a_server_that_has_the_model_loaded() {
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success() && err.contains("does not serve"), "{err}");
+    assert!(
+        o.status.success() && err.contains("does not serve"),
+        "{err}"
+    );
     let out = ok(bin().env("M40_HOST", &host).arg("ps").output().unwrap());
     assert!(out.contains(model.to_str().unwrap()), "{out}");
     // `stop` unloads it (ps lists nothing); the next run loads it again.

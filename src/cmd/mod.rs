@@ -60,6 +60,13 @@ pub struct DeviceArgs {
     /// where the machine has no room), at least one either way.
     #[arg(long, value_name = "N")]
     pub kv_tokens: Option<usize>,
+    /// How the KV cache stores K and V: f16, q8_0 (half the memory: twice
+    /// the context per GB) or q4_0 (a quarter); the quantized ones on the
+    /// CPU so far (the GPU keeps f16 and says so). Ollama's
+    /// OLLAMA_KV_CACHE_TYPE.
+    #[arg(long, value_name = "TYPE", env = "M40_KV_CACHE_TYPE", default_value = "f16",
+          value_parser = m40_runtime::KvFormat::parse)]
+    pub kv_type: m40_runtime::KvFormat,
     /// Give every request bitwise the tokens it would get alone, whatever
     /// else runs: on the GPU each sequence's decode step runs alone (one
     /// sequence's speed) instead of in a batch (the CPU is always so).
@@ -109,6 +116,7 @@ impl DeviceArgs {
                 m40_runtime::CpuMath::Quantized
             };
             o.kv_tokens = self.kv_tokens;
+            o.kv_type = self.kv_type;
             o.parallel = self.parallel;
             o.max_batch_tokens = self.max_batch_tokens;
             o.batch_invariant = self.batch_invariant;

@@ -30,6 +30,11 @@ pub struct Args {
     /// backend (and `run`) does.
     #[arg(long)]
     pub cpu_exact: bool,
+    /// How the KV cache stores K and V: f16, q8_0 or q4_0 (llama-perplexity's
+    /// -ctk/-ctv; Ollama's OLLAMA_KV_CACHE_TYPE).
+    #[arg(long, value_name = "TYPE", env = "M40_KV_CACHE_TYPE", default_value = "f16",
+          value_parser = m40_runtime::KvFormat::parse)]
+    pub kv_type: m40_runtime::KvFormat,
     /// Print one JSON object (ppl, ppl_err, mean_nll, n_chunks,
     /// scored_tokens, scoring, running, argmax).
     #[arg(long)]
@@ -94,7 +99,7 @@ pub fn run(a: Args) -> Result<()> {
         CpuMath::Quantized
     };
     // KV pages for one chunk at a time.
-    let backend = CpuBackend::with_kv(model, math, a.ctx)?;
+    let backend = CpuBackend::within(model, math, a.ctx, a.kv_type, None)?;
     let start = Instant::now();
     if !a.json {
         eprintln!(

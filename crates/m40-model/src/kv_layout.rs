@@ -27,17 +27,46 @@ impl MemoryUse {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum KvFormat {
-    /// IEEE half floats, one per value: both backends' only format today
-    /// (the GPU's attention kernels read FP16 pages and do FP32 math).
+    /// IEEE half floats, one per value (the GPU's only format so far: its
+    /// attention kernels read FP16 pages and do FP32 math).
     #[default]
     F16,
+    /// ggml's Q8_0 blocks: 32 values as an f16 scale and 32 signed bytes
+    /// (8.5 bits a value); the CPU's attention dequantizes them to FP32.
+    Q8_0,
+    /// ggml's Q4_0 blocks: 32 values as an f16 scale and 32 nibbles (4.5
+    /// bits a value).
+    Q4_0,
 }
 
 impl KvFormat {
-    /// Bytes `values` values take.
+    /// Every format, in the order `--kv-type` lists them.
+    pub const ALL: [KvFormat; 3] = [KvFormat::F16, KvFormat::Q8_0, KvFormat::Q4_0];
+
+    /// Bytes `values` values take (a multiple of [`KvFormat::block`]).
     pub fn bytes(self, values: usize) -> u64 {
+        let v = values as u64;
         match self {
-            KvFormat::F16 => 2 * values as u64,
+            KvFormat::F16 => 2 * v,
+            KvFormat::Q8_0 => v / 32 * 34,
+            KvFormat::Q4_0 => v / 32 * 18,
+        }
+    }
+
+    /// Values stored together: a row's values must be a multiple of it.
+    pub fn block(self) -> usize {
+        match self {
+            KvFormat::F16 => 1,
+            KvFormat::Q8_0 | KvFormat::Q4_0 => 32,
+        }
+    }
+
+    /// The GGUF type of its blocks (None for plain halves).
+    pub fn ggml(self) -> Option<m40_gguf::GgmlType> {
+        match self {
+            KvFormat::F16 => None,
+            KvFormat::Q8_0 => Some(m40_gguf::GgmlType::Q8_0),
+            KvFormat::Q4_0 => Some(m40_gguf::GgmlType::Q4_0),
         }
     }
 
@@ -45,7 +74,21 @@ impl KvFormat {
     pub fn name(self) -> &'static str {
         match self {
             KvFormat::F16 => "f16",
+            KvFormat::Q8_0 => "q8_0",
+            KvFormat::Q4_0 => "q4_0",
         }
+    }
+
+    /// A format by its name (any case); the error lists them.
+    pub fn parse(s: &str) -> Result<KvFormat, String> {
+        let s = s.trim().to_ascii_lowercase();
+        Self::ALL
+            .into_iter()
+            .find(|f| f.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Self::ALL.iter().map(|f| f.name()).collect();
+                format!("unknown KV cache type '{s}' (known: {})", names.join(", "))
+            })
     }
 }
 
@@ -112,5 +155,23 @@ mod tests {
         assert_eq!(l.token_bytes(), 2 * 2 * 128 * 2);
         assert_eq!(l.pool_bytes(3), 3 * 32 * l.token_bytes());
         assert_eq!(KvFormat::default().name(), "f16");
+        for f in KvFormat::ALL {
+            assert_eq!(KvFormat::parse(&f.name().to_uppercase()), Ok(f));
+        }
+        assert!(KvFormat::parse("q5_1")
+            .unwrap_err()
+            .contains("f16, q8_0, q4_0"));
+        // A page of 32 x 128 values: 8 KiB in halves, 4352 B in Q8_0, 2304 B in Q4_0.
+        let q8 = KvLayout {
+            format: KvFormat::Q8_0,
+            ..l
+        };
+        let q4 = KvLayout {
+            format: KvFormat::Q4_0,
+            ..l
+        };
+        assert_eq!(q8.pool_bytes(1), 2 * 2 * 4352);
+        assert_eq!(q4.pool_bytes(1), 2 * 2 * 2304);
+        assert_eq!(q8.token_bytes(), 2 * 2 * 136);
     }
 }

@@ -265,7 +265,9 @@ impl Model {
     }
 }
 
-/// The CPU or the GPU backend, picked at run time.
+/// The CPU or the GPU backend, picked at run time. (One per engine, made
+/// once and never moved in a loop: the CPU variant's size costs nothing.)
+#[allow(clippy::large_enum_variant)]
 pub enum AnyBackend {
     Cpu(cpu::CpuBackend),
     Gpu(Box<gpu::GpuBackend>),

@@ -87,6 +87,12 @@ pub struct EngineOptions {
     /// device or the machine has no room. A server shares one such budget
     /// among its models (`m40-serve`'s `max_memory`).
     pub memory_limit: Option<u64>,
+    /// How the KV cache stores K and V (`--kv-type`; Ollama's
+    /// `OLLAMA_KV_CACHE_TYPE`): f16, or ggml's q8_0 / q4_0 blocks (half or
+    /// a quarter of the memory a token) on the CPU; the GPU's pages are
+    /// f16 so far, and a GPU engine asked for another says so in a warning
+    /// and uses f16.
+    pub kv_type: m40_model::KvFormat,
     /// Sequences generating at once at most (`--parallel`; default: one
     /// per 256 tokens of the KV cache, at most 64). More wait in line.
     pub parallel: Option<usize>,
@@ -508,7 +514,13 @@ fn pick_backend(
             .unwrap_or(n_ctx * DEFAULT_SEQUENCES)
             .max(n_ctx);
         loop {
-            match CpuBackend::within(model.clone(), opts.cpu_math, kv, opts.memory_limit) {
+            match CpuBackend::within(
+                model.clone(),
+                opts.cpu_math,
+                kv,
+                opts.kv_type,
+                opts.memory_limit,
+            ) {
                 Err(ModelError::HostMemory { .. }) if opts.kv_tokens.is_none() && kv > n_ctx => {
                     kv = (kv / 2).max(n_ctx);
                 }
@@ -520,6 +532,13 @@ fn pick_backend(
         return Ok((cpu()?, None));
     }
     let device = match m40_device::Device::open(opts.gpu) {
+        Ok(d) if opts.kv_type != m40_model::KvFormat::F16 => {
+            tracing::warn!(
+                "a {} KV cache runs on the CPU only so far: the GPU's KV cache is f16",
+                opts.kv_type.name()
+            );
+            d
+        }
         Ok(d) => d,
         Err(e) if opts.backend == BackendChoice::Auto => {
             return Ok((cpu()?, Some(format!("no GPU: {e}"))));

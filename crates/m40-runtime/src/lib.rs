@@ -61,7 +61,7 @@ pub use m40_device::DeviceError;
 pub use m40_gguf::{GgufError, GgufFile, HyperParams};
 pub use m40_model::cpu::CpuMath;
 pub use m40_model::gpu::LoadProgress;
-pub use m40_model::{MemoryUse, Model, ModelError};
+pub use m40_model::{KvFormat, MemoryUse, Model, ModelError};
 pub use m40_tokenizer::template::CHATML as DEFAULT_CHAT_TEMPLATE;
 pub use m40_tokenizer::{Encode, Tokenizer, TokenizerError};
 

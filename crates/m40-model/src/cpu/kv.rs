@@ -1,17 +1,20 @@
 //! The CPU's KV cache: pages of [`PAGE_TOKENS`] tokens, as on the GPU, so
 //! that sequences share the pages of a common prefix (the engine's prefix
-//! cache). Per layer one FP16 array for K and one for V hold every page
-//! of the pool used so far, each page's rows together; the arrays grow as
-//! pages are first taken. Which sequence holds which page is
-//! [`crate::paged`]'s accounting.
+//! cache). Per layer one array for K and one for V hold every page of the
+//! pool used so far, each page's rows together, in the pool's
+//! [`KvFormat`] (halves, or ggml's Q8_0 / Q4_0 blocks, dequantized to FP32
+//! as attention reads them); the arrays grow as pages are first taken.
+//! Which sequence holds which page is [`crate::paged`]'s accounting.
 
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use half::f16;
+use half::slice::HalfFloatSliceExt;
 
 use crate::error::{ModelError, Result};
 use crate::host::human_bytes;
 use crate::paged::{PagePool, PagedCache};
+use crate::KvFormat;
 
 /// Tokens a page of the CPU's KV cache holds. Smaller than the GPU's 32
 /// (whose attention kernels read a page per warp step): on the CPU a
@@ -20,12 +23,45 @@ use crate::paged::{PagePool, PagedCache};
 /// load example, 2.5x one client's tokens with pages of 16, 2.8x with 8).
 pub const PAGE_TOKENS: usize = 8;
 
-/// The K and V rows of every page of one layer: page p's row of the
-/// token at offset i in it starts at (p * PAGE_TOKENS + i) * kv_dim.
+/// The K and V rows of every page of one layer, in 16-bit words (a half,
+/// or the words of Q8_0's 34-byte and Q4_0's 18-byte blocks): page p's row
+/// of the token at offset i in it starts at value (p * PAGE_TOKENS + i) *
+/// kv_dim ([`row_at`]), word [`Rows::word`] of it.
 #[derive(Default)]
 pub(crate) struct LayerPages {
-    pub(crate) k: Vec<f16>,
-    pub(crate) v: Vec<f16>,
+    pub(crate) k: Vec<u16>,
+    pub(crate) v: Vec<u16>,
+}
+
+/// Reads and writes values of a pool's format in its word arrays.
+#[derive(Clone, Copy)]
+pub(crate) struct Rows(pub(crate) KvFormat);
+
+impl Rows {
+    /// The word where value `at` starts (at a block's start).
+    pub(crate) fn word(self, at: usize) -> usize {
+        (self.0.bytes(at) / 2) as usize
+    }
+
+    /// `out.len()` values from value `at` of `words`, as FP32.
+    pub(crate) fn load(self, words: &[u16], at: usize, out: &mut [f32]) {
+        let w = &words[self.word(at)..self.word(at + out.len())];
+        match self.0.ggml() {
+            None => bytemuck::cast_slice::<u16, f16>(w).convert_to_f32_slice(out),
+            Some(ty) => m40_gguf::quant::dequantize(ty, bytemuck::cast_slice(w), out)
+                .expect("whole blocks of a KV format"),
+        }
+    }
+
+    /// Store `x` at value `at` of `words` (rounded to the format).
+    pub(crate) fn store(self, words: &mut [u16], at: usize, x: &[f32]) {
+        let w = &mut words[self.word(at)..self.word(at + x.len())];
+        match self.0.ggml() {
+            None => bytemuck::cast_slice_mut::<u16, f16>(w).convert_from_f32_slice(x),
+            Some(ty) => m40_gguf::quant::quantize_fast(ty, x, bytemuck::cast_slice_mut(w))
+                .expect("whole blocks of a KV format"),
+        }
+    }
 }
 
 /// Where the row of `pos` starts, in a sequence of block table `pages`,
@@ -39,17 +75,29 @@ pub(crate) struct HostPages {
     pool: Arc<PagePool>,
     layers: Vec<RwLock<LayerPages>>,
     kv_dim: usize,
+    format: KvFormat,
 }
 
 impl HostPages {
     /// A pool of `pages` pages for `n_layer` layers of `kv_dim` values a
-    /// token; nothing allocated until pages are used.
-    pub(crate) fn new(n_layer: usize, kv_dim: usize, pages: usize) -> HostPages {
+    /// token in `format` (`kv_dim` a multiple of its block); nothing
+    /// allocated until pages are used.
+    pub(crate) fn new(n_layer: usize, kv_dim: usize, pages: usize, format: KvFormat) -> HostPages {
         HostPages {
             pool: PagePool::new(pages, PAGE_TOKENS),
             layers: (0..n_layer).map(|_| RwLock::default()).collect(),
             kv_dim,
+            format,
         }
+    }
+
+    /// How its values are read and written.
+    pub(crate) fn rows(&self) -> Rows {
+        Rows(self.format)
+    }
+
+    pub(crate) fn format(&self) -> KvFormat {
+        self.format
     }
 
     pub(crate) fn pool(&self) -> &Arc<PagePool> {
@@ -74,7 +122,7 @@ impl HostPages {
             .flat_map(|c| c.pages().iter())
             .max()
             .map_or(0, |&p| p as usize + 1);
-        let len = top * PAGE_TOKENS * self.kv_dim;
+        let len = self.rows().word(top * PAGE_TOKENS * self.kv_dim);
         for layer in 0..self.layers.len() {
             let mut l = self.write(layer);
             let LayerPages { k, v } = &mut *l;
@@ -82,7 +130,7 @@ impl HostPages {
                 if a.len() < len {
                     a.try_reserve(len - a.len())
                         .map_err(|_| self.no_room(top))?;
-                    a.resize(len, f16::ZERO);
+                    a.resize(len, 0);
                 }
             }
         }
@@ -91,7 +139,7 @@ impl HostPages {
 
     /// Page `to` becomes a copy of page `from`, in every layer.
     pub(crate) fn copy_page(&self, from: u32, to: u32) {
-        let n = PAGE_TOKENS * self.kv_dim;
+        let n = self.rows().word(PAGE_TOKENS * self.kv_dim);
         let (a, b) = (from as usize * n, to as usize * n);
         for layer in 0..self.layers.len() {
             let mut l = self.write(layer);
@@ -102,7 +150,7 @@ impl HostPages {
 
     fn no_room(&self, pages: usize) -> ModelError {
         let layout = crate::KvLayout {
-            format: crate::KvFormat::F16,
+            format: self.format,
             page_tokens: PAGE_TOKENS,
             n_layer: self.layers.len(),
             kv_dim: self.kv_dim,
@@ -121,9 +169,9 @@ impl HostPages {
 mod tests {
     use std::sync::Arc;
 
-    use super::PAGE_TOKENS;
+    use super::{Rows, PAGE_TOKENS};
     use crate::cpu::{tiny_model, CpuBackend, CpuMath};
-    use crate::{Backend, KvState, Logits, Model, ModelError};
+    use crate::{Backend, KvFormat, KvState, Logits, Model, ModelError};
 
     fn tiny(dir: &tempfile::TempDir) -> Arc<Model> {
         tiny_model(dir, 3)
@@ -137,13 +185,20 @@ mod tests {
     /// started on another's full pages, and one whose cached prefix ends
     /// inside a shared page (copied before its first write), compute what a
     /// cold sequence does, bitwise; the other sequence's rows stay as they
-    /// were.
+    /// were. In every page format.
     #[test]
     fn shared_and_copied_pages_give_a_cold_runs_logits() {
+        for format in KvFormat::ALL {
+            shared_and_copied_pages(format);
+        }
+    }
+
+    fn shared_and_copied_pages(format: KvFormat) {
         let dir = tempfile::tempdir().unwrap();
         let model = tiny(&dir);
         let nv = model.hparams().n_vocab;
-        let cpu = CpuBackend::with_kv(model, CpuMath::Exact, 16 * PAGE_TOKENS).unwrap();
+        let cpu =
+            CpuBackend::within(model, CpuMath::Exact, 16 * PAGE_TOKENS, format, None).unwrap();
         let tokens: Vec<u32> = (0..41).map(|i| ((i * 7 + 3) % nv) as u32).collect();
         let p = PAGE_TOKENS;
         let pages = |from: u32, n: usize| (from..from + n as u32).collect::<Vec<u32>>();
@@ -205,5 +260,68 @@ mod tests {
             .forward(&mut a, &[2; 2 * PAGE_TOKENS], Logits::Last)
             .unwrap();
         assert_eq!(logits.len(), cpu.hparams().n_vocab);
+    }
+
+    /// A quantized pool: rows round-trip within the format's step (Q8_0:
+    /// half a step of max/127; Q4_0: a step of max/8, as ggml's clamp of
+    /// the end opposite the largest value costs one), it takes the
+    /// bytes its layout says, and the logits stay near the halves' (a
+    /// random tiny model; real-text perplexity is in BENCHMARKS.md).
+    #[test]
+    fn quantized_pages_round_trip_and_stay_near_halves() {
+        let mut rng = 7u64;
+        let x: Vec<f32> = (0..128)
+            .map(|_| {
+                rng = rng
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((rng >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
+            })
+            .collect();
+        for (format, step) in [(KvFormat::Q8_0, 0.5 / 127.0), (KvFormat::Q4_0, 1.0 / 8.0)] {
+            let rows = Rows(format);
+            let mut words = vec![0xdead_u16; rows.word(256)];
+            rows.store(&mut words, 128, &x);
+            let mut back = vec![f32::NAN; 128];
+            rows.load(&words, 128, &mut back);
+            for (block, (a, b)) in x.chunks(32).zip(back.chunks(32)).enumerate() {
+                let max = a.iter().fold(0f32, |m, v| m.max(v.abs()));
+                for (u, w) in a.iter().zip(b) {
+                    assert!(
+                        (u - w).abs() <= max * step + 1e-3 * max,
+                        "{format:?} block {block}: {u} -> {w}"
+                    );
+                }
+            }
+            assert!(
+                words[..rows.word(128)].iter().all(|&w| w == 0xdead),
+                "only its own words"
+            );
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let model = tiny(&dir);
+        let nv = model.hparams().n_vocab;
+        let tokens: Vec<u32> = (0..40).map(|i| ((i * 11 + 5) % nv) as u32).collect();
+        let logits = |format| {
+            let cpu = CpuBackend::within(model.clone(), CpuMath::Exact, 64, format, None).unwrap();
+            let mut c = cpu.new_cache(64).unwrap();
+            let l = cpu.forward(&mut c, &tokens, Logits::All).unwrap();
+            (l, cpu.memory().kv)
+        };
+        let (half, half_kv) = logits(KvFormat::F16);
+        let scale = half.iter().fold(0f32, |m, v| m.max(v.abs()));
+        for (format, bound, ratio) in [
+            (KvFormat::Q8_0, 0.02, 34.0 / 64.0),
+            (KvFormat::Q4_0, 0.2, 18.0 / 64.0),
+        ] {
+            let (q, kv) = logits(format);
+            let worst = half
+                .iter()
+                .zip(&q)
+                .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            assert!(worst <= bound * scale, "{format:?}: {worst} of {scale}");
+            assert!(worst > 0.0, "{format:?} rounds");
+            assert_eq!(kv as f64, half_kv as f64 * ratio, "{format:?} pool bytes");
+        }
     }
 }

@@ -6,12 +6,23 @@ use m40_gguf::HyperParams;
 use super::kv;
 use crate::error::{ModelError, Result};
 use crate::host::human_bytes;
+use crate::KvFormat;
 
 /// Host memory a [`CpuBackend`] of `hp` takes beyond its (memory-mapped)
-/// weights, bytes: (a KV cache of `n_ctx` tokens, the activations of one
-/// forward of `batch` tokens with its logits).
+/// weights, bytes: (a KV cache of `n_ctx` tokens in halves, the
+/// activations of one forward of `batch` tokens with its logits).
 pub fn memory_needed(hp: &HyperParams, n_ctx: usize, batch: usize) -> (u64, u64) {
-    let kv = kv_bytes_per_token(hp).saturating_mul(n_ctx as u64);
+    memory_needed_in(hp, n_ctx, batch, KvFormat::F16)
+}
+
+/// As [`memory_needed`], the KV cache in `format`.
+pub fn memory_needed_in(
+    hp: &HyperParams,
+    n_ctx: usize,
+    batch: usize,
+    format: KvFormat,
+) -> (u64, u64) {
+    let kv = kv_bytes_per_token(hp, format).saturating_mul(n_ctx as u64);
     let (b, d, ff) = (batch as u64, hp.n_embd as u64, hp.n_ff as u64);
     let (q, kvd) = (
         (hp.n_head * hp.head_dim) as u64,
@@ -22,9 +33,9 @@ pub fn memory_needed(hp: &HyperParams, n_ctx: usize, batch: usize) -> (u64, u64)
     (kv, act)
 }
 
-/// The K and V of every layer for one token (FP16).
-fn kv_bytes_per_token(hp: &HyperParams) -> u64 {
-    crate::KvLayout::new(hp, kv::PAGE_TOKENS, crate::KvFormat::F16).token_bytes()
+/// The K and V of every layer for one token.
+fn kv_bytes_per_token(hp: &HyperParams, format: KvFormat) -> u64 {
+    crate::KvLayout::new(hp, kv::PAGE_TOKENS, format).token_bytes()
 }
 
 /// Checks that a KV cache of `n_ctx` tokens (over all sequences) and
@@ -32,15 +43,16 @@ fn kv_bytes_per_token(hp: &HyperParams) -> u64 {
 /// (where it can be read), before anything is allocated; the error says
 /// what would fit.
 pub fn check_memory(hp: &HyperParams, n_ctx: usize, batch: usize) -> Result<()> {
-    check_memory_within(hp, n_ctx, batch, None)
+    check_memory_within(hp, n_ctx, batch, KvFormat::F16, None)
 }
 
-/// As [`check_memory`], within `room` bytes too where given (what a memory
-/// limit leaves beside the weights).
+/// As [`check_memory`], the KV cache in `format`, within `room` bytes too
+/// where given (what a memory limit leaves beside the weights).
 pub fn check_memory_within(
     hp: &HyperParams,
     n_ctx: usize,
     batch: usize,
+    format: KvFormat,
     room: Option<u64>,
 ) -> Result<()> {
     let available = match (crate::host::available_memory(), room) {
@@ -50,11 +62,11 @@ pub fn check_memory_within(
             None => return Ok(()),
         },
     };
-    let (kv, act) = memory_needed(hp, n_ctx, batch);
+    let (kv, act) = memory_needed_in(hp, n_ctx, batch, format);
     if kv.saturating_add(act) <= available {
         return Ok(());
     }
-    let fits = available.saturating_sub(act) / kv_bytes_per_token(hp).max(1);
+    let fits = available.saturating_sub(act) / kv_bytes_per_token(hp, format).max(1);
     Err(ModelError::HostMemory {
         what: format!("a KV cache of {n_ctx} tokens (with the activations)"),
         need: format!(
@@ -72,8 +84,8 @@ pub fn check_memory_within(
     })
 }
 
-pub(super) fn kv_too_big(hp: &HyperParams, n_ctx: usize) -> ModelError {
-    let kv = kv_bytes_per_token(hp).saturating_mul(n_ctx as u64);
+pub(super) fn kv_too_big(hp: &HyperParams, n_ctx: usize, format: KvFormat) -> ModelError {
+    let kv = kv_bytes_per_token(hp, format).saturating_mul(n_ctx as u64);
     ModelError::HostMemory {
         what: format!("a KV cache of {n_ctx} tokens"),
         need: human_bytes(kv),

@@ -13,7 +13,6 @@ pub(crate) mod simd;
 
 use std::sync::Arc;
 
-use half::slice::HalfFloatSliceExt;
 use m40_gguf::hparams::{Block, LayerRope, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
 use m40_gguf::quant::dequantize;
 use m40_gguf::HyperParams;
@@ -21,7 +20,7 @@ use rayon::prelude::*;
 
 use crate::error::{ModelError, Result};
 use crate::paged::PagedCache;
-use crate::{Backend, KvState, Logits, Model, SeqStep, StepOut, Want, DEFAULT_SEQUENCES};
+use crate::{Backend, KvFormat, KvState, Logits, Model, SeqStep, StepOut, Want, DEFAULT_SEQUENCES};
 use encoder::{layernorm_bias, EncoderInput, EncoderLayer};
 pub use kv::PAGE_TOKENS;
 use kv::{row_at, HostPages, LayerPages};
@@ -29,7 +28,7 @@ use m40_gguf::TensorView;
 use matmul::matmul;
 mod memory;
 use memory::kv_too_big;
-pub use memory::{check_memory, check_memory_within, memory_needed};
+pub use memory::{check_memory, check_memory_within, memory_needed, memory_needed_in};
 pub use moe::route;
 use ops::{glu, head_norm, norm, rmsnorm, softcap, softmax_sink, Rope};
 
@@ -110,24 +109,34 @@ impl CpuBackend {
     /// the machine's now (with a step's activations), so that a server
     /// refuses to start rather than fail requests later.
     pub fn with_kv(model: Arc<Model>, math: CpuMath, kv_tokens: usize) -> Result<Self> {
-        Self::within(model, math, kv_tokens, None)
+        Self::within(model, math, kv_tokens, KvFormat::F16, None)
     }
 
-    /// As [`CpuBackend::with_kv`], taking at most `memory_limit` bytes in
-    /// all where given (the weights' file, the KV cache, the activations:
-    /// what [`Backend::memory`] reports).
+    /// As [`CpuBackend::with_kv`], its KV pages in `kv_format`, taking at
+    /// most `memory_limit` bytes in all where given (the weights' file, the
+    /// KV cache, the activations: what [`Backend::memory`] reports).
     pub fn within(
         model: Arc<Model>,
         math: CpuMath,
         kv_tokens: usize,
+        kv_format: KvFormat,
         memory_limit: Option<u64>,
     ) -> Result<Self> {
         let hp = model.hparams().clone();
+        let kv_dim = hp.n_head_kv * hp.head_dim;
+        if !hp.head_dim.is_multiple_of(kv_format.block()) {
+            return Err(ModelError::Unsupported(format!(
+                "a {} KV cache for a head dimension of {} (a multiple of {} is needed; use f16)",
+                kv_format.name(),
+                hp.head_dim,
+                kv_format.block()
+            )));
+        }
         let room = memory_limit.map(|l| l.saturating_sub(model.file().file_size()));
-        memory::check_memory_within(&hp, kv_tokens, crate::DEFAULT_STEP, room)?;
+        memory::check_memory_within(&hp, kv_tokens, crate::DEFAULT_STEP, kv_format, room)?;
         let pages = kv_tokens.max(1).div_ceil(PAGE_TOKENS);
         if pages > u32::MAX as usize {
-            return Err(kv_too_big(&hp, kv_tokens));
+            return Err(kv_too_big(&hp, kv_tokens, kv_format));
         }
         let mut layers = Vec::with_capacity(hp.n_layer);
         for (l, block) in hp.blocks().into_iter().enumerate() {
@@ -177,7 +186,7 @@ impl CpuBackend {
             Some(_) => None,
         };
         let encoder = EncoderInput::load(&model)?.map(Box::new);
-        let kv = HostPages::new(hp.n_layer, hp.n_head_kv * hp.head_dim, pages);
+        let kv = HostPages::new(hp.n_layer, kv_dim, pages, kv_format);
         Ok(Self {
             model,
             math,
@@ -261,6 +270,7 @@ impl CpuBackend {
         let kv_dim = hp.n_head_kv * hd;
         let pages = self.kv.read(layer);
         let LayerPages { k: kc, v: vc } = &*pages;
+        let rows = self.kv.rows();
         let window = self.layers[layer].block.window;
         // One task per (token, KV head): its `group` query heads are contiguous.
         out.par_chunks_mut(group * hd)
@@ -281,7 +291,7 @@ impl CpuBackend {
                 let mut scores = vec![0f32; group * len];
                 let mut r = vec![0f32; hd];
                 for j in 0..len {
-                    kc[row(first + j)..][..hd].convert_to_f32_slice(&mut r);
+                    rows.load(kc, row(first + j), &mut r);
                     for h in 0..group {
                         scores[h * len + j] = simd::dot(&qh[h * hd..(h + 1) * hd], &r) * scale;
                     }
@@ -295,7 +305,7 @@ impl CpuBackend {
                 }
                 o.fill(0.0);
                 for j in 0..len {
-                    vc[row(first + j)..][..hd].convert_to_f32_slice(&mut r);
+                    rows.load(vc, row(first + j), &mut r);
                     for h in 0..group {
                         let p = scores[h * len + j];
                         for (acc, v) in o[h * hd..(h + 1) * hd].iter_mut().zip(&r) {
@@ -398,11 +408,11 @@ impl CpuBackend {
             }
             {
                 let mut pages = self.kv.write(l);
+                let rows = self.kv.rows();
                 for (i, &(s, pos)) in at.iter().enumerate() {
-                    let row = row_at(seqs[s].0.pages(), pos, kv_dim)..;
-                    pages.k[row.clone()][..kv_dim]
-                        .convert_from_f32_slice(&k[i * kv_dim..(i + 1) * kv_dim]);
-                    pages.v[row][..kv_dim].convert_from_f32_slice(&v[i * kv_dim..(i + 1) * kv_dim]);
+                    let row = row_at(seqs[s].0.pages(), pos, kv_dim);
+                    rows.store(&mut pages.k, row, &k[i * kv_dim..(i + 1) * kv_dim]);
+                    rows.store(&mut pages.v, row, &v[i * kv_dim..(i + 1) * kv_dim]);
                 }
             }
             let tables: Vec<&[u32]> = seqs.iter().map(|(c, _, _)| c.pages()).collect();
@@ -517,7 +527,7 @@ impl Backend for CpuBackend {
     fn kv_pool(&self) -> (crate::KvLayout, usize) {
         let pool = self.kv.pool();
         let hp = self.model.hparams();
-        let layout = crate::KvLayout::new(hp, pool.page_tokens(), crate::KvFormat::F16);
+        let layout = crate::KvLayout::new(hp, pool.page_tokens(), self.kv.format());
         (layout, pool.pages())
     }
 
@@ -758,8 +768,15 @@ mod tests {
         assert_eq!(cpu.new_cache(64).unwrap().n_ctx(), 64);
         // A memory limit: what it reports must fit it; a byte less refuses.
         let total = cpu.memory().total();
-        CpuBackend::within(model.clone(), CpuMath::Exact, 64, Some(total)).unwrap();
-        let e = CpuBackend::within(model, CpuMath::Exact, 64, Some(total - 1))
+        CpuBackend::within(
+            model.clone(),
+            CpuMath::Exact,
+            64,
+            KvFormat::F16,
+            Some(total),
+        )
+        .unwrap();
+        let e = CpuBackend::within(model, CpuMath::Exact, 64, KvFormat::F16, Some(total - 1))
             .err()
             .expect("a byte short");
         assert!(matches!(e, ModelError::HostMemory { .. }), "{e}");
