@@ -56,8 +56,9 @@ fn batch_logits<T: AsRef<[u32]>>(
 }
 
 /// Sequences of different lengths (1 to 150 tokens of prompt, so some
-/// cross pages and some share none) run their prompts in one batched step
-/// (those of up to JOIN_CHUNK tokens joined, the others alone), then
+/// cross pages and some share none) run their prompts in batched steps as
+/// large as the backend's step limits allow (those of up to JOIN_CHUNK
+/// tokens joined, the others alone), then
 /// decode 4 tokens in batched steps of all of them; every sequence's
 /// logits each step against its CPU logits, fed the same tokens. Batches
 /// of 2 to 40 (the packed GEMV of a few tokens and the GEMM), twelve shapes
@@ -106,7 +107,24 @@ fn batched_decode_matches_cpu() {
                 gc.push(g.new_cache(200).unwrap());
                 prompts.push(prompt);
             }
-            let got = batch_logits(&g, &mut gc, &prompts);
+            // The prompts in as few steps as the backend's limits allow
+            // (one forward takes at most `step_limits()` rows and sequences).
+            let limits = g.step_limits();
+            let mut got = Vec::new();
+            let mut start = 0;
+            while start < b {
+                let mut end = start;
+                let mut rows = 0;
+                while end < b
+                    && end - start < limits.seqs
+                    && rows + prompts[end].len() <= limits.tokens
+                {
+                    rows += prompts[end].len();
+                    end += 1;
+                }
+                got.extend(batch_logits(&g, &mut gc[start..end], &prompts[start..end]));
+                start = end;
+            }
             for s in 0..b {
                 let e = rel_err(&got[s], &first[s]);
                 assert!(

@@ -133,12 +133,14 @@ fn a_memory_limit_caps_the_plan() {
         memory_limit: limit,
         ..Default::default()
     };
-    let full = GpuBackend::new(dev.clone(), model.clone(), opts(1 << 16, None, None)).unwrap();
+    // A pool of 1M tokens (~1 GiB), far above the fit's headroom.
+    let asked = 1 << 20;
+    let full = GpuBackend::new(dev.clone(), model.clone(), opts(asked, None, None)).unwrap();
     let whole = full.memory().total();
     drop(full);
     let before = dev.budget_used();
     let limit = whole / 2;
-    let err = GpuBackend::new(dev.clone(), model.clone(), opts(1 << 16, None, Some(limit)))
+    let err = GpuBackend::new(dev.clone(), model.clone(), opts(asked, None, Some(limit)))
         .err()
         .expect("the whole pool does not fit half its memory");
     assert!(matches!(err, ModelError::GpuMemory { .. }), "{err}");

@@ -84,23 +84,41 @@ fn two_engines_share_a_gpu_and_dropping_one_frees_its_memory() {
     let td = common::testdata().expect("the quant zoo is needed (M40_TESTDATA)");
     let path = td.join("quant-zoo/zoo-Q4_0.gguf");
     let dev = m40_device::Device::open(0).unwrap();
-    let free = || dev.memory().unwrap().0 as i64;
-    let a = engine(&path, BackendChoice::Gpu);
+    // The driver's free memory once what was freed is given back (freed
+    // buffers go back to it at a synchronize).
+    let free = || {
+        dev.synchronize().unwrap();
+        dev.memory().unwrap().0 as i64
+    };
+    // KV pools of 1M tokens (a GiB each on this 2-layer model): far above the driver's
+    // granularity.
+    let big = || {
+        Engine::from_path(&path, {
+            let mut o = EngineOptions::default();
+            o.n_ctx = Some(256);
+            o.kv_tokens = Some(1 << 20);
+            o.backend = BackendChoice::Gpu;
+            o.cpu_math = CpuMath::Exact;
+            o
+        })
+        .unwrap()
+    };
+    let a = big();
     let before = free();
-    let b = engine(&path, BackendChoice::Gpu);
+    let b = big();
     let loaded = free();
     let planned = b.memory().total() as i64;
     let taken = before - loaded;
     let mib = |b: i64| b as f64 / (1 << 20) as f64;
     println!(
-        "second engine: planned {:.1} MiB, the driver's free memory fell {:.1} MiB",
+        "second engine: holds {:.1} MiB, the driver's free memory fell {:.1} MiB",
         mib(planned),
         mib(taken)
     );
-    // Its plan, plus the driver's rounding and the kernel modules' code.
+    // What it holds, plus the driver's rounding and the kernel modules' code.
     assert!(
-        taken >= planned && taken <= planned + planned / 8 + (256 << 20),
-        "planned {planned} bytes, took {taken}"
+        taken >= planned - planned / 50 && taken <= planned + planned / 8 + (256 << 20),
+        "holds {planned} bytes, took {taken}"
     );
     let mut req = Request::new(Prompt::Text("hello world, this is a test".into()));
     req.sampling = SamplingParams::greedy();

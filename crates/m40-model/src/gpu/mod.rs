@@ -392,6 +392,10 @@ impl GpuBackend {
             opts.jit_threads,
             &mut progress,
         )?;
+        // Memory freed on any stream (an engine just dropped, as a server
+        // unloads one for room) goes back to the driver at a synchronize:
+        // the plan sees it free.
+        device.synchronize()?;
         let (free, total) = device.memory()?;
         let limit = (device.budget_left() as u64)
             .min(free as u64)
@@ -428,13 +432,12 @@ impl GpuBackend {
                 });
             }
         };
-        let (w, kv_bytes, work_bytes) = memory_needed(&model, &opts, gpu, sms, kv_tokens);
-        let memory = MemoryUse {
-            weights: w,
-            kv: kv_bytes,
-            workspace: work_bytes,
-            on_device: true,
-        };
+        let (w, _, _) = memory_needed(&model, &opts, gpu, sms, kv_tokens);
+        // What it holds, as allocated through the device's budget (the plan
+        // above leaves out a few small tables): weights (with the RoPE
+        // tables), the KV pool, and the rest.
+        let used = || device.budget_used() as u64;
+        let before = used();
 
         let stream = device.new_stream()?;
         let weights = Weights::upload(&model, &opts, &stream, w)?;
@@ -444,10 +447,12 @@ impl GpuBackend {
         let adjacent = weights::neox_pairs_adjacent(&opts, &hp);
         let ropes = Ropes::upload(&model, adjacent, &stream)?;
         let ops = LayerOps::plan(&hp, &weights, &kernels, opts.fuse, ropes.style());
+        let after_weights = used();
 
         let layout = KvLayout::new(&hp, KV_PAGE, KvFormat::F16);
         let n_pages = layout.pages_for(kv_tokens).max(1);
         let pools = Pools::new(&stream, layout, n_pages)?;
+        let after_kv = used();
         let step_tokens = default_step_tokens(
             device.info().peak_fp32_flops(),
             flops_per_token(&model),
@@ -460,6 +465,12 @@ impl GpuBackend {
             "GEMM split scratch",
         )?;
         stream.synchronize()?;
+        let memory = MemoryUse {
+            weights: after_weights - before,
+            kv: after_kv - after_weights,
+            workspace: used() - after_kv,
+            on_device: true,
+        };
         Ok(Self {
             model,
             kernels,
