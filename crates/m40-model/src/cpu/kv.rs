@@ -37,7 +37,44 @@ pub(crate) struct LayerPages {
 #[derive(Clone, Copy)]
 pub(crate) struct Rows(pub(crate) KvFormat);
 
+/// An orthonormal Walsh-Hadamard rotation of each run of `n` values of
+/// `x` (`n` a power of two): spreads an outlier over its block before a
+/// quantized page's blocks take one scale each, and is its own inverse.
+pub(crate) fn rotate(x: &mut [f32], n: usize) {
+    let scale = 1.0 / (n as f32).sqrt();
+    for b in x.chunks_exact_mut(n) {
+        let mut h = 1;
+        while h < n {
+            for i in (0..n).step_by(2 * h) {
+                for j in i..i + h {
+                    let (u, w) = (b[j], b[j + h]);
+                    b[j] = u + w;
+                    b[j + h] = u - w;
+                }
+            }
+            h *= 2;
+        }
+        b.iter_mut().for_each(|v| *v *= scale);
+    }
+}
+
 impl Rows {
+    /// The rotations a quantized page format takes, as llama.cpp's KV
+    /// cache does (where the head dimension is a multiple of 64): queries
+    /// and keys in runs of the largest power of two dividing it (the dot
+    /// products are unchanged), values and the attention's output in runs
+    /// of 64. (keys' run, values' run); None for halves.
+    pub(crate) fn rotations(self, head_dim: usize) -> Option<(usize, usize)> {
+        if self.0.ggml().is_none() || !head_dim.is_multiple_of(64) {
+            return None;
+        }
+        let mut k = 64;
+        while head_dim.is_multiple_of(2 * k) {
+            k *= 2;
+        }
+        Some((k, 64))
+    }
+
     /// The word where value `at` starts (at a block's start).
     pub(crate) fn word(self, at: usize) -> usize {
         (self.0.bytes(at) / 2) as usize
@@ -169,7 +206,7 @@ impl HostPages {
 mod tests {
     use std::sync::Arc;
 
-    use super::{Rows, PAGE_TOKENS};
+    use super::{rotate, Rows, PAGE_TOKENS};
     use crate::cpu::{tiny_model, CpuBackend, CpuMath};
     use crate::{Backend, KvFormat, KvState, Logits, Model, ModelError};
 
@@ -260,6 +297,41 @@ mod tests {
             .forward(&mut a, &[2; 2 * PAGE_TOKENS], Logits::Last)
             .unwrap();
         assert_eq!(logits.len(), cpu.hparams().n_vocab);
+    }
+
+    /// The rotation is orthonormal (dot products and norms kept) and its
+    /// own inverse; the runs follow llama.cpp's (keys: the largest power of
+    /// two dividing the head, values: 64), and halves take none.
+    #[test]
+    fn the_rotation_keeps_dot_products_and_undoes_itself() {
+        let x: Vec<f32> = (0..256)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
+            .collect();
+        let y: Vec<f32> = (0..256)
+            .map(|i| ((i * 53 % 97) as f32 - 48.0) / 5.0)
+            .collect();
+        for n in [64, 128, 256] {
+            let (mut a, mut b) = (x.clone(), y.clone());
+            rotate(&mut a, n);
+            rotate(&mut b, n);
+            let dot = |u: &[f32], w: &[f32]| u.iter().zip(w).map(|(p, q)| p * q).sum::<f32>();
+            assert!(
+                (dot(&a, &b) - dot(&x, &y)).abs() <= 1e-3 * dot(&x, &x).sqrt() * dot(&y, &y).sqrt()
+            );
+            assert_ne!(a, x);
+            rotate(&mut a, n);
+            assert!(
+                a.iter()
+                    .zip(&x)
+                    .all(|(p, q)| (p - q).abs() <= 1e-4 * q.abs().max(1.0)),
+                "{n}"
+            );
+        }
+        assert_eq!(Rows(KvFormat::Q8_0).rotations(64), Some((64, 64)));
+        assert_eq!(Rows(KvFormat::Q4_0).rotations(128), Some((128, 64)));
+        assert_eq!(Rows(KvFormat::Q4_0).rotations(192), Some((64, 64)));
+        assert_eq!(Rows(KvFormat::Q4_0).rotations(96), None);
+        assert_eq!(Rows(KvFormat::F16).rotations(128), None);
     }
 
     /// A quantized pool: rows round-trip within the format's step (Q8_0:

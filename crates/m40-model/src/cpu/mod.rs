@@ -406,6 +406,12 @@ impl CpuBackend {
                     rope.apply(&mut k[i * kv_dim..(i + 1) * kv_dim], hd, pos);
                 }
             }
+            let rotations = self.kv.rows().rotations(hd);
+            if let Some((rk, rv)) = rotations {
+                kv::rotate(&mut q, rk);
+                kv::rotate(&mut k, rk);
+                kv::rotate(&mut v, rv);
+            }
             {
                 let mut pages = self.kv.write(l);
                 let rows = self.kv.rows();
@@ -417,6 +423,9 @@ impl CpuBackend {
             }
             let tables: Vec<&[u32]> = seqs.iter().map(|(c, _, _)| c.pages()).collect();
             self.attention(&tables, &at, &ends, l, &q, &mut att);
+            if let Some((_, rv)) = rotations {
+                kv::rotate(&mut att, rv);
+            }
             self.matmul(&names.wo, &att, n, &mut proj)?;
             add_bias(&mut proj, &lv.bo);
             if let Some([post, _]) = &lv.post_norms {
