@@ -163,7 +163,8 @@ impl AppState {
 
     /// The model the server started with, loaded or not.
     pub(crate) fn first(&self) -> Arc<Slot> {
-        self.slots().swap_remove(0)
+        let slots = self.inner.slots.lock().unwrap_or_else(|e| e.into_inner());
+        slots[0].clone()
     }
 
     /// The name of the model the server started with.

@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use crate::{catalog_entry, sha256_file, Manifest, Modelfile, Result, Store, StoreError};
+use crate::{canonical, sha256_file, Manifest, Modelfile, Result, Store, StoreError};
 
 impl Store {
     /// Store `name` as `modelfile` says: its `FROM` a stored model (whose
@@ -39,7 +39,7 @@ impl Store {
             None => modelfile.clone(),
         };
         let m = Manifest {
-            name: canonical(name),
+            name: canonical(name).to_string(),
             path: base.path,
             sha256: base.sha256,
             size: base.size,
@@ -57,17 +57,12 @@ impl Store {
             .manifest(source)?
             .ok_or_else(|| StoreError::NotStored(source.to_string()))?;
         let copy = Manifest {
-            name: canonical(destination),
+            name: canonical(destination).to_string(),
             ..m
         };
         self.write_manifest(&copy)?;
         Ok(copy)
     }
-}
-
-/// A name as the store keeps it: a catalog alias as its entry's name.
-fn canonical(name: &str) -> String {
-    catalog_entry(name).map_or(name, |e| e.name).to_string()
 }
 
 #[cfg(test)]

@@ -215,6 +215,11 @@ pub fn catalog_entry(name: &str) -> Option<&'static CatalogEntry> {
         .find(|e| e.name == name || e.aliases.contains(&name.as_str()))
 }
 
+/// A name as the store keeps it: a catalog alias as its entry's name.
+fn canonical(name: &str) -> &str {
+    catalog_entry(name).map_or(name, |e| e.name)
+}
+
 /// Whether two model names mean the same model: equal up to case, catalog
 /// aliases and a `:latest` tag.
 pub fn same_model(a: &str, b: &str) -> bool {
@@ -391,7 +396,7 @@ impl Store {
 
     /// The manifest of a stored model, if it is stored and its file exists.
     pub fn manifest(&self, name: &str) -> Result<Option<Manifest>> {
-        let canonical = catalog_entry(name).map_or(name, |e| e.name);
+        let canonical = canonical(name);
         let Some(rel) = manifest_rel(canonical) else {
             return Ok(None);
         };
@@ -643,7 +648,7 @@ impl Store {
     /// Forget a stored model. Its file goes too when the store fetched it and
     /// no other name points at it; a file named in place is never deleted.
     pub fn remove(&self, name: &str) -> Result<Manifest> {
-        let canonical = catalog_entry(name).map_or(name, |e| e.name);
+        let canonical = canonical(name);
         let path = self.manifest_path(canonical)?;
         if !path.is_file() {
             return Err(StoreError::NotStored(name.to_string()));
