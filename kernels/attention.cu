@@ -15,11 +15,16 @@
                         tpb, gw, hparts, split_len, scale_log2, window, softcap_log2}
 
 // attn_f32_r<R>: head dimensions up to 32 R (each lane holds R of the output).
-#define ATTN_KERNEL(R)                                                             \
-    extern "C" __global__ void attn_f32_r##R(ATTN_PARAMS) {                        \
+// Each kernel of this file reads FP16 pages; the same name with _q8_0 or
+// _q4_0 after it reads pages of that format (kvq.cuh; head dimensions
+// that are multiples of 64).
+#define ATTN_KERNEL_F(R, SUFFIX, F)                                                \
+    extern "C" __global__ void attn_f32_r##R##SUFFIX(ATTN_PARAMS) {                \
         ATTN_ARGS;                                                                 \
-        attn_block<R>(a, att_smem, blockIdx.x, blockIdx.y, blockIdx.z, gridDim.z); \
+        attn_block<R, F>(a, att_smem, blockIdx.x, blockIdx.y, blockIdx.z, gridDim.z); \
     }
+#define ATTN_KERNEL(R) ATTN_KERNEL_F(R, , KV_F16)
+#define ATTN_KERNEL_Q(R) ATTN_KERNEL_F(R, _q8_0, KV_Q8_0) ATTN_KERNEL_F(R, _q4_0, KV_Q4_0)
 ATTN_KERNEL(1)
 ATTN_KERNEL(2)
 ATTN_KERNEL(3)
@@ -28,6 +33,10 @@ ATTN_KERNEL(5)
 ATTN_KERNEL(6)
 ATTN_KERNEL(7)
 ATTN_KERNEL(8)
+ATTN_KERNEL_Q(2)
+ATTN_KERNEL_Q(4)
+ATTN_KERNEL_Q(6)
+ATTN_KERNEL_Q(8)
 
 extern "C" __global__ void __launch_bounds__(ATT_COMBINE_THREADS)
     attn_combine_f32(const float* part, const float* part_ml, float* out, const float* sinks, int splits, int hd,
@@ -47,11 +56,16 @@ extern "C" __global__ void __launch_bounds__(ATT_COMBINE_THREADS)
 // split). Blocks per SM the registers must allow: 4 (hd 64), 3 (hd 128:
 // at 4, 128 registers spill 36 bytes on sm_52); on the M40 shared memory
 // allows 2 of hd 128 (36 KB each of 96 KB).
-#define ATTN_TILE_KERNEL(DPT, MIN_BLOCKS)                                                                          \
-    extern "C" __global__ void __launch_bounds__(ATT_TILE_THREADS, MIN_BLOCKS) attn_tile_f32_d##DPT(ATTN_PARAMS) { \
-        ATTN_ARGS;                                                                                                 \
-        attn_tile_block<DPT>(a, att_smem, gridDim.x - 1 - blockIdx.x, blockIdx.y);                                 \
+#define ATTN_TILE_KERNEL_F(DPT, MIN_BLOCKS, SUFFIX, F)                                                    \
+    extern "C" __global__ void __launch_bounds__(ATT_TILE_THREADS, MIN_BLOCKS)                            \
+        attn_tile_f32_d##DPT##SUFFIX(ATTN_PARAMS) {                                                       \
+        ATTN_ARGS;                                                                                        \
+        attn_tile_block<DPT, F>(a, att_smem, gridDim.x - 1 - blockIdx.x, blockIdx.y);                     \
     }
+#define ATTN_TILE_KERNEL(DPT, MIN_BLOCKS)                 \
+    ATTN_TILE_KERNEL_F(DPT, MIN_BLOCKS, , KV_F16)         \
+    ATTN_TILE_KERNEL_F(DPT, MIN_BLOCKS, _q8_0, KV_Q8_0)   \
+    ATTN_TILE_KERNEL_F(DPT, MIN_BLOCKS, _q4_0, KV_Q4_0)
 ATTN_TILE_KERNEL(4, 4)
 ATTN_TILE_KERNEL(8, 3)
 
@@ -60,11 +74,16 @@ ATTN_TILE_KERNEL(8, 3)
 // ceil(query heads per KV head / G)), 32 to 32 ATT_DEC_MAX_WARPS threads,
 // dynamic shared memory attn_dec_shared_bytes(hd, G); the parameters of
 // attn_f32_r<R> (tpb, gw, hparts unused).
-#define ATTN_DEC_KERNEL(DPT, G)                                                                                    \
-    extern "C" __global__ void __launch_bounds__(32 * ATT_DEC_MAX_WARPS) attn_dec_f32_d##DPT##_g##G(ATTN_PARAMS) { \
-        ATTN_ARGS;                                                                                                 \
-        attn_dec_block<DPT, G>(a, att_smem, blockIdx.x, blockIdx.y, gridDim.y, G * blockIdx.z);                    \
+#define ATTN_DEC_KERNEL_F(DPT, G, SUFFIX, F)                                                               \
+    extern "C" __global__ void __launch_bounds__(32 * ATT_DEC_MAX_WARPS)                                  \
+        attn_dec_f32_d##DPT##_g##G##SUFFIX(ATTN_PARAMS) {                                                 \
+        ATTN_ARGS;                                                                                        \
+        attn_dec_block<DPT, G, F>(a, att_smem, blockIdx.x, blockIdx.y, gridDim.y, G * blockIdx.z);        \
     }
+#define ATTN_DEC_KERNEL(DPT, G)                   \
+    ATTN_DEC_KERNEL_F(DPT, G, , KV_F16)           \
+    ATTN_DEC_KERNEL_F(DPT, G, _q8_0, KV_Q8_0)     \
+    ATTN_DEC_KERNEL_F(DPT, G, _q4_0, KV_Q4_0)
 ATTN_DEC_KERNEL(2, 1)
 ATTN_DEC_KERNEL(2, 2)
 ATTN_DEC_KERNEL(2, 4)
@@ -83,16 +102,20 @@ ATTN_DEC_KERNEL(8, 2)
 // zparts): block z takes token z / zparts and head part z % zparts; no key
 // splits (the batch gives the blocks), part_ml unused. The parameters of
 // attn_f32_r<R>, then tab and zparts.
-#define ATTN_DEC_B_KERNEL(DPT, G)                                                                     \
+#define ATTN_DEC_B_KERNEL_F(DPT, G, SUFFIX, F)                                                        \
     extern "C" __global__ void __launch_bounds__(32 * ATT_DEC_MAX_WARPS)                              \
-        attn_dec_b_f32_d##DPT##_g##G(ATTN_PARAMS, const int* tab, int zparts) {                       \
+        attn_dec_b_f32_d##DPT##_g##G##SUFFIX(ATTN_PARAMS, const int* tab, int zparts) {               \
         ATTN_ARGS;                                                                                    \
         const int s = blockIdx.z / zparts;                                                            \
         AttnArgs b = a;                                                                               \
         const long long row = (long long)s * n_head * hd;                                             \
         b.q = q + row, b.out = out + row, b.pos = pos + s, b.table = table + tab[s], b.n_tok = 1;     \
-        attn_dec_block<DPT, G>(b, att_smem, blockIdx.x, 0, 1, G * (blockIdx.z % zparts));            \
+        attn_dec_block<DPT, G, F>(b, att_smem, blockIdx.x, 0, 1, G * (blockIdx.z % zparts));         \
     }
+#define ATTN_DEC_B_KERNEL(DPT, G)                   \
+    ATTN_DEC_B_KERNEL_F(DPT, G, , KV_F16)           \
+    ATTN_DEC_B_KERNEL_F(DPT, G, _q8_0, KV_Q8_0)     \
+    ATTN_DEC_B_KERNEL_F(DPT, G, _q4_0, KV_Q4_0)
 ATTN_DEC_B_KERNEL(2, 1)
 ATTN_DEC_B_KERNEL(2, 2)
 ATTN_DEC_B_KERNEL(2, 4)
@@ -103,3 +126,15 @@ ATTN_DEC_B_KERNEL(4, 4)
 ATTN_DEC_B_KERNEL(4, 8)
 ATTN_DEC_B_KERNEL(8, 1)
 ATTN_DEC_B_KERNEL(8, 2)
+
+// attn_unrotate_f32: the attention's output over quantized pages back
+// from the values' rotation (kvq.cuh): each head row of x (rows, hd), hd
+// a multiple of 64 (at most 256), rotated again over runs of 64 in place
+// (the rotation is its own inverse). A warp a row; grid ceil(rows / 8),
+// block 256.
+extern "C" __global__ void __launch_bounds__(256) attn_unrotate_f32(float* x, int rows, int hd) {
+    const int row = blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (row >= rows) return;
+    float* r = x + (long long)row * hd;
+    kvq_head<KV_F16>(r, hd / 32, 64, r, nullptr, nullptr, 0);
+}

@@ -27,6 +27,7 @@
 #pragma once
 #include "common.cuh"
 #include "quant.cuh"
+#include "kvq.cuh"
 
 #define ATT_NEG_INF __int_as_float(0xff800000)
 #define ATT_MAX_WARPS 8
@@ -100,15 +101,50 @@ __device__ __forceinline__ float2 attn_lds2(const float* p) {
 
 // Stage keys j0 .. j0 + KV_PAGE - 1 of KV head g (page table[j0 / KV_PAGE];
 // keys at or past `end` are zeros) into Ks (rows of hd/2 + 1 words) and Vs
-// (rows of hd/2 words). When hd is a multiple of 8 (16-byte rows), each
+// (rows of hd/2 words), as FP16. When hd is a multiple of 8 (16-byte rows), each
 // thread issues all of its 16-byte loads (up to ATT_STAGE_U of K and of V)
 // before it stores any: one memory round trip per page, where a loop of
 // 4-byte loads and stores was one per iteration (8B decode at depth 4096
-// spent most of its attention time there).
+// spent most of its attention time there). A quantized page (F: kvq.cuh;
+// hd a multiple of 64) is staged the same way, 8 values a load, each
+// dequantized and rounded to FP16 (this kernel's shared rows are halves:
+// FP32 rows of hd 256 would not fit 48 KB).
 #define ATT_STAGE_U 4
+template <int F>
 __device__ __forceinline__ void attn_stage(const AttnArgs& a, int g, int j0, int end, u32* Ks, u32* Vs) {
     const int hw = a.hd >> 1, kv_dim = a.n_head_kv * a.hd;
     const long long page = a.table[j0 / KV_PAGE];
+    if (F != KV_F16) {
+        const int hq = a.hd >> 3, n = KV_PAGE * hq;  // 8-value loads per row, per page
+        for (int e0 = threadIdx.x; e0 < n; e0 += ATT_STAGE_U * blockDim.x) {
+            KvVals<F, 8> kv[ATT_STAGE_U], vv[ATT_STAGE_U];
+#pragma unroll
+            for (int u = 0; u < ATT_STAGE_U; ++u) {
+                const int e = e0 + u * blockDim.x, jj = e / hq, w = e % hq;
+                const bool ok = e < n && j0 + jj < end;
+                const int d = g * a.hd + 8 * w;
+                kv_load(kv[u], kv_row_ptr<F>(a.kpool, page, jj % KV_PAGE, kv_dim), d, ok);
+                kv_load(vv[u], kv_row_ptr<F>(a.vpool, page, jj % KV_PAGE, kv_dim), d, ok);
+            }
+#pragma unroll
+            for (int u = 0; u < ATT_STAGE_U; ++u) {
+                const int e = e0 + u * blockDim.x, jj = e / hq, w = e % hq;
+                if (e < n) {
+                    float fk[8], fv[8];
+                    kv_f32(kv[u], fk);
+                    kv_f32(vv[u], fv);
+                    u32* kr = Ks + jj * (hw + 1) + 4 * w;
+                    u32* vr = Vs + jj * hw + 4 * w;
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        kr[i] = (u32)f2h(fk[2 * i]) | ((u32)f2h(fk[2 * i + 1]) << 16);
+                        vr[i] = (u32)f2h(fv[2 * i]) | ((u32)f2h(fv[2 * i + 1]) << 16);
+                    }
+                }
+            }
+        }
+        return;
+    }
     const u32* kp = (const u32*)(a.kpool + page * KV_PAGE * kv_dim + (long long)g * a.hd);
     const u32* vp = (const u32*)(a.vpool + page * KV_PAGE * kv_dim + (long long)g * a.hd);
     const int row_words = kv_dim >> 1;
@@ -145,7 +181,7 @@ __device__ __forceinline__ void attn_stage(const AttnArgs& a, int g, int j0, int
 
 // Block (bx, by, z) of a grid (_, _, splits): bx the token block, by the
 // (KV head, head part), z the key split.
-template <int R>
+template <int R, int F = KV_F16>
 __device__ __forceinline__ void attn_block(const AttnArgs& a, float* smem, int bx, int by, int z, int splits) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int hd = a.hd, hw = hd >> 1, group = a.n_head / a.n_head_kv;
@@ -180,7 +216,7 @@ __device__ __forceinline__ void attn_block(const AttnArgs& a, float* smem, int b
 
     for (int j0 = max(z * a.split_len, block_lo); j0 < block_end; j0 += KV_PAGE) {
         __syncthreads();  // the previous chunk is consumed (and q is written)
-        attn_stage(a, g, j0, block_end, Ks, Vs);
+        attn_stage<F>(a, g, j0, block_end, Ks, Vs);
         __syncthreads();
         // (A chunk the warp does not skip holds one of its keys.)
         if (!active || j0 >= my_end || j0 + KV_PAGE <= my_lo) continue;
@@ -320,27 +356,26 @@ __device__ __forceinline__ void attn_combine_row(const float* part, const float*
 // 16-byte vectors of one page's K (or V) per thread: 32 keys x hd / 8.
 #define ATT_TILE_VECS(DPT) (KV_PAGE * 2 * (DPT) / ATT_TILE_THREADS)
 
-template <int DPT>
+template <int DPT, int F>
 struct AttnTilePage {
-    uint4 v[ATT_TILE_VECS(DPT)];
+    KvVals<F, 8> v[ATT_TILE_VECS(DPT)];
 };
 
 // Load page j0 / KV_PAGE of KV head g from `pool` (keys at or past `end`:
 // zeros). Vector e (thread t, e = t + 128 u): key e % 32, dimensions 8 (e /
 // 32) .. +7 (`transposed`: the store is Ks[d][key], conflict-free across a
 // warp's 32 keys) or key e / (hd / 8), dimensions 8 (e % (hd / 8)) .. +7.
-template <int DPT>
+template <int DPT, int F>
 __device__ __forceinline__ void attn_tile_load(const AttnArgs& a, const u16* pool, int g, int j0, int end,
-                                               bool transposed, AttnTilePage<DPT>& p) {
+                                               bool transposed, AttnTilePage<DPT, F>& p) {
     constexpr int HD = 16 * DPT, HV = HD / 8;
     const int kv_dim = a.n_head_kv * HD;
     const long long page = a.table[j0 / KV_PAGE];
-    const u16* base = pool + page * KV_PAGE * kv_dim + (long long)g * HD;
 #pragma unroll
     for (int u = 0; u < ATT_TILE_VECS(DPT); ++u) {
         const int e = threadIdx.x + u * ATT_TILE_THREADS;
         const int key = transposed ? e % KV_PAGE : e / HV, w = transposed ? e / KV_PAGE : e % HV;
-        p.v[u] = j0 + key < end ? __ldg((const uint4*)(base + (long long)key * kv_dim) + w) : make_uint4(0, 0, 0, 0);
+        kv_load(p.v[u], kv_row_ptr<F>(pool, page, key, kv_dim), g * HD + 8 * w, j0 + key < end);
     }
 }
 
@@ -352,14 +387,14 @@ __device__ __forceinline__ void attn_tile_h8(uint4 v, float f[8]) {
 
 // Store a page loaded by attn_tile_load as FP32: Ks[d * 32 + key]
 // (transposed) or Vs[key * hd + d].
-template <int DPT>
-__device__ __forceinline__ void attn_tile_store(const AttnTilePage<DPT>& p, bool transposed, float* buf) {
+template <int DPT, int F>
+__device__ __forceinline__ void attn_tile_store(const AttnTilePage<DPT, F>& p, bool transposed, float* buf) {
     constexpr int HD = 16 * DPT, HV = HD / 8;
 #pragma unroll
     for (int u = 0; u < ATT_TILE_VECS(DPT); ++u) {
         const int e = threadIdx.x + u * ATT_TILE_THREADS;
         float f[8];
-        attn_tile_h8(p.v[u], f);
+        kv_f32(p.v[u], f);
         if (transposed) {
             const int key = e % KV_PAGE, d0 = 8 * (e / KV_PAGE);
 #pragma unroll
@@ -372,7 +407,7 @@ __device__ __forceinline__ void attn_tile_store(const AttnTilePage<DPT>& p, bool
     }
 }
 
-template <int DPT>
+template <int DPT, int F = KV_F16>
 __device__ __forceinline__ void attn_tile_block(const AttnArgs& a, float* smem, int bx, int g) {
     constexpr int HD = 16 * DPT, NC = DPT / 4;
     const int t = threadIdx.x, rg = t >> 4, kg = t & 15;
@@ -410,12 +445,12 @@ __device__ __forceinline__ void attn_tile_block(const AttnArgs& a, float* smem, 
 #pragma unroll
         for (int d = 0; d < DPT; ++d) o[i][d] = 0.0f;
     }
-    AttnTilePage<DPT> kn, vn;
-    attn_tile_load<DPT>(a, a.kpool, g, first, end, true, kn);
+    AttnTilePage<DPT, F> kn, vn;
+    attn_tile_load<DPT, F>(a, a.kpool, g, first, end, true, kn);
     for (int j0 = first; j0 < end; j0 += KV_PAGE) {
         __syncthreads();  // the previous page's V and P are consumed (and Qs is written)
-        attn_tile_store<DPT>(kn, true, KV);
-        attn_tile_load<DPT>(a, a.vpool, g, j0, end, false, vn);
+        attn_tile_store<DPT, F>(kn, true, KV);
+        attn_tile_load<DPT, F>(a, a.vpool, g, j0, end, false, vn);
         __syncthreads();
         float s[4][2];
 #pragma unroll
@@ -454,8 +489,8 @@ __device__ __forceinline__ void attn_tile_block(const AttnArgs& a, float* smem, 
         for (int c = 0; c < 2; ++c)
             *(float4*)(Ps + (2 * kg + c) * ATT_TILE_ROWS + 4 * rg) = make_float4(p[0][c], p[1][c], p[2][c], p[3][c]);
         __syncthreads();  // K is consumed, P is written
-        attn_tile_store<DPT>(vn, false, KV);
-        if (j0 + KV_PAGE < end) attn_tile_load<DPT>(a, a.kpool, g, j0 + KV_PAGE, end, true, kn);
+        attn_tile_store<DPT, F>(vn, false, KV);
+        if (j0 + KV_PAGE < end) attn_tile_load<DPT, F>(a, a.kpool, g, j0 + KV_PAGE, end, true, kn);
         __syncthreads();
 #pragma unroll
         for (int i = 0; i < 4; ++i)
@@ -518,7 +553,7 @@ __device__ __forceinline__ void attn_tile_block(const AttnArgs& a, float* smem, 
 #define ATT_DEC_KEYS 16
 #define ATT_DEC_MAX_WARPS 8
 
-template <int DPT, int G>
+template <int DPT, int G, int F = KV_F16>
 __device__ __forceinline__ void attn_dec_block(const AttnArgs& a, float* smem, int g, int z, int splits, int h0) {
     constexpr int HD = 32 * DPT, KC = HD / 16;  // 16-byte K loads a lane: half a row
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
@@ -573,16 +608,28 @@ __device__ __forceinline__ void attn_dec_block(const AttnArgs& a, float* smem, i
         // Rows of the pass's 16 keys: consecutive slots of one page.
         const long long row0 = (long long)page * KV_PAGE + j0 % KV_PAGE;
         const bool ok = j0 + kl < end && j0 + kl >= lo;
-        const uint4* kp = (const uint4*)(a.kpool + (row0 + kl) * kv_dim + g * HD + half * (HD / 2));
+        // FP16 pages: plain 16-byte loads (kv, vv); quantized ones: a
+        // block's quants and its scale (kq, vq: kvq.cuh).
         uint4 kv[KC];
+        KvVals<F, 8> kq[KC];
+        if (F == KV_F16) {
+            const uint4* kp = (const uint4*)(a.kpool + (row0 + kl) * kv_dim + g * HD + half * (HD / 2));
 #pragma unroll
-        for (int c = 0; c < KC; ++c) kv[c] = ok ? kp[c] : make_uint4(0, 0, 0, 0);
+            for (int c = 0; c < KC; ++c) kv[c] = ok ? kp[c] : make_uint4(0, 0, 0, 0);
+        } else {
+            const KvRowPtr kr = kv_row_ptr<F>(a.kpool, page, j0 % KV_PAGE + kl, kv_dim);
+#pragma unroll
+            for (int c = 0; c < KC; ++c) kv_load(kq[c], kr, g * HD + half * (HD / 2) + 8 * c, ok);
+        }
         const u16* vp = a.vpool + row0 * kv_dim + g * HD + DPT * lane;
         u32 vv[ATT_DEC_KEYS][DPT / 2];
+        KvVals<F, DPT> vq[ATT_DEC_KEYS];
 #pragma unroll
         for (int j = 0; j < ATT_DEC_KEYS; ++j) {
             const bool vok = j0 + j < end;
-            if (DPT == 8) {
+            if (F != KV_F16) {
+                kv_load(vq[j], kv_row_ptr<F>(a.vpool, page, j0 % KV_PAGE + j, kv_dim), g * HD + DPT * lane, vok);
+            } else if (DPT == 8) {
                 const uint4 v = vok ? *(const uint4*)(vp + (long long)j * kv_dim) : make_uint4(0, 0, 0, 0);
                 vv[j][0] = v.x, vv[j][1 % (DPT / 2)] = v.y, vv[j][2 % (DPT / 2)] = v.z, vv[j][DPT / 2 - 1] = v.w;
             } else if (DPT == 4) {
@@ -603,7 +650,11 @@ __device__ __forceinline__ void attn_dec_block(const AttnArgs& a, float* smem, i
 #pragma unroll
         for (int c = 0; c < KC; ++c) {
             float f[8];
-            attn_tile_h8(kv[c], f);
+            if (F == KV_F16) {
+                attn_tile_h8(kv[c], f);
+            } else {
+                kv_f32(kq[c], f);
+            }
 #pragma unroll
             for (int h = 0; h < G; ++h) {
                 const float* qh = Qs + h * HD + half * (HD / 2) + 8 * c;
@@ -644,9 +695,13 @@ __device__ __forceinline__ void attn_dec_block(const AttnArgs& a, float* smem, i
                 for (int h = 0; h < G; ++h) pj[h] = ps[j * G + h];
             }
             float vf[DPT];
+            if (F == KV_F16) {
 #pragma unroll
-            for (int i = 0; i < DPT / 2; ++i)
-                vf[2 * i] = h2f((u16)(vv[j][i] & 0xffff)), vf[2 * i + 1] = h2f((u16)(vv[j][i] >> 16));
+                for (int i = 0; i < DPT / 2; ++i)
+                    vf[2 * i] = h2f((u16)(vv[j][i] & 0xffff)), vf[2 * i + 1] = h2f((u16)(vv[j][i] >> 16));
+            } else {
+                kv_f32(vq[j], vf);
+            }
 #pragma unroll
             for (int h = 0; h < G; ++h)
 #pragma unroll

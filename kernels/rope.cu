@@ -17,6 +17,7 @@
 // rate. gemv_packed.cu's folded RoPE uses the same helpers.
 #include "common.cuh"
 #include "quant.cuh"
+#include "kvq.cuh"
 
 #define ROPE_THREADS 256
 #define ROPE_MAX_HALF 128  // head_dim <= 256
@@ -43,10 +44,11 @@ __device__ __forceinline__ void rope_pair(int i, int half, int* a, int* b) {
 }
 
 // RoPE of the queries in place and of the keys on their way into the paged
-// FP16 KV cache (attention.cu's layout), with the values beside them. q
+// KV cache (attention.cuh's layout, in page format F: kvq.cuh), with the
+// values beside them. q
 // (n_tok, n_head, head_dim) FP32,
 // roped in place; k, v (n_tok, n_head_kv, head_dim) FP32, read only; token
-// t goes to pool row kv_row(table, pos[t]). Grid (n_tok, ceil((n_head +
+// t goes to row pos[t] of its block table. Grid (n_tok, ceil((n_head +
 // n_head_kv) / hpb)), block ROPE_THREADS, hpb = max(1, ROPE_THREADS /
 // (head_dim / 2)): each thread takes one pair of dimensions of one head
 // (the rotated pairs first, then the pass-through dimensions from n_rot
@@ -55,12 +57,48 @@ __device__ __forceinline__ void rope_pair(int i, int half, int* a, int* b) {
 // t's block table starts at table[tab[t]]. With `bias` ((n_head + 2
 // n_head_kv) head_dim: Q's, K's, then V's; qwen2, gpt-oss), each value is
 // biased first (the queries' pass-through dimensions too).
-template <bool NEOX>
+//
+// A quantized format (F != KV_F16; head_dim a multiple of 64) needs whole
+// heads: the pairs go to shared memory instead (the block holds whole
+// heads: hpb head_dim / 2 <= ROPE_THREADS), and then a warp a head rotates
+// it (kvq.cuh) and writes the query back or quantizes the key or value
+// into its row (rope_kv_quant_tail).
+#define ROPE_STAGE (2 * ROPE_THREADS)
+template <int F>
+__device__ __forceinline__ void rope_kv_quant_tail(const float* sh, const float* shv, float* q, int n_head,
+                                                   int n_head_kv, int head_dim, int t, u16* kpool, u16* vpool,
+                                                   const int* table, int p, int hpb) {
+    __syncthreads();  // the block's heads are staged
+    const int h0 = blockIdx.y * hpb, nh = min(hpb, n_head + n_head_kv - h0);
+    const int R = head_dim / 32, k_run = head_dim & -head_dim, kv_dim = n_head_kv * head_dim;
+    const long long page = table[p / KV_PAGE];
+    const KvRowPtr kr = kv_row_ptr<F>(kpool, page, p % KV_PAGE, kv_dim);
+    const KvRowPtr vr = kv_row_ptr<F>(vpool, page, p % KV_PAGE, kv_dim);
+    const int warps = blockDim.x >> 5;
+    for (int task = threadIdx.x >> 5; task < 2 * nh; task += warps) {
+        const int lh = task % nh, h = h0 + lh;
+        const bool second = task >= nh;  // a K head's V
+        if (h < n_head) {
+            if (!second) kvq_head<F>(sh + lh * head_dim, R, k_run, q + ((long long)t * n_head + h) * head_dim,
+                                     nullptr, nullptr, 0);
+            continue;
+        }
+        const int d0 = (h - n_head) * head_dim;
+        if (second) {
+            kvq_head<F>(shv + lh * head_dim, R, 64, nullptr, (u8*)vr.q, (u16*)vr.s, d0);
+        } else {
+            kvq_head<F>(sh + lh * head_dim, R, k_run, nullptr, (u8*)kr.q, (u16*)kr.s, d0);
+        }
+    }
+}
+
+template <bool NEOX, int F>
 __device__ __forceinline__ void rope_kv(float* q, int n_head, const float* k, const float* v, int n_head_kv,
                                         const int* pos, const float* inv_freq, int head_dim, int n_rot,
                                         float pos_scale, u16* kpool, u16* vpool, const int* table, const int* tab,
                                         const float* bias) {
     __shared__ float cs[2][ROPE_MAX_HALF];
+    __shared__ float stage[F == KV_F16 ? 1 : 2 * ROPE_STAGE];
     const int t = blockIdx.x;
     if (tab != nullptr) table += tab[t];
     const int half = n_rot / 2, slots = head_dim / 2;
@@ -79,17 +117,24 @@ __device__ __forceinline__ void rope_kv(float* q, int n_head, const float* k, co
         }
         // This head's bias (Q heads, then K heads; V's after them).
         const float* bh = bias ? bias + (long long)h * head_dim : nullptr;
+        // Where a quantized format stages the head.
+        float* sh = stage + (h - blockIdx.y * hpb) * head_dim;
         if (h < n_head) {
             float* xh = q + ((long long)t * n_head + h) * head_dim;
-            if (i >= half) {  // pass-through: biased only
+            if (F == KV_F16 && i >= half) {  // pass-through: biased only
                 if (bh) xh[a] += bh[a], xh[b] += bh[b];
                 continue;
             }
             float x0 = xh[a], x1 = xh[b];
             if (bh) x0 += bh[a], x1 += bh[b];
-            const float s = cs[0][i], c = cs[1][i];
-            xh[a] = rope_rot0(x0, x1, s, c);
-            xh[b] = rope_rot1(x0, x1, s, c);
+            if (i < half) {
+                const float s = cs[0][i], c = cs[1][i];
+                const float r0 = rope_rot0(x0, x1, s, c), r1 = rope_rot1(x0, x1, s, c);
+                x0 = r0, x1 = r1;
+            }
+            float* dst = F == KV_F16 ? xh : sh;
+            dst[a] = x0;
+            dst[b] = x1;
         } else {
             const int kh = h - n_head;
             const long long src = ((long long)t * n_head_kv + kh) * head_dim;
@@ -104,37 +149,46 @@ __device__ __forceinline__ void rope_kv(float* q, int n_head, const float* k, co
                 const float r0 = rope_rot0(x0, x1, s, c), r1 = rope_rot1(x0, x1, s, c);
                 x0 = r0, x1 = r1;
             }
-            const long long dst = row + (long long)kh * head_dim;
-            kpool[dst + a] = f2h(x0);
-            kpool[dst + b] = f2h(x1);
-            vpool[dst + a] = f2h(v0);
-            vpool[dst + b] = f2h(v1);
+            if (F == KV_F16) {
+                const long long dst = row + (long long)kh * head_dim;
+                kpool[dst + a] = f2h(x0);
+                kpool[dst + b] = f2h(x1);
+                vpool[dst + a] = f2h(v0);
+                vpool[dst + b] = f2h(v1);
+            } else {
+                sh[a] = x0, sh[b] = x1;
+                sh[ROPE_STAGE + a] = v0, sh[ROPE_STAGE + b] = v1;
+            }
         }
     }
+    if (F != KV_F16)
+        rope_kv_quant_tail<F>(stage, stage + ROPE_STAGE, q, n_head, n_head_kv, head_dim, t, kpool, vpool, table, p,
+                              hpb);
 }
 
 #define ROPE_KV_ARGS                                                                                         \
     float *q, int n_head, const float *k, const float *v, int n_head_kv, const int *pos, const float *inv_freq, \
         int head_dim, int n_rot, float pos_scale, u16 *kpool, u16 *vpool, const int *table
-// bias: Q/K/V's biases or null (last).
-extern "C" __global__ void rope_kv_norm_f32(ROPE_KV_ARGS, const float* bias) {
-    rope_kv<false>(q, n_head, k, v, n_head_kv, pos, inv_freq, head_dim, n_rot, pos_scale, kpool, vpool, table,
-                   nullptr, bias);
-}
-extern "C" __global__ void rope_kv_neox_f32(ROPE_KV_ARGS, const float* bias) {
-    rope_kv<true>(q, n_head, k, v, n_head_kv, pos, inv_freq, head_dim, n_rot, pos_scale, kpool, vpool, table,
-                  nullptr, bias);
-}
-// The same over tokens of different sequences: token t's block table starts
-// at table[tab[t]] (a batched decode step).
-extern "C" __global__ void rope_kv_b_norm_f32(ROPE_KV_ARGS, const int* tab, const float* bias) {
-    rope_kv<false>(q, n_head, k, v, n_head_kv, pos, inv_freq, head_dim, n_rot, pos_scale, kpool, vpool, table, tab,
-                   bias);
-}
-extern "C" __global__ void rope_kv_b_neox_f32(ROPE_KV_ARGS, const int* tab, const float* bias) {
-    rope_kv<true>(q, n_head, k, v, n_head_kv, pos, inv_freq, head_dim, n_rot, pos_scale, kpool, vpool, table, tab,
-                  bias);
-}
+#define ROPE_KV_PASS q, n_head, k, v, n_head_kv, pos, inv_freq, head_dim, n_rot, pos_scale, kpool, vpool, table
+// rope_kv_<style>_<format> (FP16 pages: _f32); bias: Q/K/V's biases or
+// null (last). rope_kv_b_*: the same over tokens of different sequences:
+// token t's block table starts at table[tab[t]] (a batched decode step).
+#define ROPE_KV_KERNELS(SUFFIX, F)                                                                      \
+    extern "C" __global__ void rope_kv_norm_##SUFFIX(ROPE_KV_ARGS, const float* bias) {                 \
+        rope_kv<false, F>(ROPE_KV_PASS, nullptr, bias);                                                 \
+    }                                                                                                   \
+    extern "C" __global__ void rope_kv_neox_##SUFFIX(ROPE_KV_ARGS, const float* bias) {                 \
+        rope_kv<true, F>(ROPE_KV_PASS, nullptr, bias);                                                  \
+    }                                                                                                   \
+    extern "C" __global__ void rope_kv_b_norm_##SUFFIX(ROPE_KV_ARGS, const int* tab, const float* bias) { \
+        rope_kv<false, F>(ROPE_KV_PASS, tab, bias);                                                     \
+    }                                                                                                   \
+    extern "C" __global__ void rope_kv_b_neox_##SUFFIX(ROPE_KV_ARGS, const int* tab, const float* bias) { \
+        rope_kv<true, F>(ROPE_KV_PASS, tab, bias);                                                      \
+    }
+ROPE_KV_KERNELS(f32, KV_F16)
+ROPE_KV_KERNELS(q8_0, KV_Q8_0)
+ROPE_KV_KERNELS(q4_0, KV_Q4_0)
 
 // rope_kv with each query and key head RMS-normed first (qwen3, gemma3's
 // attn_q_norm / attn_k_norm: x = x / sqrt(mean(x^2) + eps) * w over the
@@ -143,13 +197,14 @@ extern "C" __global__ void rope_kv_b_neox_f32(ROPE_KV_ARGS, const int* tab, cons
 // threads are whole warps (head_dim a multiple of 64, at most 256: the
 // launcher checks), so its sum of squares meets in shared memory. qn, kn:
 // the query and key norm weights (head_dim each).
-template <bool NEOX>
+template <bool NEOX, int F>
 __device__ __forceinline__ void rope_kv_qk_norm(float* q, int n_head, const float* k, const float* v, int n_head_kv,
                                                 const int* pos, const float* inv_freq, int head_dim, int n_rot,
                                                 float pos_scale, u16* kpool, u16* vpool, const int* table,
                                                 const int* tab, const float* qn, const float* kn, float eps) {
     __shared__ float cs[2][ROPE_MAX_HALF];
     __shared__ float wsum[ROPE_THREADS / 32];
+    __shared__ float stage[F == KV_F16 ? 1 : 2 * ROPE_STAGE];
     const int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (tab != nullptr) table += tab[t];
     const int half = n_rot / 2, slots = head_dim / 2;
@@ -181,42 +236,53 @@ __device__ __forceinline__ void rope_kv_qk_norm(float* q, int n_head, const floa
     const float ss = warp_sum(x0 * x0 + x1 * x1);
     if (lane == 0) wsum[warp] = ss;
     __syncthreads();
-    if (!active) return;
-    const int w0 = (threadIdx.x / slots) * (slots / 32);
-    float tot = 0.0f;
-    for (int w = 0; w < slots / 32; ++w) tot += wsum[w0 + w];
-    const float sc = rsqrtf(tot / (float)head_dim + eps);
-    const float* nw = is_q ? qn : kn;
-    x0 = x0 * sc * nw[a];
-    x1 = x1 * sc * nw[b];
-    if (i < half) {
-        const float s = cs[0][i], c = cs[1][i];
-        const float r0 = rope_rot0(x0, x1, s, c), r1 = rope_rot1(x0, x1, s, c);
-        x0 = r0, x1 = r1;
+    if (active) {
+        const int w0 = (threadIdx.x / slots) * (slots / 32);
+        float tot = 0.0f;
+        for (int w = 0; w < slots / 32; ++w) tot += wsum[w0 + w];
+        const float sc = rsqrtf(tot / (float)head_dim + eps);
+        const float* nw = is_q ? qn : kn;
+        x0 = x0 * sc * nw[a];
+        x1 = x1 * sc * nw[b];
+        if (i < half) {
+            const float s = cs[0][i], c = cs[1][i];
+            const float r0 = rope_rot0(x0, x1, s, c), r1 = rope_rot1(x0, x1, s, c);
+            x0 = r0, x1 = r1;
+        }
+        if (F != KV_F16) {
+            float* sh = stage + (threadIdx.x / slots) * head_dim;
+            sh[a] = x0, sh[b] = x1;
+            if (!is_q) sh[ROPE_STAGE + a] = v0, sh[ROPE_STAGE + b] = v1;
+        } else if (is_q) {
+            xq[a] = x0;
+            xq[b] = x1;
+        } else {
+            const long long dst = row + (long long)kh * head_dim;
+            kpool[dst + a] = f2h(x0);
+            kpool[dst + b] = f2h(x1);
+            vpool[dst + a] = f2h(v0);
+            vpool[dst + b] = f2h(v1);
+        }
     }
-    if (is_q) {
-        xq[a] = x0;
-        xq[b] = x1;
-    } else {
-        const long long dst = row + (long long)kh * head_dim;
-        kpool[dst + a] = f2h(x0);
-        kpool[dst + b] = f2h(x1);
-        vpool[dst + a] = f2h(v0);
-        vpool[dst + b] = f2h(v1);
-    }
+    if (F != KV_F16)
+        rope_kv_quant_tail<F>(stage, stage + ROPE_STAGE, q, n_head, n_head_kv, head_dim, t, kpool, vpool, table, p,
+                              hpb);
 }
 
 #define ROPE_QKN_ARGS const float *qn, const float *kn, float eps
-#define ROPE_QKN_PASS q, n_head, k, v, n_head_kv, pos, inv_freq, head_dim, n_rot, pos_scale, kpool, vpool, table
-extern "C" __global__ void rope_kv_qkn_norm_f32(ROPE_KV_ARGS, ROPE_QKN_ARGS) {
-    rope_kv_qk_norm<false>(ROPE_QKN_PASS, nullptr, qn, kn, eps);
-}
-extern "C" __global__ void rope_kv_qkn_neox_f32(ROPE_KV_ARGS, ROPE_QKN_ARGS) {
-    rope_kv_qk_norm<true>(ROPE_QKN_PASS, nullptr, qn, kn, eps);
-}
-extern "C" __global__ void rope_kv_b_qkn_norm_f32(ROPE_KV_ARGS, const int* tab, ROPE_QKN_ARGS) {
-    rope_kv_qk_norm<false>(ROPE_QKN_PASS, tab, qn, kn, eps);
-}
-extern "C" __global__ void rope_kv_b_qkn_neox_f32(ROPE_KV_ARGS, const int* tab, ROPE_QKN_ARGS) {
-    rope_kv_qk_norm<true>(ROPE_QKN_PASS, tab, qn, kn, eps);
-}
+#define ROPE_QKN_KERNELS(SUFFIX, F)                                                                            \
+    extern "C" __global__ void rope_kv_qkn_norm_##SUFFIX(ROPE_KV_ARGS, ROPE_QKN_ARGS) {                        \
+        rope_kv_qk_norm<false, F>(ROPE_KV_PASS, nullptr, qn, kn, eps);                                         \
+    }                                                                                                          \
+    extern "C" __global__ void rope_kv_qkn_neox_##SUFFIX(ROPE_KV_ARGS, ROPE_QKN_ARGS) {                        \
+        rope_kv_qk_norm<true, F>(ROPE_KV_PASS, nullptr, qn, kn, eps);                                          \
+    }                                                                                                          \
+    extern "C" __global__ void rope_kv_b_qkn_norm_##SUFFIX(ROPE_KV_ARGS, const int* tab, ROPE_QKN_ARGS) {      \
+        rope_kv_qk_norm<false, F>(ROPE_KV_PASS, tab, qn, kn, eps);                                             \
+    }                                                                                                          \
+    extern "C" __global__ void rope_kv_b_qkn_neox_##SUFFIX(ROPE_KV_ARGS, const int* tab, ROPE_QKN_ARGS) {      \
+        rope_kv_qk_norm<true, F>(ROPE_KV_PASS, tab, qn, kn, eps);                                              \
+    }
+ROPE_QKN_KERNELS(f32, KV_F16)
+ROPE_QKN_KERNELS(q8_0, KV_Q8_0)
+ROPE_QKN_KERNELS(q4_0, KV_Q4_0)

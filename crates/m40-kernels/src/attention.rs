@@ -5,7 +5,7 @@ use m40_device::{DeviceBuffer, DeviceView, KernelArgs, Stream};
 use crate::decode::{DecodeOp, DecodeOpHead, OpArgs, DEC_MAX_HEAD_DIM, DEC_SHARED, DEC_THREADS};
 use crate::error::Result;
 use crate::launch::{cfg_shared as cfg, check_len, shape, to_i32};
-use crate::layout::KV_PAGE;
+use crate::layout::{KvType, KV_PAGE};
 use crate::Kernels;
 
 /// Largest head dimension attention supports (`attn_f32_r8`: 8 per lane).
@@ -240,52 +240,6 @@ pub fn attn_decodes(head_dim: usize, group: usize) -> bool {
     attn_dec_group(&s).is_some()
 }
 
-/// The decode kernel for `s` with `g` query heads a block (at most
-/// [`attn_dec_group`]'s, a power of two); with `batch`, its batched variant
-/// (`attn_dec_b_f32_*`).
-fn attn_dec_kernel(s: &AttnShape, g: usize, batch: bool) -> Option<&'static str> {
-    const NAMES: [[&[&str]; 3]; 2] = [
-        [
-            &[
-                "attn_dec_f32_d2_g1",
-                "attn_dec_f32_d2_g2",
-                "attn_dec_f32_d2_g4",
-                "attn_dec_f32_d2_g8",
-            ],
-            &[
-                "attn_dec_f32_d4_g1",
-                "attn_dec_f32_d4_g2",
-                "attn_dec_f32_d4_g4",
-                "attn_dec_f32_d4_g8",
-            ],
-            &["attn_dec_f32_d8_g1", "attn_dec_f32_d8_g2"],
-        ],
-        [
-            &[
-                "attn_dec_b_f32_d2_g1",
-                "attn_dec_b_f32_d2_g2",
-                "attn_dec_b_f32_d2_g4",
-                "attn_dec_b_f32_d2_g8",
-            ],
-            &[
-                "attn_dec_b_f32_d4_g1",
-                "attn_dec_b_f32_d4_g2",
-                "attn_dec_b_f32_d4_g4",
-                "attn_dec_b_f32_d4_g8",
-            ],
-            &["attn_dec_b_f32_d8_g1", "attn_dec_b_f32_d8_g2"],
-        ],
-    ];
-    let max = attn_dec_group(s)?;
-    if !g.is_power_of_two() || g > max {
-        return None;
-    }
-    let dpt = (s.head_dim / 64).trailing_zeros() as usize;
-    NAMES[batch as usize][dpt]
-        .get(g.trailing_zeros() as usize)
-        .copied()
-}
-
 /// Bytes of dynamic shared memory of `attn_dec_f32_*` for head dimension
 /// `hd` and `g` heads: q (g x hd), P (8 warps x 16 keys x g), the warps'
 /// maxima and sums (2 x 8 x g) and outputs (8 x g x hd), FP32.
@@ -325,17 +279,6 @@ pub const fn attn_tile_shared_bytes(hd: usize) -> usize {
     4 * (2 * hd * ATT_TILE_ROWS + KV_PAGE * ATT_TILE_ROWS)
 }
 
-const ATTN_KERNELS: [&str; 8] = [
-    "attn_f32_r1",
-    "attn_f32_r2",
-    "attn_f32_r3",
-    "attn_f32_r4",
-    "attn_f32_r5",
-    "attn_f32_r6",
-    "attn_f32_r7",
-    "attn_f32_r8",
-];
-
 /// Scratch for attention's split partials ([`AttnPlan::scratch_len`]).
 pub struct AttnScratch<'a> {
     pub part: &'a mut DeviceBuffer<f32>,
@@ -363,6 +306,7 @@ impl Kernels {
             q,
             kpool,
             vpool,
+            format,
             table,
             pos,
             sinks,
@@ -379,6 +323,7 @@ impl Kernels {
         check_len(K, "out", out.len(), rows * hd)?;
         let keys = s.start + s.n_tok;
         check_len(K, "table", table.len(), keys.div_ceil(KV_PAGE))?;
+        format.check_pool(K, kpool.len(), s.kv_dim(), hd)?;
         check_len(K, "vpool", vpool.len(), kpool.len())?;
         check_len(K, "pos", pos.len(), 1)?;
         if let Some(sk) = sinks {
@@ -402,9 +347,9 @@ impl Kernels {
                 return Err(shape(K, format!("grid {grid:?} too large")));
             }
             let name = if hd == 64 {
-                "attn_tile_f32_d4"
+                inputs.format.pick(&crate::kv_names!("attn_tile_f32_d4"))
             } else {
-                "attn_tile_f32_d8"
+                inputs.format.pick(&crate::kv_names!("attn_tile_f32_d8"))
             };
             let kernel = self.kernel("attention", name)?;
             // SAFETY: attn_tile_f32_d<hd / 16> (the parameters of
@@ -459,13 +404,14 @@ impl Kernels {
         // An op of the persistent kernel (crate::decode) where its blocks
         // hold the plan (4 warps, head dims up to 128); else this plan's
         // kernel: the warp kernel, or the decode kernel of one token.
-        let recordable = warps <= (DEC_THREADS / 32) as usize && hd <= DEC_MAX_HEAD_DIM;
+        let recordable =
+            warps <= (DEC_THREADS / 32) as usize && hd <= DEC_MAX_HEAD_DIM && format == KvType::F16;
         let mut c = cfg(grid, threads, smem as u32);
         let exec = self.exec(recordable, || match plan.dec_warps {
-            0 => self.kernel("attention", ATTN_KERNELS[hd.div_ceil(32) - 1]),
+            0 => self.kernel("attention", attn_warp_kernel(hd, format)),
             warps => {
                 let g = plan.dec_heads;
-                let name = attn_dec_kernel(s, g, false)
+                let name = attn_dec_kernel(s, g, false, format)
                     .filter(|_| warps <= ATT_DEC_MAX_WARPS)
                     .ok_or_else(|| {
                         shape(K, format!("plan {plan:?}: no decode kernel for {s:?}"))
@@ -546,6 +492,44 @@ impl Kernels {
         Ok(plan)
     }
 
+    /// The output of attention over quantized pages (`rows` head rows of
+    /// `head_dim` at the start of `x`) turned back from the values'
+    /// rotation (kernels/kvq.cuh), in place.
+    pub fn attn_unrotate(
+        &self,
+        stream: &Stream,
+        x: &mut DeviceBuffer<f32>,
+        rows: usize,
+        head_dim: usize,
+    ) -> Result<()> {
+        const K: &str = "attn_unrotate";
+        if !KvType::Q8_0.takes(head_dim) {
+            return Err(shape(
+                K,
+                format!("head_dim {head_dim}: a multiple of 64, at most 256"),
+            ));
+        }
+        if rows == 0 {
+            return Ok(());
+        }
+        check_len(K, "x", x.len(), rows * head_dim)?;
+        let kernel = self.kernel("attention", "attn_unrotate_f32")?;
+        let (r, hd) = (to_i32(K, "rows", rows)?, head_dim as i32);
+        let grid = (rows.div_ceil(8) as u32, 1, 1);
+        // SAFETY: attn_unrotate_f32(float* x, int rows, int hd): warp w of
+        // block b reads and writes row 8 b + w < rows of x (hd floats each;
+        // rows * hd <= x.len(), checked).
+        unsafe {
+            stream
+                .launch(&kernel)
+                .buf_mut(x)
+                .scalar(&r)
+                .scalar(&hd)
+                .run(cfg(grid, 256, 0))?
+        };
+        Ok(())
+    }
+
     /// Decode attention over a batch of sequences, one query token each
     /// (`attn_dec_b_f32_*`): token t (row t of q and out) at position
     /// pos[t] attends to its own sequence's keys 0 ..= pos[t], whose block
@@ -579,6 +563,8 @@ impl Kernels {
         }
         let keys = s.start + 1;
         check_len(K, "table", inputs.table.len(), keys.div_ceil(KV_PAGE))?;
+        let f = inputs.format;
+        f.check_pool(K, inputs.kpool.len(), s.kv_dim(), hd)?;
         check_len(K, "vpool", inputs.vpool.len(), inputs.kpool.len())?;
         if !inputs.q.is_aligned(16) {
             return Err(shape(K, "q must start at a multiple of 16 bytes".into()));
@@ -616,7 +602,7 @@ impl Kernels {
                 format!("{n} tokens x {zparts} head parts: grid too large"),
             ));
         }
-        let name = attn_dec_kernel(&one, heads, true).expect("attn_dec_group's shape");
+        let name = attn_dec_kernel(&one, heads, true, f).expect("attn_dec_group's shape");
         let kernel = self.kernel("attention", name)?;
         let zp = zparts as i32;
         let c = cfg(
@@ -666,13 +652,17 @@ fn attn_scalars(s: &AttnShape, plan: &AttnPlan) -> Result<AttnScalars> {
 }
 
 /// What attention reads: the queries (n_tok, n_head, head_dim) FP32, RoPE
-/// applied, and one sequence's pages of the FP16 KV pools: its block table
-/// and pos[0], its first query's position (read on the device).
+/// applied (and rotated as the keys were, for quantized pages), and one
+/// sequence's pages of the KV pools: its block table and pos[0], its
+/// first query's position (read on the device).
 #[derive(Clone, Copy)]
 pub struct AttnInputs<'x, 'v> {
     pub q: &'x DeviceView<'v, f32>,
     pub kpool: &'x DeviceView<'v, u16>,
     pub vpool: &'x DeviceView<'v, u16>,
+    /// The pools' page format: over quantized pages the output is in the
+    /// values' rotation ([`Kernels::attn_unrotate`] turns it back).
+    pub format: KvType,
     pub table: &'x DeviceView<'v, i32>,
     pub pos: &'x DeviceView<'v, i32>,
     /// Per query head a logit in the softmax's denominator with no value
@@ -769,6 +759,9 @@ fn push_combine<'l, A: KernelArgs<'l>>(
     };
     l.scalar(&sc[0]).scalar(&sc[1]).scalar(&sc[2])
 }
+
+mod names;
+use names::{attn_dec_kernel, attn_warp_kernel};
 
 #[cfg(test)]
 mod tests;

@@ -507,6 +507,15 @@ impl Kernels {
                         format!("RoPE folds into one token's GEMV of the normal style, not {m} tokens, {:?}", p.style),
                     ));
                 }
+                if r.kv.format != crate::KvType::F16 {
+                    return Err(shape(
+                        K,
+                        format!(
+                            "RoPE folds into a GEMV over FP16 pages, not {:?}",
+                            r.kv.format
+                        ),
+                    ));
+                }
                 let dims = [q_dim, kv_dim, kv_dim];
                 let parts = &r.parts;
                 if parts.is_empty() || parts.end > 3 {

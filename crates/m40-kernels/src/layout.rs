@@ -10,6 +10,84 @@ use crate::launch::{check_len, shape, to_i32};
 /// Tokens per page of the KV cache: `KV_PAGE` in kernels/attention.cu.
 pub const KV_PAGE: usize = 32;
 
+/// A kernel's names for FP16, Q8_0 and Q4_0 pages: `NAME` (or
+/// `NAME_f32` with `f32`) then `NAME_q8_0`, `NAME_q4_0`.
+#[macro_export]
+#[doc(hidden)]
+macro_rules! kv_names {
+    ($b:literal) => {
+        [$b, concat!($b, "_q8_0"), concat!($b, "_q4_0")]
+    };
+    ($b:literal, f32) => {
+        [
+            concat!($b, "_f32"),
+            concat!($b, "_q8_0"),
+            concat!($b, "_q4_0"),
+        ]
+    };
+}
+
+/// How the KV cache's pages store values (kernels/kvq.cuh): FP16, or
+/// blocks of 32 with an FP16 scale (ggml's Q8_0 and Q4_0 values, the
+/// quants of a page's rows before its scales), keys and values rotated
+/// before they are quantized.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KvType {
+    #[default]
+    F16,
+    Q8_0,
+    Q4_0,
+}
+
+impl KvType {
+    /// Bytes of one page of one layer's K (or V) pool, `kv_dim` values a row.
+    pub const fn page_bytes(self, kv_dim: usize) -> usize {
+        let values = KV_PAGE * kv_dim;
+        match self {
+            KvType::F16 => 2 * values,
+            KvType::Q8_0 => values / 32 * 34,
+            KvType::Q4_0 => values / 32 * 18,
+        }
+    }
+
+    /// Its kernel of a family: `names` lists FP16's, Q8_0's and Q4_0's
+    /// ([`kv_names!`](crate::kv_names)).
+    pub(crate) const fn pick(self, names: &[&'static str; 3]) -> &'static str {
+        names[self as usize]
+    }
+
+    /// Whether a quantized page takes heads of `head_dim` (the rotation's
+    /// runs: a multiple of 64, at most 256); FP16 takes any.
+    pub const fn takes(self, head_dim: usize) -> bool {
+        matches!(self, KvType::F16) || (head_dim.is_multiple_of(64) && head_dim <= 256)
+    }
+
+    /// An error unless pools of `len` u16 words hold whole pages of rows of
+    /// `kv_dim` values for heads of `head_dim`.
+    pub(crate) fn check_pool(
+        self,
+        kernel: &'static str,
+        len: usize,
+        kv_dim: usize,
+        head_dim: usize,
+    ) -> Result<()> {
+        if !self.takes(head_dim) {
+            return Err(shape(
+                kernel,
+                format!("{self:?} pages take head sizes that are multiples of 64 up to 256, not {head_dim}"),
+            ));
+        }
+        let page = self.page_bytes(kv_dim) / 2;
+        if page == 0 || !len.is_multiple_of(page) {
+            return Err(shape(
+                kernel,
+                format!("a pool of {len} words is not whole {self:?} pages of {page}"),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// A weight matrix on the device in its GGUF format: `rows` rows of `cols`
 /// weights, rows back to back.
 #[derive(Clone, Copy)]

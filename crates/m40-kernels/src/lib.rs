@@ -54,7 +54,7 @@ pub use gemm::{
 };
 pub use gemv::GemvPlan;
 pub use gemv_packed::{Fold, GemvLaunch, GemvOpts, GemvOut, RopeKv, PACKED_GEMV_MAX_TOKENS};
-pub use layout::{PackedMatrix, QMatrix, RowSplit, KV_PAGE};
+pub use layout::{KvType, PackedMatrix, QMatrix, RowSplit, KV_PAGE};
 pub use moe::{ExpertGlu, MoeShape, RouterNorm, RouterRoute, MOE_MAX_EXPERTS, MOE_ROUTER_MAX_ROWS};
 pub use pack::{interleave_glu, pack_gemv, PackFormat, PACK_ROWS};
 pub use rmsnorm::{AddResidual, PostNorm};

@@ -4,7 +4,7 @@ use m40_device::{DeviceBuffer, DeviceView, Stream};
 
 use crate::error::Result;
 use crate::launch::{cfg, check_len, shape, to_i32};
-use crate::layout::KV_PAGE;
+use crate::layout::{KvType, KV_PAGE};
 use crate::Kernels;
 
 /// Threads per block of kernels/rope.cu (`ROPE_THREADS`).
@@ -55,6 +55,9 @@ pub struct KvAppend<'a, 'c> {
     pub p: &'a RopeParams,
     pub kpool: &'c mut DeviceBuffer<u16>,
     pub vpool: &'c mut DeviceBuffer<u16>,
+    /// How the pools' pages store values (the queries are rotated with
+    /// the keys for a quantized one).
+    pub format: KvType,
     /// The sequence's block table: its pages, in order.
     pub table: &'a DeviceView<'a, i32>,
     pub max_start: usize,
@@ -180,6 +183,7 @@ impl Kernels {
             p,
             kpool,
             vpool,
+            format,
             table,
             max_start,
         } = kv;
@@ -213,18 +217,19 @@ impl Kernels {
             Some(_) => max_start + 1,
         };
         check_len(K, "table", table.len(), last.div_ceil(KV_PAGE))?;
-        let pages = kpool.len() / (KV_PAGE * kv_dim).max(1);
-        check_len(K, "vpool", vpool.len(), pages * KV_PAGE * kv_dim)?;
-        let name = match (p.style, tab.is_some(), norms.is_some()) {
-            (RopeStyle::Normal, false, false) => "rope_kv_norm_f32",
-            (RopeStyle::Neox, false, false) => "rope_kv_neox_f32",
-            (RopeStyle::Normal, true, false) => "rope_kv_b_norm_f32",
-            (RopeStyle::Neox, true, false) => "rope_kv_b_neox_f32",
-            (RopeStyle::Normal, false, true) => "rope_kv_qkn_norm_f32",
-            (RopeStyle::Neox, false, true) => "rope_kv_qkn_neox_f32",
-            (RopeStyle::Normal, true, true) => "rope_kv_b_qkn_norm_f32",
-            (RopeStyle::Neox, true, true) => "rope_kv_b_qkn_neox_f32",
+        format.check_pool(K, kpool.len(), kv_dim, hd)?;
+        check_len(K, "vpool", vpool.len(), kpool.len())?;
+        let names = match (p.style, tab.is_some(), norms.is_some()) {
+            (RopeStyle::Normal, false, false) => crate::kv_names!("rope_kv_norm", f32),
+            (RopeStyle::Neox, false, false) => crate::kv_names!("rope_kv_neox", f32),
+            (RopeStyle::Normal, true, false) => crate::kv_names!("rope_kv_b_norm", f32),
+            (RopeStyle::Neox, true, false) => crate::kv_names!("rope_kv_b_neox", f32),
+            (RopeStyle::Normal, false, true) => crate::kv_names!("rope_kv_qkn_norm", f32),
+            (RopeStyle::Neox, false, true) => crate::kv_names!("rope_kv_qkn_neox", f32),
+            (RopeStyle::Normal, true, true) => crate::kv_names!("rope_kv_b_qkn_norm", f32),
+            (RopeStyle::Neox, true, true) => crate::kv_names!("rope_kv_b_qkn_neox", f32),
         };
+        let name = format.pick(&names);
         let kernel = self.kernel("rope", name)?;
         let heads_per_block = (ROPE_THREADS as usize / (hd / 2)).max(1);
         let grid = (

@@ -497,6 +497,22 @@ impl Engine {
     }
 }
 
+/// The GPU's page format for `asked`: itself where the GPU takes it for
+/// this model, else FP16 with a warning (an encoder's cache, a head size
+/// the quantized pages' rotation does not take).
+fn gpu_kv_format(hp: &m40_gguf::HyperParams, asked: m40_model::KvFormat) -> m40_model::KvFormat {
+    if GpuBackend::takes_kv_format(hp, asked) {
+        return asked;
+    }
+    tracing::warn!(
+        "a {} KV cache on the GPU takes decoders with head sizes that are multiples of 64 (at most 256): \
+         this model's KV cache is f16 (head size {})",
+        asked.name(),
+        hp.head_dim
+    );
+    m40_model::KvFormat::F16
+}
+
 /// The backend `opts` asks for; with Auto, the CPU when there is no GPU or
 /// the model does not fit it (and why).
 fn pick_backend(
@@ -532,13 +548,6 @@ fn pick_backend(
         return Ok((cpu()?, None));
     }
     let device = match m40_device::Device::open(opts.gpu) {
-        Ok(d) if opts.kv_type != m40_model::KvFormat::F16 => {
-            tracing::warn!(
-                "a {} KV cache runs on the CPU only so far: the GPU's KV cache is f16",
-                opts.kv_type.name()
-            );
-            d
-        }
         Ok(d) => d,
         Err(e) if opts.backend == BackendChoice::Auto => {
             return Ok((cpu()?, Some(format!("no GPU: {e}"))));
@@ -559,6 +568,7 @@ fn pick_backend(
         kernel_progress: opts.kernel_progress.as_ref().map(|p| p.0.clone()),
         jit_threads: opts.jit_threads,
         memory_limit: opts.memory_limit,
+        kv_format: gpu_kv_format(model.hparams(), opts.kv_type),
         ..Default::default()
     };
     match GpuBackend::new(device, model.clone(), gpu_opts) {

@@ -4,6 +4,9 @@ use super::common::{batch_tables, write_kv};
 use super::*;
 use m40_kernels::{AttnInputs, AttnShape};
 
+// Pages of Q8_0 and Q4_0 (kernels/kvq.cuh, included by attention.cuh).
+mod kvq;
+
 /// The causal attention of one sequence in f64 from FP16-rounded K and V:
 /// q (n_tok, n_head, hd), k and v (n_keys, n_kv * hd), query i at position
 /// start + i; scores as `s.scores` says (scale, soft-cap, window); each
@@ -15,13 +18,29 @@ fn attention_reference(
     s: &AttnShape,
     sinks: Option<&[f32]>,
 ) -> Vec<f32> {
+    attention_reference_with(q, k, v, s, sinks, true)
+}
+
+/// [`attention_reference`], K and V as they are where `!fp16` (the tile
+/// and decode kernels' dequantized pages).
+pub(super) fn attention_reference_with(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    s: &AttnShape,
+    sinks: Option<&[f32]>,
+    fp16: bool,
+) -> Vec<f32> {
     let (n_tok, start, n_head, n_kv, hd) = (s.n_tok, s.start, s.n_head, s.n_head_kv, s.head_dim);
     let scale = s
         .scores
         .scale
         .map_or(1.0 / (hd as f64).sqrt(), |v| v as f64);
     let cap = s.scores.softcap as f64;
-    let r = |x: f32| half::f16::from_f32(x).to_f32() as f64;
+    let r = |x: f32| match fp16 {
+        true => half::f16::from_f32(x).to_f32() as f64,
+        false => x as f64,
+    };
     let kv_dim = n_kv * hd;
     let group = n_head / n_kv;
     let mut out = vec![0f32; n_tok * n_head * hd];
@@ -70,7 +89,7 @@ fn attention_reference(
 /// One attention launch under `plan` (None: the launcher's; `p` is the
 /// plan it will take, for the scratch): its output (poisoned before) and
 /// the plan it ran.
-fn run_attention(
+pub(super) fn run_attention(
     s: &Stream,
     k: &Kernels,
     shape: &AttnShape,
@@ -270,6 +289,7 @@ fn paged_attention_matches_cpu() {
             q: &qg.view(),
             kpool: &kpool.view(),
             vpool: &vpool.view(),
+            format: m40_kernels::KvType::F16,
             table: &tg.view(),
             pos: &pos.view(),
             sinks: sv.as_ref(),
@@ -352,6 +372,7 @@ fn batched_decode_attention_matches_cpu() {
         q: &z.view(),
         kpool: &p16.view(),
         vpool: &p16.view(),
+        format: m40_kernels::KvType::F16,
         table: &i2.view(),
         pos: &i2.view(),
         sinks: None,
@@ -425,6 +446,7 @@ fn batched_decode_case(
         q: &qg.view(),
         kpool: &kpool.view(),
         vpool: &vpool.view(),
+        format: m40_kernels::KvType::F16,
         table: &tg.view(),
         pos: &pg.view(),
         sinks: sv.as_ref(),

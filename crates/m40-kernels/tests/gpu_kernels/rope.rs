@@ -143,6 +143,7 @@ fn rope_kv_append_matches_cpu() {
                     p: &p,
                     kpool: &mut kpool,
                     vpool: &mut vpool,
+                    format: m40_kernels::KvType::F16,
                     table: &tg.view(),
                     max_start: start,
                 };
@@ -243,6 +244,7 @@ fn rope_kv_append_batch_matches_cpu() {
                     p: &p,
                     kpool: &mut kpool,
                     vpool: &mut vpool,
+                    format: m40_kernels::KvType::F16,
                     table: &tg.view(),
                     max_start: *pos.iter().max().unwrap(),
                 },

@@ -40,7 +40,7 @@ pub(crate) struct Rows(pub(crate) KvFormat);
 /// An orthonormal Walsh-Hadamard rotation of each run of `n` values of
 /// `x` (`n` a power of two): spreads an outlier over its block before a
 /// quantized page's blocks take one scale each, and is its own inverse.
-pub(crate) fn rotate(x: &mut [f32], n: usize) {
+pub fn rotate(x: &mut [f32], n: usize) {
     let scale = 1.0 / (n as f32).sqrt();
     for b in x.chunks_exact_mut(n) {
         let mut h = 1;

@@ -22,7 +22,7 @@ use crate::error::{ModelError, Result};
 use crate::paged::PagedCache;
 use crate::{Backend, KvFormat, KvState, Logits, Model, SeqStep, StepOut, Want, DEFAULT_SEQUENCES};
 use encoder::{layernorm_bias, EncoderInput, EncoderLayer};
-pub use kv::PAGE_TOKENS;
+pub use kv::{rotate as kv_rotate, PAGE_TOKENS};
 use kv::{row_at, HostPages, LayerPages};
 use m40_gguf::TensorView;
 use matmul::matmul;

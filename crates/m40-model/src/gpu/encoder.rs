@@ -273,6 +273,8 @@ impl GpuBackend {
                 p: &enc.rope,
                 kpool: &mut pools.k[l],
                 vpool: &mut pools.v[l],
+                // An encoder's pool is FP16 (GpuBackend::takes_kv_format).
+                format: m40_kernels::KvType::F16,
                 table: &table,
                 max_start: max_pos,
             };

@@ -17,7 +17,7 @@ use super::ops::{HeadNorms, Join, LayerOps};
 use super::residual::{Input, Residual};
 use super::weights::{Ffn, Layer, Mat, MatView, Stack};
 use super::workspace::{norm_bufs, res_bufs, Norm, Res, Select, Workspace, LOGIT_ROWS};
-use super::{GpuBackend, State};
+use super::{kv_type, GpuBackend, State};
 use crate::error::Result;
 use crate::{KvState, Logits};
 
@@ -395,6 +395,7 @@ impl GpuBackend {
             p: rope,
             kpool: &mut pools.k[l],
             vpool: &mut pools.v[l],
+            format: kv_type(self.kv_layout.format),
             table: &table,
             max_start,
         };
@@ -474,6 +475,7 @@ impl GpuBackend {
             q: &w.q.slice(0..n * q_dim)?,
             kpool: &pools.k[l].view(),
             vpool: &pools.v[l].view(),
+            format: kv_type(self.kv_layout.format),
             table: &table,
             pos: &pos_v,
             sinks: sinks.as_ref(),
@@ -489,6 +491,10 @@ impl GpuBackend {
                 };
                 k.attention(s, &shape, &inputs, &mut w.att, Some(scratch), Some(plan))?;
             }
+        }
+        if inputs.format != m40_kernels::KvType::F16 {
+            // Over quantized pages the output is in the values' rotation.
+            k.attn_unrotate(s, &mut w.att, n * hp.n_head, hd)?;
         }
         let av = w.att.view();
         // gpt-oss's output bias joins x first (x is up to date here: the

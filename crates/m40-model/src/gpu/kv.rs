@@ -1,5 +1,6 @@
 //! The GPU's paged KV cache: one pool of pages per layer for K and one for
-//! V (FP16, KV_PAGE tokens a page, the layout of kernels/attention.cu).
+//! V (KV_PAGE tokens a page, in the pool's format: the layout of
+//! kernels/attention.cuh and kernels/kvq.cuh).
 //! Which pages a sequence holds is `crate::paged`'s accounting.
 
 use m40_device::{DeviceBuffer, Stream};
@@ -7,7 +8,7 @@ use m40_kernels::KV_PAGE;
 
 use crate::error::Result;
 pub use crate::paged::PagePool;
-use crate::{KvFormat, KvLayout};
+use crate::KvLayout;
 
 /// A sequence's KV cache on the GPU: pages of the backend's pool.
 pub type GpuCache = crate::paged::PagedCache;
@@ -16,21 +17,21 @@ pub type GpuCache = crate::paged::PagedCache;
 pub(super) struct Pools {
     pub(super) k: Vec<DeviceBuffer<u16>>,
     pub(super) v: Vec<DeviceBuffer<u16>>,
-    /// FP16 values per page of one layer's K (or V).
+    /// 16-bit words per page of one layer's K (or V).
     page_len: usize,
 }
 
 impl Pools {
-    /// `n_pages` pages of `layout` (its format FP16: a page's values are
-    /// u16 bits).
+    /// `n_pages` pages of `layout` (held as 16-bit words: a half, or two
+    /// bytes of a quantized page).
     pub(super) fn new(stream: &Stream, layout: KvLayout, n_pages: usize) -> Result<Pools> {
-        assert_eq!(
-            layout.format,
-            KvFormat::F16,
-            "the GPU's pools hold FP16 pages"
-        );
         assert_eq!(layout.page_tokens, KV_PAGE, "the attention kernels' page");
-        let page_len = layout.page_values();
+        let page_len = (layout.format.bytes(layout.page_values()) / 2) as usize;
+        debug_assert_eq!(
+            2 * page_len,
+            super::kv_type(layout.format).page_bytes(layout.kv_dim),
+            "the kernels' page"
+        );
         let pool = |what: &str| -> Result<Vec<DeviceBuffer<u16>>> {
             (0..layout.n_layer)
                 .map(|_| Ok(stream.alloc::<u16>(n_pages * page_len, what)?))

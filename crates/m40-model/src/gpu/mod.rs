@@ -117,6 +117,13 @@ pub struct GpuOptions {
     /// Kernel modules loaded at once (the driver JIT-compiles each on a
     /// first run); default one a core, 1 one after another.
     pub jit_threads: Option<usize>,
+    /// How the KV pool's pages store values: FP16, or Q8_0 / Q4_0 blocks
+    /// (kernels/kvq.cuh: keys and values rotated, then quantized by the
+    /// append; dequantized in registers by attention), which take heads
+    /// of a multiple of 64 up to 256 and decoder layers
+    /// ([`GpuBackend::takes_kv_format`]). A quantized pool turns the
+    /// persistent decode kernel off (its attention reads FP16).
+    pub kv_format: KvFormat,
 }
 
 impl Default for GpuOptions {
@@ -135,6 +142,7 @@ impl Default for GpuOptions {
             batch_decode: true,
             jit_threads: None,
             memory_limit: None,
+            kv_format: KvFormat::F16,
         }
     }
 }
@@ -183,14 +191,38 @@ pub struct GpuBackend {
     gemm_part: Mutex<DeviceBuffer<f32>>,
 }
 
+/// [`GpuBackend::takes_kv_format`] of heads of `head_dim`.
+fn takes_kv(format: KvFormat, head_dim: usize, encoder: bool) -> bool {
+    format == KvFormat::F16 || (!encoder && kv_type(format).takes(head_dim))
+}
+
+/// The kernels' name for a page format.
+pub(super) fn kv_type(f: KvFormat) -> m40_kernels::KvType {
+    match f {
+        KvFormat::Q8_0 => m40_kernels::KvType::Q8_0,
+        KvFormat::Q4_0 => m40_kernels::KvType::Q4_0,
+        _ => m40_kernels::KvType::F16,
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl GpuBackend {
     /// The backend for `model` on `device` (`Device::open(ordinal)`).
-    pub fn new(device: Arc<Device>, model: Arc<Model>, opts: GpuOptions) -> Result<Self> {
+    pub fn new(device: Arc<Device>, model: Arc<Model>, mut opts: GpuOptions) -> Result<Self> {
         let hp = model.hparams().clone();
+        if !Self::takes_kv_format(&hp, opts.kv_format) {
+            return Err(ModelError::Unsupported(format!(
+                "a {} KV cache on the GPU for {} heads of {} (head sizes that are multiples of 64, \
+                 at most 256; decoders only)",
+                opts.kv_format.name(),
+                hp.arch.name(),
+                hp.head_dim
+            )));
+        }
+        opts.persistent &= opts.kv_format == KvFormat::F16;
         if hp.head_dim > MAX_HEAD_DIM || !hp.head_dim.is_multiple_of(2) {
             return Err(ModelError::Unsupported(format!(
                 "head dimension {} on the GPU (even, at most {MAX_HEAD_DIM})",
@@ -295,10 +327,11 @@ impl GpuBackend {
         // NeoX heads uploaded with their pairs adjacent rotate as llama's.
         let adjacent = weights::neox_pairs_adjacent(&opts, &hp);
         let ropes = Ropes::upload(&model, adjacent, &stream)?;
-        let ops = LayerOps::plan(&hp, &weights, &kernels, opts.fuse, ropes.style());
+        let quant_kv = opts.kv_format != KvFormat::F16;
+        let ops = LayerOps::plan(&hp, &weights, &kernels, opts.fuse, ropes.style(), quant_kv);
         let after_weights = used();
 
-        let layout = KvLayout::new(&hp, KV_PAGE, KvFormat::F16);
+        let layout = KvLayout::new(&hp, KV_PAGE, opts.kv_format);
         let n_pages = layout.pages_for(kv_tokens).max(1);
         let pools = Pools::new(&stream, layout, n_pages)?;
         let after_kv = used();
@@ -350,6 +383,13 @@ impl GpuBackend {
 
     pub fn device(&self) -> &Arc<Device> {
         self.kernels.device()
+    }
+
+    /// Whether the GPU holds `hp`'s KV cache in `format`: FP16 always; a
+    /// quantized format for decoders whose head size is a multiple of 64,
+    /// at most 256 (the rotation's runs, the kernels' head sizes).
+    pub fn takes_kv_format(hp: &HyperParams, format: KvFormat) -> bool {
+        takes_kv(format, hp.head_dim, hp.arch.encoder())
     }
 
     /// Replay decode steps from a CUDA graph (on), or launch every kernel
@@ -558,6 +598,20 @@ impl GpuBackend {
 mod tests {
     use super::plan::max_kv_tokens;
     use super::*;
+
+    #[test]
+    fn quantized_pages_take_decoder_heads_of_multiples_of_64() {
+        for f in KvFormat::ALL {
+            for hd in [64, 128, 192, 256] {
+                assert!(takes_kv(f, hd, false), "{f:?} {hd}");
+            }
+            let f16 = f == KvFormat::F16;
+            assert_eq!(takes_kv(f, 96, false), f16, "{f:?} 96");
+            assert_eq!(takes_kv(f, 512, false), f16, "{f:?} 512");
+            // An encoder's cache is read by the encoder's FP16 kernels.
+            assert_eq!(takes_kv(f, 64, true), f16, "{f:?} encoder");
+        }
+    }
 
     #[test]
     fn the_kv_pool_that_fits_is_the_largest_whole_pages_within_the_limit() {

@@ -44,7 +44,7 @@ pub(super) struct LayerOps {
     pub(super) bias_apart: bool,
     pub(super) head_norms: HeadNorms,
     /// The Q/K/V GEMVs add the biases, rotate and append to the cache
-    /// (packed stacks, no head norms, llama's pairing).
+    /// (packed stacks, no head norms, llama's pairing, FP16 pages).
     pub(super) one_token_rope: bool,
     pub(super) attn_join: Join,
     pub(super) ffn_join: Join,
@@ -62,13 +62,15 @@ pub(super) struct LayerOps {
 impl LayerOps {
     /// Every layer's ops. `fuse`: `GpuOptions::fuse`; `style`: the pairing
     /// the RoPE kernels are given (NeoX heads uploaded adjacent rotate as
-    /// llama's).
+    /// llama's); `quant_kv`: the pool's pages are quantized (appended by
+    /// the RoPE launch, which rotates and quantizes whole heads).
     pub(super) fn plan(
         hp: &HyperParams,
         weights: &Weights,
         kernels: &Kernels,
         fuse: bool,
         style: RopeStyle,
+        quant_kv: bool,
     ) -> Vec<LayerOps> {
         let hd = hp.head_dim;
         // A norm folds into the GEMVs after it (and the GEMV before it
@@ -132,7 +134,8 @@ impl LayerOps {
                     one_token_rope: fuse
                         && layer.qkv.iter().all(|st| st.mat.packed)
                         && !b.head_norms
-                        && style == RopeStyle::Normal,
+                        && style == RopeStyle::Normal
+                        && !quant_kv,
                     attn_join,
                     ffn_join,
                     one_token_ffn_norm: ffn_norm,

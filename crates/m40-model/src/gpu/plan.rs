@@ -11,7 +11,7 @@ use super::tuning::{GEMM_SHARE, KV_FIT_HEADROOM, MIN_STEP_TOKENS, STEP_TARGET_S}
 use super::weights::device_bytes;
 use super::workspace::Workspace;
 use super::{GpuOptions, KV_PAGE};
-use crate::{KvFormat, KvLayout, Model};
+use crate::{KvLayout, Model};
 
 pub(super) fn gib(b: u64) -> String {
     format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
@@ -44,7 +44,7 @@ pub(super) fn memory_needed(
         + file
             .tensor_info("rope_freqs.weight")
             .map_or(0, |t| t.n_bytes);
-    let layout = KvLayout::new(hp, KV_PAGE, KvFormat::F16);
+    let layout = KvLayout::new(hp, KV_PAGE, opts.kv_format);
     let pages = layout.pages_for(kv_tokens);
     let kv = layout.pool_bytes(pages);
     let (part, ml) = dec_scratch(hp, pages.max(1), sm_count, opts.decode_attention);

@@ -109,6 +109,7 @@ fn qkv_gemv_with_rope_kv_matches_the_unfolded_path() {
                     p: &p,
                     kpool: &mut kp0,
                     vpool: &mut vp0,
+                    format: m40_kernels::KvType::F16,
                     table: &table.view(),
                     max_start: start,
                 };
@@ -158,6 +159,7 @@ fn qkv_gemv_with_rope_kv_matches_the_unfolded_path() {
                                 p: &p,
                                 kpool: &mut kp,
                                 vpool: &mut vp,
+                                format: m40_kernels::KvType::F16,
                                 table: &tv,
                                 max_start: start,
                             },
@@ -252,6 +254,7 @@ fn qkv_gemv_with_rope_kv_matches_the_unfolded_path() {
                         p: &p,
                         kpool: &mut kp,
                         vpool: &mut vp,
+                        format: m40_kernels::KvType::F16,
                         table: &tv,
                         max_start: start,
                     },
