@@ -106,42 +106,49 @@ __device__ __forceinline__ float2 attn_lds2(const float* p) {
 // before it stores any: one memory round trip per page, where a loop of
 // 4-byte loads and stores was one per iteration (8B decode at depth 4096
 // spent most of its attention time there). A quantized page (F: kvq.cuh;
-// hd a multiple of 64) is staged the same way, 8 values a load, each
-// dequantized and rounded to FP16 (this kernel's shared rows are halves:
-// FP32 rows of hd 256 would not fit 48 KB).
+// hd a multiple of 64) is staged as its quants (K rows padded by a word)
+// and its scales in FP32 (rows of hd / 32 + 1), which attn_block
+// dequantizes as it reads them (FP32 rows of hd 256 would not fit 48 KB).
 #define ATT_STAGE_U 4
 template <int F>
 __device__ __forceinline__ void attn_stage(const AttnArgs& a, int g, int j0, int end, u32* Ks, u32* Vs) {
     const int hw = a.hd >> 1, kv_dim = a.n_head_kv * a.hd;
     const long long page = a.table[j0 / KV_PAGE];
     if (F != KV_F16) {
-        const int hq = a.hd >> 3, n = KV_PAGE * hq;  // 8-value loads per row, per page
+        // Quantized: the rows' quants as they are (attn_qrows), their
+        // scales as FP32, each at most ATT_STAGE_U words a thread in
+        // flight; attn_block dequantizes as it reads.
+        const int words = a.hd * KvBits<F>::v / 32, sb = a.hd / 32 + 1, n = KV_PAGE * words;
+        u32* Kq = Ks;
+        u32* Vq = Kq + KV_PAGE * (words + 1);
+        float* Ksc = (float*)(Vq + KV_PAGE * words);
+        float* Vsc = Ksc + KV_PAGE * sb;
         for (int e0 = threadIdx.x; e0 < n; e0 += ATT_STAGE_U * blockDim.x) {
-            KvVals<F, 8> kv[ATT_STAGE_U], vv[ATT_STAGE_U];
+            u32 kq[ATT_STAGE_U], vq[ATT_STAGE_U];
 #pragma unroll
             for (int u = 0; u < ATT_STAGE_U; ++u) {
-                const int e = e0 + u * blockDim.x, jj = e / hq, w = e % hq;
+                const int e = e0 + u * blockDim.x, jj = e / words, w = e % words;
                 const bool ok = e < n && j0 + jj < end;
-                const int d = g * a.hd + 8 * w;
-                kv_load(kv[u], kv_row_ptr<F>(a.kpool, page, jj % KV_PAGE, kv_dim), d, ok);
-                kv_load(vv[u], kv_row_ptr<F>(a.vpool, page, jj % KV_PAGE, kv_dim), d, ok);
+                const KvRowPtr kr = kv_row_ptr<F>(a.kpool, page, jj % KV_PAGE, kv_dim);
+                const KvRowPtr vr = kv_row_ptr<F>(a.vpool, page, jj % KV_PAGE, kv_dim);
+                const int off = g * a.hd * KvBits<F>::v / 8 + 4 * w;
+                kq[u] = ok ? *(const u32*)(kr.q + off) : 0u;
+                vq[u] = ok ? *(const u32*)(vr.q + off) : 0u;
             }
 #pragma unroll
             for (int u = 0; u < ATT_STAGE_U; ++u) {
-                const int e = e0 + u * blockDim.x, jj = e / hq, w = e % hq;
-                if (e < n) {
-                    float fk[8], fv[8];
-                    kv_f32(kv[u], fk);
-                    kv_f32(vv[u], fv);
-                    u32* kr = Ks + jj * (hw + 1) + 4 * w;
-                    u32* vr = Vs + jj * hw + 4 * w;
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) {
-                        kr[i] = (u32)f2h(fk[2 * i]) | ((u32)f2h(fk[2 * i + 1]) << 16);
-                        vr[i] = (u32)f2h(fv[2 * i]) | ((u32)f2h(fv[2 * i + 1]) << 16);
-                    }
-                }
+                const int e = e0 + u * blockDim.x, jj = e / words, w = e % words;
+                if (e < n) Kq[jj * (words + 1) + w] = kq[u], Vq[jj * words + w] = vq[u];
             }
+        }
+        const int nb = a.hd / 32;
+        for (int e = threadIdx.x; e < KV_PAGE * nb; e += blockDim.x) {
+            const int jj = e / nb, b = e % nb;
+            const bool ok = j0 + jj < end;
+            const KvRowPtr kr = kv_row_ptr<F>(a.kpool, page, jj, kv_dim);
+            const KvRowPtr vr = kv_row_ptr<F>(a.vpool, page, jj, kv_dim);
+            Ksc[jj * sb + b] = ok ? h2f(kr.s[g * nb + b]) : 0.0f;
+            Vsc[jj * sb + b] = ok ? h2f(vr.s[g * nb + b]) : 0.0f;
         }
         return;
     }
@@ -177,6 +184,42 @@ __device__ __forceinline__ void attn_stage(const AttnArgs& a, int g, int j0, int
         Ks[jj * (hw + 1) + w] = ok ? kp[jj * row_words + w] : 0u;
         Vs[jj * hw + w] = ok ? vp[jj * row_words + w] : 0u;
     }
+}
+
+// The staged quantized page (attn_stage's layout): q.k of key `key`
+// (queries scaled, FP32; each block's sum times its scale).
+template <int F>
+__device__ __forceinline__ float attn_qscore(const float* qs, const u32* Ks, int key, int hd) {
+    const int words = hd * KvBits<F>::v / 32, sb = hd / 32 + 1, wb = words / (hd / 32);
+    const u32* kr = Ks + key * (words + 1);
+    const float* sc = (const float*)(Ks + KV_PAGE * (2 * words + 1)) + key * sb;
+    float s = 0.0f;
+    for (int b = 0; b < hd / 32; ++b) {
+        float t = 0.0f;
+        for (int w = 0; w < wb; ++w) {
+            const u32 kk = kr[b * wb + w];
+            const float* q = qs + 32 * b + (32 / wb) * w;
+            if (F == KV_Q8_0) {
+#pragma unroll
+                for (int c = 0; c < 4; ++c) t = fmaf(q[c], (float)(signed char)(kk >> (8 * c)), t);
+            } else {
+#pragma unroll
+                for (int c = 0; c < 8; ++c) t = fmaf(q[c], (float)((int)((kk >> (4 * c)) & 15) - 8), t);
+            }
+        }
+        s = fmaf(t, sc[b], s);
+    }
+    return s;
+}
+
+// The staged quantized page: value d of key `key`'s V row, FP32.
+template <int F>
+__device__ __forceinline__ float attn_qvalue(const u32* Ks, int key, int d, int hd) {
+    const int words = hd * KvBits<F>::v / 32, sb = hd / 32 + 1;
+    const u8* vq = (const u8*)(Ks + KV_PAGE * (words + 1)) + key * words * 4;
+    const float* vsc = (const float*)(Ks + KV_PAGE * (2 * words + 1)) + KV_PAGE * sb + key * sb;
+    const float x = F == KV_Q8_0 ? (float)(signed char)vq[d] : (float)((int)((vq[d / 2] >> (4 * (d & 1))) & 15) - 8);
+    return x * vsc[d / 32];
 }
 
 // Block (bx, by, z) of a grid (_, _, splits): bx the token block, by the
@@ -221,12 +264,16 @@ __device__ __forceinline__ void attn_block(const AttnArgs& a, float* smem, int b
         // (A chunk the warp does not skip holds one of its keys.)
         if (!active || j0 >= my_end || j0 + KV_PAGE <= my_lo) continue;
         // Lane l scores key j0 + l.
-        const u32* kr = Ks + lane * (hw + 1);
         float s = 0.0f;
-        for (int w = 0; w < hw; ++w) {
-            const u32 kk = kr[w];
-            s = fmaf(qs[2 * w], h2f((u16)(kk & 0xffff)), s);
-            s = fmaf(qs[2 * w + 1], h2f((u16)(kk >> 16)), s);
+        if (F == KV_F16) {
+            const u32* kr = Ks + lane * (hw + 1);
+            for (int w = 0; w < hw; ++w) {
+                const u32 kk = kr[w];
+                s = fmaf(qs[2 * w], h2f((u16)(kk & 0xffff)), s);
+                s = fmaf(qs[2 * w + 1], h2f((u16)(kk >> 16)), s);
+            }
+        } else {
+            s = attn_qscore<F>(qs, Ks, lane, hd);
         }
         s = attn_softcap(a, s);
         if (j0 + lane >= my_end || j0 + lane < my_lo) s = ATT_NEG_INF;
@@ -245,7 +292,7 @@ __device__ __forceinline__ void attn_block(const AttnArgs& a, float* smem, int b
 #pragma unroll
             for (int r = 0; r < R; ++r) {
                 const int d = lane + 32 * r;
-                if (d < hd) acc[r] = fmaf(pj, h2f(vr[d]), acc[r]);
+                if (d < hd) acc[r] = fmaf(pj, F == KV_F16 ? h2f(vr[d]) : attn_qvalue<F>(Ks, jj, d, hd), acc[r]);
             }
         }
     }
