@@ -224,7 +224,16 @@ fn llama_bench_args(path: &Path, a: &Args) -> Vec<std::ffi::OsString> {
         v.push("-d".into());
         v.push(format!("0,{}", a.depth).into());
     }
+    v.extend(llama_kv_args(a));
     v
+}
+
+/// llama.cpp's flags for `a.kv_type` (none for f16).
+pub(super) fn llama_kv_args(a: &Args) -> Vec<std::ffi::OsString> {
+    match a.kv_type.name() {
+        "f16" => Vec::new(),
+        t => ["-ctk", t, "-ctv", t].into_iter().map(Into::into).collect(),
+    }
 }
 
 /// llama-bench's figures for the same tests, if it is on PATH and runs.
@@ -343,6 +352,7 @@ fn bench(path: &PathBuf, label: &str, a: &Args) -> Result<()> {
             fuse: !a.no_fuse,
             persistent: a.persistent,
             decode_attention: !a.warp_attention,
+            kv_format: a.kv_type,
             ..Default::default()
         },
     )?;

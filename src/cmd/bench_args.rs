@@ -21,6 +21,10 @@ pub struct Args {
     /// Context depth of the second tg test (0 skips it).
     #[arg(short = 'd', long, default_value_t = 4096)]
     pub depth: usize,
+    /// How the KV cache stores K and V: f16, q8_0 or q4_0 (`run --kv-type`;
+    /// llama-bench and llama-batched-bench get the same as -ctk / -ctv).
+    #[arg(long, value_name = "TYPE", default_value = "f16", value_parser = m40_runtime::KvFormat::parse)]
+    pub kv_type: m40_runtime::KvFormat,
     /// KV cache size in tokens (0: what the tests need). A server's
     /// context (e.g. 8192) makes the decode steps plan their attention as
     /// they would there.

@@ -187,7 +187,7 @@ pub fn run(path: &Path, label: &str, a: &Args) -> Result<()> {
         } else {
             CpuMath::Quantized
         };
-        let cpu = CpuBackend::with_kv(model.clone(), math, kv_tokens)?;
+        let cpu = CpuBackend::within(model.clone(), math, kv_tokens, a.kv_type, None)?;
         ("CPU".to_string(), table(&cpu, a, schema.as_ref())?)
     } else {
         let dev = m40_device::Device::open(a.gpu).context("opening the GPU (or use --cpu)")?;
@@ -199,6 +199,7 @@ pub fn run(path: &Path, label: &str, a: &Args) -> Result<()> {
             GpuOptions {
                 kv_tokens,
                 batch_decode: !a.batch_invariant,
+                kv_format: a.kv_type,
                 ..Default::default()
             },
         )?;
@@ -291,6 +292,7 @@ fn llama_batched_bench(path: &Path, a: &Args, ctx: usize) -> Option<Vec<(usize, 
         ])
         .args(["-npp", &a.npp.to_string(), "-ntg", &a.ntg.to_string()])
         .args(["-npl", &npl.join(",")])
+        .args(super::bench::llama_kv_args(a))
         .output()
         .ok()?;
     if !out.status.success() {

@@ -48,7 +48,7 @@ pub fn run(path: &Path, label: &str, a: &Args) -> Result<()> {
     };
     let model = Arc::new(Model::open(path)?);
     // KV pages for one sequence of the longer test.
-    let cpu = CpuBackend::with_kv(model, math, a.n_prompt.max(a.n_gen))?;
+    let cpu = CpuBackend::within(model, math, a.n_prompt.max(a.n_gen), a.kv_type, None)?;
     let n_vocab = cpu.hparams().n_vocab;
     let math_name = match math {
         CpuMath::Quantized => "8-bit inputs",

@@ -58,9 +58,14 @@ pub(super) enum MatView<'a> {
 /// q . k is the same over any one order of a head's dimensions applied to
 /// both, so nothing downstream changes (the cache holds K in that order).
 /// With `fuse` (the fold's switch) and no head norms (whose fold would need
-/// the whole head).
+/// the whole head), over FP16 pages: a quantized page's blocks are the
+/// head's dimensions in the model's order, rotated as the CPU rotates
+/// them (the same blocks on both), and its keys take no fold.
 pub(super) fn neox_pairs_adjacent(opts: &GpuOptions, hp: &HyperParams) -> bool {
-    opts.fuse && hp.rope_style == RopeStyle::Neox && !hp.qk_norm
+    opts.fuse
+        && hp.rope_style == RopeStyle::Neox
+        && !hp.qk_norm
+        && opts.kv_format == crate::KvFormat::F16
 }
 
 /// `rows` (`width` elements a row; heads of `head_dim` rows) with each
