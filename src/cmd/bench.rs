@@ -224,16 +224,8 @@ fn llama_bench_args(path: &Path, a: &Args) -> Vec<std::ffi::OsString> {
         v.push("-d".into());
         v.push(format!("0,{}", a.depth).into());
     }
-    v.extend(llama_kv_args(a));
+    v.extend(a.llama_kv_args());
     v
-}
-
-/// llama.cpp's flags for `a.kv_type` (none for f16).
-pub(super) fn llama_kv_args(a: &Args) -> Vec<std::ffi::OsString> {
-    match a.kv_type.name() {
-        "f16" => Vec::new(),
-        t => ["-ctk", t, "-ctv", t].into_iter().map(Into::into).collect(),
-    }
 }
 
 /// llama-bench's figures for the same tests, if it is on PATH and runs.

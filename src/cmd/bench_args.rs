@@ -91,3 +91,13 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     pub json_schema: Option<std::path::PathBuf>,
 }
+
+impl Args {
+    /// llama.cpp's flags for `--kv-type` (none for f16).
+    pub fn llama_kv_args(&self) -> Vec<std::ffi::OsString> {
+        match self.kv_type.name() {
+            "f16" => Vec::new(),
+            t => ["-ctk", t, "-ctv", t].into_iter().map(Into::into).collect(),
+        }
+    }
+}

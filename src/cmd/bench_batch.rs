@@ -292,7 +292,7 @@ fn llama_batched_bench(path: &Path, a: &Args, ctx: usize) -> Option<Vec<(usize, 
         ])
         .args(["-npp", &a.npp.to_string(), "-ntg", &a.ntg.to_string()])
         .args(["-npl", &npl.join(",")])
-        .args(super::bench::llama_kv_args(a))
+        .args(a.llama_kv_args())
         .output()
         .ok()?;
     if !out.status.success() {

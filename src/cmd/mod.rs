@@ -61,9 +61,9 @@ pub struct DeviceArgs {
     #[arg(long, value_name = "N")]
     pub kv_tokens: Option<usize>,
     /// How the KV cache stores K and V: f16, q8_0 (half the memory: twice
-    /// the context per GB) or q4_0 (a quarter); the quantized ones on the
-    /// CPU so far (the GPU keeps f16 and says so). Ollama's
-    /// OLLAMA_KV_CACHE_TYPE.
+    /// the context per GB) or q4_0 (a quarter), on the CPU and the GPU (a
+    /// model whose head size is not a multiple of 64 keeps f16 on the GPU,
+    /// and says so). Ollama's OLLAMA_KV_CACHE_TYPE.
     #[arg(long, value_name = "TYPE", env = "M40_KV_CACHE_TYPE", default_value = "f16",
           value_parser = m40_runtime::KvFormat::parse)]
     pub kv_type: m40_runtime::KvFormat,
