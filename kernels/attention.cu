@@ -126,15 +126,3 @@ ATTN_DEC_B_KERNEL(4, 4)
 ATTN_DEC_B_KERNEL(4, 8)
 ATTN_DEC_B_KERNEL(8, 1)
 ATTN_DEC_B_KERNEL(8, 2)
-
-// attn_unrotate_f32: the attention's output over quantized pages back
-// from the values' rotation (kvq.cuh): each head row of x (rows, hd), hd
-// a multiple of 64 (at most 256), rotated again over runs of 64 in place
-// (the rotation is its own inverse). A warp a row; grid ceil(rows / 8),
-// block 256.
-extern "C" __global__ void __launch_bounds__(256) attn_unrotate_f32(float* x, int rows, int hd) {
-    const int row = blockIdx.x * 8 + (threadIdx.x >> 5);
-    if (row >= rows) return;
-    float* r = x + (long long)row * hd;
-    kvq_head<KV_F16>(r, hd / 32, 64, r, nullptr, nullptr, 0);
-}

@@ -297,6 +297,16 @@ __device__ __forceinline__ void attn_block(const AttnArgs& a, float* smem, int b
         }
     }
     if (!active) return;
+    if (F != KV_F16) {
+        // Over quantized pages: the output (or this split's part of it:
+        // the combine is linear) back from the values' rotation.
+        float x[KVQ_MAX_R];
+#pragma unroll
+        for (int r = 0; r < KVQ_MAX_R; ++r) x[r] = r < R ? acc[r % R] : 0.0f;
+        kvq_rotate(x, hd / 32, 64);
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r] = x[r];
+    }
     const long long row = (long long)i * a.n_head + h;
     if (splits == 1) {
         l = attn_denom(a.sinks, h, m, l);
@@ -560,17 +570,33 @@ __device__ __forceinline__ void attn_tile_block(const AttnArgs& a, float* smem, 
             }
         }
     }
+    // Over quantized pages the rows go through shared memory (the K/V
+    // buffer: 32 rows of HD), where a warp a (row, run of 64) turns them
+    // back from the values' rotation.
+    if (F != KV_F16) __syncthreads();  // the last page's V is consumed
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         if (lim[i] < 0) continue;
         const int r = 4 * rg + i, tok = tok0 + r / group;
         const float li = attn_denom(a.sinks, g * group + r % group, m[i], l[i]);
         const float inv = li > 0.0f ? 1.0f / li : 0.0f;
-        float* out = a.out + ((long long)tok * a.n_head + g * group + r % group) * HD;
+        float* out = F == KV_F16 ? a.out + ((long long)tok * a.n_head + g * group + r % group) * HD : KV + r * HD;
 #pragma unroll
         for (int c = 0; c < NC; ++c)
             *(float4*)(out + 64 * c + 4 * kg) =
                 make_float4(o[i][4 * c] * inv, o[i][4 * c + 1] * inv, o[i][4 * c + 2] * inv, o[i][4 * c + 3] * inv);
+    }
+    if (F != KV_F16) {
+        __syncthreads();
+        const int lane = t & 31;
+        for (int task = t >> 5; task < ATT_TILE_ROWS * (HD / 64); task += ATT_TILE_THREADS / 32) {
+            const int r = task / (HD / 64), c = task % (HD / 64), tok = tok0 + r / group;
+            if (r >= tpb * group || tok >= a.n_tok) continue;  // warp-uniform
+            float x[KVQ_MAX_R] = {KV[r * HD + 64 * c + lane], KV[r * HD + 64 * c + 32 + lane]};
+            kvq_rotate(x, 2, 64);
+            float* out = a.out + ((long long)tok * a.n_head + g * group + r % group) * HD + 64 * c;
+            out[lane] = x[0], out[32 + lane] = x[1];
+        }
     }
 }
 
@@ -783,12 +809,26 @@ __device__ __forceinline__ void attn_dec_block(const AttnArgs& a, float* smem, i
             }
         }
         const long long row = g * group + h0 + h;
+        // Over quantized pages the values wait in Qs (free: every warp is
+        // past its scores) to be turned back from the values' rotation.
+        float* dst = F == KV_F16 ? (splits == 1 ? a.out + row * HD : a.out + (row * splits + z) * HD) : Qs + h * HD;
         if (splits == 1) {
             L = attn_denom(a.sinks, (int)row, M, L);
-            a.out[row * HD + d] = L > 0.0f ? o / L : 0.0f;
+            dst[d] = L > 0.0f ? o / L : 0.0f;
         } else {
-            a.out[(row * splits + z) * HD + d] = o;
+            dst[d] = o;
             if (d == 0) a.part_ml[(row * splits + z) * 2] = M, a.part_ml[(row * splits + z) * 2 + 1] = L;
+        }
+    }
+    if (F != KV_F16) {
+        __syncthreads();
+        for (int run = warp; run < heads * HD / 64; run += nw) {
+            const int h = run / (HD / 64), c = run % (HD / 64);
+            float x[KVQ_MAX_R] = {Qs[h * HD + 64 * c + lane], Qs[h * HD + 64 * c + 32 + lane]};
+            kvq_rotate(x, 2, 64);
+            const long long row = g * group + h0 + h;
+            float* out = (splits == 1 ? a.out + row * HD : a.out + (row * splits + z) * HD) + 64 * c;
+            out[lane] = x[0], out[32 + lane] = x[1];
         }
     }
 }

@@ -492,44 +492,6 @@ impl Kernels {
         Ok(plan)
     }
 
-    /// The output of attention over quantized pages (`rows` head rows of
-    /// `head_dim` at the start of `x`) turned back from the values'
-    /// rotation (kernels/kvq.cuh), in place.
-    pub fn attn_unrotate(
-        &self,
-        stream: &Stream,
-        x: &mut DeviceBuffer<f32>,
-        rows: usize,
-        head_dim: usize,
-    ) -> Result<()> {
-        const K: &str = "attn_unrotate";
-        if !KvType::Q8_0.takes(head_dim) {
-            return Err(shape(
-                K,
-                format!("head_dim {head_dim}: a multiple of 64, at most 256"),
-            ));
-        }
-        if rows == 0 {
-            return Ok(());
-        }
-        check_len(K, "x", x.len(), rows * head_dim)?;
-        let kernel = self.kernel("attention", "attn_unrotate_f32")?;
-        let (r, hd) = (to_i32(K, "rows", rows)?, head_dim as i32);
-        let grid = (rows.div_ceil(8) as u32, 1, 1);
-        // SAFETY: attn_unrotate_f32(float* x, int rows, int hd): warp w of
-        // block b reads and writes row 8 b + w < rows of x (hd floats each;
-        // rows * hd <= x.len(), checked).
-        unsafe {
-            stream
-                .launch(&kernel)
-                .buf_mut(x)
-                .scalar(&r)
-                .scalar(&hd)
-                .run(cfg(grid, 256, 0))?
-        };
-        Ok(())
-    }
-
     /// Decode attention over a batch of sequences, one query token each
     /// (`attn_dec_b_f32_*`): token t (row t of q and out) at position
     /// pos[t] attends to its own sequence's keys 0 ..= pos[t], whose block
@@ -660,8 +622,8 @@ pub struct AttnInputs<'x, 'v> {
     pub q: &'x DeviceView<'v, f32>,
     pub kpool: &'x DeviceView<'v, u16>,
     pub vpool: &'x DeviceView<'v, u16>,
-    /// The pools' page format: over quantized pages the output is in the
-    /// values' rotation ([`Kernels::attn_unrotate`] turns it back).
+    /// The pools' page format (over quantized pages the kernels turn
+    /// their output back from the values' rotation).
     pub format: KvType,
     pub table: &'x DeviceView<'v, i32>,
     pub pos: &'x DeviceView<'v, i32>,

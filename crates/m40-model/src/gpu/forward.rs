@@ -492,10 +492,6 @@ impl GpuBackend {
                 k.attention(s, &shape, &inputs, &mut w.att, Some(scratch), Some(plan))?;
             }
         }
-        if inputs.format != m40_kernels::KvType::F16 {
-            // Over quantized pages the output is in the values' rotation.
-            k.attn_unrotate(s, &mut w.att, n * hp.n_head, hd)?;
-        }
         let av = w.att.view();
         // gpt-oss's output bias joins x first (x is up to date here: the
         // attention norm took any pending branch).
