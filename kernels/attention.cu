@@ -1,6 +1,7 @@
 // Attention kernels: thin wrappers over attention.cuh (the cache layout
 // and the device code are described there).
 #include "attention.cuh"
+#include "attention_decode.cuh"
 
 // Every attention kernel's parameters (AttnArgs' fields, in order; the
 // launcher's push_attn), and the AttnArgs and dynamic shared memory they

@@ -347,9 +347,13 @@ impl Kernels {
                 return Err(shape(K, format!("grid {grid:?} too large")));
             }
             let name = if hd == 64 {
-                inputs.format.pick(&crate::kv_names!("attn_tile_f32_d4"))
+                inputs
+                    .format
+                    .pick(&crate::layout::kv_names!("attn_tile_f32_d4"))
             } else {
-                inputs.format.pick(&crate::kv_names!("attn_tile_f32_d8"))
+                inputs
+                    .format
+                    .pick(&crate::layout::kv_names!("attn_tile_f32_d8"))
             };
             let kernel = self.kernel("attention", name)?;
             // SAFETY: attn_tile_f32_d<hd / 16> (the parameters of

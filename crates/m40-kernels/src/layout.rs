@@ -12,8 +12,6 @@ pub const KV_PAGE: usize = 32;
 
 /// A kernel's names for FP16, Q8_0 and Q4_0 pages: `NAME` (or
 /// `NAME_f32` with `f32`) then `NAME_q8_0`, `NAME_q4_0`.
-#[macro_export]
-#[doc(hidden)]
 macro_rules! kv_names {
     ($b:literal) => {
         [$b, concat!($b, "_q8_0"), concat!($b, "_q4_0")]
@@ -26,6 +24,7 @@ macro_rules! kv_names {
         ]
     };
 }
+pub(crate) use kv_names;
 
 /// How the KV cache's pages store values (kernels/kvq.cuh): FP16, or
 /// blocks of 32 with an FP16 scale (ggml's Q8_0 and Q4_0 values, the
@@ -51,7 +50,7 @@ impl KvType {
     }
 
     /// Its kernel of a family: `names` lists FP16's, Q8_0's and Q4_0's
-    /// ([`kv_names!`](crate::kv_names)).
+    /// (`kv_names!`).
     pub(crate) const fn pick(self, names: &[&'static str; 3]) -> &'static str {
         names[self as usize]
     }

@@ -220,14 +220,14 @@ impl Kernels {
         format.check_pool(K, kpool.len(), kv_dim, hd)?;
         check_len(K, "vpool", vpool.len(), kpool.len())?;
         let names = match (p.style, tab.is_some(), norms.is_some()) {
-            (RopeStyle::Normal, false, false) => crate::kv_names!("rope_kv_norm", f32),
-            (RopeStyle::Neox, false, false) => crate::kv_names!("rope_kv_neox", f32),
-            (RopeStyle::Normal, true, false) => crate::kv_names!("rope_kv_b_norm", f32),
-            (RopeStyle::Neox, true, false) => crate::kv_names!("rope_kv_b_neox", f32),
-            (RopeStyle::Normal, false, true) => crate::kv_names!("rope_kv_qkn_norm", f32),
-            (RopeStyle::Neox, false, true) => crate::kv_names!("rope_kv_qkn_neox", f32),
-            (RopeStyle::Normal, true, true) => crate::kv_names!("rope_kv_b_qkn_norm", f32),
-            (RopeStyle::Neox, true, true) => crate::kv_names!("rope_kv_b_qkn_neox", f32),
+            (RopeStyle::Normal, false, false) => crate::layout::kv_names!("rope_kv_norm", f32),
+            (RopeStyle::Neox, false, false) => crate::layout::kv_names!("rope_kv_neox", f32),
+            (RopeStyle::Normal, true, false) => crate::layout::kv_names!("rope_kv_b_norm", f32),
+            (RopeStyle::Neox, true, false) => crate::layout::kv_names!("rope_kv_b_neox", f32),
+            (RopeStyle::Normal, false, true) => crate::layout::kv_names!("rope_kv_qkn_norm", f32),
+            (RopeStyle::Neox, false, true) => crate::layout::kv_names!("rope_kv_qkn_neox", f32),
+            (RopeStyle::Normal, true, true) => crate::layout::kv_names!("rope_kv_b_qkn_norm", f32),
+            (RopeStyle::Neox, true, true) => crate::layout::kv_names!("rope_kv_b_qkn_neox", f32),
         };
         let name = format.pick(&names);
         let kernel = self.kernel("rope", name)?;

@@ -17,10 +17,10 @@ const ATTN_KERNELS: [&str; 8] = [
 /// The warp kernel over quantized pages (head dimensions a multiple of
 /// 64: R = 2, 4, 6, 8).
 const ATTN_KERNELS_Q: [[&str; 3]; 4] = [
-    crate::kv_names!("attn_f32_r2"),
-    crate::kv_names!("attn_f32_r4"),
-    crate::kv_names!("attn_f32_r6"),
-    crate::kv_names!("attn_f32_r8"),
+    crate::layout::kv_names!("attn_f32_r2"),
+    crate::layout::kv_names!("attn_f32_r4"),
+    crate::layout::kv_names!("attn_f32_r6"),
+    crate::layout::kv_names!("attn_f32_r8"),
 ];
 
 /// The warp kernel for heads of `hd` over pages of `format`.
@@ -40,7 +40,7 @@ pub(super) fn attn_dec_kernel(
     batch: bool,
     format: KvType,
 ) -> Option<&'static str> {
-    use crate::kv_names;
+    use crate::layout::kv_names;
     const NAMES: [[&[[&str; 3]]; 3]; 2] = [
         [
             &[
@@ -87,4 +87,45 @@ pub(super) fn attn_dec_kernel(
     NAMES[batch as usize][dpt]
         .get(g.trailing_zeros() as usize)
         .map(|n| format.pick(n))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attention::Scores;
+
+    /// Every name these tables give, for every page format, is a kernel
+    /// of the committed PTX.
+    #[test]
+    fn every_named_attention_kernel_is_in_the_ptx() {
+        let has = |n: &str| {
+            crate::INDEX
+                .lines()
+                .any(|l| l.split(' ').skip(1).any(|e| e == n))
+        };
+        for f in [KvType::F16, KvType::Q8_0, KvType::Q4_0] {
+            for hd in [64, 128, 192, 256] {
+                if f.takes(hd) {
+                    assert!(has(attn_warp_kernel(hd, f)), "{f:?} {hd}");
+                }
+                for group in [1, 2, 3, 4, 8] {
+                    let s = AttnShape {
+                        n_tok: 1,
+                        start: 0,
+                        n_head: group,
+                        n_head_kv: 1,
+                        head_dim: hd,
+                        scores: Scores::default(),
+                    };
+                    for g in [1, 2, 4, 8] {
+                        for batch in [false, true] {
+                            if let Some(n) = attn_dec_kernel(&s, g, batch, f) {
+                                assert!(has(n), "{n}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
