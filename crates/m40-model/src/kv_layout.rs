@@ -114,6 +114,11 @@ impl KvLayout {
         }
     }
 
+    /// The same pages for `n_layer` layers (a stage's part of a model).
+    pub fn of_layers(self, n_layer: usize) -> KvLayout {
+        KvLayout { n_layer, ..self }
+    }
+
     /// Values in one layer's K (or V) page.
     pub fn page_values(&self) -> usize {
         self.page_tokens * self.kv_dim

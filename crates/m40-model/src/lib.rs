@@ -8,6 +8,7 @@
 //! - [`gpu::GpuBackend`]: the same forward pass with the kernels of
 //!   m40-kernels, over a paged FP16 KV cache.
 
+mod any;
 pub mod batch;
 pub mod cpu;
 pub mod error;
@@ -16,16 +17,20 @@ pub(crate) mod host;
 mod kv_layout;
 mod mask;
 pub mod paged;
+mod span;
+pub mod split;
 
 use std::path::Path;
 
 use m40_gguf::hparams::LayerNames;
 use m40_gguf::{GgufFile, HyperParams, TensorView};
 
+pub use any::{AnyBackend, AnyCache};
 pub use batch::{SeqStep, StepLimits, StepOut, Want};
 pub use error::{ModelError, Result};
 pub use kv_layout::{KvFormat, KvLayout, MemoryUse};
 pub use mask::{apply_mask, MaskFiller, MaskSlot, MaskWords};
+pub use span::Span;
 
 /// Which logits a forward pass returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -262,184 +267,6 @@ impl Model {
 
     pub(crate) fn layer(&self, l: usize) -> LayerNames {
         self.hp.layer_names(l)
-    }
-}
-
-/// The CPU or the GPU backend, picked at run time. (One per engine, made
-/// once and never moved in a loop: the CPU variant's size costs nothing.)
-#[allow(clippy::large_enum_variant)]
-pub enum AnyBackend {
-    Cpu(cpu::CpuBackend),
-    Gpu(Box<gpu::GpuBackend>),
-}
-
-/// The cache of an [`AnyBackend`].
-pub enum AnyCache {
-    Cpu(cpu::CpuCache),
-    Gpu(gpu::GpuCache),
-}
-
-impl KvState for AnyCache {
-    fn len(&self) -> usize {
-        match self {
-            AnyCache::Cpu(c) => c.len(),
-            AnyCache::Gpu(c) => c.len(),
-        }
-    }
-    fn n_ctx(&self) -> usize {
-        match self {
-            AnyCache::Cpu(c) => c.n_ctx(),
-            AnyCache::Gpu(c) => c.n_ctx(),
-        }
-    }
-    fn truncate(&mut self, n: usize) {
-        match self {
-            AnyCache::Cpu(c) => c.truncate(n),
-            AnyCache::Gpu(c) => c.truncate(n),
-        }
-    }
-}
-
-impl AnyBackend {
-    /// "CPU", or the GPU's name.
-    pub fn describe(&self) -> String {
-        match self {
-            AnyBackend::Cpu(_) => "CPU".into(),
-            AnyBackend::Gpu(g) => format!(
-                "GPU {} ({})",
-                g.device().info().ordinal,
-                g.device().info().name
-            ),
-        }
-    }
-}
-
-impl Backend for AnyBackend {
-    type Cache = AnyCache;
-
-    fn hparams(&self) -> &HyperParams {
-        match self {
-            AnyBackend::Cpu(b) => b.hparams(),
-            AnyBackend::Gpu(b) => b.hparams(),
-        }
-    }
-
-    fn new_cache(&self, n_ctx: usize) -> Result<AnyCache> {
-        Ok(match self {
-            AnyBackend::Cpu(b) => AnyCache::Cpu(b.new_cache(n_ctx)?),
-            AnyBackend::Gpu(b) => AnyCache::Gpu(b.new_cache(n_ctx)?),
-        })
-    }
-
-    fn forward(&self, cache: &mut AnyCache, tokens: &[u32], logits: Logits) -> Result<Vec<f32>> {
-        match (self, cache) {
-            (AnyBackend::Cpu(b), AnyCache::Cpu(c)) => b.forward(c, tokens, logits),
-            (AnyBackend::Gpu(b), AnyCache::Gpu(c)) => b.forward(c, tokens, logits),
-            _ => Err(ModelError::Unsupported(
-                "a KV cache of another backend".into(),
-            )),
-        }
-    }
-
-    fn max_step(&self) -> usize {
-        match self {
-            AnyBackend::Cpu(b) => b.max_step(),
-            AnyBackend::Gpu(b) => b.max_step(),
-        }
-    }
-
-    fn step_tokens(&self) -> usize {
-        match self {
-            AnyBackend::Cpu(b) => b.step_tokens(),
-            AnyBackend::Gpu(b) => b.step_tokens(),
-        }
-    }
-
-    fn select_max_k(&self) -> usize {
-        match self {
-            AnyBackend::Cpu(b) => b.select_max_k(),
-            AnyBackend::Gpu(b) => b.select_max_k(),
-        }
-    }
-
-    fn kv_pool(&self) -> (KvLayout, usize) {
-        match self {
-            AnyBackend::Cpu(b) => b.kv_pool(),
-            AnyBackend::Gpu(b) => b.kv_pool(),
-        }
-    }
-
-    fn memory(&self) -> MemoryUse {
-        match self {
-            AnyBackend::Cpu(b) => b.memory(),
-            AnyBackend::Gpu(b) => b.memory(),
-        }
-    }
-
-    fn step_limits(&self) -> StepLimits {
-        match self {
-            AnyBackend::Cpu(b) => b.step_limits(),
-            AnyBackend::Gpu(b) => b.step_limits(),
-        }
-    }
-
-    fn cache_on(
-        &self,
-        pages: Vec<u32>,
-        copy: Option<(u32, u32)>,
-        len: usize,
-        n_ctx: usize,
-    ) -> Result<AnyCache> {
-        Ok(match self {
-            AnyBackend::Cpu(b) => AnyCache::Cpu(b.cache_on(pages, copy, len, n_ctx)?),
-            AnyBackend::Gpu(b) => AnyCache::Gpu(b.cache_on(pages, copy, len, n_ctx)?),
-        })
-    }
-
-    fn forward_batch(&self, seqs: &mut [SeqStep<'_, AnyCache>]) -> Result<Vec<StepOut>> {
-        // Each cache's own type, or an error before anything runs.
-        fn mine<'a, 'b, C>(
-            seqs: &'b mut [SeqStep<'a, AnyCache>],
-            f: impl Fn(&'b mut AnyCache) -> Option<&'b mut C>,
-        ) -> Result<Vec<SeqStep<'b, C>>> {
-            seqs.iter_mut()
-                .map(|s| {
-                    let cache = f(s.cache).ok_or_else(|| {
-                        ModelError::Unsupported("a KV cache of another backend".into())
-                    })?;
-                    Ok(SeqStep {
-                        cache,
-                        tokens: s.tokens,
-                        want: s.want.clone(),
-                    })
-                })
-                .collect()
-        }
-        match self {
-            AnyBackend::Cpu(b) => b.forward_batch(&mut mine(seqs, |c| match c {
-                AnyCache::Cpu(c) => Some(c),
-                _ => None,
-            })?),
-            AnyBackend::Gpu(b) => b.forward_batch(&mut mine(seqs, |c| match c {
-                AnyCache::Gpu(c) => Some(c),
-                _ => None,
-            })?),
-        }
-    }
-
-    fn forward_select(
-        &self,
-        cache: &mut AnyCache,
-        tokens: &[u32],
-        sel: &Selection,
-    ) -> Result<Vec<(u32, f32)>> {
-        match (self, cache) {
-            (AnyBackend::Cpu(b), AnyCache::Cpu(c)) => b.forward_select(c, tokens, sel),
-            (AnyBackend::Gpu(b), AnyCache::Gpu(c)) => b.forward_select(c, tokens, sel),
-            _ => Err(ModelError::Unsupported(
-                "a KV cache of another backend".into(),
-            )),
-        }
     }
 }
 

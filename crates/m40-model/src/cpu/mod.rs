@@ -10,6 +10,7 @@ mod moe;
 pub mod ops;
 pub(crate) mod q8;
 pub(crate) mod simd;
+mod stage;
 
 use std::sync::Arc;
 
@@ -20,7 +21,7 @@ use rayon::prelude::*;
 
 use crate::error::{ModelError, Result};
 use crate::paged::PagedCache;
-use crate::{Backend, KvFormat, KvState, Logits, Model, SeqStep, StepOut, Want, DEFAULT_SEQUENCES};
+use crate::{Backend, KvFormat, KvState, Logits, Model, SeqStep, Span, StepOut, DEFAULT_SEQUENCES};
 use encoder::{layernorm_bias, EncoderInput, EncoderLayer};
 pub use kv::{rotate as kv_rotate, PAGE_TOKENS};
 use kv::{row_at, HostPages, LayerPages};
@@ -83,6 +84,8 @@ pub struct CpuBackend {
     rope_window: Option<Rope>,
     /// The KV pages of every sequence.
     kv: HostPages,
+    /// The layers it runs (all but in a stage of a split model).
+    span: Span,
 }
 
 /// A sequence's KV cache on the CPU: pages of its backend's pool.
@@ -122,7 +125,27 @@ impl CpuBackend {
         kv_format: KvFormat,
         memory_limit: Option<u64>,
     ) -> Result<Self> {
+        let span = Span::whole(model.hparams());
+        Self::stage(model, math, kv_tokens, kv_format, memory_limit, span)
+    }
+
+    /// As [`CpuBackend::within`] for the layers of `span` only: a stage of
+    /// a model split over devices (`crate::split`), whose KV pages hold
+    /// those layers'.
+    pub fn stage(
+        model: Arc<Model>,
+        math: CpuMath,
+        kv_tokens: usize,
+        kv_format: KvFormat,
+        memory_limit: Option<u64>,
+        span: Span,
+    ) -> Result<Self> {
         let hp = model.hparams().clone();
+        // The memory plan of the span's layers: a model of that many.
+        let span_hp = HyperParams {
+            n_layer: span.len(),
+            ..hp.clone()
+        };
         let kv_dim = hp.n_head_kv * hp.head_dim;
         if !hp.head_dim.is_multiple_of(kv_format.block()) {
             return Err(ModelError::Unsupported(format!(
@@ -133,13 +156,14 @@ impl CpuBackend {
             )));
         }
         let room = memory_limit.map(|l| l.saturating_sub(model.file().file_size()));
-        memory::check_memory_within(&hp, kv_tokens, crate::DEFAULT_STEP, kv_format, room)?;
+        memory::check_memory_within(&span_hp, kv_tokens, crate::DEFAULT_STEP, kv_format, room)?;
         let pages = kv_tokens.max(1).div_ceil(PAGE_TOKENS);
         if pages > u32::MAX as usize {
             return Err(kv_too_big(&hp, kv_tokens, kv_format));
         }
-        let mut layers = Vec::with_capacity(hp.n_layer);
-        for (l, block) in hp.blocks().into_iter().enumerate() {
+        let mut layers = Vec::with_capacity(span.len());
+        let blocks = hp.blocks().into_iter().enumerate();
+        for (l, block) in blocks.filter(|(l, _)| span.layers.contains(l)) {
             let n = model.layer(l);
             let opt = |on: bool, name: &str| -> Result<Option<Vec<f32>>> {
                 on.then(|| vec_f32(&model, name)).transpose()
@@ -182,11 +206,11 @@ impl CpuBackend {
         let rope = Rope::for_model(&model)?;
         let rope_window = Rope::for_window(&model)?;
         let output_norm = match hp.encoder {
-            None => Some(vec_f32(&model, OUTPUT_NORM)?),
-            Some(_) => None,
+            None if span.last() => Some(vec_f32(&model, OUTPUT_NORM)?),
+            _ => None,
         };
         let encoder = EncoderInput::load(&model)?.map(Box::new);
-        let kv = HostPages::new(hp.n_layer, kv_dim, pages, kv_format);
+        let kv = HostPages::new(span.len(), kv_dim, pages, kv_format);
         Ok(Self {
             model,
             math,
@@ -196,7 +220,13 @@ impl CpuBackend {
             rope,
             rope_window,
             kv,
+            span,
         })
+    }
+
+    /// The layers it runs.
+    pub fn span(&self) -> &Span {
+        &self.span
     }
 
     pub fn math(&self) -> CpuMath {
@@ -320,8 +350,19 @@ impl CpuBackend {
     /// `cache.len()..`, every matmul over all the step's tokens together
     /// (row by row the same arithmetic whatever the other rows: see
     /// `matmul`), and each sequence's logits as its [`Logits`] asks.
-    fn run(&self, seqs: &mut [(&mut CpuCache, &[u32], Logits)]) -> Result<Vec<Vec<f32>>> {
+    ///
+    /// A later stage of a split model (`crate::split`) takes the rows `x`
+    /// entering its layers (a row per token, sequence after sequence) in
+    /// place of the embedding; an earlier stage gives each sequence the
+    /// rows leaving them, whatever its [`Logits`] asks.
+    fn run(
+        &self,
+        seqs: &mut [(&mut CpuCache, &[u32], Logits)],
+        x_in: Option<&[f32]>,
+    ) -> Result<Vec<Vec<f32>>> {
         let hp = self.model.hparams();
+        let n_rows: usize = seqs.iter().map(|(_, t, _)| t.len()).sum();
+        crate::split::check_rows(&self.span, hp.n_embd, x_in, n_rows)?;
         // Every sequence's input is checked before any cache changes.
         for (cache, tokens, want) in seqs.iter() {
             if self.encoder.is_some() && matches!(want, Logits::Last | Logits::All) {
@@ -372,13 +413,16 @@ impl CpuBackend {
         let mut proj = vec![0f32; n * d];
         let mut gate = vec![0f32; n * hp.n_ff]; // (n, n_ff)
         let mut up = vec![0f32; n * hp.n_ff];
-        self.embed(&tokens, &mut x)?;
+        match x_in {
+            Some(rows) => x.copy_from_slice(rows),
+            None => self.embed(&tokens, &mut x)?,
+        }
         if let Some(input) = &self.encoder {
             self.encoder_input(input, at.iter().map(|&(_, p)| p), &mut x)?;
         }
         let ends: Vec<usize> = seqs.iter().map(|(c, t, _)| c.len() + t.len()).collect();
         for (l, lv) in self.layers.iter().enumerate() {
-            let names = self.model.layer(l);
+            let names = self.model.layer(self.span.layers.start + l);
             h.copy_from_slice(&x);
             if let Some(w) = &lv.attn_norm {
                 norm(hp.norm, &mut h, w, hp.rms_eps);
@@ -460,6 +504,16 @@ impl CpuBackend {
             }
             add_residual(&mut x, &proj, hp.residual_scale);
         }
+        if !self.span.last() {
+            let mut first = 0;
+            let mut out = Vec::with_capacity(seqs.len());
+            for (cache, t, _) in seqs.iter_mut() {
+                cache.set_len(cache.len() + t.len());
+                out.push(x[first * d..(first + t.len()) * d].to_vec());
+                first += t.len();
+            }
+            return Ok(out);
+        }
         // The rows each sequence wants logits of, all through one matmul;
         // hidden states are the normed rows themselves.
         let mut wanted = Vec::new(); // (sequence, rows)
@@ -536,7 +590,8 @@ impl Backend for CpuBackend {
     fn kv_pool(&self) -> (crate::KvLayout, usize) {
         let pool = self.kv.pool();
         let hp = self.model.hparams();
-        let layout = crate::KvLayout::new(hp, pool.page_tokens(), self.kv.format());
+        let layout = crate::KvLayout::new(hp, pool.page_tokens(), self.kv.format())
+            .of_layers(self.span.len());
         (layout, pool.pages())
     }
 
@@ -545,7 +600,7 @@ impl Backend for CpuBackend {
         let (layout, pages) = self.kv_pool();
         let (_, act) = memory_needed(hp, 0, crate::DEFAULT_STEP);
         crate::MemoryUse {
-            weights: self.model.file().file_size(),
+            weights: self.span.weight_bytes(&self.model),
             kv: layout.pool_bytes(pages),
             workspace: act,
             on_device: false,
@@ -563,35 +618,18 @@ impl Backend for CpuBackend {
     }
 
     fn forward(&self, cache: &mut CpuCache, tokens: &[u32], want: Logits) -> Result<Vec<f32>> {
-        let mut out = self.run(&mut [(cache, tokens, want)])?;
+        let mut out = self.run(&mut [(cache, tokens, want)], None)?;
         Ok(out.pop().unwrap_or_default())
     }
 
     fn forward_batch(&self, seqs: &mut [SeqStep<'_, CpuCache>]) -> Result<Vec<StepOut>> {
-        let mut runs = Vec::with_capacity(seqs.len());
-        for s in seqs.iter_mut() {
-            let want = match s.want {
-                Want::Nothing => Logits::None,
-                Want::Logits => Logits::Last,
-                Want::Hidden => Logits::Hidden,
-                Want::Select(_) => {
-                    return Err(ModelError::Unsupported(
-                        "token selection on this backend".into(),
-                    ))
-                }
-            };
-            runs.push((&mut *s.cache, s.tokens, want));
+        match crate::split::Stage::stage_batch(self, seqs, None)? {
+            crate::split::StageOut::Outs(o) => Ok(o),
+            // A whole model's last layer is its own.
+            crate::split::StageOut::Rows(_) => Err(ModelError::Unsupported(
+                "the outputs of an earlier stage".into(),
+            )),
         }
-        let out = self.run(&mut runs)?;
-        Ok(out
-            .into_iter()
-            .zip(seqs.iter())
-            .map(|(l, s)| match s.want {
-                Want::Nothing => StepOut::Nothing,
-                Want::Hidden => StepOut::Hidden(l),
-                _ => StepOut::Logits(l),
-            })
-            .collect())
     }
 }
 
@@ -629,165 +667,4 @@ pub(crate) fn matrix_file(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use m40_gguf::hparams::{Activation, Arch, RopeScaling, RopeStyle};
-
-    /// An 8B-like shape: 32 layers, 8 KV heads of 128 (128 KiB a token).
-    fn hp() -> HyperParams {
-        HyperParams {
-            arch: Arch::Llama,
-            n_layer: 32,
-            n_embd: 4096,
-            n_head: 32,
-            n_head_kv: 8,
-            head_dim: 128,
-            n_ff: 14336,
-            n_vocab: 128256,
-            n_ctx_train: 131072,
-            n_ctx_orig: 131072,
-            rope_freq_base: 500000.0,
-            rope_dim: 128,
-            rope_style: RopeStyle::Normal,
-            rope_scaling: RopeScaling::None,
-            rms_eps: 1e-5,
-            tied_output: false,
-            qkv_bias: false,
-            qk_norm: false,
-            act: Activation::Silu,
-            embd_scale: 1.0,
-            attn_scale: 128f32.powf(-0.5),
-            attn_softcap: None,
-            final_softcap: None,
-            post_norms: false,
-            sliding_window: None,
-            residual_scale: 1.0,
-            logit_scale: 1.0,
-            norm: m40_gguf::NormKind::Rms,
-            parallel: false,
-            moe: None,
-            attn_temp: None,
-            rope_attn_factor: 1.0,
-            out_bias: false,
-            attn_sinks: false,
-            causal: true,
-            encoder: None,
-            pooling: None,
-        }
-    }
-
-    #[test]
-    fn memory_is_counted_and_checked_before_allocation() {
-        let hp = hp();
-        let (kv, act) = memory_needed(&hp, 4096, 512);
-        assert_eq!(kv, 4096 * 128 * 1024);
-        assert!(act > 0);
-        // Far beyond any machine: an error that says what would fit.
-        let e = check_memory(&hp, 1 << 40, 512).unwrap_err().to_string();
-        assert!(e.contains("KV cache of 1099511627776 tokens"), "{e}");
-        assert!(
-            e.contains("use a context (and --kv-tokens) of at most")
-                || e.contains("free some memory"),
-            "{e}"
-        );
-        if let Some(avail) = crate::host::available_memory() {
-            if avail > 1 << 30 {
-                check_memory(&hp, 1024, 16).unwrap();
-            }
-        }
-    }
-
-    /// Batch invariance of the matmuls: each token's row of a product
-    /// over n tokens is bitwise its product alone, for every format with a
-    /// kernel of its own and by both maths, on fresh inputs.
-    #[test]
-    fn a_tokens_product_is_the_same_alone_or_in_a_batch() {
-        use m40_gguf::GgmlType;
-        let seed = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(7, |d| d.as_nanos() as u64);
-        let mut rng = seed | 1;
-        let mut values = |n: usize| -> Vec<f32> {
-            (0..n)
-                .map(|_| {
-                    rng ^= rng << 13;
-                    rng ^= rng >> 7;
-                    rng ^= rng << 17;
-                    (rng >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-                })
-                .collect()
-        };
-        let (rows, cols) = (70usize, 512usize);
-        for ty in [
-            GgmlType::F32,
-            GgmlType::F16,
-            GgmlType::Q4_0,
-            GgmlType::Q4_1,
-            GgmlType::Q8_0,
-            GgmlType::Q4_K,
-            GgmlType::Q6_K,
-            GgmlType::MXFP4,
-        ] {
-            let file = matrix_file(ty, rows, cols, &values(rows * cols));
-            let view = file.tensor("w").unwrap();
-            for q8 in [false, true] {
-                if q8 && !q8::supported(ty) {
-                    continue;
-                }
-                let mul = |x: &[f32], n: usize| {
-                    let mut out = vec![f32::NAN; n * rows];
-                    if q8 {
-                        q8::matmul_q8(&view, x, n, &mut out);
-                    } else {
-                        matmul(&view, x, n, &mut out).unwrap();
-                    }
-                    out
-                };
-                for n in [2usize, 3, 4, 5, 8, 9] {
-                    let x = values(n * cols);
-                    let all = mul(&x, n);
-                    for t in 0..n {
-                        let alone = mul(&x[t * cols..(t + 1) * cols], 1);
-                        for r in 0..rows {
-                            assert_eq!(
-                                all[t * rows + r].to_bits(),
-                                alone[r].to_bits(),
-                                "{ty} (8-bit inputs: {q8}) token {t} of {n}, row {r}: seed {seed}"
-                            );
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn an_impossible_cache_is_an_error_not_an_abort() {
-        let dir = tempfile::tempdir().unwrap();
-        let model = tiny_model(&dir, 1);
-        for tokens in [usize::MAX / 2, 1 << 50] {
-            let e = CpuBackend::with_kv(model.clone(), CpuMath::Exact, tokens)
-                .err()
-                .expect("no machine holds this");
-            assert!(matches!(e, ModelError::HostMemory { .. }), "{e}");
-        }
-        let cpu = CpuBackend::with_kv(model.clone(), CpuMath::Exact, 64).unwrap();
-        let (layout, pages) = cpu.kv_pool();
-        assert_eq!((layout.page_tokens, pages), (PAGE_TOKENS, 64 / PAGE_TOKENS));
-        assert_eq!(cpu.new_cache(64).unwrap().n_ctx(), 64);
-        // A memory limit: what it reports must fit it; a byte less refuses.
-        let total = cpu.memory().total();
-        CpuBackend::within(
-            model.clone(),
-            CpuMath::Exact,
-            64,
-            KvFormat::F16,
-            Some(total),
-        )
-        .unwrap();
-        let e = CpuBackend::within(model, CpuMath::Exact, 64, KvFormat::F16, Some(total - 1))
-            .err()
-            .expect("a byte short");
-        assert!(matches!(e, ModelError::HostMemory { .. }), "{e}");
-    }
-}
+mod tests;

@@ -20,12 +20,37 @@ use super::residual::Residual;
 use super::tuning::JOIN_CHUNK;
 use super::workspace::{mask_words, LOGIT_ROWS};
 use super::{lock, GpuBackend, State};
-use crate::batch::{forward_each, SeqStep, StepOut, Want};
+use crate::batch::{SeqStep, StepOut, Want};
 use crate::error::{ModelError, Result};
 use crate::KvState;
 use m40_kernels::{
     attn_decodes, select_args, Penalties, SelectMasks, SelectOut, SelectRows, KV_PAGE, SELECT_ARGS,
 };
+
+/// The sequences of a step that run in one batched forward (checked: in
+/// the vocabulary, room in the context): those of one to [`JOIN_CHUNK`]
+/// tokens where there are two or more and the backend batches decode
+/// steps; none otherwise (each runs alone). The scheduler plans within
+/// `step_limits`, so nothing is regrouped here: more rows or sequences
+/// than one forward takes are an error.
+pub(super) fn joins(b: &GpuBackend, seqs: &[SeqStep<'_, GpuCache>]) -> Result<Vec<usize>> {
+    let join = JOIN_CHUNK.min(b.max_batch);
+    let joined: Vec<usize> = (0..seqs.len())
+        .filter(|&i| (1..=join).contains(&seqs[i].tokens.len()))
+        .collect();
+    if !b.batches_decode() || joined.len() < 2 {
+        return Ok(Vec::new());
+    }
+    let rows: usize = joined.iter().map(|&i| seqs[i].tokens.len()).sum();
+    if rows > b.max_batch || joined.len() > LOGIT_ROWS {
+        return Err(ModelError::Unsupported(format!(
+            "a batched step of {rows} rows over {} sequences; one forward takes at most {} rows and {LOGIT_ROWS} sequences (Backend::step_limits)",
+            joined.len(),
+            b.max_batch
+        )));
+    }
+    Ok(joined)
+}
 
 impl GpuBackend {
     /// Whether this backend batches decode steps: `batch_decode`, and a
@@ -59,46 +84,7 @@ impl GpuBackend {
         &self,
         seqs: &mut [SeqStep<'_, GpuCache>],
     ) -> Result<Vec<StepOut>> {
-        // Every sequence's input is checked before any runs.
-        self.check_steps(seqs)?;
-        let join = JOIN_CHUNK.min(self.max_batch);
-        let joined: Vec<usize> = (0..seqs.len())
-            .filter(|&i| (1..=join).contains(&seqs[i].tokens.len()))
-            .collect();
-        if !self.batches_decode() || joined.len() < 2 {
-            return forward_each(self, seqs);
-        }
-        let mut out = vec![StepOut::Nothing; seqs.len()];
-        for i in 0..seqs.len() {
-            if !joined.contains(&i) {
-                out[i] = forward_each(self, &mut seqs[i..=i])?.remove(0);
-            }
-        }
-        // One forward for all of them: the scheduler plans within
-        // `step_limits`, so nothing is regrouped here.
-        let rows: usize = joined.iter().map(|&i| seqs[i].tokens.len()).sum();
-        if rows > self.max_batch || joined.len() > LOGIT_ROWS {
-            return Err(ModelError::Unsupported(format!(
-                "a batched step of {rows} rows over {} sequences; one forward takes at most {} rows and {LOGIT_ROWS} sequences (Backend::step_limits)",
-                joined.len(),
-                self.max_batch
-            )));
-        }
-        let steps: Vec<(&[u32], Want)> = joined
-            .iter()
-            .map(|&i| (seqs[i].tokens, seqs[i].want.clone()))
-            .collect();
-        let mut caches: Vec<&mut GpuCache> = seqs
-            .iter_mut()
-            .enumerate()
-            .filter(|(i, _)| joined.contains(i))
-            .map(|(_, s)| &mut *s.cache)
-            .collect();
-        let outs = self.step_batch(&mut caches, &steps)?;
-        for (&i, o) in joined.iter().zip(outs) {
-            out[i] = o;
-        }
-        Ok(out)
+        self.batch_rows(seqs, None, None)
     }
 
     /// The tokens of each of `caches` (`steps`: one to JOIN_CHUNK each,
@@ -109,10 +95,15 @@ impl GpuBackend {
     /// logits instead where the inputs have no room for the rows'
     /// penalties). Rows: the sequences' last tokens, whose rows alone reach
     /// the output matmul, then every sequence's other tokens.
-    fn step_batch(
+    /// A later stage's layers take the rows `x`, an earlier stage's give
+    /// theirs to `rows_out` (and nothing else), each a row per token,
+    /// sequence after sequence.
+    pub(super) fn step_batch(
         &self,
         caches: &mut [&mut GpuCache],
         steps: &[(&[u32], Want)],
+        x: Option<&[f32]>,
+        rows_out: Option<&mut Vec<f32>>,
     ) -> Result<Vec<StepOut>> {
         let hp = self.model.hparams();
         let n_vocab = hp.n_vocab;
@@ -181,6 +172,7 @@ impl GpuBackend {
         // (and its new prompt's first token) by 2.5-3 ms (BENCHMARKS.md,
         // issue 33: the steady TTFT probe).
         let graphs_on = self.graphs.load(std::sync::atomic::Ordering::Relaxed);
+        let ends = self.span.last();
         let graph = graphs_on
             && rows.len() == seqs
             && seqs <= self.max_batch
@@ -192,11 +184,48 @@ impl GpuBackend {
         let of: Vec<usize> = rows.iter().map(|&(j, _)| j).collect();
         let pages: Vec<&[u32]> = caches.iter().map(|c| c.pages()).collect();
         self.upload_batch(w, &tokens, &pos, &pages, &of, &sel)?;
+        // A row's place in `x` and `rows_out`: its sequence's first row,
+        // then its token's.
+        let first: Vec<usize> = steps
+            .iter()
+            .scan(0, |at, (t, _)| {
+                *at += t.len();
+                Some(*at - t.len())
+            })
+            .collect();
+        let canon: Vec<usize> = rows.iter().map(|&(j, i)| first[j] + i).collect();
+        if let Some(x) = x {
+            self.check_rows(Some(x), n)?;
+            let d = hp.n_embd;
+            let mut mine = vec![0f32; n * d];
+            for (r, &c) in canon.iter().enumerate() {
+                mine[r * d..(r + 1) * d].copy_from_slice(&x[c * d..(c + 1) * d]);
+            }
+            self.upload_rows(w, &mine)?;
+        }
         let max_start = *pos.iter().max().expect("a batch");
         if graph {
             self.batch_graph_step(w, pools, graphs, n, max_start)?;
         } else {
             self.enqueue(w, pools, n, max_start, StepAttn::Batch, false)?;
+        }
+        if !ends {
+            for ((c, &p), (t, _)) in caches.iter_mut().zip(&before).zip(steps) {
+                c.set_len(p + t.len());
+            }
+            let d = hp.n_embd;
+            let mut mine = Vec::with_capacity(n * d);
+            self.rows_out(w, n, Some(&mut mine))?;
+            if let Some(out) = rows_out {
+                let at = out.len();
+                out.resize(at + n * d, 0.0);
+                for (r, &c) in canon.iter().enumerate() {
+                    out[at + c * d..at + (c + 1) * d].copy_from_slice(&mine[r * d..(r + 1) * d]);
+                }
+            }
+            return Ok(vec![StepOut::Nothing; seqs]);
+        }
+        if !graph {
             if wants.iter().any(|w| **w == Want::Hidden) {
                 // Every row's hidden state, before the logits' norm
                 // overwrites them, back in each sequence's token order.

@@ -240,7 +240,7 @@ impl GpuBackend {
             Ok(())
         };
         // x = LN(token + type 0 (+ position)).
-        gather(&self.weights.embd, &ids, &mut w.x)?;
+        gather(self.weights.embd()?, &ids, &mut w.x)?;
         k.add_rows(s, &mut w.x, &enc.type0.view(), n)?;
         if let Some(p) = &enc.pos {
             gather(p, &pos, &mut w.h)?;

@@ -326,15 +326,21 @@ impl GpuBackend {
     ) -> Result<()> {
         let hp = self.model.hparams();
         let (s, k) = (&self.stream, &self.kernels);
-        let ids = w.inputs.slice(0..n)?;
-        let data = self.weights.embd.data.view();
-        match self.weights.embd.view(&data) {
-            MatView::Packed(m) => k.embed_packed(s, &m, &ids, &mut w.x)?,
-            MatView::Rows(m) => k.embed(s, &m, &ids, &mut w.x)?,
+        if self.span.first() {
+            let ids = w.inputs.slice(0..n)?;
+            let embd = self.weights.embd()?;
+            let data = embd.data.view();
+            match embd.view(&data) {
+                MatView::Packed(m) => k.embed_packed(s, &m, &ids, &mut w.x)?,
+                MatView::Rows(m) => k.embed(s, &m, &ids, &mut w.x)?,
+            }
+            if hp.embd_scale != 1.0 {
+                k.scale(s, &mut w.x, n * hp.n_embd, hp.embd_scale)?;
+            }
         }
-        if hp.embd_scale != 1.0 {
-            k.scale(s, &mut w.x, n * hp.n_embd, hp.embd_scale)?;
-        }
+        // A later stage's x rows are uploaded (`upload_rows`); an earlier
+        // stage ends with its rows in x, every residual added.
+        let last_logits = last_logits && self.span.last();
         let step = LayerStep {
             n,
             max_start,
@@ -564,7 +570,11 @@ impl GpuBackend {
                 // the output norm when this step's logits follow.
                 let next = match self.weights.layers.get(l + 1) {
                     Some(next) => Some(&next.attn_norm),
-                    None => step.last_logits.then_some(&self.weights.output_norm),
+                    None => self
+                        .weights
+                        .output_norm
+                        .as_ref()
+                        .filter(|_| step.last_logits),
                 };
                 let emit = next.filter(|_| n == 1 && ops.one_token_next_norm);
                 self.matmul_res(down, &gv, res_bufs!(w), n, emit)?
@@ -581,14 +591,14 @@ impl GpuBackend {
         res: Residual<'_>,
     ) -> Result<()> {
         let n = rows.len();
-        let out_w = self.weights.output();
+        let (out_norm, out_w) = self.weights.head()?;
         if let Residual::Folded(_) = res {
             debug_assert_eq!(rows, 0..1, "a folded norm is one token's");
             let (hv, pv) = (w.h.view(), w.norm_part.view());
             self.matmul(out_w, res.input(&hv, &pv), &mut w.logits, 1, false)?;
             return self.finish_logits(w, 1);
         }
-        self.norm(norm_bufs!(w), &self.weights.output_norm, rows, res)?;
+        self.norm(norm_bufs!(w), out_norm, rows, res)?;
         self.matmul(out_w, Input::Rows(&w.h.view()), &mut w.logits, n, false)?;
         self.finish_logits(w, n)
     }
@@ -597,12 +607,8 @@ impl GpuBackend {
     /// the residual stream, as the logits read it) appended to `out`.
     pub(super) fn hidden(&self, w: &mut Workspace, n: usize, out: &mut Vec<f32>) -> Result<()> {
         let d = self.model.hparams().n_embd;
-        self.norm(
-            norm_bufs!(w),
-            &self.weights.output_norm,
-            0..n,
-            Residual::Done,
-        )?;
+        let (out_norm, _) = self.weights.head()?;
+        self.norm(norm_bufs!(w), out_norm, 0..n, Residual::Done)?;
         let at = out.len();
         out.resize(at + n * d, 0.0);
         self.stream
@@ -635,6 +641,9 @@ impl GpuBackend {
     /// One step of at most max_batch tokens at positions start..start+n
     /// (checked by `run`: room and ids);
     /// with `sel` (and `want` Last), the selection from the last logits.
+    /// A later stage's layers take the rows `x`; an earlier stage's rows
+    /// go to `out` (see `run`).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn step(
         &self,
         st: &mut State,
@@ -643,6 +652,7 @@ impl GpuBackend {
         want: Logits,
         mut out: Option<&mut Vec<f32>>,
         sel: Option<Select<'_>>,
+        x: Option<&[f32]>,
     ) -> Result<()> {
         let hp = self.model.hparams();
         let n = tokens.len();
@@ -666,14 +676,21 @@ impl GpuBackend {
             cache.pages(),
             sel.as_ref().map(|s| s.args),
         )?;
+        if let Some(x) = x {
+            self.upload_rows(w, x)?;
+        }
         let n_vocab = hp.n_vocab;
         let use_graphs = self.graphs.load(std::sync::atomic::Ordering::Relaxed);
-        if n == 1 && use_graphs && !matches!(want, Logits::None | Logits::Hidden) {
+        let ends = self.span.last();
+        if n == 1 && use_graphs && (!ends || !matches!(want, Logits::None | Logits::Hidden)) {
             // A masked selection runs after the graph, once the host has
             // its mask (computed while the graph runs).
             let masked = sel.as_ref().and_then(|s| s.mask);
             self.graph_step(w, pools, graphs, start, sel.is_some() && masked.is_none())?;
             cache.set_len(start + 1);
+            if !ends {
+                return self.rows_out(w, 1, out);
+            }
             if masked.is_some() {
                 self.upload_masks(w, &[masked])?;
                 self.select(w)?;
@@ -694,6 +711,9 @@ impl GpuBackend {
         self.scratch(w, graphs, &plan, &shape)?;
         self.enqueue(w, pools, n, start, StepAttn::Seq(plan), false)?;
         cache.set_len(start + n);
+        if !ends {
+            return self.rows_out(w, n, out);
+        }
         let rows = match want {
             Logits::None => return Ok(()),
             Logits::Hidden => {

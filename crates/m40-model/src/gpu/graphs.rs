@@ -202,13 +202,11 @@ impl GpuBackend {
             if !graphs.due(key) {
                 // The same launches the graph would hold (its bucket too,
                 // so that the step's results are the graph's).
-                self.enqueue(w, pools, n, bucket, StepAttn::Batch, false)?;
-                return self.logits(w, 0..n, Residual::Done);
+                return self.batch_body(w, pools, n, bucket);
             }
-            let graph = self.stream.capture(|_| -> Result<()> {
-                self.enqueue(w, pools, n, bucket, StepAttn::Batch, false)?;
-                self.logits(w, 0..n, Residual::Done)
-            })?;
+            let graph = self
+                .stream
+                .capture(|_| -> Result<()> { self.batch_body(w, pools, n, bucket) })?;
             graphs.insert(key, StepGraph::new(graph, None));
         }
         let g = graphs.get(&key).expect("captured");
@@ -216,6 +214,22 @@ impl GpuBackend {
         // scratch).
         unsafe { g.graph.launch()? };
         Ok(())
+    }
+
+    /// A batched decode step's launches: its layers, and the rows' logits
+    /// where this backend computes the outputs.
+    fn batch_body(
+        &self,
+        w: &mut Workspace,
+        pools: &mut Pools,
+        n: usize,
+        bucket: usize,
+    ) -> Result<()> {
+        self.enqueue(w, pools, n, bucket, StepAttn::Batch, false)?;
+        match self.span.last() {
+            true => self.logits(w, 0..n, Residual::Done),
+            false => Ok(()),
+        }
     }
 
     /// The largest position a decode graph for a step at `start` plans its

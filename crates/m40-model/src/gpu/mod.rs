@@ -32,6 +32,7 @@ mod ops;
 mod plan;
 mod residual;
 mod rope;
+mod stage;
 mod tuning;
 mod weights;
 mod workspace;
@@ -51,7 +52,8 @@ pub use tuning::{JOIN_CHUNK, KV_FIT_HEADROOM};
 
 use crate::error::{ModelError, Result};
 use crate::{
-    Backend, KvFormat, KvLayout, KvState, Logits, MemoryUse, Model, Selection, SeqStep, StepOut,
+    Backend, KvFormat, KvLayout, KvState, Logits, MemoryUse, Model, Selection, SeqStep, Span,
+    StepOut,
 };
 use encoder::EncoderWeights;
 use graphs::Graphs;
@@ -124,6 +126,10 @@ pub struct GpuOptions {
     /// ([`GpuBackend::takes_kv_format`]). A quantized pool turns the
     /// persistent decode kernel off (its attention reads FP16).
     pub kv_format: KvFormat,
+    /// The layers this backend runs (a stage of a model split over
+    /// devices, `crate::split`), with the embedding where they start at
+    /// the first and the outputs where they end at the last; None: all.
+    pub layers: Option<std::ops::Range<usize>>,
 }
 
 impl Default for GpuOptions {
@@ -143,6 +149,7 @@ impl Default for GpuOptions {
             jit_threads: None,
             memory_limit: None,
             kv_format: KvFormat::F16,
+            layers: None,
         }
     }
 }
@@ -182,6 +189,8 @@ pub struct GpuBackend {
     decode_attention: bool,
     /// `GpuOptions::batch_decode`.
     batch_decode: bool,
+    /// The layers it runs (`GpuOptions::layers`).
+    span: Span,
     graphs: std::sync::atomic::AtomicBool,
     pages: Arc<PagePool>,
     /// The KV pool's layout (FP16 pages of KV_PAGE tokens).
@@ -222,7 +231,12 @@ impl GpuBackend {
                 hp.head_dim
             )));
         }
-        opts.persistent &= opts.kv_format == KvFormat::F16;
+        let span = match &opts.layers {
+            Some(l) => Span::of(&hp, l.clone())?,
+            None => Span::whole(&hp),
+        };
+        // The persistent kernel's program is a whole model's decode step.
+        opts.persistent &= opts.kv_format == KvFormat::F16 && span.is_whole();
         if hp.head_dim > MAX_HEAD_DIM || !hp.head_dim.is_multiple_of(2) {
             return Err(ModelError::Unsupported(format!(
                 "head dimension {} on the GPU (even, at most {MAX_HEAD_DIM})",
@@ -283,13 +297,13 @@ impl GpuBackend {
             .min(opts.memory_limit.unwrap_or(u64::MAX));
         let sms = device.info().sm_count as usize;
         let needed = |t| {
-            let (w, kv, work) = memory_needed(&model, &opts, gpu, sms, t);
+            let (w, kv, work) = memory_needed(&model, &opts, &span, gpu, sms, t);
             w + kv + work
         };
         let kv_tokens = match kv_pool_tokens(opts.kv_tokens, opts.kv_min_tokens, limit, needed) {
             Ok(t) => t,
             Err(fits) => {
-                let (w, kv, work) = memory_needed(&model, &opts, gpu, sms, opts.kv_tokens);
+                let (w, kv, work) = memory_needed(&model, &opts, &span, gpu, sms, opts.kv_tokens);
                 return Err(ModelError::GpuMemory {
                     device: device.info().name.clone(),
                     need: format!(
@@ -313,7 +327,7 @@ impl GpuBackend {
                 });
             }
         };
-        let (w, _, _) = memory_needed(&model, &opts, gpu, sms, kv_tokens);
+        let (w, _, _) = memory_needed(&model, &opts, &span, gpu, sms, kv_tokens);
         // What it holds, as allocated through the device's budget (the plan
         // above leaves out a few small tables): weights (with the RoPE
         // tables), the KV pool, and the rest.
@@ -321,7 +335,7 @@ impl GpuBackend {
         let before = used();
 
         let stream = device.new_stream()?;
-        let weights = Weights::upload(&model, &opts, &stream, w)?;
+        let weights = Weights::upload(&model, &opts, &span, &stream, w)?;
         let encoder = EncoderWeights::upload(&model, &stream)?;
 
         // NeoX heads uploaded with their pairs adjacent rotate as llama's.
@@ -331,7 +345,7 @@ impl GpuBackend {
         let ops = LayerOps::plan(&hp, &weights, &kernels, opts.fuse, ropes.style(), quant_kv);
         let after_weights = used();
 
-        let layout = KvLayout::new(&hp, KV_PAGE, opts.kv_format);
+        let layout = KvLayout::new(&hp, KV_PAGE, opts.kv_format).of_layers(span.len());
         let n_pages = layout.pages_for(kv_tokens).max(1);
         let pools = Pools::new(&stream, layout, n_pages)?;
         let after_kv = used();
@@ -369,6 +383,7 @@ impl GpuBackend {
             persistent: opts.persistent,
             decode_attention: opts.decode_attention,
             batch_decode: opts.batch_decode,
+            span,
             graphs: opts.graphs.into(),
             pages: PagePool::new(n_pages, KV_PAGE),
             kv_layout: layout,
@@ -437,7 +452,7 @@ impl Backend for GpuBackend {
         }
         let mut st = lock(&self.state);
         let mut out = Vec::new();
-        self.run(&mut st, cache, tokens, want, Some(&mut out), None)?;
+        self.run(&mut st, cache, tokens, want, Some(&mut out), None, None)?;
         Ok(out)
     }
 
@@ -495,25 +510,8 @@ impl Backend for GpuBackend {
         tokens: &[u32],
         sel: &Selection,
     ) -> Result<Vec<(u32, f32)>> {
-        if tokens.is_empty() {
-            return Err(ModelError::Unsupported("a selection without tokens".into()));
-        }
-        let args = self.selection_args(sel)?;
-        let mut out = Vec::new();
         let mut st = lock(&self.state);
-        let select = Select {
-            args: &args,
-            k: sel.k,
-            out: &mut out,
-            mask: sel.mask.as_ref(),
-        };
-        self.run(&mut st, cache, tokens, Logits::Last, None, Some(select))?;
-        let (ids, bits) = out.split_at(sel.k);
-        Ok(ids
-            .iter()
-            .zip(bits)
-            .map(|(&i, &b)| (i as u32, f32::from_bits(b as u32)))
-            .collect())
+        self.select_rows(&mut st, cache, tokens, sel, None)
     }
 }
 
@@ -548,7 +546,10 @@ impl GpuBackend {
     }
 
     /// A forward of `tokens` in steps of at most max_batch; the requested
-    /// logits go to `out` (None: they stay in the workspace).
+    /// logits go to `out` (None: they stay in the workspace). A later
+    /// stage's layers take the rows `x` (a row per token); an earlier
+    /// stage's give theirs to `out`, whatever `want` says.
+    #[allow(clippy::too_many_arguments)]
     fn run(
         &self,
         st: &mut State,
@@ -557,6 +558,7 @@ impl GpuBackend {
         want: Logits,
         mut out: Option<&mut Vec<f32>>,
         mut sel: Option<Select<'_>>,
+        x: Option<&[f32]>,
     ) -> Result<()> {
         let n = tokens.len();
         crate::check_input(
@@ -573,6 +575,8 @@ impl GpuBackend {
                 "a KV cache of another GPU backend".into(),
             ));
         }
+        let d = self.model.hparams().n_embd;
+        self.check_rows(x, n)?;
         let steps: Vec<&[u32]> = tokens.chunks(self.max_batch).collect();
         let last = steps.len() - 1;
         let before = cache.len();
@@ -582,7 +586,10 @@ impl GpuBackend {
                 w => w,
             };
             let sel_here = if i == last { sel.take() } else { None };
-            if let Err(e) = self.step(st, cache, chunk, want_here, out.as_deref_mut(), sel_here) {
+            let at = i * self.max_batch * d;
+            let x_here = x.map(|x| &x[at..at + chunk.len() * d]);
+            let o = out.as_deref_mut();
+            if let Err(e) = self.step(st, cache, chunk, want_here, o, sel_here, x_here) {
                 // A forward appends all of its tokens or none.
                 cache.truncate(before);
                 return Err(e);

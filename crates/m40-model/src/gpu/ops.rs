@@ -109,15 +109,18 @@ impl LayerOps {
                 let plain = attn_join == Join::Plain;
                 let (ffn_norm, router_norm, next_norm) = match &layer.ffn {
                     Ffn::Dense { gate_up, down } => {
-                        let next = match layers.get(l + 1) {
-                            Some(next) => next.qkv.iter().map(|s| &s.mat).collect(),
-                            None => vec![weights.output()],
+                        // The GEMVs after the down projection's norm: the
+                        // next layer's, or the output's in the last stage
+                        // (none to fold into at the end of an earlier one).
+                        let next: Option<Vec<&Mat>> = match layers.get(l + 1) {
+                            Some(next) => Some(next.qkv.iter().map(|s| &s.mat).collect()),
+                            None => weights.output().map(|o| vec![o]),
                         };
                         let gate_up = gate_up.iter().map(|s| &s.mat).collect();
                         (
                             plain && folds(&layer.wo, gate_up),
                             false,
-                            ffn_join == Join::Plain && folds(down, next),
+                            ffn_join == Join::Plain && next.is_some_and(|n| folds(down, n)),
                         )
                     }
                     Ffn::Moe(mats) => {

@@ -11,18 +11,19 @@ use super::tuning::{GEMM_SHARE, KV_FIT_HEADROOM, MIN_STEP_TOKENS, STEP_TARGET_S}
 use super::weights::device_bytes;
 use super::workspace::Workspace;
 use super::{GpuOptions, KV_PAGE};
-use crate::{KvLayout, Model};
+use crate::{KvLayout, Model, Span};
 
 pub(super) fn gib(b: u64) -> String {
     format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
 }
 
-/// Device memory a [`GpuBackend`] for `model` with `opts` and a KV pool of
-/// `kv_tokens` allocates on `gpu` (its GEMM slots size the split-K
-/// scratch), bytes: (weights, KV pool, workspace).
-pub(super) fn memory_needed(
+/// Device memory a [`GpuBackend`] for `span` of `model` with `opts` and a
+/// KV pool of `kv_tokens` allocates on `gpu` (its GEMM slots size the
+/// split-K scratch), bytes: (weights, KV pool, workspace).
+pub(crate) fn memory_needed(
     model: &Model,
     opts: &GpuOptions,
+    span: &Span,
     gpu: GemmSlots,
     sm_count: usize,
     kv_tokens: usize,
@@ -32,6 +33,7 @@ pub(super) fn memory_needed(
     let weights: u64 = hp
         .expected_tensors()
         .iter()
+        .filter(|(name, _)| span.holds(name, hp))
         .filter_map(|(name, _)| file.tensor_info(name))
         .map(|t| {
             if t.name == TOKEN_EMBD && !hp.tied_output {
@@ -44,7 +46,7 @@ pub(super) fn memory_needed(
         + file
             .tensor_info("rope_freqs.weight")
             .map_or(0, |t| t.n_bytes);
-    let layout = KvLayout::new(hp, KV_PAGE, opts.kv_format);
+    let layout = KvLayout::new(hp, KV_PAGE, opts.kv_format).of_layers(span.len());
     let pages = layout.pages_for(kv_tokens);
     let kv = layout.pool_bytes(pages);
     let (part, ml) = dec_scratch(hp, pages.max(1), sm_count, opts.decode_attention);

@@ -11,8 +11,8 @@ use m40_kernels::{
 };
 
 use super::GpuOptions;
-use crate::error::Result;
-use crate::Model;
+use crate::error::{ModelError, Result};
+use crate::{Model, Span};
 
 /// A weight matrix on the device: GGUF rows, or the packed layout.
 pub(super) struct Mat {
@@ -187,18 +187,42 @@ pub(super) enum Experts {
 }
 
 /// Every weight of the model on the device.
+/// Every weight of the backend's span (`crate::Span`) on the device: the
+/// token embedding where it embeds or computes the outputs through it
+/// (tied), its layers, the output norm and matrix where it computes the
+/// outputs.
 pub(super) struct Weights {
-    pub(super) embd: Mat,
+    pub(super) embd: Option<Mat>,
     pub(super) layers: Vec<Layer>,
-    pub(super) output_norm: DeviceBuffer<f32>,
-    /// None: tied to the embedding.
+    pub(super) output_norm: Option<DeviceBuffer<f32>>,
+    /// None: tied to the embedding, or not this span's.
     pub(super) output: Option<Mat>,
 }
 
 impl Weights {
-    /// The output matrix (the embedding where they are tied).
-    pub(super) fn output(&self) -> &Mat {
-        self.output.as_ref().unwrap_or(&self.embd)
+    /// The output matrix (the embedding where they are tied); None in a
+    /// span that does not compute the outputs.
+    pub(super) fn output(&self) -> Option<&Mat> {
+        self.output_norm.as_ref()?;
+        self.output.as_ref().or(self.embd.as_ref())
+    }
+
+    /// The token embedding (a span that embeds has it).
+    pub(super) fn embd(&self) -> Result<&Mat> {
+        self.embd
+            .as_ref()
+            .ok_or_else(|| ModelError::Unsupported("embedding tokens in a later stage".into()))
+    }
+
+    /// The output norm and matrix (a span that computes the outputs has
+    /// them).
+    pub(super) fn head(&self) -> Result<(&DeviceBuffer<f32>, &Mat)> {
+        match (&self.output_norm, self.output()) {
+            (Some(n), Some(o)) => Ok((n, o)),
+            _ => Err(ModelError::Unsupported(
+                "the outputs of an earlier stage".into(),
+            )),
+        }
     }
 
     /// Upload `model`'s weights as `opts` says; `w` bytes in all (for
@@ -206,6 +230,7 @@ impl Weights {
     pub(super) fn upload(
         model: &Model,
         opts: &GpuOptions,
+        span: &Span,
         stream: &Stream,
         w: u64,
     ) -> Result<Weights> {
@@ -313,22 +338,26 @@ impl Weights {
             Ok(stream.upload(&v, name)?)
         };
         // The embedding is packed only when it is also the output matrix.
-        let embd = one(stacks(
-            &[TOKEN_EMBD],
-            hp.tied_output && hp.encoder.is_none(),
-            false,
-        )?);
+        let embd = match span.holds(TOKEN_EMBD, hp) {
+            true => Some(one(stacks(
+                &[TOKEN_EMBD],
+                hp.tied_output && hp.encoder.is_none(),
+                false,
+            )?)),
+            false => None,
+        };
         if hp.encoder.is_some() {
             // An encoder's layers are `encoder.rs`'s; it has no output.
             return Ok(Weights {
                 embd,
                 layers: Vec::new(),
-                output_norm: stream.upload(&[0f32], "no output norm")?,
+                output_norm: None,
                 output: None,
             });
         }
-        let mut layers = Vec::with_capacity(hp.n_layer);
-        for (l, block) in hp.blocks().into_iter().enumerate() {
+        let mut layers = Vec::with_capacity(span.len());
+        let blocks = hp.blocks().into_iter().enumerate();
+        for (l, block) in blocks.filter(|(l, _)| span.layers.contains(l)) {
             let n = model.layer(l);
             let bias = if block.qkv_bias {
                 // Q's and K's in their matrices' row order.
@@ -450,12 +479,11 @@ impl Weights {
                 },
             });
         }
-        let output = if hp.tied_output {
-            None
-        } else {
-            Some(one(stacks(&[OUTPUT], true, false)?))
+        let output = match span.holds(OUTPUT, hp) && !hp.tied_output {
+            true => Some(one(stacks(&[OUTPUT], true, false)?)),
+            false => None,
         };
-        let output_norm = f32s(OUTPUT_NORM)?;
+        let output_norm = span.last().then(|| f32s(OUTPUT_NORM)).transpose()?;
         if let Some(p) = &opts.progress {
             p(w, w);
         }
