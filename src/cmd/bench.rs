@@ -13,6 +13,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -21,7 +22,7 @@ use m40_gguf::synth::{token_ids as random_tokens, write_model, FileType, Shape, 
 use m40_gguf::HyperParams;
 use m40_kernels::Kernels;
 use m40_model::gpu::{GpuBackend, GpuOptions};
-use m40_model::{Backend, KvState, Logits, Model, Selection};
+use m40_model::{AnyBackend, Backend, KvState, Logits, Model, Selection};
 use serde_json::{json, Value};
 
 pub use super::bench_args::Args;
@@ -122,7 +123,7 @@ struct TestResult {
     llama_cpp: Option<f64>,
 }
 
-fn pp_test(g: &GpuBackend, n: usize, reps: usize, c: &Ceilings) -> Result<TestResult> {
+fn pp_test(g: &AnyBackend, n: usize, reps: usize, c: &Ceilings) -> Result<TestResult> {
     let hp = g.hparams().clone();
     let toks = random_tokens(n, hp.n_vocab, 1);
     let mut t = Vec::new();
@@ -152,7 +153,7 @@ fn pp_test(g: &GpuBackend, n: usize, reps: usize, c: &Ceilings) -> Result<TestRe
 }
 
 fn tg_test(
-    g: &GpuBackend,
+    g: &AnyBackend,
     model: &Model,
     n: usize,
     depth: usize,
@@ -207,13 +208,14 @@ fn tg_test(
 /// llama-bench's arguments for the tests `a` runs on the file at `path`:
 /// all layers on the GPU and flash attention on (as the issue's llama.cpp
 /// figures were taken), JSON out; depth 0 and `a.depth` when it is set.
-fn llama_bench_args(path: &Path, a: &Args) -> Vec<std::ffi::OsString> {
+/// With `ngl`, that many layers on the GPU (the rest on the CPU).
+fn llama_bench_args(path: &Path, a: &Args, ngl: Option<usize>) -> Vec<std::ffi::OsString> {
     let mut v: Vec<std::ffi::OsString> = vec!["-m".into(), path.into()];
     for (flag, val) in [
         ("-p", a.n_prompt.to_string()),
         ("-n", a.n_gen.to_string()),
         ("-r", a.reps.to_string()),
-        ("-ngl", "99".into()),
+        ("-ngl", ngl.map_or("99".into(), |n| n.to_string())),
         ("-fa", "1".into()),
         ("-o", "json".into()),
     ] {
@@ -229,9 +231,9 @@ fn llama_bench_args(path: &Path, a: &Args) -> Vec<std::ffi::OsString> {
 }
 
 /// llama-bench's figures for the same tests, if it is on PATH and runs.
-fn llama_bench(path: &Path, a: &Args) -> Option<Vec<(String, f64)>> {
+fn llama_bench(path: &Path, a: &Args, ngl: Option<usize>) -> Option<Vec<(String, f64)>> {
     let out = match Command::new("llama-bench")
-        .args(llama_bench_args(path, a))
+        .args(llama_bench_args(path, a, ngl))
         .output()
     {
         Ok(o) if o.status.success() => o,
@@ -275,6 +277,26 @@ fn parse_llama_bench(json: &[u8]) -> Option<Vec<(String, f64)>> {
     }
     Some(res)
 }
+
+/// The backend the placement planner gives for `a`'s flags (`run`'s
+/// `--gpus`, `--tensor-split`, `--gpu-layers`, `--max-vram`), a pool of
+/// `kv_tokens`.
+fn placed_backend(model: &Arc<Model>, a: &Args, kv_tokens: usize) -> Result<Placed> {
+    let mut o = m40_runtime::EngineOptions::default();
+    o.backend = m40_runtime::BackendChoice::Gpu;
+    o.gpu = a.gpu;
+    o.gpus = (!a.gpus.is_empty()).then(|| a.gpus.clone());
+    o.tensor_split = a.tensor_split.clone();
+    o.gpu_layers = a.gpu_layers;
+    o.max_vram = a.max_vram.map(|g| (g * (1u64 << 30) as f64) as u64);
+    o.kv_tokens = Some(kv_tokens);
+    o.kv_type = a.kv_type;
+    let (b, _, p) = m40_runtime::load_backend(model, &o, kv_tokens)?;
+    Ok((b, p))
+}
+
+/// A backend and, where the planner placed it, its placement.
+type Placed = (AnyBackend, Option<m40_model::placement::Placement>);
 
 fn gib(b: u64) -> f64 {
     b as f64 / (1u64 << 30) as f64
@@ -335,20 +357,26 @@ fn bench(path: &PathBuf, label: &str, a: &Args) -> Result<()> {
         .max(a.ctx);
     eprintln!("loading {label} ...");
     let t0 = Instant::now();
-    let g = GpuBackend::new(
-        dev.clone(),
-        model.clone(),
-        GpuOptions {
-            kv_tokens,
-            packed: !a.gguf_layout,
-            fuse: !a.no_fuse,
-            persistent: a.persistent,
-            decode_attention: !a.warp_attention,
-            kv_format: a.kv_type,
-            ..Default::default()
-        },
-    )?;
+    let (g, placement) = match a.placed() {
+        true => placed_backend(&model, a, kv_tokens)?,
+        false => {
+            let opts = GpuOptions {
+                kv_tokens,
+                packed: !a.gguf_layout,
+                fuse: !a.no_fuse,
+                persistent: a.persistent,
+                decode_attention: !a.warp_attention,
+                kv_format: a.kv_type,
+                ..Default::default()
+            };
+            let g = GpuBackend::new(dev.clone(), model.clone(), opts)?;
+            (AnyBackend::Gpu(Box::new(g)), None)
+        }
+    };
     eprintln!("loaded in {:.1} s", t0.elapsed().as_secs_f64());
+    if let Some(p) = &placement {
+        print!("{p}");
+    }
     let size = model.file().file_size();
     let params = model.file().n_params();
     if !a.json {
@@ -407,7 +435,8 @@ fn bench(path: &PathBuf, label: &str, a: &Args) -> Result<()> {
         g.set_graphs(true);
     }
     if !a.no_llama_bench {
-        if let Some(lb) = llama_bench(path, a) {
+        let ngl = placement.as_ref().map(|p| p.gpu_layers());
+        if let Some(lb) = llama_bench(path, a, ngl) {
             for r in &mut results {
                 r.llama_cpp = lb.iter().find(|(n, _)| *n == r.name).map(|(_, t)| *t);
             }
@@ -506,7 +535,8 @@ mod tests {
     fn llama_bench_runs_the_same_tests() {
         let args = |v: &[&str]| {
             let cli = Cli::parse_from(["bench"].iter().chain(v));
-            llama_bench_args(Path::new("/m/x.gguf"), &cli.a)
+            let ngl = cli.a.gpu_layers;
+            llama_bench_args(Path::new("/m/x.gguf"), &cli.a, ngl)
                 .into_iter()
                 .map(|s| s.into_string().unwrap())
                 .collect::<Vec<_>>()
@@ -529,5 +559,8 @@ mod tests {
         );
         let a = args(&["/m/x.gguf", "-d", "0"]);
         assert!(!a.contains(" -d "), "{a}");
+        // The layers the planner put on the GPU.
+        let a = args(&["/m/x.gguf", "--gpu-layers", "20"]);
+        assert!(a.contains("-ngl 20 "), "{a}");
     }
 }

@@ -90,9 +90,32 @@ pub struct Args {
     /// document is complete starts another).
     #[arg(long, value_name = "FILE")]
     pub json_schema: Option<std::path::PathBuf>,
+    /// The model's layers over these GPUs (`run --gpus`: `0,1`; `0,0` runs
+    /// two stages on one GPU), placed by the planner, which is printed.
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub gpus: Vec<usize>,
+    /// Each GPU's share of the layers (`run --tensor-split`).
+    #[arg(long, value_name = "SHARES", value_delimiter = ',')]
+    pub tensor_split: Option<Vec<f64>>,
+    /// Layers on GPUs at most, the first ones on the CPU (`run
+    /// --gpu-layers`; llama-bench gets it as -ngl).
+    #[arg(long, value_name = "N")]
+    pub gpu_layers: Option<usize>,
+    /// The most memory the model may take on each GPU, GiB (`run
+    /// --max-vram`); llama-bench gets the GPU layers the planner chose.
+    #[arg(long, value_name = "GIB")]
+    pub max_vram: Option<f64>,
 }
 
 impl Args {
+    /// Whether the placement planner runs the model (any of its flags).
+    pub fn placed(&self) -> bool {
+        !self.gpus.is_empty()
+            || self.tensor_split.is_some()
+            || self.gpu_layers.is_some()
+            || self.max_vram.is_some()
+    }
+
     /// llama.cpp's flags for `--kv-type` (none for f16).
     pub fn llama_kv_args(&self) -> Vec<std::ffi::OsString> {
         match self.kv_type.name() {

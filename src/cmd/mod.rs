@@ -76,6 +76,35 @@ pub struct DeviceArgs {
     /// earlier requests that started the same way.
     #[arg(long)]
     pub no_prefix_cache: bool,
+    /// The GPUs the model's layers run on, in layer order: `0,1,2` or
+    /// `all`. With more than one, each takes a run of layers in proportion
+    /// to its free memory (or --tensor-split), and the placement is
+    /// printed.
+    #[arg(long, value_name = "LIST", env = "M40_GPUS")]
+    pub gpus: Option<String>,
+    /// Each GPU's share of the layers, in the order of --gpus (`3,2`).
+    #[arg(long, value_name = "SHARES", value_delimiter = ',')]
+    pub tensor_split: Option<Vec<f64>>,
+    /// Layers on GPUs at most (llama.cpp's -ngl, Ollama's num_gpu): the
+    /// first layers run on the CPU. By default as many as fit.
+    #[arg(long, alias = "n-gpu-layers", value_name = "N")]
+    pub gpu_layers: Option<usize>,
+    /// The most memory the model may take on each GPU, GiB (decimals
+    /// allowed): a 24 GB M40 emulated on a larger card with 22.
+    #[arg(long, value_name = "GIB")]
+    pub max_vram: Option<f64>,
+}
+
+/// `--gpus`: "all" (every GPU the driver has) or ordinals.
+fn gpu_list(s: &str) -> Option<Vec<usize>> {
+    if s.trim().eq_ignore_ascii_case("all") {
+        let n = m40_device::Device::count().ok().filter(|&n| n > 0)?;
+        return Some((0..n).collect());
+    }
+    s.split(',')
+        .map(|p| p.trim().parse().ok())
+        .collect::<Option<Vec<usize>>>()
+        .filter(|v| !v.is_empty())
 }
 
 impl DeviceArgs {
@@ -84,7 +113,14 @@ impl DeviceArgs {
     pub fn engine_options(&self, n_ctx: Option<usize>) -> m40_runtime::EngineOptions {
         use m40_runtime::{BackendChoice, UploadProgress};
         use std::io::IsTerminal;
-        let backend = match (self.cpu, self.gpu) {
+        let gpus = self.gpus.as_deref().map(|s| match gpu_list(s) {
+            Some(v) => v,
+            None => {
+                eprintln!("--gpus {s}: expected GPU ordinals (0,1) or `all` with a GPU present");
+                std::process::exit(2)
+            }
+        });
+        let backend = match (self.cpu, self.gpu.or(gpus.as_ref().map(|_| 0))) {
             (true, _) => BackendChoice::Cpu,
             (false, Some(_)) => BackendChoice::Gpu,
             (false, None) => BackendChoice::Auto,
@@ -121,6 +157,10 @@ impl DeviceArgs {
             o.max_batch_tokens = self.max_batch_tokens;
             o.batch_invariant = self.batch_invariant;
             o.no_prefix_cache = self.no_prefix_cache;
+            o.gpus = gpus;
+            o.tensor_split = self.tensor_split.clone();
+            o.gpu_layers = self.gpu_layers;
+            o.max_vram = self.max_vram.map(|g| (g * (1u64 << 30) as f64) as u64);
             o.step_stats = env_usize("M40_STEP_STATS");
             o.jit_threads = env_usize("M40_JIT_THREADS");
             o
@@ -171,6 +211,9 @@ pub fn report_backend(engine: &m40_runtime::Engine) {
     match engine.backend_note() {
         Some(why) => eprintln!("running on the CPU: {why}"),
         None => eprintln!("running on the {}", engine.backend_name()),
+    }
+    if let Some(p) = engine.placement() {
+        eprint!("{p}");
     }
 }
 

@@ -100,6 +100,16 @@ impl AnyBackend {
         }
     }
 
+    /// Replay decode steps from CUDA graphs (on) or launch every kernel, on
+    /// every GPU it runs on (`GpuBackend::set_graphs`).
+    pub fn set_graphs(&self, on: bool) {
+        match self {
+            AnyBackend::Cpu(_) => {}
+            AnyBackend::Gpu(g) => g.set_graphs(on),
+            AnyBackend::Split(s) => s.stages().iter().for_each(|b| b.set_graphs(on)),
+        }
+    }
+
     /// The layers a CPU or GPU backend runs (a split is not a stage).
     pub fn stage_span(&self) -> Result<Span> {
         match self {

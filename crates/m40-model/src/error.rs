@@ -25,6 +25,12 @@ pub enum ModelError {
         free: String,
         hint: String,
     },
+    #[error("the model does not fit this machine's GPUs and memory together: it needs {need}, and they have {have}; {hint}")]
+    Placement {
+        need: String,
+        have: String,
+        hint: String,
+    },
     #[error("{what} needs {need} of memory and this machine has {available} available; {hint}")]
     HostMemory {
         what: String,

@@ -17,6 +17,7 @@ pub(crate) mod host;
 mod kv_layout;
 mod mask;
 pub mod paged;
+pub mod placement;
 mod span;
 pub mod split;
 

@@ -5,9 +5,7 @@ use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
 use m40_chat::{Format, FormatError, Grammars};
-use m40_model::cpu::CpuBackend;
-use m40_model::gpu::{GpuBackend, GpuOptions};
-use m40_model::{AnyBackend, Backend, Model, ModelError};
+use m40_model::{Backend, Model};
 use m40_tokenizer::template::ChatTemplate;
 
 use m40_tokenizer::{Encode, Tokenizer};
@@ -21,105 +19,10 @@ use crate::prepared::Prepared;
 use crate::request::{Prompt, Request, TokenEvent};
 use crate::Completion;
 
-/// Which backend runs the model.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum BackendChoice {
-    /// The GPU when one is present and the model fits it, else the CPU
-    /// ([`Engine::backend_note`] says why).
-    #[default]
-    Auto,
-    Cpu,
-    /// The GPU or an error.
-    Gpu,
-}
-
-/// Called as weights upload to the GPU: (bytes done, bytes in all).
-#[derive(Clone)]
-pub struct UploadProgress(pub Arc<dyn Fn(u64, u64) + Send + Sync>);
-
-impl std::fmt::Debug for UploadProgress {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("UploadProgress")
-    }
-}
-
-/// Called while the GPU kernels load: the driver compiles them for the GPU
-/// at hand on a first run (seconds; cached after), after each module and
-/// every half second.
-#[derive(Clone)]
-pub struct KernelProgress(pub Arc<dyn Fn(m40_model::gpu::LoadProgress) + Send + Sync>);
-
-impl std::fmt::Debug for KernelProgress {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("KernelProgress")
-    }
-}
-
-/// How to load a model. More options will come: start from
-/// `EngineOptions::default()` and set fields.
-#[derive(Clone, Debug, Default)]
-#[non_exhaustive]
-pub struct EngineOptions {
-    /// Context length in tokens: by default the model's context up to
-    /// [`DEFAULT_CONTEXT`] (as Ollama); `Some(0)` is the whole context the
-    /// model was made for ([`m40_gguf::HyperParams::max_context`]), which
-    /// is also the most it may be ([`EngineError::ContextTooLong`]).
-    pub n_ctx: Option<usize>,
-    pub backend: BackendChoice,
-    /// CUDA device ordinal (default 0).
-    pub gpu: usize,
-    /// A chat template to use instead of the model's.
-    pub chat_template: Option<String>,
-    pub upload_progress: Option<UploadProgress>,
-    pub kernel_progress: Option<KernelProgress>,
-    /// How the CPU backend multiplies (default: 8-bit inputs as llama.cpp,
-    /// `CpuMath::Exact` for the FP32 reference).
-    pub cpu_math: m40_model::cpu::CpuMath,
-    /// Tokens the KV cache holds over all sequences together (default: on
-    /// the CPU [`DEFAULT_SEQUENCES`] contexts, halved while the machine has
-    /// no room for them; on the GPU [`DEFAULT_GPU_SEQUENCES`] contexts, or
-    /// as many whole pages as the device has room for; down to one context
-    /// either way).
-    pub kv_tokens: Option<usize>,
-    /// The most bytes the engine may take (weights, KV cache, workspace:
-    /// what [`Engine::memory`] reports), where given: its KV cache shrinks
-    /// to fit (down to one context), else loading fails as it does when the
-    /// device or the machine has no room. A server shares one such budget
-    /// among its models (`m40-serve`'s `max_memory`).
-    pub memory_limit: Option<u64>,
-    /// How the KV cache stores K and V (`--kv-type`; Ollama's
-    /// `OLLAMA_KV_CACHE_TYPE`): f16, or ggml's q8_0 / q4_0 blocks (half or
-    /// a quarter of the memory a token) on the CPU; the GPU's pages are
-    /// f16 so far, and a GPU engine asked for another says so in a warning
-    /// and uses f16.
-    pub kv_type: m40_model::KvFormat,
-    /// Sequences generating at once at most (`--parallel`; default: one
-    /// per 256 tokens of the KV cache, at most 64). More wait in line.
-    pub parallel: Option<usize>,
-    /// Tokens one step runs at most (`--max-batch-tokens`): running
-    /// decodes and prompt chunks together (default: on the GPU what it
-    /// computes in about a quarter second, 128 to 512
-    /// (`m40_model::gpu::default_step_tokens`); on the CPU 512).
-    pub max_batch_tokens: Option<usize>,
-    /// Every request's tokens bitwise what it gets alone, whatever else
-    /// runs (`--batch-invariant`). The CPU always gives that; on the GPU it
-    /// runs each sequence's decode step alone (one sequence's speed)
-    /// instead of batching them (ARCHITECTURE.md, batch invariance).
-    pub batch_invariant: bool,
-    /// Do not keep full KV pages for later requests that start with the
-    /// same tokens (`--no-prefix-cache`).
-    pub no_prefix_cache: bool,
-    /// Every N steps, the step loop's mean timings (idle, plan, prepare,
-    /// backend, after), rows and sequences, logged through `tracing` at
-    /// info level, target `m40_runtime::steps` (the CLI's `M40_STEP_STATS=N`).
-    pub step_stats: Option<usize>,
-    /// GPU kernel modules loaded at once on a first run (the CLI's
-    /// `M40_JIT_THREADS`; default one a core).
-    pub jit_threads: Option<usize>,
-}
-
-/// Contexts the KV cache holds by default ([`EngineOptions::kv_tokens`]).
-pub use m40_model::{DEFAULT_GPU_SEQUENCES, DEFAULT_SEQUENCES};
+pub use crate::options::{
+    BackendChoice, EngineOptions, KernelProgress, UploadProgress, DEFAULT_GPU_SEQUENCES,
+    DEFAULT_SEQUENCES,
+};
 
 /// A loaded model ready to generate, from any number of threads at once:
 /// their requests run together in batched steps (continuous batching;
@@ -129,6 +32,9 @@ pub struct Engine {
     pub(crate) core: Arc<Core>,
     /// Why Auto chose the CPU, if it did.
     note: Option<String>,
+    /// Where the planner put the layers, where it was asked (several GPUs,
+    /// `gpu_layers`, `tensor_split`, `max_vram`) or the model did not fit one GPU.
+    placement: Option<m40_model::placement::Placement>,
     chat: ChatFormat,
     pub(crate) n_ctx: usize,
     pub(crate) batcher: Batcher,
@@ -182,7 +88,7 @@ impl Engine {
                 .map(str::to_string),
         };
         let chat = ChatFormat::new(template, &source, tool_use.as_deref(), &tokenizer);
-        let (backend, note) = pick_backend(&model, &opts, n_ctx)?;
+        let (backend, note, placement) = crate::pick::load_backend(&model, &opts, n_ctx)?;
         let (layout, pages) = backend.kv_pool();
         let page_tokens = layout.page_tokens;
         // At most what one step of the backend takes, so that every plan
@@ -212,6 +118,7 @@ impl Engine {
         Ok(Self {
             core,
             note,
+            placement,
             model,
             chat,
             n_ctx,
@@ -247,6 +154,14 @@ impl Engine {
     /// Why the engine runs on the CPU although the GPU was allowed, if so.
     pub fn backend_note(&self) -> Option<&str> {
         self.note.as_deref()
+    }
+
+    /// Where each layer runs and what each device holds, where the
+    /// placement planner decided it ([`EngineOptions::gpus`] and the
+    /// options beside it, or a model too large for one GPU); its `Display`
+    /// is the table `m40-llm` prints.
+    pub fn placement(&self) -> Option<&m40_model::placement::Placement> {
+        self.placement.as_ref()
     }
 
     /// The model (its file, hyperparameters and tensors), which outlives
@@ -494,96 +409,5 @@ impl Engine {
             events: tx,
         });
         Generation::new(self.core.clone(), prepared, rx, own)
-    }
-}
-
-/// The GPU's page format for `asked`: itself where the GPU takes it for
-/// this model, else FP16 with a warning (an encoder's cache, a head size
-/// the quantized pages' rotation does not take).
-fn gpu_kv_format(hp: &m40_gguf::HyperParams, asked: m40_model::KvFormat) -> m40_model::KvFormat {
-    if GpuBackend::takes_kv_format(hp, asked) {
-        return asked;
-    }
-    tracing::warn!(
-        "a {} KV cache on the GPU takes decoders with head sizes that are multiples of 64 (at most 256): \
-         this model's KV cache is f16 (head size {})",
-        asked.name(),
-        hp.head_dim
-    );
-    m40_model::KvFormat::F16
-}
-
-/// The backend `opts` asks for; with Auto, the CPU when there is no GPU or
-/// the model does not fit it (and why).
-fn pick_backend(
-    model: &Arc<Model>,
-    opts: &EngineOptions,
-    n_ctx: usize,
-) -> Result<(AnyBackend, Option<String>)> {
-    // The CPU's KV pool: by default DEFAULT_SEQUENCES contexts, halved
-    // while the machine has no room for it, down to one context. Its pages
-    // are checked against the machine's memory, so that a server refuses to
-    // start rather than fail requests.
-    let cpu = || -> Result<AnyBackend> {
-        let mut kv = opts
-            .kv_tokens
-            .unwrap_or(n_ctx * DEFAULT_SEQUENCES)
-            .max(n_ctx);
-        loop {
-            match CpuBackend::within(
-                model.clone(),
-                opts.cpu_math,
-                kv,
-                opts.kv_type,
-                opts.memory_limit,
-            ) {
-                Err(ModelError::HostMemory { .. }) if opts.kv_tokens.is_none() && kv > n_ctx => {
-                    kv = (kv / 2).max(n_ctx);
-                }
-                r => return Ok(AnyBackend::Cpu(r?)),
-            }
-        }
-    };
-    if opts.backend == BackendChoice::Cpu {
-        return Ok((cpu()?, None));
-    }
-    let device = match m40_device::Device::open(opts.gpu) {
-        Ok(d) => d,
-        Err(e) if opts.backend == BackendChoice::Auto => {
-            return Ok((cpu()?, Some(format!("no GPU: {e}"))));
-        }
-        Err(e) => return Err(EngineError::NoGpu(e)),
-    };
-    // The GPU's: by default DEFAULT_GPU_SEQUENCES contexts, or the whole
-    // pages that fit the device's budget, down to one context.
-    let gpu_opts = GpuOptions {
-        kv_tokens: opts
-            .kv_tokens
-            .unwrap_or(n_ctx * DEFAULT_GPU_SEQUENCES)
-            .max(n_ctx),
-        kv_min_tokens: opts.kv_tokens.is_none().then_some(n_ctx),
-        batch_decode: !opts.batch_invariant,
-        max_batch: m40_model::DEFAULT_STEP,
-        progress: opts.upload_progress.as_ref().map(|p| p.0.clone()),
-        kernel_progress: opts.kernel_progress.as_ref().map(|p| p.0.clone()),
-        jit_threads: opts.jit_threads,
-        memory_limit: opts.memory_limit,
-        kv_format: gpu_kv_format(model.hparams(), opts.kv_type),
-        ..Default::default()
-    };
-    match GpuBackend::new(device, model.clone(), gpu_opts) {
-        Ok(g) => Ok((AnyBackend::Gpu(Box::new(g)), None)),
-        Err(e @ ModelError::GpuMemory { .. }) if opts.backend == BackendChoice::Auto => {
-            match cpu() {
-                Ok(c) => Ok((c, Some(e.to_string()))),
-                // Neither fits: both reasons.
-                Err(EngineError::Model(c)) => Err(EngineError::NoRoom {
-                    gpu: Box::new(e),
-                    cpu: Box::new(c),
-                }),
-                Err(c) => Err(c),
-            }
-        }
-        Err(e) => Err(e.into()),
     }
 }

@@ -26,7 +26,7 @@ pub const PAGE_TOKENS: usize = 8;
 /// The K and V rows of every page of one layer, in 16-bit words (a half,
 /// or the words of Q8_0's 34-byte and Q4_0's 18-byte blocks): page p's row
 /// of the token at offset i in it starts at value (p * PAGE_TOKENS + i) *
-/// kv_dim ([`row_at`]), word [`Rows::word`] of it.
+/// kv_dim ([`HostPages::row_at`]), word [`Rows::word`] of it.
 #[derive(Default)]
 pub(crate) struct LayerPages {
     pub(crate) k: Vec<u16>,
@@ -101,31 +101,40 @@ impl Rows {
     }
 }
 
-/// Where the row of `pos` starts, in a sequence of block table `pages`,
-/// rows of `kv_dim` values.
-pub(crate) fn row_at(pages: &[u32], pos: usize, kv_dim: usize) -> usize {
-    (pages[pos / PAGE_TOKENS] as usize * PAGE_TOKENS + pos % PAGE_TOKENS) * kv_dim
-}
-
 /// The pool's pages in host memory.
 pub(crate) struct HostPages {
     pool: Arc<PagePool>,
     layers: Vec<RwLock<LayerPages>>,
     kv_dim: usize,
     format: KvFormat,
+    /// Tokens a page holds.
+    page: usize,
 }
 
 impl HostPages {
-    /// A pool of `pages` pages for `n_layer` layers of `kv_dim` values a
-    /// token in `format` (`kv_dim` a multiple of its block); nothing
-    /// allocated until pages are used.
-    pub(crate) fn new(n_layer: usize, kv_dim: usize, pages: usize, format: KvFormat) -> HostPages {
+    /// A pool of `pages` pages of `page` tokens for `n_layer` layers of
+    /// `kv_dim` values a token in `format` (`kv_dim` a multiple of its
+    /// block); nothing allocated until pages are used.
+    pub(crate) fn new(
+        n_layer: usize,
+        kv_dim: usize,
+        (pages, page): (usize, usize),
+        format: KvFormat,
+    ) -> HostPages {
         HostPages {
-            pool: PagePool::new(pages, PAGE_TOKENS),
+            pool: PagePool::new(pages, page),
             layers: (0..n_layer).map(|_| RwLock::default()).collect(),
             kv_dim,
             format,
+            page,
         }
+    }
+
+    /// Where the row of `pos` starts, in a sequence of block table `pages`
+    /// (a row of `kv_dim` values).
+    pub(crate) fn row_at(&self, pages: &[u32], pos: usize) -> usize {
+        let p = self.page;
+        (pages[pos / p] as usize * p + pos % p) * self.kv_dim
     }
 
     /// How its values are read and written.
@@ -159,7 +168,7 @@ impl HostPages {
             .flat_map(|c| c.pages().iter())
             .max()
             .map_or(0, |&p| p as usize + 1);
-        let len = self.rows().word(top * PAGE_TOKENS * self.kv_dim);
+        let len = self.rows().word(top * self.page * self.kv_dim);
         for layer in 0..self.layers.len() {
             let mut l = self.write(layer);
             let LayerPages { k, v } = &mut *l;
@@ -176,7 +185,7 @@ impl HostPages {
 
     /// Page `to` becomes a copy of page `from`, in every layer.
     pub(crate) fn copy_page(&self, from: u32, to: u32) {
-        let n = self.rows().word(PAGE_TOKENS * self.kv_dim);
+        let n = self.rows().word(self.page * self.kv_dim);
         let (a, b) = (from as usize * n, to as usize * n);
         for layer in 0..self.layers.len() {
             let mut l = self.write(layer);
@@ -188,13 +197,13 @@ impl HostPages {
     fn no_room(&self, pages: usize) -> ModelError {
         let layout = crate::KvLayout {
             format: self.format,
-            page_tokens: PAGE_TOKENS,
+            page_tokens: self.page,
             n_layer: self.layers.len(),
             kv_dim: self.kv_dim,
         };
         let bytes = layout.pool_bytes(pages);
         ModelError::HostMemory {
-            what: format!("a KV cache of {} tokens", pages * PAGE_TOKENS),
+            what: format!("a KV cache of {} tokens", pages * self.page),
             need: human_bytes(bytes),
             available: crate::host::available_memory().map_or_else(|| "less".into(), human_bytes),
             hint: "use a smaller context or fewer parallel sequences".into(),

@@ -93,3 +93,36 @@ pub(super) fn kv_too_big(hp: &HyperParams, n_ctx: usize, format: KvFormat) -> Mo
         hint: "use a smaller context or --kv-tokens".into(),
     }
 }
+
+/// What `model`'s parts take on the CPU with a KV cache in `format` and
+/// steps of `batch` tokens (the placement planner's costs): each layer's
+/// tensors as the file holds them (mapped, and read every step), the
+/// embedding with the first layer, the output with the last.
+pub fn costs(model: &crate::Model, format: KvFormat, batch: usize) -> crate::placement::Costs {
+    let hp = model.hparams();
+    let mut c = crate::placement::Costs {
+        layers: vec![0; hp.n_layer],
+        kv_token: crate::KvLayout::new(hp, kv::PAGE_TOKENS, format)
+            .of_layers(1)
+            .token_bytes(),
+        first: 0,
+        last: 0,
+        fixed: memory_needed_in(hp, 0, batch, format).1,
+        both: 0,
+    };
+    let embd = m40_gguf::hparams::TOKEN_EMBD;
+    for t in model.file().tensors() {
+        match (crate::span::layer_of(&t.name), t.name.as_str()) {
+            (Some(l), _) if l < hp.n_layer => c.layers[l] += t.n_bytes,
+            (Some(_), _) => {}
+            (None, n) if n == embd && hp.tied_output => {
+                c.first += t.n_bytes;
+                c.last += t.n_bytes;
+                c.both += t.n_bytes;
+            }
+            (None, n) if n == embd => c.first += t.n_bytes,
+            (None, _) => c.last += t.n_bytes,
+        }
+    }
+    c
+}

@@ -24,12 +24,12 @@ use crate::paged::PagedCache;
 use crate::{Backend, KvFormat, KvState, Logits, Model, SeqStep, Span, StepOut, DEFAULT_SEQUENCES};
 use encoder::{layernorm_bias, EncoderInput, EncoderLayer};
 pub use kv::{rotate as kv_rotate, PAGE_TOKENS};
-use kv::{row_at, HostPages, LayerPages};
+use kv::{HostPages, LayerPages};
 use m40_gguf::TensorView;
 use matmul::matmul;
 mod memory;
 use memory::kv_too_big;
-pub use memory::{check_memory, check_memory_within, memory_needed, memory_needed_in};
+pub use memory::{check_memory, check_memory_within, costs, memory_needed, memory_needed_in};
 pub use moe::route;
 use ops::{glu, head_norm, norm, rmsnorm, softcap, softmax_sink, Rope};
 
@@ -157,7 +157,12 @@ impl CpuBackend {
         }
         let room = memory_limit.map(|l| l.saturating_sub(model.file().file_size()));
         memory::check_memory_within(&span_hp, kv_tokens, crate::DEFAULT_STEP, kv_format, room)?;
-        let pages = kv_tokens.max(1).div_ceil(PAGE_TOKENS);
+        // A stage shares its block table with GPU stages: their pages.
+        let page = match span.is_whole() {
+            true => PAGE_TOKENS,
+            false => m40_kernels::KV_PAGE,
+        };
+        let pages = kv_tokens.max(1).div_ceil(page);
         if pages > u32::MAX as usize {
             return Err(kv_too_big(&hp, kv_tokens, kv_format));
         }
@@ -210,7 +215,7 @@ impl CpuBackend {
             _ => None,
         };
         let encoder = EncoderInput::load(&model)?.map(Box::new);
-        let kv = HostPages::new(span.len(), kv_dim, pages, kv_format);
+        let kv = HostPages::new(span.len(), kv_dim, (pages, page), kv_format);
         Ok(Self {
             model,
             math,
@@ -297,7 +302,6 @@ impl CpuBackend {
         let (hd, group) = (hp.head_dim, hp.n_head / hp.n_head_kv);
         let (scale, cap) = (hp.attn_scale, hp.attn_softcap);
         let sinks = self.layers[layer].sinks.as_deref();
-        let kv_dim = hp.n_head_kv * hd;
         let pages = self.kv.read(layer);
         let LayerPages { k: kc, v: vc } = &*pages;
         let rows = self.kv.rows();
@@ -308,7 +312,7 @@ impl CpuBackend {
             .for_each(|(task, o)| {
                 let (i, g) = (task / hp.n_head_kv, task % hp.n_head_kv);
                 let (seq, pos) = at[i];
-                let row = |pos| row_at(tables[seq], pos, kv_dim) + g * hd;
+                let row = |pos| self.kv.row_at(tables[seq], pos) + g * hd;
                 let end = if hp.causal { pos + 1 } else { ends[seq] };
                 let first = match window {
                     0 => 0,
@@ -460,7 +464,7 @@ impl CpuBackend {
                 let mut pages = self.kv.write(l);
                 let rows = self.kv.rows();
                 for (i, &(s, pos)) in at.iter().enumerate() {
-                    let row = row_at(seqs[s].0.pages(), pos, kv_dim);
+                    let row = self.kv.row_at(seqs[s].0.pages(), pos);
                     rows.store(&mut pages.k, row, &k[i * kv_dim..(i + 1) * kv_dim]);
                     rows.store(&mut pages.v, row, &v[i * kv_dim..(i + 1) * kv_dim]);
                 }

@@ -42,12 +42,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use m40_device::{Device, DeviceBuffer, Stream};
 use m40_gguf::HyperParams;
 use m40_kernels::{
-    select_args, select_masked, GemmSlots, Kernels, Penalties, KV_PAGE, MAX_HEAD_DIM,
-    MOE_MAX_EXPERTS, SELECT_MAX_K,
+    select_args, select_masked, GemmSlots, Kernels, Penalties, MAX_HEAD_DIM, MOE_MAX_EXPERTS,
+    SELECT_MAX_K,
 };
 
 pub use kv::{GpuCache, PagePool};
 pub use m40_kernels::LoadProgress;
+pub use m40_kernels::KV_PAGE;
 pub use tuning::{JOIN_CHUNK, KV_FIT_HEADROOM};
 
 use crate::error::{ModelError, Result};
@@ -59,7 +60,7 @@ use encoder::EncoderWeights;
 use graphs::Graphs;
 use kv::Pools;
 use ops::LayerOps;
-pub use plan::default_step_tokens;
+pub use plan::{costs, default_step_tokens};
 use plan::{dec_scratch, fit_hint, flops_per_token, gib, kv_pool_tokens, memory_needed};
 use rope::Ropes;
 use weights::{modules_needed, packs, Weights};

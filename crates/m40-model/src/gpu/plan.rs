@@ -11,6 +11,8 @@ use super::tuning::{GEMM_SHARE, KV_FIT_HEADROOM, MIN_STEP_TOKENS, STEP_TARGET_S}
 use super::weights::device_bytes;
 use super::workspace::Workspace;
 use super::{GpuOptions, KV_PAGE};
+use crate::placement::Costs;
+use crate::span::layer_of;
 use crate::{KvLayout, Model, Span};
 
 pub(super) fn gib(b: u64) -> String {
@@ -164,4 +166,61 @@ pub(super) fn fit_hint(fits: usize, asked: usize, weights: u64) -> String {
             "a KV cache of {fits} tokens fits (of the {asked} asked): use a context of at most {fits} tokens (fewer parallel sequences), a smaller quantization, or run on the CPU"
         )
     }
+}
+
+/// GEMM slots for a plan made before any kernel is loaded (the placement
+/// planner's): generous, so the split-K scratch it counts is no less than
+/// the backend's (whose own plan, made with the loaded kernels', decides).
+fn estimated_slots(sms: usize) -> GemmSlots {
+    GemmSlots {
+        sms,
+        per_sm: 4,
+        small_per_sm: 8,
+        narrow_per_sm: 8,
+        rows_per_sm: 8,
+    }
+}
+
+/// What `model`'s parts take on a GPU of `sm_count` SMs with `opts`, a pool
+/// of up to `kv_tokens` (the placement planner's costs: a stage's
+/// workspace is counted at that pool, the most it holds).
+pub fn costs(model: &Model, opts: &GpuOptions, sm_count: usize, kv_tokens: usize) -> Costs {
+    let hp = model.hparams();
+    let file = model.file();
+    let mut c = Costs {
+        layers: vec![0; hp.n_layer],
+        kv_token: 0,
+        first: 0,
+        last: 0,
+        fixed: file
+            .tensor_info("rope_freqs.weight")
+            .map_or(0, |t| t.n_bytes),
+        both: 0,
+    };
+    for (name, _) in hp.expected_tensors() {
+        let Some(t) = file.tensor_info(&name) else {
+            continue;
+        };
+        let bytes = device_bytes(opts, hp, t);
+        match (layer_of(&name), name.as_str()) {
+            (Some(l), _) => c.layers[l] += bytes,
+            // Gathered only: stays in GGUF rows.
+            (None, TOKEN_EMBD) if !hp.tied_output => c.first += t.n_bytes,
+            // The embedding is the output too: with both ends.
+            (None, TOKEN_EMBD) => {
+                c.first += bytes;
+                c.last += bytes;
+                c.both += bytes;
+            }
+            (None, _) => c.last += bytes,
+        }
+    }
+    c.kv_token = KvLayout::new(hp, KV_PAGE, opts.kv_format)
+        .of_layers(1)
+        .token_bytes();
+    let pages = KvLayout::new(hp, KV_PAGE, opts.kv_format).pages_for(kv_tokens);
+    let (part, ml) = dec_scratch(hp, pages.max(1), sm_count, opts.decode_attention);
+    let slots = estimated_slots(sm_count);
+    c.fixed += Workspace::bytes(hp, opts.max_batch.max(1), pages, slots) + 4 * (part + ml) as u64;
+    c
 }
