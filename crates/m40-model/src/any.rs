@@ -100,6 +100,16 @@ impl AnyBackend {
         }
     }
 
+    /// The bytes it holds in GPU memory (a split's GPU stages': Ollama's
+    /// `size_vram`).
+    pub fn gpu_memory(&self) -> u64 {
+        match self {
+            AnyBackend::Cpu(_) => 0,
+            AnyBackend::Gpu(g) => g.memory().total(),
+            AnyBackend::Split(s) => s.stages().iter().map(|b| b.gpu_memory()).sum(),
+        }
+    }
+
     /// Replay decode steps from CUDA graphs (on) or launch every kernel, on
     /// every GPU it runs on (`GpuBackend::set_graphs`).
     pub fn set_graphs(&self, on: bool) {

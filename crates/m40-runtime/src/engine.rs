@@ -146,6 +146,12 @@ impl Engine {
         self.core.backend.memory()
     }
 
+    /// The part of [`Engine::memory`] in GPU memory: all of it on a GPU,
+    /// none on the CPU, the GPU stages' where the model is split.
+    pub fn memory_on_gpus(&self) -> u64 {
+        self.core.backend.gpu_memory()
+    }
+
     /// "CPU" or the GPU's name.
     pub fn backend_name(&self) -> String {
         self.core.backend.describe()

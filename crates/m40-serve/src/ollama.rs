@@ -594,7 +594,7 @@ fn ps_entry(slot: &Slot, engine: &Engine) -> Value {
     // its PROCESSOR column from the part in GPU memory.
     let mem = engine.memory();
     m["size"] = json!(mem.total());
-    m["size_vram"] = json!(if mem.on_device { mem.total() } else { 0 });
+    m["size_vram"] = json!(engine.memory_on_gpus());
     m["context_length"] = json!(engine.n_ctx());
     m["m40_backend"] = json!(engine.backend_name());
     // What the engine runs now (m40-llm's own fields).
