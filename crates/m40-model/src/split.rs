@@ -229,6 +229,7 @@ impl Backend for Split {
         }
         let plan: Vec<(&[u32], Want)> = seqs.iter().map(|s| (s.tokens, s.want.clone())).collect();
         let mut caches: Vec<&mut SplitCache> = seqs.iter_mut().map(|s| &mut *s.cache).collect();
+        let last = self.stages.len() - 1;
         let step = |s: &AnyBackend, i: usize, c: &mut [&mut SplitCache], x: Option<&[f32]>| {
             let mut steps: Vec<SeqStep<'_, AnyCache>> = c
                 .iter_mut()
@@ -236,7 +237,12 @@ impl Backend for Split {
                 .map(|(c, (tokens, want))| SeqStep {
                     cache: &mut c.parts[i],
                     tokens,
-                    want: want.clone(),
+                    // An earlier stage gives rows whatever is wanted (and
+                    // a CPU stage selects nothing).
+                    want: match i == last {
+                        true => want.clone(),
+                        false => Want::Nothing,
+                    },
                 })
                 .collect();
             s.stage_batch(&mut steps, x)

@@ -106,7 +106,13 @@ pub fn load_backend(model: &Arc<Model>, opts: &EngineOptions, n_ctx: usize) -> R
         kv_format: gpu_kv_format(hp, opts.kv_type),
         ..Default::default()
     };
-    let planned = devices.len() > 1 || opts.gpu_layers.is_some() || opts.tensor_split.is_some();
+    // The planner where asked; else one GPU, the planner only where Auto
+    // lets the CPU take what does not fit (a server's `Fit::Best` asks
+    // for the GPU or an error, to unload an idle model first).
+    let planned = devices.len() > 1
+        || opts.gpu_layers.is_some()
+        || opts.tensor_split.is_some()
+        || opts.max_vram.is_some();
     let mut whole_err = None;
     if !planned {
         match GpuBackend::new(devices[0].clone(), model.clone(), base_clone(&base)) {
