@@ -73,6 +73,68 @@ fn gpu_engine_generates_what_the_cpu_engine_does() {
     );
 }
 
+/// The engine over a model split by the planner: two stages on one GPU
+/// (`gpus` 0,0, the code of two GPUs: rows through the host), and the
+/// first layers on the CPU (`gpu_layers`), each running requests from
+/// several threads at once (batched steps through every stage): greedy
+/// tokens as the whole model's on one GPU (the CPU stage's exact FP32
+/// aside: allowed to wander at one near tie, as CPU against GPU above).
+#[test]
+#[ignore = "needs a GPU"]
+fn a_split_engine_generates_what_one_gpu_does() {
+    gpu_device("a_split_engine_generates_what_one_gpu_does");
+    let td = common::testdata().expect("the quant zoo is needed (M40_TESTDATA)");
+    let path = td.join("quant-zoo/zoo-Q8_0.gguf");
+    let with = |f: &dyn Fn(&mut EngineOptions)| {
+        Engine::from_path(&path, {
+            let mut o = EngineOptions::default();
+            o.n_ctx = Some(256);
+            o.cpu_math = CpuMath::Exact;
+            f(&mut o);
+            o
+        })
+        .unwrap()
+    };
+    let whole = with(&|_| {});
+    let prompts = [
+        "hello world, this is a test",
+        "one two three",
+        "the quick brown fox",
+    ];
+    let answers = |e: &Engine| -> Vec<Vec<u32>> {
+        std::thread::scope(|s| {
+            let hs: Vec<_> = prompts
+                .iter()
+                .map(|p| {
+                    s.spawn(move || {
+                        let mut req = Request::new(Prompt::Text(p.to_string()));
+                        req.sampling = SamplingParams::greedy();
+                        req.max_tokens = Some(40);
+                        e.generate(&req, &CancelToken::new(), |_| {})
+                            .unwrap()
+                            .token_ids
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    };
+    let want = answers(&whole);
+    let n_layer = whole.model().hparams().n_layer;
+    let two = with(&|o| o.gpus = Some(vec![0, 0]));
+    let p = two.placement().expect("planned");
+    println!("{p}");
+    assert_eq!(p.stages.len(), 2, "{p}");
+    assert_eq!(answers(&two), want, "two stages on one GPU");
+    let cpu_first = with(&|o| o.gpu_layers = Some(n_layer - 1));
+    let p = cpu_first.placement().expect("planned");
+    println!("{p}");
+    assert_eq!(p.gpu_layers(), n_layer - 1, "{p}");
+    let got = answers(&cpu_first);
+    let differ = got.iter().zip(&want).filter(|(a, b)| a != b).count();
+    assert!(differ <= 1, "CPU + GPU: {got:?} against {want:?}");
+}
+
 /// What a server with several models relies on: two engines on one GPU
 /// (each its own stream and step loop) generate at once what each does
 /// alone; each takes about what its memory plan says; dropping one gives
@@ -153,4 +215,31 @@ fn asking_for_a_missing_gpu_is_an_error() {
     });
     let err = r.err().expect("GPU 99 does not exist");
     assert!(err.to_string().contains("--cpu"), "{err}");
+}
+
+#[test]
+fn a_split_over_missing_gpus_is_an_error_not_the_cpu() {
+    let Some(td) = common::testdata() else { return };
+    let path = td.join("quant-zoo/zoo-Q8_0.gguf");
+    // Auto, but GPUs named: no quiet fallback to the CPU.
+    for gpus in [vec![98, 99], vec![99]] {
+        let r = Engine::from_path(&path, {
+            let mut o = EngineOptions::default();
+            o.gpus = Some(gpus.clone());
+            o
+        });
+        let err = r.err().expect("GPUs 98 and 99 do not exist");
+        assert!(err.to_string().contains("--cpu"), "{gpus:?}: {err}");
+    }
+    // The CPU asked for: the GPU options do not matter.
+    let e = Engine::from_path(&path, {
+        let mut o = EngineOptions::default();
+        o.backend = BackendChoice::Cpu;
+        o.gpus = Some(vec![99]);
+        o.gpu_layers = Some(3);
+        o
+    })
+    .unwrap();
+    assert_eq!(e.backend_name(), "CPU");
+    assert!(e.placement().is_none());
 }
