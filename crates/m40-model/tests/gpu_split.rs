@@ -61,16 +61,23 @@ enum On {
 }
 
 fn cpu_stage(model: &Arc<Model>, layers: Range<usize>) -> AnyBackend {
+    cpu_stage_in(model, layers, KvFormat::F16)
+}
+
+fn cpu_stage_in(model: &Arc<Model>, layers: Range<usize>, f: KvFormat) -> AnyBackend {
     let span = Span::of(model.hparams(), layers).unwrap();
-    AnyBackend::Cpu(
-        CpuBackend::stage(model.clone(), CpuMath::Exact, KV, KvFormat::F16, None, span).unwrap(),
-    )
+    AnyBackend::Cpu(CpuBackend::stage(model.clone(), CpuMath::Exact, KV, f, None, span).unwrap())
 }
 
 fn gpu_stage(model: &Arc<Model>, layers: Option<Range<usize>>) -> AnyBackend {
+    gpu_stage_in(model, layers, KvFormat::F16)
+}
+
+fn gpu_stage_in(model: &Arc<Model>, layers: Option<Range<usize>>, f: KvFormat) -> AnyBackend {
     let opts = GpuOptions {
         kv_tokens: KV,
         layers,
+        kv_format: f,
         ..Default::default()
     };
     let dev = gpu_device("split model");
@@ -79,11 +86,16 @@ fn gpu_stage(model: &Arc<Model>, layers: Option<Range<usize>>) -> AnyBackend {
 
 /// The model over `stages` (each a device and its layers).
 fn split(model: &Arc<Model>, stages: &[(On, Range<usize>)]) -> AnyBackend {
+    split_in(model, stages, KvFormat::F16)
+}
+
+/// [`split`] with KV pages in `f`.
+fn split_in(model: &Arc<Model>, stages: &[(On, Range<usize>)], f: KvFormat) -> AnyBackend {
     let parts = stages
         .iter()
         .map(|(on, l)| match on {
-            On::Cpu => cpu_stage(model, l.clone()),
-            On::Gpu => gpu_stage(model, Some(l.clone())),
+            On::Cpu => cpu_stage_in(model, l.clone(), f),
+            On::Gpu => gpu_stage_in(model, Some(l.clone()), f),
         })
         .collect();
     AnyBackend::Split(Box::new(Split::new(parts).unwrap()))
@@ -358,6 +370,54 @@ fn gpu_stages_give_the_whole_models_logits() {
                     true => format!(", {:.2e} against the CPU", against_cpu.get()),
                     false => String::new(),
                 }
+            );
+        }
+    }
+}
+
+/// Quantized KV pages split too: each stage's pool holds its layers' pages
+/// in the format (the CPU's bitwise; the GPU's within the bounds above).
+#[test]
+fn quantized_kv_pages_split_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = model(dir.path(), "qwen3-tiny", 4, GgmlType::Q8_0);
+    for f in [KvFormat::Q8_0, KvFormat::Q4_0] {
+        let whole = cpu_stage_in(&m, 0..4, f);
+        let parts = split_in(&m, &[(On::Cpu, 0..1), (On::Cpu, 1..4)], f);
+        one_sequence(&whole, &parts, 37, 8, false, &bitwise);
+        batched(&whole, &parts, false, &bitwise);
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn quantized_kv_pages_split_on_the_gpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = model(dir.path(), "qwen3-tiny", 4, GgmlType::Q8_0);
+    let v = m.hparams().n_vocab;
+    for f in [KvFormat::Q8_0, KvFormat::Q4_0] {
+        let whole = gpu_stage_in(&m, None, f);
+        // A key whose FP32 value moved in its last bits (the norm after a
+        // stage boundary is not folded) can round a step apart: a Q4_0
+        // step is an eighth of its block's largest value (gpu_kv_quant).
+        let step = match f {
+            KvFormat::Q4_0 => 2e-2,
+            _ => 1e-3,
+        };
+        for (stages, bound) in [
+            (vec![(On::Gpu, 0..2), (On::Gpu, 2..4)], step),
+            (vec![(On::Cpu, 0..1), (On::Gpu, 1..4)], step),
+        ] {
+            let parts = split_in(&m, &stages, f);
+            let worst = Cell::new(0.0);
+            let same = within(bound, v, &worst);
+            one_sequence(&whole, &parts, 37, 12, false, &same);
+            batched(&whole, &parts, true, &same);
+            eprintln!(
+                "{}: {}: worst relative error {:.2e}",
+                f.name(),
+                parts.describe(),
+                worst.get()
             );
         }
     }
