@@ -91,9 +91,17 @@ impl Loader for StoreLoader {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        // A created model's TEMPLATE is the engine's.
-        if let Some(t) = self.modelfile(name).and_then(|m| m.template) {
+        // A created model's TEMPLATE is the engine's, its `num_gpu` (layers
+        // on GPUs; negative: as many as fit) the placement's.
+        let modelfile = self.modelfile(name);
+        if let Some(t) = modelfile.as_ref().and_then(|m| m.template.clone()) {
             opts.chat_template = Some(t);
+        }
+        let num_gpu = modelfile
+            .as_ref()
+            .and_then(|m| m.parameter("num_gpu")?.parse::<i64>().ok());
+        if let Some(n) = num_gpu {
+            opts.gpu_layers = usize::try_from(n).ok();
         }
         // The GPU or nothing, so that the server frees room there first.
         if fit == Fit::Best && opts.backend == m40_runtime::BackendChoice::Auto {

@@ -43,6 +43,7 @@ impl std::error::Error for ModelfileError {}
 /// runner that m40-llm has no use for).
 pub const PARAMETERS: &[&str] = &[
     "num_ctx",
+    "num_gpu",
     "num_predict",
     "temperature",
     "top_k",
@@ -144,6 +145,7 @@ impl Modelfile {
 /// numbers with a fraction).
 const INTEGER_PARAMETERS: &[&str] = &[
     "num_ctx",
+    "num_gpu",
     "num_predict",
     "top_k",
     "repeat_last_n",
