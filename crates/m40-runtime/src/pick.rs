@@ -188,7 +188,13 @@ fn place(
         if let Some(c) = base.memory_limit {
             bytes = bytes.min(c);
         }
-        let bytes = bytes.saturating_sub(KV_FIT_HEADROOM);
+        // A GPU named more than once (stages on one card: tests) shares
+        // its room among them.
+        let times = devices
+            .iter()
+            .filter(|e| e.info().ordinal == d.info().ordinal)
+            .count() as u64;
+        let bytes = (bytes / times).saturating_sub(KV_FIT_HEADROOM);
         sms = sms.max(d.info().sm_count as usize);
         rooms.push(Room {
             place: Place::Gpu(d.info().ordinal),
