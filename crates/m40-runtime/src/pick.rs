@@ -113,6 +113,18 @@ pub fn load_backend(model: &Arc<Model>, opts: &EngineOptions, n_ctx: usize) -> R
         || opts.gpu_layers.is_some()
         || opts.tensor_split.is_some()
         || opts.max_vram.is_some();
+    // An encoder runs whole (its layers attend both ways in one step).
+    let planned = match planned && hp.encoder.is_some() {
+        true => {
+            tracing::warn!(
+                "{} is an encoder: it runs whole on GPU {}, not split",
+                hp.arch.name(),
+                devices[0].info().ordinal
+            );
+            false
+        }
+        false => planned,
+    };
     let mut whole_err = None;
     if !planned {
         match GpuBackend::new(devices[0].clone(), model.clone(), base_clone(&base)) {
