@@ -144,11 +144,21 @@ pub fn run(mut a: Args) -> Result<()> {
     }
     let path = super::resolve_model(Some(&a.model))?;
     let mut opts = a.device.engine_options(a.ctx.or(param_ctx(mf.as_ref())));
-    // A created model's TEMPLATE is the engine's.
+    // A created model's TEMPLATE is the engine's, its num_gpu the layers on
+    // GPUs (a flag wins; negative: as many as fit).
     opts.chat_template = mf.as_ref().and_then(|m| m.template.clone());
+    if opts.gpu_layers.is_none() {
+        let n = mf
+            .as_ref()
+            .and_then(|m| m.parameter("num_gpu")?.parse::<i64>().ok());
+        opts.gpu_layers = n.and_then(|n| usize::try_from(n).ok());
+    }
     let engine = Engine::from_path(&path, opts)?;
     if let Some(why) = engine.backend_note() {
         eprintln!("running on the CPU: {why}");
+    }
+    if let Some(p) = engine.placement() {
+        eprint!("{p}");
     }
     let Some(prompt) = a.prompt else {
         return chat::run(&engine, &chat_opts);
