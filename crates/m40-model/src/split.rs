@@ -63,6 +63,18 @@ pub trait Stage: Backend {
     ) -> Result<StageOut>;
 }
 
+/// Where each of a step's sequences starts among its rows (sequence after
+/// sequence), given their token counts.
+pub(crate) fn row_starts(counts: impl IntoIterator<Item = usize>) -> Vec<usize> {
+    counts
+        .into_iter()
+        .scan(0, |at, c| {
+            *at += c;
+            Some(*at - c)
+        })
+        .collect()
+}
+
 /// Whether `x` is what a stage of `span` takes for `n` rows of `d`: none in
 /// the first stage, `n` rows in a later one.
 pub(crate) fn check_rows(span: &Span, d: usize, x: Option<&[f32]>, n: usize) -> Result<()> {

@@ -127,7 +127,7 @@ pub fn load_backend(model: &Arc<Model>, opts: &EngineOptions, n_ctx: usize) -> R
     };
     let mut whole_err = None;
     if !planned {
-        match GpuBackend::new(devices[0].clone(), model.clone(), base_clone(&base)) {
+        match GpuBackend::new(devices[0].clone(), model.clone(), base.clone()) {
             Ok(g) => return Ok((AnyBackend::Gpu(Box::new(g)), None, None)),
             // A model one GPU cannot hold: the planner puts what does not
             // fit on the CPU.
@@ -161,16 +161,6 @@ pub fn load_backend(model: &Arc<Model>, opts: &EngineOptions, n_ctx: usize) -> R
         _ => None,
     };
     Ok((backend, note, Some(placement)))
-}
-
-/// `o` again (its progress callbacks shared).
-fn base_clone(o: &GpuOptions) -> GpuOptions {
-    GpuOptions {
-        progress: o.progress.clone(),
-        kernel_progress: o.kernel_progress.clone(),
-        layers: o.layers.clone(),
-        ..*o
-    }
 }
 
 /// The placement of `model` over `devices` and the CPU.
@@ -269,7 +259,7 @@ fn build(
                     kv_tokens: tokens,
                     kv_min_tokens: None,
                     layers: (!whole).then(|| s.layers.clone()),
-                    ..base_clone(base)
+                    ..base.clone()
                 };
                 AnyBackend::Gpu(Box::new(GpuBackend::new(device(o), model.clone(), g)?))
             }

@@ -186,13 +186,7 @@ impl GpuBackend {
         self.upload_batch(w, &tokens, &pos, &pages, &of, &sel)?;
         // A row's place in `x` and `rows_out`: its sequence's first row,
         // then its token's.
-        let first: Vec<usize> = steps
-            .iter()
-            .scan(0, |at, (t, _)| {
-                *at += t.len();
-                Some(*at - t.len())
-            })
-            .collect();
+        let first = crate::split::row_starts(steps.iter().map(|(t, _)| t.len()));
         let canon: Vec<usize> = rows.iter().map(|&(j, i)| first[j] + i).collect();
         if let Some(x) = x {
             self.check_rows(Some(x), n)?;

@@ -67,6 +67,7 @@ use weights::{modules_needed, packs, Weights};
 use workspace::{gemm_scratch, Select, Workspace, LOGIT_ROWS};
 
 /// How to set up a [`GpuBackend`].
+#[derive(Clone)]
 pub struct GpuOptions {
     /// Tokens the KV pool holds, over all sequences together.
     pub kv_tokens: usize,

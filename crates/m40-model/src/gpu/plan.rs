@@ -37,13 +37,7 @@ pub(crate) fn memory_needed(
         .iter()
         .filter(|(name, _)| span.holds(name, hp))
         .filter_map(|(name, _)| file.tensor_info(name))
-        .map(|t| {
-            if t.name == TOKEN_EMBD && !hp.tied_output {
-                t.n_bytes // gathered only: stays in GGUF rows
-            } else {
-                device_bytes(opts, hp, t)
-            }
-        })
+        .map(|t| uploaded_bytes(opts, hp, t))
         .sum::<u64>()
         + file
             .tensor_info("rope_freqs.weight")
@@ -54,6 +48,15 @@ pub(crate) fn memory_needed(
     let (part, ml) = dec_scratch(hp, pages.max(1), sm_count, opts.decode_attention);
     let work = Workspace::bytes(hp, opts.max_batch.max(1), pages, gpu) + 4 * (part + ml) as u64;
     (weights, kv, work)
+}
+
+/// What tensor `t` takes on the device: `device_bytes`, but an untied
+/// token embedding, which is only gathered and stays in GGUF rows.
+fn uploaded_bytes(opts: &GpuOptions, hp: &HyperParams, t: &m40_gguf::TensorInfo) -> u64 {
+    match t.name == TOKEN_EMBD && !hp.tied_output {
+        true => t.n_bytes,
+        false => device_bytes(opts, hp, t),
+    }
 }
 
 /// The attention scratch of a one-token step at the last position of a
@@ -201,11 +204,10 @@ pub fn costs(model: &Model, opts: &GpuOptions, sm_count: usize, kv_tokens: usize
         let Some(t) = file.tensor_info(&name) else {
             continue;
         };
-        let bytes = device_bytes(opts, hp, t);
+        let bytes = uploaded_bytes(opts, hp, t);
         match (layer_of(&name), name.as_str()) {
             (Some(l), _) => c.layers[l] += bytes,
-            // Gathered only: stays in GGUF rows.
-            (None, TOKEN_EMBD) if !hp.tied_output => c.first += t.n_bytes,
+            (None, TOKEN_EMBD) if !hp.tied_output => c.first += bytes,
             // The embedding is the output too: with both ends.
             (None, TOKEN_EMBD) => {
                 c.first += bytes;

@@ -8,7 +8,7 @@ use super::workspace::{Select, Workspace};
 use super::{lock, GpuBackend, GpuCache, State};
 use crate::batch::{SeqStep, StepOut, Want};
 use crate::error::{ModelError, Result};
-use crate::split::{check_rows, Stage, StageOut};
+use crate::split::{check_rows, row_starts, Stage, StageOut};
 use crate::{Logits, Selection, Span};
 
 impl GpuBackend {
@@ -124,13 +124,7 @@ impl GpuBackend {
         let counts: Vec<usize> = seqs.iter().map(|s| s.tokens.len()).collect();
         let total: usize = counts.iter().sum();
         self.check_rows(x, total)?;
-        let first: Vec<usize> = counts
-            .iter()
-            .scan(0, |at, &c| {
-                *at += c;
-                Some(*at - c)
-            })
-            .collect();
+        let first = row_starts(counts.iter().copied());
         let x_of = |i: usize| x.map(|x| &x[first[i] * d..(first[i] + counts[i]) * d]);
         let mut rows = vec![0f32; if rows_out.is_some() { total * d } else { 0 }];
         let joined = joins(self, seqs)?;
