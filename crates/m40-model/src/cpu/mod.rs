@@ -8,6 +8,7 @@ mod kv;
 pub mod matmul;
 mod moe;
 pub mod ops;
+pub(crate) mod q4x8;
 pub(crate) mod q8;
 pub(crate) mod simd;
 mod stage;
@@ -86,6 +87,9 @@ pub struct CpuBackend {
     kv: HostPages,
     /// The layers it runs (all but in a stage of a split model).
     span: Span,
+    /// Its Q4_0 matrices repacked for the 8-bit products (`CpuMath::Quantized`
+    /// on a CPU with AVX2).
+    repacked: q4x8::Repacked,
 }
 
 /// A sequence's KV cache on the CPU: pages of its backend's pool.
@@ -216,6 +220,10 @@ impl CpuBackend {
         };
         let encoder = EncoderInput::load(&model)?.map(Box::new);
         let kv = HostPages::new(span.len(), kv_dim, (pages, page), kv_format);
+        let repacked = match math == CpuMath::Quantized && q4x8::supported() {
+            true => q4x8::Repacked::of(&model, &span),
+            false => q4x8::Repacked::default(),
+        };
         Ok(Self {
             model,
             math,
@@ -225,6 +233,7 @@ impl CpuBackend {
             rope,
             rope_window,
             kv,
+            repacked,
             span,
         })
     }
@@ -249,6 +258,10 @@ impl CpuBackend {
 
     /// `out = W x` for the `n` rows of `x`, by this backend's math.
     fn matmul(&self, name: &str, x: &[f32], n: usize, out: &mut [f32]) -> Result<()> {
+        if let Some(p) = self.repacked.get(name) {
+            p.matmul(x, n, out);
+            return Ok(());
+        }
         self.matmul_view(&self.model.tensor(name), x, n, out)
     }
 

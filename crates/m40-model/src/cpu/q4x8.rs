@@ -1,0 +1,463 @@
+//! Q4_0 matrices repacked for the CPU's 8-bit products: eight rows
+//! interleaved block by block (llama.cpp's CPU backend repacks Q4_0 in the
+//! same spirit, its `q4_0_8x8`), so that one pass over a block index
+//! serves eight rows from one input block, their eight scales convert in
+//! one instruction, and eight independent sums hide the multiply-add's
+//! latency. The arithmetic is [`super::q8`]'s: the inputs rounded to 8 bits
+//! per block of 32, an exact integer dot product per block, scaled by the
+//! weight's and the input's `d` (multiplied first, as there).
+//!
+//! The nibbles are used unsigned (0..15): a block's `(q - 8) . x` is
+//! `q . x - 8 sum(x)`, and the `-8 sum(x)` part, which every row shares,
+//! is computed once per input block (four lanes of it, one per lane of the
+//! integer sums) and starts each block's integer sum. So the integer sums
+//! equal [`super::q8`]'s exactly; AVX2 (`maddubs`) and AVX-512 VNNI
+//! (`vpdpbusd`) compute the same integers, and a token's result never
+//! depends on how many tokens share the pass (batch invariance).
+//!
+//! Layout of a group of eight rows: for each block index, the eight rows'
+//! f16 scales (16 bytes), then each row's 16 bytes of nibbles (128 bytes):
+//! the same 144 bytes as the eight GGUF blocks.
+
+use std::collections::HashMap;
+
+use m40_gguf::hparams::TOKEN_EMBD;
+use m40_gguf::quant::blocks::QK32;
+use m40_gguf::{GgmlType, TensorView};
+use rayon::prelude::*;
+
+use super::q8::Q8Rows;
+use crate::{Model, Span};
+
+/// Rows interleaved together.
+const GROUP: usize = 8;
+
+/// Bytes of one block index of a group: eight f16 scales, then eight rows'
+/// 16 bytes of nibbles.
+const GROUP_BLOCK: usize = GROUP * 2 + GROUP * 16;
+
+/// Bytes of a GGUF Q4_0 block: its f16 scale, then 16 bytes of nibbles.
+const Q4_0_BLOCK: usize = 18;
+
+/// Groups per rayon task (32 rows, as [`super::q8`]'s tasks).
+const TASK_GROUPS: usize = 4;
+
+/// Whether this CPU runs the repacked products (AVX2, FMA, F16C).
+pub fn supported() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Whether it also has AVX-512 VNNI on 256-bit vectors (and so 32 of them).
+fn has_vnni() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        supported()
+            && std::arch::is_x86_feature_detected!("avx512vnni")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// A Q4_0 matrix of whole groups of eight rows, repacked.
+pub struct PackedQ4 {
+    data: Vec<u8>,
+    n_in: usize,
+    n_out: usize,
+}
+
+impl PackedQ4 {
+    /// `w` repacked, where it is a Q4_0 matrix of a multiple of eight rows.
+    pub fn pack(w: &TensorView<'_>) -> Option<Self> {
+        let info = w.info;
+        let ok = info.ty == GgmlType::Q4_0
+            && info.shape.len() == 2
+            && info.n_rows().is_multiple_of(GROUP)
+            && info.row_len().is_multiple_of(QK32);
+        if !ok {
+            return None;
+        }
+        let (n_in, n_out) = (info.row_len(), info.n_rows());
+        let (nb, row_bytes) = (n_in / QK32, info.row_bytes());
+        debug_assert_eq!(row_bytes, nb * Q4_0_BLOCK);
+        if w.data.len() != n_out * row_bytes {
+            return None;
+        }
+        let mut data = vec![0u8; n_out / GROUP * nb * GROUP_BLOCK];
+        data.par_chunks_mut(nb * GROUP_BLOCK)
+            .zip(w.data.par_chunks(GROUP * row_bytes))
+            .for_each(|(dst, rows)| {
+                for (b, out) in dst.chunks_exact_mut(GROUP_BLOCK).enumerate() {
+                    for r in 0..GROUP {
+                        let blk = &rows[r * row_bytes + b * Q4_0_BLOCK..][..Q4_0_BLOCK];
+                        out[2 * r..2 * r + 2].copy_from_slice(&blk[..2]);
+                        out[GROUP * 2 + 16 * r..][..16].copy_from_slice(&blk[2..]);
+                    }
+                }
+            });
+        Some(Self { data, n_in, n_out })
+    }
+
+    /// `out[t * n_out + r] = W[r, :] . x[t]` as [`super::q8::matmul_q8`]
+    /// computes it (the same integers, the same scale products). Callers
+    /// check [`supported`] first.
+    pub fn matmul(&self, x: &[f32], n_tok: usize, out: &mut [f32]) {
+        let (n_in, n_out) = (self.n_in, self.n_out);
+        assert_eq!(x.len(), n_tok * n_in, "matmul input shape");
+        assert_eq!(out.len(), n_tok * n_out, "matmul output shape");
+        assert!(
+            supported(),
+            "the repacked Q4_0 product needs AVX2, FMA and F16C"
+        );
+        let a = Q8Rows::quantize(x, n_in);
+        let corr = corrections(&a.q);
+        let nb = n_in / QK32;
+        let vnni = has_vnni();
+        let mut out_t = vec![0f32; n_tok * n_out];
+        out_t
+            .par_chunks_mut(TASK_GROUPS * GROUP * n_tok)
+            .zip(self.data.par_chunks(TASK_GROUPS * nb * GROUP_BLOCK))
+            .for_each(|(dst, groups)| {
+                let pairs = groups
+                    .chunks_exact(nb * GROUP_BLOCK)
+                    .zip(dst.chunks_exact_mut(GROUP * n_tok));
+                for (g, dst) in pairs {
+                    let mut t0 = 0;
+                    while t0 < n_tok {
+                        let xs = Inputs {
+                            a: &a,
+                            corr: &corr,
+                            t0,
+                            nb,
+                        };
+                        let n = group(g, &xs, n_tok - t0, vnni, |t, sums| {
+                            for (r, s) in sums.iter().enumerate() {
+                                dst[r * n_tok + t0 + t] = *s;
+                            }
+                        });
+                        t0 += n;
+                    }
+                }
+            });
+        for r in 0..n_out {
+            for t in 0..n_tok {
+                out[t * n_out + r] = out_t[r * n_tok + t];
+            }
+        }
+    }
+}
+
+/// The Q4_0 matrices a backend of `span` multiplies by, repacked, by
+/// tensor name (the token embedding only where it is also the output
+/// matrix of the span's last layer).
+#[derive(Default)]
+pub struct Repacked(HashMap<String, PackedQ4>);
+
+impl Repacked {
+    pub fn of(model: &Model, span: &Span) -> Self {
+        let hp = model.hparams();
+        let map = model
+            .file()
+            .tensors()
+            .iter()
+            .filter(|t| t.ty == GgmlType::Q4_0 && span.holds(&t.name, hp))
+            .filter(|t| t.name != TOKEN_EMBD || (span.last() && hp.tied_output))
+            .filter_map(|t| Some((t.name.clone(), PackedQ4::pack(&model.tensor(&t.name))?)))
+            .collect();
+        Self(map)
+    }
+
+    pub fn get(&self, name: &str) -> Option<&PackedQ4> {
+        self.0.get(name)
+    }
+}
+
+/// Each input block's `-8 sum(x)` in four parts, one per 32-bit lane of
+/// the integer sums: part `k` over values `4k..4k+4` and `16+4k..16+4k+4`
+/// (the low and the high nibbles that lane multiplies).
+fn corrections(q: &[i8]) -> Vec<i32> {
+    let mut c = Vec::with_capacity(q.len() / 8);
+    for blk in q.chunks_exact(QK32) {
+        for k in 0..4 {
+            let s: i32 = blk[4 * k..4 * k + 4]
+                .iter()
+                .chain(&blk[16 + 4 * k..16 + 4 * k + 4])
+                .map(|&v| v as i32)
+                .sum();
+            c.push(-8 * s);
+        }
+    }
+    c
+}
+
+/// The quantized inputs of a pass: tokens from `t0`, `nb` blocks each.
+struct Inputs<'a> {
+    a: &'a Q8Rows,
+    corr: &'a [i32],
+    t0: usize,
+    nb: usize,
+}
+
+/// One group's eight sums for the next tokens of `xs` (up to 4 with VNNI,
+/// 2 without, which have 16 vector registers), handed to `put(token,
+/// sums)`; returns how many tokens it did.
+fn group(
+    g: &[u8],
+    xs: &Inputs<'_>,
+    left: usize,
+    vnni: bool,
+    put: impl FnMut(usize, [f32; GROUP]),
+) -> usize {
+    assert!(g.len() >= xs.nb * GROUP_BLOCK);
+    let need = (xs.t0 + left.min(4)) * xs.nb;
+    assert!(xs.a.q.len() >= need * QK32 && xs.a.d.len() >= need && xs.corr.len() >= need * 4);
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: the caller checked `supported` (AVX2, FMA, F16C) and `vnni`
+    // is `has_vnni`; the asserts above bound every read.
+    unsafe {
+        if vnni {
+            return match left {
+                1 => x86::emit::<1>(x86::vnni::<1>(g, xs), put),
+                2 => x86::emit::<2>(x86::vnni::<2>(g, xs), put),
+                3 => x86::emit::<3>(x86::vnni::<3>(g, xs), put),
+                _ => x86::emit::<4>(x86::vnni::<4>(g, xs), put),
+            };
+        }
+        match left {
+            1 => x86::emit::<1>(x86::avx2::<1>(g, xs), put),
+            _ => x86::emit::<2>(x86::avx2::<2>(g, xs), put),
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (g, vnni, put);
+        unreachable!("the repacked Q4_0 product runs on x86-64 only")
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::{Inputs, GROUP, GROUP_BLOCK, QK32};
+
+    /// Per token, four vectors of sums: vector `p` holds rows `2p` (lanes
+    /// 0-3) and `2p + 1` (lanes 4-7), each row's sum in four parts.
+    pub type Sums<const N: usize> = [[[f32; 8]; 4]; N];
+
+    /// Each token's eight row sums (their four parts added in one order),
+    /// handed to `put`; returns `N`.
+    pub fn emit<const N: usize>(s: Sums<N>, mut put: impl FnMut(usize, [f32; GROUP])) -> usize {
+        for (t, v) in s.iter().enumerate() {
+            let rows = std::array::from_fn(|r| {
+                let l = &v[r / 2][4 * (r % 2)..4 * (r % 2) + 4];
+                (l[0] + l[1]) + (l[2] + l[3])
+            });
+            put(t, rows);
+        }
+        N
+    }
+
+    /// The one pass over a group's blocks, its integer dot product by
+    /// `$body` (of the low nibbles, the high ones, the inputs of the
+    /// block's low half and of its high half, and the block's correction:
+    /// the exact i32 sums), in a function compiled for `$features`.
+    macro_rules! pass {
+        ($name:ident, $features:literal,
+         |$lo:ident, $hi:ident, $xlo:ident, $xhi:ident, $corr:ident| $body:block) => {
+            #[target_feature(enable = $features)]
+            pub fn $name<const N: usize>(g: &[u8], xs: &Inputs<'_>) -> Sums<N> {
+                let mask = _mm256_set1_epi8(0x0F);
+                let nb = xs.nb;
+                let (q, d, c) = (xs.a.q.as_ptr(), xs.a.d.as_ptr(), xs.corr.as_ptr());
+                let mut acc = [[_mm256_setzero_ps(); 4]; N];
+                let spread: [__m256i; 4] = std::array::from_fn(|p| {
+                    let (a, b) = (2 * p as i32, 2 * p as i32 + 1);
+                    _mm256_setr_epi32(a, a, a, a, b, b, b, b)
+                });
+                for b in 0..nb {
+                    // SAFETY (every read below): `group` checked that `g`
+                    // holds `nb` block indices and that the inputs hold
+                    // tokens t0..t0 + N of `nb` blocks each.
+                    let base = unsafe { g.as_ptr().add(b * GROUP_BLOCK) };
+                    let dw = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(base as *const __m128i) });
+                    for p in 0..4 {
+                        let v = unsafe {
+                            _mm256_loadu_si256(base.add(2 * GROUP + 32 * p) as *const __m256i)
+                        };
+                        let lo = _mm256_and_si256(v, mask);
+                        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask);
+                        let dp = _mm256_permutevar8x32_ps(dw, spread[p]);
+                        for (t, acc) in acc.iter_mut().enumerate() {
+                            let blk = (xs.t0 + t) * nb + b;
+                            let (xlo, xhi, corr, dx) = unsafe {
+                                let xq = q.add(blk * QK32) as *const __m128i;
+                                (
+                                    _mm256_broadcastsi128_si256(_mm_loadu_si128(xq)),
+                                    _mm256_broadcastsi128_si256(_mm_loadu_si128(xq.add(1))),
+                                    _mm256_broadcastsi128_si256(_mm_loadu_si128(
+                                        c.add(blk * 4) as *const __m128i
+                                    )),
+                                    *d.add(blk),
+                                )
+                            };
+                            let i: __m256i = {
+                                let ($lo, $hi, $xlo, $xhi, $corr) = (lo, hi, xlo, xhi, corr);
+                                $body
+                            };
+                            let s = _mm256_mul_ps(dp, _mm256_set1_ps(dx));
+                            acc[p] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), s, acc[p]);
+                        }
+                    }
+                }
+                acc.map(|a| {
+                    a.map(|v| {
+                        let mut o = [0f32; 8];
+                        // SAFETY: o holds 8 floats.
+                        unsafe { _mm256_storeu_ps(o.as_mut_ptr(), v) };
+                        o
+                    })
+                })
+            }
+        };
+    }
+
+    pass!(avx2, "avx2,fma,f16c", |lo, hi, xlo, xhi, corr| {
+        let s16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xlo), _mm256_maddubs_epi16(hi, xhi));
+        _mm256_add_epi32(_mm256_madd_epi16(s16, _mm256_set1_epi16(1)), corr)
+    });
+
+    pass!(
+        vnni,
+        "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",
+        |lo, hi, xlo, xhi, corr| {
+            _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(corr, lo, xlo), hi, xhi)
+        }
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::q8::matmul_q8;
+
+    /// A pseudo-random stream in [-1, 1), fresh per seed.
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+            })
+            .collect()
+    }
+
+    /// The repacked product gives [`matmul_q8`]'s outputs (the same
+    /// integers and scale products; only the order the blocks' terms are
+    /// added in differs: within 1e-5 of the row's absolute sum), every
+    /// output checked, poisoned first; and each token's outputs are the
+    /// same bits whatever number of tokens share the pass, on both the
+    /// AVX2 and (where the CPU has it) the VNNI path.
+    #[test]
+    fn repacked_q4_0_matches_the_8_bit_product() {
+        if !supported() {
+            eprintln!("SKIP: no AVX2 here");
+            return;
+        }
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(5, |d| d.as_nanos() as u64);
+        let (rows, cols) = (48usize, 320usize);
+        let w = values(rows * cols, seed);
+        let file = super::super::matrix_file(GgmlType::Q4_0, rows, cols, &w);
+        let view = file.tensor("w").unwrap();
+        let packed = PackedQ4::pack(&view).expect("a Q4_0 matrix of 48 rows packs");
+        assert_eq!(packed.data.len(), view.data.len());
+        let x = values(9 * cols, seed ^ 0x55);
+        let mut alone: Vec<Vec<f32>> = Vec::new();
+        for t in 0..9 {
+            let mut o = vec![f32::NAN; rows];
+            packed.matmul(&x[t * cols..(t + 1) * cols], 1, &mut o);
+            alone.push(o);
+        }
+        for n_tok in [1usize, 2, 3, 4, 5, 9] {
+            let xs = &x[..n_tok * cols];
+            let mut got = vec![f32::NAN; n_tok * rows];
+            packed.matmul(xs, n_tok, &mut got);
+            let mut want = vec![f32::NAN; n_tok * rows];
+            matmul_q8(&view, xs, n_tok, &mut want);
+            for t in 0..n_tok {
+                for r in 0..rows {
+                    let (g, e) = (got[t * rows + r], want[t * rows + r]);
+                    let norm: f32 = (0..cols)
+                        .map(|c| (w[r * cols + c] * xs[t * cols + c]).abs())
+                        .sum();
+                    assert!(
+                        (g - e).abs() <= 1e-5 * norm + 1e-6,
+                        "n_tok {n_tok}, token {t}, row {r}: {g} vs {e}"
+                    );
+                    assert_eq!(
+                        g.to_bits(),
+                        alone[t][r].to_bits(),
+                        "n_tok {n_tok}, token {t}, row {r}: not the token's result alone"
+                    );
+                }
+            }
+        }
+    }
+
+    /// The AVX2 and the VNNI passes give the same bits (the same integers,
+    /// the same float operations), where the CPU has both.
+    #[test]
+    fn avx2_and_vnni_passes_agree() {
+        if !has_vnni() {
+            eprintln!("SKIP: no AVX-512 VNNI here");
+            return;
+        }
+        let (rows, cols) = (8usize, 256usize);
+        let w = values(rows * cols, 11);
+        let file = super::super::matrix_file(GgmlType::Q4_0, rows, cols, &w);
+        let packed = PackedQ4::pack(&file.tensor("w").unwrap()).unwrap();
+        let x = values(2 * cols, 12);
+        let a = Q8Rows::quantize(&x, cols);
+        let corr = corrections(&a.q);
+        let xs = Inputs {
+            a: &a,
+            corr: &corr,
+            t0: 0,
+            nb: cols / QK32,
+        };
+        let (mut v, mut s) = (Vec::new(), Vec::new());
+        group(&packed.data, &xs, 2, true, |_, r| {
+            v.extend(r.map(f32::to_bits))
+        });
+        group(&packed.data, &xs, 2, false, |_, r| {
+            s.extend(r.map(f32::to_bits))
+        });
+        assert_eq!(v, s);
+        assert_eq!(v.len(), 16);
+    }
+
+    /// Matrices it cannot hold are left to the other paths.
+    #[test]
+    fn only_q4_0_in_whole_groups_packs() {
+        let w = values(12 * 64, 3);
+        let odd = super::super::matrix_file(GgmlType::Q4_0, 12, 64, &w);
+        assert!(PackedQ4::pack(&odd.tensor("w").unwrap()).is_none());
+        let q8 = super::super::matrix_file(GgmlType::Q8_0, 8, 96, &w[..8 * 96]);
+        assert!(PackedQ4::pack(&q8.tensor("w").unwrap()).is_none());
+    }
+}
