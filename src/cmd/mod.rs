@@ -93,6 +93,15 @@ pub struct DeviceArgs {
     /// allowed): a 24 GB M40 emulated on a larger card with 22.
     #[arg(long, value_name = "GIB")]
     pub max_vram: Option<f64>,
+    /// How a model goes over the GPUs of --gpus: `layer` (default: its
+    /// layers split among them) or `none` (a whole copy on each, every new
+    /// sequence on the least loaded: --replicas).
+    #[arg(long, value_name = "MODE", value_parser = ["layer", "none"])]
+    pub split: Option<String>,
+    /// A whole copy of the model on each GPU of --gpus (`--split none`):
+    /// for models that fit one card, served to several people at once.
+    #[arg(long)]
+    pub replicas: bool,
 }
 
 /// `--gpus`: "all" (every GPU the driver has) or ordinals.
@@ -161,6 +170,7 @@ impl DeviceArgs {
             o.tensor_split = self.tensor_split.clone();
             o.gpu_layers = self.gpu_layers;
             o.max_vram = self.max_vram.map(|g| (g * (1u64 << 30) as f64) as u64);
+            o.replicas = self.replicas || self.split.as_deref() == Some("none");
             o.step_stats = env_usize("M40_STEP_STATS");
             o.jit_threads = env_usize("M40_JIT_THREADS");
             o
@@ -210,6 +220,7 @@ fn kernel_progress() -> m40_runtime::KernelProgress {
 pub fn report_backend(engine: &m40_runtime::Engine) {
     match engine.backend_note() {
         Some(why) => eprintln!("running on the CPU: {why}"),
+        None if engine.activity().replicas > 1 => eprintln!("running {}", engine.backend_name()),
         None => eprintln!("running on the {}", engine.backend_name()),
     }
     if let Some(p) = engine.placement() {

@@ -147,7 +147,7 @@ pub fn run(mut a: Args) -> Result<()> {
     // A created model's TEMPLATE is the engine's, its num_gpu the layers on
     // GPUs (a flag wins; negative: as many as fit).
     opts.chat_template = mf.as_ref().and_then(|m| m.template.clone());
-    if opts.gpu_layers.is_none() {
+    if opts.gpu_layers.is_none() && !opts.replicas {
         let n = mf
             .as_ref()
             .and_then(|m| m.parameter("num_gpu")?.parse::<i64>().ok());

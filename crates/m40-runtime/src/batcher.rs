@@ -26,6 +26,7 @@ use m40_tokenizer::Tokenizer;
 
 use crate::cancel::CancelToken;
 
+mod route;
 mod stats;
 use crate::sampling::{Sampler, SamplingParams};
 use stats::StepStats;
@@ -119,6 +120,9 @@ pub struct Load {
     pub waiting: usize,
     /// Sequences admitted (holding KV pages).
     pub running: usize,
+    /// Copies of the model, each with its own step loop and KV pool
+    /// (`EngineOptions::replicas`); 1 without.
+    pub replicas: usize,
     /// Sequences running at once at most (`EngineOptions::parallel`).
     pub parallel: usize,
     /// Tokens a step runs at most (`EngineOptions::max_batch_tokens`).
@@ -156,39 +160,72 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The loop's thread and its inbox; dropping it ends the loop (sequences
-/// still running are dropped: their callers see their channels close).
+/// The step loops (one per replica) and their inboxes; dropping it ends
+/// the loops (sequences still running are dropped: their callers see their
+/// channels close).
 pub(crate) struct Batcher {
+    lanes: Vec<Lane>,
+}
+
+/// One replica's loop: its thread, its inbox and counters, and the first
+/// pages of the prompts sent to it (where their prefix cache may be).
+struct Lane {
     shared: Arc<Shared>,
     limits: Limits,
     thread: Option<JoinHandle<()>>,
+    recent: route::Recent,
 }
 
-/// What the loop needs of the engine.
+/// What the loops need of the engine.
 pub(crate) struct Core {
-    pub backend: AnyBackend,
+    /// The model's backend, or one replica per GPU (`EngineOptions::
+    /// replicas`), each run by its own step loop.
+    pub backends: Vec<AnyBackend>,
     pub tokenizer: Tokenizer,
 }
 
+impl Core {
+    /// The first replica's backend (the only one without replicas): what
+    /// the engine asks of the model's shape.
+    pub fn backend(&self) -> &AnyBackend {
+        &self.backends[0]
+    }
+}
+
 impl Batcher {
-    pub fn start(core: Arc<Core>, limits: Limits) -> std::io::Result<Batcher> {
-        let shared = Arc::new(Shared {
-            inbox: Mutex::new(Inbox {
-                new: Vec::new(),
-                shutdown: false,
-            }),
-            wake: Condvar::new(),
-            counters: Counters::default(),
-        });
-        let (s, l) = (shared.clone(), limits.clone());
-        let thread = std::thread::Builder::new()
-            .name("m40-steps".into())
-            .spawn(move || Loop::new(core, s, l).run())?;
-        Ok(Batcher {
-            shared,
-            limits,
-            thread: Some(thread),
-        })
+    /// A loop per backend of `core`, each with its `limits`.
+    pub fn start(core: Arc<Core>, limits: Vec<Limits>) -> std::io::Result<Batcher> {
+        assert_eq!(
+            core.backends.len(),
+            limits.len(),
+            "a loop's limits per backend"
+        );
+        let mut lanes = Vec::with_capacity(limits.len());
+        for (replica, l) in limits.into_iter().enumerate() {
+            let shared = Arc::new(Shared {
+                inbox: Mutex::new(Inbox {
+                    new: Vec::new(),
+                    shutdown: false,
+                }),
+                wake: Condvar::new(),
+                counters: Counters::default(),
+            });
+            let (s, c, ll) = (shared.clone(), core.clone(), l.clone());
+            let name = match replica {
+                0 => "m40-steps".to_string(),
+                r => format!("m40-steps-{r}"),
+            };
+            let thread = std::thread::Builder::new()
+                .name(name)
+                .spawn(move || Loop::new(c, replica, s, ll).run())?;
+            lanes.push(Lane {
+                shared,
+                limits: l,
+                thread: Some(thread),
+                recent: route::Recent::default(),
+            });
+        }
+        Ok(Batcher { lanes })
     }
 
     pub fn submit(&self, sub: Submission) {
@@ -196,40 +233,81 @@ impl Batcher {
     }
 
     /// Several sequences at once: the loop sees all of them before its
-    /// next step (an embedding request's inputs run together).
+    /// next step (an embedding request's inputs run together), on one
+    /// replica ([`Batcher::pick`]'s for the first).
     pub fn submit_all(&self, subs: Vec<Submission>) {
+        let Some(first) = subs.first() else { return };
+        let lane = &self.lanes[self.pick(&first.prompt)];
         let n = subs.len();
-        self.shared.counters.waiting.fetch_add(n, Ordering::SeqCst);
-        lock(&self.shared.inbox).new.extend(subs);
-        self.shared.wake.notify_one();
+        lane.shared.counters.waiting.fetch_add(n, Ordering::SeqCst);
+        lock(&lane.shared.inbox).new.extend(subs);
+        lane.shared.wake.notify_one();
     }
 
-    pub fn load(&self) -> Load {
-        let c = &self.shared.counters;
-        Load {
-            waiting: c.waiting.load(Ordering::SeqCst),
-            running: c.running.load(Ordering::SeqCst),
-            parallel: self.limits.parallel,
-            max_batch_tokens: self.limits.max_batch_tokens,
-            kv_pages_used: c.pages_used.load(Ordering::SeqCst),
-            kv_pages: self.limits.pages,
-            kv_page_tokens: self.limits.page_tokens,
-            steps: c.steps.load(Ordering::Relaxed),
-            step_tokens: c.step_tokens.load(Ordering::Relaxed),
-            preemptions: c.preemptions.load(Ordering::Relaxed),
-            prefix_cached_pages: c.prefix_pages.load(Ordering::Relaxed),
-            prefix_hits: c.prefix_hits.load(Ordering::Relaxed),
-            prefix_tokens_saved: c.prefix_tokens.load(Ordering::Relaxed),
+    /// The replica a new sequence runs on (it stays there: its pages are
+    /// there): [`route::choose`] by the sequences each has waiting and
+    /// running and whether it was sent a prompt with the same first page.
+    fn pick(&self, prompt: &[u32]) -> usize {
+        if self.lanes.len() == 1 {
+            return 0;
         }
+        let loads = self.replica_loads();
+        let key = route::first_page(prompt, self.lanes[0].limits.page_tokens);
+        let seen = |i: usize| key.is_some_and(|k| self.lanes[i].recent.contains(k));
+        let pick = route::choose(&loads, seen);
+        if let Some(k) = key {
+            self.lanes[pick].recent.note(k);
+        }
+        pick
+    }
+
+    /// What every loop is doing, added up (the sequences a step takes and
+    /// a page's tokens: the first replica's).
+    pub fn load(&self) -> Load {
+        let mut total = Load::default();
+        for lane in &self.lanes {
+            let c = &lane.shared.counters;
+            let l = &lane.limits;
+            total.waiting += c.waiting.load(Ordering::SeqCst);
+            total.running += c.running.load(Ordering::SeqCst);
+            total.parallel += l.parallel;
+            total.max_batch_tokens = total.max_batch_tokens.max(l.max_batch_tokens);
+            total.kv_pages_used += c.pages_used.load(Ordering::SeqCst);
+            total.kv_pages += l.pages;
+            total.steps += c.steps.load(Ordering::Relaxed);
+            total.step_tokens += c.step_tokens.load(Ordering::Relaxed);
+            total.preemptions += c.preemptions.load(Ordering::Relaxed);
+            total.prefix_cached_pages += c.prefix_pages.load(Ordering::Relaxed);
+            total.prefix_hits += c.prefix_hits.load(Ordering::Relaxed);
+            total.prefix_tokens_saved += c.prefix_tokens.load(Ordering::Relaxed);
+        }
+        total.kv_page_tokens = self.lanes[0].limits.page_tokens;
+        total.replicas = self.lanes.len();
+        total
+    }
+
+    /// Each replica's sequences waiting and running.
+    pub fn replica_loads(&self) -> Vec<usize> {
+        self.lanes
+            .iter()
+            .map(|l| {
+                let c = &l.shared.counters;
+                c.waiting.load(Ordering::SeqCst) + c.running.load(Ordering::SeqCst)
+            })
+            .collect()
     }
 }
 
 impl Drop for Batcher {
     fn drop(&mut self) {
-        lock(&self.shared.inbox).shutdown = true;
-        self.shared.wake.notify_one();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+        for lane in &self.lanes {
+            lock(&lane.shared.inbox).shutdown = true;
+            lane.shared.wake.notify_one();
+        }
+        for lane in &mut self.lanes {
+            if let Some(t) = lane.thread.take() {
+                let _ = t.join();
+            }
         }
     }
 }
@@ -248,6 +326,8 @@ struct Live {
 
 struct Loop {
     core: Arc<Core>,
+    /// Which of the core's backends it runs.
+    replica: usize,
     shared: Arc<Shared>,
     sched: Scheduler,
     live: HashMap<SeqId, Live>,
@@ -258,7 +338,7 @@ struct Loop {
 }
 
 impl Loop {
-    fn new(core: Arc<Core>, shared: Arc<Shared>, l: Limits) -> Loop {
+    fn new(core: Arc<Core>, replica: usize, shared: Arc<Shared>, l: Limits) -> Loop {
         let sched = Scheduler::new(Config {
             max_batch_tokens: l.max_batch_tokens,
             max_running: l.parallel,
@@ -273,6 +353,7 @@ impl Loop {
         });
         Loop {
             core,
+            replica,
             shared,
             sched,
             live: HashMap::new(),
@@ -348,6 +429,10 @@ impl Loop {
         }
     }
 
+    fn backend(&self) -> &AnyBackend {
+        &self.core.backends[self.replica]
+    }
+
     fn admit(&mut self, sub: Submission) {
         let id = self.next_id;
         self.next_id += 1;
@@ -359,7 +444,7 @@ impl Loop {
             Some(ctx) => max_new.min(ctx.saturating_sub(n)).max(1),
             None => max_new,
         };
-        let added = match (sub.hidden, self.core.backend.hparams().causal) {
+        let added = match (sub.hidden, self.backend().hparams().causal) {
             (false, _) => self.sched.add(id, &sub.prompt, max_new),
             (true, true) => self.sched.add_private(id, &sub.prompt, 0),
             (true, false) => self.sched.add_whole(id, &sub.prompt),
@@ -456,7 +541,7 @@ impl Loop {
     /// Returns when the backend started and returned, and the tokens it
     /// computed (a cached prefix's are not).
     fn run_step(&mut self, step: &Step) -> ([std::time::Instant; 2], usize) {
-        let backend = &self.core.backend;
+        let backend = &self.core.backends[self.replica];
         let max_k = backend.select_max_k();
         // (id, the step's tokens, want, whether it samples), in step order.
         let mut parts: Vec<(SeqId, Vec<u32>, Want, bool)> = Vec::new();

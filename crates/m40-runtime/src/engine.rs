@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
 use m40_chat::{Format, FormatError, Grammars};
-use m40_model::{Backend, Model};
+use m40_model::{AnyBackend, Backend, Model};
 use m40_tokenizer::template::ChatTemplate;
 
 use m40_tokenizer::{Encode, Tokenizer};
@@ -58,6 +58,34 @@ fn context_length(hp: &m40_gguf::HyperParams, asked: Option<usize>) -> Result<us
     }
 }
 
+/// The step loop's limits for `backend`.
+fn limits_of(backend: &AnyBackend, opts: &EngineOptions, hp: &m40_gguf::HyperParams) -> Limits {
+    let (layout, pages) = backend.kv_pool();
+    let page_tokens = layout.page_tokens;
+    // At most what one step of the backend takes, so that every plan
+    // runs as one step (Backend::step_limits).
+    let parallel = opts
+        .parallel
+        .unwrap_or((pages * page_tokens / 256).clamp(1, 64))
+        .clamp(1, backend.step_limits().seqs);
+    Limits {
+        // An encoder's input runs in one step: by default as long a
+        // step as the backend takes, so that a whole context fits.
+        max_batch_tokens: opts
+            .max_batch_tokens
+            .unwrap_or(match hp.encoder {
+                Some(_) => backend.max_step(),
+                None => backend.step_tokens(),
+            })
+            .clamp(1, backend.max_step()),
+        parallel,
+        page_tokens,
+        pages,
+        prefix_cache: !opts.no_prefix_cache,
+        step_stats: opts.step_stats.filter(|&n| n > 0),
+    }
+}
+
 impl Engine {
     /// Load the GGUF file at `path` (a store name is resolved to one by
     /// the m40-store crate: `Store::from_env()?.resolve(name, ..)`).
@@ -88,32 +116,25 @@ impl Engine {
                 .map(str::to_string),
         };
         let chat = ChatFormat::new(template, &source, tool_use.as_deref(), &tokenizer);
-        let (backend, note, placement) = crate::pick::load_backend(&model, &opts, n_ctx)?;
-        let (layout, pages) = backend.kv_pool();
-        let page_tokens = layout.page_tokens;
-        // At most what one step of the backend takes, so that every plan
-        // runs as one step (Backend::step_limits).
-        let parallel = opts
-            .parallel
-            .unwrap_or((pages * page_tokens / 256).clamp(1, 64))
-            .clamp(1, backend.step_limits().seqs);
-        let limits = Limits {
-            // An encoder's input runs in one step: by default as long a
-            // step as the backend takes, so that a whole context fits.
-            max_batch_tokens: opts
-                .max_batch_tokens
-                .unwrap_or(match model.hparams().encoder {
-                    Some(_) => backend.max_step(),
-                    None => backend.step_tokens(),
-                })
-                .clamp(1, backend.max_step()),
-            parallel,
-            page_tokens,
-            pages,
-            prefix_cache: !opts.no_prefix_cache,
-            step_stats: opts.step_stats.filter(|&n| n > 0),
+        let (backends, note, placement) = match opts.replicas {
+            true => (
+                crate::pick::load_replicas(&model, &opts, n_ctx)?,
+                None,
+                None,
+            ),
+            false => {
+                let (b, note, placement) = crate::pick::load_backend(&model, &opts, n_ctx)?;
+                (vec![b], note, placement)
+            }
         };
-        let core = Arc::new(Core { backend, tokenizer });
+        let limits = backends
+            .iter()
+            .map(|b| limits_of(b, &opts, model.hparams()))
+            .collect();
+        let core = Arc::new(Core {
+            backends,
+            tokenizer,
+        });
         let batcher = Batcher::start(core.clone(), limits).map_err(EngineError::Thread)?;
         Ok(Self {
             core,
@@ -143,18 +164,37 @@ impl Engine {
     /// The memory its backend holds: weights, KV pool and workspace, on
     /// the GPU or in host memory.
     pub fn memory(&self) -> crate::MemoryUse {
-        self.core.backend.memory()
+        let mut all = self.core.backend().memory();
+        for b in &self.core.backends[1..] {
+            let m = b.memory();
+            all.weights += m.weights;
+            all.kv += m.kv;
+            all.workspace += m.workspace;
+        }
+        all
     }
 
     /// The part of [`Engine::memory`] in GPU memory: all of it on a GPU,
     /// none on the CPU, the GPU stages' where the model is split.
     pub fn memory_on_gpus(&self) -> u64 {
-        self.core.backend.gpu_memory()
+        self.core.backends.iter().map(|b| b.gpu_memory()).sum()
     }
 
-    /// "CPU" or the GPU's name.
+    /// "CPU" or the GPU's name (each replica's, where there are several).
     pub fn backend_name(&self) -> String {
-        self.core.backend.describe()
+        match self.core.backends.len() {
+            1 => self.core.backend().describe(),
+            n => {
+                let each: Vec<String> = self.core.backends.iter().map(|b| b.describe()).collect();
+                format!("{n} replicas: {}", each.join(", "))
+            }
+        }
+    }
+
+    /// Sequences waiting and running on each replica (one entry without
+    /// replicas).
+    pub fn replica_loads(&self) -> Vec<usize> {
+        self.batcher.replica_loads()
     }
 
     /// Why the engine runs on the CPU although the GPU was allowed, if so.
@@ -190,7 +230,7 @@ impl Engine {
     }
 
     pub fn hparams(&self) -> &m40_gguf::HyperParams {
-        self.core.backend.hparams()
+        self.core.backend().hparams()
     }
 
     /// The prompt's token ids.

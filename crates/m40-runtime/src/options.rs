@@ -111,6 +111,13 @@ pub struct EngineOptions {
     /// The most bytes the plan may take on each GPU (`--max-vram GB`):
     /// emulates a smaller card (a 24 GB M40) on a larger one.
     pub max_vram: Option<u64>,
+    /// A whole copy of the model on each GPU of `gpus` instead of its
+    /// layers split among them (`--replicas`, `--split none`): each has its
+    /// own step loop, KV pool and prefix cache, and a new sequence runs on
+    /// the least loaded. For models that fit one card, served to several
+    /// people at once. `parallel`, `kv_tokens` and `memory_limit` apply to
+    /// each replica.
+    pub replicas: bool,
 }
 
 /// Contexts the KV cache holds by default ([`EngineOptions::kv_tokens`]).

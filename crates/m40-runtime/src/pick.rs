@@ -85,27 +85,7 @@ pub fn load_backend(model: &Arc<Model>, opts: &EngineOptions, n_ctx: usize) -> R
         )));
     }
     let hp = model.hparams();
-    let cap = match (opts.memory_limit, opts.max_vram) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    };
-    // The GPU's: by default DEFAULT_GPU_SEQUENCES contexts, or the whole
-    // pages that fit the device's budget, down to one context.
-    let base = GpuOptions {
-        kv_tokens: opts
-            .kv_tokens
-            .unwrap_or(n_ctx * DEFAULT_GPU_SEQUENCES)
-            .max(n_ctx),
-        kv_min_tokens: opts.kv_tokens.is_none().then_some(n_ctx),
-        batch_decode: !opts.batch_invariant,
-        max_batch: m40_model::DEFAULT_STEP,
-        progress: opts.upload_progress.as_ref().map(|p| p.0.clone()),
-        kernel_progress: opts.kernel_progress.as_ref().map(|p| p.0.clone()),
-        jit_threads: opts.jit_threads,
-        memory_limit: cap,
-        kv_format: gpu_kv_format(hp, opts.kv_type),
-        ..Default::default()
-    };
+    let base = gpu_options(model, opts, n_ctx);
     // The planner where asked; else one GPU, the planner only where Auto
     // lets the CPU take what does not fit (a server's `Fit::Best` asks
     // for the GPU or an error, to unload an idle model first).
@@ -161,6 +141,83 @@ pub fn load_backend(model: &Arc<Model>, opts: &EngineOptions, n_ctx: usize) -> R
         _ => None,
     };
     Ok((backend, note, Some(placement)))
+}
+
+/// The GPU backend's options `opts` asks for with a context of `n_ctx`:
+/// by default DEFAULT_GPU_SEQUENCES contexts, or the whole pages that fit
+/// the device's budget, down to one context.
+fn gpu_options(model: &Model, opts: &EngineOptions, n_ctx: usize) -> GpuOptions {
+    let cap = match (opts.memory_limit, opts.max_vram) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    GpuOptions {
+        kv_tokens: opts
+            .kv_tokens
+            .unwrap_or(n_ctx * DEFAULT_GPU_SEQUENCES)
+            .max(n_ctx),
+        kv_min_tokens: opts.kv_tokens.is_none().then_some(n_ctx),
+        batch_decode: !opts.batch_invariant,
+        max_batch: m40_model::DEFAULT_STEP,
+        progress: opts.upload_progress.as_ref().map(|p| p.0.clone()),
+        kernel_progress: opts.kernel_progress.as_ref().map(|p| p.0.clone()),
+        jit_threads: opts.jit_threads,
+        memory_limit: cap,
+        kv_format: gpu_kv_format(model.hparams(), opts.kv_type),
+        ..Default::default()
+    }
+}
+
+/// A whole copy of the model on each GPU `opts` names
+/// ([`EngineOptions::replicas`]), each within the memory it has room for
+/// (a GPU named twice shares its room between its copies).
+pub fn load_replicas(
+    model: &Arc<Model>,
+    opts: &EngineOptions,
+    n_ctx: usize,
+) -> Result<Vec<AnyBackend>> {
+    let refuse = |why: &str| Err(EngineError::Model(ModelError::Unsupported(why.into())));
+    if opts.backend == BackendChoice::Cpu {
+        return refuse(
+            "replicas are copies of the model on GPUs (--replicas with --gpus), not on the CPU",
+        );
+    }
+    if opts.gpu_layers.is_some() || opts.tensor_split.is_some() {
+        return refuse(
+            "--replicas puts a whole model on each GPU; --gpu-layers and --tensor-split split one model",
+        );
+    }
+    let ordinals = opts.gpus.clone().unwrap_or_else(|| vec![opts.gpu]);
+    if ordinals.is_empty() {
+        return refuse("an empty list of GPUs (--gpus)");
+    }
+    let mut devices = Vec::with_capacity(ordinals.len());
+    for &o in &ordinals {
+        devices.push(Device::open(o).map_err(EngineError::NoGpu)?);
+    }
+    let base = gpu_options(model, opts, n_ctx);
+    // Every GPU's room before any copy loads.
+    let mut rooms = Vec::with_capacity(devices.len());
+    for d in &devices {
+        d.synchronize().map_err(ModelError::from)?;
+        let (free, _) = d.memory().map_err(ModelError::from)?;
+        let times = ordinals.iter().filter(|&&o| o == d.info().ordinal).count() as u64;
+        let room = (d.budget_left() as u64).min(free as u64) / times;
+        rooms.push(base.memory_limit.map_or(room, |c| c.min(room)));
+    }
+    let mut backends = Vec::with_capacity(devices.len());
+    for (d, room) in devices.into_iter().zip(rooms) {
+        let g = GpuOptions {
+            memory_limit: Some(room),
+            ..base.clone()
+        };
+        backends.push(AnyBackend::Gpu(Box::new(GpuBackend::new(
+            d,
+            model.clone(),
+            g,
+        )?)));
+    }
+    Ok(backends)
 }
 
 /// The placement of `model` over `devices` and the CPU.

@@ -23,6 +23,27 @@ fn engine(path: &std::path::Path, backend: BackendChoice) -> Engine {
     .unwrap()
 }
 
+/// Each prompt's 40 greedy tokens, all generated at once from threads
+/// (batched steps).
+fn greedy_answers(e: &Engine, prompts: &[&str]) -> Vec<Vec<u32>> {
+    std::thread::scope(|s| {
+        let hs: Vec<_> = prompts
+            .iter()
+            .map(|p| {
+                s.spawn(move || {
+                    let mut req = Request::new(Prompt::Text(p.to_string()));
+                    req.sampling = SamplingParams::greedy();
+                    req.max_tokens = Some(40);
+                    e.generate(&req, &CancelToken::new(), |_| {})
+                        .unwrap()
+                        .token_ids
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
 #[test]
 #[ignore = "needs a GPU"]
 fn gpu_engine_generates_what_the_cpu_engine_does() {
@@ -101,24 +122,7 @@ fn a_split_engine_generates_what_one_gpu_does() {
         "one two three",
         "the quick brown fox",
     ];
-    let answers = |e: &Engine| -> Vec<Vec<u32>> {
-        std::thread::scope(|s| {
-            let hs: Vec<_> = prompts
-                .iter()
-                .map(|p| {
-                    s.spawn(move || {
-                        let mut req = Request::new(Prompt::Text(p.to_string()));
-                        req.sampling = SamplingParams::greedy();
-                        req.max_tokens = Some(40);
-                        e.generate(&req, &CancelToken::new(), |_| {})
-                            .unwrap()
-                            .token_ids
-                    })
-                })
-                .collect();
-            hs.into_iter().map(|h| h.join().unwrap()).collect()
-        })
-    };
+    let answers = |e: &Engine| greedy_answers(e, &prompts);
     let want = answers(&whole);
     let n_layer = whole.model().hparams().n_layer;
     let two = with(&|o| o.gpus = Some(vec![0, 0]));
@@ -133,6 +137,92 @@ fn a_split_engine_generates_what_one_gpu_does() {
     let got = answers(&cpu_first);
     let differ = got.iter().zip(&want).filter(|(a, b)| a != b).count();
     assert!(differ <= 1, "CPU + GPU: {got:?} against {want:?}");
+}
+
+/// Replicas (`EngineOptions::replicas`, two copies on one GPU here: each
+/// its own backend, step loop and KV pool, as on two cards): new
+/// sequences go to the least loaded copy, and every request gets the
+/// greedy tokens one GPU gives it.
+#[test]
+#[ignore = "needs a GPU"]
+fn replicas_share_the_sequences_and_generate_what_one_gpu_does() {
+    gpu_device("replicas_share_the_sequences_and_generate_what_one_gpu_does");
+    let td = common::testdata().expect("the quant zoo is needed (M40_TESTDATA)");
+    let path = td.join("quant-zoo/zoo-Q8_0.gguf");
+    let with = |replicas: bool| {
+        Engine::from_path(&path, {
+            let mut o = EngineOptions::default();
+            o.n_ctx = Some(256);
+            o.gpus = Some(vec![0, 0]);
+            o.replicas = replicas;
+            o
+        })
+        .unwrap()
+    };
+    let one = engine(&path, BackendChoice::Gpu);
+    let two = with(true);
+    assert!(
+        two.backend_name().starts_with("2 replicas: GPU 0"),
+        "{}",
+        two.backend_name()
+    );
+    assert!(two.placement().is_none());
+    let load = two.activity();
+    assert_eq!(load.replicas, 2);
+    assert_eq!(load.kv_pages, 2 * (load.kv_pages / 2), "{load:?}");
+    // Two long generations started one after the other: one on each copy.
+    let cancel = CancelToken::new();
+    let long = |p: &str| {
+        let mut req = Request::new(Prompt::Text(p.to_string()));
+        req.max_tokens = Some(200);
+        req.ignore_eos = true;
+        two.prepare(req).unwrap()
+    };
+    let (a, b) = (long("one"), long("two"));
+    let ga = two.start(&a, &cancel);
+    assert_eq!(two.replica_loads(), [1, 0]);
+    let gb = two.start(&b, &cancel);
+    assert_eq!(two.replica_loads(), [1, 1]);
+    cancel.cancel();
+    drop((ga, gb));
+    let prompts = [
+        "hello world, this is a test",
+        "one two three",
+        "the quick brown fox",
+        "a fourth prompt, longer than the others are",
+        "five",
+    ];
+    let answers = |e: &Engine| greedy_answers(e, &prompts);
+    assert_eq!(answers(&two), answers(&one));
+    let load = two.activity();
+    assert_eq!((load.running, load.waiting), (0, 0), "{load:?}");
+}
+
+/// Replicas are copies on GPUs: the CPU, or a split's options beside them,
+/// are refused with the reason.
+#[test]
+fn replicas_on_the_cpu_or_with_a_split_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tiny.gguf");
+    let f = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
+    let opts = m40_gguf::synth::SynthOptions {
+        shape: m40_gguf::synth::Shape::find("tiny").unwrap(),
+        ty: m40_gguf::synth::FileType::All(m40_gguf::GgmlType::Q8_0),
+        seed: 3,
+    };
+    m40_gguf::synth::write_model(f, &opts, |_, _| {}).unwrap();
+    for (backend, gpu_layers, want) in [
+        (BackendChoice::Cpu, None, "not on the CPU"),
+        (BackendChoice::Auto, Some(1), "--gpu-layers"),
+    ] {
+        let mut o = EngineOptions::default();
+        o.n_ctx = Some(64);
+        o.backend = backend;
+        o.replicas = true;
+        o.gpu_layers = gpu_layers;
+        let e = Engine::from_path(&path, o).err().expect("refused");
+        assert!(e.to_string().contains(want), "{e}");
+    }
 }
 
 /// What a server with several models relies on: two engines on one GPU

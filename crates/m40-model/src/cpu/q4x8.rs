@@ -287,12 +287,14 @@ mod x86 {
                     _mm256_setr_epi32(a, a, a, a, b, b, b, b)
                 });
                 for b in 0..nb {
-                    // SAFETY (every read below): `group` checked that `g`
+                    // SAFETY: (every read below) `group` checked that `g`
                     // holds `nb` block indices and that the inputs hold
                     // tokens t0..t0 + N of `nb` blocks each.
                     let base = unsafe { g.as_ptr().add(b * GROUP_BLOCK) };
+                    // SAFETY: the block index's 8 scales, within `g`.
                     let dw = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(base as *const __m128i) });
                     for p in 0..4 {
+                        // SAFETY: rows 2p and 2p + 1's nibbles, within `g`.
                         let v = unsafe {
                             _mm256_loadu_si256(base.add(2 * GROUP + 32 * p) as *const __m256i)
                         };
@@ -301,6 +303,8 @@ mod x86 {
                         let dp = _mm256_permutevar8x32_ps(dw, spread[p]);
                         for (t, acc) in acc.iter_mut().enumerate() {
                             let blk = (xs.t0 + t) * nb + b;
+                            // SAFETY: token t0 + t's block b, which `group`
+                            // checked the inputs hold.
                             let (xlo, xhi, corr, dx) = unsafe {
                                 let xq = q.add(blk * QK32) as *const __m128i;
                                 (
