@@ -102,6 +102,12 @@ pub struct DeviceArgs {
     /// for models that fit one card, served to several people at once.
     #[arg(long)]
     pub replicas: bool,
+    /// Steps a model split over stages runs at once (default: one a
+    /// stage), each with its own sequences and share of the KV cache, so
+    /// that every card works while several people generate; 1 runs the
+    /// stages one after another.
+    #[arg(long, value_name = "N")]
+    pub steps_in_flight: Option<usize>,
 }
 
 /// `--gpus`: "all" (every GPU the driver has) or ordinals.
@@ -171,6 +177,7 @@ impl DeviceArgs {
             o.gpu_layers = self.gpu_layers;
             o.max_vram = self.max_vram.map(|g| (g * (1u64 << 30) as f64) as u64);
             o.replicas = self.replicas || self.split.as_deref() == Some("none");
+            o.steps_in_flight = self.steps_in_flight;
             o.step_stats = env_usize("M40_STEP_STATS");
             o.jit_threads = env_usize("M40_JIT_THREADS");
             o
@@ -233,9 +240,15 @@ pub fn report_backend(engine: &m40_runtime::Engine) {
 pub fn report_limits(engine: &m40_runtime::Engine) {
     let l = engine.activity();
     eprintln!(
-        "up to {} sequences at once, {} tokens a step; KV cache of {} tokens",
+        "up to {} sequences at once, {} tokens a step; KV cache of {} tokens{}",
         l.parallel,
         l.max_batch_tokens,
-        l.kv_pages * l.kv_page_tokens
+        l.kv_pages * l.kv_page_tokens,
+        match (l.replicas, l.steps_in_flight) {
+            (1, 1) => String::new(),
+            (1, n) => format!(" ({n} steps in flight)"),
+            (r, 1) => format!(" ({r} replicas)"),
+            (r, n) => format!(" ({r} replicas, {n} steps in flight each)"),
+        }
     );
 }

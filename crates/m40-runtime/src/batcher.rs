@@ -123,6 +123,10 @@ pub struct Load {
     /// Copies of the model, each with its own step loop and KV pool
     /// (`EngineOptions::replicas`); 1 without.
     pub replicas: usize,
+    /// Steps each replica runs at once: a split model's stages work on
+    /// different steps (`EngineOptions::steps_in_flight`), each with its
+    /// own sequences and a share of the KV pool; 1 otherwise.
+    pub steps_in_flight: usize,
     /// Sequences running at once at most (`EngineOptions::parallel`).
     pub parallel: usize,
     /// Tokens a step runs at most (`EngineOptions::max_batch_tokens`).
@@ -167,9 +171,21 @@ pub(crate) struct Batcher {
     lanes: Vec<Lane>,
 }
 
-/// One replica's loop: its thread, its inbox and counters, and the first
-/// pages of the prompts sent to it (where their prefix cache may be).
+/// What one step loop runs: which of the core's backends, with what
+/// limits, on which pages of that backend's pool (`page_offset` and the
+/// `limits.pages` after it): a replica has a backend to itself; a split
+/// model's several steps in flight share one, each on its own pages.
+pub(crate) struct LaneSpec {
+    pub backend: usize,
+    pub limits: Limits,
+    pub page_offset: u32,
+}
+
+/// One step loop: its thread, its inbox and counters, and the first pages
+/// of the prompts sent to it (where their prefix cache may be).
 struct Lane {
+    /// Which of the core's backends it runs.
+    backend: usize,
     shared: Arc<Shared>,
     limits: Limits,
     thread: Option<JoinHandle<()>>,
@@ -193,15 +209,11 @@ impl Core {
 }
 
 impl Batcher {
-    /// A loop per backend of `core`, each with its `limits`.
-    pub fn start(core: Arc<Core>, limits: Vec<Limits>) -> std::io::Result<Batcher> {
-        assert_eq!(
-            core.backends.len(),
-            limits.len(),
-            "a loop's limits per backend"
-        );
-        let mut lanes = Vec::with_capacity(limits.len());
-        for (replica, l) in limits.into_iter().enumerate() {
+    /// A loop per lane of `lanes` (each names its backend in `core`).
+    pub fn start(core: Arc<Core>, lanes: Vec<LaneSpec>) -> std::io::Result<Batcher> {
+        let mut out = Vec::with_capacity(lanes.len());
+        for (i, spec) in lanes.into_iter().enumerate() {
+            assert!(spec.backend < core.backends.len(), "a lane's backend");
             let shared = Arc::new(Shared {
                 inbox: Mutex::new(Inbox {
                     new: Vec::new(),
@@ -210,22 +222,24 @@ impl Batcher {
                 wake: Condvar::new(),
                 counters: Counters::default(),
             });
-            let (s, c, ll) = (shared.clone(), core.clone(), l.clone());
-            let name = match replica {
+            let (s, c, l) = (shared.clone(), core.clone(), spec.limits.clone());
+            let name = match i {
                 0 => "m40-steps".to_string(),
-                r => format!("m40-steps-{r}"),
+                i => format!("m40-steps-{i}"),
             };
+            let (backend, offset) = (spec.backend, spec.page_offset);
             let thread = std::thread::Builder::new()
                 .name(name)
-                .spawn(move || Loop::new(c, replica, s, ll).run())?;
-            lanes.push(Lane {
+                .spawn(move || Loop::new(c, backend, offset, s, l).run())?;
+            out.push(Lane {
+                backend,
                 shared,
-                limits: l,
+                limits: spec.limits,
                 thread: Some(thread),
                 recent: route::Recent::default(),
             });
         }
-        Ok(Batcher { lanes })
+        Ok(Batcher { lanes: out })
     }
 
     pub fn submit(&self, sub: Submission) {
@@ -251,7 +265,7 @@ impl Batcher {
         if self.lanes.len() == 1 {
             return 0;
         }
-        let loads = self.replica_loads();
+        let loads: Vec<usize> = self.lanes.iter().map(Lane::load).collect();
         let key = route::first_page(prompt, self.lanes[0].limits.page_tokens);
         let seen = |i: usize| key.is_some_and(|k| self.lanes[i].recent.contains(k));
         let pick = route::choose(&loads, seen);
@@ -282,19 +296,27 @@ impl Batcher {
             total.prefix_tokens_saved += c.prefix_tokens.load(Ordering::Relaxed);
         }
         total.kv_page_tokens = self.lanes[0].limits.page_tokens;
-        total.replicas = self.lanes.len();
+        total.replicas = self.replica_loads().len();
+        total.steps_in_flight = self.lanes.len() / total.replicas.max(1);
         total
     }
 
-    /// Each replica's sequences waiting and running.
+    /// Each replica's sequences waiting and running (over its lanes).
     pub fn replica_loads(&self) -> Vec<usize> {
-        self.lanes
-            .iter()
-            .map(|l| {
-                let c = &l.shared.counters;
-                c.waiting.load(Ordering::SeqCst) + c.running.load(Ordering::SeqCst)
-            })
-            .collect()
+        let n = self.lanes.iter().map(|l| l.backend + 1).max().unwrap_or(0);
+        let mut loads = vec![0; n];
+        for l in &self.lanes {
+            loads[l.backend] += l.load();
+        }
+        loads
+    }
+}
+
+impl Lane {
+    /// Its sequences waiting and running.
+    fn load(&self) -> usize {
+        let c = &self.shared.counters;
+        c.waiting.load(Ordering::SeqCst) + c.running.load(Ordering::SeqCst)
     }
 }
 
@@ -328,6 +350,8 @@ struct Loop {
     core: Arc<Core>,
     /// Which of the core's backends it runs.
     replica: usize,
+    /// Where its pages start in that backend's pool.
+    page_offset: u32,
     shared: Arc<Shared>,
     sched: Scheduler,
     live: HashMap<SeqId, Live>,
@@ -338,7 +362,13 @@ struct Loop {
 }
 
 impl Loop {
-    fn new(core: Arc<Core>, replica: usize, shared: Arc<Shared>, l: Limits) -> Loop {
+    fn new(
+        core: Arc<Core>,
+        replica: usize,
+        page_offset: u32,
+        shared: Arc<Shared>,
+        l: Limits,
+    ) -> Loop {
         let sched = Scheduler::new(Config {
             max_batch_tokens: l.max_batch_tokens,
             max_running: l.parallel,
@@ -354,6 +384,7 @@ impl Loop {
         Loop {
             core,
             replica,
+            page_offset,
             shared,
             sched,
             live: HashMap::new(),
@@ -567,7 +598,10 @@ impl Loop {
             // Its pages as the plan gives them; what came before the
             // chunk is in them (a cached prefix's tokens too).
             let kv = &step.kv[&id];
-            let made = backend.cache_on(kv.pages.clone(), kv.copy, range.start, cap);
+            let off = self.page_offset;
+            let pages = kv.pages.iter().map(|p| p + off).collect();
+            let copy = kv.copy.map(|(a, b)| (a + off, b + off));
+            let made = backend.cache_on(pages, copy, range.start, cap);
             let cache = match made {
                 Ok(c) => c,
                 Err(e) => {

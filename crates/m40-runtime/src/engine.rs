@@ -10,7 +10,7 @@ use m40_tokenizer::template::ChatTemplate;
 
 use m40_tokenizer::{Encode, Tokenizer};
 
-use crate::batcher::{Batcher, Core, Limits, Load, Submission};
+use crate::batcher::{Batcher, Core, LaneSpec, Limits, Load, Submission};
 use crate::cancel::CancelToken;
 use crate::chat::{ChatFormat, Plan};
 use crate::error::{EngineError, Result};
@@ -56,6 +56,38 @@ fn context_length(hp: &m40_gguf::HyperParams, asked: Option<usize>) -> Result<us
         Some(n) if n > max => Err(EngineError::ContextTooLong { asked: n, max }),
         Some(n) => Ok(n),
     }
+}
+
+/// The step loops of backend `i` of an engine: one, or for a model split
+/// over stages as many as `opts.steps_in_flight` (default: one a stage),
+/// each on its share of the pool's pages (a context at least), so that
+/// while one's step runs on a stage another's runs on the next.
+fn lanes_of(
+    i: usize,
+    backend: &AnyBackend,
+    opts: &EngineOptions,
+    hp: &m40_gguf::HyperParams,
+    n_ctx: usize,
+) -> Vec<LaneSpec> {
+    let l = limits_of(backend, opts, hp);
+    let stages = match backend {
+        AnyBackend::Split(s) => s.stages().len(),
+        _ => 1,
+    };
+    let room = (l.pages * l.page_tokens / n_ctx.max(1)).max(1);
+    let n = opts.steps_in_flight.unwrap_or(stages).clamp(1, room);
+    let pages = l.pages / n;
+    (0..n)
+        .map(|k| LaneSpec {
+            backend: i,
+            limits: Limits {
+                pages,
+                parallel: l.parallel.div_ceil(n),
+                ..l.clone()
+            },
+            page_offset: (k * pages) as u32,
+        })
+        .collect()
 }
 
 /// The step loop's limits for `backend`.
@@ -127,15 +159,15 @@ impl Engine {
                 (vec![b], note, placement)
             }
         };
-        let limits = backends
-            .iter()
-            .map(|b| limits_of(b, &opts, model.hparams()))
-            .collect();
+        let mut lanes = Vec::new();
+        for (i, b) in backends.iter().enumerate() {
+            lanes.extend(lanes_of(i, b, &opts, model.hparams(), n_ctx));
+        }
         let core = Arc::new(Core {
             backends,
             tokenizer,
         });
-        let batcher = Batcher::start(core.clone(), limits).map_err(EngineError::Thread)?;
+        let batcher = Batcher::start(core.clone(), lanes).map_err(EngineError::Thread)?;
         Ok(Self {
             core,
             note,

@@ -86,3 +86,54 @@ fn a_quantized_kv_cache_takes_its_formats_bytes_and_generates() {
         assert_eq!(done.token_ids.len(), 12, "{format:?}");
     }
 }
+
+/// Several steps in flight (`EngineOptions::steps_in_flight`: step loops
+/// sharing one backend, each on its share of the KV pool): every request
+/// gets the tokens it gets with one loop (the CPU is batch invariant:
+/// bitwise), the pool's pages are shared out, and the loads add up.
+#[test]
+fn steps_in_flight_share_the_pool_and_change_no_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = tiny(dir.path(), 41);
+    let with = |n: Option<usize>| {
+        let mut o = cpu_options();
+        o.steps_in_flight = n;
+        o.kv_tokens = Some(1024);
+        Engine::from_path(&path, o).unwrap()
+    };
+    let (one, three) = (with(None), with(Some(3)));
+    let (a, b) = (one.activity(), three.activity());
+    assert_eq!((a.steps_in_flight, b.steps_in_flight), (1, 3));
+    assert_eq!(b.replicas, 1);
+    assert_eq!(b.kv_pages, 3 * (a.kv_pages / 3), "{a:?} {b:?}");
+    let prompts: Vec<String> = (0..7).map(|i| format!("prompt number {i} says")).collect();
+    let answers = |e: &Engine| -> Vec<Vec<u32>> {
+        std::thread::scope(|s| {
+            let hs: Vec<_> = prompts
+                .iter()
+                .map(|p| {
+                    s.spawn(move || {
+                        let mut req = Request::new(Prompt::Text(p.clone()));
+                        req.sampling = SamplingParams::greedy();
+                        req.max_tokens = Some(24);
+                        e.generate(&req, &CancelToken::new(), |_| {})
+                            .unwrap()
+                            .token_ids
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    };
+    assert_eq!(answers(&three), answers(&one));
+    let l = three.activity();
+    assert_eq!((l.running, l.waiting, l.kv_pages_used), (0, 0, 0), "{l:?}");
+    assert!(l.steps > 0);
+    // The context still fits each loop's share: more loops than the pool
+    // holds contexts are cut to what it holds.
+    let mut o = cpu_options();
+    o.kv_tokens = Some(256);
+    o.steps_in_flight = Some(4);
+    let e = Engine::from_path(&path, o).unwrap();
+    assert_eq!(e.activity().steps_in_flight, 1);
+}
