@@ -335,6 +335,9 @@ pub fn run(a: Args) -> Result<()> {
         ),
         (Some(_), Some(_)) => bail!("name a model, or a shape with --shape, not both"),
     };
+    if !a.batch.is_empty() && a.engine {
+        return super::bench_engine::run(&path, &label, &a);
+    }
     if !a.batch.is_empty() {
         return super::bench_batch::run(&path, &label, &a);
     }

@@ -105,6 +105,17 @@ pub struct Args {
     /// --max-vram`); llama-bench gets the GPU layers the planner chose.
     #[arg(long, value_name = "GIB")]
     pub max_vram: Option<f64>,
+    /// With --batch: through the engine (its scheduler and step loops, a
+    /// thread a request) instead of the backend's batched steps.
+    #[arg(long)]
+    pub engine: bool,
+    /// With --engine: a whole copy of the model on each GPU of --gpus.
+    #[arg(long)]
+    pub replicas: bool,
+    /// With --engine: steps a split model runs at once (`run
+    /// --steps-in-flight`).
+    #[arg(long, value_name = "N")]
+    pub steps_in_flight: Option<usize>,
 }
 
 impl Args {

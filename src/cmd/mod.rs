@@ -2,6 +2,7 @@ pub mod bench;
 pub mod bench_args;
 pub mod bench_batch;
 pub mod bench_cpu;
+pub mod bench_engine;
 pub mod embed;
 pub mod perplexity;
 pub mod run;
