@@ -103,10 +103,10 @@ pub struct DeviceArgs {
     /// for models that fit one card, served to several people at once.
     #[arg(long)]
     pub replicas: bool,
-    /// Steps a model split over stages runs at once (default: one a
-    /// stage), each with its own sequences and share of the KV cache, so
-    /// that every card works while several people generate; 1 runs the
-    /// stages one after another.
+    /// Steps a model split over stages runs at once (default 1: the stages
+    /// one after another; one a stage lets every card work while several
+    /// people generate), each with its own sequences and share of the KV
+    /// cache.
     #[arg(long, value_name = "N")]
     pub steps_in_flight: Option<usize>,
 }

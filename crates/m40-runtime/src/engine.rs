@@ -58,10 +58,10 @@ fn context_length(hp: &m40_gguf::HyperParams, asked: Option<usize>) -> Result<us
     }
 }
 
-/// The step loops of backend `i` of an engine: one, or for a model split
-/// over stages as many as `opts.steps_in_flight` (default: one a stage),
-/// each on its share of the pool's pages (a context at least), so that
-/// while one's step runs on a stage another's runs on the next.
+/// The step loops of backend `i` of an engine: `opts.steps_in_flight`
+/// (default one), each on its share of the pool's pages (a context at
+/// least), so that while one's step runs on a stage of a split model
+/// another's runs on the next.
 fn lanes_of(
     i: usize,
     backend: &AnyBackend,
@@ -70,12 +70,8 @@ fn lanes_of(
     n_ctx: usize,
 ) -> Vec<LaneSpec> {
     let l = limits_of(backend, opts, hp);
-    let stages = match backend {
-        AnyBackend::Split(s) => s.stages().len(),
-        _ => 1,
-    };
     let room = (l.pages * l.page_tokens / n_ctx.max(1)).max(1);
-    let n = opts.steps_in_flight.unwrap_or(stages).clamp(1, room);
+    let n = opts.steps_in_flight.unwrap_or(1).clamp(1, room);
     let pages = l.pages / n;
     (0..n)
         .map(|k| LaneSpec {

@@ -118,13 +118,14 @@ pub struct EngineOptions {
     /// people at once. `parallel`, `kv_tokens` and `memory_limit` apply to
     /// each replica.
     pub replicas: bool,
-    /// Steps a model split over stages runs at once (default: one a
-    /// stage): each has its own step loop, sequences and share of the KV
-    /// pool, and while one's step runs on a stage the next runs another's
-    /// (vLLM's virtual engines), so every card works at B >= 2. 1 runs
-    /// the stages one after another. At most as many as the KV pool holds
-    /// contexts. Without a split the default is one (more overlap only the
-    /// host's work between steps with the backend's).
+    /// Steps a model split over stages runs at once (default 1: the
+    /// stages one after another): each has its own step loop, sequences
+    /// and share of the KV pool, and while one's step runs on a stage the
+    /// next runs another's (vLLM's virtual engines), so that every card
+    /// works at B >= 2; one a stage is the natural count. At most as many
+    /// as the KV pool holds contexts. (Opt-in until it has run on GPUs:
+    /// tested on the CPU; without a split, more overlap only the host's
+    /// work between steps with the backend's.)
     pub steps_in_flight: Option<usize>,
 }
 

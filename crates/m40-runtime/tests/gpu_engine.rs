@@ -97,7 +97,8 @@ fn gpu_engine_generates_what_the_cpu_engine_does() {
 /// The engine over a model split by the planner: two stages on one GPU
 /// (`gpus` 0,0, the code of two GPUs: rows through the host), and the
 /// first layers on the CPU (`gpu_layers`), each running requests from
-/// several threads at once (batched steps through every stage): greedy
+/// several threads at once (batched steps through every stage, one step
+/// at a time or two in flight): greedy
 /// tokens as the whole model's on one GPU (the CPU stage's exact FP32
 /// aside: allowed to wander at one near tie, as CPU against GPU above).
 #[test]
@@ -130,6 +131,14 @@ fn a_split_engine_generates_what_one_gpu_does() {
     println!("{p}");
     assert_eq!(p.stages.len(), 2, "{p}");
     assert_eq!(answers(&two), want, "two stages on one GPU");
+    // Two steps in flight over the same stages, each its own sequences and
+    // half of the pool.
+    let in_flight = with(&|o| {
+        o.gpus = Some(vec![0, 0]);
+        o.steps_in_flight = Some(2);
+    });
+    assert_eq!(in_flight.activity().steps_in_flight, 2);
+    assert_eq!(answers(&in_flight), want, "two steps in flight");
     let cpu_first = with(&|o| o.gpu_layers = Some(n_layer - 1));
     let p = cpu_first.placement().expect("planned");
     println!("{p}");
