@@ -10,6 +10,7 @@ mod moe;
 pub mod ops;
 pub(crate) mod q4x8;
 pub(crate) mod q8;
+pub(crate) mod q8k;
 pub(crate) mod simd;
 mod stage;
 
@@ -268,6 +269,9 @@ impl CpuBackend {
     fn matmul_view(&self, w: &TensorView<'_>, x: &[f32], n: usize, out: &mut [f32]) -> Result<()> {
         if self.math == CpuMath::Quantized && q8::supported(w.info.ty) {
             q8::matmul_q8(w, x, n, out);
+            Ok(())
+        } else if self.math == CpuMath::Quantized && q8k::supported(w.info.ty) {
+            q8k::matmul_q8k(w, x, n, out);
             Ok(())
         } else {
             matmul(w, x, n, out)
@@ -663,6 +667,29 @@ pub(crate) fn tiny_model(dir: &tempfile::TempDir, seed: u64) -> Arc<Model> {
     };
     write_model(f, &opts, |_, _| {}).unwrap();
     Arc::new(Model::open(&path).unwrap())
+}
+
+/// A pseudo-random stream in [-1, 1), fresh per seed (xorshift): the CPU
+/// kernels' test inputs.
+#[cfg(test)]
+pub(crate) fn test_values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+/// A seed fresh each run (the clock), or `or` where it cannot be read.
+#[cfg(test)]
+pub(crate) fn fresh_seed(or: u64) -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(or, |d| d.as_nanos() as u64)
 }
 
 /// A GGUF file (in memory) of one matrix `w` of `rows` x `cols` in `ty`,

@@ -356,18 +356,7 @@ mod tests {
     use super::*;
     use crate::cpu::q8::matmul_q8;
 
-    /// A pseudo-random stream in [-1, 1), fresh per seed.
-    fn values(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-            })
-            .collect()
-    }
+    use crate::cpu::{fresh_seed, test_values as values};
 
     /// The repacked product gives [`matmul_q8`]'s outputs (the same
     /// integers and scale products; only the order the blocks' terms are
@@ -381,9 +370,7 @@ mod tests {
             eprintln!("SKIP: no AVX2 here");
             return;
         }
-        let seed = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(5, |d| d.as_nanos() as u64);
+        let seed = fresh_seed(5);
         let (rows, cols) = (48usize, 320usize);
         let w = values(rows * cols, seed);
         let file = super::super::matrix_file(GgmlType::Q4_0, rows, cols, &w);

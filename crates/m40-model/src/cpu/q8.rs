@@ -359,18 +359,7 @@ mod tests {
     use super::*;
     use m40_gguf::quant::dequantize;
 
-    /// A pseudo-random stream in [-1, 1), fresh per seed.
-    fn values(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-            })
-            .collect()
-    }
+    use crate::cpu::{fresh_seed, test_values as values};
 
     /// Every output of the 8-bit product against the exact product of the
     /// dequantized weights with the inputs as the quants give them (the
@@ -378,9 +367,7 @@ mod tests {
     /// the input rounding's bound.
     #[test]
     fn eight_bit_products_match_their_reference() {
-        let seed = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(1, |d| d.as_nanos() as u64);
+        let seed = fresh_seed(1);
         for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
             if !supported(ty) {
                 eprintln!("SKIP {ty}: no AVX2 here");
@@ -451,9 +438,7 @@ mod tests {
     /// The AVX2 quantizer gives what the plain one does, on fresh values.
     #[test]
     fn both_quantizers_agree() {
-        let seed = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(3, |d| d.as_nanos() as u64);
+        let seed = fresh_seed(3);
         let mut x = values(32 * 64, seed);
         x[..32].iter_mut().for_each(|v| *v = 0.0);
         x[40] = 1e-30;

@@ -72,19 +72,11 @@ fn memory_is_counted_and_checked_before_allocation() {
 #[test]
 fn a_tokens_product_is_the_same_alone_or_in_a_batch() {
     use m40_gguf::GgmlType;
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(7, |d| d.as_nanos() as u64);
-    let mut rng = seed | 1;
+    let seed = super::fresh_seed(7);
+    let mut calls = 0;
     let mut values = |n: usize| -> Vec<f32> {
-        (0..n)
-            .map(|_| {
-                rng ^= rng << 13;
-                rng ^= rng >> 7;
-                rng ^= rng << 17;
-                (rng >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-            })
-            .collect()
+        calls += 1;
+        super::test_values(n, seed.wrapping_add(calls))
     };
     let (rows, cols) = (70usize, 512usize);
     for ty in [
