@@ -16,6 +16,24 @@ const DECODE_ROWS: usize = 64;
 /// Bytes of dequantized rows one task keeps hot.
 const ROW_BUDGET: usize = 64 << 10;
 
+/// `out[t * n_out + r] = out_t[r * n_tok + t]`: a product computed row by
+/// row (each task owning a run of output rows, every token's value of
+/// each) put back token by token, in tiles of rows so that both sides stay
+/// in cache (a row at a time writes one value to each of `n_tok` lines).
+pub fn untranspose(out_t: &[f32], n_tok: usize, n_out: usize, out: &mut [f32]) {
+    const TILE: usize = 32;
+    assert_eq!(out_t.len(), n_tok * n_out, "transposed product shape");
+    assert_eq!(out.len(), n_tok * n_out, "product shape");
+    for r0 in (0..n_out).step_by(TILE) {
+        let r1 = (r0 + TILE).min(n_out);
+        for (t, o) in out.chunks_exact_mut(n_out).enumerate() {
+            for (r, v) in o[r0..r1].iter_mut().enumerate() {
+                *v = out_t[(r0 + r) * n_tok + t];
+            }
+        }
+    }
+}
+
 /// `out[t * n_out + r] = W[r, :] . x[t * n_in ..][..n_in]` for every token `t`
 /// and output row `r` (`W` is `n_out` rows of `n_in`).
 /// x: (n_tok, n_in); out: (n_tok, n_out).
@@ -52,11 +70,7 @@ pub fn matmul(w: &TensorView<'_>, x: &[f32], n_tok: usize, out: &mut [f32]) -> R
                     }
                 }
             });
-        for r in 0..n_out {
-            for t in 0..n_tok {
-                out[t * n_out + r] = out_t[r * n_tok + t];
-            }
-        }
+        untranspose(&out_t, n_tok, n_out, out);
         return Ok(());
     }
     let rows_per_task = (ROW_BUDGET / (n_in * 4)).clamp(1, 64);
@@ -108,11 +122,24 @@ pub fn matmul(w: &TensorView<'_>, x: &[f32], n_tok: usize, out: &mut [f32]) -> R
             },
         )?;
     if n_tok > 1 {
-        for r in 0..n_out {
-            for t in 0..n_tok {
-                out[t * n_out + r] = out_t[r * n_tok + t];
+        untranspose(&out_t, n_tok, n_out, out);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn untranspose_puts_every_value_back() {
+        for (n_tok, n_out) in [(1usize, 5usize), (3, 70), (64, 33), (7, 32)] {
+            let t: Vec<f32> = (0..n_tok * n_out).map(|i| i as f32).collect();
+            let mut out = vec![f32::NAN; n_tok * n_out];
+            super::untranspose(&t, n_tok, n_out, &mut out);
+            for tok in 0..n_tok {
+                for r in 0..n_out {
+                    assert_eq!(out[tok * n_out + r], t[r * n_tok + tok], "{n_tok}x{n_out}");
+                }
             }
         }
     }
-    Ok(())
 }

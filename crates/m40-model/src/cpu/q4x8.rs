@@ -150,11 +150,7 @@ impl PackedQ4 {
                     }
                 }
             });
-        for r in 0..n_out {
-            for t in 0..n_tok {
-                out[t * n_out + r] = out_t[r * n_tok + t];
-            }
-        }
+        super::matmul::untranspose(&out_t, n_tok, n_out, out);
     }
 }
 

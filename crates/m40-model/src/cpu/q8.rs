@@ -127,11 +127,7 @@ pub fn matmul_q8(w: &TensorView<'_>, x: &[f32], n_tok: usize, out: &mut [f32]) {
                 }
             }
         });
-    for r in 0..n_out {
-        for t in 0..n_tok {
-            out[t * n_out + r] = out_t[r * n_tok + t];
-        }
-    }
+    super::matmul::untranspose(&out_t, n_tok, n_out, out);
 }
 
 /// For each row of `rows` (`row_bytes` each): `dst[r * n_tok + t0 + i] =

@@ -110,11 +110,7 @@ pub fn matmul_q8k(w: &TensorView<'_>, x: &[f32], n_tok: usize, out: &mut [f32]) 
                 }
             }
         });
-    for r in 0..n_out {
-        for t in 0..n_tok {
-            out[t * n_out + r] = out_t[r * n_tok + t];
-        }
-    }
+    super::matmul::untranspose(&out_t, n_tok, n_out, out);
 }
 
 /// The quantized inputs of a pass: tokens from `t0`, `nb` blocks each.
