@@ -206,14 +206,13 @@ mod avx2 {
     pub fn q4_k<const N: usize>(w: &[BlockQ4K], xs: &Inputs<'_>) -> [f32; N] {
         let mask = _mm256_set1_epi8(0x0F);
         let mut acc = [_mm256_setzero_ps(); N];
-        let mut off = [0f32; N];
+        let mut off = [_mm256_setzero_ps(); N];
         for (b, blk) in w.iter().enumerate() {
             let (d, dmin) = (h2f(blk.d), h2f(blk.dmin));
             let (sc, m) = k4_scales(&blk.scales);
             // Each minimum twice: one a 16-sum.
-            let m16: [i16; 16] = std::array::from_fn(|k| m[k / 2] as i16);
-            // SAFETY: 16 i16.
-            let m16 = unsafe { _mm256_loadu_si256(m16.as_ptr() as *const __m256i) };
+            let m8 = _mm_cvtsi64_si128(i64::from_le_bytes(m));
+            let m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
             let mut sumi = [_mm256_setzero_si256(); N];
             for k in 0..QK_K / 64 {
                 let v = load(&blk.qs[32 * k..]);
@@ -233,13 +232,13 @@ mod avx2 {
             }
             for t in 0..N {
                 let (_, dx, bs) = input(xs, t, b);
-                let mins = hsum_i32(_mm256_madd_epi16(m16, bsums(bs)));
+                let mins = _mm256_cvtepi32_ps(_mm256_madd_epi16(m16, bsums(bs)));
                 acc[t] =
                     _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[t]), _mm256_set1_ps(d * dx), acc[t]);
-                off[t] += dmin * dx * mins as f32;
+                off[t] = _mm256_fmadd_ps(mins, _mm256_set1_ps(dmin * dx), off[t]);
             }
         }
-        std::array::from_fn(|t| hsum(acc[t]) - off[t])
+        std::array::from_fn(|t| hsum(acc[t]) - hsum(off[t]))
     }
 
     /// Q6_K: w = d sc_j (q - 32) over part j of 16, q of six bits (four in
@@ -248,7 +247,6 @@ mod avx2 {
     pub fn q6_k<const N: usize>(w: &[BlockQ6K], xs: &Inputs<'_>) -> [f32; N] {
         let (m4, m30) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
         let mut acc = [_mm256_setzero_ps(); N];
-        let mut off = [0f32; N];
         for (b, blk) in w.iter().enumerate() {
             let d = h2f(blk.d);
             let sc: [i16; 16] = std::array::from_fn(|j| blk.scales[j] as i16);
@@ -292,23 +290,13 @@ mod avx2 {
             }
             for t in 0..N {
                 let (_, dx, bs) = input(xs, t, b);
-                // The quants' 32: sum_j sc_j 32 bsum_j.
-                let shift = 32 * hsum_i32(_mm256_madd_epi16(sc16, bsums(bs)));
-                acc[t] =
-                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[t]), _mm256_set1_ps(d * dx), acc[t]);
-                off[t] += d * dx * shift as f32;
+                // The quants' 32: sum_j sc_j 32 bsum_j, in integers.
+                let shift = _mm256_slli_epi32::<5>(_mm256_madd_epi16(sc16, bsums(bs)));
+                let int = _mm256_sub_epi32(sumi[t], shift);
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(int), _mm256_set1_ps(d * dx), acc[t]);
             }
         }
-        std::array::from_fn(|t| hsum(acc[t]) - off[t])
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    fn hsum_i32(v: __m256i) -> i32 {
-        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
-        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
-        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
-        _mm_cvtsi128_si32(s)
+        std::array::from_fn(|t| hsum(acc[t]))
     }
 }
 
