@@ -282,15 +282,8 @@ fn parse_llama_bench(json: &[u8]) -> Option<Vec<(String, f64)>> {
 /// `--gpus`, `--tensor-split`, `--gpu-layers`, `--max-vram`), a pool of
 /// `kv_tokens`.
 fn placed_backend(model: &Arc<Model>, a: &Args, kv_tokens: usize) -> Result<Placed> {
-    let mut o = m40_runtime::EngineOptions::default();
-    o.backend = m40_runtime::BackendChoice::Gpu;
-    o.gpu = a.gpu;
-    o.gpus = (!a.gpus.is_empty()).then(|| a.gpus.clone());
-    o.tensor_split = a.tensor_split.clone();
-    o.gpu_layers = a.gpu_layers;
-    o.max_vram = a.max_vram.map(|g| (g * (1u64 << 30) as f64) as u64);
+    let mut o = a.placement_options();
     o.kv_tokens = Some(kv_tokens);
-    o.kv_type = a.kv_type;
     let (b, _, p) = m40_runtime::load_backend(model, &o, kv_tokens)?;
     Ok((b, p))
 }

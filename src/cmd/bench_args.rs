@@ -127,6 +127,21 @@ impl Args {
             || self.max_vram.is_some()
     }
 
+    /// Engine options for the GPU with the placement flags (`run`'s
+    /// `--gpus`, `--tensor-split`, `--gpu-layers`, `--max-vram`) and
+    /// `--kv-type`.
+    pub fn placement_options(&self) -> m40_runtime::EngineOptions {
+        let mut o = m40_runtime::EngineOptions::default();
+        o.backend = m40_runtime::BackendChoice::Gpu;
+        o.gpu = self.gpu;
+        o.gpus = (!self.gpus.is_empty()).then(|| self.gpus.clone());
+        o.tensor_split = self.tensor_split.clone();
+        o.gpu_layers = self.gpu_layers;
+        o.max_vram = self.max_vram.map(super::gib_bytes);
+        o.kv_type = self.kv_type;
+        o
+    }
+
     /// llama.cpp's flags for `--kv-type` (none for f16).
     pub fn llama_kv_args(&self) -> Vec<std::ffi::OsString> {
         match self.kv_type.name() {

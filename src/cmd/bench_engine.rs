@@ -14,9 +14,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use m40_gguf::synth::token_ids as random_tokens;
-use m40_runtime::{
-    BackendChoice, CancelToken, Engine, EngineOptions, Prompt, Request, SamplingParams,
-};
+use m40_runtime::{BackendChoice, CancelToken, Engine, Prompt, Request, SamplingParams};
 
 use super::bench_args::Args;
 
@@ -24,20 +22,13 @@ use super::bench_args::Args;
 fn engine(path: &Path, a: &Args) -> Result<Engine> {
     let most = a.batch.iter().max().copied().unwrap_or(1);
     let n_ctx = (a.npp + a.ntg + 1).next_multiple_of(m40_kernels::KV_PAGE);
-    let mut o = EngineOptions::default();
+    let mut o = a.placement_options();
     o.n_ctx = Some(n_ctx);
-    o.backend = match a.cpu {
-        true => BackendChoice::Cpu,
-        false => BackendChoice::Gpu,
-    };
-    o.gpu = a.gpu;
-    o.gpus = (!a.gpus.is_empty()).then(|| a.gpus.clone());
-    o.tensor_split = a.tensor_split.clone();
-    o.gpu_layers = a.gpu_layers;
-    o.max_vram = a.max_vram.map(|g| (g * (1u64 << 30) as f64) as u64);
+    if a.cpu {
+        o.backend = BackendChoice::Cpu;
+    }
     o.replicas = a.replicas;
     o.steps_in_flight = a.steps_in_flight;
-    o.kv_type = a.kv_type;
     o.batch_invariant = a.batch_invariant;
     o.parallel = Some(most);
     // Every sequence's pages at once, on each replica.

@@ -176,7 +176,7 @@ impl DeviceArgs {
             o.gpus = gpus;
             o.tensor_split = self.tensor_split.clone();
             o.gpu_layers = self.gpu_layers;
-            o.max_vram = self.max_vram.map(|g| (g * (1u64 << 30) as f64) as u64);
+            o.max_vram = self.max_vram.map(gib_bytes);
             o.replicas = self.replicas || self.split.as_deref() == Some("none");
             o.steps_in_flight = self.steps_in_flight;
             o.step_stats = env_usize("M40_STEP_STATS");
@@ -184,6 +184,11 @@ impl DeviceArgs {
             o
         }
     }
+}
+
+/// `g` GiB in bytes (the flags that take GiB with decimals).
+pub fn gib_bytes(g: f64) -> u64 {
+    (g * (1u64 << 30) as f64) as u64
 }
 
 /// A number from the environment (the CLI's diagnostic knobs; the library

@@ -148,10 +148,7 @@ pub fn run(mut a: Args) -> Result<()> {
     // GPUs (a flag wins; negative: as many as fit).
     opts.chat_template = mf.as_ref().and_then(|m| m.template.clone());
     if opts.gpu_layers.is_none() && !opts.replicas {
-        let n = mf
-            .as_ref()
-            .and_then(|m| m.parameter("num_gpu")?.parse::<i64>().ok());
-        opts.gpu_layers = n.and_then(|n| usize::try_from(n).ok());
+        opts.gpu_layers = mf.as_ref().and_then(|m| m.num_gpu()).flatten();
     }
     let engine = Engine::from_path(&path, opts)?;
     if let Some(why) = engine.backend_note() {

@@ -113,7 +113,7 @@ pub fn run(a: Args) -> Result<()> {
             Some(g) if !(g.is_finite() && g > 0.0) => {
                 bail!("--max-memory {g}: give a number of GiB above 0")
             }
-            g => g.map(|g| (g * (1u64 << 30) as f64) as u64),
+            g => g.map(super::gib_bytes),
         };
         let limit = max_memory;
         let engine = {

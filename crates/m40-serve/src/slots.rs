@@ -97,11 +97,10 @@ impl Loader for StoreLoader {
         if let Some(t) = modelfile.as_ref().and_then(|m| m.template.clone()) {
             opts.chat_template = Some(t);
         }
-        let num_gpu = modelfile
-            .as_ref()
-            .and_then(|m| m.parameter("num_gpu")?.parse::<i64>().ok());
-        if let Some(n) = num_gpu {
-            opts.gpu_layers = usize::try_from(n).ok();
+        // (Replicas hold whole models: no layer count applies.)
+        match modelfile.as_ref().and_then(|m| m.num_gpu()) {
+            Some(n) if !opts.replicas => opts.gpu_layers = n,
+            _ => {}
         }
         // The GPU or nothing, so that the server frees room there first.
         if fit == Fit::Best && opts.backend == m40_runtime::BackendChoice::Auto {

@@ -189,6 +189,13 @@ impl Modelfile {
             .map(|(_, v)| v.as_str())
     }
 
+    /// Its `num_gpu` PARAMETER (Ollama's layers on GPUs) where it has one:
+    /// that many layers, or None for a negative value (as many as fit).
+    pub fn num_gpu(&self) -> Option<Option<usize>> {
+        let n = self.parameter("num_gpu")?.parse::<i64>().ok()?;
+        Some(usize::try_from(n).ok())
+    }
+
     /// Every `stop` sequence.
     pub fn stops(&self) -> Vec<String> {
         (self.parameters.iter())
@@ -422,6 +429,14 @@ LICENSE MIT
         assert_eq!(merged.template, m.template);
         assert_eq!(merged.messages, m.messages);
         assert_eq!(merged.license, ["MIT", "Apache\n2.0", "more"]);
+    }
+
+    #[test]
+    fn num_gpu_is_a_layer_count_or_as_many_as_fit() {
+        let of = |t: &str| Modelfile::parse(t).unwrap().num_gpu();
+        assert_eq!(of("FROM m\nPARAMETER num_gpu 20"), Some(Some(20)));
+        assert_eq!(of("FROM m\nPARAMETER num_gpu -1"), Some(None));
+        assert_eq!(of("FROM m\nPARAMETER num_ctx 64"), None);
     }
 
     #[test]

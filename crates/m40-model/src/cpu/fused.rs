@@ -11,25 +11,15 @@ use m40_gguf::GgmlType;
 
 /// Whether `ty` has a fused kernel on this CPU.
 pub fn supported(ty: GgmlType) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        matches!(
-            ty,
-            GgmlType::Q4_0
-                | GgmlType::Q4_1
-                | GgmlType::Q8_0
-                | GgmlType::Q4_K
-                | GgmlType::Q6_K
-                | GgmlType::MXFP4
-        ) && std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma")
-            && std::arch::is_x86_feature_detected!("f16c")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = ty;
-        false
-    }
+    matches!(
+        ty,
+        GgmlType::Q4_0
+            | GgmlType::Q4_1
+            | GgmlType::Q8_0
+            | GgmlType::Q4_K
+            | GgmlType::Q6_K
+            | GgmlType::MXFP4
+    ) && super::simd::has_avx2()
 }
 
 /// Per-32-block sums of `x`, shared by every row of a Q4_0/Q4_1 product.

@@ -44,16 +44,7 @@ const TASK_GROUPS: usize = 4;
 
 /// Whether this CPU runs the repacked products (AVX2, FMA, F16C).
 pub fn supported() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma")
-            && std::arch::is_x86_feature_detected!("f16c")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    super::simd::has_avx2()
 }
 
 /// Whether it also has AVX-512 VNNI on 256-bit vectors (and so 32 of them).

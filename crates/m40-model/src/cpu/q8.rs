@@ -15,6 +15,8 @@ use m40_gguf::quant::blocks::{BlockQ4_0, BlockQ4_1, BlockQ8_0, QK32};
 use m40_gguf::{GgmlType, TensorView};
 use rayon::prelude::*;
 
+use super::simd::has_avx2;
+
 /// Tokens whose inputs meet each unpacked weight block together.
 const TOKENS: usize = 4;
 
@@ -24,20 +26,6 @@ const ROWS: usize = 32;
 /// Whether `ty` has an 8-bit kernel on this CPU.
 pub fn supported(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0) && has_avx2()
-}
-
-/// Whether this CPU has what the AVX2 code uses (AVX2, FMA, F16C).
-fn has_avx2() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma")
-            && std::arch::is_x86_feature_detected!("f16c")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
 }
 
 /// Rows of inputs quantized to 8 bits per block of 32.

@@ -25,18 +25,7 @@ const ROWS: usize = 16;
 
 /// Whether `ty` has an 8-bit kernel here (Q4_K, Q6_K on AVX2).
 pub fn supported(ty: GgmlType) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K)
-            && std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma")
-            && std::arch::is_x86_feature_detected!("f16c")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = ty;
-        false
-    }
+    matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) && super::simd::has_avx2()
 }
 
 /// Rows of inputs in blocks of 256: the quants, each block's scale

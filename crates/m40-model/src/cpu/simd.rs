@@ -167,6 +167,21 @@ fn hsum(v: std::arch::x86_64::__m256) -> f32 {
     _mm_cvtss_f32(s)
 }
 
+/// Whether this CPU has what the AVX2 code of `q8.rs`, `q4x8.rs`,
+/// `q8k.rs` and `fused.rs` uses (AVX2, FMA, F16C).
+pub(crate) fn has_avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
