@@ -82,8 +82,47 @@ template <class P, int B> struct PgemvBounds {
                             nullptr, nullptr, nullptr, 0, 0, 0.0f};                                            \
         gemv_packed<P, 1, FOLD_BIAS>(a, blockIdx.x);                                                           \
     }
+// gemv_packed_grp_<fmt>_f32: the same GEMVs with a step's slots grouped by
+// expert (moe.cu moe_tiles_i32: order, the slots sorted by expert; tiles,
+// their count then each tile's first sorted position and slots, 1 to 8, of
+// one expert), so that each expert's weights are read once for the slots
+// of a tile: block (_, i) runs tile i (none past tiles[0]), through the
+// one-token GEMV for a tile of one slot (gemv_packed_id's code and sums),
+// else the 2-, 4- or 8-token one (its sums: DQ and up decode each weight
+// once). Launch bounds of the 8-token kernels.
+#define PGEMV_GRP_KERNEL(name, P)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(32 * PGEMV_WARPS, PgemvBounds<P, 8>::blocks)                     \
+        gemv_packed_grp_##name##_f32(const u8* W, const float* x, float* y, int nrows, int nb, int mode,            \
+                                     const int* ids, const int* order, const int* tiles, int n_mat,               \
+                                     long long mat_bytes, int x_per, const float* bias) {                         \
+        const int i = blockIdx.y;                                                                                \
+        if (i >= tiles[0]) return;                                                                               \
+        const int start = tiles[1 + 2 * i], m = tiles[2 + 2 * i], j = order[start];                               \
+        const int e = min(max(ids[j], 0), n_mat - 1);                                                            \
+        const float* be = bias != nullptr && mode >= PGEMV_GLU ? bias + (long long)e * nrows : nullptr;          \
+        const u8* We = W + e * mat_bytes;                                                                         \
+        if (m == 1) {                                                                                             \
+            float* yj = y + (long long)j * (mode >= PGEMV_GLU ? nrows >> 1 : nrows);                              \
+            const GemvArgs a = {We,      x + (long long)(j / x_per) * nb * 32, yj, yj, yj, nrows, nrows, nrows,   \
+                                nb,      1,       0,       1,       mode,    be,      nullptr, nullptr, 0,        \
+                                0.0f,    nullptr, nullptr, nullptr, nullptr, nullptr, 0,       0,       0.0f};    \
+            gemv_packed<P, 1, FOLD_BIAS>(a, blockIdx.x);                                                          \
+            return;                                                                                               \
+        }                                                                                                         \
+        const GemvArgs a = {We,   x,    y,    y,       y,       nrows,   nrows,   nrows,   nb,   1,    0,          \
+                            m,    mode, be,   nullptr, nullptr, 0,       0.0f,    nullptr, nullptr, nullptr,      \
+                            nullptr, nullptr, 0, 0, 0.0f};                                                        \
+        const GatheredRows r = {order + start, x_per};                                                            \
+        if (m == 2)                                                                                               \
+            gemv_packed<P, 2, FOLD_BIAS, false, false, GatheredRows>(a, blockIdx.x, r);                            \
+        else if (m <= 4)                                                                                          \
+            gemv_packed<P, 4, FOLD_BIAS, false, false, GatheredRows>(a, blockIdx.x, r);                            \
+        else                                                                                                      \
+            gemv_packed<P, 8, FOLD_BIAS, false, false, GatheredRows>(a, blockIdx.x, r);                            \
+    }
 #define PGEMV_KERNEL(name, P)                       \
     PGEMV_ID_KERNEL(name, P)                        \
+    PGEMV_GRP_KERNEL(name, P)                       \
     PGEMV_KERNEL_B(name, P, 1, FOLD_NONE, )         \
     PGEMV_KERNEL_B(name, P, 1, FOLD_TAKE, _take)    \
     PGEMV_KERNEL_B(name, P, 1, FOLD_EMIT, _emit)    \

@@ -477,6 +477,22 @@ struct GemvArgs {
 #define FOLD_BIAS 3
 #define FOLD_PART_U 4
 
+// Where a launch's token t reads x and writes y: rows t0 + t (ContigRows),
+// or a mixture's slots grouped by expert (GatheredRows, gemv_packed_grp:
+// the tile's slots order[0 .. m - 1], x row slot / x_per, y row slot).
+struct ContigRows {
+    enum { CONTIG = 1 };
+    __device__ int x_row(int t) const { return t; }
+    __device__ int y_row(int t) const { return t; }
+};
+struct GatheredRows {
+    enum { CONTIG = 0 };
+    const int* order;
+    int x_per;
+    __device__ int x_row(int t) const { return order[t] / x_per; }
+    __device__ int y_row(int t) const { return order[t]; }
+};
+
 // y[t][r] = sum_c W[r, c] x[t][c] for tokens t0 .. t0 + m - 1 (m <= B) of
 // x (tokens, nb * 32): each weight is loaded once and used by every token.
 // CHUNKED: a launch takes tokens 0 .. a.m - 1 in chunks of a.t0 <= B (the
@@ -493,15 +509,18 @@ struct GemvArgs {
 // trip each. Measured per format on an H100 (BENCHMARKS.md): faster for
 // Q4_K, Q6_K and Q8_0 (U = 2), slower for Q4_0 (the same code compiles to
 // a slower main loop there), so Q4_0 and Q4_1 keep the plain code.
-template <class P, int B, int FOLD, bool S3 = B == 1 && P::SPLIT3, bool CHUNKED = false>
-__device__ __forceinline__ void gemv_packed(const GemvArgs& a, int vb) {
+// R: where the tokens' rows are (ContigRows; GatheredRows with t0 = 0 and
+// B > 1).
+template <class P, int B, int FOLD, bool S3 = B == 1 && P::SPLIT3, bool CHUNKED = false, class R = ContigRows>
+__device__ __forceinline__ void gemv_packed(const GemvArgs& a, int vb, const R& rows = R()) {
     const u8* __restrict__ W = a.W;
     const float* x = a.x;
     const int nrows = a.nrows, nb = a.nb, ksplit = a.ksplit;
     static_assert(!CHUNKED || B > 1, "chunks of several tokens");
     int t0 = CHUNKED ? (int)blockIdx.y * a.t0 : a.t0;
     const int m = CHUNKED ? min(a.t0, a.m - t0) : a.m;
-    static_assert(FOLD == FOLD_NONE || B == 1, "the folded norm takes one token");
+    static_assert(FOLD == FOLD_NONE || FOLD == FOLD_BIAS || B == 1, "the folded norm takes one token");
+    static_assert(R::CONTIG || (B > 1 && !CHUNKED), "gathered rows: several tokens, one launch row");
     constexpr int U = InFlight<P, B>::value;
     constexpr int OUT = 4 * B;  // sums per group: 4 rows x B tokens
     static_assert(!S3 || B == 1, "a 3-way split takes one token");
@@ -547,7 +566,7 @@ __device__ __forceinline__ void gemv_packed(const GemvArgs& a, int vb) {
             const float* xb = x + b * 32;
             int xo[B];
 #pragma unroll
-            for (int t = 0; t < B; ++t) xo[t] = (t < m ? t : m - 1) * (int)ld;
+            for (int t = 0; t < B; ++t) xo[t] = (R::CONTIG ? (t < m ? t : m - 1) : rows.x_row(t < m ? t : m - 1)) * (int)ld;
             const int xs = step * 32;
             Item cur[U], nxt[U];
 #pragma unroll
@@ -578,7 +597,8 @@ __device__ __forceinline__ void gemv_packed(const GemvArgs& a, int vb) {
                         float4 xa[B], xc[B];
 #pragma unroll
                         for (int t = 0; t < B; ++t)
-                            P::x8(x + (t < m ? t : m - 1) * ld + (b + u * step) * 32, q, xa[t], xc[t]);
+                            P::x8(R::CONTIG ? x + (t < m ? t : m - 1) * ld + (b + u * step) * 32 : xb + xo[t] + u * xs,
+                                  q, xa[t], xc[t]);
 #pragma unroll
                         for (int t = 0; t < B; ++t) P::dot(cur[u], q, xa[t], xc[t], acc[t]);
                     }
@@ -711,9 +731,9 @@ __device__ __forceinline__ void gemv_packed(const GemvArgs& a, int vb) {
         if (FOLD == FOLD_BIAS && a.nw != nullptr && out) mine += a.nw[row];
         const float u = __shfl_down_sync(0xffffffffu, mine, 2);
         if (owns && out && (lane & 2) == 0)
-            y.y0[(long long)(t0 + t) * (nrows >> 1) + 2 * g + (lane & 1)] = glu_act(a.mode - PGEMV_GLU, mine, u);
+            y.y0[(long long)(R::CONTIG ? t0 + t : rows.y_row(t)) * (nrows >> 1) + 2 * g + (lane & 1)] = glu_act(a.mode - PGEMV_GLU, mine, u);
     } else if (owns && out) {
-        float* p = y.at(t0 + t, row);
+        float* p = y.at(R::CONTIG ? t0 + t : rows.y_row(t), row);
         const float v = a.mode == PGEMV_ADD ? *p + mine : mine;
         *p = v;
         if (FOLD == FOLD_EMIT) {

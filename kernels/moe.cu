@@ -37,6 +37,19 @@
 // x's src_rows rows): a prefill's slots gathered by expert (div K: each
 // slot reads its token's row) and their outputs put back in slot order
 // (div 1, the inverse order). Grid-stride over rows d.
+//
+// moe_tiles_i32: a step's slots grouped by expert on the device for the
+// grouped GEMVs (gemv_packed.cu gemv_packed_grp): ids (slots) the slots'
+// experts (clamped into 0 .. E - 1); order (slots) gets the slots sorted by
+// expert, stable (slot order within an expert, so the same routing gives
+// the same tiles); tiles[0] the number of tiles, tile i at tiles[1 + 2 i]
+// (its first sorted position) and tiles[2 + 2 i] (its slots): each
+// expert's c slots in ceil(c / MOE_TILE) tiles as equal as can be (9: 5
+// and 4), the tiles of two or more slots first, then the experts of one.
+// One block of MOE_TILES_THREADS, E <= MOE_TILES_THREADS: thread (e, p)
+// counts and places expert e's slots in part p of the slots (P =
+// MOE_TILES_THREADS / E parts, each ceil(slots / P) long), so a
+// thread reads slots / P ids twice.
 #include "common.cuh"
 
 #define MOE_WARPS 4
@@ -195,4 +208,94 @@ extern "C" __global__ void __launch_bounds__(MOE_ROUTER_THREADS)
     __syncthreads();
     if (threadIdx.x < 32) moe_route_token(sl, bias, ids, wts, gridDim.x, K, threadIdx.x);
     if (threadIdx.x == 0) *done = 0u;
+}
+
+#define MOE_TILE 8
+#define MOE_TILES_THREADS 1024
+
+// Inclusive sums over v[0 .. n - 1] in place by warp 0 (lane: its lane),
+// two counts a value (x: tiles of two or more slots, y: single slots).
+__device__ __forceinline__ void moe_scan2(int2* v, int n, int lane) {
+    int2 carry = make_int2(0, 0);
+    for (int b = 0; b < n; b += 32) {
+        int2 a = b + lane < n ? v[b + lane] : make_int2(0, 0);
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int ox = __shfl_up_sync(0xffffffffu, a.x, o), oy = __shfl_up_sync(0xffffffffu, a.y, o);
+            if (lane >= o) a.x += ox, a.y += oy;
+        }
+        a.x += carry.x, a.y += carry.y;
+        if (b + lane < n) v[b + lane] = a;
+        carry.x = __shfl_sync(0xffffffffu, a.x, 31), carry.y = __shfl_sync(0xffffffffu, a.y, 31);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(MOE_TILES_THREADS)
+    moe_tiles_i32(const int* ids, int* order, int* tiles, int slots, int E) {
+    __shared__ int cnt[MOE_TILES_THREADS];  // [part][expert]: counts, then where each part starts
+    __shared__ int off[MOE_TILES_THREADS + 1];  // each expert's first sorted position
+    __shared__ int2 nt[MOE_TILES_THREADS];      // each expert's tiles (of 2+, of 1), then their inclusive sums
+    const int parts = MOE_TILES_THREADS / E, tid = threadIdx.x;
+    const int e = tid % E, p = tid / E, len = (slots + parts - 1) / parts;
+    const int lo = min(p * len, slots), hi = min(lo + len, slots);
+    const bool mine = p < parts;
+    int c = 0;
+    if (mine)
+        for (int j = lo; j < hi; ++j) c += min(max(ids[j], 0), E - 1) == e;
+    if (mine) cnt[p * E + e] = c;
+    __syncthreads();
+    // Thread e < E: its expert's parts' starts (relative), total and tiles.
+    if (tid < E) {
+        int t = 0;
+        for (int q = 0; q < parts; ++q) {
+            const int v = cnt[q * E + tid];
+            cnt[q * E + tid] = t;
+            t += v;
+        }
+        off[tid + 1] = t;
+        const int n = (t + MOE_TILE - 1) / MOE_TILE;
+        nt[tid] = t >= 2 ? make_int2(n, 0) : make_int2(0, t);
+    }
+    __syncthreads();
+    if (tid < 32) {
+        // The experts' first positions (off: counts to inclusive sums) and
+        // their tiles' indices.
+        int carry = 0;
+        for (int b = 0; b < E; b += 32) {
+            int a = b + tid < E ? off[b + tid + 1] : 0;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const int v = __shfl_up_sync(0xffffffffu, a, o);
+                if (tid >= o) a += v;
+            }
+            a += carry;
+            if (b + tid < E) off[b + tid + 1] = a;
+            carry = __shfl_sync(0xffffffffu, a, 31);
+        }
+        if (tid == 0) off[0] = 0;
+        moe_scan2(nt, E, tid);
+    }
+    __syncthreads();
+    if (mine) {
+        int at = off[e] + cnt[p * E + e];
+        for (int j = lo; j < hi; ++j)
+            if (min(max(ids[j], 0), E - 1) == e) order[at++] = j;
+    }
+    if (tid < E) {
+        const int2 last = nt[E - 1], incl = nt[tid];
+        const int first = off[tid], total = off[tid + 1] - first;
+        if (tid == 0) tiles[0] = last.x + last.y;
+        if (total == 1) {
+            const int i = last.x + incl.y - 1;  // after every tile of two or more
+            tiles[1 + 2 * i] = first, tiles[2 + 2 * i] = 1;
+        } else if (total >= 2) {
+            const int n = (total + MOE_TILE - 1) / MOE_TILE, base = total / n, extra = total % n;
+            int i = incl.x - n, at = first;
+            for (int k = 0; k < n; ++k, ++i) {
+                const int m = base + (k < extra);
+                tiles[1 + 2 * i] = at, tiles[2 + 2 * i] = m;
+                at += m;
+            }
+        }
+    }
 }

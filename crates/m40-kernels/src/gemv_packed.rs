@@ -288,7 +288,9 @@ impl Kernels {
     /// interleaved ([`crate::interleave_glu`]) and y[j] (rows / 2) =
     /// act(gate + gate bias, up + up bias), `bias` (with `act` only) each
     /// expert's `rows` biases in its stack's row order (gpt-oss), or none.
-    /// As [`crate::Kernels::gemv_experts`] over GGUF rows.
+    /// As [`crate::Kernels::gemv_experts`] over GGUF rows. With `tiles`
+    /// (the slots grouped by expert: [`Self::moe_tiles`] of these ids),
+    /// a block row takes a tile, each weight read once for its slots.
     #[allow(clippy::too_many_arguments)]
     pub fn gemv_packed_experts(
         &self,
@@ -302,6 +304,7 @@ impl Kernels {
         s: crate::MoeShape,
         act: Option<Activation>,
         bias: Option<&DeviceView<'_, f32>>,
+        tiles: Option<crate::ExpertTiles<'_, '_>>,
     ) -> Result<()> {
         const K: &str = "gemv_packed_experts";
         let f = PackFormat::checked(K, w.ty, w.cols)?;
@@ -337,14 +340,29 @@ impl Kernels {
         if slots == 0 {
             return Ok(());
         }
-        if slots > 65535 {
+        // Block rows: a slot each, or a tile each.
+        let block_rows = match tiles {
+            Some(t) => {
+                check_len(K, "order", t.order.len(), slots)?;
+                let bound = crate::moe_tile_bound(slots, n_mat);
+                check_len(K, "tiles", t.tiles.len(), 1 + 2 * bound)?;
+                bound
+            }
+            None => slots,
+        };
+        if block_rows > 65535 {
             return Err(shape(K, format!("{slots} slots: grid too large")));
         }
-        let kernel = self.kernel("gemv_packed", f.gemv_id)?;
+        let name = if tiles.is_some() {
+            f.gemv_grp
+        } else {
+            f.gemv_id
+        };
+        let kernel = self.kernel("gemv_packed", name)?;
         let groups = rows / PACK_ROWS;
         let grid = (
             groups.div_ceil(PACKED_GEMV_WARPS as usize) as u32,
-            slots as u32,
+            block_rows as u32,
             1,
         );
         let mode = act.map_or(PGEMV_STORE, |a| PGEMV_GLU + act_id(a));
@@ -363,7 +381,12 @@ impl Kernels {
         // / 4: the grid), with a GLU its biases (rows of n_mat, checked) or
         // null, x row j / x_per (checked, 16-byte aligned), and writes y row
         // j (out_rows each, checked); blocks of PACKED_GEMV_WARPS warps, one
-        // group a warp.
+        // group a warp. gemv_packed_grp_<fmt>_f32(W, x, y, nrows, nb, mode,
+        // ids, const int* order, const int* tiles, n_mat, mat_bytes, x_per,
+        // bias): block (b, i) with i < tiles[0] reads tile i (tiles[1 + 2
+        // i], tiles[2 + 2 i]: moe_tiles's, within its bound, checked) and
+        // its slots order[start ..][..m] (< slots: a permutation), then as
+        // above for each of those slots j.
         unsafe {
             let l = stream
                 .launch(&kernel)
@@ -371,13 +394,12 @@ impl Kernels {
                 .view(x)
                 .buf_mut(y)
                 .scalar(&nrows)
-                .scalar(&nb)
-                .scalar(&ks)
-                .scalar(&mode)
-                .view(ids)
-                .scalar(&n_mat)
-                .scalar(&mat_bytes)
-                .scalar(&x_per);
+                .scalar(&nb);
+            let l = match tiles {
+                Some(t) => l.scalar(&mode).view(ids).view(t.order).view(t.tiles),
+                None => l.scalar(&ks).scalar(&mode).view(ids),
+            };
+            let l = l.scalar(&n_mat).scalar(&mat_bytes).scalar(&x_per);
             match bias {
                 Some(b) => l.view(b),
                 None => l.null(),

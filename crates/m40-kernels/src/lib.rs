@@ -55,7 +55,10 @@ pub use gemm::{
 pub use gemv::GemvPlan;
 pub use gemv_packed::{Fold, GemvLaunch, GemvOpts, GemvOut, RopeKv, PACKED_GEMV_MAX_TOKENS};
 pub use layout::{KvType, PackedMatrix, QMatrix, RowSplit, KV_PAGE};
-pub use moe::{ExpertGlu, MoeShape, RouterNorm, RouterRoute, MOE_MAX_EXPERTS, MOE_ROUTER_MAX_ROWS};
+pub use moe::{
+    moe_tile_bound, ExpertGlu, ExpertTiles, MoeShape, RouterNorm, RouterRoute, MOE_MAX_EXPERTS,
+    MOE_ROUTER_MAX_ROWS,
+};
 pub use pack::{interleave_glu, pack_gemv, PackFormat, PACK_ROWS};
 pub use rmsnorm::{AddResidual, PostNorm};
 pub use rope::{HeadNorms, KvAppend, RopeParams, RopeStyle};

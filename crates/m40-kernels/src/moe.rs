@@ -58,7 +58,78 @@ pub struct MoeShape {
     pub k: usize,
 }
 
+/// Slots a tile of [`Kernels::moe_tiles`] holds at most (`MOE_TILE`), and
+/// the threads of its one block (`MOE_TILES_THREADS`: the most experts).
+const MOE_TILE: usize = 8;
+const MOE_TILES_THREADS: usize = 1024;
+
+/// The most tiles [`Kernels::moe_tiles`] makes of `slots` slots over
+/// `n_expert` experts: each of at most min(n_expert, slots) chosen experts
+/// with c slots makes ceil(c / 8) <= (c + 7) / 8 tiles.
+pub fn moe_tile_bound(slots: usize, n_expert: usize) -> usize {
+    (slots + (MOE_TILE - 1) * n_expert.min(slots)) / MOE_TILE
+}
+
+/// A step's slots grouped by expert on the device ([`Kernels::moe_tiles`]),
+/// for [`Kernels::gemv_packed_experts`]: `order` the slots sorted by
+/// expert, `tiles` their count and each tile's first sorted position and
+/// slots (1 + 2 [`moe_tile_bound`] entries).
+#[derive(Clone, Copy)]
+pub struct ExpertTiles<'a, 'v> {
+    pub order: &'a DeviceView<'v, i32>,
+    pub tiles: &'a DeviceView<'v, i32>,
+}
+
 impl Kernels {
+    /// The `ids.len()` slots' experts (of `n_expert`, at most 1024; ids
+    /// outside them clamped in) grouped on the device: `order` gets the
+    /// slots sorted by expert (stable), `tiles` the tiles of up to 8 slots
+    /// of one expert, each expert's slots split as evenly as can be, the
+    /// experts of one slot last (kernels/moe.cu `moe_tiles_i32`). One
+    /// launch of one block, nothing read on the host: capturable.
+    pub fn moe_tiles(
+        &self,
+        stream: &Stream,
+        ids: &DeviceView<'_, i32>,
+        n_expert: usize,
+        order: &mut DeviceBuffer<i32>,
+        tiles: &mut DeviceBuffer<i32>,
+    ) -> Result<()> {
+        const K: &str = "moe_tiles_i32";
+        let slots = ids.len();
+        if n_expert == 0 || n_expert > MOE_TILES_THREADS {
+            return Err(shape(
+                K,
+                format!("{n_expert} experts (at most {MOE_TILES_THREADS})"),
+            ));
+        }
+        check_len(K, "order", order.len(), slots)?;
+        check_len(
+            K,
+            "tiles",
+            tiles.len(),
+            1 + 2 * moe_tile_bound(slots, n_expert),
+        )?;
+        let kernel = self.kernel("moe", K)?;
+        let (n, e) = (to_i32(K, "slots", slots)?, n_expert as i32);
+        // SAFETY: moe_tiles_i32(const int* ids, int* order, int* tiles, int
+        // slots, int E): one block of MOE_TILES_THREADS (>= E, checked)
+        // reads ids[..slots], writes order[..slots] (a permutation of
+        // 0..slots) and tiles[0] and tiles[1..1 + 2 T], T <= moe_tile_bound
+        // (lengths checked above).
+        unsafe {
+            stream
+                .launch(&kernel)
+                .view(ids)
+                .buf_mut(order)
+                .buf_mut(tiles)
+                .scalar(&n)
+                .scalar(&e)
+                .run(cfg((1, 1, 1), MOE_TILES_THREADS as u32))?
+        };
+        Ok(())
+    }
+
     /// Each of `s.n` tokens' experts from its router logits (n, n_expert):
     /// softmax, the `s.k` most probable (ties: the lower index) into ids
     /// (n, k) in order, their probabilities renormalized to sum 1 into w

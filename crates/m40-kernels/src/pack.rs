@@ -37,6 +37,9 @@ pub struct PackFormat {
     /// `gemv_packed_id_{symbol}_f32`: a mixture's experts, one token a
     /// slot ([`crate::Kernels::gemv_packed_experts`]).
     pub gemv_id: &'static str,
+    /// `gemv_packed_grp_{symbol}_f32`: the same with the slots grouped by
+    /// expert ([`crate::ExpertTiles`]).
+    pub gemv_grp: &'static str,
     /// `gemm_packed_{symbol}_f32` (prefill, kernels/gemm.cu) and its
     /// small-tile twin for prompts of at most 64 tokens.
     pub gemm: &'static str,
@@ -83,6 +86,7 @@ macro_rules! pformat {
             ],
             gemv_chunked: concat!("gemv_packed_", $sym, "_f32_x8c"),
             gemv_id: concat!("gemv_packed_id_", $sym, "_f32"),
+            gemv_grp: concat!("gemv_packed_grp_", $sym, "_f32"),
             gemm: concat!("gemm_packed_", $sym, "_f32"),
             gemm_small: concat!("gemm_small_packed_", $sym, "_f32"),
             gemm_narrow: concat!("gemm_narrow_packed_", $sym, "_f32"),

@@ -4,8 +4,8 @@
 use m40_device::{DeviceBuffer, DeviceView, Stream};
 use m40_gguf::HyperParams;
 use m40_kernels::{
-    ExpertGlu, GemmOpts, MoeShape, PackFormat, PackedMatrix, QMatrix, RouterNorm, RouterRoute,
-    RowSplit,
+    moe_tile_bound, ExpertGlu, ExpertTiles, GemmOpts, MoeShape, PackFormat, PackedMatrix, QMatrix,
+    RouterNorm, RouterRoute, RowSplit,
 };
 
 use super::residual::{Input, Residual};
@@ -95,6 +95,25 @@ impl GpuBackend {
             k.moe_combine(s, &b.y.view(), &b.w.view(), None, proj, hp.n_embd, shape)?;
             return Ok(Residual::PENDING);
         }
+        // Two or more tokens: their slots grouped by expert on the device,
+        // so that the packed GEMVs read an expert once for up to 8 of its
+        // slots (one token's slots are its distinct experts already).
+        let slots = n * shape.k;
+        let grouped = n >= 2;
+        if grouped {
+            k.moe_tiles(
+                s,
+                &b.ids.slice(0..slots)?,
+                m.n_expert,
+                &mut b.order,
+                &mut b.tiles,
+            )?;
+        }
+        let (order, tiles) = (b.order.slice(0..slots)?, b.tiles.view());
+        let tiles = grouped.then_some(ExpertTiles {
+            order: &order,
+            tiles: &tiles,
+        });
         let ids = b.ids.view();
         // gpt-oss's gate and up biases: apart (GGUF rows, split gate and
         // up), or in the packed gate/up stack's row order.
@@ -121,7 +140,7 @@ impl GpuBackend {
                     );
                     let act = glu.map(|g| g.act);
                     let bias = act.and(rows_b.as_ref());
-                    k.gemv_packed_experts(s, &p, rows, &ids, x, x_per, y, shape, act, bias)?
+                    k.gemv_packed_experts(s, &p, rows, &ids, x, x_per, y, shape, act, bias, tiles)?
                 }
                 MatView::Rows(q) => k.gemv_experts(s, &q, rows, &ids, x, x_per, y, shape, glu)?,
             }
@@ -309,10 +328,13 @@ pub(super) struct MoeBufs {
     pub(super) gate: DeviceBuffer<f32>,
     pub(super) up: DeviceBuffer<f32>,
     pub(super) y: DeviceBuffer<f32>,
-    /// A prefill's slots by expert ([`GpuBackend::moe_grouped`]): each
-    /// sorted position's slot, each slot's sorted position, and the
-    /// tokens' rows in that order (then the experts' outputs in it).
+    /// A step's slots by expert (`Kernels::moe_tiles`, or
+    /// [`GpuBackend::moe_grouped`] on the host): each sorted position's
+    /// slot; the device's tiles of them; and for the host's grouping each
+    /// slot's sorted position and the tokens' rows in that order (then the
+    /// experts' outputs in it).
     pub(super) order: DeviceBuffer<i32>,
+    pub(super) tiles: DeviceBuffer<i32>,
     pub(super) inverse: DeviceBuffer<i32>,
     pub(super) sorted: DeviceBuffer<f32>,
     /// The one-token router's count of finished blocks (its last block
@@ -321,7 +343,7 @@ pub(super) struct MoeBufs {
 }
 
 /// Floats of [`MoeBufs`] for b tokens (ids counted as floats: 4 bytes).
-fn moe_floats(hp: &HyperParams, b: usize) -> [usize; 9] {
+fn moe_floats(hp: &HyperParams, b: usize) -> [usize; 10] {
     match hp.moe {
         Some(m) => {
             let slots = b * m.n_expert_used;
@@ -337,19 +359,20 @@ fn moe_floats(hp: &HyperParams, b: usize) -> [usize; 9] {
                 slots * m.n_ff_exp,
                 slots * m.n_ff_exp,
                 slots * hp.n_embd,
-                grouped,
+                slots,
+                1 + 2 * moe_tile_bound(slots, m.n_expert),
                 grouped,
                 grouped * hp.n_embd,
             ]
         }
-        None => [1; 9],
+        None => [1; 10],
     }
 }
 
 impl MoeBufs {
     pub(super) fn new(stream: &Stream, hp: &HyperParams, b: usize) -> Result<MoeBufs> {
         let a = |n: usize, what: &str| stream.alloc::<f32>(n.max(1), what);
-        let [l, i, w, g, u, y, o, inv, sorted] = moe_floats(hp, b);
+        let [l, i, w, g, u, y, o, t, inv, sorted] = moe_floats(hp, b);
         Ok(MoeBufs {
             logits: a(l, "expert routing")?,
             ids: stream.alloc::<i32>(i, "expert routing")?,
@@ -358,6 +381,7 @@ impl MoeBufs {
             up: a(u, "expert activations")?,
             y: a(y, "expert activations")?,
             order: stream.alloc::<i32>(o, "expert routing")?,
+            tiles: stream.alloc::<i32>(t, "expert routing")?,
             inverse: stream.alloc::<i32>(inv, "expert routing")?,
             sorted: a(sorted, "expert activations")?,
             done: stream.alloc_zeroed::<u32>(1, "expert routing")?,
