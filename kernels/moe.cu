@@ -46,6 +46,8 @@
 // (its first sorted position) and tiles[2 + 2 i] (its slots): each
 // expert's c slots in ceil(c / MOE_TILE) tiles as equal as can be (9: 5
 // and 4), the tiles of two or more slots first, then the experts of one.
+// Where seen is not null, the number of experts with a slot is added to
+// *seen (how many experts' weights the step reads: `m40-llm bench`).
 // One block of MOE_TILES_THREADS, E <= MOE_TILES_THREADS: thread (e, p)
 // counts and places expert e's slots in part p of the slots (P =
 // MOE_TILES_THREADS / E parts, each ceil(slots / P) long), so a
@@ -231,11 +233,13 @@ __device__ __forceinline__ void moe_scan2(int2* v, int n, int lane) {
 }
 
 extern "C" __global__ void __launch_bounds__(MOE_TILES_THREADS)
-    moe_tiles_i32(const int* ids, int* order, int* tiles, int slots, int E) {
+    moe_tiles_i32(const int* ids, int* order, int* tiles, int slots, int E, unsigned long long* seen) {
     __shared__ int cnt[MOE_TILES_THREADS];  // [part][expert]: counts, then where each part starts
     __shared__ int off[MOE_TILES_THREADS + 1];  // each expert's first sorted position
     __shared__ int2 nt[MOE_TILES_THREADS];      // each expert's tiles (of 2+, of 1), then their inclusive sums
     const int parts = MOE_TILES_THREADS / E, tid = threadIdx.x;
+    __shared__ int active;  // experts with a slot
+    if (tid == 0) active = 0;
     const int e = tid % E, p = tid / E, len = (slots + parts - 1) / parts;
     const int lo = min(p * len, slots), hi = min(lo + len, slots);
     const bool mine = p < parts;
@@ -253,6 +257,7 @@ extern "C" __global__ void __launch_bounds__(MOE_TILES_THREADS)
             t += v;
         }
         off[tid + 1] = t;
+        if (t > 0) atomicAdd(&active, 1);
         const int n = (t + MOE_TILE - 1) / MOE_TILE;
         nt[tid] = t >= 2 ? make_int2(n, 0) : make_int2(0, t);
     }
@@ -285,6 +290,7 @@ extern "C" __global__ void __launch_bounds__(MOE_TILES_THREADS)
         const int2 last = nt[E - 1], incl = nt[tid];
         const int first = off[tid], total = off[tid + 1] - first;
         if (tid == 0) tiles[0] = last.x + last.y;
+        if (tid == 0 && seen != nullptr) atomicAdd(seen, (unsigned long long)active);
         if (total == 1) {
             const int i = last.x + incl.y - 1;  // after every tile of two or more
             tiles[1 + 2 * i] = first, tiles[2 + 2 * i] = 1;

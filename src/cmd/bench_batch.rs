@@ -37,17 +37,26 @@ struct Row {
     b: usize,
     t_pp: f64,
     t_tg: f64,
+    /// Bytes a decode step read (weights and KV; a mixture's distinct
+    /// experts as counted on the device), where known (the GPU).
+    step_bytes: Option<f64>,
 }
 
+/// A mixture's experts read so far per layer (`GpuBackend::experts_read`),
+/// or None.
+type ExpertsRead<'a> = &'a dyn Fn() -> Result<Option<Vec<u64>>>;
+
 /// B sequences: prompts of `npp`, then `ntg` batched decode steps, each
-/// constrained by `schema`'s grammar where given; (T_PP, T_TG) in seconds.
+/// constrained by `schema`'s grammar where given; (T_PP, T_TG) in seconds,
+/// and the experts `seen` counted over the decode steps, per layer.
 fn run_batch<B: Backend>(
     be: &B,
     b: usize,
     npp: usize,
     ntg: usize,
     schema: Option<&Schema>,
-) -> Result<(f64, f64)> {
+    seen: ExpertsRead<'_>,
+) -> Result<(f64, f64, Option<Vec<u64>>)> {
     let n_vocab = be.hparams().n_vocab;
     let mut caches = (0..b)
         .map(|_| be.new_cache(npp + ntg + 1))
@@ -70,6 +79,7 @@ fn run_batch<B: Backend>(
     // What the engine asks for a greedy request: the argmax where the
     // backend selects (the GPU), else the logits.
     let selects = be.select_max_k() > 0;
+    let before = seen()?;
     let t1 = Instant::now();
     for _ in 0..ntg {
         let slots: Vec<MaskSlot> = constraints.iter().map(|_| MaskSlot::new()).collect();
@@ -128,7 +138,33 @@ fn run_batch<B: Backend>(
             }
         }
     }
-    Ok((t_pp, t1.elapsed().as_secs_f64()))
+    let t_tg = t1.elapsed().as_secs_f64();
+    let read = match (before, seen()?) {
+        (Some(a), Some(z)) => Some(z.iter().zip(&a).map(|(z, a)| z - a).collect()),
+        _ => None,
+    };
+    Ok((t_pp, t_tg, read))
+}
+
+/// Bytes a decode step of `b` sequences at mean context `ctx` read: every
+/// weight once (a mixture's experts: `n_expert_used` a layer at B = 1,
+/// else the distinct experts the device counted over `steps` steps) and
+/// each sequence's K and V (FP16 bytes, as `bench`'s tg test counts them).
+fn step_bytes(model: &Model, b: usize, ctx: f64, steps: usize, seen: Option<&[u64]>) -> f64 {
+    let hp = model.hparams();
+    let per_expert = super::ceilings::expert_bytes(model);
+    let used = hp.moe.map_or(0, |m| m.n_expert_used) as u64;
+    let dense = super::ceilings::decode_weight_bytes(model) - used * per_expert.iter().sum::<u64>();
+    let experts: f64 = match (b, seen) {
+        (1, _) | (_, None) => (used * per_expert.iter().sum::<u64>()) as f64,
+        (_, Some(seen)) => per_expert
+            .iter()
+            .zip(seen)
+            .map(|(&e, &n)| e as f64 * n as f64 / steps as f64)
+            .sum(),
+    };
+    let kv = hp.n_layer as f64 * ctx * (hp.n_head_kv * hp.head_dim) as f64 * 4.0;
+    dense as f64 + experts + b as f64 * kv
 }
 
 /// A JSON schema compiled for the model's vocabulary: a fresh constraint
@@ -145,14 +181,30 @@ impl Schema {
     }
 }
 
-fn table<B: Backend>(be: &B, a: &Args, schema: Option<&Schema>) -> Result<Vec<Row>> {
+fn table<B: Backend>(
+    be: &B,
+    model: &Model,
+    a: &Args,
+    schema: Option<&Schema>,
+    seen: Option<ExpertsRead<'_>>,
+) -> Result<Vec<Row>> {
     let (npp, ntg) = (a.npp, a.ntg);
+    let none = || Ok(None);
+    let counted = seen.is_some();
+    let seen = seen.unwrap_or(&none);
     // Warm-up: kernels loaded and compiled, graphs captured.
-    run_batch(be, a.batch[0], npp.min(32), ntg.min(8), schema)?;
+    run_batch(be, a.batch[0], npp.min(32), ntg.min(8), schema, seen)?;
     let mut rows = Vec::new();
     for &b in &a.batch {
-        let (t_pp, t_tg) = run_batch(be, b, npp, ntg, schema)?;
-        rows.push(Row { b, t_pp, t_tg });
+        let (t_pp, t_tg, read) = run_batch(be, b, npp, ntg, schema, seen)?;
+        let ctx = npp as f64 + (ntg as f64 + 1.0) / 2.0;
+        let step_bytes = counted.then(|| step_bytes(model, b, ctx, ntg, read.as_deref()));
+        rows.push(Row {
+            b,
+            t_pp,
+            t_tg,
+            step_bytes,
+        });
     }
     Ok(rows)
 }
@@ -181,17 +233,20 @@ pub fn run(path: &Path, label: &str, a: &Args) -> Result<()> {
     };
     let most = a.batch.iter().max().copied().unwrap_or(1);
     let kv_tokens = most * (a.npp + a.ntg + 1).next_multiple_of(m40_kernels::KV_PAGE);
-    let (device, rows) = if a.cpu {
+    let (device, rows, read_gbps) = if a.cpu {
         let math = if a.cpu_exact {
             CpuMath::Exact
         } else {
             CpuMath::Quantized
         };
         let cpu = CpuBackend::within(model.clone(), math, kv_tokens, a.kv_type, None)?;
-        ("CPU".to_string(), table(&cpu, a, schema.as_ref())?)
+        let rows = table(&cpu, &model, a, schema.as_ref(), None)?;
+        ("CPU".to_string(), rows, None)
     } else {
         let dev = m40_device::Device::open(a.gpu).context("opening the GPU (or use --cpu)")?;
         let name = dev.info().name.clone();
+        eprintln!("measuring the read ceiling of {name} ...");
+        let read_gbps = super::ceilings::ceilings(&dev)?.read_gbps;
         eprintln!("loading {label} ...");
         let g = GpuBackend::new(
             dev,
@@ -203,7 +258,17 @@ pub fn run(path: &Path, label: &str, a: &Args) -> Result<()> {
                 ..Default::default()
             },
         )?;
-        (name, table(&g, a, schema.as_ref())?)
+        let seen = || Ok(g.experts_read()?);
+        let rows = table(&g, &model, a, schema.as_ref(), Some(&seen))?;
+        (name, rows, Some(read_gbps))
+    };
+    // A decode step's bytes per second against the read ceiling.
+    let share = |r: &Row| -> Option<(f64, f64)> {
+        let bytes = r.step_bytes?;
+        Some((
+            bytes / 1e9,
+            bytes * a.ntg as f64 / r.t_tg / 1e9 / read_gbps?,
+        ))
     };
     let theirs = match a.no_llama_bench || a.cpu {
         true => None,
@@ -225,21 +290,27 @@ pub fn run(path: &Path, label: &str, a: &Args) -> Result<()> {
                 json!({"pp": a.npp, "tg": a.ntg, "b": r.b, "n_kv": n_kv,
                        "t_pp": r.t_pp, "s_pp": (r.b * a.npp) as f64 / r.t_pp,
                        "t_tg": r.t_tg, "s_tg": (r.b * a.ntg) as f64 / r.t_tg,
+                       "gb_per_step": share(r).map(|s| s.0),
+                       "share_of_read": share(r).map(|s| s.1),
                        "llama_cpp_s_tg": theirs.as_ref().and_then(|t| find(t, r.b))})
             })
             .collect();
         println!(
             "{}",
-            json!({"model": label, "device": device, "mode": mode, "rows": v})
+            json!({"model": label, "device": device, "mode": mode,
+                   "read_gbps": read_gbps, "rows": v})
         );
         return Ok(());
     }
     println!("{label} on {device}, {mode}");
+    if let Some(r) = read_gbps {
+        println!("read ceiling {r:.0} GB/s; GB/step: the weights and KV a decode step reads (a mixture's distinct experts, counted on the device)");
+    }
     println!(
-        "|    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |      T s |    S t/s | llama.cpp S_TG |"
+        "|    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |      T s |    S t/s | GB/step | read share | llama.cpp S_TG |"
     );
     println!(
-        "|-------|--------|------|--------|----------|----------|----------|----------|----------|----------|----------------|"
+        "|-------|--------|------|--------|----------|----------|----------|----------|----------|----------|---------|------------|----------------|"
     );
     for r in &rows {
         let n_kv = r.b * (a.npp + a.ntg);
@@ -248,8 +319,11 @@ pub fn run(path: &Path, label: &str, a: &Args) -> Result<()> {
             .as_ref()
             .and_then(|t| find(t, r.b))
             .map_or("".to_string(), |s| format!("{s:.2}"));
+        let (gb, sh) = share(r).map_or((String::new(), String::new()), |(gb, sh)| {
+            (format!("{gb:.3}"), format!("{:.1}%", 100.0 * sh))
+        });
         println!(
-            "| {:5} | {:6} | {:4} | {:6} | {:8.3} | {:8.2} | {:8.3} | {:8.2} | {:8.3} | {:8.2} | {:>14} |",
+            "| {:5} | {:6} | {:4} | {:6} | {:8.3} | {:8.2} | {:8.3} | {:8.2} | {:8.3} | {:8.2} | {:>7} | {:>10} | {:>14} |",
             a.npp,
             a.ntg,
             r.b,
@@ -260,6 +334,8 @@ pub fn run(path: &Path, label: &str, a: &Args) -> Result<()> {
             (r.b * a.ntg) as f64 / r.t_tg,
             t,
             n_kv as f64 / t,
+            gb,
+            sh,
             lc
         );
     }

@@ -3,6 +3,7 @@ pub mod bench_args;
 pub mod bench_batch;
 pub mod bench_cpu;
 pub mod bench_engine;
+mod ceilings;
 pub mod embed;
 pub mod perplexity;
 pub mod run;

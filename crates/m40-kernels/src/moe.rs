@@ -86,7 +86,9 @@ impl Kernels {
     /// slots sorted by expert (stable), `tiles` the tiles of up to 8 slots
     /// of one expert, each expert's slots split as evenly as can be, the
     /// experts of one slot last (kernels/moe.cu `moe_tiles_i32`). One
-    /// launch of one block, nothing read on the host: capturable.
+    /// launch of one block, nothing read on the host: capturable. With
+    /// `seen` (a buffer and an index in it), the number of experts with a
+    /// slot is added to that entry.
     pub fn moe_tiles(
         &self,
         stream: &Stream,
@@ -94,6 +96,7 @@ impl Kernels {
         n_expert: usize,
         order: &mut DeviceBuffer<i32>,
         tiles: &mut DeviceBuffer<i32>,
+        seen: Option<(&mut DeviceBuffer<u64>, usize)>,
     ) -> Result<()> {
         const K: &str = "moe_tiles_i32";
         let slots = ids.len();
@@ -112,20 +115,32 @@ impl Kernels {
         )?;
         let kernel = self.kernel("moe", K)?;
         let (n, e) = (to_i32(K, "slots", slots)?, n_expert as i32);
+        let seen = match seen {
+            Some((buf, at)) => {
+                check_len(K, "seen", buf.len(), at + 1)?;
+                Some(buf.device_ptr(stream).offset(at * 8))
+            }
+            None => None,
+        };
         // SAFETY: moe_tiles_i32(const int* ids, int* order, int* tiles, int
-        // slots, int E): one block of MOE_TILES_THREADS (>= E, checked)
-        // reads ids[..slots], writes order[..slots] (a permutation of
-        // 0..slots) and tiles[0] and tiles[1..1 + 2 T], T <= moe_tile_bound
-        // (lengths checked above).
+        // slots, int E, unsigned long long* seen): one block of
+        // MOE_TILES_THREADS (>= E, checked) reads ids[..slots], writes
+        // order[..slots] (a permutation of 0..slots) and tiles[0] and
+        // tiles[1..1 + 2 T], T <= moe_tile_bound (lengths checked above),
+        // and adds to the one u64 at seen (within its buffer) or null.
         unsafe {
-            stream
+            let l = stream
                 .launch(&kernel)
                 .view(ids)
                 .buf_mut(order)
                 .buf_mut(tiles)
                 .scalar(&n)
-                .scalar(&e)
-                .run(cfg((1, 1, 1), MOE_TILES_THREADS as u32))?
+                .scalar(&e);
+            match &seen {
+                Some(p) => l.ptr(p),
+                None => l.null(),
+            }
+            .run(cfg((1, 1, 1), MOE_TILES_THREADS as u32))?
         };
         Ok(())
     }

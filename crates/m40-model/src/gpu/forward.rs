@@ -552,7 +552,7 @@ impl GpuBackend {
             Ffn::Moe(mats) => {
                 let x = w.x.view();
                 let norm = router_norm.map(|nw| (&x, nw));
-                res = self.moe_ffn(mats, &mut w.h, norm, &mut w.moe, &mut w.proj, n)?;
+                res = self.moe_ffn(l, mats, &mut w.h, norm, &mut w.moe, &mut w.proj, n)?;
                 return Ok(res);
             }
         };

@@ -25,8 +25,10 @@ impl GpuBackend {
     /// `moe_glu`), the down's in the weighted sum. With `norm` (x and the
     /// FFN norm's weight: see [`Self::router_fused`]), h is not normed yet:
     /// the router's launch writes it.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn moe_ffn(
         &self,
+        layer: usize,
         mats: &MoeMats,
         h: &mut DeviceBuffer<f32>,
         norm: Option<(&DeviceView<'_, f32>, &DeviceBuffer<f32>)>,
@@ -107,6 +109,7 @@ impl GpuBackend {
                 m.n_expert,
                 &mut b.order,
                 &mut b.tiles,
+                Some((&mut b.seen, layer)),
             )?;
         }
         let (order, tiles) = (b.order.slice(0..slots)?, b.tiles.view());
@@ -340,6 +343,9 @@ pub(super) struct MoeBufs {
     /// The one-token router's count of finished blocks (its last block
     /// routes: `RouterRoute`), zero between launches.
     pub(super) done: DeviceBuffer<u32>,
+    /// Per layer, the experts that steps of two or more tokens have read
+    /// so far (each step adds its number of experts with a slot).
+    pub(super) seen: DeviceBuffer<u64>,
 }
 
 /// Floats of [`MoeBufs`] for b tokens (ids counted as floats: 4 bytes).
@@ -385,11 +391,27 @@ impl MoeBufs {
             inverse: stream.alloc::<i32>(inv, "expert routing")?,
             sorted: a(sorted, "expert activations")?,
             done: stream.alloc_zeroed::<u32>(1, "expert routing")?,
+            seen: stream.alloc_zeroed::<u64>(hp.n_layer.max(1), "expert routing")?,
         })
     }
 
-    /// Floats (and ids, 4 bytes each) [`MoeBufs::new`] allocates.
+    /// Floats (and ids, 4 bytes each; the counts of `seen`, two)
+    /// [`MoeBufs::new`] allocates.
     pub(super) fn floats(hp: &HyperParams, b: usize) -> u64 {
-        moe_floats(hp, b).iter().sum::<usize>() as u64
+        (moe_floats(hp, b).iter().sum::<usize>() + 2 * hp.n_layer.max(1)) as u64
+    }
+}
+
+impl GpuBackend {
+    /// A mixture's experts read so far by its steps of two or more tokens,
+    /// per layer (each such step adds its number of distinct experts;
+    /// one token's step reads `n_expert_used`, not counted); None for a
+    /// dense model. Waits for the device.
+    pub fn experts_read(&self) -> Result<Option<Vec<u64>>> {
+        if self.model.hparams().moe.is_none() {
+            return Ok(None);
+        }
+        let st = super::lock(&self.state);
+        Ok(Some(self.stream.download(&st.work.moe.seen)?))
     }
 }
