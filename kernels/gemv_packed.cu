@@ -39,7 +39,8 @@ template <class P, int B> struct PgemvBounds {
 // act(gate) * up (common.cuh glu_act). gemv_packed_<fmt>_f32 takes one
 // token, gemv_packed_<fmt>_f32_x<B> up to B: tokens t0 .. t0 + m - 1;
 // gemv_packed_<fmt>_f32_x8c more: tokens 0 .. m - 1 in chunks of t0 <= 8,
-// grid row y taking tokens y t0 .. min(m, (y + 1) t0) - 1. (A 16-token
+// block b taking row groups of block b / chunks and tokens c t0 .. min(m,
+// (c + 1) t0) - 1, c = b % chunks. (A 16-token
 // variant ran 3.4x slower than the 8-token one on an H100: its accumulators
 // cap occupancy at 2 blocks.) gemv_packed_<fmt>_f32_take and _emit: one
 // token, the two halves of a folded RMSNorm (`Fold`; the other kernels
@@ -58,7 +59,8 @@ template <class P, int B> struct PgemvBounds {
         const GemvArgs a = {W,    x,    y,     y1,       y2,    r1,    r2,    nrows,   nb,                   \
                             ksplit, t0, m,     mode,     nw,    h,     part,  n_part,  eps,                  \
                             pos,  inv_freq, table, kpool, vpool, head_dim, n_rot, pos_scale};                 \
-        gemv_packed<P, B, FOLD, B == 1 && P::SPLIT3, CHUNKED>(a, blockIdx.x);                              \
+        gemv_packed<P, B, FOLD, B == 1 && P::SPLIT3, CHUNKED>(                                             \
+            a, CHUNKED ? blockIdx.x / ((m + t0 - 1) / t0) : blockIdx.x);                                        \
     }
 // gemv_packed_id_<fmt>_f32: a mixture's experts' GEMVs over packed
 // matrices, one token a slot. W: n_mat experts' packed matrices of nrows x

@@ -485,7 +485,8 @@ fn packed_random(
 }
 
 /// Several tokens added to y (the batched step's residual connection), for
-/// every format and split: y = y0 + W x, token by token.
+/// every format and split: y = y0 + W x, token by token (one launch up to
+/// 8 tokens, chunks of up to 8 in adjacent blocks up to 128).
 #[test]
 #[ignore = "needs a GPU"]
 fn batched_packed_gemv_adds_to_y() {
@@ -501,7 +502,7 @@ fn batched_packed_gemv_adds_to_y() {
                 rows,
                 cols,
             };
-            for m in [2usize, 4, 7, 8, 13] {
+            for m in [2usize, 4, 7, 8, 13, 25, 128] {
                 let x = rng.vec(m * cols, -1.0, 1.0);
                 let y0 = rng.vec(m * rows + TAIL, -1.0, 1.0);
                 let xg = s.upload(&x, "x").unwrap();
