@@ -18,7 +18,6 @@ mod gemm_rows;
 mod gemv;
 mod gemv_packed;
 mod moe;
-mod moe_tiles;
 mod rmsnorm;
 mod rope;
 mod sample;

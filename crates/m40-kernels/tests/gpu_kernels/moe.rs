@@ -2,6 +2,8 @@
 //! GEMVs and weighted sum, against the CPU.
 
 use super::*;
+
+mod tiles;
 use m40_kernels::{MoeShape, RouterNorm, RouterRoute};
 
 /// Routing (softmax, top k, renormalized; with a router bias every other

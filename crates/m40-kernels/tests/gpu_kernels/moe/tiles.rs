@@ -1,7 +1,7 @@
 //! kernels/moe.cu's `moe_tiles_i32`: a step's slots grouped by expert on
 //! the device, against the CPU's grouping.
 
-use super::*;
+use super::super::*;
 
 /// `moe_tiles`'s grouping on the CPU: the slots sorted by expert (ids
 /// clamped into 0 .. E - 1), stable; the tiles (first position, slots) of
