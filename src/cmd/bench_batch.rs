@@ -148,15 +148,24 @@ fn run_batch<B: Backend>(
 
 /// Bytes a decode step of `b` sequences at mean context `ctx` read: every
 /// weight once (a mixture's experts: `n_expert_used` a layer at B = 1,
-/// else the distinct experts the device counted over `steps` steps) and
-/// each sequence's K and V (FP16 bytes, as `bench`'s tg test counts them).
-fn step_bytes(model: &Model, b: usize, ctx: f64, steps: usize, seen: Option<&[u64]>) -> f64 {
+/// else the distinct experts the device counted over `steps` steps; None
+/// where it did not count them) and each sequence's K and V (FP16 bytes,
+/// as `bench`'s tg test counts them).
+fn step_bytes(
+    model: &Model,
+    b: usize,
+    ctx: f64,
+    steps: usize,
+    seen: Option<&[u64]>,
+) -> Option<f64> {
     let hp = model.hparams();
     let per_expert = super::ceilings::expert_bytes(model);
     let used = hp.moe.map_or(0, |m| m.n_expert_used) as u64;
     let dense = super::ceilings::decode_weight_bytes(model) - used * per_expert.iter().sum::<u64>();
     let experts: f64 = match (b, seen) {
-        (1, _) | (_, None) => (used * per_expert.iter().sum::<u64>()) as f64,
+        _ if used == 0 => 0.0,
+        (1, _) => (used * per_expert.iter().sum::<u64>()) as f64,
+        (_, None) => return None,
         (_, Some(seen)) => per_expert
             .iter()
             .zip(seen)
@@ -164,7 +173,7 @@ fn step_bytes(model: &Model, b: usize, ctx: f64, steps: usize, seen: Option<&[u6
             .sum(),
     };
     let kv = hp.n_layer as f64 * ctx * (hp.n_head_kv * hp.head_dim) as f64 * 4.0;
-    dense as f64 + experts + b as f64 * kv
+    Some(dense as f64 + experts + b as f64 * kv)
 }
 
 /// A JSON schema compiled for the model's vocabulary: a fresh constraint
@@ -198,7 +207,9 @@ fn table<B: Backend>(
     for &b in &a.batch {
         let (t_pp, t_tg, read) = run_batch(be, b, npp, ntg, schema, seen)?;
         let ctx = npp as f64 + (ntg as f64 + 1.0) / 2.0;
-        let step_bytes = counted.then(|| step_bytes(model, b, ctx, ntg, read.as_deref()));
+        let step_bytes = counted
+            .then(|| step_bytes(model, b, ctx, ntg, read.as_deref()))
+            .flatten();
         rows.push(Row {
             b,
             t_pp,
@@ -254,6 +265,7 @@ pub fn run(path: &Path, label: &str, a: &Args) -> Result<()> {
             GpuOptions {
                 kv_tokens,
                 batch_decode: !a.batch_invariant,
+                group_experts: a.group_experts,
                 kv_format: a.kv_type,
                 ..Default::default()
             },

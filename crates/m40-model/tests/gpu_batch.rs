@@ -18,9 +18,16 @@ use m40_model::{Backend, KvState, Logits, Model, Selection, SeqStep, StepOut, Wa
 const TOL: f64 = 1e-3;
 
 fn gpu(model: &Arc<Model>, batch_decode: bool) -> GpuBackend {
+    gpu_grouping(model, batch_decode, false)
+}
+
+/// [`gpu`] with a mixture's experts grouped on the device or not
+/// (`GpuOptions::group_experts`).
+fn gpu_grouping(model: &Arc<Model>, batch_decode: bool, group_experts: bool) -> GpuBackend {
     let opts = GpuOptions {
         kv_tokens: 8192,
         batch_decode,
+        group_experts,
         ..Default::default()
     };
     GpuBackend::new(gpu_device("batched steps"), model.clone(), opts).unwrap()
@@ -66,7 +73,8 @@ fn batch_logits<T: AsRef<[u32]>>(
 /// windows, soft-caps, post-norms and heads of 256; granite's multipliers; qwen3moe's
 /// experts; mistral3's YaRN and temperature, per-token positions; phi3's
 /// fused matrices and LongRoPE; gpt-oss's sinks, biases and MXFP4;
-/// command-r's LayerNorm and parallel FFN).
+/// command-r's LayerNorm and parallel FFN); the mixtures with their experts
+/// grouped on the device too (`group_experts`).
 #[test]
 #[ignore = "needs a GPU"]
 fn batched_decode_matches_cpu() {
@@ -88,63 +96,72 @@ fn batched_decode_matches_cpu() {
         let model = synth(dir.path(), shape, ty);
         // KV pages for the largest batch's 40 caches of 200 tokens.
         let cpu = CpuBackend::with_kv(model.clone(), CpuMath::Exact, 40 * 200).unwrap();
-        let g = gpu(&model, true);
-        assert!(g.batches_decode(), "{shape}: the batched path");
-        let n_vocab = model.hparams().n_vocab;
-        for b in [2usize, 5, 17, 40] {
-            let mut cc: Vec<CpuCache> = Vec::new();
-            let mut gc: Vec<GpuCache> = Vec::new();
-            let mut next: Vec<u32> = Vec::new();
-            let mut prompts = Vec::new();
-            let mut first = Vec::new();
-            for s in 0..b {
-                let prompt = ids(1 + (s * 37) % 150, n_vocab, (b * 100 + s) as u64);
-                let mut c = cpu.new_cache(200).unwrap();
-                let l = cpu.forward(&mut c, &prompt, Logits::Last).unwrap();
-                next.push(argmax(&l));
-                first.push(l);
-                cc.push(c);
-                gc.push(g.new_cache(200).unwrap());
-                prompts.push(prompt);
-            }
-            // The prompts in as few steps as the backend's limits allow
-            // (one forward takes at most `step_limits()` rows and sequences).
-            let limits = g.step_limits();
-            let mut got = Vec::new();
-            let mut start = 0;
-            while start < b {
-                let mut end = start;
-                let mut rows = 0;
-                while end < b
-                    && end - start < limits.seqs
-                    && rows + prompts[end].len() <= limits.tokens
-                {
-                    rows += prompts[end].len();
-                    end += 1;
-                }
-                got.extend(batch_logits(&g, &mut gc[start..end], &prompts[start..end]));
-                start = end;
-            }
-            for s in 0..b {
-                let e = rel_err(&got[s], &first[s]);
-                assert!(
-                    e <= TOL,
-                    "{shape} {ty}: batch {b}, prompt of {} tokens: rel err {e:.2e}",
-                    prompts[s].len()
-                );
-            }
-            for step in 0..4 {
-                let toks: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
-                let got = batch_logits(&g, &mut gc, &toks);
+        // A mixture's steps with and without the experts grouped on the
+        // device.
+        let grouping: &[bool] = match model.hparams().moe {
+            Some(_) => &[false, true],
+            None => &[false],
+        };
+        for &group in grouping {
+            let g = gpu_grouping(&model, true, group);
+            let shape = format!("{shape} grouped {group}");
+            assert!(g.batches_decode(), "{shape}: the batched path");
+            let n_vocab = model.hparams().n_vocab;
+            for b in [2usize, 5, 17, 40] {
+                let mut cc: Vec<CpuCache> = Vec::new();
+                let mut gc: Vec<GpuCache> = Vec::new();
+                let mut next: Vec<u32> = Vec::new();
+                let mut prompts = Vec::new();
+                let mut first = Vec::new();
                 for s in 0..b {
-                    let want = cpu.forward(&mut cc[s], &toks[s], Logits::Last).unwrap();
-                    let e = rel_err(&got[s], &want);
+                    let prompt = ids(1 + (s * 37) % 150, n_vocab, (b * 100 + s) as u64);
+                    let mut c = cpu.new_cache(200).unwrap();
+                    let l = cpu.forward(&mut c, &prompt, Logits::Last).unwrap();
+                    next.push(argmax(&l));
+                    first.push(l);
+                    cc.push(c);
+                    gc.push(g.new_cache(200).unwrap());
+                    prompts.push(prompt);
+                }
+                // The prompts in as few steps as the backend's limits allow
+                // (one forward takes at most `step_limits()` rows and sequences).
+                let limits = g.step_limits();
+                let mut got = Vec::new();
+                let mut start = 0;
+                while start < b {
+                    let mut end = start;
+                    let mut rows = 0;
+                    while end < b
+                        && end - start < limits.seqs
+                        && rows + prompts[end].len() <= limits.tokens
+                    {
+                        rows += prompts[end].len();
+                        end += 1;
+                    }
+                    got.extend(batch_logits(&g, &mut gc[start..end], &prompts[start..end]));
+                    start = end;
+                }
+                for s in 0..b {
+                    let e = rel_err(&got[s], &first[s]);
                     assert!(
                         e <= TOL,
-                        "{shape} {ty}: batch {b}, step {step}, sequence {s}: rel err {e:.2e}"
+                        "{shape} {ty}: batch {b}, prompt of {} tokens: rel err {e:.2e}",
+                        prompts[s].len()
                     );
-                    assert_eq!(gc[s].len(), cc[s].len());
-                    next[s] = argmax(&want);
+                }
+                for step in 0..4 {
+                    let toks: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
+                    let got = batch_logits(&g, &mut gc, &toks);
+                    for s in 0..b {
+                        let want = cpu.forward(&mut cc[s], &toks[s], Logits::Last).unwrap();
+                        let e = rel_err(&got[s], &want);
+                        assert!(
+                            e <= TOL,
+                            "{shape} {ty}: batch {b}, step {step}, sequence {s}: rel err {e:.2e}"
+                        );
+                        assert_eq!(gc[s].len(), cc[s].len());
+                        next[s] = argmax(&want);
+                    }
                 }
             }
         }

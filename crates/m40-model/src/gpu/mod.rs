@@ -118,6 +118,13 @@ pub struct GpuOptions {
     /// Off: each sequence's own step, bitwise what it computes alone (batch
     /// invariance), at one sequence's speed.
     pub batch_decode: bool,
+    /// A mixture's steps of two or more tokens: their expert slots grouped
+    /// by expert on the device and the packed experts' GEMVs by tile of
+    /// up to 8 slots (`moe_tiles`, `gemv_packed_grp`), each expert read
+    /// once a tile instead of once a slot. Off by default until a GPU has
+    /// run it (written in a session that got no machine: BENCHMARKS.md,
+    /// issue 61); off: a slot a block row, as before.
+    pub group_experts: bool,
     /// Kernel modules loaded at once (the driver JIT-compiles each on a
     /// first run); default one a core, 1 one after another.
     pub jit_threads: Option<usize>,
@@ -148,6 +155,7 @@ impl Default for GpuOptions {
             persistent: false,
             decode_attention: true,
             batch_decode: true,
+            group_experts: false,
             jit_threads: None,
             memory_limit: None,
             kv_format: KvFormat::F16,
@@ -191,6 +199,8 @@ pub struct GpuBackend {
     decode_attention: bool,
     /// `GpuOptions::batch_decode`.
     batch_decode: bool,
+    /// `GpuOptions::group_experts`.
+    group_experts: bool,
     /// The layers it runs (`GpuOptions::layers`).
     span: Span,
     graphs: std::sync::atomic::AtomicBool,
@@ -385,6 +395,7 @@ impl GpuBackend {
             persistent: opts.persistent,
             decode_attention: opts.decode_attention,
             batch_decode: opts.batch_decode,
+            group_experts: opts.group_experts,
             span,
             graphs: opts.graphs.into(),
             pages: PagePool::new(n_pages, KV_PAGE),

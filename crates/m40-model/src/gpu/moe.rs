@@ -97,11 +97,12 @@ impl GpuBackend {
             k.moe_combine(s, &b.y.view(), &b.w.view(), None, proj, hp.n_embd, shape)?;
             return Ok(Residual::PENDING);
         }
-        // Two or more tokens: their slots grouped by expert on the device,
-        // so that the packed GEMVs read an expert once for up to 8 of its
-        // slots (one token's slots are its distinct experts already).
+        // Two or more tokens (`group_experts`): their slots grouped by
+        // expert on the device, so that the packed GEMVs read an expert once
+        // for up to 8 of its slots (one token's slots are its distinct
+        // experts already).
         let slots = n * shape.k;
-        let grouped = n >= 2;
+        let grouped = n >= 2 && self.group_experts;
         if grouped {
             k.moe_tiles(
                 s,
@@ -403,12 +404,13 @@ impl MoeBufs {
 }
 
 impl GpuBackend {
-    /// A mixture's experts read so far by its steps of two or more tokens,
-    /// per layer (each such step adds its number of distinct experts;
-    /// one token's step reads `n_expert_used`, not counted); None for a
-    /// dense model. Waits for the device.
+    /// A mixture's experts read so far by its steps of two or more tokens
+    /// that group them (`GpuOptions::group_experts`), per layer (each such
+    /// step adds its number of distinct experts; one token's step reads
+    /// `n_expert_used`, not counted); None for a dense model or where the
+    /// steps do not group. Waits for the device.
     pub fn experts_read(&self) -> Result<Option<Vec<u64>>> {
-        if self.model.hparams().moe.is_none() {
+        if self.model.hparams().moe.is_none() || !self.group_experts {
             return Ok(None);
         }
         let st = super::lock(&self.state);
