@@ -59,8 +59,7 @@ template <class P, int B> struct PgemvBounds {
         const GemvArgs a = {W,    x,    y,     y1,       y2,    r1,    r2,    nrows,   nb,                   \
                             ksplit, t0, m,     mode,     nw,    h,     part,  n_part,  eps,                  \
                             pos,  inv_freq, table, kpool, vpool, head_dim, n_rot, pos_scale};                 \
-        gemv_packed<P, B, FOLD, B == 1 && P::SPLIT3, CHUNKED>(                                             \
-            a, CHUNKED ? blockIdx.x / ((m + t0 - 1) / t0) : blockIdx.x);                                        \
+        gemv_packed<P, B, FOLD, B == 1 && P::SPLIT3, CHUNKED>(a, blockIdx.x);                              \
     }
 // gemv_packed_id_<fmt>_f32: a mixture's experts' GEMVs over packed
 // matrices, one token a slot. W: n_mat experts' packed matrices of nrows x
@@ -71,18 +70,27 @@ template <class P, int B> struct PgemvBounds {
 // nrows / 2 gates of an interleaved gate/up matrix, bias (n_mat, nrows: each
 // expert's rows' biases in the matrix's row order, added before the
 // activation) where not null.
+// Slot j's one-token GEMV over expert e's matrix (gemv_packed_id, and a
+// grouped tile of one slot): x row j / x_per into y row j, with the
+// expert's biases where a GLU has them.
+template <class P>
+__device__ __forceinline__ void gemv_packed_slot(const u8* W, const float* x, float* y, int nrows, int nb,
+                                                 int ksplit, int mode, int e, int j, long long mat_bytes, int x_per,
+                                                 const float* bias) {
+    float* yj = y + (long long)j * (mode >= PGEMV_GLU ? nrows >> 1 : nrows);
+    const float* bj = bias != nullptr && mode >= PGEMV_GLU ? bias + (long long)e * nrows : nullptr;
+    const GemvArgs a = {W + e * mat_bytes, x + (long long)(j / x_per) * nb * 32, yj, yj, yj, nrows, nrows,
+                        nrows, nb, ksplit, 0, 1, mode, bj, nullptr, nullptr, 0, 0.0f, nullptr, nullptr,
+                        nullptr, nullptr, nullptr, 0, 0, 0.0f};
+    gemv_packed<P, 1, FOLD_BIAS>(a, blockIdx.x);
+}
 #define PGEMV_ID_KERNEL(name, P)                                                                               \
     extern "C" __global__ void __launch_bounds__(PgemvBounds<P, 1>::threads, PgemvBounds<P, 1>::blocks)         \
         gemv_packed_id_##name##_f32(const u8* W, const float* x, float* y, int nrows, int nb, int ksplit,      \
                                     int mode, const int* ids, int n_mat, long long mat_bytes, int x_per,       \
                                     const float* bias) {                                                       \
         const int j = blockIdx.y, e = min(max(ids[j], 0), n_mat - 1);                                          \
-        float* yj = y + (long long)j * (mode >= PGEMV_GLU ? nrows >> 1 : nrows);                               \
-        const float* bj = bias != nullptr && mode >= PGEMV_GLU ? bias + (long long)e * nrows : nullptr;        \
-        const GemvArgs a = {W + e * mat_bytes, x + (long long)(j / x_per) * nb * 32, yj, yj, yj, nrows, nrows, \
-                            nrows, nb, ksplit, 0, 1, mode, bj, nullptr, nullptr, 0, 0.0f, nullptr, nullptr,    \
-                            nullptr, nullptr, nullptr, 0, 0, 0.0f};                                            \
-        gemv_packed<P, 1, FOLD_BIAS>(a, blockIdx.x);                                                           \
+        gemv_packed_slot<P>(W, x, y, nrows, nb, ksplit, mode, e, j, mat_bytes, x_per, bias);                   \
     }
 // gemv_packed_grp_<fmt>_f32: the same GEMVs with a step's slots grouped by
 // expert (moe.cu moe_tiles_i32: order, the slots sorted by expert; tiles,
@@ -101,19 +109,10 @@ template <class P, int B> struct PgemvBounds {
         if (i >= tiles[0]) return;                                                                               \
         const int start = tiles[1 + 2 * i], m = tiles[2 + 2 * i], j = order[start];                               \
         const int e = min(max(ids[j], 0), n_mat - 1);                                                            \
+        if (m == 1) return gemv_packed_slot<P>(W, x, y, nrows, nb, 1, mode, e, j, mat_bytes, x_per, bias);        \
         const float* be = bias != nullptr && mode >= PGEMV_GLU ? bias + (long long)e * nrows : nullptr;          \
-        const u8* We = W + e * mat_bytes;                                                                         \
-        if (m == 1) {                                                                                             \
-            float* yj = y + (long long)j * (mode >= PGEMV_GLU ? nrows >> 1 : nrows);                              \
-            const GemvArgs a = {We,      x + (long long)(j / x_per) * nb * 32, yj, yj, yj, nrows, nrows, nrows,   \
-                                nb,      1,       0,       1,       mode,    be,      nullptr, nullptr, 0,        \
-                                0.0f,    nullptr, nullptr, nullptr, nullptr, nullptr, 0,       0,       0.0f};    \
-            gemv_packed<P, 1, FOLD_BIAS>(a, blockIdx.x);                                                          \
-            return;                                                                                               \
-        }                                                                                                         \
-        const GemvArgs a = {We,   x,    y,    y,       y,       nrows,   nrows,   nrows,   nb,   1,    0,          \
-                            m,    mode, be,   nullptr, nullptr, 0,       0.0f,    nullptr, nullptr, nullptr,      \
-                            nullptr, nullptr, 0, 0, 0.0f};                                                        \
+        const GemvArgs a = {W + e * mat_bytes, x, y, y, y, nrows, nrows, nrows, nb, 1, 0, m, mode, be, nullptr,   \
+                            nullptr, 0, 0.0f, nullptr, nullptr, nullptr, nullptr, nullptr, 0, 0, 0.0f};               \
         const GatheredRows r = {order + start, x_per};                                                            \
         if (m == 2)                                                                                               \
             gemv_packed<P, 2, FOLD_BIAS, false, false, GatheredRows>(a, blockIdx.x, r);                            \

@@ -496,8 +496,9 @@ struct GatheredRows {
 // y[t][r] = sum_c W[r, c] x[t][c] for tokens t0 .. t0 + m - 1 (m <= B) of
 // x (tokens, nb * 32): each weight is loaded once and used by every token.
 // CHUNKED: a launch takes tokens 0 .. a.m - 1 in chunks of a.t0 <= B (the
-// last may be shorter), chunk blockIdx.x % chunks in block blockIdx.x, vb =
-// blockIdx.x / chunks: a row group's chunks run in adjacent blocks, so
+// last may be shorter), chunk blockIdx.x % chunks in block blockIdx.x, which
+// stands for block vb = blockIdx.x / chunks (vb passed is ignored): a row
+// group's chunks run in adjacent blocks, so
 // all but the first find its weights in L2 (grid rows of chunks had
 // each chunk read the weights from memory again). Its
 // own kernels (_x8c): t0 and m held in registers made the plain ones spill
@@ -520,10 +521,15 @@ __device__ __forceinline__ void gemv_packed(const GemvArgs& a, int vb, const R& 
     const float* x = a.x;
     const int nrows = a.nrows, nb = a.nb, ksplit = a.ksplit;
     static_assert(!CHUNKED || B > 1, "chunks of several tokens");
-    int t0 = CHUNKED ? (int)(blockIdx.x % ((a.m + a.t0 - 1) / a.t0)) * a.t0 : a.t0;
+    int t0 = a.t0;
+    if (CHUNKED) {
+        const int chunks = (a.m + a.t0 - 1) / a.t0;
+        t0 = (int)(blockIdx.x % chunks) * a.t0;
+        vb = (int)blockIdx.x / chunks;
+    }
     const int m = CHUNKED ? min(a.t0, a.m - t0) : a.m;
     static_assert(FOLD == FOLD_NONE || FOLD == FOLD_BIAS || B == 1, "the folded norm takes one token");
-    static_assert(R::CONTIG || (B > 1 && !CHUNKED), "gathered rows: several tokens, one launch row");
+    static_assert(R::CONTIG || (B > 1 && !CHUNKED), "gathered rows: several tokens, unchunked");
     constexpr int U = InFlight<P, B>::value;
     constexpr int OUT = 4 * B;  // sums per group: 4 rows x B tokens
     static_assert(!S3 || B == 1, "a 3-way split takes one token");

@@ -48,15 +48,17 @@ type ExpertsRead<'a> = &'a dyn Fn() -> Result<Option<Vec<u64>>>;
 
 /// B sequences: prompts of `npp`, then `ntg` batched decode steps, each
 /// constrained by `schema`'s grammar where given; (T_PP, T_TG) in seconds,
-/// and the experts `seen` counted over the decode steps, per layer.
+/// and the experts `seen` counted over the decode steps, per layer (where
+/// `seen` is given and counted them).
 fn run_batch<B: Backend>(
     be: &B,
     b: usize,
     npp: usize,
     ntg: usize,
     schema: Option<&Schema>,
-    seen: ExpertsRead<'_>,
+    seen: Option<ExpertsRead<'_>>,
 ) -> Result<(f64, f64, Option<Vec<u64>>)> {
+    let count = || Ok::<_, anyhow::Error>(seen.map(|f| f()).transpose()?.flatten());
     let n_vocab = be.hparams().n_vocab;
     let mut caches = (0..b)
         .map(|_| be.new_cache(npp + ntg + 1))
@@ -79,7 +81,7 @@ fn run_batch<B: Backend>(
     // What the engine asks for a greedy request: the argmax where the
     // backend selects (the GPU), else the logits.
     let selects = be.select_max_k() > 0;
-    let before = seen()?;
+    let before = count()?;
     let t1 = Instant::now();
     for _ in 0..ntg {
         let slots: Vec<MaskSlot> = constraints.iter().map(|_| MaskSlot::new()).collect();
@@ -139,7 +141,7 @@ fn run_batch<B: Backend>(
         }
     }
     let t_tg = t1.elapsed().as_secs_f64();
-    let read = match (before, seen()?) {
+    let read = match (before, count()?) {
         (Some(a), Some(z)) => Some(z.iter().zip(&a).map(|(z, a)| z - a).collect()),
         _ => None,
     };
@@ -198,18 +200,13 @@ fn table<B: Backend>(
     seen: Option<ExpertsRead<'_>>,
 ) -> Result<Vec<Row>> {
     let (npp, ntg) = (a.npp, a.ntg);
-    let none = || Ok(None);
-    let counted = seen.is_some();
-    let seen = seen.unwrap_or(&none);
     // Warm-up: kernels loaded and compiled, graphs captured.
     run_batch(be, a.batch[0], npp.min(32), ntg.min(8), schema, seen)?;
     let mut rows = Vec::new();
     for &b in &a.batch {
         let (t_pp, t_tg, read) = run_batch(be, b, npp, ntg, schema, seen)?;
         let ctx = npp as f64 + (ntg as f64 + 1.0) / 2.0;
-        let step_bytes = counted
-            .then(|| step_bytes(model, b, ctx, ntg, read.as_deref()))
-            .flatten();
+        let step_bytes = seen.and_then(|_| step_bytes(model, b, ctx, ntg, read.as_deref()));
         rows.push(Row {
             b,
             t_pp,
