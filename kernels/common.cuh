@@ -116,3 +116,20 @@ __device__ __forceinline__ void store_row4(const RowParts& Y, long long part, in
         *yj = accumulate ? *yj + v[j] : v[j];
     }
 }
+
+// Where a launch's token t reads x and writes y: rows t0 + t (ContigRows),
+// or a mixture's slots grouped by expert (GatheredRows: gemv_packed_grp's
+// and gemm_grp's tile of slots order[0 .. m - 1], x row slot / x_per, y row
+// slot).
+struct ContigRows {
+    enum { CONTIG = 1 };
+    __device__ int x_row(int t) const { return t; }
+    __device__ int y_row(int t) const { return t; }
+};
+struct GatheredRows {
+    enum { CONTIG = 0 };
+    const int* order;
+    int x_per;
+    __device__ int x_row(int t) const { return order[t] / x_per; }
+    __device__ int y_row(int t) const { return order[t]; }
+};

@@ -212,20 +212,23 @@ struct GemmStage {
 
 // Load k-step `k0` of the tile at (m0, n0) into registers; rows and tokens
 // past the matrix load zeros.
-template <class T, class L>
+// R: where token m's row of X is (ContigRows: row m; GatheredRows, with m0
+// = 0: a mixture's slots, gemm_grp below); order is read only below M.
+template <class T, class L, class R = ContigRows>
 __device__ __forceinline__ void gemm_load(const u8* __restrict__ W, const float* __restrict__ X, int M, int N,
-                                          int K, long long row_bytes, int m0, int n0, int k0, GemmStage<T, L>& st) {
+                                          int K, long long row_bytes, int m0, int n0, int k0, GemmStage<T, L>& st,
+                                          const R& rows = R()) {
     L::template load<T>(W, row_bytes, N, K, n0, k0, st.w);
     const int t = threadIdx.x;
     if (T::XPAIR) {
         const int m = m0 + x_token<T>(t);
-        const float* xr = X + (long long)m * K + k0;
+        const float* xr = X + (long long)(R::CONTIG ? m : m < M ? rows.x_row(m) : 0) * K + k0;
 #pragma unroll
         for (int c = 0; c < T::XC; ++c)
             st.x[c] = m < M ? ld_x4(xr + 4 * x_quad<T>(t, c)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     } else {
         const int m = m0 + t % T::BM;
-        const float* xr = X + (long long)m * K + k0;
+        const float* xr = X + (long long)(R::CONTIG ? m : m < M ? rows.x_row(m) : 0) * K + k0;
 #pragma unroll
         for (int c = 0; c < T::XC; ++c)
             st.x[c] = m < M ? ld_x4(xr + 4 * (t / T::BM + c * T::QX)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -287,9 +290,12 @@ __device__ __forceinline__ void gemm_fma(const float* av, const float* bv, float
 
 // One block's tile of Y = X W^T (+ Y when `accumulate`). Thread (tx, ty)
 // computes tokens 4 (g NY + ty) + i and weight rows 4 (g NX + tx) + j.
-template <class T, class L>
+// R: where token m's rows of X and Y are (gemm_load; GatheredRows: Y row
+// order[m], m0 = 0).
+template <class T, class L, class R = ContigRows>
 __device__ __forceinline__ void gemm_tile(const u8* __restrict__ W, const float* __restrict__ X, const RowParts Y,
-                                          int M, int N, int K, long long row_bytes, int accumulate, int m0, int n0) {
+                                          int M, int N, int K, long long row_bytes, int accumulate, int m0, int n0,
+                                          const R& rows = R()) {
     // Two shared stages: step i computes from stage i & 1 while the next
     // step's tiles (loaded into registers as the step starts) are stored to
     // the other one halfway through it, so the loads' latency, the decode
@@ -312,13 +318,13 @@ __device__ __forceinline__ void gemm_tile(const u8* __restrict__ W, const float*
     const int k_lo = blockIdx.z * per * GEMM_BK, k_hi = min(K, k_lo + per * GEMM_BK);
     GemmStage<T, L> st;
     if (k_lo < k_hi) {
-        gemm_load<T, L>(W, X, M, N, K, row_bytes, m0, n0, k_lo, st);
+        gemm_load<T, L, R>(W, X, M, N, K, row_bytes, m0, n0, k_lo, st, rows);
         gemm_store<T, L>(st, Ws[0], Xs[0]);
     }
     __syncthreads();
     for (int k0 = k_lo, cur = 0; k0 < k_hi; k0 += GEMM_BK, cur ^= 1) {
         const bool next = k0 + GEMM_BK < k_hi;
-        if (next) gemm_load<T, L>(W, X, M, N, K, row_bytes, m0, n0, k0 + GEMM_BK, st);
+        if (next) gemm_load<T, L, R>(W, X, M, N, K, row_bytes, m0, n0, k0 + GEMM_BK, st, rows);
         // The k-step's fragments double-buffered in registers: the
         // shared-memory loads of row k + 1 are issued before the FMAs of
         // row k (an H100 profile of the single-buffered loop had the warps
@@ -351,18 +357,19 @@ __device__ __forceinline__ void gemm_tile(const u8* __restrict__ W, const float*
     for (int i = 0; i < T::TM; ++i) {
         const int m = m0 + ((i / 4) * T::NY + ty) * 4 + i % 4;
         if (m >= M) continue;
+        const int ym = R::CONTIG ? m : rows.y_row(m);
         if (T::VSTORE) {
 #pragma unroll
             for (int g = 0; g < T::TN / 4; ++g) {
                 const int n = n0 + (g * T::NX + tx) * 4;
-                if (n < N) store_row4(Y, part, m, n, N, &acc[i][4 * g], accumulate);
+                if (n < N) store_row4(Y, part, ym, n, N, &acc[i][4 * g], accumulate);
             }
         } else {
 #pragma unroll
             for (int j = 0; j < T::TN; ++j) {
                 const int n = n0 + ((j / 4) * T::NX + tx) * 4 + j % 4;
                 if (n >= N) continue;
-                float* y = Y.at(m, n) + part;
+                float* y = Y.at(ym, n) + part;
                 *y = accumulate ? *y + acc[i][j] : acc[i][j];
             }
         }
@@ -435,10 +442,35 @@ struct NarrowOf<PartsQ4_0> : NarrowByQuad<PartsQ4_0> {};
 template <>
 struct NarrowOf<PartsQ6_K> : NarrowByQuad<PartsQ6_K> {};
 
-#define GEMM_PACKED_KERNEL(name, P)                                                        \
-    GEMM_ENTRY(gemm_packed_##name##_f32, Large, LargeLoader<P>::type, GEMM_LARGE_BLOCKS) \
-    GEMM_ENTRY(gemm_small_packed_##name##_f32, Small, ByRow<Packed<P>>, 4)               \
-    GEMM_ENTRY(gemm_narrow_packed_##name##_f32, NarrowOf<P>::T, NarrowOf<P>::Loader, GEMM_NARROW_BLOCKS)
+// gemm_grp_packed_<fmt>_f32, gemm_grp_narrow_packed_<fmt>_f32: a
+// mixture's experts over a step's slots grouped by expert (moe.cu
+// moe_tiles_i32 with tiles of at most BM slots: order, the slots sorted by
+// expert; tiles, their count then each tile's first sorted position and
+// slots), one launch for every expert of a matrix: block (x, i) computes
+// weight rows x BN .. of tile i's expert e = ids[order[first]] (clamped
+// below n_mat; its packed matrix mat_bytes from W's start, N x K) for the
+// tile's slots, X row slot / x_per, Y (slots, N) row slot; blocks past
+// tiles[0] return. The large tile (64 slots) and the narrow one (32): the
+// launcher picks by the slots an expert has on average. Each weight is
+// read once per tile instead of once per slot, with the dense GEMM's sums.
+#define GEMM_GRP_ENTRY(entry, T, L, blocks)                                                                       \
+    extern "C" __global__ void __launch_bounds__(T::THREADS, blocks)                                               \
+        entry(const u8* W, long long mat_bytes, int n_mat, const int* ids, const int* order, const int* tiles,    \
+              int x_per, const float* X, float* Y, int N, int K) {                                                \
+        const int i = blockIdx.y;                                                                                 \
+        if (i >= tiles[0]) return;                                                                                \
+        const int first = tiles[1 + 2 * i], m = tiles[2 + 2 * i];                                                 \
+        const int e = min(max(ids[order[first]], 0), n_mat - 1);                                                  \
+        const GatheredRows rows = {order + first, x_per};                                                         \
+        gemm_tile<T, L, GatheredRows>(W + e * mat_bytes, X, RowParts{Y, Y, Y, N, N, N}, m, N, K, 0, 0, 0,         \
+                                      blockIdx.x * T::BN, rows);                                                  \
+    }
+#define GEMM_PACKED_KERNEL(name, P)                                                                      \
+    GEMM_ENTRY(gemm_packed_##name##_f32, Large, LargeLoader<P>::type, GEMM_LARGE_BLOCKS)               \
+    GEMM_ENTRY(gemm_small_packed_##name##_f32, Small, ByRow<Packed<P>>, 4)                             \
+    GEMM_ENTRY(gemm_narrow_packed_##name##_f32, NarrowOf<P>::T, NarrowOf<P>::Loader, GEMM_NARROW_BLOCKS) \
+    GEMM_GRP_ENTRY(gemm_grp_packed_##name##_f32, Large, LargeLoader<P>::type, GEMM_LARGE_BLOCKS)       \
+    GEMM_GRP_ENTRY(gemm_grp_narrow_packed_##name##_f32, NarrowOf<P>::T, NarrowOf<P>::Loader, GEMM_NARROW_BLOCKS)
 M40_PART_PACKED(GEMM_PACKED_KERNEL)
 
 #ifdef M40_WITH_COMMON

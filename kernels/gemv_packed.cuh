@@ -477,22 +477,6 @@ struct GemvArgs {
 #define FOLD_BIAS 3
 #define FOLD_PART_U 4
 
-// Where a launch's token t reads x and writes y: rows t0 + t (ContigRows),
-// or a mixture's slots grouped by expert (GatheredRows, gemv_packed_grp:
-// the tile's slots order[0 .. m - 1], x row slot / x_per, y row slot).
-struct ContigRows {
-    enum { CONTIG = 1 };
-    __device__ int x_row(int t) const { return t; }
-    __device__ int y_row(int t) const { return t; }
-};
-struct GatheredRows {
-    enum { CONTIG = 0 };
-    const int* order;
-    int x_per;
-    __device__ int x_row(int t) const { return order[t] / x_per; }
-    __device__ int y_row(int t) const { return order[t]; }
-};
-
 // y[t][r] = sum_c W[r, c] x[t][c] for tokens t0 .. t0 + m - 1 (m <= B) of
 // x (tokens, nb * 32): each weight is loaded once and used by every token.
 // CHUNKED: a launch takes tokens 0 .. a.m - 1 in chunks of a.t0 <= B (the

@@ -28,6 +28,14 @@
 // up biases (gb, ub (E, width)) and its activation, where the experts'
 // gate and up are not interleaved. Grid-stride over rows * width.
 //
+// moe_glu_pairs_f32: out (rows, 2 half) = glu_act(act, gate + gb, up + ub)
+// of gu (rows, 4 half) in the packed gate/up stack's order (per 4 columns
+// gate 2i, 2i + 1, up 2i, 2i + 1: elementwise.cu glu_pairs_f32), the
+// biases b (E, 4 half) of row r's expert ids[r] (clamped into 0 .. E - 1)
+// in the same order: gpt-oss
+// after the grouped GEMMs (gemm.cu gemm_grp). Grid-stride over the n =
+// rows half pairs.
+//
 // moe_combine_f32: out (n, d) = sum over j < K of w[t, j] y[t K + j] (y:
 // (n K, d), a slot's expert output, plus b[ids[t K + j]] where b (E, d) is
 // not null: gpt-oss's down biases), in slot order, each product rounded
@@ -39,13 +47,15 @@
 // (div 1, the inverse order). Grid-stride over rows d.
 //
 // moe_tiles_i32: a step's slots grouped by expert on the device for the
-// grouped GEMVs (gemv_packed.cu gemv_packed_grp): ids (slots) the slots'
+// grouped GEMVs (gemv_packed.cu gemv_packed_grp, cap 8) and GEMMs (gemm.cu
+// gemm_grp, cap 32 or 64): ids (slots) the slots'
 // experts (clamped into 0 .. E - 1); order (slots) gets the slots sorted by
 // expert, stable (slot order within an expert, so the same routing gives
 // the same tiles); tiles[0] the number of tiles, tile i at tiles[1 + 2 i]
 // (its first sorted position) and tiles[2 + 2 i] (its slots): each
-// expert's c slots in ceil(c / MOE_TILE) tiles as equal as can be (9: 5
-// and 4), the tiles of two or more slots first, then the experts of one.
+// expert's c slots in ceil(c / cap) tiles as equal as can be (cap 8, 9
+// slots: 5 and 4), the tiles of two or more slots first, then the experts
+// of one.
 // Where seen is not null, the number of experts with a slot is added to
 // *seen (how many experts' weights the step reads: `m40-llm bench`).
 // One block of MOE_TILES_THREADS, E <= MOE_TILES_THREADS: thread (e, p)
@@ -140,6 +150,17 @@ extern "C" __global__ void moe_glu_f32(float* g, const float* u, const int* ids,
     }
 }
 
+extern "C" __global__ void moe_glu_pairs_f32(const float* gu, float* out, const int* ids, const float* b, int E,
+                                             long long n, int half, int act) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        const int e = min(max(ids[i / half], 0), E - 1);
+        const float4 bb = ((const float4*)b)[(long long)e * half + i % half];
+        const float2 g = ((const float2*)gu)[2 * i], u = ((const float2*)gu)[2 * i + 1];
+        ((float2*)out)[i] = make_float2(glu_act(act, __fadd_rn(g.x, bb.x), __fadd_rn(u.x, bb.z)),
+                                        glu_act(act, __fadd_rn(g.y, bb.y), __fadd_rn(u.y, bb.w)));
+    }
+}
+
 #define MOE_ROUTER_THREADS 128
 #define MOE_ROUTER_U 8
 #define MOE_ROUTER_MAX_ROWS 1024
@@ -212,7 +233,6 @@ extern "C" __global__ void __launch_bounds__(MOE_ROUTER_THREADS)
     if (threadIdx.x == 0) *done = 0u;
 }
 
-#define MOE_TILE 8
 #define MOE_TILES_THREADS 1024
 
 // Inclusive sums over v[0 .. n - 1] in place by warp 0 (lane: its lane),
@@ -233,7 +253,7 @@ __device__ __forceinline__ void moe_scan2(int2* v, int n, int lane) {
 }
 
 extern "C" __global__ void __launch_bounds__(MOE_TILES_THREADS)
-    moe_tiles_i32(const int* ids, int* order, int* tiles, int slots, int E, unsigned long long* seen) {
+    moe_tiles_i32(const int* ids, int* order, int* tiles, int slots, int E, int cap, unsigned long long* seen) {
     __shared__ int cnt[MOE_TILES_THREADS];  // [part][expert]: counts, then where each part starts
     __shared__ int off[MOE_TILES_THREADS + 1];  // each expert's first sorted position
     __shared__ int2 nt[MOE_TILES_THREADS];      // each expert's tiles (of 2+, of 1), then their inclusive sums
@@ -258,7 +278,7 @@ extern "C" __global__ void __launch_bounds__(MOE_TILES_THREADS)
         }
         off[tid + 1] = t;
         if (t > 0) atomicAdd(&active, 1);
-        const int n = (t + MOE_TILE - 1) / MOE_TILE;
+        const int n = (t + cap - 1) / cap;
         nt[tid] = t >= 2 ? make_int2(n, 0) : make_int2(0, t);
     }
     __syncthreads();
@@ -295,7 +315,7 @@ extern "C" __global__ void __launch_bounds__(MOE_TILES_THREADS)
             const int i = last.x + incl.y - 1;  // after every tile of two or more
             tiles[1 + 2 * i] = first, tiles[2 + 2 * i] = 1;
         } else if (total >= 2) {
-            const int n = (total + MOE_TILE - 1) / MOE_TILE, base = total / n, extra = total % n;
+            const int n = (total + cap - 1) / cap, base = total / n, extra = total % n;
             int i = incl.x - n, at = first;
             for (int k = 0; k < n; ++k, ++i) {
                 const int m = base + (k < extra);

@@ -601,6 +601,109 @@ impl Kernels {
     }
 }
 
+/// Slots a tile of the grouped expert GEMMs holds at most
+/// ([`Kernels::gemm_packed_experts`]): the narrow tile's and the large one's
+/// tokens.
+pub const MOE_GEMM_TILES: [usize; 2] = [GEMM_NARROW_TILE.0, GEMM_TILE.0];
+
+impl Kernels {
+    /// A mixture's experts over a step's `slots` slots grouped by expert:
+    /// y (slots, rows) row j = W_e x row j / x_per, e = ids[j], where `w`
+    /// stacks the experts' packed matrices of `rows` rows each. `tiles`
+    /// ([`Kernels::moe_tiles`] of these ids) has tiles of at most
+    /// `tiles.cap` slots, which picks the GEMM's tile: the narrow one (32
+    /// slots) up to 32, else the large one (64). One launch: each expert's
+    /// weights are read once per tile, with the dense GEMM's sums
+    /// (kernels/gemm.cu `gemm_grp_*`). Nothing is read on the host:
+    /// capturable.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_packed_experts(
+        &self,
+        stream: &Stream,
+        w: &PackedMatrix<'_>,
+        rows: usize,
+        ids: &DeviceView<'_, i32>,
+        x: &DeviceView<'_, f32>,
+        x_per: usize,
+        y: &mut DeviceBuffer<f32>,
+        slots: usize,
+        tiles: crate::ExpertTiles<'_, '_>,
+    ) -> Result<()> {
+        const K: &str = "gemm_packed_experts";
+        let f = PackFormat::checked(K, w.ty, w.cols)?;
+        if rows == 0 || !w.rows.is_multiple_of(rows) || x_per == 0 || !f.takes_experts(rows, w.cols)
+        {
+            return Err(shape(
+                K,
+                format!("{} rows are not experts of {rows} (groups of 4)", w.rows),
+            ));
+        }
+        let tile = MOE_GEMM_TILES.iter().position(|&t| tiles.cap <= t);
+        let Some(tile) = tile.filter(|_| tiles.cap > 0) else {
+            return Err(shape(K, format!("tiles of {} slots (1 to 64)", tiles.cap)));
+        };
+        let (n_mat, mat_bytes) = (w.rows / rows, f.packed_bytes(rows, w.cols));
+        let bound = crate::moe_tile_bound(slots, n_mat, tiles.cap);
+        check_len(K, "weights", w.data.len(), n_mat * mat_bytes)?;
+        check_len(K, "ids", ids.len(), slots)?;
+        check_len(K, "order", tiles.order.len(), slots)?;
+        check_len(K, "tiles", tiles.tiles.len(), 1 + 2 * bound)?;
+        check_len(K, "x", x.len(), slots.div_ceil(x_per) * w.cols)?;
+        check_len(K, "y", y.len(), slots * rows)?;
+        if !x.is_aligned(16) || !w.data.is_aligned(16) {
+            return Err(shape(
+                K,
+                "weights and x must start at multiples of 16 bytes".into(),
+            ));
+        }
+        if slots == 0 {
+            return Ok(());
+        }
+        let grid_y = u32::try_from(bound)
+            .ok()
+            .filter(|&b| b <= 65535)
+            .ok_or_else(|| shape(K, format!("{slots} slots: grid too large")))?;
+        let ((_, bn), threads) = [GemmTile::Narrow, GemmTile::Large][tile].shape();
+        let kernel = self.kernel("gemm", f.gemm_grp[tile])?;
+        let grid = (rows.div_ceil(bn) as u32, grid_y, 1);
+        let (mat_bytes, n_mat) = (mat_bytes as i64, to_i32(K, "experts", n_mat)?);
+        let (x_per, ni, ki) = (
+            to_i32(K, "x_per", x_per)?,
+            to_i32(K, "rows", rows)?,
+            to_i32(K, "k", w.cols)?,
+        );
+        // SAFETY: gemm_grp_[narrow_]packed_<fmt>_f32(const u8* W, long long
+        // mat_bytes, int n_mat, const int* ids, const int* order, const int*
+        // tiles, int x_per, const float* X, float* Y, int N, int K): block
+        // (b, i) returns past tiles[0] (at most `bound`, the grid's rows:
+        // moe_tiles's tiles of at most cap slots, cap within the tile's BM),
+        // else reads tile i's first position and slots from tiles (1 + 2
+        // bound entries, checked), order at those positions (< slots,
+        // checked) and ids at those slots (checked), clamps the expert below
+        // n_mat and reads its packed matrix (n_mat of mat_bytes, checked,
+        // 16-byte aligned) at rows < N, X row slot / x_per (checked, 16-byte
+        // aligned, K floats) and writes Y row slot (N floats, slots rows
+        // checked).
+        unsafe {
+            stream
+                .launch(&kernel)
+                .view(w.data)
+                .scalar(&mat_bytes)
+                .scalar(&n_mat)
+                .view(ids)
+                .view(tiles.order)
+                .view(tiles.tiles)
+                .scalar(&x_per)
+                .view(x)
+                .buf_mut(y)
+                .scalar(&ni)
+                .scalar(&ki)
+                .run(cfg(grid, threads, 0))?
+        };
+        Ok(())
+    }
+}
+
 /// The weights of a GEMM launch: the kernel, its buffer and the bytes it
 /// reads.
 struct GemmArgs<'a, 'v> {

@@ -343,8 +343,11 @@ impl Kernels {
         // Block rows: a slot each, or a tile each.
         let block_rows = match tiles {
             Some(t) => {
+                if t.cap == 0 || t.cap > crate::MOE_GEMV_TILE {
+                    return Err(shape(K, format!("tiles of {} slots (1 to 8)", t.cap)));
+                }
                 check_len(K, "order", t.order.len(), slots)?;
-                let bound = crate::moe_tile_bound(slots, n_mat);
+                let bound = crate::moe_tile_bound(slots, n_mat, t.cap);
                 check_len(K, "tiles", t.tiles.len(), 1 + 2 * bound)?;
                 bound
             }

@@ -50,14 +50,14 @@ pub use error::{KernelError, Result};
 pub use format::{gemv_shared_bytes, KernelFormat};
 pub use gemm::{
     gemm_large_tiles, gemm_plan, gemm_scratch_len, GemmOpts, GemmPlan, GemmSlots, GemmTile,
-    GEMM_SPLITS_LIMIT,
+    GEMM_SPLITS_LIMIT, MOE_GEMM_TILES,
 };
 pub use gemv::GemvPlan;
 pub use gemv_packed::{Fold, GemvLaunch, GemvOpts, GemvOut, RopeKv, PACKED_GEMV_MAX_TOKENS};
 pub use layout::{KvType, PackedMatrix, QMatrix, RowSplit, KV_PAGE};
 pub use moe::{
-    moe_tile_bound, ExpertGlu, ExpertTiles, MoeShape, RouterNorm, RouterRoute, MOE_MAX_EXPERTS,
-    MOE_ROUTER_MAX_ROWS,
+    moe_tile_bound, ExpertGlu, ExpertTiles, MoeShape, RouterNorm, RouterRoute, MOE_GEMV_TILE,
+    MOE_MAX_EXPERTS, MOE_ROUTER_MAX_ROWS,
 };
 pub use pack::{interleave_glu, pack_gemv, PackFormat, PACK_ROWS};
 pub use rmsnorm::{AddResidual, PostNorm};

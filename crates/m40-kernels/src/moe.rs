@@ -58,42 +58,51 @@ pub struct MoeShape {
     pub k: usize,
 }
 
-/// Slots a tile of [`Kernels::moe_tiles`] holds at most (`MOE_TILE`), and
-/// the threads of its one block (`MOE_TILES_THREADS`: the most experts).
-const MOE_TILE: usize = 8;
+/// The threads of [`Kernels::moe_tiles`]'s one block
+/// (`MOE_TILES_THREADS`: the most experts).
 const MOE_TILES_THREADS: usize = 1024;
 
+/// Slots a tile holds at most for the grouped GEMVs
+/// ([`Kernels::gemv_packed_experts`]: their widest kernel takes 8 tokens).
+pub const MOE_GEMV_TILE: usize = 8;
+
 /// The most tiles [`Kernels::moe_tiles`] makes of `slots` slots over
-/// `n_expert` experts: each of at most min(n_expert, slots) chosen experts
-/// with c slots makes ceil(c / 8) <= (c + 7) / 8 tiles.
-pub fn moe_tile_bound(slots: usize, n_expert: usize) -> usize {
-    (slots + (MOE_TILE - 1) * n_expert.min(slots)) / MOE_TILE
+/// `n_expert` experts in tiles of at most `cap`: each of at most
+/// min(n_expert, slots) chosen experts with c slots makes ceil(c / cap) <=
+/// (c + cap - 1) / cap tiles.
+pub fn moe_tile_bound(slots: usize, n_expert: usize, cap: usize) -> usize {
+    let cap = cap.max(1);
+    (slots + (cap - 1) * n_expert.min(slots)) / cap
 }
 
 /// A step's slots grouped by expert on the device ([`Kernels::moe_tiles`]),
-/// for [`Kernels::gemv_packed_experts`]: `order` the slots sorted by
-/// expert, `tiles` their count and each tile's first sorted position and
-/// slots (1 + 2 [`moe_tile_bound`] entries).
+/// for [`Kernels::gemv_packed_experts`] and [`Kernels::gemm_packed_experts`]:
+/// `order` the slots sorted by expert, `tiles` their count and each tile's
+/// first sorted position and slots (1 + 2 [`moe_tile_bound`] entries), in
+/// tiles of at most `cap` slots.
 #[derive(Clone, Copy)]
 pub struct ExpertTiles<'a, 'v> {
     pub order: &'a DeviceView<'v, i32>,
     pub tiles: &'a DeviceView<'v, i32>,
+    pub cap: usize,
 }
 
 impl Kernels {
     /// The `ids.len()` slots' experts (of `n_expert`, at most 1024; ids
     /// outside them clamped in) grouped on the device: `order` gets the
-    /// slots sorted by expert (stable), `tiles` the tiles of up to 8 slots
-    /// of one expert, each expert's slots split as evenly as can be, the
+    /// slots sorted by expert (stable), `tiles` the tiles of up to `cap`
+    /// slots of one expert, each expert's slots split as evenly as can be, the
     /// experts of one slot last (kernels/moe.cu `moe_tiles_i32`). One
     /// launch of one block, nothing read on the host: capturable. With
     /// `seen` (a buffer and an index in it), the number of experts with a
     /// slot is added to that entry.
+    #[allow(clippy::too_many_arguments)]
     pub fn moe_tiles(
         &self,
         stream: &Stream,
         ids: &DeviceView<'_, i32>,
         n_expert: usize,
+        cap: usize,
         order: &mut DeviceBuffer<i32>,
         tiles: &mut DeviceBuffer<i32>,
         seen: Option<(&mut DeviceBuffer<u64>, usize)>,
@@ -106,15 +115,18 @@ impl Kernels {
                 format!("{n_expert} experts (at most {MOE_TILES_THREADS})"),
             ));
         }
+        if cap == 0 || cap > 1 << 16 {
+            return Err(shape(K, format!("tiles of {cap} slots")));
+        }
         check_len(K, "order", order.len(), slots)?;
         check_len(
             K,
             "tiles",
             tiles.len(),
-            1 + 2 * moe_tile_bound(slots, n_expert),
+            1 + 2 * moe_tile_bound(slots, n_expert, cap),
         )?;
         let kernel = self.kernel("moe", K)?;
-        let (n, e) = (to_i32(K, "slots", slots)?, n_expert as i32);
+        let (n, e, cap) = (to_i32(K, "slots", slots)?, n_expert as i32, cap as i32);
         let seen = match seen {
             Some((buf, at)) => {
                 check_len(K, "seen", buf.len(), at + 1)?;
@@ -123,7 +135,7 @@ impl Kernels {
             None => None,
         };
         // SAFETY: moe_tiles_i32(const int* ids, int* order, int* tiles, int
-        // slots, int E, unsigned long long* seen): one block of
+        // slots, int E, int cap, unsigned long long* seen): one block of
         // MOE_TILES_THREADS (>= E, checked) reads ids[..slots], writes
         // order[..slots] (a permutation of 0..slots) and tiles[0] and
         // tiles[1..1 + 2 T], T <= moe_tile_bound (lengths checked above),
@@ -135,7 +147,8 @@ impl Kernels {
                 .buf_mut(order)
                 .buf_mut(tiles)
                 .scalar(&n)
-                .scalar(&e);
+                .scalar(&e)
+                .scalar(&cap);
             match &seen {
                 Some(p) => l.ptr(p),
                 None => l.null(),
@@ -498,6 +511,73 @@ impl Kernels {
                 .scalar(&w)
                 .scalar(&act)
                 .run(cfg(grid, ELEMENTWISE_THREADS))?
+        };
+        Ok(())
+    }
+
+    /// out (rows, f) = act(gate + gb, up + ub) of gu (rows, 2 f) in the
+    /// packed gate/up stack's order ([`Kernels::glu_pairs`]'s), with the
+    /// biases `b` (n_expert, 2 f, in the same order) of each row's expert
+    /// `ids[r]` (ids outside the experts clamped in): gpt-oss's gate and
+    /// up biases after [`Kernels::gemm_packed_experts`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_glu_pairs(
+        &self,
+        stream: &Stream,
+        act: m40_gguf::hparams::Activation,
+        gu: &DeviceView<'_, f32>,
+        out: &mut DeviceBuffer<f32>,
+        ids: &DeviceView<'_, i32>,
+        b: &DeviceView<'_, f32>,
+        rows: usize,
+        f: usize,
+    ) -> Result<()> {
+        const K: &str = "moe_glu_pairs_f32";
+        if f == 0 || !f.is_multiple_of(2) || b.is_empty() || !b.len().is_multiple_of(2 * f) {
+            return Err(shape(
+                K,
+                format!(
+                    "{f} columns (pairs), biases of {} (rows of {})",
+                    b.len(),
+                    2 * f
+                ),
+            ));
+        }
+        check_len(K, "gu", gu.len(), 2 * rows * f)?;
+        check_len(K, "out", out.len(), rows * f)?;
+        check_len(K, "ids", ids.len(), rows)?;
+        if !gu.is_aligned(8) || !b.is_aligned(16) {
+            return Err(shape(
+                K,
+                "gu and the biases must start at multiples of 8 and 16 bytes".into(),
+            ));
+        }
+        let pairs = rows * f / 2;
+        if pairs == 0 {
+            return Ok(());
+        }
+        let kernel = self.kernel("moe", K)?;
+        let (e, n) = (to_i32(K, "experts", b.len() / (2 * f))?, pairs as i64);
+        let (half, act) = (to_i32(K, "columns", f / 2)?, act_id(act));
+        // SAFETY: moe_glu_pairs_f32(const float* gu, float* out, const int*
+        // ids, const float* b, int E, long long n, int half, int act):
+        // grid-stride over pairs i < n = rows f / 2, reading gu's float2s 2i
+        // and 2i + 1 (2 rows f floats, checked, 8-byte aligned), ids[i /
+        // half] (rows, checked), clamped below E, and that expert's float4
+        // i % half of b (E rows of 4 half floats: b's length, 16-byte
+        // aligned), writing out's float2 i (rows f floats, checked).
+        unsafe {
+            stream
+                .launch(&kernel)
+                .view(gu)
+                .buf_mut(out)
+                .view(ids)
+                .view(b)
+                .scalar(&e)
+                .scalar(&n)
+                .scalar(&half)
+                .scalar(&act)
+                .run(cfg((self.flat_grid(pairs), 1, 1), ELEMENTWISE_THREADS))?
         };
         Ok(())
     }

@@ -50,6 +50,10 @@ pub struct PackFormat {
     /// `gemm_rows_packed_{symbol}_f32`: the rows tile (kernels/gemm_rows.cuh),
     /// up to 32 tokens.
     pub gemm_rows: &'static str,
+    /// `gemm_grp_narrow_packed_{symbol}_f32`, `gemm_grp_packed_{symbol}_f32`:
+    /// a mixture's experts over slots grouped by expert in tiles of up to
+    /// 32 and 64 ([`crate::Kernels::gemm_packed_experts`]).
+    pub gemm_grp: [&'static str; 2],
     /// `embed_packed_{symbol}_f32` (kernels/embed.cu).
     pub embed: &'static str,
     /// Weights and GGUF bytes per block.
@@ -91,6 +95,10 @@ macro_rules! pformat {
             gemm_small: concat!("gemm_small_packed_", $sym, "_f32"),
             gemm_narrow: concat!("gemm_narrow_packed_", $sym, "_f32"),
             gemm_rows: concat!("gemm_rows_packed_", $sym, "_f32"),
+            gemm_grp: [
+                concat!("gemm_grp_narrow_packed_", $sym, "_f32"),
+                concat!("gemm_grp_packed_", $sym, "_f32"),
+            ],
             embed: concat!("embed_packed_", $sym, "_f32"),
             qk: $qk,
             block_bytes: $bytes,

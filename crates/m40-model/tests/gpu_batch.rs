@@ -391,9 +391,11 @@ fn mixed_steps_and_the_invariant_mode() {
 /// slots an expert on average: one GEMM per chosen expert over the tokens
 /// routed to it): qwen3moe-tiny (8 experts, 3 a token) with gate and up
 /// interleaved (the SiLU pairs) and, with `fuse` off, apart; Mixtral (4,
-/// 2) in Q8_0. Every position of a 400-token prompt (150 and 200 slots an
-/// expert), then 31 more tokens (under the threshold: the experts'
-/// GEMVs), against the CPU.
+/// 2) in Q8_0; gpt-oss-tiny (its biases). Every position of a 340-token
+/// prompt (127 to 255 slots an expert), then 60 (15 to 30) and 31 more
+/// tokens, against the CPU. With `group_experts` the device groups them:
+/// grouped GEMMs in tiles of 64 (the first chunk) and 32 (the second:
+/// from 16 an expert), the grouped GEMVs below.
 #[test]
 #[ignore = "needs a GPU"]
 fn moe_prefill_grouped_by_expert_matches_cpu() {
@@ -402,6 +404,7 @@ fn moe_prefill_grouped_by_expert_matches_cpu() {
         ("qwen3moe-tiny", GgmlType::Q4_0),
         ("qwen3moe-tiny", GgmlType::F16),
         ("mixtral-tiny", GgmlType::Q8_0),
+        ("gpt-oss-tiny", GgmlType::MXFP4),
     ] {
         let model = synth(dir.path(), shape, ty);
         let cpu = CpuBackend::new(model.clone()).unwrap();
@@ -409,22 +412,25 @@ fn moe_prefill_grouped_by_expert_matches_cpu() {
         let toks = ids(431, n_vocab, 5);
         let mut cc = cpu.new_cache(440).unwrap();
         let want = cpu.forward(&mut cc, &toks, Logits::All).unwrap();
-        for fuse in [true, false] {
+        for (fuse, group_experts) in [(true, false), (false, false), (true, true), (false, true)] {
             let opts = GpuOptions {
                 kv_tokens: 1024,
                 fuse,
+                group_experts,
                 ..Default::default()
             };
             let g = GpuBackend::new(gpu_device("moe prefill"), model.clone(), opts).unwrap();
             let mut gc = g.new_cache(440).unwrap();
-            let mut got = g.forward(&mut gc, &toks[..400], Logits::All).unwrap();
-            got.extend(g.forward(&mut gc, &toks[400..], Logits::All).unwrap());
+            let mut got = Vec::new();
+            for chunk in [&toks[..340], &toks[340..400], &toks[400..]] {
+                got.extend(g.forward(&mut gc, chunk, Logits::All).unwrap());
+            }
             assert_eq!(got.len(), want.len());
             for (pos, (a, b)) in got.chunks(n_vocab).zip(want.chunks(n_vocab)).enumerate() {
                 let e = rel_err(a, b);
                 assert!(
                     e <= TOL,
-                    "{shape} {ty:?} fuse {fuse}, position {pos}: {e:.2e}"
+                    "{shape} {ty:?} fuse {fuse} group {group_experts}, position {pos}: {e:.2e}"
                 );
             }
         }

@@ -569,3 +569,130 @@ fn stacked_and_batched_matmuls_write_each_part() {
             .is_err());
     }
 }
+
+/// The grouped expert GEMMs (`gemm_grp_*`, [`Kernels::gemm_packed_experts`])
+/// against the CPU's product of the dequantized rows, in every packed
+/// format: a step's slots grouped by expert (`moe_tiles`) in tiles of up to
+/// 32 (the narrow tile) and 64 (the large one), lopsided routings (one
+/// expert over several tiles beside experts of one slot), an id past the
+/// experts (clamped to the last), x a token's row (x_per = k) or the
+/// slot's own; 132 rows (a partial block of 128). Outputs poisoned,
+/// nothing written past y; shapes it refuses.
+#[test]
+#[ignore = "needs a GPU"]
+fn grouped_expert_gemms_match_cpu() {
+    let (_dev, s, k, mut rng) = setup("grouped_expert_gemms_match_cpu");
+    use m40_kernels::ExpertTiles;
+    const TAIL: usize = 8;
+    let rows = 132;
+    for f in PackFormat::ALL {
+        let cols = if f.qk == 256 { 512 } else { 256 };
+        assert!(f.takes_experts(rows, cols), "{}", f.ty);
+        for (n, kk, n_mat, cap) in [
+            (40usize, 4usize, 6usize, 32usize),
+            (70, 2, 3, 64),
+            (5, 2, 9, 32),
+            (9, 8, 128, 64),
+        ] {
+            let slots = n * kk;
+            let w = random_weights(&mut rng, f.ty, n_mat * rows, cols);
+            let dense = dequant(f.ty, &w, n_mat * rows, cols);
+            let row_b = w.len() / (n_mat * rows);
+            let packed: Vec<u8> = (0..n_mat)
+                .flat_map(|e| {
+                    let m = &w[e * rows * row_b..(e + 1) * rows * row_b];
+                    pack_gemv(f.ty, m, rows, cols).unwrap()
+                })
+                .collect();
+            let mut ids: Vec<i32> = (0..slots)
+                .map(|j| match j % 2 == 0 {
+                    true => 0,
+                    false => rng.below(n_mat) as i32,
+                })
+                .collect();
+            ids[1] = n_mat as i32 + 3;
+            let clamped: Vec<i32> = ids.iter().map(|&e| e.min(n_mat as i32 - 1)).collect();
+            let [idg, order, tiles] = super::moe::grouped_slots(&s, &k, &ids, n_mat, cap);
+            let (order, tiles_v) = (order.view(), tiles.view());
+            let grouped = ExpertTiles {
+                order: &order,
+                tiles: &tiles_v,
+                cap,
+            };
+            let wg = s.upload(&packed, "packed experts").unwrap();
+            let m = PackedMatrix {
+                ty: f.ty,
+                data: &wg.view(),
+                rows: n_mat * rows,
+                cols,
+            };
+            for x_per in [kk, 1] {
+                let x = rng.vec(slots.div_ceil(x_per) * cols, -1.0, 1.0);
+                let xg = s.upload(&x, "x").unwrap();
+                let (want, mag) =
+                    super::moe::experts_reference(&dense, &x, &clamped, rows, cols, x_per);
+                let mut y = s.alloc::<f32>(slots * rows + TAIL, "y").unwrap();
+                s.fill_bytes(&mut y, 0xFF).unwrap();
+                k.gemm_packed_experts(
+                    &s,
+                    &m,
+                    rows,
+                    &idg.view(),
+                    &xg.view(),
+                    x_per,
+                    &mut y,
+                    slots,
+                    grouped,
+                )
+                .unwrap();
+                let got = s.download(&y).unwrap();
+                let what = format!(
+                    "gemm_packed_experts {} {slots} slots of {n_mat} experts, cap {cap}, x_per {x_per}",
+                    f.ty
+                );
+                check(&what, &got[..slots * rows], &want, |i| 1e-5 * mag[i] + 1e-6);
+                assert!(
+                    got[slots * rows..].iter().all(|v| v.to_bits() == u32::MAX),
+                    "{what}: wrote past y"
+                );
+            }
+            // Refused: tiles wider than the large tile, or than the
+            // grouped GEMV's 8; rows not experts of groups of 4; too few
+            // tile entries.
+            let xg = s.upload(&vec![0f32; slots * cols], "x").unwrap();
+            let mut y = s.alloc::<f32>(slots * rows, "y").unwrap();
+            let mut run = |rows: usize, t: ExpertTiles<'_, '_>| {
+                k.gemm_packed_experts(&s, &m, rows, &idg.view(), &xg.view(), 1, &mut y, slots, t)
+                    .is_err()
+            };
+            assert!(run(rows, ExpertTiles { cap: 65, ..grouped }));
+            assert!(run(rows, ExpertTiles { cap: 0, ..grouped }));
+            assert!(run(rows / 2 - 1, grouped));
+            let short = tiles.slice(0..1).unwrap();
+            assert!(run(
+                rows,
+                ExpertTiles {
+                    tiles: &short,
+                    ..grouped
+                }
+            ));
+            let wide = ExpertTiles { cap: 32, ..grouped };
+            let shape = m40_kernels::MoeShape { n, k: kk };
+            assert!(k
+                .gemv_packed_experts(
+                    &s,
+                    &m,
+                    rows,
+                    &idg.view(),
+                    &xg.view(),
+                    1,
+                    &mut y,
+                    shape,
+                    None,
+                    None,
+                    Some(wide)
+                )
+                .is_err());
+        }
+    }
+}

@@ -270,7 +270,26 @@ fn moe_route_experts_and_combine_match_cpu() {
 /// magnitudes (`mag`) through the activation's slope.
 /// Each slot j's expert ids[j] (rows of `dense`, `rows` an expert) times
 /// x row j / x_per in f64, and the sums of the products' magnitudes.
-fn experts_reference(
+/// `ids` uploaded and their slots grouped by expert on the device
+/// (`moe_tiles`, tiles of up to `cap`): the ids, the order and the tiles.
+pub(super) fn grouped_slots(
+    s: &Stream,
+    k: &Kernels,
+    ids: &[i32],
+    n_mat: usize,
+    cap: usize,
+) -> [DeviceBuffer<i32>; 3] {
+    let slots = ids.len();
+    let idg = s.upload(ids, "ids").unwrap();
+    let mut order = s.alloc::<i32>(slots, "order").unwrap();
+    let bound = m40_kernels::moe_tile_bound(slots, n_mat, cap);
+    let mut tiles = s.alloc::<i32>(1 + 2 * bound, "tiles").unwrap();
+    k.moe_tiles(s, &idg.view(), n_mat, cap, &mut order, &mut tiles, None)
+        .unwrap();
+    [idg, order, tiles]
+}
+
+pub(super) fn experts_reference(
     dense: &[f32],
     x: &[f32],
     ids: &[i32],
@@ -359,18 +378,14 @@ fn packed_experts_match_cpu() {
             })
             .collect();
         ids[1] = n_mat as i32 + 3;
-        let idg = s.upload(&ids, "ids").unwrap();
         let clamped: Vec<i32> = ids.iter().map(|&e| e.min(n_mat as i32 - 1)).collect();
-        let slots = n * kk;
-        let mut order = s.alloc::<i32>(slots, "order").unwrap();
-        let bound = m40_kernels::moe_tile_bound(slots, n_mat);
-        let mut tiles = s.alloc::<i32>(1 + 2 * bound, "tiles").unwrap();
-        k.moe_tiles(&s, &idg.view(), n_mat, &mut order, &mut tiles, None)
-            .unwrap();
+        let cap = m40_kernels::MOE_GEMV_TILE;
+        let [idg, order, tiles] = grouped_slots(&s, &k, &ids, n_mat, cap);
         let (order, tiles) = (order.view(), tiles.view());
         let grouped = ExpertTiles {
             order: &order,
             tiles: &tiles,
+            cap,
         };
         // Each expert's matrix packed on its own (optionally its halves
         // interleaved as gate and up first).
@@ -691,5 +706,87 @@ fn moe_gather_matches_cpu() {
             &want,
             |_| 0.0,
         );
+    }
+}
+
+/// `moe_glu_pairs`: gpt-oss's gate and up biases and activation after the
+/// grouped GEMMs, in the packed stack's column order (gate 2i, 2i + 1, up
+/// 2i, 2i + 1), each row's expert's biases (an id past the experts clamped
+/// to the last), every activation, against the CPU's `glu` of the same
+/// sums (added in FP32 as the kernel adds them), the output poisoned
+/// before, nothing written past it; shapes it refuses.
+#[test]
+#[ignore = "needs a GPU"]
+fn moe_glu_pairs_match_cpu() {
+    use m40_gguf::hparams::Activation;
+    let (_dev, s, k, mut rng) = setup("moe_glu_pairs_match_cpu");
+    for (rows, f, e) in [(7, 4, 3), (40, 768, 128), (33, 2880, 32)] {
+        for act in [
+            Activation::Silu,
+            Activation::GeluTanh,
+            Activation::SwigluOai,
+        ] {
+            let gu = rng.vec(rows * 2 * f, -9.0, 9.0);
+            let b = rng.vec(e * 2 * f, -2.0, 2.0);
+            let mut ids: Vec<i32> = (0..rows).map(|_| rng.below(e) as i32).collect();
+            ids[rows / 2] = (e + 4) as i32;
+            let mut want = Vec::with_capacity(rows * f);
+            for (r, &id) in ids.iter().enumerate() {
+                let eb = &b[(id as usize).min(e - 1) * 2 * f..][..2 * f];
+                let g = &gu[r * 2 * f..][..2 * f];
+                for i in 0..f {
+                    // Column i of the output: pair i / 2, lane i % 2.
+                    let (c, l) = (4 * (i / 2), i % 2);
+                    let mut gv = [g[c + l] + eb[c + l]];
+                    let uv = [g[c + 2 + l] + eb[c + 2 + l]];
+                    m40_model::cpu::ops::glu(act, &mut gv, &uv);
+                    want.push(gv[0]);
+                }
+            }
+            let (gg, bg, ig) = (
+                s.upload(&gu, "gu").unwrap(),
+                s.upload(&b, "biases").unwrap(),
+                s.upload(&ids, "ids").unwrap(),
+            );
+            let mut out = s.alloc::<f32>(rows * f + 8, "out").unwrap();
+            s.fill_bytes(&mut out, 0xFF).unwrap();
+            k.moe_glu_pairs(
+                &s,
+                act,
+                &gg.view(),
+                &mut out,
+                &ig.view(),
+                &bg.view(),
+                rows,
+                f,
+            )
+            .unwrap();
+            let got = s.download(&out).unwrap();
+            let what = format!("moe_glu_pairs {rows} rows of {f}, {e} experts, {act:?}");
+            check(&what, &got[..rows * f], &want, |i| {
+                1e-5 * (want[i].abs() as f64 + 1.0)
+            });
+            assert!(
+                got[rows * f..].iter().all(|v| v.to_bits() == u32::MAX),
+                "{what}: wrote past out"
+            );
+            // Odd widths and biases not whole rows are refused.
+            let short = bg.slice(0..2 * f - 4).unwrap();
+            assert!(k
+                .moe_glu_pairs(&s, act, &gg.view(), &mut out, &ig.view(), &short, rows, f)
+                .is_err());
+            assert!(k
+                .moe_glu_pairs(
+                    &s,
+                    act,
+                    &gg.view(),
+                    &mut out,
+                    &ig.view(),
+                    &bg.view(),
+                    rows,
+                    f - 1
+                )
+                .is_err());
+        }
     }
 }

@@ -5,11 +5,11 @@ use m40_device::{DeviceBuffer, DeviceView, Stream};
 use m40_gguf::HyperParams;
 use m40_kernels::{
     moe_tile_bound, ExpertGlu, ExpertTiles, GemmOpts, MoeShape, PackFormat, PackedMatrix, QMatrix,
-    RouterNorm, RouterRoute, RowSplit,
+    RouterNorm, RouterRoute, RowSplit, MOE_GEMM_TILES, MOE_GEMV_TILE,
 };
 
 use super::residual::{Input, Residual};
-use super::tuning::MOE_GROUP_ROWS;
+use super::tuning::{MOE_GEMM_ROWS, MOE_GROUP_ROWS};
 use super::weights::{Experts, GluBias, Mat, MatView, MoeMats};
 use super::GpuBackend;
 use crate::error::{ModelError, Result};
@@ -92,6 +92,14 @@ impl GpuBackend {
             }
         }
         let h = &h.view();
+        let down_view = mats.bias.as_ref().map(|b| b.down.view());
+        if let Some(cap) = self.expert_gemm_cap(mats, n) {
+            self.moe_gemms(layer, mats, h, b, shape, cap)?;
+            let ids = b.ids.view();
+            let down_b = down_view.as_ref().map(|db| (&ids, db));
+            k.moe_combine(s, &b.y.view(), &b.w.view(), down_b, proj, hp.n_embd, shape)?;
+            return Ok(Residual::PENDING);
+        }
         if self.groups_experts(mats, n)? {
             self.moe_grouped(mats, h, b, shape)?;
             k.moe_combine(s, &b.y.view(), &b.w.view(), None, proj, hp.n_embd, shape)?;
@@ -108,6 +116,7 @@ impl GpuBackend {
                 s,
                 &b.ids.slice(0..slots)?,
                 m.n_expert,
+                MOE_GEMV_TILE,
                 &mut b.order,
                 &mut b.tiles,
                 Some((&mut b.seen, layer)),
@@ -117,6 +126,7 @@ impl GpuBackend {
         let tiles = grouped.then_some(ExpertTiles {
             order: &order,
             tiles: &tiles,
+            cap: MOE_GEMV_TILE,
         });
         let ids = b.ids.view();
         // gpt-oss's gate and up biases: apart (GGUF rows, split gate and
@@ -174,7 +184,6 @@ impl GpuBackend {
         }
         let d = hp.n_embd;
         experts(&mats.down, d, &b.gate.view(), 1, &mut b.y, None)?;
-        let down_view = mats.bias.as_ref().map(|b| b.down.view());
         let down_b = down_view.as_ref().map(|db| (&ids, db));
         k.moe_combine(s, &b.y.view(), &b.w.view(), down_b, proj, d, shape)?;
         Ok(Residual::PENDING)
@@ -188,6 +197,121 @@ impl GpuBackend {
         self.fuse
             && n == 1
             && matches!(mats.router.view(&data), MatView::Rows(q) if self.kernels.moe_router_takes(&q))
+    }
+
+    /// The tile width (slots) for which a step of `n` tokens runs its
+    /// experts as grouped GEMMs ([`Self::moe_gemms`]), or None: with
+    /// `group_experts`, every expert matrix packed, and at least
+    /// MOE_GEMM_ROWS slots an expert on average; tiles of 32 slots (the
+    /// narrow tile) up to 32 an expert on average, else 64.
+    fn expert_gemm_cap(&self, mats: &MoeMats, n: usize) -> Option<usize> {
+        let m = self.model.hparams().moe?;
+        let slots = n * m.n_expert_used;
+        let packed = |mat: &Mat| {
+            mat.packed
+                && PackFormat::of(mat.ty)
+                    .is_some_and(|f| f.takes_experts(mat.rows / m.n_expert, mat.cols))
+        };
+        let all_packed = match &mats.gate_up {
+            // A stack's biases must be in its row order (packed).
+            Experts::Glu(gu) => {
+                packed(gu)
+                    && !matches!(
+                        mats.bias.as_ref().map(|b| &b.gate_up),
+                        Some(GluBias::Apart(_))
+                    )
+            }
+            Experts::Split(g, u) => {
+                packed(g)
+                    && packed(u)
+                    && !matches!(
+                        mats.bias.as_ref().map(|b| &b.gate_up),
+                        Some(GluBias::Rows(_))
+                    )
+            }
+        } && packed(&mats.down);
+        let [narrow, large] = MOE_GEMM_TILES;
+        (self.group_experts && n >= 2 && all_packed && slots >= MOE_GEMM_ROWS * m.n_expert)
+            .then_some(if slots <= narrow * m.n_expert {
+                narrow
+            } else {
+                large
+            })
+    }
+
+    /// The experts' FFNs of a step's `shape.n` tokens as grouped GEMMs on
+    /// the device: the slots grouped by expert in tiles of up to `cap`
+    /// (`moe_tiles`), then one launch a matrix for every expert
+    /// (`gemm_packed_experts`: each expert's weights read once a tile of
+    /// its slots): gate and up (side by side in b.up, then the activation
+    /// and gpt-oss's biases into b.gate; or apart into b.gate and b.up),
+    /// then down into b.y in slot order, as `moe_combine` reads it. Nothing
+    /// read on the host: capturable.
+    fn moe_gemms(
+        &self,
+        layer: usize,
+        mats: &MoeMats,
+        h: &DeviceView<'_, f32>,
+        b: &mut MoeBufs,
+        shape: MoeShape,
+        cap: usize,
+    ) -> Result<()> {
+        let (k, s) = (&self.kernels, &self.stream);
+        let hp = self.model.hparams();
+        let m = hp.moe.expect("a mixture's layer");
+        let (slots, ff) = (shape.n * shape.k, m.n_ff_exp);
+        k.moe_tiles(
+            s,
+            &b.ids.slice(0..slots)?,
+            m.n_expert,
+            cap,
+            &mut b.order,
+            &mut b.tiles,
+            Some((&mut b.seen, layer)),
+        )?;
+        let (ids, order, tiles) = (b.ids.view(), b.order.slice(0..slots)?, b.tiles.view());
+        let t = ExpertTiles {
+            order: &order,
+            tiles: &tiles,
+            cap,
+        };
+        let gemm = |mat: &Mat,
+                    x: &DeviceView<'_, f32>,
+                    x_per: usize,
+                    y: &mut DeviceBuffer<f32>|
+         -> Result<()> {
+            let data = mat.data.view();
+            let MatView::Packed(p) = mat.view(&data) else {
+                unreachable!("expert_gemm_cap takes packed experts only");
+            };
+            let rows = mat.rows / m.n_expert;
+            Ok(k.gemm_packed_experts(s, &p, rows, &ids, x, x_per, y, slots, t)?)
+        };
+        let bias = mats.bias.as_ref().map(|b| &b.gate_up);
+        match &mats.gate_up {
+            Experts::Glu(gu) => {
+                gemm(gu, h, shape.k, &mut b.up)?;
+                match bias {
+                    Some(GluBias::Rows(r)) => {
+                        let up = b.up.view();
+                        k.moe_glu_pairs(s, hp.act, &up, &mut b.gate, &ids, &r.view(), slots, ff)?
+                    }
+                    _ => k.glu_pairs(s, hp.act, &b.up.view(), &mut b.gate, slots, ff)?,
+                }
+            }
+            Experts::Split(gate, up) => {
+                gemm(gate, h, shape.k, &mut b.gate)?;
+                gemm(up, h, shape.k, &mut b.up)?;
+                match bias {
+                    Some(GluBias::Apart([g, u])) => {
+                        let gu = [&g.view(), &u.view()];
+                        k.moe_glu(s, hp.act, &mut b.gate, &b.up.view(), &ids, gu, ff, shape)?
+                    }
+                    _ => k.glu(s, hp.act, &mut b.gate, &b.up.view(), slots * ff)?,
+                }
+            }
+        }
+        gemm(&mats.down, &b.gate.view(), 1, &mut b.y)
     }
 
     /// Whether a step of `n` tokens groups its slots by expert: at least
@@ -364,10 +488,13 @@ fn moe_floats(hp: &HyperParams, b: usize) -> [usize; 10] {
                 slots,
                 slots,
                 slots * m.n_ff_exp,
-                slots * m.n_ff_exp,
+                // up: the grouped GEMMs' gate and up side by side.
+                2 * slots * m.n_ff_exp,
                 slots * hp.n_embd,
                 slots,
-                1 + 2 * moe_tile_bound(slots, m.n_expert),
+                // Tiles of 8 (the GEMVs') or more (the GEMMs'): the
+                // bound falls as the tiles widen.
+                1 + 2 * moe_tile_bound(slots, m.n_expert, MOE_GEMV_TILE),
                 grouped,
                 grouped * hp.n_embd,
             ]

@@ -75,6 +75,15 @@ pub(super) const GEMV_FILL_TOKENS: usize = 32;
 /// expert) ran at 510 t/s grouped against 1235 through the GEMVs.
 pub(super) const MOE_GROUP_ROWS: usize = 64;
 
+/// With `GpuOptions::group_experts`, steps whose slots average at least
+/// this many per expert run packed experts as grouped GEMMs on the device
+/// ([`GpuBackend::moe_gemms`]: tiles of 32 or 64 of an expert's slots, one
+/// launch a matrix), below it as grouped GEMVs (tiles of up to 8). At 16
+/// a narrow tile is half full on average where the GEMV would read the
+/// expert twice for the same slots; not measured yet (opt-in with the
+/// grouping until a GPU has run it).
+pub(super) const MOE_GEMM_ROWS: usize = 16;
+
 // CUDA graphs.
 
 /// The smallest context a decode graph plans its attention for (tokens):

@@ -5,9 +5,9 @@ use super::super::*;
 
 /// `moe_tiles`'s grouping on the CPU: the slots sorted by expert (ids
 /// clamped into 0 .. E - 1), stable; the tiles (first position, slots) of
-/// each expert of two or more slots (ceil(c / 8) as equal as can be, the
+/// each expert of two or more slots (ceil(c / cap) as equal as can be, the
 /// longer first), in expert order, then the experts of one.
-fn tiles_reference(ids: &[i32], e: usize) -> (Vec<i32>, Vec<(i32, i32)>) {
+fn tiles_reference(ids: &[i32], e: usize, cap: i32) -> (Vec<i32>, Vec<(i32, i32)>) {
     let of = |id: i32| id.clamp(0, e as i32 - 1);
     let mut order: Vec<i32> = (0..ids.len() as i32).collect();
     order.sort_by_key(|&j| of(ids[j as usize]));
@@ -17,7 +17,7 @@ fn tiles_reference(ids: &[i32], e: usize) -> (Vec<i32>, Vec<(i32, i32)>) {
         if c == 1 {
             single.push((at, 1));
         } else if c >= 2 {
-            let n = (c + 7) / 8;
+            let n = (c + cap - 1) / cap;
             let mut p = at;
             for t in 0..n {
                 let m = c / n + i32::from(t < c % n);
@@ -35,12 +35,13 @@ fn tiles_reference(ids: &[i32], e: usize) -> (Vec<i32>, Vec<(i32, i32)>) {
 /// [`tiles_reference`]: every entry of order and of the tiles it wrote
 /// (poisoned before; nothing past the count's tiles within the bound
 /// written), for uniform and lopsided routings of 1 to 4096 slots over 1
-/// to 1024 experts, ids outside the experts clamped; what it refuses.
+/// to 1024 experts, ids outside the experts clamped, in tiles of at most
+/// 8 (the grouped GEMVs), 32 and 64 (the grouped GEMMs); what it refuses.
 #[test]
 #[ignore = "needs a GPU"]
 fn moe_tiles_group_slots_by_expert() {
     let (_dev, s, k, mut rng) = setup("moe_tiles_group_slots_by_expert");
-    for (slots, e, lopsided) in [
+    for shape in [
         (1, 1, false),
         (8, 8, false),
         (32, 128, false),
@@ -51,7 +52,11 @@ fn moe_tiles_group_slots_by_expert() {
         (4096, 8, true),
         (700, 1024, false),
         (17, 1000, true),
-    ] {
+    ]
+    .into_iter()
+    .flat_map(|c| [8, 32, 64].map(|cap| (c, cap)))
+    {
+        let ((slots, e, lopsided), cap) = shape;
         let mut ids: Vec<i32> = (0..slots)
             .map(|_| match lopsided && rng.below(2) == 0 {
                 true => rng.below(2.min(e)) as i32,
@@ -62,7 +67,7 @@ fn moe_tiles_group_slots_by_expert() {
             ids[3] = -5;
             ids[slots - 1] = e as i32 + 7;
         }
-        let bound = m40_kernels::moe_tile_bound(slots, e);
+        let bound = m40_kernels::moe_tile_bound(slots, e, cap);
         let idg = s.upload(&ids, "ids").unwrap();
         let mut order = s.alloc::<i32>(slots, "order").unwrap();
         let mut tiles = s.alloc::<i32>(1 + 2 * bound, "tiles").unwrap();
@@ -73,6 +78,7 @@ fn moe_tiles_group_slots_by_expert() {
             &s,
             &idg.view(),
             e,
+            cap,
             &mut order,
             &mut tiles,
             Some((&mut seen, 1)),
@@ -82,8 +88,8 @@ fn moe_tiles_group_slots_by_expert() {
         let chosen: std::collections::BTreeSet<i32> =
             ids.iter().map(|&id| id.clamp(0, e as i32 - 1)).collect();
         let (got_o, got_t) = (s.download(&order).unwrap(), s.download(&tiles).unwrap());
-        let (want_o, want_t) = tiles_reference(&ids, e);
-        let what = format!("moe_tiles {slots} slots, {e} experts, lopsided {lopsided}");
+        let (want_o, want_t) = tiles_reference(&ids, e, cap as i32);
+        let what = format!("moe_tiles {slots} slots, {e} experts, lopsided {lopsided}, cap {cap}");
         assert_eq!(got_o, want_o, "{what}: order");
         assert_eq!(
             s.download(&seen).unwrap(),
@@ -104,16 +110,19 @@ fn moe_tiles_group_slots_by_expert() {
     let idg = s.upload(&[0i32; 4], "ids").unwrap();
     let mut order = s.alloc::<i32>(4, "order").unwrap();
     let mut tiles = s
-        .alloc::<i32>(1 + 2 * m40_kernels::moe_tile_bound(4, 8), "tiles")
+        .alloc::<i32>(1 + 2 * m40_kernels::moe_tile_bound(4, 8, 8), "tiles")
         .unwrap();
     assert!(k
-        .moe_tiles(&s, &idg.view(), 0, &mut order, &mut tiles, None)
+        .moe_tiles(&s, &idg.view(), 0, 8, &mut order, &mut tiles, None)
         .is_err());
     assert!(k
-        .moe_tiles(&s, &idg.view(), 1025, &mut order, &mut tiles, None)
+        .moe_tiles(&s, &idg.view(), 1025, 8, &mut order, &mut tiles, None)
         .is_err());
     let mut short = s.alloc::<i32>(2, "tiles").unwrap();
     assert!(k
-        .moe_tiles(&s, &idg.view(), 8, &mut order, &mut short, None)
+        .moe_tiles(&s, &idg.view(), 8, 8, &mut order, &mut short, None)
+        .is_err());
+    assert!(k
+        .moe_tiles(&s, &idg.view(), 8, 0, &mut order, &mut tiles, None)
         .is_err());
 }
