@@ -1,23 +1,27 @@
 //! Q4_0 matrices repacked for the CPU's 8-bit products: eight rows
-//! interleaved block by block (llama.cpp's CPU backend repacks Q4_0 in the
-//! same spirit, its `q4_0_8x8`), so that one pass over a block index
-//! serves eight rows from one input block, their eight scales convert in
-//! one instruction, and eight independent sums hide the multiply-add's
-//! latency. The arithmetic is [`super::q8`]'s: the inputs rounded to 8 bits
-//! per block of 32, an exact integer dot product per block, scaled by the
-//! weight's and the input's `d` (multiplied first, as there).
+//! interleaved four bytes at a time (llama.cpp's CPU backend repacks Q4_0
+//! in the same spirit, its `q4_0_8x8`), so that each 32-bit lane of a
+//! vector is one row: an input's four bytes, broadcast, meet the same four
+//! bytes of all eight rows in one multiply-add, a block's eight integer
+//! sums end in one vector, and one conversion and one multiply-add a
+//! token and block scale them, against four of each when a row's sum was
+//! four lanes. The arithmetic is [`super::q8`]'s: the inputs rounded to 8
+//! bits per block of 32, an exact integer dot product per block, scaled by
+//! the weight's and the input's `d` (multiplied first, as there).
 //!
 //! The nibbles are used unsigned (0..15): a block's `(q - 8) . x` is
 //! `q . x - 8 sum(x)`, and the `-8 sum(x)` part, which every row shares,
-//! is computed once per input block (four lanes of it, one per lane of the
-//! integer sums) and starts each block's integer sum. So the integer sums
-//! equal [`super::q8`]'s exactly; AVX2 (`maddubs`) and AVX-512 VNNI
-//! (`vpdpbusd`) compute the same integers, and a token's result never
-//! depends on how many tokens share the pass (batch invariance).
+//! is computed once per input block and starts each block's integer sum.
+//! So the integer sums equal [`super::q8`]'s exactly; AVX2 (`maddubs`) and
+//! AVX-512 VNNI (`vpdpbusd`) compute the same integers, and a token's
+//! result never depends on how many tokens share the pass (batch
+//! invariance).
 //!
 //! Layout of a group of eight rows: for each block index, the eight rows'
-//! f16 scales (16 bytes), then each row's 16 bytes of nibbles (128 bytes):
-//! the same 144 bytes as the eight GGUF blocks.
+//! f16 scales (16 bytes), then for each quarter c of the nibbles (bytes 4c
+//! .. 4c + 3 of a row's 16: values 4c .. 4c + 3 in their low nibbles, 16 +
+//! 4c .. in their high ones) the eight rows' four bytes in row order (32
+//! bytes): the same 144 bytes as the eight GGUF blocks.
 
 use std::collections::HashMap;
 
@@ -93,7 +97,10 @@ impl PackedQ4 {
                     for r in 0..GROUP {
                         let blk = &rows[r * row_bytes + b * Q4_0_BLOCK..][..Q4_0_BLOCK];
                         out[2 * r..2 * r + 2].copy_from_slice(&blk[..2]);
-                        out[GROUP * 2 + 16 * r..][..16].copy_from_slice(&blk[2..]);
+                        for c in 0..4 {
+                            let at = GROUP * 2 + GROUP * 4 * c + 4 * r;
+                            out[at..at + 4].copy_from_slice(&blk[2 + 4 * c..][..4]);
+                        }
                     }
                 }
             });
@@ -170,22 +177,12 @@ impl Repacked {
     }
 }
 
-/// Each input block's `-8 sum(x)` in four parts, one per 32-bit lane of
-/// the integer sums: part `k` over values `4k..4k+4` and `16+4k..16+4k+4`
-/// (the low and the high nibbles that lane multiplies).
+/// Each input block's `-8 sum(x)`: where every row's integer sum of that
+/// block starts.
 fn corrections(q: &[i8]) -> Vec<i32> {
-    let mut c = Vec::with_capacity(q.len() / 8);
-    for blk in q.chunks_exact(QK32) {
-        for k in 0..4 {
-            let s: i32 = blk[4 * k..4 * k + 4]
-                .iter()
-                .chain(&blk[16 + 4 * k..16 + 4 * k + 4])
-                .map(|&v| v as i32)
-                .sum();
-            c.push(-8 * s);
-        }
-    }
-    c
+    q.chunks_exact(QK32)
+        .map(|blk| -8 * blk.iter().map(|&v| v as i32).sum::<i32>())
+        .collect()
 }
 
 /// The quantized inputs of a pass: tokens from `t0`, `nb` blocks each.
@@ -196,8 +193,8 @@ struct Inputs<'a> {
     nb: usize,
 }
 
-/// One group's eight sums for the next tokens of `xs` (up to 4 with VNNI,
-/// 2 without, which have 16 vector registers), handed to `put(token,
+/// One group's eight sums for the next tokens of `xs` (up to 8 with VNNI,
+/// which has 32 vector registers, 4 without), handed to `put(token,
 /// sums)`; returns how many tokens it did.
 fn group(
     g: &[u8],
@@ -207,8 +204,8 @@ fn group(
     put: impl FnMut(usize, [f32; GROUP]),
 ) -> usize {
     assert!(g.len() >= xs.nb * GROUP_BLOCK);
-    let need = (xs.t0 + left.min(4)) * xs.nb;
-    assert!(xs.a.q.len() >= need * QK32 && xs.a.d.len() >= need && xs.corr.len() >= need * 4);
+    let need = (xs.t0 + left.min(if vnni { 8 } else { 4 })) * xs.nb;
+    assert!(xs.a.q.len() >= need * QK32 && xs.a.d.len() >= need && xs.corr.len() >= need);
     #[cfg(target_arch = "x86_64")]
     // SAFETY: the caller checked `supported` (AVX2, FMA, F16C) and `vnni`
     // is `has_vnni`; the asserts above bound every read.
@@ -218,12 +215,18 @@ fn group(
                 1 => x86::emit::<1>(x86::vnni::<1>(g, xs), put),
                 2 => x86::emit::<2>(x86::vnni::<2>(g, xs), put),
                 3 => x86::emit::<3>(x86::vnni::<3>(g, xs), put),
-                _ => x86::emit::<4>(x86::vnni::<4>(g, xs), put),
+                4 => x86::emit::<4>(x86::vnni::<4>(g, xs), put),
+                5 => x86::emit::<5>(x86::vnni::<5>(g, xs), put),
+                6 => x86::emit::<6>(x86::vnni::<6>(g, xs), put),
+                7 => x86::emit::<7>(x86::vnni::<7>(g, xs), put),
+                _ => x86::emit::<8>(x86::vnni::<8>(g, xs), put),
             };
         }
         match left {
             1 => x86::emit::<1>(x86::avx2::<1>(g, xs), put),
-            _ => x86::emit::<2>(x86::avx2::<2>(g, xs), put),
+            2 => x86::emit::<2>(x86::avx2::<2>(g, xs), put),
+            3 => x86::emit::<3>(x86::avx2::<3>(g, xs), put),
+            _ => x86::emit::<4>(x86::avx2::<4>(g, xs), put),
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -239,102 +242,92 @@ mod x86 {
 
     use super::{Inputs, GROUP, GROUP_BLOCK, QK32};
 
-    /// Per token, four vectors of sums: vector `p` holds rows `2p` (lanes
-    /// 0-3) and `2p + 1` (lanes 4-7), each row's sum in four parts.
-    pub type Sums<const N: usize> = [[[f32; 8]; 4]; N];
+    /// Per token, the eight rows' sums.
+    pub type Sums<const N: usize> = [[f32; GROUP]; N];
 
-    /// Each token's eight row sums (their four parts added in one order),
-    /// handed to `put`; returns `N`.
+    /// Each token's eight row sums handed to `put`; returns `N`.
     pub fn emit<const N: usize>(s: Sums<N>, mut put: impl FnMut(usize, [f32; GROUP])) -> usize {
-        for (t, v) in s.iter().enumerate() {
-            let rows = std::array::from_fn(|r| {
-                let l = &v[r / 2][4 * (r % 2)..4 * (r % 2) + 4];
-                (l[0] + l[1]) + (l[2] + l[3])
-            });
+        for (t, rows) in s.into_iter().enumerate() {
             put(t, rows);
         }
         N
     }
 
-    /// The one pass over a group's blocks, its integer dot product by
-    /// `$body` (of the low nibbles, the high ones, the inputs of the
-    /// block's low half and of its high half, and the block's correction:
-    /// the exact i32 sums), in a function compiled for `$features`.
+    /// The one pass over a group's blocks for `N` tokens, each block's
+    /// integer sums by `$body` (adding to the sums the products of the low
+    /// nibbles of a quarter of the eight rows with the input's four bytes
+    /// they meet, and of the high nibbles with theirs: lane r row r) from
+    /// the block's correction, then per token one conversion and one
+    /// multiply-add by the rows' scales times the input's; in a function
+    /// compiled for `$features`.
     macro_rules! pass {
         ($name:ident, $features:literal,
-         |$lo:ident, $hi:ident, $xlo:ident, $xhi:ident, $corr:ident| $body:block) => {
+         |$sum:ident, $lo:ident, $hi:ident, $xlo:ident, $xhi:ident| $body:block) => {
             #[target_feature(enable = $features)]
             pub fn $name<const N: usize>(g: &[u8], xs: &Inputs<'_>) -> Sums<N> {
                 let mask = _mm256_set1_epi8(0x0F);
                 let nb = xs.nb;
                 let (q, d, c) = (xs.a.q.as_ptr(), xs.a.d.as_ptr(), xs.corr.as_ptr());
-                let mut acc = [[_mm256_setzero_ps(); 4]; N];
-                let spread: [__m256i; 4] = std::array::from_fn(|p| {
-                    let (a, b) = (2 * p as i32, 2 * p as i32 + 1);
-                    _mm256_setr_epi32(a, a, a, a, b, b, b, b)
-                });
+                let mut acc = [_mm256_setzero_ps(); N];
                 for b in 0..nb {
                     // SAFETY: (every read below) `group` checked that `g`
                     // holds `nb` block indices and that the inputs hold
                     // tokens t0..t0 + N of `nb` blocks each.
                     let base = unsafe { g.as_ptr().add(b * GROUP_BLOCK) };
-                    // SAFETY: the block index's 8 scales, within `g`.
-                    let dw = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(base as *const __m128i) });
-                    for p in 0..4 {
-                        // SAFETY: rows 2p and 2p + 1's nibbles, within `g`.
+                    let blk = |t: usize| (xs.t0 + t) * nb + b;
+                    // SAFETY: each token's block b's correction.
+                    let mut sums: [__m256i; N] =
+                        std::array::from_fn(|t| _mm256_set1_epi32(unsafe { *c.add(blk(t)) }));
+                    for part in 0..4 {
+                        // SAFETY: the eight rows' bytes 4 part .. 4 part + 3, within `g`.
                         let v = unsafe {
-                            _mm256_loadu_si256(base.add(2 * GROUP + 32 * p) as *const __m256i)
+                            _mm256_loadu_si256(base.add(2 * GROUP + 32 * part) as *const __m256i)
                         };
                         let lo = _mm256_and_si256(v, mask);
                         let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask);
-                        let dp = _mm256_permutevar8x32_ps(dw, spread[p]);
-                        for (t, acc) in acc.iter_mut().enumerate() {
-                            let blk = (xs.t0 + t) * nb + b;
-                            // SAFETY: token t0 + t's block b, which `group`
-                            // checked the inputs hold.
-                            let (xlo, xhi, corr, dx) = unsafe {
-                                let xq = q.add(blk * QK32) as *const __m128i;
+                        for (t, sum) in sums.iter_mut().enumerate() {
+                            // SAFETY: token t0 + t's block b: its values
+                            // 4 part .. and 16 + 4 part .. (four bytes each).
+                            let (xlo, xhi) = unsafe {
+                                let xq = q.add(blk(t) * QK32 + 4 * part);
                                 (
-                                    _mm256_broadcastsi128_si256(_mm_loadu_si128(xq)),
-                                    _mm256_broadcastsi128_si256(_mm_loadu_si128(xq.add(1))),
-                                    _mm256_broadcastsi128_si256(_mm_loadu_si128(
-                                        c.add(blk * 4) as *const __m128i
-                                    )),
-                                    *d.add(blk),
+                                    _mm256_set1_epi32((xq as *const i32).read_unaligned()),
+                                    _mm256_set1_epi32((xq.add(16) as *const i32).read_unaligned()),
                                 )
                             };
-                            let i: __m256i = {
-                                let ($lo, $hi, $xlo, $xhi, $corr) = (lo, hi, xlo, xhi, corr);
+                            *sum = {
+                                let ($sum, $lo, $hi, $xlo, $xhi) = (*sum, lo, hi, xlo, xhi);
                                 $body
                             };
-                            let s = _mm256_mul_ps(dp, _mm256_set1_ps(dx));
-                            acc[p] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), s, acc[p]);
                         }
                     }
+                    // SAFETY: the block index's 8 scales, within `g`.
+                    let dw = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(base as *const __m128i) });
+                    for (t, acc) in acc.iter_mut().enumerate() {
+                        // SAFETY: token t0 + t's block b's scale.
+                        let s = _mm256_mul_ps(dw, _mm256_set1_ps(unsafe { *d.add(blk(t)) }));
+                        *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[t]), s, *acc);
+                    }
                 }
-                acc.map(|a| {
-                    a.map(|v| {
-                        let mut o = [0f32; 8];
-                        // SAFETY: o holds 8 floats.
-                        unsafe { _mm256_storeu_ps(o.as_mut_ptr(), v) };
-                        o
-                    })
+                acc.map(|v| {
+                    let mut o = [0f32; GROUP];
+                    // SAFETY: o holds 8 floats.
+                    unsafe { _mm256_storeu_ps(o.as_mut_ptr(), v) };
+                    o
                 })
             }
         };
     }
 
-    pass!(avx2, "avx2,fma,f16c", |lo, hi, xlo, xhi, corr| {
+    pass!(avx2, "avx2,fma,f16c", |sum, lo, hi, xlo, xhi| {
         let s16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xlo), _mm256_maddubs_epi16(hi, xhi));
-        _mm256_add_epi32(_mm256_madd_epi16(s16, _mm256_set1_epi16(1)), corr)
+        _mm256_add_epi32(sum, _mm256_madd_epi16(s16, _mm256_set1_epi16(1)))
     });
 
     pass!(
         vnni,
         "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",
-        |lo, hi, xlo, xhi, corr| {
-            _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(corr, lo, xlo), hi, xhi)
-        }
+        |sum, lo, hi, xlo, xhi| { _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(sum, lo, xlo), hi, xhi) }
     );
 }
 
