@@ -4,13 +4,16 @@
 
 mod encoder;
 pub(crate) mod fused;
+mod group8;
 mod kv;
+pub(crate) mod kx8;
 pub mod matmul;
 mod moe;
 pub mod ops;
 pub(crate) mod q4x8;
 pub(crate) mod q8;
 pub(crate) mod q8k;
+mod repack;
 pub(crate) mod simd;
 mod stage;
 
@@ -88,9 +91,9 @@ pub struct CpuBackend {
     kv: HostPages,
     /// The layers it runs (all but in a stage of a split model).
     span: Span,
-    /// Its Q4_0 matrices repacked for the 8-bit products (`CpuMath::Quantized`
-    /// on a CPU with AVX2).
-    repacked: q4x8::Repacked,
+    /// Its Q4_0, Q4_K and Q6_K matrices repacked for the 8-bit products
+    /// (`CpuMath::Quantized` on a CPU with AVX2).
+    repacked: repack::Repacked,
 }
 
 /// A sequence's KV cache on the CPU: pages of its backend's pool.
@@ -222,8 +225,8 @@ impl CpuBackend {
         let encoder = EncoderInput::load(&model)?.map(Box::new);
         let kv = HostPages::new(span.len(), kv_dim, (pages, page), kv_format);
         let repacked = match math == CpuMath::Quantized && q4x8::supported() {
-            true => q4x8::Repacked::of(&model, &span),
-            false => q4x8::Repacked::default(),
+            true => repack::Repacked::of(&model, &span),
+            false => repack::Repacked::default(),
         };
         Ok(Self {
             model,

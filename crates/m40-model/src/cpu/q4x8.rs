@@ -23,18 +23,12 @@
 //! 4c .. in their high ones) the eight rows' four bytes in row order (32
 //! bytes): the same 144 bytes as the eight GGUF blocks.
 
-use std::collections::HashMap;
-
-use m40_gguf::hparams::TOKEN_EMBD;
 use m40_gguf::quant::blocks::QK32;
 use m40_gguf::{GgmlType, TensorView};
 use rayon::prelude::*;
 
+use super::group8::{matmul_groups, GROUP};
 use super::q8::Q8Rows;
-use crate::{Model, Span};
-
-/// Rows interleaved together.
-const GROUP: usize = 8;
 
 /// Bytes of one block index of a group: eight f16 scales, then eight rows'
 /// 16 bytes of nibbles.
@@ -52,7 +46,7 @@ pub fn supported() -> bool {
 }
 
 /// Whether it also has AVX-512 VNNI on 256-bit vectors (and so 32 of them).
-fn has_vnni() -> bool {
+pub(super) fn has_vnni() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         supported()
@@ -122,58 +116,22 @@ impl PackedQ4 {
         let corr = corrections(&a.q);
         let nb = n_in / QK32;
         let vnni = has_vnni();
-        let mut out_t = vec![0f32; n_tok * n_out];
-        out_t
-            .par_chunks_mut(TASK_GROUPS * GROUP * n_tok)
-            .zip(self.data.par_chunks(TASK_GROUPS * nb * GROUP_BLOCK))
-            .for_each(|(dst, groups)| {
-                let pairs = groups
-                    .chunks_exact(nb * GROUP_BLOCK)
-                    .zip(dst.chunks_exact_mut(GROUP * n_tok));
-                for (g, dst) in pairs {
-                    let mut t0 = 0;
-                    while t0 < n_tok {
-                        let xs = Inputs {
-                            a: &a,
-                            corr: &corr,
-                            t0,
-                            nb,
-                        };
-                        let n = group(g, &xs, n_tok - t0, vnni, |t, sums| {
-                            for (r, s) in sums.iter().enumerate() {
-                                dst[r * n_tok + t0 + t] = *s;
-                            }
-                        });
-                        t0 += n;
-                    }
-                }
-            });
-        super::matmul::untranspose(&out_t, n_tok, n_out, out);
-    }
-}
-
-/// The Q4_0 matrices a backend of `span` multiplies by, repacked, by
-/// tensor name (the token embedding only where it is also the output
-/// matrix of the span's last layer).
-#[derive(Default)]
-pub struct Repacked(HashMap<String, PackedQ4>);
-
-impl Repacked {
-    pub fn of(model: &Model, span: &Span) -> Self {
-        let hp = model.hparams();
-        let map = model
-            .file()
-            .tensors()
-            .iter()
-            .filter(|t| t.ty == GgmlType::Q4_0 && span.holds(&t.name, hp))
-            .filter(|t| t.name != TOKEN_EMBD || (span.last() && hp.tied_output))
-            .filter_map(|t| Some((t.name.clone(), PackedQ4::pack(&model.tensor(&t.name))?)))
-            .collect();
-        Self(map)
-    }
-
-    pub fn get(&self, name: &str) -> Option<&PackedQ4> {
-        self.0.get(name)
+        matmul_groups(
+            &self.data,
+            nb * GROUP_BLOCK,
+            TASK_GROUPS,
+            n_tok,
+            out,
+            |g, t0, left, put| {
+                let xs = Inputs {
+                    a: &a,
+                    corr: &corr,
+                    t0,
+                    nb,
+                };
+                group(g, &xs, left, vnni, put)
+            },
+        );
     }
 }
 
@@ -240,18 +198,8 @@ fn group(
 mod x86 {
     use std::arch::x86_64::*;
 
+    pub use super::super::group8::{emit, store, Sums};
     use super::{Inputs, GROUP, GROUP_BLOCK, QK32};
-
-    /// Per token, the eight rows' sums.
-    pub type Sums<const N: usize> = [[f32; GROUP]; N];
-
-    /// Each token's eight row sums handed to `put`; returns `N`.
-    pub fn emit<const N: usize>(s: Sums<N>, mut put: impl FnMut(usize, [f32; GROUP])) -> usize {
-        for (t, rows) in s.into_iter().enumerate() {
-            put(t, rows);
-        }
-        N
-    }
 
     /// The one pass over a group's blocks for `N` tokens, each block's
     /// integer sums by `$body` (adding to the sums the products of the low
@@ -276,8 +224,8 @@ mod x86 {
                     let base = unsafe { g.as_ptr().add(b * GROUP_BLOCK) };
                     let blk = |t: usize| (xs.t0 + t) * nb + b;
                     // SAFETY: each token's block b's correction.
-                    let mut sums: [__m256i; N] =
-                        std::array::from_fn(|t| _mm256_set1_epi32(unsafe { *c.add(blk(t)) }));
+                    let corr: [i32; N] = std::array::from_fn(|t| unsafe { *c.add(blk(t)) });
+                    let mut sums = corr.map(|v| _mm256_set1_epi32(v));
                     for part in 0..4 {
                         // SAFETY: the eight rows' bytes 4 part .. 4 part + 3, within `g`.
                         let v = unsafe {
@@ -309,12 +257,7 @@ mod x86 {
                         *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[t]), s, *acc);
                     }
                 }
-                acc.map(|v| {
-                    let mut o = [0f32; GROUP];
-                    // SAFETY: o holds 8 floats.
-                    unsafe { _mm256_storeu_ps(o.as_mut_ptr(), v) };
-                    o
-                })
+                store(acc)
             }
         };
     }
@@ -334,6 +277,7 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cpu::group8::check_repacked;
     use crate::cpu::q8::matmul_q8;
 
     use crate::cpu::{fresh_seed, test_values as values};
@@ -358,36 +302,9 @@ mod tests {
         let packed = PackedQ4::pack(&view).expect("a Q4_0 matrix of 48 rows packs");
         assert_eq!(packed.data.len(), view.data.len());
         let x = values(9 * cols, seed ^ 0x55);
-        let mut alone: Vec<Vec<f32>> = Vec::new();
-        for t in 0..9 {
-            let mut o = vec![f32::NAN; rows];
-            packed.matmul(&x[t * cols..(t + 1) * cols], 1, &mut o);
-            alone.push(o);
-        }
-        for n_tok in [1usize, 2, 3, 4, 5, 9] {
-            let xs = &x[..n_tok * cols];
-            let mut got = vec![f32::NAN; n_tok * rows];
-            packed.matmul(xs, n_tok, &mut got);
-            let mut want = vec![f32::NAN; n_tok * rows];
-            matmul_q8(&view, xs, n_tok, &mut want);
-            for t in 0..n_tok {
-                for r in 0..rows {
-                    let (g, e) = (got[t * rows + r], want[t * rows + r]);
-                    let norm: f32 = (0..cols)
-                        .map(|c| (w[r * cols + c] * xs[t * cols + c]).abs())
-                        .sum();
-                    assert!(
-                        (g - e).abs() <= 1e-5 * norm + 1e-6,
-                        "n_tok {n_tok}, token {t}, row {r}: {g} vs {e}"
-                    );
-                    assert_eq!(
-                        g.to_bits(),
-                        alone[t][r].to_bits(),
-                        "n_tok {n_tok}, token {t}, row {r}: not the token's result alone"
-                    );
-                }
-            }
-        }
+        let got = |x: &[f32], n: usize, o: &mut [f32]| packed.matmul(x, n, o);
+        let want = |x: &[f32], n: usize, o: &mut [f32]| matmul_q8(&view, x, n, o);
+        check_repacked("Q4_0", (rows, cols), &w, &x, got, want);
     }
 
     /// The AVX2 and the VNNI passes give the same bits (the same integers,

@@ -163,14 +163,14 @@ fn dot_row<const N: usize>(ty: GgmlType, row: &[u8], x: &Tokens<'_, N>) -> [f32;
 }
 
 /// The quantized inputs of `N` tokens: quants, scales and sums by block.
-struct Tokens<'a, const N: usize> {
+pub(super) struct Tokens<'a, const N: usize> {
     q: [&'a [i8]; N],
     d: [&'a [f32]; N],
     s: [&'a [f32]; N],
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
+pub(super) mod avx2 {
     use std::arch::x86_64::*;
 
     use super::super::fused::avx2::{h2f, hsum};
@@ -208,16 +208,32 @@ mod avx2 {
     /// [`super::quantize_block`] in registers.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub fn quantize_block(x: &[f32; QK32], q: &mut [i8; QK32]) -> (f32, f32) {
+        let amax = abs_max(x);
+        let d = amax / 127.0;
+        let total = round32(x, if d > 0.0 { 1.0 / d } else { 0.0 }, q);
+        (d, d * total as f32)
+    }
+
+    /// The largest |x| of `x` (a multiple of 8 values).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub fn abs_max(x: &[f32]) -> f32 {
+        let sign = _mm256_set1_ps(-0.0);
+        let m = x.chunks_exact(8).fold(_mm256_setzero_ps(), |m, c| {
+            // SAFETY: c holds 8 floats.
+            let v = unsafe { _mm256_loadu_ps(c.as_ptr()) };
+            _mm256_max_ps(m, _mm256_andnot_ps(sign, v))
+        });
+        hmax(m)
+    }
+
+    /// `q = round(x id)` (to nearest, ties to even, as llama.cpp's AVX2
+    /// code rounds) for 32 values; returns the quants' sum.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub fn round32(x: &[f32; QK32], id: f32, q: &mut [i8; QK32]) -> i32 {
         let p = x.as_ptr();
         // SAFETY: x holds 32 floats: four loads of 8.
         let v: [__m256; 4] = std::array::from_fn(|i| unsafe { _mm256_loadu_ps(p.add(8 * i)) });
-        let sign = _mm256_set1_ps(-0.0);
-        let m = v.iter().fold(_mm256_setzero_ps(), |m, &x| {
-            _mm256_max_ps(m, _mm256_andnot_ps(sign, x))
-        });
-        let amax = hmax(m);
-        let d = amax / 127.0;
-        let id = _mm256_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
+        let id = _mm256_set1_ps(id);
         let r: [__m256i; 4] = std::array::from_fn(|i| {
             _mm256_cvtps_epi32(_mm256_round_ps::<
                 { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
@@ -235,7 +251,7 @@ mod avx2 {
         let b = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
         // SAFETY: q holds 32 bytes.
         unsafe { _mm256_storeu_si256(q.as_mut_ptr() as *mut __m256i, b) };
-        (d, d * total as f32)
+        total
     }
 
     #[inline]

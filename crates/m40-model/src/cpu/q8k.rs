@@ -42,17 +42,16 @@ impl Q8KRows {
     pub fn quantize(x: &[f32]) -> Self {
         let nb = x.len() / QK_K;
         let (mut q, mut d, mut bsums) = (vec![0i8; x.len()], vec![0f32; nb], vec![0i16; nb * 16]);
+        let avx2 = super::simd::has_avx2();
         for (b, (xb, qb)) in x
             .chunks_exact(QK_K)
             .zip(q.chunks_exact_mut(QK_K))
             .enumerate()
         {
-            let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let amax = abs_max(xb, avx2);
             let scale = amax / 127.0;
             let id = if scale > 0.0 { 1.0 / scale } else { 0.0 };
-            for (o, v) in qb.iter_mut().zip(xb) {
-                *o = (v * id).round_ties_even() as i8;
-            }
+            round(xb, id, qb, avx2);
             d[b] = scale;
             for (s, part) in bsums[b * 16..(b + 1) * 16]
                 .iter_mut()
@@ -62,6 +61,34 @@ impl Q8KRows {
             }
         }
         Self { q, d, bsums }
+    }
+}
+
+/// The largest |x| of a block; `avx2`: [`super::simd::has_avx2`].
+fn abs_max(x: &[f32], avx2: bool) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if avx2 {
+        // SAFETY: `has_avx2` detected AVX2, FMA and F16C.
+        return unsafe { super::q8::avx2::abs_max(x) };
+    }
+    let _ = avx2;
+    x.iter().fold(0f32, |m, v| m.max(v.abs()))
+}
+
+/// `q = round(x id)`, to nearest, ties to even (the same on both paths).
+fn round(x: &[f32], id: f32, q: &mut [i8], avx2: bool) {
+    #[cfg(target_arch = "x86_64")]
+    if avx2 {
+        for (x, q) in x.chunks_exact(32).zip(q.chunks_exact_mut(32)) {
+            let (x, q) = (x.try_into().expect("32"), q.try_into().expect("32"));
+            // SAFETY: `has_avx2` detected AVX2, FMA and F16C.
+            unsafe { super::q8::avx2::round32(x, id, q) };
+        }
+        return;
+    }
+    let _ = avx2;
+    for (o, v) in q.iter_mut().zip(x) {
+        *o = (v * id).round_ties_even() as i8;
     }
 }
 
@@ -130,7 +157,7 @@ fn dot_row<const N: usize>(ty: GgmlType, row: &[u8], xs: &Inputs<'_>) -> [f32; N
 
 /// Q4_K's eight 6-bit scales and eight 6-bit minimums from its 12 bytes
 /// (`scale_min_k4`'s unpacking, four at a time).
-fn k4_scales(s: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
+pub(super) fn k4_scales(s: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
     const KMASK1: u32 = 0x3f3f_3f3f;
     const KMASK2: u32 = 0x0f0f_0f0f;
     const KMASK3: u32 = 0x0303_0303;
