@@ -42,6 +42,27 @@
 // Penalties (llama.cpp's, as the CPU sampler): l > 0 ? l / repeat : l *
 // repeat, then l -= count * freq + presence, with round-to-nearest
 // intrinsics so the fast-math build does not fuse or approximate them.
+//
+// sample_draw_f32: the host's draw among a selection's candidates on the
+// device (crates/m40-runtime/src/sampling `Sampler::sample_selected`, the
+// reference), so a step's output can be a token id a row. Row r (a block
+// of SAMPLE_THREADS) reads its DRAW_ARGS ints at r args_stride: k (clamped
+// to 1 ..= k_cap), then the bits of the temperature, top-p and min-p
+// (FP32); its candidates from sel at r 2 k_cap (select_top_k_rows's out:
+// k ids, then the bits of their logits, best first); its SplitMix64 state
+// from rng[r], advanced once a draw and written back. Temperature <= 0:
+// the first candidate, the state untouched. Else, as the host: tokens a
+// mask made -inf dropped while any other is left; top-p (< 1), then min-p
+// (> 0) on the softmax of the logits; the logits divided by the
+// temperature; a uniform u of the state's next 53 bits; the first
+// candidate whose cumulative probability exceeds u (else the last). The
+// same arithmetic as the host's: FP32 subtractions and divisions of the
+// logits, their exponentials and every sum, quotient and comparison in
+// FP64, the sums in candidate order by one thread (round-to-nearest
+// intrinsics: the fast-math build neither fuses nor approximates them).
+// Only the FP64 exponential may differ from the host's libm in its last
+// bit, which moves a draw only where u or a cutoff lands that close to a
+// boundary. tokens[r] gets the id.
 #include "common.cuh"
 #include "quant.cuh"
 
@@ -320,4 +341,91 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1)
     const u32* mask = mask_words > 0 && a[5] != 0 ? masks + r * mask_words : nullptr;
     select_row(logits + r * n_vocab, n_vocab, a, pen_cap, k_cap, mask, out + r * 2 * k_cap,
                scratch + r * SAMPLE_SCRATCH, blockIdx.x, gridDim.x);
+}
+
+#define DRAW_ARGS 4
+
+// SplitMix64: the host sampler's generator (its next_u64).
+__device__ __forceinline__ unsigned long long splitmix64(unsigned long long* state) {
+    unsigned long long z = (*state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+// The sum of e[0 .. n - 1] in order (one thread).
+__device__ __forceinline__ double draw_sum(const double* e, int n) {
+    double s = 0.0;
+    for (int j = 0; j < n; ++j) s = __dadd_rn(s, e[j]);
+    return s;
+}
+
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1)
+    sample_draw_f32(const int* sel, int k_cap, const int* args, int args_stride, unsigned long long* rng,
+                    int* tokens) {
+    __shared__ double e[SAMPLE_MAX_K];
+    __shared__ int live;
+    const int r = blockIdx.x, i = threadIdx.x;
+    const int* a = args + (long long)r * args_stride;
+    const int k = min(max(a[0], 1), k_cap);
+    const float temp = __int_as_float(a[1]), top_p = __int_as_float(a[2]), min_p = __int_as_float(a[3]);
+    const int* ids = sel + (long long)r * 2 * k_cap;
+    const float* lg = (const float*)(ids + k);
+    if (temp <= 0.0f) {
+        if (i == 0) tokens[r] = ids[0];
+        return;
+    }
+    const float neg_inf = __int_as_float(0xff800000);
+    if (i == 0) live = k;
+    __syncthreads();
+    // Sorted best first: the one -inf after a finite logit ends the live ones.
+    const float l = i < k ? lg[i] : 0.0f;
+    if (k > 1 && lg[0] > neg_inf && i > 0 && i < k && !(l > neg_inf) && lg[i - 1] > neg_inf) live = i;
+    __syncthreads();
+    const float mx = lg[0];
+    if (i < live) e[i] = exp((double)__fsub_rn(l, mx));
+    __syncthreads();
+    if (i == 0) {
+        int n = live;
+        if (top_p < 1.0f) {
+            const double s = draw_sum(e, n);
+            double cum = 0.0;
+            int keep = n;
+            for (int j = 0; j < n; ++j) {
+                cum = __dadd_rn(cum, __ddiv_rn(e[j], s));
+                if (cum >= (double)top_p) {
+                    keep = j + 1;
+                    break;
+                }
+            }
+            n = max(keep, 1);
+        }
+        if (min_p > 0.0f) {
+            const double s = draw_sum(e, n), bar = __dmul_rn(__ddiv_rn(e[0], s), (double)min_p);
+            int keep = 0;
+            while (keep < n && __ddiv_rn(e[keep], s) >= bar) ++keep;
+            n = max(keep, 1);
+        }
+        live = n;
+    }
+    __syncthreads();
+    const int n = live;
+    if (i < n) e[i] = exp((double)__fsub_rn(__fdiv_rn(l, temp), __fdiv_rn(mx, temp)));
+    __syncthreads();
+    if (i == 0) {
+        const double s = draw_sum(e, n);
+        unsigned long long state = rng[r];
+        const double u = __ddiv_rn((double)(splitmix64(&state) >> 11), 9007199254740992.0);
+        rng[r] = state;
+        double cum = 0.0;
+        int pick = n - 1;
+        for (int j = 0; j < n; ++j) {
+            cum = __dadd_rn(cum, __ddiv_rn(e[j], s));
+            if (u < cum) {
+                pick = j;
+                break;
+            }
+        }
+        tokens[r] = ids[pick];
+    }
 }

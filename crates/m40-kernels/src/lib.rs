@@ -63,8 +63,8 @@ pub use pack::{interleave_glu, pack_gemv, PackFormat, PACK_ROWS};
 pub use rmsnorm::{AddResidual, PostNorm};
 pub use rope::{HeadNorms, KvAppend, RopeParams, RopeStyle};
 pub use sample::{
-    select_args, select_masked, Penalties, SelectMasks, SelectOut, SelectRows, SELECT_ARGS,
-    SELECT_MAX_K, SELECT_SCRATCH,
+    draw_args, select_args, select_masked, DrawRows, Penalties, SelectMasks, SelectOut, SelectRows,
+    DRAW_ARGS, SELECT_ARGS, SELECT_MAX_K, SELECT_SCRATCH,
 };
 
 /// Shared memory a block may use on sm_52 (and without opt-in on any GPU).

@@ -1,6 +1,6 @@
 //! Token selection on the device (kernels/sample.cu): the sampling penalties
 //! and the k highest logits, so a decode step returns k candidates, not the
-//! vocabulary.
+//! vocabulary; and the draw among them, so it can return a token.
 
 use m40_device::{DeviceBuffer, DeviceView, Stream};
 
@@ -234,6 +234,93 @@ impl Kernels {
     }
 }
 
+/// Ints of a draw's arguments (`DRAW_ARGS`): see [`draw_args`].
+pub const DRAW_ARGS: usize = 4;
+
+/// A draw's arguments as [`Kernels::sample_draw`] reads them from device
+/// memory: the candidates a row's selection returned (k), then the bits of
+/// the temperature (<= 0: the first candidate), top-p and min-p.
+pub fn draw_args(k: usize, temperature: f32, top_p: f32, min_p: f32) -> [i32; DRAW_ARGS] {
+    [
+        k.min(i32::MAX as usize) as i32,
+        temperature.to_bits() as i32,
+        top_p.to_bits() as i32,
+        min_p.to_bits() as i32,
+    ]
+}
+
+/// The rows of [`Kernels::sample_draw`]: how many, the most candidates a
+/// row's selection holds (`select_top_k_rows`'s `k_max`), and how far apart
+/// the rows' arguments are.
+#[derive(Clone, Copy, Debug)]
+pub struct DrawRows {
+    pub rows: usize,
+    pub k_max: usize,
+    pub args_stride: usize,
+}
+
+impl Kernels {
+    /// Each row's token drawn on the device from its selection (`sel`:
+    /// [`Kernels::select_top_k_rows`]'s `out`, row r at r 2 `k_max`: its k
+    /// ids best first, then their logits' bits) as the host's sampler draws
+    /// among selected candidates: temperature <= 0 the first; else the
+    /// masked (-inf) ones dropped while any other is left, top-p, min-p,
+    /// the temperature and a seeded draw, in the host's FP64 arithmetic
+    /// (kernels/sample.cu `sample_draw_f32`). Row r's arguments are at r
+    /// `args_stride` of `args` ([`draw_args`]), its SplitMix64 state in
+    /// `rng[r]` (advanced once a draw, written back); its token goes to
+    /// `tokens[r]`. Nothing is read on the host: capturable.
+    pub fn sample_draw(
+        &self,
+        stream: &Stream,
+        sel: &DeviceView<'_, i32>,
+        args: &DeviceView<'_, i32>,
+        DrawRows {
+            rows,
+            k_max,
+            args_stride,
+        }: DrawRows,
+        rng: &mut DeviceBuffer<u64>,
+        tokens: &mut DeviceBuffer<i32>,
+    ) -> Result<()> {
+        const K: &str = "sample_draw_f32";
+        if k_max == 0 || k_max > SELECT_MAX_K || args_stride < DRAW_ARGS {
+            return Err(shape(
+                K,
+                format!("k = {k_max} (1 ..= {SELECT_MAX_K}), arguments {args_stride} apart"),
+            ));
+        }
+        if rows == 0 {
+            return Ok(());
+        }
+        check_len(K, "sel", sel.len(), rows * 2 * k_max)?;
+        check_len(K, "args", args.len(), rows * args_stride)?;
+        check_len(K, "rng", rng.len(), rows)?;
+        check_len(K, "tokens", tokens.len(), rows)?;
+        let kernel = self.kernel("sample", K)?;
+        let (k_cap, stride) = (k_max as i32, to_i32(K, "args_stride", args_stride)?);
+        let grid = u32::try_from(rows).map_err(|_| shape(K, format!("{rows} rows")))?;
+        // SAFETY: sample_draw_f32(const int* sel, int k_cap, const int*
+        // args, int args_stride, unsigned long long* rng, int* tokens):
+        // block r < rows reads args[r * args_stride..][..DRAW_ARGS] (within
+        // the stride), clamps k to 1 ..= k_cap (<= SAMPLE_MAX_K, its shared
+        // array) and reads sel[r * 2 k_cap..][..2k], reads and writes
+        // rng[r], writes tokens[r]; lengths checked above.
+        unsafe {
+            stream
+                .launch(&kernel)
+                .view(sel)
+                .scalar(&k_cap)
+                .view(args)
+                .scalar(&stride)
+                .buf_mut(rng)
+                .buf_mut(tokens)
+                .run(cfg((grid, 1, 1), SAMPLE_THREADS))?
+        };
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -249,6 +336,7 @@ mod tests {
         assert_eq!(num("SAMPLE_MAX_K"), SELECT_MAX_K);
         assert_eq!(num("SAMPLE_ARGS"), SELECT_ARGS);
         assert_eq!(num("SAMPLE_MAX_BLOCKS"), SAMPLE_MAX_BLOCKS);
+        assert_eq!(num("DRAW_ARGS"), DRAW_ARGS);
         assert_eq!(define("SAMPLE_SCRATCH"), "(2 * SAMPLE_MAX_BLOCKS + 32)");
         assert_eq!(SELECT_SCRATCH, 2 * SAMPLE_MAX_BLOCKS + 32);
     }

@@ -54,7 +54,7 @@ pub use m40_tokenizer::Message;
 pub use pick::load_backend;
 pub use prepared::Prepared;
 pub use request::{Completion, FinishReason, Prompt, Request, Think, Timings, TokenEvent};
-pub use sampling::{InvalidParam, SamplingParams, RANGES as SAMPLING_RANGES};
+pub use sampling::{draw_selected, InvalidParam, SamplingParams, RANGES as SAMPLING_RANGES};
 
 // The types this API hands out from the crates below it, so that a program
 // needs only m40-runtime in its Cargo.toml.

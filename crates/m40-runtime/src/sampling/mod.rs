@@ -380,6 +380,22 @@ impl Sampler {
     }
 }
 
+/// The host's draw among a selection's candidates ((id, penalized logit),
+/// best first, as a backend's selection returns them) under `params`, its
+/// SplitMix64 generator starting from `state` (advanced as the draw
+/// advances it): what [`Sampler::sample_selected`] picks. The reference
+/// for draws made on the device (m40-kernels' `sample_draw`).
+pub fn draw_selected(params: &SamplingParams, state: &mut u64, top: &[(u32, f32)]) -> u32 {
+    let mut s = Sampler {
+        params: params.clone(),
+        rng: Rng(*state),
+        recent: VecDeque::new(),
+    };
+    let id = s.sample_selected(top);
+    *state = s.rng.0;
+    id
+}
+
 /// Log-probabilities of the model's distribution: the chosen token's and the
 /// `top_n` most likely.
 pub(crate) fn logprobs(logits: &[f32], chosen: u32, top_n: usize) -> (f32, Vec<(u32, f32)>) {
