@@ -4,44 +4,18 @@
 //! seeded draws against the softmax they sample. Ignored without
 //! `--include-ignored`; fails with it where there is no GPU.
 
+// The GPU kernel tests' fresh random inputs (`Rng`: the seed printed,
+// `M40_SEED` repeats a run).
+#[path = "../../m40-kernels/tests/gpu_kernels/common/mod.rs"]
+mod common;
+
+use common::Rng;
 use m40_device::testing::gpu_device;
 use m40_kernels::{
     draw_args, select_args, DrawRows, Kernels, Penalties, SelectOut, SelectRows, DRAW_ARGS,
     SELECT_ARGS, SELECT_SCRATCH,
 };
 use m40_runtime::{draw_selected, SamplingParams};
-
-/// SplitMix64 over a seed from the clock (printed, so a failure can be
-/// replayed with `M40_TEST_SEED`).
-struct TestRng(u64);
-
-impl TestRng {
-    fn fresh(test: &str) -> Self {
-        let seed = std::env::var("M40_TEST_SEED")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| {
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(1, |d| d.as_nanos() as u64)
-            });
-        println!("{test}: M40_TEST_SEED={seed}");
-        Self(seed)
-    }
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
-        lo + (hi - lo) * (self.next() >> 40) as f32 / (1u64 << 24) as f32
-    }
-}
 
 /// One row's sampling settings.
 fn params(temperature: f32, top_k: usize, top_p: f32, min_p: f32) -> SamplingParams {
@@ -139,7 +113,7 @@ struct Draws {
 #[test]
 #[ignore = "needs a GPU"]
 fn device_draws_are_the_host_samplers() {
-    let mut rng = TestRng::fresh("device_draws_are_the_host_samplers");
+    let mut rng = Rng::fresh("device_draws_are_the_host_samplers");
     let (n, n_vocab, steps) = (384usize, 3000usize, 3usize);
     let mut logits = vec![0f32; n * n_vocab];
     let mut rows = Vec::with_capacity(n);
@@ -166,7 +140,7 @@ fn device_draws_are_the_host_samplers() {
         let temp = [0.0, 0.25, 0.8, 1.0, 2.0][rng.below(5)];
         let top_p = [1.0, 0.95, 0.5, 0.1][rng.below(4)];
         let min_p = [0.0, 0.05, 0.3][rng.below(3)];
-        rows.push((params(temp, k, top_p, min_p), rng.next()));
+        rows.push((params(temp, k, top_p, min_p), rng.next_u64()));
     }
     let Draws {
         picked,
@@ -206,7 +180,7 @@ fn device_draws_are_the_host_samplers() {
 #[test]
 #[ignore = "needs a GPU"]
 fn device_draws_follow_the_softmax() {
-    let mut rng = TestRng::fresh("device_draws_follow_the_softmax");
+    let mut rng = Rng::fresh("device_draws_follow_the_softmax");
     let (n, n_vocab, steps) = (4096usize, 64usize, 8usize);
     let head = [2.0f32, 1.5, 1.0, 0.5, 0.0, -0.5];
     let mut row = vec![-20.0f32; n_vocab];
@@ -217,7 +191,7 @@ fn device_draws_follow_the_softmax() {
     }
     let logits: Vec<f32> = (0..n).flat_map(|_| row.clone()).collect();
     let rows: Vec<_> = (0..n)
-        .map(|_| (params(0.7, head.len(), 1.0, 0.0), rng.next()))
+        .map(|_| (params(0.7, head.len(), 1.0, 0.0), rng.next_u64()))
         .collect();
     let picked = device_draws(&logits, n_vocab, &rows, steps).picked;
     let mut counts = [0u64; 6];
