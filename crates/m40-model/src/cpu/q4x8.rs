@@ -22,6 +22,13 @@
 //! .. 4c + 3 of a row's 16: values 4c .. 4c + 3 in their low nibbles, 16 +
 //! 4c .. in their high ones) the eight rows' four bytes in row order (32
 //! bytes): the same 144 bytes as the eight GGUF blocks.
+//!
+//! Q8_0 the same way (its weights signed, -128 ..= 127): for each eighth c
+//! of a block the eight rows' bytes 4c .. 4c + 3 plus 128 (unsigned, 272
+//! bytes as the eight GGUF blocks). VNNI multiplies those and starts each
+//! block's sum from `-128 sum(x)`; AVX2 takes the signed weight back and
+//! multiplies its magnitude by the input signed as it (`maddubs` of
+//! unsigned 128 by 127, twice, stays below 2^15): the same integers.
 
 use m40_gguf::quant::blocks::QK32;
 use m40_gguf::{GgmlType, TensorView};
@@ -31,11 +38,13 @@ use super::group8::{matmul_groups, GROUP};
 use super::q8::Q8Rows;
 
 /// Bytes of one block index of a group: eight f16 scales, then eight rows'
-/// 16 bytes of nibbles.
+/// 16 bytes of nibbles (Q4_0) or 32 of quants (Q8_0).
 const GROUP_BLOCK: usize = GROUP * 2 + GROUP * 16;
+const Q8_GROUP_BLOCK: usize = GROUP * 2 + GROUP * 32;
 
 /// Bytes of a GGUF Q4_0 block: its f16 scale, then 16 bytes of nibbles.
 const Q4_0_BLOCK: usize = 18;
+const Q8_0_BLOCK: usize = 34;
 
 /// Groups per rayon task (32 rows, as [`super::q8`]'s tasks).
 const TASK_GROUPS: usize = 4;
@@ -59,18 +68,25 @@ pub(super) fn has_vnni() -> bool {
     }
 }
 
-/// A Q4_0 matrix of whole groups of eight rows, repacked.
+/// A Q4_0 or Q8_0 matrix of whole groups of eight rows, repacked.
 pub struct PackedQ4 {
+    q8: bool,
     data: Vec<u8>,
     n_in: usize,
     n_out: usize,
 }
 
 impl PackedQ4 {
-    /// `w` repacked, where it is a Q4_0 matrix of a multiple of eight rows.
+    /// `w` repacked, where it is a Q4_0 or Q8_0 matrix of a multiple of
+    /// eight rows.
     pub fn pack(w: &TensorView<'_>) -> Option<Self> {
         let info = w.info;
-        let ok = info.ty == GgmlType::Q4_0
+        let q8 = info.ty == GgmlType::Q8_0;
+        let (block, group_block) = match q8 {
+            true => (Q8_0_BLOCK, Q8_GROUP_BLOCK),
+            false => (Q4_0_BLOCK, GROUP_BLOCK),
+        };
+        let ok = matches!(info.ty, GgmlType::Q4_0 | GgmlType::Q8_0)
             && info.shape.len() == 2
             && info.n_rows().is_multiple_of(GROUP)
             && info.row_len().is_multiple_of(QK32);
@@ -79,26 +95,34 @@ impl PackedQ4 {
         }
         let (n_in, n_out) = (info.row_len(), info.n_rows());
         let (nb, row_bytes) = (n_in / QK32, info.row_bytes());
-        debug_assert_eq!(row_bytes, nb * Q4_0_BLOCK);
+        debug_assert_eq!(row_bytes, nb * block);
         if w.data.len() != n_out * row_bytes {
             return None;
         }
-        let mut data = vec![0u8; n_out / GROUP * nb * GROUP_BLOCK];
-        data.par_chunks_mut(nb * GROUP_BLOCK)
+        let mut data = vec![0u8; n_out / GROUP * nb * group_block];
+        data.par_chunks_mut(nb * group_block)
             .zip(w.data.par_chunks(GROUP * row_bytes))
             .for_each(|(dst, rows)| {
-                for (b, out) in dst.chunks_exact_mut(GROUP_BLOCK).enumerate() {
+                for (b, out) in dst.chunks_exact_mut(group_block).enumerate() {
                     for r in 0..GROUP {
-                        let blk = &rows[r * row_bytes + b * Q4_0_BLOCK..][..Q4_0_BLOCK];
+                        let blk = &rows[r * row_bytes + b * block..][..block];
                         out[2 * r..2 * r + 2].copy_from_slice(&blk[..2]);
-                        for c in 0..4 {
+                        for c in 0..(block - 2) / 4 {
                             let at = GROUP * 2 + GROUP * 4 * c + 4 * r;
                             out[at..at + 4].copy_from_slice(&blk[2 + 4 * c..][..4]);
+                            if q8 {
+                                out[at..at + 4].iter_mut().for_each(|v| *v ^= 0x80);
+                            }
                         }
                     }
                 }
             });
-        Some(Self { data, n_in, n_out })
+        Some(Self {
+            q8,
+            data,
+            n_in,
+            n_out,
+        })
     }
 
     /// `out[t * n_out + r] = W[r, :] . x[t]` as [`super::q8::matmul_q8`]
@@ -113,12 +137,13 @@ impl PackedQ4 {
             "the repacked Q4_0 product needs AVX2, FMA and F16C"
         );
         let a = Q8Rows::quantize(x, n_in);
-        let corr = corrections(&a.q);
+        let corr = corrections(&a.q, if self.q8 { 128 } else { 8 });
         let nb = n_in / QK32;
-        let vnni = has_vnni();
+        let (vnni, q8) = (has_vnni(), self.q8);
+        let group_block = if q8 { Q8_GROUP_BLOCK } else { GROUP_BLOCK };
         matmul_groups(
             &self.data,
-            nb * GROUP_BLOCK,
+            nb * group_block,
             TASK_GROUPS,
             n_tok,
             out,
@@ -129,17 +154,18 @@ impl PackedQ4 {
                     t0,
                     nb,
                 };
-                group(g, &xs, left, vnni, put)
+                group(q8, g, &xs, left, vnni, put)
             },
         );
     }
 }
 
-/// Each input block's `-8 sum(x)`: where every row's integer sum of that
-/// block starts.
-fn corrections(q: &[i8]) -> Vec<i32> {
+/// Each input block's `-bias sum(x)` (the weights' offset: Q4_0's 8,
+/// Q8_0's 128 as VNNI multiplies it): where every row's integer sum of
+/// that block starts.
+fn corrections(q: &[i8], bias: i32) -> Vec<i32> {
     q.chunks_exact(QK32)
-        .map(|blk| -8 * blk.iter().map(|&v| v as i32).sum::<i32>())
+        .map(|blk| -bias * blk.iter().map(|&v| v as i32).sum::<i32>())
         .collect()
 }
 
@@ -155,36 +181,41 @@ struct Inputs<'a> {
 /// which has 32 vector registers, 4 without), handed to `put(token,
 /// sums)`; returns how many tokens it did.
 fn group(
+    q8: bool,
     g: &[u8],
     xs: &Inputs<'_>,
     left: usize,
     vnni: bool,
     put: impl FnMut(usize, [f32; GROUP]),
 ) -> usize {
-    assert!(g.len() >= xs.nb * GROUP_BLOCK);
+    assert!(g.len() >= xs.nb * if q8 { Q8_GROUP_BLOCK } else { GROUP_BLOCK });
     let need = (xs.t0 + left.min(if vnni { 8 } else { 4 })) * xs.nb;
     assert!(xs.a.q.len() >= need * QK32 && xs.a.d.len() >= need && xs.corr.len() >= need);
     #[cfg(target_arch = "x86_64")]
     // SAFETY: the caller checked `supported` (AVX2, FMA, F16C) and `vnni`
     // is `has_vnni`; the asserts above bound every read.
     unsafe {
-        if vnni {
-            return match left {
-                1 => x86::emit::<1>(x86::vnni::<1>(g, xs), put),
-                2 => x86::emit::<2>(x86::vnni::<2>(g, xs), put),
-                3 => x86::emit::<3>(x86::vnni::<3>(g, xs), put),
-                4 => x86::emit::<4>(x86::vnni::<4>(g, xs), put),
-                5 => x86::emit::<5>(x86::vnni::<5>(g, xs), put),
-                6 => x86::emit::<6>(x86::vnni::<6>(g, xs), put),
-                7 => x86::emit::<7>(x86::vnni::<7>(g, xs), put),
-                _ => x86::emit::<8>(x86::vnni::<8>(g, xs), put),
+        macro_rules! run {
+            ($vnni:ident, $avx2:ident) => {
+                match (vnni, left) {
+                    (true, 1) => x86::emit::<1>(x86::$vnni::<1>(g, xs), put),
+                    (true, 2) => x86::emit::<2>(x86::$vnni::<2>(g, xs), put),
+                    (true, 3) => x86::emit::<3>(x86::$vnni::<3>(g, xs), put),
+                    (true, 4) => x86::emit::<4>(x86::$vnni::<4>(g, xs), put),
+                    (true, 5) => x86::emit::<5>(x86::$vnni::<5>(g, xs), put),
+                    (true, 6) => x86::emit::<6>(x86::$vnni::<6>(g, xs), put),
+                    (true, 7) => x86::emit::<7>(x86::$vnni::<7>(g, xs), put),
+                    (true, _) => x86::emit::<8>(x86::$vnni::<8>(g, xs), put),
+                    (false, 1) => x86::emit::<1>(x86::$avx2::<1>(g, xs), put),
+                    (false, 2) => x86::emit::<2>(x86::$avx2::<2>(g, xs), put),
+                    (false, 3) => x86::emit::<3>(x86::$avx2::<3>(g, xs), put),
+                    (false, _) => x86::emit::<4>(x86::$avx2::<4>(g, xs), put),
+                }
             };
         }
-        match left {
-            1 => x86::emit::<1>(x86::avx2::<1>(g, xs), put),
-            2 => x86::emit::<2>(x86::avx2::<2>(g, xs), put),
-            3 => x86::emit::<3>(x86::avx2::<3>(g, xs), put),
-            _ => x86::emit::<4>(x86::avx2::<4>(g, xs), put),
+        match q8 {
+            true => run!(q8_vnni, q8_avx2),
+            false => run!(vnni, avx2),
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -199,7 +230,7 @@ mod x86 {
     use std::arch::x86_64::*;
 
     pub use super::super::group8::{emit, store, Sums};
-    use super::{Inputs, GROUP, GROUP_BLOCK, QK32};
+    use super::{Inputs, GROUP, GROUP_BLOCK, Q8_GROUP_BLOCK, QK32};
 
     /// The one pass over a group's blocks for `N` tokens, each block's
     /// integer sums by `$body` (adding to the sums the products of the low
@@ -272,6 +303,77 @@ mod x86 {
         "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",
         |sum, lo, hi, xlo, xhi| { _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(sum, lo, xlo), hi, xhi) }
     );
+
+    /// The Q8_0 pass: as `pass!`, each block's sums starting from `$init`
+    /// of its correction and adding by `$body` the products of an eighth
+    /// of the eight rows' (biased) quants with the input's four bytes.
+    macro_rules! pass_q8 {
+        ($name:ident, $features:literal, |$c:ident| $init:block,
+         |$sum:ident, $w:ident, $x:ident| $body:block) => {
+            #[target_feature(enable = $features)]
+            pub fn $name<const N: usize>(g: &[u8], xs: &Inputs<'_>) -> Sums<N> {
+                let nb = xs.nb;
+                let (q, d, c) = (xs.a.q.as_ptr(), xs.a.d.as_ptr(), xs.corr.as_ptr());
+                let mut acc = [_mm256_setzero_ps(); N];
+                for b in 0..nb {
+                    // SAFETY: (every read below) as in `pass!`, of
+                    // Q8_GROUP_BLOCK bytes a block index.
+                    let base = unsafe { g.as_ptr().add(b * Q8_GROUP_BLOCK) };
+                    let blk = |t: usize| (xs.t0 + t) * nb + b;
+                    // SAFETY: each token's block b's correction.
+                    let corr: [i32; N] = std::array::from_fn(|t| unsafe { *c.add(blk(t)) });
+                    let mut sums = corr.map(|$c| $init);
+                    for part in 0..8 {
+                        // SAFETY: the eight rows' quants 4 part .. 4 part + 3, within `g`.
+                        let w = unsafe {
+                            _mm256_loadu_si256(base.add(2 * GROUP + 32 * part) as *const __m256i)
+                        };
+                        for (t, sum) in sums.iter_mut().enumerate() {
+                            // SAFETY: token t0 + t's values 4 part .. 4 part + 3.
+                            let x = unsafe {
+                                let xq = q.add(blk(t) * QK32 + 4 * part) as *const i32;
+                                _mm256_set1_epi32(xq.read_unaligned())
+                            };
+                            *sum = {
+                                let ($sum, $w, $x) = (*sum, w, x);
+                                $body
+                            };
+                        }
+                    }
+                    // SAFETY: the block index's 8 scales, within `g`.
+                    let dw = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(base as *const __m128i) });
+                    for (t, acc) in acc.iter_mut().enumerate() {
+                        // SAFETY: token t0 + t's block b's scale.
+                        let s = _mm256_mul_ps(dw, _mm256_set1_ps(unsafe { *d.add(blk(t)) }));
+                        *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[t]), s, *acc);
+                    }
+                }
+                store(acc)
+            }
+        };
+    }
+
+    pass_q8!(
+        q8_avx2,
+        "avx2,fma,f16c",
+        |c| {
+            let _ = c;
+            _mm256_setzero_si256()
+        },
+        |sum, w, x| {
+            // The signed weight back; its magnitude times x signed as it.
+            let ws = _mm256_xor_si256(w, _mm256_set1_epi8(-128));
+            let p = _mm256_maddubs_epi16(_mm256_sign_epi8(ws, ws), _mm256_sign_epi8(x, ws));
+            _mm256_add_epi32(sum, _mm256_madd_epi16(p, _mm256_set1_epi16(1)))
+        }
+    );
+
+    pass_q8!(
+        q8_vnni,
+        "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",
+        |c| { _mm256_set1_epi32(c) },
+        |sum, w, x| { _mm256_dpbusd_epi32(sum, w, x) }
+    );
 }
 
 #[cfg(test)]
@@ -295,57 +397,101 @@ mod tests {
             return;
         }
         let seed = fresh_seed(5);
-        let (rows, cols) = (48usize, 320usize);
-        let w = values(rows * cols, seed);
-        let file = super::super::matrix_file(GgmlType::Q4_0, rows, cols, &w);
-        let view = file.tensor("w").unwrap();
-        let packed = PackedQ4::pack(&view).expect("a Q4_0 matrix of 48 rows packs");
-        assert_eq!(packed.data.len(), view.data.len());
-        let x = values(9 * cols, seed ^ 0x55);
-        let got = |x: &[f32], n: usize, o: &mut [f32]| packed.matmul(x, n, o);
-        let want = |x: &[f32], n: usize, o: &mut [f32]| matmul_q8(&view, x, n, o);
-        check_repacked("Q4_0", (rows, cols), &w, &x, got, want);
+        for ty in [GgmlType::Q4_0, GgmlType::Q8_0] {
+            let (rows, cols) = (48usize, 320usize);
+            let w = values(rows * cols, seed ^ ty as u64);
+            let file = super::super::matrix_file(ty, rows, cols, &w);
+            let view = file.tensor("w").unwrap();
+            let packed = PackedQ4::pack(&view).expect("a matrix of 48 rows packs");
+            assert_eq!(packed.data.len(), view.data.len());
+            let x = values(9 * cols, seed ^ 0x55);
+            let got = |x: &[f32], n: usize, o: &mut [f32]| packed.matmul(x, n, o);
+            let want = |x: &[f32], n: usize, o: &mut [f32]| matmul_q8(&view, x, n, o);
+            check_repacked(&format!("{ty}"), (rows, cols), &w, &x, got, want);
+        }
     }
 
     /// The AVX2 and the VNNI passes give the same bits (the same integers,
-    /// the same float operations), where the CPU has both.
+    /// the same float operations), where the CPU has both; for Q8_0 also
+    /// with weights of -128 (which quantizing never makes, a file may
+    /// hold), against the product of the packed quants themselves.
     #[test]
     fn avx2_and_vnni_passes_agree() {
         if !has_vnni() {
             eprintln!("SKIP: no AVX-512 VNNI here");
             return;
         }
-        let (rows, cols) = (8usize, 256usize);
-        let w = values(rows * cols, 11);
-        let file = super::super::matrix_file(GgmlType::Q4_0, rows, cols, &w);
-        let packed = PackedQ4::pack(&file.tensor("w").unwrap()).unwrap();
-        let x = values(2 * cols, 12);
-        let a = Q8Rows::quantize(&x, cols);
-        let corr = corrections(&a.q);
-        let xs = Inputs {
-            a: &a,
-            corr: &corr,
-            t0: 0,
-            nb: cols / QK32,
-        };
-        let (mut v, mut s) = (Vec::new(), Vec::new());
-        group(&packed.data, &xs, 2, true, |_, r| {
-            v.extend(r.map(f32::to_bits))
-        });
-        group(&packed.data, &xs, 2, false, |_, r| {
-            s.extend(r.map(f32::to_bits))
-        });
-        assert_eq!(v, s);
-        assert_eq!(v.len(), 16);
+        for (ty, bias) in [(GgmlType::Q4_0, 8), (GgmlType::Q8_0, 128)] {
+            let (rows, cols) = (8usize, 256usize);
+            let w = values(rows * cols, 11);
+            let file = super::super::matrix_file(ty, rows, cols, &w);
+            let mut packed = PackedQ4::pack(&file.tensor("w").unwrap()).unwrap();
+            if ty == GgmlType::Q8_0 {
+                // Biased 0: a weight of -128, in several rows and blocks.
+                for at in [
+                    16,
+                    17,
+                    50,
+                    300,
+                    Q8_GROUP_BLOCK + 16 + 9,
+                    3 * Q8_GROUP_BLOCK + 200,
+                ] {
+                    packed.data[at] = 0;
+                }
+            }
+            let x = values(2 * cols, 12);
+            let a = Q8Rows::quantize(&x, cols);
+            let corr = corrections(&a.q, bias);
+            let nb = cols / QK32;
+            let xs = Inputs {
+                a: &a,
+                corr: &corr,
+                t0: 0,
+                nb,
+            };
+            let q8 = ty == GgmlType::Q8_0;
+            let (mut v, mut s) = (Vec::new(), Vec::new());
+            group(q8, &packed.data, &xs, 2, true, |_, r| v.extend(r));
+            group(q8, &packed.data, &xs, 2, false, |_, r| s.extend(r));
+            let bits = |f: &Vec<f32>| f.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&v), bits(&s), "{ty}");
+            assert_eq!(v.len(), 16);
+            if q8 {
+                // Each (token, row) from the packed bytes: the quants' exact
+                // integer sums a block, each scaled in f64.
+                for (i, &got) in v.iter().enumerate() {
+                    let (t, r) = (i / GROUP, i % GROUP);
+                    let mut want = 0f64;
+                    for b in 0..nb {
+                        let g = &packed.data[b * Q8_GROUP_BLOCK..];
+                        let dw = half::f16::from_le_bytes([g[2 * r], g[2 * r + 1]]).to_f64();
+                        let dot: i32 = (0..QK32)
+                            .map(|j| {
+                                let wq = (g[16 + 32 * (j / 4) + 4 * r + j % 4] ^ 0x80) as i8;
+                                wq as i32 * a.q[(t * nb + b) * QK32 + j] as i32
+                            })
+                            .sum();
+                        want += dw * a.d[t * nb + b] as f64 * dot as f64;
+                    }
+                    let tol = 1e-5 * want.abs().max(1.0);
+                    assert!(
+                        (got as f64 - want).abs() <= tol,
+                        "token {t} row {r}: {got} vs {want}"
+                    );
+                }
+            }
+        }
     }
 
     /// Matrices it cannot hold are left to the other paths.
     #[test]
-    fn only_q4_0_in_whole_groups_packs() {
+    fn only_q4_0_and_q8_0_in_whole_groups_pack() {
         let w = values(12 * 64, 3);
-        let odd = super::super::matrix_file(GgmlType::Q4_0, 12, 64, &w);
-        assert!(PackedQ4::pack(&odd.tensor("w").unwrap()).is_none());
-        let q8 = super::super::matrix_file(GgmlType::Q8_0, 8, 96, &w[..8 * 96]);
-        assert!(PackedQ4::pack(&q8.tensor("w").unwrap()).is_none());
+        for ty in [GgmlType::Q4_0, GgmlType::Q8_0] {
+            let odd = super::super::matrix_file(ty, 12, 64, &w);
+            assert!(PackedQ4::pack(&odd.tensor("w").unwrap()).is_none());
+        }
+        let q4_1 = super::super::matrix_file(GgmlType::Q4_1, 8, 96, &w[..8 * 96]);
+        assert!(PackedQ4::pack(&q4_1.tensor("w").unwrap()).is_none());
     }
 }

@@ -1,6 +1,6 @@
 //! The matrices a CPU backend repacks at load for its 8-bit products
 //! (`CpuMath::Quantized` on a CPU with AVX2): eight rows interleaved four
-//! bytes at a time, Q4_0 by [`super::q4x8`], Q4_K and Q6_K by
+//! bytes at a time, Q4_0 and Q8_0 by [`super::q4x8`], Q4_K and Q6_K by
 //! [`super::kx8`]; by tensor name.
 
 use std::collections::HashMap;
@@ -14,6 +14,7 @@ use crate::{Model, Span};
 
 /// A repacked matrix.
 pub enum Packed {
+    /// Q4_0 or Q8_0.
     Q4_0(PackedQ4),
     K(PackedK),
 }
@@ -46,7 +47,7 @@ impl Repacked {
             .filter_map(|t| {
                 let view = model.tensor(&t.name);
                 let packed = match t.ty {
-                    GgmlType::Q4_0 => Packed::Q4_0(PackedQ4::pack(&view)?),
+                    GgmlType::Q4_0 | GgmlType::Q8_0 => Packed::Q4_0(PackedQ4::pack(&view)?),
                     GgmlType::Q4_K | GgmlType::Q6_K => Packed::K(PackedK::pack(&view)?),
                     _ => return None,
                 };
