@@ -11,10 +11,15 @@ pub const GROUP: usize = 8;
 /// Per token, a group's eight row sums.
 pub type Sums<const N: usize> = [[f32; GROUP]; N];
 
-/// Each token's eight row sums handed to `put`; returns `N`.
-pub fn emit<const N: usize>(s: Sums<N>, mut put: impl FnMut(usize, [f32; GROUP])) -> usize {
-    for (t, rows) in s.into_iter().enumerate() {
-        put(t, rows);
+/// How a pass hands out a token's sums: `put(token - t0, first row of the
+/// pass's groups, sums)`.
+pub type Put<'a> = &'a mut dyn FnMut(usize, usize, &[f32]);
+
+/// Each token's row sums (from row `row0` of the pass's groups) handed to
+/// `put`; returns `N`.
+pub fn emit<const N: usize, const R: usize>(s: [[f32; R]; N], row0: usize, put: Put<'_>) -> usize {
+    for (t, rows) in s.iter().enumerate() {
+        put(t, row0, rows);
     }
     N
 }
@@ -32,19 +37,18 @@ pub fn store<const N: usize>(acc: [std::arch::x86_64::__m256; N]) -> Sums<N> {
 }
 
 /// `out[t * n_out + r]` for `n_tok` tokens and a matrix repacked in groups
-/// of eight rows of `group_bytes` each, `task_groups` groups a rayon task:
-/// `pass(group, t0, left, put)` computes the group's sums for the next
-/// tokens from `t0` (at most `left`), hands them to `put(token - t0,
-/// sums)` and returns how many it did.
+/// of eight rows of `group_bytes` each, `task_groups` groups a rayon task,
+/// `pass_groups` (or the task's last fewer) a pass: `pass(groups, t0,
+/// left, put)` computes their sums for the next tokens from `t0` (at most
+/// `left`), hands them to `put` and returns how many tokens it did.
 pub fn matmul_groups<P>(
     data: &[u8],
-    group_bytes: usize,
-    task_groups: usize,
+    (group_bytes, task_groups, pass_groups): (usize, usize, usize),
     n_tok: usize,
     out: &mut [f32],
     pass: P,
 ) where
-    P: Fn(&[u8], usize, usize, &mut dyn FnMut(usize, [f32; GROUP])) -> usize + Sync,
+    P: Fn(&[u8], usize, usize, Put<'_>) -> usize + Sync,
 {
     let n_out = data.len() / group_bytes * GROUP;
     assert_eq!(out.len(), n_tok * n_out, "matmul output shape");
@@ -54,14 +58,14 @@ pub fn matmul_groups<P>(
         .zip(data.par_chunks(task_groups * group_bytes))
         .for_each(|(dst, groups)| {
             let pairs = groups
-                .chunks_exact(group_bytes)
-                .zip(dst.chunks_exact_mut(GROUP * n_tok));
+                .chunks(pass_groups * group_bytes)
+                .zip(dst.chunks_mut(pass_groups * GROUP * n_tok));
             for (g, dst) in pairs {
                 let mut t0 = 0;
                 while t0 < n_tok {
-                    let mut put = |t: usize, sums: [f32; GROUP]| {
+                    let mut put = |t: usize, row0: usize, sums: &[f32]| {
                         for (r, s) in sums.iter().enumerate() {
-                            dst[r * n_tok + t0 + t] = *s;
+                            dst[(row0 + r) * n_tok + t0 + t] = *s;
                         }
                     };
                     t0 += pass(g, t0, n_tok - t0, &mut put);

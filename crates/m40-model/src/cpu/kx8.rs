@@ -32,7 +32,7 @@ use m40_gguf::quant::blocks::{BlockQ4K, BlockQ6K, QK_K};
 use m40_gguf::{GgmlType, TensorView};
 use rayon::prelude::*;
 
-use super::group8::{matmul_groups, GROUP};
+use super::group8::{matmul_groups, Put, GROUP};
 use super::q8k::{k4_scales, Q8KRows};
 
 /// Groups per rayon task (16 rows, as `q8k.rs`'s tasks).
@@ -132,14 +132,10 @@ impl PackedK {
             bs32: &bs32,
             nb,
         };
-        matmul_groups(
-            &self.data,
-            group_bytes,
-            TASK_GROUPS,
-            n_tok,
-            out,
-            |g, t0, left, put| group(self.ty, g, &xs, t0, left, vnni, put),
-        );
+        let shape = (group_bytes, TASK_GROUPS, 1);
+        matmul_groups(&self.data, shape, n_tok, out, |g, t0, left, put| {
+            group(self.ty, g, &xs, t0, left, vnni, put)
+        });
     }
 }
 
@@ -198,7 +194,7 @@ fn group(
     t0: usize,
     left: usize,
     vnni: bool,
-    put: impl FnMut(usize, [f32; GROUP]),
+    put: Put<'_>,
 ) -> usize {
     let gb = match ty {
         GgmlType::Q4_K => Q4K_GROUP_BLOCK,
@@ -215,10 +211,10 @@ fn group(
         macro_rules! run {
             ($pass:ident) => {
                 match (vnni, left) {
-                    (true, 1) | (false, 1) => x86::emit::<1>(x86::$pass::<1>(g, xs, t0), put),
-                    (true, 2) | (false, _) => x86::emit::<2>(x86::$pass::<2>(g, xs, t0), put),
-                    (true, 3) => x86::emit::<3>(x86::$pass::<3>(g, xs, t0), put),
-                    (true, _) => x86::emit::<4>(x86::$pass::<4>(g, xs, t0), put),
+                    (true, 1) | (false, 1) => x86::emit(x86::$pass::<1>(g, xs, t0), 0, put),
+                    (true, 2) | (false, _) => x86::emit(x86::$pass::<2>(g, xs, t0), 0, put),
+                    (true, 3) => x86::emit(x86::$pass::<3>(g, xs, t0), 0, put),
+                    (true, _) => x86::emit(x86::$pass::<4>(g, xs, t0), 0, put),
                 }
             };
         }
@@ -507,11 +503,12 @@ mod tests {
                     nb: cols / QK_K,
                 };
                 let (mut v, mut s) = (Vec::new(), Vec::new());
-                group(ty, &packed.data, &xs, 0, 2, true, |_, r| {
-                    v.extend(r.map(f32::to_bits))
+                let bits = |o: &mut Vec<u32>, r: &[f32]| o.extend(r.iter().map(|f| f.to_bits()));
+                group(ty, &packed.data, &xs, 0, 2, true, &mut |_, _, r| {
+                    bits(&mut v, r)
                 });
-                group(ty, &packed.data, &xs, 0, 2, false, |_, r| {
-                    s.extend(r.map(f32::to_bits))
+                group(ty, &packed.data, &xs, 0, 2, false, &mut |_, _, r| {
+                    bits(&mut s, r)
                 });
                 assert_eq!(v, s, "{ty}: AVX2 and VNNI");
                 assert_eq!(v.len(), 16);
