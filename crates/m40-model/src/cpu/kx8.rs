@@ -132,7 +132,13 @@ impl PackedK {
             bs32: &bs32,
             nb,
         };
-        let shape = (group_bytes, TASK_GROUPS, 1);
+        // Q4_K with VNNI: two groups a pass (16 rows, 512-bit vectors).
+        let pass_groups = if vnni && self.ty == GgmlType::Q4_K {
+            2
+        } else {
+            1
+        };
+        let shape = (group_bytes, TASK_GROUPS, pass_groups);
         matmul_groups(&self.data, shape, n_tok, out, |g, t0, left, put| {
             group(self.ty, g, &xs, t0, left, vnni, put)
         });
@@ -196,11 +202,23 @@ fn group(
     vnni: bool,
     put: Put<'_>,
 ) -> usize {
-    let gb = match ty {
-        GgmlType::Q4_K => Q4K_GROUP_BLOCK,
-        _ => Q6K_GROUP_BLOCK,
-    };
-    assert!(g.len() >= xs.nb * gb);
+    let gb = xs.nb
+        * match ty {
+            GgmlType::Q4_K => Q4K_GROUP_BLOCK,
+            _ => Q6K_GROUP_BLOCK,
+        };
+    assert!(g.len() >= gb);
+    let wide = vnni && ty == GgmlType::Q4_K && left >= 4;
+    if g.len() >= 2 * gb && !wide {
+        // Several groups, 8 rows a pass (a decode's few tokens read weights
+        // more than they multiply them: one stream at a time, as
+        // `q4x8::group`): each in turn, the same tokens.
+        let n = group(ty, &g[..gb], xs, t0, left, vnni, put);
+        group(ty, &g[gb..], xs, t0, left, vnni, &mut |t, r0, sums| {
+            put(t, r0 + GROUP, sums)
+        });
+        return n;
+    }
     let need = (t0 + left.min(4)) * xs.nb;
     assert!(xs.a.q.len() >= need * QK_K && xs.a.d.len() >= need && xs.a.bsums.len() >= need * 16);
     assert!(ty != GgmlType::Q4_K || xs.bs32.len() >= need * 8);
@@ -217,6 +235,10 @@ fn group(
                     (true, _) => x86::emit(x86::$pass::<4>(g, xs, t0), 0, put),
                 }
             };
+        }
+        if g.len() >= 2 * gb {
+            // Two Q4_K groups: 16 rows a 512-bit vector, 4 tokens.
+            return x86::emit(x86::q4_k_vnni16::<4>(g, xs, t0), 0, put);
         }
         match (ty, vnni) {
             (GgmlType::Q4_K, true) => run!(q4_k_vnni),
@@ -237,7 +259,7 @@ mod x86 {
     use std::arch::x86_64::*;
 
     pub use super::super::group8::{emit, store, Sums};
-    use super::{Inputs, Q4K_GROUP_BLOCK, Q6K_GROUP_BLOCK, QK_K};
+    use super::{Inputs, GROUP, Q4K_GROUP_BLOCK, Q6K_GROUP_BLOCK, QK_K};
 
     /// Eight bytes at `p` as eight i32, unsigned (`cvtepu8`) or signed.
     /// # Safety
@@ -450,6 +472,136 @@ mod x86 {
         };
     }
 
+    /// Eight bytes at each of `a` and `b` as one 128-bit vector.
+    /// # Safety
+    /// The bytes read must be readable.
+    #[inline(always)]
+    unsafe fn two8(a: *const u8, b: *const u8) -> __m128i {
+        // SAFETY: the caller's eight bytes at each.
+        unsafe {
+            _mm_unpacklo_epi64(
+                _mm_loadl_epi64(a as *const __m128i),
+                _mm_loadl_epi64(b as *const __m128i),
+            )
+        }
+    }
+
+    /// The Q4_K VNNI pass over two adjacent groups (16 rows: lanes 0-7 the
+    /// first group's, 8-15 the second's) on 512-bit vectors: lane by lane
+    /// the integers and float operations of `q4_k_vnni`, so the same bits.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub fn q4_k_vnni16<const N: usize>(
+        g: &[u8],
+        xs: &Inputs<'_>,
+        t0: usize,
+    ) -> [[f32; 2 * GROUP]; N] {
+        let mask = _mm512_set1_epi8(0x0F);
+        let nb = xs.nb;
+        let (q, d, bs) = (xs.a.q.as_ptr(), xs.a.d.as_ptr(), xs.bs32.as_ptr());
+        let (mut acc, mut off) = ([_mm512_setzero_ps(); N], [_mm512_setzero_ps(); N]);
+        // Both groups' 32 bytes at `at` as one vector.
+        let join = |a: *const u8, b: *const u8| -> __m512i {
+            // SAFETY: the callers' 32 bytes at each, within `g`.
+            unsafe {
+                let lo = _mm256_loadu_si256(a as *const __m256i);
+                let hi = _mm256_loadu_si256(b as *const __m256i);
+                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+            }
+        };
+        for b in 0..nb {
+            let blk = |t: usize| (t0 + t) * nb + b;
+            // SAFETY: (every read below) `group` checked that `g` holds two
+            // groups of `nb` blocks and that the inputs hold tokens t0..t0 +
+            // N of `nb` blocks.
+            let (g0, g1) = unsafe {
+                let g0 = g.as_ptr().add(b * Q4K_GROUP_BLOCK);
+                (g0, g0.add(nb * Q4K_GROUP_BLOCK))
+            };
+            let mut total = [_mm512_setzero_si512(); N];
+            for j in 0..8 {
+                let (k, high) = (j / 2, j % 2 == 1);
+                let mut sums = [_mm512_setzero_si512(); N];
+                for c in 0..8 {
+                    let at = 160 + (8 * k + c) * 32;
+                    let v = join(g0.wrapping_add(at), g1.wrapping_add(at));
+                    let w = match high {
+                        true => _mm512_and_si512(_mm512_srli_epi16::<4>(v), mask),
+                        false => _mm512_and_si512(v, mask),
+                    };
+                    for (t, s) in sums.iter_mut().enumerate() {
+                        // SAFETY: token t0 + t's values 32 j + 4 c ..
+                        let x = unsafe {
+                            let p = q.add(blk(t) * QK_K + 32 * j + 4 * c) as *const i32;
+                            _mm512_set1_epi32(p.read_unaligned())
+                        };
+                        *s = _mm512_dpbusd_epi32(*s, w, x);
+                    }
+                }
+                let (s0, s1) = (g0.wrapping_add(32 + 8 * j), g1.wrapping_add(32 + 8 * j));
+                // SAFETY: part j's eight scales of each group.
+                let sc = _mm512_cvtepu8_epi32(unsafe { two8(s0, s1) });
+                for (t, s) in sums.iter().enumerate() {
+                    total[t] = _mm512_add_epi32(total[t], _mm512_mullo_epi32(*s, sc));
+                }
+            }
+            let mut mins = [_mm512_setzero_si512(); N];
+            for i in 0..4 {
+                // Lane r: the i16 pair (m[2i][r], m[2i + 1][r]) of each group.
+                let (a0, a1) = (g0.wrapping_add(96 + 16 * i), g1.wrapping_add(96 + 16 * i));
+                // SAFETY: parts 2i and 2i + 1's eight minimums of each group.
+                let (p0, p1) = unsafe {
+                    (
+                        _mm_unpacklo_epi8(
+                            _mm_loadl_epi64(a0 as *const __m128i),
+                            _mm_loadl_epi64(a0.add(8) as *const __m128i),
+                        ),
+                        _mm_unpacklo_epi8(
+                            _mm_loadl_epi64(a1 as *const __m128i),
+                            _mm_loadl_epi64(a1.add(8) as *const __m128i),
+                        ),
+                    )
+                };
+                let m = _mm512_cvtepu8_epi16(_mm256_inserti128_si256::<1>(
+                    _mm256_castsi128_si256(p0),
+                    p1,
+                ));
+                for (t, mn) in mins.iter_mut().enumerate() {
+                    // SAFETY: token t0 + t's sums of parts 2i, 2i + 1.
+                    let x = unsafe {
+                        let p = bs.add(blk(t) * 8 + 2 * i) as *const i32;
+                        _mm512_set1_epi32(p.read_unaligned())
+                    };
+                    *mn = _mm512_add_epi32(*mn, _mm512_madd_epi16(m, x));
+                }
+            }
+            // SAFETY: each group's eight d and dmin.
+            let (dw, dm) = unsafe {
+                let h = |p: *const u8, o: usize| _mm_loadu_si128(p.add(o) as *const __m128i);
+                let two = |o: usize| {
+                    _mm512_cvtph_ps(_mm256_inserti128_si256::<1>(
+                        _mm256_castsi128_si256(h(g0, o)),
+                        h(g1, o),
+                    ))
+                };
+                (two(0), two(16))
+            };
+            for t in 0..N {
+                // SAFETY: token t0 + t's block scale.
+                let dx = _mm512_set1_ps(unsafe { *d.add(blk(t)) });
+                let ds = _mm512_mul_ps(dw, dx);
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total[t]), ds, acc[t]);
+                let dms = _mm512_mul_ps(dm, dx);
+                off[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(mins[t]), dms, off[t]);
+            }
+        }
+        std::array::from_fn(|t| {
+            let mut o = [0f32; 2 * GROUP];
+            // SAFETY: o holds 16 floats.
+            unsafe { _mm512_storeu_ps(o.as_mut_ptr(), _mm512_sub_ps(acc[t], off[t])) };
+            o
+        })
+    }
+
     passes!(q4_k_avx2, q6_k_avx2, "avx2,fma,f16c", |s, w, x| {
         let p = _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1));
         _mm256_add_epi32(s, p)
@@ -495,23 +647,37 @@ mod tests {
             check_repacked(&format!("{ty}"), (rows, cols), &w, &x, got, want);
             if super::super::q4x8::has_vnni() {
                 // The AVX2 pass gives the VNNI pass's bits.
-                let a = Q8KRows::quantize(&x[..2 * cols]);
+                // The AVX2 passes give the VNNI passes' bits: the first
+                // two groups' 16 rows for 4 tokens (Q4_K: the 16-row pass),
+                // every group's for 2 (8-row passes, group by group).
+                let a = Q8KRows::quantize(&x[..4 * cols]);
                 let bs32: Vec<i16> = a.bsums.chunks_exact(2).map(|p| p[0] + p[1]).collect();
+                let nb = cols / QK_K;
                 let xs = Inputs {
                     a: &a,
                     bs32: &bs32,
-                    nb: cols / QK_K,
+                    nb,
                 };
-                let (mut v, mut s) = (Vec::new(), Vec::new());
-                let bits = |o: &mut Vec<u32>, r: &[f32]| o.extend(r.iter().map(|f| f.to_bits()));
-                group(ty, &packed.data, &xs, 0, 2, true, &mut |_, _, r| {
-                    bits(&mut v, r)
-                });
-                group(ty, &packed.data, &xs, 0, 2, false, &mut |_, _, r| {
-                    bits(&mut s, r)
-                });
-                assert_eq!(v, s, "{ty}: AVX2 and VNNI");
-                assert_eq!(v.len(), 16);
+                let gb = packed.data.len() / (rows / GROUP);
+                for (g, left) in [(&packed.data[..2 * gb], 4), (&packed.data[..], 2)] {
+                    let n_rows = g.len() / gb * GROUP;
+                    // Every token, poisoned first, as many passes as it takes.
+                    let run = |vnni: bool| {
+                        let mut o = vec![f32::NAN; left * n_rows];
+                        let mut t0 = 0;
+                        while t0 < left {
+                            let mut put = |t: usize, r0: usize, x: &[f32]| {
+                                o[(t0 + t) * n_rows + r0..][..x.len()].copy_from_slice(x)
+                            };
+                            t0 += group(ty, g, &xs, t0, left - t0, vnni, &mut put);
+                        }
+                        o
+                    };
+                    let (v, s) = (run(true), run(false));
+                    let bits = |f: &Vec<f32>| f.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&v), bits(&s), "{ty}, {left} tokens: AVX2 and VNNI");
+                    assert!(v.iter().all(|x| x.is_finite()), "{ty}: every row written");
+                }
             }
         }
     }
