@@ -24,6 +24,22 @@ pub fn emit<const N: usize, const R: usize>(s: [[f32; R]; N], row0: usize, put: 
     N
 }
 
+/// A pass over each of `g`'s groups (`gb` bytes each) in turn, for the
+/// same tokens: `pass(group, put)` does one group (rows from 0) and
+/// returns how many tokens it did; the groups' rows go to `put` 8 apart.
+pub fn each_group(
+    g: &[u8],
+    gb: usize,
+    put: Put<'_>,
+    mut pass: impl FnMut(&[u8], Put<'_>) -> usize,
+) -> usize {
+    let mut n = 0;
+    for (i, one) in g.chunks(gb).enumerate() {
+        n = pass(one, &mut |t, r0, sums| put(t, r0 + i * GROUP, sums));
+    }
+    n
+}
+
 /// Eight sums a vector (lane r: row r) as floats.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]

@@ -32,7 +32,7 @@ use m40_gguf::quant::blocks::{BlockQ4K, BlockQ6K, QK_K};
 use m40_gguf::{GgmlType, TensorView};
 use rayon::prelude::*;
 
-use super::group8::{matmul_groups, Put, GROUP};
+use super::group8::{each_group, matmul_groups, Put, GROUP};
 use super::q8k::{k4_scales, Q8KRows};
 
 /// Groups per rayon task (16 rows, as `q8k.rs`'s tasks).
@@ -213,11 +213,9 @@ fn group(
         // Several groups, 8 rows a pass (a decode's few tokens read weights
         // more than they multiply them: one stream at a time, as
         // `q4x8::group`): each in turn, the same tokens.
-        let n = group(ty, &g[..gb], xs, t0, left, vnni, put);
-        group(ty, &g[gb..], xs, t0, left, vnni, &mut |t, r0, sums| {
-            put(t, r0 + GROUP, sums)
+        return each_group(g, gb, put, |one, put| {
+            group(ty, one, xs, t0, left, vnni, put)
         });
-        return n;
     }
     let need = (t0 + left.min(4)) * xs.nb;
     assert!(xs.a.q.len() >= need * QK_K && xs.a.d.len() >= need && xs.a.bsums.len() >= need * 16);

@@ -34,7 +34,7 @@ use m40_gguf::quant::blocks::QK32;
 use m40_gguf::{GgmlType, TensorView};
 use rayon::prelude::*;
 
-use super::group8::{matmul_groups, Put, GROUP};
+use super::group8::{each_group, matmul_groups, Put, GROUP};
 use super::q8::Q8Rows;
 
 /// Bytes of one block index of a group: eight f16 scales, then eight rows'
@@ -215,11 +215,7 @@ fn group(q8: bool, g: &[u8], xs: &Inputs<'_>, left: usize, vnni: bool, put: Put<
             // multiply them, and the 16-row pass's two streams of them
             // (one a group) ran a 1B's decode at 25 t/s against the 8-row
             // pass's 40 on this project's CPU machine.
-            let n = group(q8, &g[..gb], xs, left, vnni, put);
-            group(q8, &g[gb..], xs, left, vnni, &mut |t, r0, sums| {
-                put(t, r0 + GROUP, sums)
-            });
-            return n;
+            return each_group(g, gb, put, |one, put| group(q8, one, xs, left, vnni, put));
         }
         if g.len() >= 2 * gb {
             // Two groups: 16 rows a 512-bit vector.
