@@ -1,7 +1,8 @@
 //! Opening a GPU: driver checks, the device's properties, the memory budget.
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use cudarc::driver::sys::{self, CUdevice_attribute as Attr};
 use cudarc::driver::{result, CudaContext};
@@ -83,6 +84,42 @@ pub struct Device {
     pub(crate) ctx: Arc<CudaContext>,
     info: DeviceInfo,
     pub(crate) budget: Arc<Budget>,
+    /// The GPU's capture lock, shared by every `Device` opened on it.
+    quiet: Arc<Mutex<()>>,
+}
+
+thread_local! {
+    /// Whether this thread is capturing a graph (a synchronize would break it).
+    static CAPTURING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// One lock a GPU for whatever must not overlap a graph capture on it.
+/// Every `Device` opened on an ordinal shares the driver's primary context,
+/// and a context-wide synchronize from any thread while one of its streams
+/// captures invalidates that capture (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED):
+/// two engines on one GPU (replicas, stages) would break each other's graphs.
+fn capture_lock(ordinal: usize) -> Arc<Mutex<()>> {
+    static LOCKS: OnceLock<Mutex<Vec<Arc<Mutex<()>>>>> = OnceLock::new();
+    let mut locks = LOCKS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    while locks.len() <= ordinal {
+        locks.push(Arc::default());
+    }
+    locks[ordinal].clone()
+}
+
+/// Held while a stream of the device captures: no synchronize of the whole
+/// context runs meanwhile, from any thread.
+pub(crate) struct CaptureGuard<'a> {
+    _lock: MutexGuard<'a, ()>,
+}
+
+impl Drop for CaptureGuard<'_> {
+    fn drop(&mut self) {
+        CAPTURING.with(|c| c.set(false));
+    }
 }
 
 impl std::fmt::Debug for Device {
@@ -180,7 +217,12 @@ impl Device {
             limit: (free as f64 * share) as usize,
             used: AtomicUsize::new(0),
         });
-        Ok(Arc::new(Device { ctx, info, budget }))
+        Ok(Arc::new(Device {
+            ctx,
+            info,
+            budget,
+            quiet: capture_lock(ordinal),
+        }))
     }
 
     pub fn info(&self) -> &DeviceInfo {
@@ -208,9 +250,29 @@ impl Device {
         self.budget.limit
     }
 
-    /// Wait until all work on every stream of this device is done.
+    /// Wait until all work on every stream of this device is done. Waits
+    /// first for a graph capture on this GPU by another thread to end; from
+    /// inside a capture it is an error.
     pub fn synchronize(&self) -> Result<()> {
+        if CAPTURING.with(Cell::get) {
+            return Err(DeviceError::Capture(
+                "a synchronize of the device inside a graph capture",
+            ));
+        }
+        let _quiet = self.quiet.lock().unwrap_or_else(|p| p.into_inner());
         self.ctx.synchronize().ctx("cuCtxSynchronize")
+    }
+
+    /// Synchronize, then hold the GPU's capture lock until the guard drops:
+    /// the start of a capture. Errors inside another capture on this thread.
+    pub(crate) fn begin_capture(&self) -> Result<CaptureGuard<'_>> {
+        if CAPTURING.with(Cell::get) {
+            return Err(DeviceError::Capture("a graph capture inside another"));
+        }
+        let lock = self.quiet.lock().unwrap_or_else(|p| p.into_inner());
+        self.ctx.synchronize().ctx("cuCtxSynchronize")?;
+        CAPTURING.with(|c| c.set(true));
+        Ok(CaptureGuard { _lock: lock })
     }
 
     /// Take `bytes` from the budget; false if they do not fit.

@@ -120,9 +120,10 @@ impl Stream {
     /// Record the work `f` queues on this stream into a [`Graph`] instead of
     /// running it. The default stream cannot be captured: use a stream from
     /// [`Device::new_stream`]. Waits for all earlier work on the device first.
-    /// Buffers the work uses must outlive the graph's replays, nothing may
-    /// allocate or synchronize inside `f`, and no other thread may use the
-    /// device during the capture.
+    /// Buffers the work uses must outlive the graph's replays and nothing may
+    /// allocate or synchronize inside `f`. Other threads may use the device
+    /// meanwhile on their own streams; their [`Device::synchronize`] waits for
+    /// the capture to end.
     pub fn capture<E: From<DeviceError>>(
         &self,
         f: impl FnOnce(&Stream) -> Result<(), E>,
@@ -137,7 +138,9 @@ impl Stream {
         // before the capture, which capture forbids (CUDA_ERROR_STREAM_CAPTURE_
         // ISOLATION). So: finish all earlier work first, then capture with the
         // tracking off; replays are ordered after earlier work on this stream.
-        self.device.synchronize()?;
+        // The guard keeps other threads' synchronizes of this GPU out until
+        // the capture ends (they would invalidate it).
+        let _capture = self.device.begin_capture()?;
         let ctx = &self.device.ctx;
         let tracking = ctx.is_event_tracking();
         if tracking {

@@ -166,3 +166,50 @@ fn events_order_streams_and_time() {
     let ms = start.elapsed_ms(&done).unwrap();
     assert!(ms >= 0.0 && ms.is_finite(), "{ms}");
 }
+
+/// Two engines on one GPU (replicas, stages) open it twice and share its
+/// context: one's captures must survive the other's synchronizes, and a
+/// synchronize inside a capture is refused, not a hang.
+#[test]
+#[ignore = "needs a GPU"]
+fn captures_survive_synchronizes_from_another_thread() {
+    let d = gpu_device("captures_survive_synchronizes_from_another_thread");
+    let other = Device::open(d.info().ordinal).unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|sc| {
+        let syncs = sc.spawn(|| {
+            let s = other.stream();
+            let v = fresh(1 << 16, 11);
+            let mut n = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let a = s.upload(&v, "a").unwrap();
+                other.synchronize().unwrap();
+                assert_eq!(s.download(&a).unwrap(), v);
+                n += 1;
+            }
+            n
+        });
+        let s = d.new_stream().unwrap();
+        for round in 0..200 {
+            let v = fresh(1 << 16, round);
+            let a = s.upload(&v, "a").unwrap();
+            let mut b = s.alloc_zeroed::<u32>(v.len(), "b").unwrap();
+            let g = s
+                .capture(|s| s.copy_device(&a.view(), &mut b))
+                .unwrap_or_else(|e| panic!("capture {round}: {e}"));
+            // SAFETY: `a` and `b` outlive the replay (synchronized below).
+            unsafe { g.launch() }.unwrap();
+            s.synchronize().unwrap();
+            assert_eq!(s.download(&b).unwrap(), v, "round {round}");
+        }
+        let inside = s.capture(|_| d.synchronize());
+        assert!(
+            matches!(inside, Err(DeviceError::Capture(_))),
+            "{:?}",
+            inside.err()
+        );
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let n = syncs.join().unwrap();
+        eprintln!("200 captures beside {n} synchronizes");
+    });
+}
