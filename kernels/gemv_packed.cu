@@ -39,8 +39,7 @@ template <class P, int B> struct PgemvBounds {
 // act(gate) * up (common.cuh glu_act). gemv_packed_<fmt>_f32 takes one
 // token, gemv_packed_<fmt>_f32_x<B> up to B: tokens t0 .. t0 + m - 1;
 // gemv_packed_<fmt>_f32_x8c more: tokens 0 .. m - 1 in chunks of t0 <= 8,
-// block b taking row groups of block b / chunks and tokens c t0 .. min(m,
-// (c + 1) t0) - 1, c = b % chunks. (A 16-token
+// grid row y taking tokens y t0 .. min(m, (y + 1) t0) - 1. (A 16-token
 // variant ran 3.4x slower than the 8-token one on an H100: its accumulators
 // cap occupancy at 2 blocks.) gemv_packed_<fmt>_f32_take and _emit: one
 // token, the two halves of a folded RMSNorm (`Fold`; the other kernels

@@ -480,11 +480,7 @@ struct GemvArgs {
 // y[t][r] = sum_c W[r, c] x[t][c] for tokens t0 .. t0 + m - 1 (m <= B) of
 // x (tokens, nb * 32): each weight is loaded once and used by every token.
 // CHUNKED: a launch takes tokens 0 .. a.m - 1 in chunks of a.t0 <= B (the
-// last may be shorter), chunk blockIdx.x % chunks in block blockIdx.x, which
-// stands for block vb = blockIdx.x / chunks (vb passed is ignored): a row
-// group's chunks run in adjacent blocks, so
-// all but the first find its weights in L2 (grid rows of chunks had
-// each chunk read the weights from memory again). Its
+// last may be shorter), chunk blockIdx.y in the blocks of grid row y. Its
 // own kernels (_x8c): t0 and m held in registers made the plain ones spill
 // (ptxas, sm_52 and sm_90) and an 8B's 8-token steps 3.5% slower (H100).
 // vb: the block's index in the launch's grid (the persistent decode kernel,
@@ -505,12 +501,7 @@ __device__ __forceinline__ void gemv_packed(const GemvArgs& a, int vb, const R& 
     const float* x = a.x;
     const int nrows = a.nrows, nb = a.nb, ksplit = a.ksplit;
     static_assert(!CHUNKED || B > 1, "chunks of several tokens");
-    int t0 = a.t0;
-    if (CHUNKED) {
-        const int chunks = (a.m + a.t0 - 1) / a.t0;
-        t0 = (int)(blockIdx.x % chunks) * a.t0;
-        vb = (int)blockIdx.x / chunks;
-    }
+    int t0 = CHUNKED ? (int)blockIdx.y * a.t0 : a.t0;
     const int m = CHUNKED ? min(a.t0, a.m - t0) : a.m;
     static_assert(FOLD == FOLD_NONE || FOLD == FOLD_BIAS || B == 1, "the folded norm takes one token");
     static_assert(R::CONTIG || (B > 1 && !CHUNKED), "gathered rows: several tokens, unchunked");

@@ -24,7 +24,7 @@ use split::{packed_split, PACKED_GEMV_SPLIT3_WARPS};
 pub const PACKED_GEMV_MAX_TOKENS: usize = 128;
 
 /// Tokens a block of a packed GEMV takes at most (more run in chunks of
-/// the chunked kernel, a block per row groups and chunk).
+/// the chunked kernel, a chunk a grid row).
 const GEMV_BATCH: usize = 8;
 /// Warps per block of kernels/gemv_packed.cu (`PGEMV_WARPS`).
 const PACKED_GEMV_WARPS: u32 = 4;
@@ -617,9 +617,9 @@ impl Kernels {
             _ => f.gemv_chunked,
         };
         // More than GEMV_BATCH tokens run in `chunks` of `chunk` (the last
-        // may be shorter) through the chunked kernel, one launch, a block
-        // per row groups and chunk (a kernel computes all of its B tokens,
-        // repeating a chunk's last for fewer).
+        // may be shorter) through the chunked kernel, one launch: grid row y
+        // takes chunk y (a kernel computes all of its B tokens, repeating a
+        // chunk's last for fewer).
         let chunks = m.div_ceil(GEMV_BATCH);
         let chunk = m.div_ceil(chunks);
         // One token is an op the persistent kernel has (crate::decode),
@@ -678,11 +678,9 @@ impl Kernels {
             Some(Fold::Take { n_part, .. }) => to_i32(K, "partial sums", *n_part)?,
             _ => 0,
         };
-        // The chunked kernel's chunks of a block's row groups in adjacent
-        // blocks (see kernels/gemv_packed.cuh: they share its weights in L2).
         let grid = (
-            u32::try_from(blocks * chunks).map_err(|_| shape(K, format!("{nrows} rows")))?,
-            1,
+            u32::try_from(blocks).map_err(|_| shape(K, format!("{nrows} rows")))?,
+            chunks as u32,
             1,
         );
         let (nrows, nb, ks) = (
@@ -734,11 +732,9 @@ impl Kernels {
         // first, checked) with 16-byte
         // loads (both aligned, checked; a chunk of fewer than the kernel's B
         // tokens reads its last again for the rest), writes row r < nrows of
-        // those tokens (m <= B: the kernel was picked for m; chunked, block
-        // b the row groups of block b / chunks and the tokens c * chunk ..
-        // min(m, (c + 1) * chunk), c = b % chunks, chunk <= 8, chunks *
-        // chunk >= m and (chunks - 1) * chunk < m, so the kernel's
-        // ceil(m / chunk) is chunks) to
+        // those tokens (m <= B: the kernel was picked for m; chunked, grid
+        // row y the tokens y * chunk .. min(m, (y + 1) * chunk), chunk <= 8,
+        // chunks * chunk >= m and (chunks - 1) * chunk < m) to
         // its part (y, y1, y2 split at r1 <= r2 <= nrows; each part's
         // length checked by `bounds` for first + m tokens), or adds it to y
         // (first + m, nrows; checked), or with glu writes row r / 2 of y

@@ -486,7 +486,7 @@ fn packed_random(
 
 /// Several tokens added to y (the batched step's residual connection), for
 /// every format and split: y = y0 + W x, token by token (one launch up to
-/// 8 tokens, chunks of up to 8 in adjacent blocks up to 128).
+/// 8 tokens, a grid row per chunk of up to 8 up to 128).
 #[test]
 #[ignore = "needs a GPU"]
 fn batched_packed_gemv_adds_to_y() {
