@@ -23,6 +23,14 @@
 // token as moe_route_f32 does (bias, ids, wts, K; E = rows): another launch
 // fewer.
 //
+// moe_router_n_f32: y (n, rows) = x W^T for n tokens through such a router
+// (no norm, no routing: a step of several tokens norms before and routes
+// after, moe_route_f32): block (r, c) row r for tokens c T .. min(n, (c +
+// 1) T) - 1, T = MOE_ROUTER_TOKENS, each of its float4s of W loaded once for
+// them; each token's sum in moe_router_f32's order of float4s and block
+// sum. The GEMM of GGUF rows gives a router of 128 rows and 4 tokens two
+// blocks that walk all of it (61% of a qwen3moe step of 4 tokens, H100).
+//
 // moe_glu_f32: g (rows, width) = glu_act(act, g + gb[e], u + ub[e]), e =
 // ids[r] the expert of row r (a (token, slot) of n K): gpt-oss's gate and
 // up biases (gb, ub (E, width)) and its activation, where the experts'
@@ -231,6 +239,53 @@ extern "C" __global__ void __launch_bounds__(MOE_ROUTER_THREADS)
     __syncthreads();
     if (threadIdx.x < 32) moe_route_token(sl, bias, ids, wts, gridDim.x, K, threadIdx.x);
     if (threadIdx.x == 0) *done = 0u;
+}
+
+#define MOE_ROUTER_TOKENS 8
+
+extern "C" __global__ void __launch_bounds__(MOE_ROUTER_THREADS)
+    moe_router_n_f32(const float* W, const float* x, float* y, int ncols, int n) {
+    constexpr int T = MOE_ROUTER_TOKENS, WARPS = MOE_ROUTER_THREADS / 32;
+    __shared__ float part[T][WARPS];
+    const int t0 = blockIdx.y * T, mt = min(T, n - t0), m = ncols / 4;
+    const float4* w4 = (const float4*)(W + (long long)blockIdx.x * ncols);
+    const float4* x4 = (const float4*)(x + (long long)t0 * ncols);
+    float acc[T];
+#pragma unroll
+    for (int t = 0; t < T; ++t) acc[t] = 0.0f;
+    for (int i0 = threadIdx.x; i0 < m; i0 += MOE_ROUTER_U * MOE_ROUTER_THREADS) {
+        float4 a[MOE_ROUTER_U];
+#pragma unroll
+        for (int u = 0; u < MOE_ROUTER_U; ++u) {
+            const int i = i0 + u * MOE_ROUTER_THREADS;
+            a[u] = i < m ? w4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int t = 0; t < T; ++t) {
+            if (t >= mt) break;
+            float4 b[MOE_ROUTER_U];
+#pragma unroll
+            for (int u = 0; u < MOE_ROUTER_U; ++u) {
+                const int i = i0 + u * MOE_ROUTER_THREADS;
+                b[u] = i < m ? x4[(long long)t * m + i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+#pragma unroll
+            for (int u = 0; u < MOE_ROUTER_U; ++u)
+                acc[t] += a[u].x * b[u].x + a[u].y * b[u].y + a[u].z * b[u].z + a[u].w * b[u].w;
+        }
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+        const float v = warp_sum(acc[t]);
+        if (lane == 0) part[t][warp] = v;
+    }
+    __syncthreads();
+    // Warp t sums token t's warps as block_sum does (lanes past WARPS 0).
+    for (int t = warp; t < mt; t += WARPS) {
+        const float v = warp_sum(lane < WARPS ? part[t][lane] : 0.0f);
+        if (lane == 0) y[(long long)(t0 + t) * gridDim.x + blockIdx.x] = v;
+    }
 }
 
 #define MOE_TILES_THREADS 1024

@@ -48,6 +48,8 @@ pub struct RouterRoute<'a, 'v> {
 
 /// Rows at most of a router [`Kernels::moe_router`] takes (a block each).
 pub const MOE_ROUTER_MAX_ROWS: usize = 1024;
+/// Tokens a block of moe_router_n_f32 takes (`MOE_ROUTER_TOKENS`).
+pub const MOE_ROUTER_TOKENS: usize = 8;
 /// Threads per block of moe_router_f32 (`MOE_ROUTER_THREADS`).
 const MOE_ROUTER_THREADS: u32 = 128;
 
@@ -227,6 +229,21 @@ impl Kernels {
             && w.data.is_aligned(16)
     }
 
+    /// `kernel`'s refusal of a router `moe_router_takes` does not take, or
+    /// of too few bytes for its shape.
+    fn router_check(&self, kernel: &'static str, w: &QMatrix<'_>) -> Result<()> {
+        if !self.moe_router_takes(w) {
+            return Err(shape(
+                kernel,
+                format!(
+                    "a {} router of {} x {} (F32, at most {MOE_ROUTER_MAX_ROWS} rows of a multiple of 4, 16-byte aligned)",
+                    w.ty, w.rows, w.cols
+                ),
+            ));
+        }
+        check_len(kernel, "weights", w.data.len(), w.rows * w.cols * 4)
+    }
+
     /// y (w.rows) = W x for one token through an F32 router (at most
     /// [`MOE_ROUTER_MAX_ROWS`] rows, a row length that is a multiple of 4,
     /// W and x 16-byte aligned): a block a row, so a router of 32 or 128
@@ -246,16 +263,7 @@ impl Kernels {
         route: Option<RouterRoute<'_, '_>>,
     ) -> Result<()> {
         const K: &str = "moe_router_f32";
-        if !self.moe_router_takes(w) {
-            return Err(shape(
-                K,
-                format!(
-                    "a {} router of {} x {} (F32, at most {MOE_ROUTER_MAX_ROWS} rows of a multiple of 4, 16-byte aligned)",
-                    w.ty, w.rows, w.cols
-                ),
-            ));
-        }
-        check_len(K, "weights", w.data.len(), w.rows * w.cols * 4)?;
+        self.router_check(K, w)?;
         check_len(K, "x", x.len(), w.cols)?;
         check_len(K, "y", y.len(), w.rows)?;
         if !x.is_aligned(16) {
@@ -322,6 +330,53 @@ impl Kernels {
             };
             l.scalar(&k)
                 .run(cfg((w.rows as u32, 1, 1), MOE_ROUTER_THREADS))?
+        };
+        Ok(())
+    }
+
+    /// y (n, w.rows) = x W^T for `n` tokens x (n, w.cols) through an F32
+    /// router [`Self::moe_router`] takes (`moe_router_takes`): a block a
+    /// row and [`MOE_ROUTER_TOKENS`] tokens, each float4 of W loaded once for
+    /// them; no norm, no routing (a step of several tokens norms before and
+    /// routes with [`Self::moe_route`]).
+    pub fn moe_router_tokens(
+        &self,
+        stream: &Stream,
+        w: &QMatrix<'_>,
+        x: &DeviceView<'_, f32>,
+        y: &mut DeviceBuffer<f32>,
+        n: usize,
+    ) -> Result<()> {
+        const K: &str = "moe_router_n_f32";
+        self.router_check(K, w)?;
+        check_len(K, "x", x.len(), n * w.cols)?;
+        check_len(K, "y", y.len(), n * w.rows)?;
+        if !x.is_aligned(16) {
+            return Err(shape(K, "x must start at a multiple of 16 bytes".into()));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let chunks = to_i32(K, "tokens", n.div_ceil(MOE_ROUTER_TOKENS))?;
+        if chunks > 65_535 {
+            return Err(shape(K, format!("{n} tokens")));
+        }
+        let kernel = self.kernel("moe", K)?;
+        let (ncols, nt) = (to_i32(K, "ncols", w.cols)?, to_i32(K, "tokens", n)?);
+        // SAFETY: moe_router_n_f32(const float* W, const float* x, float* y,
+        // int ncols, int n): block (r, c), r < rows, c < ceil(n / T), reads
+        // W[r ncols..][..ncols] and x[t ncols..][..ncols] for its tokens t <
+        // n as float4s (16-byte aligned, ncols a multiple of 4: checked) and
+        // writes y[t rows + r]; lengths checked above.
+        unsafe {
+            stream
+                .launch(&kernel)
+                .view(w.data)
+                .view(x)
+                .buf_mut(y)
+                .scalar(&ncols)
+                .scalar(&nt)
+                .run(cfg((w.rows as u32, chunks as u32, 1), MOE_ROUTER_THREADS))?
         };
         Ok(())
     }
@@ -698,6 +753,7 @@ mod tests {
             Some(MOE_ROUTER_THREADS as usize)
         );
         assert_eq!(define("MOE_ROUTER_MAX_ROWS"), Some(MOE_ROUTER_MAX_ROWS));
+        assert_eq!(define("MOE_ROUTER_TOKENS"), Some(MOE_ROUTER_TOKENS));
         assert_eq!(
             define("MOE_MAX_PER_LANE").map(|p| 32 * p),
             Some(MOE_MAX_EXPERTS)

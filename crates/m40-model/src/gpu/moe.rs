@@ -9,7 +9,7 @@ use m40_kernels::{
 };
 
 use super::residual::{Input, Residual};
-use super::tuning::{MOE_GEMM_ROWS, MOE_GROUP_ROWS};
+use super::tuning::{MOE_GEMM_ROWS, MOE_GROUP_ROWS, MOE_ROUTER_MAX_TOKENS};
 use super::weights::{Experts, GluBias, Mat, MatView, MoeMats};
 use super::GpuBackend;
 use crate::error::{ModelError, Result};
@@ -71,15 +71,22 @@ impl GpuBackend {
                     None => k.moe_router(s, &q, &h.view(), &mut b.logits, None, Some(route))?,
                 }
             }
-            _ => {
+            router => {
                 debug_assert!(norm.is_none(), "the norm rides on the fused router only");
-                self.matmul(
-                    &mats.router,
-                    Input::Rows(&h.view()),
-                    &mut b.logits,
-                    n,
-                    false,
-                )?;
+                match router {
+                    // Several tokens through an F32 router: a block a row
+                    // and 8 tokens.
+                    MatView::Rows(q) if n <= MOE_ROUTER_MAX_TOKENS && k.moe_router_takes(&q) => {
+                        k.moe_router_tokens(s, &q, &h.view(), &mut b.logits, n)?
+                    }
+                    _ => self.matmul(
+                        &mats.router,
+                        Input::Rows(&h.view()),
+                        &mut b.logits,
+                        n,
+                        false,
+                    )?,
+                }
                 k.moe_route(
                     s,
                     &b.logits.view(),

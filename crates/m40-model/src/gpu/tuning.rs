@@ -110,3 +110,11 @@ pub(super) const SEEN_SHAPES: usize = 4096;
 /// Batched-step graphs kept at most (a few hundred nodes each); past it
 /// the one used longest ago is dropped (captured again if a step needs it).
 pub(super) const BATCH_GRAPHS: usize = 256;
+
+/// Tokens up to which a step of several runs an F32 router (qwen3moe's,
+/// gpt-oss's) through `moe_router_tokens` (a block a row and 8 tokens)
+/// rather than the GEMM of GGUF rows, whose few blocks walked all of a
+/// router of 128 rows at 4 tokens for 61% of qwen3-30b-a3b's step (ncu,
+/// H100). Past it the router kernel reads W once a block of 8 tokens (from
+/// L2), where the GEMM's tiles reuse it more.
+pub(super) const MOE_ROUTER_MAX_TOKENS: usize = 64;
