@@ -292,7 +292,7 @@ fn bench(path: &PathBuf, label: &str, a: &Args) -> Result<()> {
                 fuse: !a.no_fuse,
                 persistent: a.persistent,
                 decode_attention: !a.warp_attention,
-                group_experts: a.group_experts,
+                group_experts: !a.no_group_experts,
                 kv_format: a.kv_type,
                 ..Default::default()
             };

@@ -84,11 +84,12 @@ pub struct Args {
     /// its solo result) instead of one batched step.
     #[arg(long)]
     pub batch_invariant: bool,
-    /// A mixture's steps of several tokens group their experts' slots on
-    /// the device (`GpuOptions::group_experts`: off by default until
-    /// measured on a GPU; to compare the two).
+    /// A mixture's steps of several tokens do not group their experts'
+    /// slots on the device (`GpuOptions::group_experts` off: a slot a
+    /// block row of the experts' GEMVs, and prompt chunks through the
+    /// GEMVs, not grouped GEMMs; to compare the two).
     #[arg(long)]
-    pub group_experts: bool,
+    pub no_group_experts: bool,
     /// With --batch: every sequence's tokens constrained by this JSON
     /// schema (a structured output's cost: its masks computed on the host
     /// while each step runs, applied in the selection; a sequence whose

@@ -262,7 +262,7 @@ pub fn run(path: &Path, label: &str, a: &Args) -> Result<()> {
             GpuOptions {
                 kv_tokens,
                 batch_decode: !a.batch_invariant,
-                group_experts: a.group_experts,
+                group_experts: !a.no_group_experts,
                 kv_format: a.kv_type,
                 ..Default::default()
             },

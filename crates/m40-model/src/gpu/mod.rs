@@ -118,12 +118,12 @@ pub struct GpuOptions {
     /// Off: each sequence's own step, bitwise what it computes alone (batch
     /// invariance), at one sequence's speed.
     pub batch_decode: bool,
-    /// A mixture's steps of two or more tokens: their expert slots grouped
-    /// by expert on the device and the packed experts' GEMVs by tile of
-    /// up to 8 slots (`moe_tiles`, `gemv_packed_grp`), each expert read
-    /// once a tile instead of once a slot. Off by default until a GPU has
-    /// run it (written in a session that got no machine: BENCHMARKS.md,
-    /// issue 61); off: a slot a block row, as before.
+    /// A mixture's steps of several tokens: their expert slots grouped by
+    /// expert on the device (`moe_tiles`), packed experts run as grouped
+    /// GEMMs (tiles of 32 or 64 slots: prompt chunks) or GEMVs (tiles of up
+    /// to 8; from as many slots as experts), each expert read once a tile
+    /// instead of once a slot (BENCHMARKS.md, issue 61). On by default;
+    /// off: a slot a block row, as before (`bench --no-group-experts`).
     pub group_experts: bool,
     /// Kernel modules loaded at once (the driver JIT-compiles each on a
     /// first run); default one a core, 1 one after another.
@@ -155,7 +155,7 @@ impl Default for GpuOptions {
             persistent: false,
             decode_attention: true,
             batch_decode: true,
-            group_experts: false,
+            group_experts: true,
             jit_threads: None,
             memory_limit: None,
             kv_format: KvFormat::F16,

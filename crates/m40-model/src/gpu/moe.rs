@@ -9,7 +9,7 @@ use m40_kernels::{
 };
 
 use super::residual::{Input, Residual};
-use super::tuning::{MOE_GEMM_ROWS, MOE_GROUP_ROWS, MOE_ROUTER_MAX_TOKENS};
+use super::tuning::{MOE_GEMM_ROWS, MOE_GEMV_GROUP_SLOTS, MOE_GROUP_ROWS, MOE_ROUTER_MAX_TOKENS};
 use super::weights::{Experts, GluBias, Mat, MatView, MoeMats};
 use super::GpuBackend;
 use crate::error::{ModelError, Result};
@@ -112,12 +112,13 @@ impl GpuBackend {
             k.moe_combine(s, &b.y.view(), &b.w.view(), None, proj, hp.n_embd, shape)?;
             return Ok(Residual::PENDING);
         }
-        // Two or more tokens (`group_experts`): their slots grouped by
-        // expert on the device, so that the packed GEMVs read an expert once
-        // for up to 8 of its slots (one token's slots are its distinct
-        // experts already).
+        // Two or more tokens (`group_experts`) of at least
+        // MOE_GEMV_GROUP_SLOTS slots an expert on average: their slots
+        // grouped by expert on the device, so that the packed GEMVs read an
+        // expert once for up to 8 of its slots (one token's slots are its
+        // distinct experts already).
         let slots = n * shape.k;
-        let grouped = n >= 2 && self.group_experts;
+        let grouped = n >= 2 && self.group_experts && slots >= MOE_GEMV_GROUP_SLOTS * m.n_expert;
         if grouped {
             k.moe_tiles(
                 s,

@@ -80,9 +80,19 @@ pub(super) const MOE_GROUP_ROWS: usize = 64;
 /// ([`GpuBackend::moe_gemms`]: tiles of 32 or 64 of an expert's slots, one
 /// launch a matrix), below it as grouped GEMVs (tiles of up to 8). At 16
 /// a narrow tile is half full on average where the GEMV would read the
-/// expert twice for the same slots; not measured yet (opt-in with the
-/// grouping until a GPU has run it).
+/// expert twice for the same slots. Measured on an H100 with prompt
+/// chunks of 512: qwen3-30b-a3b 1808 -> 3846 t/s, gpt-oss-20b 1182 ->
+/// 3834 (BENCHMARKS.md).
 pub(super) const MOE_GEMM_ROWS: usize = 16;
+
+/// Steps of fewer slots than this many per expert (times the experts:
+/// one slot an expert on average) keep a slot a block row of the experts'
+/// GEMVs: the grouping's own launch and the tiles' gathered rows cost more
+/// than the few experts two slots share. H100, S_TG (B = sequences):
+/// qwen3-30b-a3b (128 experts, 8 a token) B = 4 904 ungrouped against 812
+/// grouped, B = 8 1150 / 1087, B = 16 1342 / 1381, B = 32 1562 / 1911;
+/// gpt-oss-20b (32 experts, 4 a token) B = 4 823 / 836, B = 8 937 / 1105.
+pub(super) const MOE_GEMV_GROUP_SLOTS: usize = 1;
 
 // CUDA graphs.
 
