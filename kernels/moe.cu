@@ -49,6 +49,13 @@
 // not null: gpt-oss's down biases), in slot order, each product rounded
 // and added (no contraction): the CPU's arithmetic. Grid-stride over n d.
 //
+// moe_combine_fold_f32: one token's moe_combine_f32 (the same sums, slots
+// 0 .. K - 1) added to the residual row x (d) in place, and the RMSNorm
+// that follows folded into the GEMVs after it (gemv_packed.cuh's FOLD_EMIT
+// half): h = x * nw and, per block, the sum of its elements' x^2 to
+// part[blockIdx.x]. The next layer's attention norm then runs no launch of
+// its own. An element a thread, MOE_FOLD_THREADS a block.
+//
 // moe_gather_f32: y (rows, d) row r = x row idx[r] / div (clamped into
 // x's src_rows rows): a prefill's slots gathered by expert (div K: each
 // slot reads its token's row) and their outputs put back in slot order
@@ -167,6 +174,29 @@ extern "C" __global__ void moe_glu_pairs_f32(const float* gu, float* out, const 
         ((float2*)out)[i] = make_float2(glu_act(act, __fadd_rn(g.x, bb.x), __fadd_rn(u.x, bb.z)),
                                         glu_act(act, __fadd_rn(g.y, bb.y), __fadd_rn(u.y, bb.w)));
     }
+}
+
+#define MOE_FOLD_THREADS 256
+
+extern "C" __global__ void __launch_bounds__(MOE_FOLD_THREADS)
+    moe_combine_fold_f32(const float* y, const float* w, const int* ids, const float* b, float* x, const float* nw,
+                         float* h, float* part, int d, int K) {
+    __shared__ float scratch[32];
+    const int c = blockIdx.x * MOE_FOLD_THREADS + threadIdx.x;
+    float sq = 0.0f;
+    if (c < d) {
+        float acc = 0.0f;
+        for (int j = 0; j < K; ++j) {
+            const float v = b ? __fadd_rn(y[(long long)j * d + c], b[(long long)ids[j] * d + c]) : y[(long long)j * d + c];
+            acc = __fadd_rn(acc, __fmul_rn(w[j], v));
+        }
+        const float xn = __fadd_rn(x[c], acc);
+        x[c] = xn;
+        h[c] = __fmul_rn(xn, nw[c]);
+        sq = __fmul_rn(xn, xn);
+    }
+    sq = block_sum(sq, scratch);
+    if (threadIdx.x == 0) part[blockIdx.x] = sq;
 }
 
 #define MOE_ROUTER_THREADS 128

@@ -56,8 +56,8 @@ pub use gemv::GemvPlan;
 pub use gemv_packed::{Fold, GemvLaunch, GemvOpts, GemvOut, RopeKv, PACKED_GEMV_MAX_TOKENS};
 pub use layout::{KvType, PackedMatrix, QMatrix, RowSplit, KV_PAGE};
 pub use moe::{
-    moe_tile_bound, ExpertGlu, ExpertTiles, MoeShape, RouterNorm, RouterRoute, MOE_GEMV_TILE,
-    MOE_MAX_EXPERTS, MOE_ROUTER_MAX_ROWS, MOE_ROUTER_TOKENS,
+    moe_tile_bound, CombineFold, ExpertGlu, ExpertTiles, MoeShape, RouterNorm, RouterRoute,
+    MOE_GEMV_TILE, MOE_MAX_EXPERTS, MOE_ROUTER_MAX_ROWS, MOE_ROUTER_TOKENS,
 };
 pub use pack::{interleave_glu, pack_gemv, PackFormat, PACK_ROWS};
 pub use rmsnorm::{AddResidual, PostNorm};

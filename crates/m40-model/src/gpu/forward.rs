@@ -13,6 +13,7 @@ use m40_kernels::{
 };
 
 use super::kv::{GpuCache, Pools};
+use super::moe::MoeIo;
 use super::ops::{HeadNorms, Join, LayerOps};
 use super::residual::{Input, Residual};
 use super::weights::{Ffn, Layer, Mat, MatView, Stack};
@@ -526,6 +527,19 @@ impl GpuBackend {
         })
     }
 
+    /// The norm after layer `l`'s FFN: the next layer's attention norm, or
+    /// the output norm when this step's logits follow.
+    fn next_norm(&self, l: usize, step: &LayerStep) -> Option<&DeviceBuffer<f32>> {
+        match self.weights.layers.get(l + 1) {
+            Some(next) => Some(&next.attn_norm),
+            None => self
+                .weights
+                .output_norm
+                .as_ref()
+                .filter(|_| step.last_logits),
+        }
+    }
+
     /// Layer `l`'s FFN half after `res` (its attention's): the FFN norm
     /// (unless folded), the FFN (dense or a mixture), and its residual
     /// connection, left as the returned [`Residual`].
@@ -550,9 +564,16 @@ impl GpuBackend {
         let (gate_up, down) = match &layer.ffn {
             Ffn::Dense { gate_up, down } => (gate_up, down),
             Ffn::Moe(mats) => {
-                let x = w.x.view();
-                let norm = router_norm.map(|nw| (&x, nw));
-                res = self.moe_ffn(l, mats, &mut w.h, norm, &mut w.moe, &mut w.proj, n)?;
+                let next = self
+                    .next_norm(l, step)
+                    .filter(|_| n == 1 && ops.one_token_next_norm);
+                let io = MoeIo {
+                    x: &mut w.x,
+                    h: &mut w.h,
+                    part: &mut w.norm_part,
+                    proj: &mut w.proj,
+                };
+                res = self.moe_ffn(l, mats, io, (router_norm, next), &mut w.moe, n)?;
                 return Ok(res);
             }
         };
@@ -566,17 +587,9 @@ impl GpuBackend {
                 self.transformed_res(down, &gv, post, &mut w.proj, n)?
             }
             _ => {
-                // The norm after the down projection: the next layer's, or
-                // the output norm when this step's logits follow.
-                let next = match self.weights.layers.get(l + 1) {
-                    Some(next) => Some(&next.attn_norm),
-                    None => self
-                        .weights
-                        .output_norm
-                        .as_ref()
-                        .filter(|_| step.last_logits),
-                };
-                let emit = next.filter(|_| n == 1 && ops.one_token_next_norm);
+                let emit = self
+                    .next_norm(l, step)
+                    .filter(|_| n == 1 && ops.one_token_next_norm);
                 self.matmul_res(down, &gv, res_bufs!(w), n, emit)?
             }
         })

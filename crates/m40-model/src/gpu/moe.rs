@@ -4,8 +4,8 @@
 use m40_device::{DeviceBuffer, DeviceView, Stream};
 use m40_gguf::HyperParams;
 use m40_kernels::{
-    moe_tile_bound, ExpertGlu, ExpertTiles, GemmOpts, MoeShape, PackFormat, PackedMatrix, QMatrix,
-    RouterNorm, RouterRoute, RowSplit, MOE_GEMM_TILES, MOE_GEMV_TILE,
+    moe_tile_bound, CombineFold, ExpertGlu, ExpertTiles, GemmOpts, MoeShape, PackFormat,
+    PackedMatrix, QMatrix, RouterNorm, RouterRoute, RowSplit, MOE_GEMM_TILES, MOE_GEMV_TILE,
 };
 
 use super::residual::{Input, Residual};
@@ -22,20 +22,23 @@ impl GpuBackend {
     /// each token's weighted sum into `proj`, left pending (the next norm
     /// adds it to x). gpt-oss's biases join the launches: the router's in
     /// the routing, the gate's and up's in the GEMV's activation (or
-    /// `moe_glu`), the down's in the weighted sum. With `norm` (x and the
-    /// FFN norm's weight: see [`Self::router_fused`]), h is not normed yet:
-    /// the router's launch writes it.
-    #[allow(clippy::too_many_arguments)]
+    /// `moe_glu`), the down's in the weighted sum. With the FFN norm's
+    /// weight in `norms.0` (see [`Self::router_fused`]), `io.h` is not
+    /// normed yet: the router's launch writes it. With the next norm's in
+    /// `norms.1` (one token), the weighted sum is added to x and emits
+    /// that norm folded (`moe_combine_fold`: h and the partial sums) for
+    /// the next GEMVs.
     pub(super) fn moe_ffn(
         &self,
         layer: usize,
         mats: &MoeMats,
-        h: &mut DeviceBuffer<f32>,
-        norm: Option<(&DeviceView<'_, f32>, &DeviceBuffer<f32>)>,
+        io: MoeIo<'_>,
+        norms: (Option<&DeviceBuffer<f32>>, Option<&DeviceBuffer<f32>>),
         b: &mut MoeBufs,
-        proj: &mut DeviceBuffer<f32>,
         n: usize,
     ) -> Result<Residual<'static>> {
+        let MoeIo { x, h, part, proj } = io;
+        let (norm, next_norm) = norms;
         let (k, s) = (&self.kernels, &self.stream);
         let hp = self.model.hparams();
         let m = hp.moe.expect("a mixture's layer");
@@ -59,14 +62,14 @@ impl GpuBackend {
                     k: shape.k,
                 };
                 match norm {
-                    Some((x, weight)) => {
+                    Some(weight) => {
                         let weight = weight.view();
                         let rn = RouterNorm {
                             weight: &weight,
                             eps: hp.rms_eps,
                             h: &mut *h,
                         };
-                        k.moe_router(s, &q, x, &mut b.logits, Some(rn), Some(route))?
+                        k.moe_router(s, &q, &x.view(), &mut b.logits, Some(rn), Some(route))?
                     }
                     None => k.moe_router(s, &q, &h.view(), &mut b.logits, None, Some(route))?,
                 }
@@ -98,17 +101,18 @@ impl GpuBackend {
                 )?;
             }
         }
-        let h = &h.view();
+        let hin = h.view();
+        let hv = &hin;
         let down_view = mats.bias.as_ref().map(|b| b.down.view());
         if let Some(cap) = self.expert_gemm_cap(mats, n) {
-            self.moe_gemms(layer, mats, h, b, shape, cap)?;
+            self.moe_gemms(layer, mats, hv, b, shape, cap)?;
             let ids = b.ids.view();
             let down_b = down_view.as_ref().map(|db| (&ids, db));
             k.moe_combine(s, &b.y.view(), &b.w.view(), down_b, proj, hp.n_embd, shape)?;
             return Ok(Residual::PENDING);
         }
         if self.groups_experts(mats, n)? {
-            self.moe_grouped(mats, h, b, shape)?;
+            self.moe_grouped(mats, hv, b, shape)?;
             k.moe_combine(s, &b.y.view(), &b.w.view(), None, proj, hp.n_embd, shape)?;
             return Ok(Residual::PENDING);
         }
@@ -176,11 +180,11 @@ impl GpuBackend {
                     act: hp.act,
                     bias: gate_up_b,
                 };
-                experts(gu, 2 * ff, h, shape.k, &mut b.gate, Some(glu))?;
+                experts(gu, 2 * ff, hv, shape.k, &mut b.gate, Some(glu))?;
             }
             Experts::Split(gate, up) => {
                 for (mat, out) in [(gate, &mut b.gate), (up, &mut b.up)] {
-                    experts(mat, ff, h, shape.k, out, None)?;
+                    experts(mat, ff, hv, shape.k, out, None)?;
                 }
                 match gate_up_b {
                     Some(gu) => {
@@ -193,6 +197,19 @@ impl GpuBackend {
         let d = hp.n_embd;
         experts(&mats.down, d, &b.gate.view(), 1, &mut b.y, None)?;
         let down_b = down_view.as_ref().map(|db| (&ids, db));
+        // One token before a norm whose GEMVs take it folded: the weighted
+        // sum joins x here and emits that norm (no launch of its own).
+        if let (Some(nw), 1) = (next_norm, n) {
+            let nv = nw.view();
+            let fold = CombineFold {
+                weight: &nv,
+                h,
+                part,
+            };
+            let (y, w) = (b.y.view(), b.w.view());
+            let parts = k.moe_combine_fold(s, &y, &w, down_b, x, fold, d, shape.k)?;
+            return Ok(Residual::Folded(parts));
+        }
         k.moe_combine(s, &b.y.view(), &b.w.view(), down_b, proj, d, shape)?;
         Ok(Residual::PENDING)
     }
@@ -452,6 +469,16 @@ impl GpuBackend {
         )?;
         Ok(())
     }
+}
+
+/// The workspace's rows a mixture's FFN reads and writes: the residual x,
+/// h (the FFN norm's output; with a folded next norm, its h), the folded
+/// norm's partial sums, and `proj` (the weighted sum left pending).
+pub(super) struct MoeIo<'a> {
+    pub(super) x: &'a mut DeviceBuffer<f32>,
+    pub(super) h: &'a mut DeviceBuffer<f32>,
+    pub(super) part: &'a mut DeviceBuffer<f32>,
+    pub(super) proj: &'a mut DeviceBuffer<f32>,
 }
 
 /// A mixture of experts' activations for b tokens of k experts each: the

@@ -53,9 +53,9 @@ pub(super) struct LayerOps {
     pub(super) one_token_ffn_norm: bool,
     /// The router takes the FFN norm (a mixture whose router kernel does).
     pub(super) one_token_router_norm: bool,
-    /// The down GEMV emits the norm that follows: the next layer's
-    /// attention norm, or after the last layer the output norm (when the
-    /// step's logits follow).
+    /// The down GEMV (a mixture: the weighted sum of its experts) emits the
+    /// norm that follows: the next layer's attention norm, or after the
+    /// last layer the output norm (when the step's logits follow).
     pub(super) one_token_next_norm: bool,
 }
 
@@ -107,15 +107,15 @@ impl LayerOps {
                     false => Join::Plain,
                 };
                 let plain = attn_join == Join::Plain;
+                // The GEMVs after the FFN's norm: the next layer's, or the
+                // output's in the last stage (none to fold into at the end
+                // of an earlier one).
+                let next: Option<Vec<&Mat>> = match layers.get(l + 1) {
+                    Some(next) => Some(next.qkv.iter().map(|s| &s.mat).collect()),
+                    None => weights.output().map(|o| vec![o]),
+                };
                 let (ffn_norm, router_norm, next_norm) = match &layer.ffn {
                     Ffn::Dense { gate_up, down } => {
-                        // The GEMVs after the down projection's norm: the
-                        // next layer's, or the output's in the last stage
-                        // (none to fold into at the end of an earlier one).
-                        let next: Option<Vec<&Mat>> = match layers.get(l + 1) {
-                            Some(next) => Some(next.qkv.iter().map(|s| &s.mat).collect()),
-                            None => weights.output().map(|o| vec![o]),
-                        };
                         let gate_up = gate_up.iter().map(|s| &s.mat).collect();
                         (
                             plain && folds(&layer.wo, gate_up),
@@ -128,7 +128,14 @@ impl LayerOps {
                         let takes = matches!(mats.router.view(&data),
                             MatView::Rows(q) if kernels.moe_router_takes(&q));
                         let router = fuse && takes && hp.norm == NormKind::Rms;
-                        (false, router && layer.ffn_norm.is_some(), false)
+                        // The weighted sum of the experts' outputs emits the
+                        // next norm (`moe_combine_fold`) where its GEMVs are
+                        // packed.
+                        let combine = fuse
+                            && hp.norm == NormKind::Rms
+                            && ffn_join == Join::Plain
+                            && next.is_some_and(|n| n.iter().all(|m| m.packed));
+                        (false, router && layer.ffn_norm.is_some(), combine)
                     }
                 };
                 LayerOps {

@@ -1,6 +1,7 @@
 //! kernels/moe.cu's routers: one token's (`moe_router_f32`, with the FFN
 //! norm and the routing in its launch) and several tokens'
-//! (`moe_router_n_f32`), against f64 products.
+//! (`moe_router_n_f32`), against f64 products; and the weighted sum that
+//! folds the next norm (`moe_combine_fold_f32`).
 
 use super::super::*;
 use m40_kernels::{RouterNorm, RouterRoute, MOE_ROUTER_TOKENS};
@@ -212,6 +213,113 @@ fn moe_router_of_several_tokens_matches_cpu() {
         assert!(
             n > 1 || k.moe_router(&s, &m, &x.view(), &mut y, None, None).is_err(),
             "moe_router: {ty} {rows} x {cols}"
+        );
+    }
+}
+
+/// One token's weighted sum joined to the residual with the next norm
+/// folded (`moe_combine_fold`): x + sum_j w_j (y_j + b[ids_j]) in slot
+/// order bit for bit (the CPU's f32 operations), h = x * weight bit for
+/// bit, and the blocks' partial sums of x^2 adding up to the f64 sum
+/// within rounding; rows of 2048, 2880 and 100 (a partial block), with and
+/// without gpt-oss's down biases; h and the partial sums poisoned first,
+/// nothing written past them; short buffers refused.
+#[test]
+#[ignore = "needs a GPU"]
+fn moe_combine_fold_matches_cpu() {
+    use m40_kernels::CombineFold;
+    let (_dev, s, k, mut rng) = setup("moe_combine_fold_matches_cpu");
+    for (d, kk, biased) in [
+        (2048, 8, false),
+        (2880, 4, true),
+        (100, 3, true),
+        (2048, 1, false),
+    ] {
+        let n_mat = 6;
+        let x0 = rng.vec(d, -3.0, 3.0);
+        let y = rng.vec(kk * d, -1.0, 1.0);
+        let wv = rng.vec(kk, 0.0, 1.0);
+        let nw = rng.vec(d, 0.5, 1.5);
+        let ids: Vec<i32> = (0..kk).map(|_| rng.below(n_mat) as i32).collect();
+        let b = rng.vec(n_mat * d, -1.0, 1.0);
+        let want_x: Vec<f32> = (0..d)
+            .map(|c| {
+                let acc = (0..kk).fold(0f32, |acc, j| {
+                    let v = match biased {
+                        true => y[j * d + c] + b[ids[j] as usize * d + c],
+                        false => y[j * d + c],
+                    };
+                    acc + wv[j] * v
+                });
+                x0[c] + acc
+            })
+            .collect();
+        let want_h: Vec<f32> = want_x.iter().zip(&nw).map(|(x, w)| x * w).collect();
+        let want_ss: f64 = want_x.iter().map(|&v| v as f64 * v as f64).sum();
+        let mut xg = s.upload(&x0, "x").unwrap();
+        let (yg, wg, nwg) = (
+            s.upload(&y, "y").unwrap(),
+            s.upload(&wv, "w").unwrap(),
+            s.upload(&nw, "nw").unwrap(),
+        );
+        let (ig, bg) = (s.upload(&ids, "ids").unwrap(), s.upload(&b, "b").unwrap());
+        let mut h = s.alloc::<f32>(d + 4, "h").unwrap();
+        let mut part = s.alloc::<f32>(64, "part").unwrap();
+        s.fill_bytes(&mut h, 0xFF).unwrap();
+        s.fill_bytes(&mut part, 0xFF).unwrap();
+        let nv = nwg.view();
+        let fold = CombineFold {
+            weight: &nv,
+            h: &mut h,
+            part: &mut part,
+        };
+        let (iv, bv) = (ig.view(), bg.view());
+        let bias = biased.then_some((&iv, &bv));
+        let parts = k
+            .moe_combine_fold(&s, &yg.view(), &wg.view(), bias, &mut xg, fold, d, kk)
+            .unwrap();
+        let what = format!("moe_combine_fold d {d}, k {kk}, biased {biased}");
+        assert_eq!(parts, d.div_ceil(256), "{what}: parts");
+        check(
+            &format!("{what}: x"),
+            &s.download(&xg).unwrap(),
+            &want_x,
+            |_| 0.0,
+        );
+        let got_h = s.download(&h).unwrap();
+        check(&format!("{what}: h"), &got_h[..d], &want_h, |_| 0.0);
+        assert!(
+            got_h[d..].iter().all(|v| v.to_bits() == u32::MAX),
+            "{what}: past h"
+        );
+        let got_p = s.download(&part).unwrap();
+        assert!(
+            got_p[parts..].iter().all(|v| v.to_bits() == u32::MAX),
+            "{what}: past the parts"
+        );
+        let ss: f64 = got_p[..parts].iter().map(|&v| v as f64).sum();
+        assert!(
+            (ss - want_ss).abs() <= 1e-5 * want_ss,
+            "{what}: sum of squares {ss} against {want_ss}"
+        );
+    }
+    // Too few partial sums, a short h: refused.
+    let d = 1000;
+    let z = s.upload(&vec![0f32; 8 * d], "z").unwrap();
+    let mut x = s.upload(&vec![0f32; d], "x").unwrap();
+    for (h_len, parts) in [(d, 3), (d - 1, 4)] {
+        let mut h = s.alloc::<f32>(h_len, "h").unwrap();
+        let mut part = s.alloc::<f32>(parts, "part").unwrap();
+        let zv = z.view();
+        let fold = CombineFold {
+            weight: &zv,
+            h: &mut h,
+            part: &mut part,
+        };
+        assert!(
+            k.moe_combine_fold(&s, &zv, &zv, None, &mut x, fold, d, 2)
+                .is_err(),
+            "h {h_len}, {parts} parts"
         );
     }
 }
