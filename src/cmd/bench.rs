@@ -293,6 +293,7 @@ fn bench(path: &PathBuf, label: &str, a: &Args) -> Result<()> {
                 persistent: a.persistent,
                 decode_attention: !a.warp_attention,
                 group_experts: !a.no_group_experts,
+                fold_moe_norm: a.fold_moe_norm,
                 kv_format: a.kv_type,
                 ..Default::default()
             };

@@ -90,6 +90,11 @@ pub struct Args {
     /// GEMVs, not grouped GEMMs; to compare the two).
     #[arg(long)]
     pub no_group_experts: bool,
+    /// A mixture's one-token steps fold the next norm into the experts'
+    /// weighted sum (`GpuOptions::fold_moe_norm`: off by default until
+    /// measured on a GPU; to compare the two).
+    #[arg(long)]
+    pub fold_moe_norm: bool,
     /// With --batch: every sequence's tokens constrained by this JSON
     /// schema (a structured output's cost: its masks computed on the host
     /// while each step runs, applied in the selection; a sequence whose

@@ -263,6 +263,7 @@ pub fn run(path: &Path, label: &str, a: &Args) -> Result<()> {
                 kv_tokens,
                 batch_decode: !a.batch_invariant,
                 group_experts: !a.no_group_experts,
+                fold_moe_norm: a.fold_moe_norm,
                 kv_format: a.kv_type,
                 ..Default::default()
             },

@@ -194,12 +194,26 @@ fn zoo_gpu_logits_match_cpu() {
 /// A random-weight model of `shape` in `ty`, written to a temp dir.
 /// GPU vs CPU on a random model: the last position's logits after prompts
 /// of the given lengths, then every step of `decode` greedy steps (both fed
-/// the CPU's tokens).
-fn check_synth(model: &Arc<Model>, what: &str, prompts: &[usize], decode: usize) -> Vec<String> {
+/// the CPU's tokens), on a backend with `opts` (its KV tokens and batch
+/// set here).
+fn check_synth(
+    model: &Arc<Model>,
+    what: &str,
+    prompts: &[usize],
+    decode: usize,
+    opts: GpuOptions,
+) -> Vec<String> {
     let cpu = CpuBackend::new(model.clone()).unwrap();
     let n_vocab = cpu.hparams().n_vocab;
     let longest = prompts.iter().max().unwrap() + decode + 1;
-    let g = gpu(model, longest.next_multiple_of(32) * 2, 512);
+    let g = gpu_with(
+        model,
+        GpuOptions {
+            kv_tokens: longest.next_multiple_of(32) * 2,
+            max_batch: 512,
+            ..opts
+        },
+    );
     let mut failures = Vec::new();
     for &p in prompts {
         let toks = tokens(p, n_vocab, p as u64);
@@ -238,11 +252,13 @@ fn check_shape(shape: &str, types: &[FileType], prompts: &[usize], decode: usize
     let mut failures = Vec::new();
     for &ty in types {
         let model = synth(dir.path(), shape, ty);
+        let what = format!("{shape} {ty}");
         failures.extend(check_synth(
             &model,
-            &format!("{shape} {ty}"),
+            &what,
             prompts,
             decode,
+            Default::default(),
         ));
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
@@ -332,6 +348,32 @@ fn synth_moe_gpu_matches_cpu() {
     ];
     check_shape("qwen3moe-tiny", &types, &[1, 5, 17, 100], 32);
     check_shape("mixtral-tiny", &[FileType::Q4KM], &[1, 17, 100], 32);
+}
+
+/// The mixtures' one-token steps with the next norm folded into the
+/// experts' weighted sum (`GpuOptions::fold_moe_norm`): qwen3moe, Mixtral
+/// and gpt-oss (its down biases in the sum), 32 decode steps after prompts
+/// of 1 and 17 tokens (the output GEMV takes the last fold where packed).
+#[test]
+#[ignore = "needs a GPU"]
+fn synth_moe_folded_norm_gpu_matches_cpu() {
+    gpu_device("synth_moe_folded_norm_gpu_matches_cpu");
+    let dir = tempfile::tempdir().unwrap();
+    let mut failures = Vec::new();
+    for (shape, ty) in [
+        ("qwen3moe-tiny", FileType::All(GgmlType::Q8_0)),
+        ("mixtral-tiny", FileType::Q4KM),
+        ("gpt-oss-tiny", FileType::Mxfp4Moe),
+    ] {
+        let model = synth(dir.path(), shape, ty);
+        let opts = GpuOptions {
+            fold_moe_norm: true,
+            ..Default::default()
+        };
+        let what = format!("{shape} {ty} folded");
+        failures.extend(check_synth(&model, &what, &[1, 17], 32, opts));
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 /// granite: embedding, score, residual and logit multipliers (the residual

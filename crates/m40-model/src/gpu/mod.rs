@@ -125,6 +125,12 @@ pub struct GpuOptions {
     /// instead of once a slot (BENCHMARKS.md, issue 61). On by default;
     /// off: a slot a block row, as before (`bench --no-group-experts`).
     pub group_experts: bool,
+    /// A mixture's one-token steps add the experts' weighted sum to x and
+    /// emit the next norm folded for the GEMVs after it
+    /// (`moe_combine_fold`), one launch a layer fewer (with `fuse`). Off by
+    /// default until a GPU has run it (written in a session whose device
+    /// time ran out: BENCHMARKS.md, issue 61; `bench --fold-moe-norm`).
+    pub fold_moe_norm: bool,
     /// Kernel modules loaded at once (the driver JIT-compiles each on a
     /// first run); default one a core, 1 one after another.
     pub jit_threads: Option<usize>,
@@ -156,6 +162,7 @@ impl Default for GpuOptions {
             decode_attention: true,
             batch_decode: true,
             group_experts: true,
+            fold_moe_norm: false,
             jit_threads: None,
             memory_limit: None,
             kv_format: KvFormat::F16,
@@ -354,7 +361,14 @@ impl GpuBackend {
         let adjacent = weights::neox_pairs_adjacent(&opts, &hp);
         let ropes = Ropes::upload(&model, adjacent, &stream)?;
         let quant_kv = opts.kv_format != KvFormat::F16;
-        let ops = LayerOps::plan(&hp, &weights, &kernels, opts.fuse, ropes.style(), quant_kv);
+        let ops = LayerOps::plan(
+            &hp,
+            &weights,
+            &kernels,
+            (opts.fuse, opts.fold_moe_norm),
+            ropes.style(),
+            quant_kv,
+        );
         let after_weights = used();
 
         let layout = KvLayout::new(&hp, KV_PAGE, opts.kv_format).of_layers(span.len());

@@ -60,7 +60,8 @@ pub(super) struct LayerOps {
 }
 
 impl LayerOps {
-    /// Every layer's ops. `fuse`: `GpuOptions::fuse`; `style`: the pairing
+    /// Every layer's ops. `fuse`: `GpuOptions::fuse` and
+    /// `GpuOptions::fold_moe_norm`; `style`: the pairing
     /// the RoPE kernels are given (NeoX heads uploaded adjacent rotate as
     /// llama's); `quant_kv`: the pool's pages are quantized (appended by
     /// the RoPE launch, which rotates and quantizes whole heads).
@@ -68,7 +69,7 @@ impl LayerOps {
         hp: &HyperParams,
         weights: &Weights,
         kernels: &Kernels,
-        fuse: bool,
+        (fuse, fold_moe_norm): (bool, bool),
         style: RopeStyle,
         quant_kv: bool,
     ) -> Vec<LayerOps> {
@@ -132,6 +133,7 @@ impl LayerOps {
                         // next norm (`moe_combine_fold`) where its GEMVs are
                         // packed.
                         let combine = fuse
+                            && fold_moe_norm
                             && hp.norm == NormKind::Rms
                             && ffn_join == Join::Plain
                             && next.is_some_and(|n| n.iter().all(|m| m.packed));
