@@ -322,9 +322,10 @@ mod x86 {
                     // the inputs hold tokens t0..t0 + N of `nb` blocks.
                     let base = unsafe { g.as_ptr().add(b * Q4K_GROUP_BLOCK) };
                     let mut total = [_mm256_setzero_si256(); N];
-                    for j in 0..8 {
-                        let (k, high) = (j / 2, j % 2 == 1);
-                        let mut sums = [_mm256_setzero_si256(); N];
+                    // Parts 2k and 2k + 1: the low and high nibbles of the
+                    // same bytes, loaded once for both.
+                    for k in 0..4 {
+                        let mut sums = [[_mm256_setzero_si256(); N]; 2];
                         for c in 0..8 {
                             // SAFETY: quarter c of values 64k.., within the block.
                             let v = unsafe {
@@ -332,23 +333,28 @@ mod x86 {
                                     base.add(160 + (8 * k + c) * 32) as *const __m256i
                                 )
                             };
-                            let w = match high {
-                                true => _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask),
-                                false => _mm256_and_si256(v, mask),
-                            };
-                            for (t, s) in sums.iter_mut().enumerate() {
-                                // SAFETY: token t0 + t's values 32 j + 4 c ...
-                                let x = unsafe { bcast(q.add(blk(t) * QK_K + 32 * j + 4 * c)) };
-                                *s = {
-                                    let ($s, $w, $x) = (*s, w, x);
-                                    $dot
+                            for (half, part) in sums.iter_mut().enumerate() {
+                                let w = match half {
+                                    1 => _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask),
+                                    _ => _mm256_and_si256(v, mask),
                                 };
+                                let j = 2 * k + half;
+                                for (t, s) in part.iter_mut().enumerate() {
+                                    // SAFETY: token t0 + t's values 32 j + 4 c ...
+                                    let x = unsafe { bcast(q.add(blk(t) * QK_K + 32 * j + 4 * c)) };
+                                    *s = {
+                                        let ($s, $w, $x) = (*s, w, x);
+                                        $dot
+                                    };
+                                }
                             }
                         }
-                        // SAFETY: part j's eight scales.
-                        let sc = unsafe { u8x8(base.add(32 + 8 * j)) };
-                        for (t, s) in sums.iter().enumerate() {
-                            total[t] = _mm256_add_epi32(total[t], _mm256_mullo_epi32(*s, sc));
+                        for (half, part) in sums.iter().enumerate() {
+                            // SAFETY: part 2k + half's eight scales.
+                            let sc = unsafe { u8x8(base.add(32 + 8 * (2 * k + half))) };
+                            for (t, s) in part.iter().enumerate() {
+                                total[t] = _mm256_add_epi32(total[t], _mm256_mullo_epi32(*s, sc));
+                            }
                         }
                     }
                     // The minimums times the inputs' part sums, two parts a
@@ -396,22 +402,23 @@ mod x86 {
                     let base = unsafe { g.as_ptr().add(b * Q6K_GROUP_BLOCK) };
                     let mut total = [_mm256_setzero_si256(); N];
                     // Values 128 n + 32 i + l (l: quarters 4 h .. 4 h + 3):
-                    // part 8 n + 2 i + h.
+                    // part 8 n + 2 i + h. A quarter's ql and qh bytes are
+                    // loaded once for its four parts (i).
                     for n in 0..2 {
-                        for i in 0..4 {
-                            for h in 0..2 {
-                                let mut sums = [_mm256_setzero_si256(); N];
-                                for c in 4 * h..4 * h + 4 {
-                                    let at = 144 + (8 * n + c) * 96;
-                                    // SAFETY: quarter c's ql and qh bytes, within the block.
-                                    let (ql, qh) = unsafe {
-                                        (
-                                            _mm256_loadu_si256(
-                                                base.add(at + 32 * (i % 2)) as *const __m256i
-                                            ),
-                                            _mm256_loadu_si256(base.add(at + 64) as *const __m256i),
-                                        )
-                                    };
+                        for h in 0..2 {
+                            let mut sums = [[_mm256_setzero_si256(); N]; 4];
+                            for c in 4 * h..4 * h + 4 {
+                                let at = 144 + (8 * n + c) * 96;
+                                // SAFETY: quarter c's ql and qh bytes, within the block.
+                                let (ql0, ql1, qh) = unsafe {
+                                    (
+                                        _mm256_loadu_si256(base.add(at) as *const __m256i),
+                                        _mm256_loadu_si256(base.add(at + 32) as *const __m256i),
+                                        _mm256_loadu_si256(base.add(at + 64) as *const __m256i),
+                                    )
+                                };
+                                for (i, part) in sums.iter_mut().enumerate() {
+                                    let ql = if i % 2 == 0 { ql0 } else { ql1 };
                                     let low = match i / 2 {
                                         0 => _mm256_and_si256(ql, m4),
                                         _ => _mm256_and_si256(_mm256_srli_epi16::<4>(ql), m4),
@@ -423,7 +430,7 @@ mod x86 {
                                         _ => _mm256_srli_epi16::<2>(qh),
                                     };
                                     let w = _mm256_or_si256(low, _mm256_and_si256(high, m30));
-                                    for (t, s) in sums.iter_mut().enumerate() {
+                                    for (t, s) in part.iter_mut().enumerate() {
                                         // SAFETY: token t0 + t's values 128 n + 32 i + 4 c ..
                                         let x = unsafe {
                                             bcast(q.add(blk(t) * QK_K + 128 * n + 32 * i + 4 * c))
@@ -434,9 +441,11 @@ mod x86 {
                                         };
                                     }
                                 }
+                            }
+                            for (i, part) in sums.iter().enumerate() {
                                 // SAFETY: part 8n + 2i + h's eight scales.
                                 let sc = unsafe { i8x8(base.add(16 + 8 * (8 * n + 2 * i + h))) };
-                                for (t, s) in sums.iter().enumerate() {
+                                for (t, s) in part.iter().enumerate() {
                                     total[t] =
                                         _mm256_add_epi32(total[t], _mm256_mullo_epi32(*s, sc));
                                 }
