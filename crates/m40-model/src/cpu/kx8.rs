@@ -525,30 +525,36 @@ mod x86 {
                 (g0, g0.add(nb * Q4K_GROUP_BLOCK))
             };
             let mut total = [_mm512_setzero_si512(); N];
-            for j in 0..8 {
-                let (k, high) = (j / 2, j % 2 == 1);
-                let mut sums = [_mm512_setzero_si512(); N];
+            // Parts 2k and 2k + 1 from the same bytes, loaded once.
+            for k in 0..4 {
+                let mut sums = [[_mm512_setzero_si512(); N]; 2];
                 for c in 0..8 {
                     let at = 160 + (8 * k + c) * 32;
                     let v = join(g0.wrapping_add(at), g1.wrapping_add(at));
-                    let w = match high {
-                        true => _mm512_and_si512(_mm512_srli_epi16::<4>(v), mask),
-                        false => _mm512_and_si512(v, mask),
-                    };
-                    for (t, s) in sums.iter_mut().enumerate() {
-                        // SAFETY: token t0 + t's values 32 j + 4 c ..
-                        let x = unsafe {
-                            let p = q.add(blk(t) * QK_K + 32 * j + 4 * c) as *const i32;
-                            _mm512_set1_epi32(p.read_unaligned())
+                    for (half, part) in sums.iter_mut().enumerate() {
+                        let w = match half {
+                            1 => _mm512_and_si512(_mm512_srli_epi16::<4>(v), mask),
+                            _ => _mm512_and_si512(v, mask),
                         };
-                        *s = _mm512_dpbusd_epi32(*s, w, x);
+                        let j = 2 * k + half;
+                        for (t, s) in part.iter_mut().enumerate() {
+                            // SAFETY: token t0 + t's values 32 j + 4 c ..
+                            let x = unsafe {
+                                let p = q.add(blk(t) * QK_K + 32 * j + 4 * c) as *const i32;
+                                _mm512_set1_epi32(p.read_unaligned())
+                            };
+                            *s = _mm512_dpbusd_epi32(*s, w, x);
+                        }
                     }
                 }
-                let (s0, s1) = (g0.wrapping_add(32 + 8 * j), g1.wrapping_add(32 + 8 * j));
-                // SAFETY: part j's eight scales of each group.
-                let sc = _mm512_cvtepu8_epi32(unsafe { two8(s0, s1) });
-                for (t, s) in sums.iter().enumerate() {
-                    total[t] = _mm512_add_epi32(total[t], _mm512_mullo_epi32(*s, sc));
+                for (half, part) in sums.iter().enumerate() {
+                    let j = 2 * k + half;
+                    let (s0, s1) = (g0.wrapping_add(32 + 8 * j), g1.wrapping_add(32 + 8 * j));
+                    // SAFETY: part j's eight scales of each group.
+                    let sc = _mm512_cvtepu8_epi32(unsafe { two8(s0, s1) });
+                    for (t, s) in part.iter().enumerate() {
+                        total[t] = _mm512_add_epi32(total[t], _mm512_mullo_epi32(*s, sc));
+                    }
                 }
             }
             let mut mins = [_mm512_setzero_si512(); N];
